@@ -1,0 +1,150 @@
+// packbert: one executable, subcommands prepare | inspect (pack, train, eval to come).
+// Every error is a packbert::Error (or another exception) caught once here: logged with its
+// context, then every rank exits non-zero (MPI_Abort when there are several ranks).
+#include <mpi.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/inspect.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
+#include "device.h"
+
+namespace {
+
+using namespace packbert;
+
+struct Mpi {
+  int rank = 0, size = 1;
+  Mpi(int* argc, char*** argv) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+  ~Mpi() { MPI_Finalize(); }
+  [[noreturn]] void fail(int code) {
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);  // no rank waits on one that failed
+    MPI_Finalize();
+    std::exit(code);
+  }
+};
+
+void add_prepare(CLI::App& app, PrepareOptions& o, std::string& format) {
+  auto* cmd = app.add_subcommand("prepare", "Make pretraining shards from raw text (WordPiece, "
+                                            "NSP pairs, MLM masking)");
+  cmd->add_option("--input", o.inputs,
+                  "Text files (.gz allowed): one sentence per line, blank line between documents")
+      ->required()->check(CLI::ExistingFile);
+  cmd->add_option("--vocab", o.vocab, "WordPiece vocabulary, one token per line")
+      ->required()->check(CLI::ExistingFile);
+  cmd->add_option("--output", o.output_dir, "Output directory for the shards")->required();
+  cmd->add_option("--max-seq-len", o.max_seq_len, "Maximum tokens per sample")
+      ->capture_default_str()->check(CLI::Range(8, 65536));
+  cmd->add_option("--max-predictions-per-seq", o.max_predictions_per_seq,
+                  "Maximum masked tokens per sample")->capture_default_str()->check(CLI::Range(1, 65536));
+  cmd->add_option("--masked-lm-prob", o.masked_lm_prob, "Fraction of tokens masked")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--dupe-factor", o.dupe_factor, "Times each document is used, masked anew")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  cmd->add_option("--short-seq-prob", o.short_seq_prob,
+                  "Probability of a shorter target length")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--seed", o.seed, "Random seed (output depends on it, not on --threads)")
+      ->capture_default_str();
+  cmd->add_option("--num-shards", o.num_shards, "Number of training shards")
+      ->capture_default_str()->check(CLI::Range(1, 100000));
+  cmd->add_option("--eval-samples", o.eval_samples, "Samples written to the eval shard")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--format", format, "Shard format: fixed | varlength")
+      ->capture_default_str()->check(CLI::IsMember({"fixed", "varlength"}));
+  cmd->add_flag("--whole-word-masking", o.whole_word_masking,
+                "Mask all WordPieces of a word together");
+  cmd->add_option("--threads", o.threads, "Worker threads (0: all cores)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+}
+
+struct InspectArgs {
+  std::string path;
+  std::string vocab;
+  int64_t vocab_size = 30522;
+  int max_seq_len = 0;
+};
+
+void add_inspect(CLI::App& app, InspectArgs& a) {
+  auto* cmd = app.add_subcommand("inspect", "Validate shards and print counts, length "
+                                            "distribution, masked counts and padding");
+  cmd->add_option("path", a.path, "A shard file or a directory of shards")->required();
+  cmd->add_option("--vocab", a.vocab, "Vocabulary file (sets --vocab-size)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--vocab-size", a.vocab_size, "Token ids must be below this")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-seq-len", a.max_seq_len, "Reject samples longer than this (0: no limit)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+}
+
+int run(int argc, char** argv, Mpi& mpi) {
+  CLI::App app{"packbert: BERT pretraining without padding, on CPUs and GPUs"};
+  app.set_version_flag("--version", "packbert " PACKBERT_VERSION);
+  app.set_config("--config", "", "TOML config file (sections named after subcommands)");
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace | debug | info | warn | error | critical | off")
+      ->capture_default_str();
+  app.add_flag_callback("--devices", [] { std::cout << describe_devices() << "\n"; std::exit(0); },
+                        "Print the compute devices this build and machine offer, then exit");
+
+  PrepareOptions prepare;
+  std::string format = "fixed";
+  add_prepare(app, prepare, format);
+  InspectArgs inspect;
+  add_inspect(app, inspect);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  init_logging(mpi.rank, log_level);
+
+  if (app.got_subcommand("prepare")) {
+    prepare.format = parse_shard_format(format);
+    const PrepareStats st = run_prepare(prepare);
+    spdlog::info("prepare: {} documents, {} training samples in {} shards, {} eval samples, "
+                 "{:.1f} MB of text in {:.2f} s ({:.2f} MB/s)",
+                 st.documents, st.train_samples, st.train_shards.size(), st.eval_samples,
+                 st.input_bytes / 1e6, st.seconds, st.input_bytes / 1e6 / std::max(st.seconds, 1e-9));
+  } else if (app.got_subcommand("inspect")) {
+    SampleRules rules;
+    rules.vocab_size = inspect.vocab_size;
+    rules.max_seq_len = inspect.max_seq_len;
+    if (!inspect.vocab.empty()) {
+      const Vocab v = Vocab::load(inspect.vocab);
+      rules.vocab_size = v.size();
+      rules.cls_id = v.cls_id();
+      rules.sep_id = v.sep_id();
+    }
+    print_inspect_report(inspect_shards(inspect.path, rules), std::cout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Mpi mpi(&argc, &argv);
+  try {
+    const int rc = run(argc, argv, mpi);
+    if (rc != 0) mpi.fail(rc);
+    return 0;
+  } catch (const std::exception& e) {
+    // The logger may not exist yet (errors while parsing); stderr always does.
+    std::cerr << "[rank " << mpi.rank << "] error: " << e.what() << std::endl;
+    mpi.fail(1);
+  }
+}

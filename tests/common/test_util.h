@@ -1,0 +1,42 @@
+// Shared helpers for tests and benchmarks: temp dirs, random samples, running the binary.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "data/sample.h"
+
+namespace packbert::test {
+
+// A fresh empty directory under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// A seed fresh each run (tests use random inputs, never the same fixed ones); printed so a
+// failure can be reproduced with PACKBERT_TEST_SEED=<seed>.
+uint64_t test_seed();
+
+// A valid random sample: [CLS] A [SEP] B [SEP] (A, B non-empty), length in
+// [max(min_len, 5), max_len],
+// up to max_predictions masked positions (never [CLS]/[SEP]), ids in [999, vocab_size).
+Sample random_sample(std::mt19937_64& rng, int min_len, int max_len, int max_predictions,
+                     int64_t vocab_size = 30522);
+
+// Runs a shell command, returns its exit status; its stdout+stderr go to *output if given.
+int run_command(const std::string& cmd, std::string* output = nullptr);
+
+std::string read_file(const std::string& path);
+
+}  // namespace packbert::test
