@@ -28,7 +28,8 @@ TempDir::~TempDir() {
 
 uint64_t test_seed() {
   static const uint64_t seed = [] {
-    if (const char* s = std::getenv("PACKBERT_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+    if (const char* s = std::getenv("PACKBERT_TEST_SEED"))
+      return static_cast<uint64_t>(std::strtoull(s, nullptr, 10));
     uint64_t v = std::random_device{}();
     v = (v << 32) ^ std::random_device{}();
     std::cerr << "[test seed " << v << " — rerun with PACKBERT_TEST_SEED=" << v << "]\n";
