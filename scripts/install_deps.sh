@@ -14,6 +14,7 @@ APT_PACKAGES=(
   libgtest-dev googletest             # tests
   libutf8proc-dev                     # Unicode categories and NFD for the BERT tokenizer
   zlib1g-dev                          # gzip corpora
+  nlohmann-json3-dev                  # JSON output (packbert pack --json), header-only
   python3 python3-pip                 # test tooling
 )
 
