@@ -39,6 +39,15 @@ struct PrepareStats {
   std::string eval_shard;
 };
 
+// Writes output_dir/train/part-NNNNN-of-MMMMM.h5 (num_shards shards, samples dealt round-robin)
+// and, when eval_samples > 0, output_dir/eval/eval.h5 (exactly eval_samples samples from
+// held-out documents that no training sample uses). Refuses (packbert::Error) when train/ or
+// eval/ already holds files; writes to *.incomplete directories renamed at the end, so a failed
+// run leaves no shards behind. The output depends on the inputs (and their order), the seed and
+// the options, never on `threads`. Unlike Google's script, the random next sentence comes from
+// the same input file and samples are shuffled within their input file (memory stays near one
+// tokenized file per thread); see prepare.cpp for the other, minor deviations.
+// input_bytes counts uncompressed text.
 PrepareStats run_prepare(const PrepareOptions& opts);
 
 }  // namespace packbert
