@@ -1,18 +1,22 @@
-// packbert: one executable, subcommands prepare | inspect (pack, train, eval to come).
+// packbert: one executable, subcommands prepare | inspect | pack (train, eval to come).
 // Every error is a packbert::Error (or another exception) caught once here: logged with its
 // context, then every rank exits non-zero (MPI_Abort when there are several ranks).
 #include <mpi.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "data/inspect.h"
+#include "data/pack_report.h"
 #include "data/prepare.h"
+#include "data/shard.h"
 #include "data/tokenizer.h"
 #include "device.h"
 
@@ -88,6 +92,37 @@ void add_inspect(CLI::App& app, InspectArgs& a) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
 }
 
+void add_pack(CLI::App& app, PackCommandOptions& o) {
+  auto* cmd = app.add_subcommand("pack", "Pack a length histogram (or a dataset) with each "
+                                         "algorithm and report the efficiency");
+  auto* hist = cmd->add_option("--histogram", o.histogram_file,
+                               "Length histogram: line i holds the count of length i ('#' "
+                               "comments)")->check(CLI::ExistingFile);
+  auto* data = cmd->add_option("--data", o.data_dir, "Shard file or directory: pack its lengths");
+  hist->excludes(data);
+  cmd->add_option("--max-seq-len", o.max_seq_len, "Pack length L")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-seqs-per-pack", o.max_seqs_per_pack,
+                  "Most sequences in one pack (0: no limit)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--algorithm", o.algorithm, "spfhp | lpfhp | nnlshp | ours | all")
+      ->capture_default_str()->check(CLI::IsMember({"spfhp", "lpfhp", "nnlshp", "ours", "all"}));
+  cmd->add_flag("--json", o.json, "Print JSON with every pack strategy and its repeat count");
+}
+
+// Lengths of every sample under a shard path, read (and validated) with the shard reader.
+std::vector<int> read_sample_lengths(const std::string& path) {
+  std::vector<int> lengths;
+  SampleRules rules;
+  rules.vocab_size = INT32_MAX;  // the lengths are what matters here
+  Sample s;
+  for (const std::string& shard : list_shards(path)) {
+    ShardReader reader(shard, rules);
+    while (reader.next(s)) lengths.push_back(s.length());
+  }
+  return lengths;
+}
+
 int run(int argc, char** argv, Mpi& mpi) {
   CLI::App app{"packbert: BERT pretraining without padding, on CPUs and GPUs"};
   app.set_version_flag("--version", "packbert " PACKBERT_VERSION);
@@ -104,6 +139,8 @@ int run(int argc, char** argv, Mpi& mpi) {
   add_prepare(app, prepare, format);
   InspectArgs inspect;
   add_inspect(app, inspect);
+  PackCommandOptions pack;
+  add_pack(app, pack);
 
   try {
     app.parse(argc, argv);
@@ -130,6 +167,10 @@ int run(int argc, char** argv, Mpi& mpi) {
       rules.sep_id = v.sep_id();
     }
     print_inspect_report(inspect_shards(inspect.path, rules), std::cout);
+  } else if (app.got_subcommand("pack")) {
+    PB_REQUIRE(!pack.histogram_file.empty() || !pack.data_dir.empty(),
+               "pack: give --histogram FILE or --data DIR");
+    return run_pack_command(pack, std::cout, read_sample_lengths);
   }
   return 0;
 }

@@ -23,14 +23,18 @@ ShardFormat parse_shard_format(const std::string& s);  // "fixed" | "varlength";
 
 struct ShardWriteOptions {
   ShardFormat format = ShardFormat::Fixed;
-  int max_seq_len = 128;      // L of the fixed format (samples longer than L are an error)
-  int max_predictions = 20;   // P of the fixed format
+  int max_seq_len = 128;      // L of the fixed format (samples longer than L are an error;
+                              //   varlength: the same limit, 0 for none)
+  int max_predictions = 20;   // P of the fixed format (more masked positions are an error;
+                              //   varlength: the same limit, 0 for none)
   int chunk_samples = 4096;   // HDF5 chunk size along N
 };
 
 // Streams samples into a new shard file (created or truncated). Buffers chunk_samples rows,
 // writes them to extendible chunked datasets, so memory does not grow with the shard.
-// close() (or the destructor) flushes; after close() the file is complete.
+// close() (or the destructor) flushes; after close() the file is complete. append() throws
+// packbert::Error (naming the sample index) for a sample the format cannot hold: too long, too
+// many masked positions, ids beyond int16, a masked position < 1; the sample is not appended.
 class ShardWriter {
  public:
   ShardWriter(const std::string& path, const ShardWriteOptions& opts);
@@ -69,11 +73,14 @@ class ShardReader {
   ShardReader& operator=(const ShardReader&) = delete;
 
   const ShardInfo& info() const;
-  // Next sample in row order; false at the end. out.id = row index.
+  // Next sample in row order; false at the end. out.id = row index. After a sample's
+  // validation error the cursor is past that sample, so a caller that skips bad samples
+  // (--skip-bad-samples) catches the error and calls next() again. An error reading the file
+  // itself (HDF5, damaged structures) leaves the cursor in place.
   bool next(Sample& out);
   // Position the cursor at row (0 <= row <= num_samples).
   void seek(int64_t row);
-  // Rows [begin, end) appended to out (validated like next()).
+  // Rows [begin, end) appended to out (validated like next()); the cursor ends at `end`.
   void read_range(int64_t begin, int64_t end, std::vector<Sample>& out);
 
  private:
