@@ -1,0 +1,237 @@
+// Multi-rank driver of the DataLoader tests (tests/CMakeLists.txt runs it under mpirun,
+// check_loader.py judges what it wrote).
+//
+//   mpi_loader_driver write DIR [--shards S] [--min-rows A] [--max-rows B] [--max-len L]
+//                               [--garbage I] [--bad-sample I:ROW]
+//     Writes S shards of random sizes in [A, B] and DIR/manifest.txt (seed, sizes). The seed is
+//     PACKBERT_TEST_SEED or fresh; every sample is a function of (seed, shard, row), so a run
+//     can check the payload it receives without reading the files. --garbage replaces shard I
+//     by text; --bad-sample puts a token outside the vocabulary into row ROW of shard I.
+//
+//   mpi_loader_driver run DIR --out PREFIX [--epochs E | --steps N] [--batch B] [--micro M]
+//                             [--prefetch K] [--jitter] [--resume FILE] [--save FILE]
+//                             [--policy partial|drop] [--fail-rank R --fail-step S]
+//     Every rank trains (pretends to) until the global step reaches E epochs or N steps and
+//     writes PREFIX.rank<r>.txt: per step a header line and one line of sample ids per
+//     micro-batch. Each step also all-reduces the sample counts over MPI_COMM_WORLD (as the
+//     gradient all-reduce would, concurrently with the loader's own communicator) and checks
+//     payloads, packs and global counts. --save writes the position after the last step;
+//     --resume starts from one. --jitter sleeps randomly between steps; --fail-rank makes one
+//     rank's "trainer" throw at a step (the others must not hang).
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "data/epoch_order.h"
+#include "data/loader.h"
+#include "data/shard.h"
+#include "shard_test_util.h"
+
+namespace {
+
+using namespace packbert;
+
+constexpr int kMaxPredictions = 12;
+
+struct Args {
+  std::string mode, dir;
+  std::map<std::string, std::string> opt;
+  bool has(const std::string& k) const { return opt.count(k) > 0; }
+  std::string str(const std::string& k, const std::string& def) const {
+    const auto it = opt.find(k);
+    return it == opt.end() ? def : it->second;
+  }
+  int64_t num(const std::string& k, int64_t def) const {
+    return has(k) ? std::stoll(opt.at(k)) : def;
+  }
+};
+
+Args parse(int argc, char** argv) {
+  PB_REQUIRE(argc >= 3, "usage: mpi_loader_driver write|run DIR [options]");
+  Args a;
+  a.mode = argv[1];
+  a.dir = argv[2];
+  for (int i = 3; i < argc; ++i) {
+    std::string k = argv[i];
+    PB_REQUIRE(k.rfind("--", 0) == 0, "unexpected argument '{}'", k);
+    k = k.substr(2);
+    const bool flag = k == "jitter";
+    a.opt[k] = flag ? "1" : (i + 1 < argc ? argv[++i] : "");
+  }
+  return a;
+}
+
+// The sample at (shard, row): a function of the seed alone.
+Sample make_sample(uint64_t seed, int64_t shard, int64_t row, int max_len) {
+  std::mt19937_64 rng(OrderRng(seed, 0x73616d706c65, static_cast<uint64_t>(shard),
+                               static_cast<uint64_t>(row)).next());
+  return test::random_sample(rng, 5, max_len, kMaxPredictions);
+}
+
+std::string shard_path(const std::string& dir, int64_t i) {
+  return fmt::format("{}/shard_{:03d}.h5", dir, i);
+}
+
+void write_mode(const Args& a) {
+  const uint64_t seed = test::test_seed();
+  const int64_t shards = a.num("shards", 7), lo = a.num("min-rows", 40), hi = a.num("max-rows", 260);
+  const int max_len = static_cast<int>(a.num("max-len", 64));
+  std::filesystem::remove_all(a.dir);
+  std::filesystem::create_directories(a.dir);
+  std::mt19937_64 rng(seed);
+  std::ofstream manifest(a.dir + "/manifest.txt");
+  manifest << "seed " << seed << "\nmax_len " << max_len << "\nsizes";
+  int64_t bad_shard = -1, bad_row = -1;
+  if (a.has("bad-sample")) {
+    const std::string v = a.str("bad-sample", "");
+    bad_shard = std::stoll(v.substr(0, v.find(':')));
+    bad_row = std::stoll(v.substr(v.find(':') + 1));
+  }
+  for (int64_t i = 0; i < shards; ++i) {
+    const int64_t n = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+    manifest << " " << n;
+    std::vector<Sample> samples;
+    for (int64_t r = 0; r < n; ++r) samples.push_back(make_sample(seed, i, r, max_len));
+    if (i == a.num("garbage", -1)) {
+      std::ofstream(shard_path(a.dir, i)) << "this is not an HDF5 file\n";
+    } else if (i == bad_shard) {
+      std::vector<test::RawDataset> raw =
+          test::raw_fixed(samples, max_len, kMaxPredictions, H5T_STD_I32LE);
+      test::find_dataset(raw, "input_ids").values[static_cast<size_t>(bad_row * max_len + 1)] =
+          40000;  // outside BERT's 30522 tokens
+      test::write_raw_h5(shard_path(a.dir, i), raw);
+    } else {
+      ShardWriteOptions w;
+      w.max_seq_len = max_len;
+      w.max_predictions = kMaxPredictions;
+      write_shard(shard_path(a.dir, i), samples, w);
+    }
+  }
+  manifest << "\n";
+}
+
+std::map<std::string, std::string> read_manifest(const std::string& dir) {
+  std::ifstream f(dir + "/manifest.txt");
+  PB_REQUIRE(f.good(), "{}/manifest.txt is missing (run the write mode first)", dir);
+  std::map<std::string, std::string> m;
+  std::string key, rest;
+  while (f >> key && std::getline(f, rest)) m[key] = rest;
+  return m;
+}
+
+void check_step(const StepBatch& b, const LoaderOptions& o, uint64_t seed) {
+  PB_REQUIRE(b.micro_batches.size() == static_cast<size_t>(o.micro_steps),
+             "step {}: {} micro-batches", b.step, b.micro_batches.size());
+  for (const LoaderMicroBatch& mb : b.micro_batches) {
+    std::vector<int> used(mb.samples.size(), 0);
+    for (const Sample& s : mb.samples)
+      PB_REQUIRE(s == make_sample(seed, sample_id_shard(s.id), sample_id_row(s.id), o.max_seq_len),
+                 "step {}: the payload of sample {} differs from the shard's", b.step, s.id);
+    for (const auto& pack : mb.packs) {
+      int len = 0;
+      for (const int32_t i : pack) {
+        ++used.at(static_cast<size_t>(i));
+        len += mb.samples.at(static_cast<size_t>(i)).length();
+      }
+      PB_REQUIRE(len <= o.max_seq_len && static_cast<int>(pack.size()) <= o.max_seqs_per_pack,
+                 "step {}: a pack of {} sequences, {} tokens", b.step, pack.size(), len);
+    }
+    for (const int u : used) PB_REQUIRE(u == 1, "step {}: a sample in {} packs", b.step, u);
+  }
+}
+
+int run_mode(const Args& a, int rank, int size) {
+  const std::map<std::string, std::string> manifest = read_manifest(a.dir);
+  const uint64_t seed = std::stoull(manifest.at("seed"));
+  LoaderOptions o;
+  o.global_batch_size = a.num("batch", 64);
+  o.micro_steps = static_cast<int>(a.num("micro", 2));
+  o.max_seq_len = std::stoi(manifest.at("max_len"));
+  o.max_seqs_per_pack = 3;
+  o.seed = seed ^ 0x5eed;
+  o.prefetch_steps = static_cast<int>(a.num("prefetch", 2));
+  o.shuffle_block_rows = a.num("block-rows", 32);
+  o.shuffle_window_blocks = a.num("window-blocks", 3);
+  o.last_step = parse_last_step_policy(a.str("policy", "partial"));
+  std::optional<LoaderPosition> resume;
+  if (a.has("resume")) {
+    std::ifstream f(a.str("resume", ""));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    resume = loader_position_from_json(ss.str());
+  }
+  DataLoader loader(MPI_COMM_WORLD, {a.dir}, o, resume);
+  const int64_t last = a.has("steps") ? a.num("steps", 0)
+                                      : a.num("epochs", 2) * loader.steps_per_epoch();
+  std::ofstream out(fmt::format("{}.rank{}.txt", a.str("out", "loader"), rank));
+  out << "# np " << size << " rank " << rank << " seed " << seed << "\n";
+  std::mt19937 jitter(static_cast<unsigned>(rank + 1));
+  double waited = 0;
+  int64_t samples = 0;
+  for (int64_t step = loader.position().step; step < last; ++step) {
+    if (step == a.num("fail-step", -1) && rank == a.num("fail-rank", -1))
+      PB_THROW("injected failure of rank {}'s trainer at step {}", rank, step);
+    const StepBatch b = loader.next();
+    PB_REQUIRE(b.step == step, "got step {} where {} was expected", b.step, step);
+    check_step(b, o, seed);
+    // The trainer's all-reduce: the ranks' samples add up to the step's global count.
+    int64_t local[2] = {b.num_samples(), 0}, global[2] = {0, 0};
+    for (const LoaderMicroBatch& mb : b.micro_batches) local[1] += mb.masked_tokens;
+    MPI_Allreduce(local, global, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    PB_REQUIRE(global[0] == b.global_samples && global[1] == b.global_masked_tokens,
+               "step {}: ranks hold {} samples / {} masked, the plan says {} / {}", step,
+               global[0], global[1], b.global_samples, b.global_masked_tokens);
+    out << "step " << b.step << " epoch " << b.epoch << " begin " << b.epoch_begin << " end "
+        << b.epoch_end << " global " << b.global_samples << "\n";
+    for (size_t m = 0; m < b.micro_batches.size(); ++m) {
+      out << "mb " << m;
+      for (const Sample& s : b.micro_batches[m].samples) out << " " << s.id;
+      out << "\n";
+    }
+    waited += b.wait_seconds;
+    samples += b.num_samples();
+    if (a.has("jitter"))
+      std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 4000));
+  }
+  if (a.has("save") && rank == 0) {
+    std::ofstream(a.str("save", "")) << loader_position_to_json(loader.position()) << "\n";
+  }
+  std::cout << fmt::format("[rank {}] {} steps to {}, {} samples, exposed wait {:.3f} s\n", rank,
+                           last, loader_position_to_json(loader.position()), samples, waited);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0, rank = 0, size = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  try {
+    const Args a = parse(argc, argv);
+    if (a.mode == "write") write_mode(a);
+    else if (a.mode == "run") run_mode(a, rank, size);
+    else PB_THROW("unknown mode '{}' (write | run)", a.mode);
+  } catch (const std::exception& e) {
+    // As packbert's main: report, then every rank goes down (no rank waits on this one).
+    std::cerr << "[rank " << rank << "] error: " << e.what() << std::endl;
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return 1;
+  }
+  MPI_Finalize();
+  return 0;
+}
