@@ -1,0 +1,279 @@
+// The ops the BERT model calls, at the granularity the GPU fuses them. The model is written once
+// against this interface; CpuBackend (kernels/cpu, fp32, the executable specification) and a
+// CUDA backend implement it.
+//
+// Conventions for every op:
+// - Buffers are row-major Tensor views; the caller owns every input, output and workspace (no
+//   allocation inside an op, except the small grow-only scratch an op documents).
+// - Token-wise buffers are [rows, hidden]. SeqLayout says which rows belong to which sequence,
+//   so one op serves the three layouts: unpadded (sequences end to end), packed (rows of
+//   max_seq_len holding several sequences) and padded (one sequence per max_seq_len slot).
+//   Token-wise ops run on every row, padding rows included; only attention knows sequences.
+// - Activation gradients are written (=); parameter gradients are accumulated (+=), which lets
+//   the tied word embedding gather both of its gradients and lets micro-steps accumulate.
+// - "none" (a default Tensor) marks an optional argument that is not given.
+// - float tensors are f32 on the CPU backend; the CUDA backend also takes bf16 activations.
+// - Dropout never depends on where a token sits: see Dropout and kernels/common/philox.h.
+// - A Backend object is used by one host thread at a time (it keeps scratch); ops run in call
+//   order (on CUDA: in stream order, so a result is on the host only after copy()).
+//
+// One encoder layer (post-LN BERT) against these ops; x is the layer input [rows, H]:
+//   linear_forward(x, Wqkv, bqkv, bias -> qkv)              Wqkv = query|key|value weights [3H, H]
+//   attention_forward(qkv -> ctx, lse)                      site attention_probs
+//   linear_forward(ctx, Wo, none -> a)                      its bias goes to the next op
+//   residual_layernorm_forward(a, bo, residual x -> h1, ln1_in, ...)   site attention_output
+//   linear_forward(h1, W1, b1, bias_gelu -> f, pre)
+//   linear_forward(f, W2, none -> o)
+//   residual_layernorm_forward(o, b2, residual h1 -> y, ln2_in, ...)   site ffn_output
+// Backward, from dy:
+//   residual_layernorm_backward(dy -> do, dresidual dh1; db2, dln2)
+//   linear_backward(f, W2, do -> dx = d(pre) via x_gelu_pre = pre; dW2)
+//   linear_backward(h1, W1, d(pre) -> dx += into dh1 (dx_accumulate); dW1, db1)
+//   residual_layernorm_backward(dh1 -> da, dresidual dx; dbo, dln1)
+//   linear_backward(ctx, Wo, da -> dctx; dWo)
+//   attention_backward(dctx -> dqkv)
+//   linear_backward(x, Wqkv, dqkv -> dx += (dx_accumulate); dWqkv, dbqkv)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace packbert {
+
+// BERT's LayerNorm epsilon, everywhere (embeddings, encoder, MLM transform).
+constexpr float kLayerNormEps = 1e-12f;
+
+// Where the tokens of one micro-batch sit in the token-wise buffers. Every tensor lives on the
+// backend's device. A row that belongs to no sequence is padding: token_seq = -1.
+struct SeqLayout {
+  int64_t rows = 0;      // rows of every token-wise buffer
+  int32_t num_seqs = 0;
+  int32_t max_len = 0;   // the longest sequence (sizes the CPU attention scratch)
+  Tensor seq_start;      // i32 [num_seqs]: row of each sequence's first token ([CLS])
+  Tensor seq_len;        // i32 [num_seqs]: tokens of each sequence, >= 1
+  Tensor sample_id;      // i64 [num_seqs]: global sample id (the dropout key), < 2^44
+  Tensor token_seq;      // i32 [rows]: sequence of each row, -1 for padding
+  Tensor token_pos;      // i32 [rows]: position inside its sequence (0 for padding); this is
+                         // also the position-embedding index, so positions restart per sequence
+};
+
+enum class DropoutSite : uint32_t {
+  embedding = 0,         // after the embedding LayerNorm
+  attention_probs = 1,   // on the softmax probabilities
+  attention_output = 2,  // on the attention output projection, before the residual add
+  ffn_output = 3,        // on the FFN output projection, before the residual add
+};
+
+// One dropout site of one step. The mask of an element is Philox(seed; step, sample id, layer,
+// site, head, position inside the sample, element) (kernels/common/philox.h). p = 0 disables
+// dropout (evaluation); padding rows are never dropped.
+struct Dropout {
+  float p = 0.f;
+  uint64_t seed = 0;
+  uint32_t step = 0;
+  uint32_t layer = 0;    // encoder layer; the embedding uses 0 (the site tells them apart)
+  DropoutSite site = DropoutSite::embedding;
+};
+
+// Linear epilogues: what is applied to x * w^T before it is written.
+enum class Epilogue { none, bias, bias_gelu };
+
+struct LinearBackwardOptions {
+  // The forward used Epilogue::bias_gelu with this pre-activation [N, M]: dout is the gradient
+  // wrt gelu(pre) and is turned into the gradient wrt pre IN PLACE before anything else.
+  Tensor out_gelu_pre;
+  // The input x was gelu(x_gelu_pre) [N, K] (FFN2 after FFN1): dx is written as the gradient
+  // wrt x_gelu_pre, i.e. (dout * w) * gelu'(x_gelu_pre) -- the dGELU fused into the dx GEMM.
+  Tensor x_gelu_pre;
+  // dx += instead of dx = (where a residual branch already wrote its share).
+  bool dx_accumulate = false;
+};
+
+struct EmbeddingParams {
+  Tensor word;        // [vocab, H]
+  Tensor position;    // [max_positions, H]
+  Tensor token_type;  // [type_vocab, H]
+  Tensor ln_gamma;    // [H]
+  Tensor ln_beta;     // [H]
+};
+
+struct LayerNormParams {
+  Tensor gamma;  // [H]
+  Tensor beta;   // [H]
+};
+
+struct PoolerParams {
+  Tensor dense_w;  // [H, H]   pooler dense
+  Tensor dense_b;  // [H]
+  Tensor cls_w;    // [2, H]   NSP classifier
+  Tensor cls_b;    // [2]
+};
+
+// One tensor of the flat parameter buffer as LAMB sees it (a row of an i64 [T, 3] tensor).
+struct LambTensor {
+  int64_t offset;  // first element in the flat buffers
+  int64_t size;    // elements
+  int64_t decay;   // 1: weight decay and trust ratio apply; 0: excluded (LayerNorm, biases)
+};
+
+struct LambConfig {
+  float lr = 0.f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-6f;
+  float weight_decay = 0.01f;
+  float max_grad_norm = 1.0f;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+
+// The i64 [n, 3] view of a LAMB table (the table lives where the backend runs).
+inline Tensor lamb_table(const LambTensor* rows, int64_t n, Device device = Device::cpu) {
+  return Tensor(const_cast<LambTensor*>(rows), DType::i64, {n, 3}, device);
+}
+
+// Floats of the workspace nsp_loss needs.
+inline int64_t nsp_workspace_elems(int64_t num_seqs, int64_t hidden) {
+  return num_seqs * (4 * hidden + 2);
+}
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual Device device() const = 0;
+
+  // t = 0 (any dtype).
+  virtual void zero(const Tensor& t) = 0;
+  // dst = src: same dtype and element count (shapes may differ), no overlap. One side may be
+  // host memory: the batch upload and the read-back of loss scalars go through here.
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+
+  // ---- embeddings ------------------------------------------------------------------------
+  // out = dropout(LayerNorm(word[input_ids] + position[token_pos] + token_type[segment_ids])).
+  // input_ids, segment_ids: i32 [rows] (padding rows: any valid id, e.g. 0). out: [rows, H].
+  // Saves ln_mean, ln_rstd: f32 [rows] (the sum is re-gathered in backward). Site: embedding.
+  virtual void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
+                                 const Tensor& segment_ids, const EmbeddingParams& params,
+                                 const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,
+                                 const Tensor& ln_rstd) = 0;
+  // Gradients += for all five tensors of grads (each may be none). dout [rows, H] is used as
+  // scratch and overwritten. Padding rows add nothing. Scatter-adds in a fixed row order.
+  virtual void embedding_backward(const SeqLayout& layout, const Tensor& input_ids,
+                                  const Tensor& segment_ids, const EmbeddingParams& params,
+                                  const Dropout& dropout, const Tensor& ln_mean,
+                                  const Tensor& ln_rstd, const Tensor& dout,
+                                  const EmbeddingParams& grads) = 0;
+
+  // ---- linear layers (GEMM + epilogue) ----------------------------------------------------
+  // out = x * w^T (+ bias) (then gelu), PyTorch nn.Linear: x [N, K], w [M, K] (out_features x
+  // in_features), bias [M], out [N, M], all row-major; fp32 accumulation. For bias_gelu,
+  // pre [N, M] keeps x * w^T + bias for backward.
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                              Epilogue epilogue, const Tensor& out, const Tensor& pre) = 0;
+  // Given dout [N, M]: dx = dout * w [N, K] (written, or see options), dw += dout^T * x [M, K],
+  // db += column sums of dout [M]. dx, dw, db are each optional; x is needed only for dw.
+  // Saves nothing; dout is read-only unless options.out_gelu_pre is given.
+  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout,
+                               const Tensor& dx, const Tensor& dw, const Tensor& db,
+                               const LinearBackwardOptions& options = {}) = 0;
+
+  // ---- bias + dropout + residual add + LayerNorm -------------------------------------------
+  // h = dropout(x + bias) + residual;  out = LayerNorm(h) * gamma + beta.
+  // x, residual, out: [rows, H]; bias [H] and residual optional. Saves ln_in = h [rows, H]
+  // (may alias x, which is then overwritten) and ln_mean, ln_rstd f32 [rows]; out aliases
+  // neither. layout supplies the dropout keys and may be empty when dropout.p == 0 (the MLM
+  // transform's plain LayerNorm: no bias, no residual, p = 0). Padding rows are never dropped.
+  virtual void residual_layernorm_forward(const SeqLayout& layout, const Tensor& x,
+                                          const Tensor& bias, const Tensor& residual,
+                                          const LayerNormParams& ln, const Dropout& dropout,
+                                          const Tensor& out, const Tensor& ln_in,
+                                          const Tensor& ln_mean, const Tensor& ln_rstd) = 0;
+  // From dout [rows, H] and the saved ln_in, ln_mean, ln_rstd: dh = LayerNorm backward,
+  // dresidual = dh (written, optional; may alias dout), dx = dropout'(dh) (written, required),
+  // dbias += column sums of dx, dln.gamma += sums of dout * xhat, dln.beta += sums of dout
+  // (each optional). The same layout and dropout as the forward.
+  virtual void residual_layernorm_backward(const SeqLayout& layout, const Tensor& dout,
+                                           const Tensor& ln_in, const Tensor& ln_mean,
+                                           const Tensor& ln_rstd, const LayerNormParams& ln,
+                                           const Dropout& dropout, const Tensor& dx,
+                                           const Tensor& dresidual, const Tensor& dbias,
+                                           const LayerNormParams& dln) = 0;
+
+  // ---- attention ------------------------------------------------------------------------
+  // Variable-length multi-head self-attention within each sequence of layout (never across).
+  // qkv [rows, 3H]: per row q (H) | k (H) | v (H), each head-major (head h at h*d .. h*d+d-1,
+  // d = H / num_heads). out [rows, H] = dropout(softmax(q k^T / sqrt(d))) v, head-major.
+  // Saves lse f32 [rows, num_heads]: log-sum-exp of each query row's scaled scores (only this
+  // backend's attention_backward reads it, so a backend may order it differently within the
+  // same size, e.g. [heads, rows] as FlashAttention does). Rows of no sequence get out = 0 and
+  // lse = 0. Site: attention_probs (position = query, element = key).
+  virtual void attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
+                                 const Dropout& dropout, const Tensor& out, const Tensor& lse) = 0;
+  // dqkv [rows, 3H] written (zero in rows of no sequence), from dout [rows, H], the forward's
+  // qkv, out and lse, and the same dropout (its mask is recomputed, never stored). Zero rows
+  // of no sequence are what keep padding out of the weight gradients in the padded layout.
+  // CPU: O(max_len * head_dim) floats of scratch per thread, kept by the backend.
+  virtual void attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, int num_heads,
+                                  const Dropout& dropout, const Tensor& dqkv) = 0;
+
+  // ---- masked positions ----------------------------------------------------------------
+  // out[i] = x[index[i]]: x [rows, H], index i32 [M] (rows of the masked positions), out [M, H].
+  virtual void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) = 0;
+  // dx = 0, then dx[index[i]] += dout[i] in order of i. dx [rows, H] is written whole.
+  virtual void gather_rows_backward(const Tensor& dout, const Tensor& index,
+                                    const Tensor& dx) = 0;
+
+  // ---- losses ------------------------------------------------------------------------------
+  // Per row: loss = logsumexp(logits) - logits[label]; correct = (first argmax == label).
+  // logits [m, V], labels i32 [m] in [0, V). loss_sum f32 [1] += sum of row losses (unscaled);
+  // num_correct i32 [1] += correct rows. dlogits [m, V] (optional, may alias logits) =
+  // (softmax - onehot(label)) * grad_scale.
+  virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                                     float grad_scale, const Tensor& loss_sum,
+                                     const Tensor& num_correct, const Tensor& dlogits) = 0;
+  // The MLM decoder and loss over a chunk of m masked tokens, forward and backward at once (the
+  // loss is the graph's end, so the logits never outlive the chunk -- the MST feature calls it
+  // per chunk). logits = x w^T + b with x [m, H] (the transform's output), w [V, H] (tied word
+  // embeddings), b [V]; logits_ws [m, V] is the workspace. loss_sum, num_correct as above;
+  // grad_scale = 1 / global masked-token count. If dx [m, H] is given: dx written, dw += and
+  // db += (both optional); if dx is none, forward only.
+  virtual void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
+                        float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                        const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                        const Tensor& db) = 0;
+  // Pooler + NSP over each sequence's first token: pooled = tanh(x[cls] Wp^T + bp),
+  // logits = pooled Wc^T + bc, cross-entropy with labels i32 [num_seqs] in {0, 1}.
+  // x [rows, H]; loss_sum, num_correct accumulate as above; grad_scale = 1 / global sample
+  // count. workspace f32 [nsp_workspace_elems(num_seqs, H)]. If dx [rows, H] is given, the
+  // gradient is ADDED into dx's [CLS] rows (after gather_rows_backward wrote dx) and the
+  // defined tensors of grads accumulate (+=).
+  virtual void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
+                        const Tensor& labels, float grad_scale, const Tensor& workspace,
+                        const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                        const PoolerParams& grads) = 0;
+
+  // ---- optimizer -------------------------------------------------------------------------
+  // out f32 [1] = sqrt(sum x^2) of a flat f32 buffer, in a fixed reduction order (the same
+  // result for any thread count).
+  virtual void l2_norm(const Tensor& x, const Tensor& out) = 0;
+  // One LAMB step (apex FusedLAMB: adam_w_mode, grad averaging, bias correction) over the flat
+  // f32 buffers params (fp32 master weights), grads, m, v, all [n]. table i64 [T, 3] of
+  // LambTensor rows. global_grad_norm f32 [1] (the all-reduced gradient norm): gradients are
+  // divided by max(1, norm / max_grad_norm). Per tensor: u = m^/(sqrt(v^)+eps) + wd*w (wd only
+  // for decay tensors), w -= lr * (decay tensor and wd != 0 and both norms > 0 ? ||w||/||u|| : 1).
+  // params, m, v are updated in place; grads is overwritten with u (as apex does, saving a
+  // buffer); norms_ws f32 [2T] receives ||w|| (before the step) and ||u|| per tensor. Table
+  // rows ascend by offset without overlap; elements outside every row are left alone.
+  virtual void lamb_step(const Tensor& table, const LambConfig& config,
+                         const Tensor& global_grad_norm, const Tensor& params,
+                         const Tensor& grads, const Tensor& m, const Tensor& v,
+                         const Tensor& norms_ws) = 0;
+};
+
+// The reference backend (fp32, BLAS + OpenMP).
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace packbert

@@ -1,0 +1,180 @@
+// CpuBackend: construction, thread control, scratch, and the helpers of cpu_common.h.
+#include "cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/cpu_common.h"
+
+namespace packbert {
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+namespace cpu {
+
+void set_num_threads(int n) {
+  PB_REQUIRE(n >= 1, "cpu threads must be >= 1, got {}", n);
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int num_threads() { return omp_get_max_threads(); }
+
+void expect(const char* op, const char* name, const Tensor& t, DType dtype,
+            std::initializer_list<int64_t> dims) {
+  check_tensor(op, name, t, dtype, dims);
+  check_device(op, name, t, Device::cpu);
+}
+
+void expect_optional(const char* op, const char* name, const Tensor& t, DType dtype,
+                     std::initializer_list<int64_t> dims) {
+  if (t.defined()) expect(op, name, t, dtype, dims);
+}
+
+void check_layout(const char* op, const SeqLayout& l, int64_t rows) {
+  PB_REQUIRE(l.rows == rows, "{}: layout has {} rows, the buffers {}", op, l.rows, rows);
+  PB_REQUIRE(l.num_seqs >= 0 && l.max_len >= 0, "{}: layout with {} sequences, max_len {}", op,
+             l.num_seqs, l.max_len);
+  const int64_t s = l.num_seqs;
+  expect(op, "layout.seq_start", l.seq_start, DType::i32, {s});
+  expect(op, "layout.seq_len", l.seq_len, DType::i32, {s});
+  expect(op, "layout.sample_id", l.sample_id, DType::i64, {s});
+  expect(op, "layout.token_seq", l.token_seq, DType::i32, {rows});
+  expect(op, "layout.token_pos", l.token_pos, DType::i32, {rows});
+  const int32_t* start = l.seq_start.ptr<int32_t>();
+  const int32_t* len = l.seq_len.ptr<int32_t>();
+  const int64_t* sample = l.sample_id.ptr<int64_t>();
+  const int32_t* tseq = l.token_seq.ptr<int32_t>();
+  const int32_t* tpos = l.token_pos.ptr<int32_t>();
+  int64_t covered = 0;
+  for (int64_t i = 0; i < s; ++i) {
+    PB_REQUIRE(len[i] >= 1 && len[i] <= l.max_len && start[i] >= 0 && start[i] + len[i] <= rows,
+               "{}: sequence {} at row {} with length {} does not fit {} rows (max_len {})", op,
+               i, start[i], len[i], rows, l.max_len);
+    PB_REQUIRE(sample[i] >= 0 && static_cast<uint64_t>(sample[i]) < kDropoutMaxSampleId,
+               "{}: sequence {} has sample id {} outside [0, 2^44)", op, i, sample[i]);
+    for (int32_t p = 0; p < len[i]; ++p) {
+      const int64_t r = start[i] + p;
+      PB_REQUIRE(tseq[r] == i && tpos[r] == p,
+                 "{}: row {} has token_seq {} / token_pos {}, sequence {} expects {} / {}", op, r,
+                 tseq[r], tpos[r], i, i, p);
+    }
+    covered += len[i];
+  }
+  int64_t padding = 0;
+  for (int64_t r = 0; r < rows; ++r) padding += tseq[r] < 0;
+  PB_REQUIRE(covered + padding == rows,
+             "{}: {} rows name a sequence that does not contain them (sequences overlap?)", op,
+             rows - covered - padding);
+}
+
+DropoutStream dropout_stream(const char* op, const Dropout& d, int64_t elements, int64_t heads,
+                             int64_t max_position) {
+  PB_REQUIRE(d.p >= 0.f && d.p < 1.f, "{}: dropout p = {} outside [0, 1)", op, d.p);
+  if (d.p == 0.f) return DropoutStream{};
+  const auto site = static_cast<uint32_t>(d.site);
+  PB_REQUIRE(d.layer < kDropoutMaxLayer && site < kDropoutMaxSite,
+             "{}: dropout layer {} / site {} outside the key ranges ({} / {})", op, d.layer, site,
+             kDropoutMaxLayer, kDropoutMaxSite);
+  PB_REQUIRE(elements <= kDropoutMaxElement && heads <= kDropoutMaxHead &&
+                 max_position <= kDropoutMaxPosition,
+             "{}: {} elements, {} heads, {} positions exceed the dropout key ranges", op,
+             elements, heads, max_position);
+  return make_dropout_stream(d.p, d.seed, d.step, d.layer, site);
+}
+
+void row_dropout_factors(const DropoutStream& s, const SeqLayout& layout, int64_t row, int64_t n,
+                         float* factors) {
+  const int32_t seq = dropout_enabled(s) ? layout.token_seq.ptr<int32_t>()[row] : -1;
+  if (seq < 0) {
+    std::fill(factors, factors + n, 1.0f);
+    return;
+  }
+  const auto sample = static_cast<uint64_t>(layout.sample_id.ptr<int64_t>()[seq]);
+  const auto pos = static_cast<uint32_t>(layout.token_pos.ptr<int32_t>()[row]);
+  for (int64_t e0 = 0; e0 < n; e0 += 4) {
+    const Philox4x32 bits = dropout_bits4(s, sample, 0, pos, static_cast<uint32_t>(e0));
+    for (int64_t k = 0; k < 4 && e0 + k < n; ++k) factors[e0 + k] = dropout_factor(s, bits.v[k]);
+  }
+}
+
+void add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
+    double acc[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * ld;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += xr[c];
+    }
+    for (int64_t c = c0; c < c1; ++c) out[c] += static_cast<float>(acc[c - c0]);
+  }
+}
+
+}  // namespace cpu
+
+void CpuBackend::zero(const Tensor& t) {
+  PB_REQUIRE(t.defined(), "zero: t is missing");
+  check_device("zero", "t", t, Device::cpu);
+  std::memset(t.data, 0, t.bytes());
+}
+
+void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
+  PB_REQUIRE(dst.defined() && src.defined(), "copy: dst {} / src {} missing", dst.str(), src.str());
+  check_device("copy", "dst", dst, Device::cpu);
+  check_device("copy", "src", src, Device::cpu);
+  PB_REQUIRE(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy: dst {} and src {} differ",
+             dst.str(), src.str());
+  const auto* s = static_cast<const char*>(src.data);
+  const auto* d = static_cast<const char*>(dst.data);
+  PB_REQUIRE(d + dst.bytes() <= s || s + src.bytes() <= d, "copy: dst and src overlap");
+  std::memcpy(dst.data, src.data, src.bytes());
+}
+
+float* CpuBackend::thread_scratch(int thread, size_t floats) {
+  PB_CHECK(thread < static_cast<int>(thread_scratch_.size()) &&
+               thread_scratch_[thread].size() >= floats,
+           "thread scratch {} not reserved for {} floats", thread, floats);
+  return thread_scratch_[thread].data();
+}
+
+void CpuBackend::reserve_thread_scratch(size_t floats) {
+  const size_t threads = static_cast<size_t>(omp_get_max_threads());
+  if (thread_scratch_.size() < threads) thread_scratch_.resize(threads);
+  for (auto& s : thread_scratch_)
+    if (s.size() < floats) s.resize(floats);
+}
+
+double* CpuBackend::reduction_scratch(size_t doubles) {
+  if (reduction_scratch_.size() < doubles) reduction_scratch_.resize(doubles);
+  return reduction_scratch_.data();
+}
+
+double CpuBackend::sum_squares(const float* x, int64_t n) {
+  // Fixed blocks, each summed in order in double, then the blocks in order: the same bits for
+  // any thread count.
+  constexpr int64_t kBlock = 8192;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  double* partial = reduction_scratch(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i1 = std::min(n, (b + 1) * kBlock);
+    // Four interleaved accumulators: a fixed order that still pipelines.
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i = b * kBlock;
+    for (; i + 4 <= i1; i += 4)
+      for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(x[i + k]) * x[i + k];
+    for (; i < i1; ++i) s[0] += static_cast<double>(x[i]) * x[i];
+    partial[b] = (s[0] + s[1]) + (s[2] + s[3]);
+  }
+  double total = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) total += partial[b];
+  return total;
+}
+
+}  // namespace packbert

@@ -1,0 +1,94 @@
+// The reference backend: fp32, OpenBLAS for GEMMs, OpenMP loops for the rest. It is the
+// executable specification the CUDA backend is tested against, so clarity and determinism come
+// before speed: every reduction runs in a fixed order that does not depend on the thread count
+// (row-wise sums inside one row, column sums over rows in row order, long sums in fixed blocks).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "backend.h"
+
+namespace packbert {
+
+namespace cpu {
+// Threads for OpenMP loops and OpenBLAS alike (multi-rank runs use 1 per rank).
+void set_num_threads(int n);
+int num_threads();
+}  // namespace cpu
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  Device device() const override { return Device::cpu; }
+
+  void zero(const Tensor& t) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+
+  void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
+                         const Tensor& segment_ids, const EmbeddingParams& params,
+                         const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,
+                         const Tensor& ln_rstd) override;
+  void embedding_backward(const SeqLayout& layout, const Tensor& input_ids,
+                          const Tensor& segment_ids, const EmbeddingParams& params,
+                          const Dropout& dropout, const Tensor& ln_mean, const Tensor& ln_rstd,
+                          const Tensor& dout, const EmbeddingParams& grads) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue epilogue,
+                      const Tensor& out, const Tensor& pre) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db,
+                       const LinearBackwardOptions& options) override;
+
+  void residual_layernorm_forward(const SeqLayout& layout, const Tensor& x, const Tensor& bias,
+                                  const Tensor& residual, const LayerNormParams& ln,
+                                  const Dropout& dropout, const Tensor& out, const Tensor& ln_in,
+                                  const Tensor& ln_mean, const Tensor& ln_rstd) override;
+  void residual_layernorm_backward(const SeqLayout& layout, const Tensor& dout,
+                                   const Tensor& ln_in, const Tensor& ln_mean,
+                                   const Tensor& ln_rstd, const LayerNormParams& ln,
+                                   const Dropout& dropout, const Tensor& dx,
+                                   const Tensor& dresidual, const Tensor& dbias,
+                                   const LayerNormParams& dln) override;
+
+  void attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
+                         const Dropout& dropout, const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, const Tensor& dout, int num_heads,
+                          const Dropout& dropout, const Tensor& dqkv) override;
+
+  void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) override;
+  void gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) override;
+
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                             const Tensor& loss_sum, const Tensor& num_correct,
+                             const Tensor& dlogits) override;
+  void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
+                float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                const Tensor& db) override;
+  void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
+                const Tensor& labels, float grad_scale, const Tensor& workspace,
+                const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                const PoolerParams& grads) override;
+
+  void l2_norm(const Tensor& x, const Tensor& out) override;
+  void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
+                 const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                 const Tensor& norms_ws) override;
+
+ private:
+  // Grow-only scratch, the documented exception to "the caller provides every buffer": one
+  // float buffer per OpenMP thread (attention score rows and dK/dV accumulators, sized by the
+  // longest sequence) and one double buffer for fixed-order reductions. Warm after the first
+  // step of the largest shape, so the step loop does not allocate.
+  float* thread_scratch(int thread, size_t floats);
+  void reserve_thread_scratch(size_t floats);
+  double* reduction_scratch(size_t doubles);
+  double sum_squares(const float* x, int64_t n);
+
+  std::vector<std::vector<float>> thread_scratch_;
+  std::vector<double> reduction_scratch_;
+};
+
+}  // namespace packbert

@@ -1,0 +1,164 @@
+// The heads: masked-position gather, softmax cross-entropy, the MLM decoder loss and the
+// pooler + NSP loss. The two losses run forward and backward in one call because the loss is
+// the end of the graph: nothing of the head has to outlive the call.
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/cpu_backend.h"
+#include "cpu/cpu_common.h"
+
+namespace packbert {
+
+using cpu::expect;
+using cpu::expect_optional;
+
+void CpuBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
+  const char* op = "gather_rows";
+  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t rows = x.dim(0), h = x.dim(1);
+  expect(op, "index", index, DType::i32, {kAnyDim});
+  const int64_t m = index.dim(0);
+  expect(op, "out", out, DType::f32, {m, h});
+  const int32_t* idx = index.ptr<int32_t>();
+  for (int64_t i = 0; i < m; ++i)
+    PB_REQUIRE(idx[i] >= 0 && idx[i] < rows, "{}: index[{}] = {} outside [0, {})", op, i, idx[i],
+               rows);
+  const float* src = x.ptr<float>();
+  float* dst = out.ptr<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) std::copy(src + idx[i] * h, src + (idx[i] + 1) * h, dst + i * h);
+}
+
+void CpuBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) {
+  const char* op = "gather_rows_backward";
+  expect(op, "dx", dx, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t rows = dx.dim(0), h = dx.dim(1);
+  expect(op, "index", index, DType::i32, {kAnyDim});
+  const int64_t m = index.dim(0);
+  expect(op, "dout", dout, DType::f32, {m, h});
+  const int32_t* idx = index.ptr<int32_t>();
+  for (int64_t i = 0; i < m; ++i)
+    PB_REQUIRE(idx[i] >= 0 && idx[i] < rows, "{}: index[{}] = {} outside [0, {})", op, i, idx[i],
+               rows);
+  zero(dx);
+  const float* src = dout.ptr<float>();
+  float* dst = dx.ptr<float>();
+  // In order of i, so repeated indices add up in a fixed order (masked positions are unique in
+  // BERT, but the contract does not need them to be).
+  for (int64_t i = 0; i < m; ++i) {
+    float* d = dst + idx[i] * h;
+    const float* s = src + i * h;
+#pragma omp simd
+    for (int64_t c = 0; c < h; ++c) d[c] += s[c];
+  }
+}
+
+void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                                       float grad_scale, const Tensor& loss_sum,
+                                       const Tensor& num_correct, const Tensor& dlogits) {
+  const char* op = "softmax_cross_entropy";
+  expect(op, "logits", logits, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t m = logits.dim(0), v = logits.dim(1);
+  expect(op, "labels", labels, DType::i32, {m});
+  expect(op, "loss_sum", loss_sum, DType::f32, {1});
+  expect(op, "num_correct", num_correct, DType::i32, {1});
+  expect_optional(op, "dlogits", dlogits, DType::f32, {m, v});
+  PB_REQUIRE(v >= 1, "{}: {} classes", op, v);
+  const int32_t* lab = labels.ptr<int32_t>();
+  for (int64_t i = 0; i < m; ++i)
+    PB_REQUIRE(lab[i] >= 0 && lab[i] < v, "{}: labels[{}] = {} outside [0, {})", op, i, lab[i], v);
+
+  const float* z = logits.ptr<float>();
+  float* dz = dlogits.defined() ? dlogits.ptr<float>() : nullptr;
+  double* row_loss = reduction_scratch(2 * static_cast<size_t>(m));
+  double* row_correct = row_loss + m;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) {
+    const float* zi = z + i * v;
+    int64_t argmax = 0;
+    for (int64_t c = 1; c < v; ++c)
+      if (zi[c] > zi[argmax]) argmax = c;  // first maximum wins ties
+    const float mx = zi[argmax];
+    double sum = 0.0;
+    for (int64_t c = 0; c < v; ++c) sum += std::exp(static_cast<double>(zi[c] - mx));
+    const double lse = mx + std::log(sum);
+    row_loss[i] = lse - zi[lab[i]];
+    row_correct[i] = argmax == lab[i] ? 1.0 : 0.0;
+    if (dz) {  // dlogits may alias logits: each element is read once, then written
+      float* di = dz + i * v;
+      for (int64_t c = 0; c < v; ++c)
+        di[c] = static_cast<float>(std::exp(static_cast<double>(zi[c]) - lse)) * grad_scale;
+      di[lab[i]] -= grad_scale;
+    }
+  }
+  double total = 0.0, correct = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    total += row_loss[i];
+    correct += row_correct[i];
+  }
+  loss_sum.ptr<float>()[0] += static_cast<float>(total);
+  num_correct.ptr<int32_t>()[0] += static_cast<int32_t>(correct);
+}
+
+void CpuBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
+                          float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                          const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                          const Tensor& db) {
+  const char* op = "mlm_loss";
+  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
+  expect(op, "w", w, DType::f32, {kAnyDim, x.dim(1)});
+  const int64_t m = x.dim(0), v = w.dim(0);
+  expect(op, "logits_ws", logits_ws, DType::f32, {m, v});
+  PB_REQUIRE(dx.defined() || (!dw.defined() && !db.defined()),
+             "{}: dw / db without dx (forward-only calls pass none for all three)", op);
+  linear_forward(x, w, b, Epilogue::bias, logits_ws, Tensor());
+  softmax_cross_entropy(logits_ws, labels, grad_scale, loss_sum, num_correct,
+                        dx.defined() ? logits_ws : Tensor());
+  if (dx.defined()) linear_backward(x, w, logits_ws, dx, dw, db, {});
+}
+
+void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
+                          const Tensor& labels, float grad_scale, const Tensor& workspace,
+                          const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                          const PoolerParams& grads) {
+  const char* op = "nsp_loss";
+  expect(op, "x", x, DType::f32, {layout.rows, kAnyDim});
+  const int64_t h = x.dim(1), s = layout.num_seqs;
+  expect(op, "params.dense_w", params.dense_w, DType::f32, {h, h});
+  expect(op, "params.dense_b", params.dense_b, DType::f32, {h});
+  expect(op, "params.cls_w", params.cls_w, DType::f32, {2, h});
+  expect(op, "params.cls_b", params.cls_b, DType::f32, {2});
+  expect(op, "workspace", workspace, DType::f32, {nsp_workspace_elems(s, h)});
+  expect_optional(op, "dx", dx, DType::f32, {layout.rows, h});
+  PB_REQUIRE(dx.defined() || (!grads.dense_w.defined() && !grads.dense_b.defined() &&
+                              !grads.cls_w.defined() && !grads.cls_b.defined()),
+             "{}: parameter gradients without dx", op);
+  cpu::check_layout(op, layout, layout.rows);
+
+  float* ws = workspace.ptr<float>();
+  const Tensor cls = view(ws, {s, h});                   // each sequence's [CLS] row
+  const Tensor pooled = view(ws + s * h, {s, h});        // tanh(cls Wp^T + bp)
+  const Tensor dpooled = view(ws + 2 * s * h, {s, h});
+  const Tensor dcls = view(ws + 3 * s * h, {s, h});
+  const Tensor logits = view(ws + 4 * s * h, {s, 2});    // becomes dlogits in place
+  gather_rows(x, layout.seq_start, cls);
+  linear_forward(cls, params.dense_w, params.dense_b, Epilogue::bias, pooled, Tensor());
+  float* pp = pooled.ptr<float>();
+  for (int64_t i = 0; i < s * h; ++i) pp[i] = std::tanh(pp[i]);
+  linear_forward(pooled, params.cls_w, params.cls_b, Epilogue::bias, logits, Tensor());
+  softmax_cross_entropy(logits, labels, grad_scale, loss_sum, num_correct,
+                        dx.defined() ? logits : Tensor());
+  if (!dx.defined()) return;
+
+  linear_backward(pooled, params.cls_w, logits, dpooled, grads.cls_w, grads.cls_b, {});
+  float* dp = dpooled.ptr<float>();
+  for (int64_t i = 0; i < s * h; ++i) dp[i] *= 1.0f - pp[i] * pp[i];
+  linear_backward(cls, params.dense_w, dpooled, dcls, grads.dense_w, grads.dense_b, {});
+  const int32_t* start = layout.seq_start.ptr<int32_t>();
+  const float* dc = dcls.ptr<float>();
+  float* d = dx.ptr<float>();
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t c = 0; c < h; ++c) d[start[i] * h + c] += dc[i * h + c];
+}
+
+}  // namespace packbert

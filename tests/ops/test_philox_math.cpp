@@ -1,0 +1,191 @@
+// kernels/common: Philox4x32-10 known answers, dropout keying, and the shared per-element math
+// (GELU, Welford LayerNorm statistics, LAMB update) against double-precision formulas.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "common/math.h"
+#include "common/philox.h"
+#include "ops_test_util.h"
+
+namespace packbert::test {
+namespace {
+
+// Random123's tests/kat_vectors, the three "philox4x32 10" lines (counter[4] key[2] -> out[4]),
+// as reproduced by several independent implementations' test suites.
+TEST(Philox, KnownAnswers) {
+  struct Kat {
+    Philox4x32 ctr;
+    uint32_t k0, k1;
+    Philox4x32 expect;
+  };
+  const Kat kats[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}}},
+      {{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu,
+       {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}}},
+      {{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u,
+       {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}},
+  };
+  for (const Kat& k : kats) {
+    const Philox4x32 r = philox4x32_10(k.ctr, k.k0, k.k1);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(r.v[i], k.expect.v[i]) << "word " << i;
+  }
+}
+
+TEST(Philox, UniformMeanAndVariance) {
+  auto rng = make_rng(1);
+  const uint32_t k0 = static_cast<uint32_t>(rng()), k1 = static_cast<uint32_t>(rng());
+  const int calls = 250000;  // 1e6 uniforms
+  double sum = 0, sum2 = 0;
+  float lo = 1, hi = 0;
+  for (int i = 0; i < calls; ++i) {
+    const Philox4x32 r = philox4x32_10(Philox4x32{{static_cast<uint32_t>(i), 7, 0, 0}}, k0, k1);
+    for (uint32_t w : r.v) {
+      const float u = philox_uniform(w);
+      sum += u, sum2 += static_cast<double>(u) * u;
+      lo = std::min(lo, u), hi = std::max(hi, u);
+    }
+  }
+  const double n = 4.0 * calls, mean = sum / n, var = sum2 / n - mean * mean;
+  EXPECT_NEAR(mean, 0.5, 5 * std::sqrt(1.0 / 12 / n));  // 5 sigma
+  EXPECT_NEAR(var, 1.0 / 12, 1e-3);
+  EXPECT_GE(lo, 0.f);
+  EXPECT_LT(hi, 1.f);
+}
+
+TEST(Dropout, KeepFractionAndScale) {
+  auto rng = make_rng(2);
+  const float p = 0.1f;
+  const DropoutStream s = make_dropout_stream(p, rng(), 17, 3, 2);
+  EXPECT_FLOAT_EQ(s.scale, 1.f / 0.9f);
+  int64_t kept = 0, n = 0;
+  for (uint32_t pos = 0; pos < 512; ++pos)
+    for (uint32_t e = 0; e < 2048; ++e, ++n) kept += dropout_keep(s, 12345, 0, pos, e);
+  const double frac = static_cast<double>(kept) / n;
+  EXPECT_NEAR(frac, 0.9, 5 * std::sqrt(0.09 / n));
+  // p = 0 keeps everything and scales by 1.
+  const DropoutStream off = make_dropout_stream(0.f, rng(), 1, 0, 0);
+  EXPECT_FALSE(dropout_enabled(off));
+  EXPECT_EQ(off.scale, 1.f);
+  for (uint32_t e = 0; e < 1000; ++e) EXPECT_TRUE(dropout_keep(off, 1, 0, 0, e));
+}
+
+// Every field of the key changes the mask; the four words of one call are the masks of four
+// consecutive elements.
+TEST(Dropout, EveryKeyFieldMatters) {
+  auto rng = make_rng(3);
+  const uint64_t seed = rng();
+  const uint64_t sample = (uint64_t{1} << 43) + 12345;  // uses the high sample-id bits
+  auto mask = [&](uint64_t sd, uint32_t step, uint32_t layer, uint32_t site, uint64_t smp,
+                  uint32_t head, uint32_t pos) {
+    const DropoutStream s = make_dropout_stream(0.5f, sd, step, layer, site);
+    std::vector<bool> m;
+    for (uint32_t e = 0; e < 256; ++e) m.push_back(dropout_keep(s, smp, head, pos, e));
+    return m;
+  };
+  const auto base = mask(seed, 5, 3, 1, sample, 2, 100);
+  EXPECT_EQ(base, mask(seed, 5, 3, 1, sample, 2, 100));
+  EXPECT_NE(base, mask(seed ^ (uint64_t{1} << 40), 5, 3, 1, sample, 2, 100));  // seed high word
+  EXPECT_NE(base, mask(seed + 1, 5, 3, 1, sample, 2, 100));
+  EXPECT_NE(base, mask(seed, 6, 3, 1, sample, 2, 100));
+  EXPECT_NE(base, mask(seed, 5, 4, 1, sample, 2, 100));
+  EXPECT_NE(base, mask(seed, 5, 3, 2, sample, 2, 100));
+  EXPECT_NE(base, mask(seed, 5, 3, 1, sample + 1, 2, 100));
+  EXPECT_NE(base, mask(seed, 5, 3, 1, sample ^ (uint64_t{1} << 40), 2, 100));
+  EXPECT_NE(base, mask(seed, 5, 3, 1, sample, 3, 100));
+  EXPECT_NE(base, mask(seed, 5, 3, 1, sample, 2, 101));
+
+  const DropoutStream s = make_dropout_stream(0.3f, seed, 9, 1, 0);
+  for (uint32_t e = 0; e < 64; ++e) {
+    const Philox4x32 b = dropout_bits4(s, sample, 0, 7, e & ~3u);
+    EXPECT_EQ(dropout_keep(s, sample, 0, 7, e), dropout_keep_bits(s, b.v[e & 3]));
+  }
+}
+
+// Distinct (position, element) pairs of one token row never share a Philox counter.
+TEST(Dropout, CountersDistinctAcrossPositionsAndElements) {
+  const DropoutStream s = make_dropout_stream(0.1f, 42, 1, 0, 0);
+  std::set<std::pair<uint32_t, uint32_t>> seen;
+  for (uint32_t pos = 0; pos < 64; ++pos)
+    for (uint32_t e = 0; e < 4096; e += 4) {
+      const Philox4x32 b = dropout_bits4(s, 1, 0, pos, e);
+      EXPECT_TRUE(seen.insert({b.v[0], b.v[1]}).second) << pos << " " << e;
+    }
+}
+
+TEST(Math, GeluMatchesDouble) {
+  auto rng = make_rng(4);
+  const auto xs = random_floats(rng, 20000, 6.f);
+  std::vector<double> got, want, dgot, dwant;
+  for (float x : xs) {
+    const double xd = x;
+    got.push_back(gelu(x));
+    want.push_back(0.5 * xd * (1 + std::erf(xd / std::sqrt(2.0))));
+    dgot.push_back(gelu_grad(x));
+    // The derivative against central differences of the double GELU.
+    const double h = 1e-6;
+    auto g = [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); };
+    dwant.push_back((g(xd + h) - g(xd - h)) / (2 * h));
+  }
+  EXPECT_LE(rel_l2(got, want), 1e-6);
+  EXPECT_LE(rel_l2(dgot, dwant), 1e-6);
+}
+
+TEST(Math, WelfordMatchesTwoPassDouble) {
+  auto rng = make_rng(5);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 4096);
+    const float offset = static_cast<float>(static_cast<int>(rng() % 200) - 100);
+    auto x = random_floats(rng, n, 3.f);
+    for (auto& v : x) v += offset;  // rows with a large mean: where one-pass formulas fail
+    Welford w, a, b;
+    for (int i = 0; i < n; ++i) {
+      welford_push(w, x[i]);
+      welford_push(i < n / 3 ? a : b, x[i]);
+    }
+    double mu = 0, var = 0;
+    for (float v : x) mu += v;
+    mu /= n;
+    for (float v : x) var += (v - mu) * (v - mu);
+    var /= n;
+    const double rstd = 1 / std::sqrt(var + 1e-12);
+    EXPECT_NEAR(w.mean, mu, 1e-5 * (std::abs(mu) + 1)) << n;
+    EXPECT_NEAR(layernorm_rstd(w, 1e-12f), rstd, 1e-5 * rstd) << n;
+    const Welford m = welford_merge(a, b);
+    EXPECT_NEAR(m.mean, mu, 1e-5 * (std::abs(mu) + 1)) << n;
+    EXPECT_NEAR(layernorm_rstd(m, 1e-12f), rstd, 1e-5 * rstd) << n;
+  }
+}
+
+TEST(Math, LambUpdateMatchesDouble) {
+  auto rng = make_rng(6);
+  LambCoeffs c{0.9f, 0.999f, 0.1f, 0.f, 0.f, 1e-6f, 0.f};
+  const int step = 3;
+  c.bias_correction1 = static_cast<float>(1 - std::pow(0.9, step));
+  c.bias_correction2 = static_cast<float>(1 - std::pow(0.999, step));
+  c.clip_divisor = lamb_clip_divisor(2.5f, 1.0f);
+  EXPECT_EQ(c.clip_divisor, 2.5f);
+  EXPECT_EQ(lamb_clip_divisor(0.5f, 1.0f), 1.0f);
+  std::vector<double> got, want;
+  for (int i = 0; i < 1000; ++i) {
+    const auto r = random_floats(rng, 4);
+    const float g = r[0], w = r[1], m0 = r[2] * 0.1f, v0 = std::abs(r[3]) * 0.01f;
+    float m = m0, v = v0;
+    got.push_back(lamb_update(g, w, m, v, c, 0.01f));
+    const double gd = g / 2.5, md = 0.9 * m0 + 0.1 * gd, vd = 0.999 * v0 + 0.001 * gd * gd;
+    want.push_back(md / (1 - std::pow(0.9, step)) /
+                       (std::sqrt(vd / (1 - std::pow(0.999, step))) + 1e-6) +
+                   0.01 * w);
+    EXPECT_NEAR(m, md, 1e-6);
+    EXPECT_NEAR(v, vd, 1e-7);
+  }
+  EXPECT_LE(rel_l2(got, want), 1e-5);  // the fp32-vs-fp64 tolerance (m cancels: 0.9 m + 0.1 g)
+  EXPECT_EQ(lamb_step_size(0.1f, 2.f, 4.f, true), 0.05f);
+  EXPECT_EQ(lamb_step_size(0.1f, 0.f, 4.f, true), 0.1f);
+  EXPECT_EQ(lamb_step_size(0.1f, 2.f, 0.f, true), 0.1f);
+  EXPECT_EQ(lamb_step_size(0.1f, 2.f, 4.f, false), 0.1f);
+}
+
+}  // namespace
+}  // namespace packbert::test
