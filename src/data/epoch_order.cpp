@@ -40,7 +40,7 @@ BlockLayout::BlockLayout(std::vector<int64_t> shard_sizes, int64_t block_rows)
     : sizes_(std::move(shard_sizes)), block_rows_(block_rows) {
   PB_REQUIRE(block_rows > 0, "data loader: shuffle block size must be positive, got {}",
              block_rows);
-  PB_REQUIRE(num_shards() < (int64_t{1} << (63 - kSampleRowBits)),
+  PB_REQUIRE(num_shards() <= (int64_t{1} << (kSampleIdBits - kSampleRowBits)),
              "data loader: {} shards are more than sample ids can address", num_shards());
   first_block_.assign(sizes_.size() + 1, 0);
   for (size_t i = 0; i < sizes_.size(); ++i) {

@@ -27,7 +27,10 @@
 namespace packbert {
 
 // Global sample id: the shard's index in the sorted shard list (upper bits) and the row.
-constexpr int kSampleRowBits = 40;  // 1T rows a shard, 8M shards
+// Ids fit in the 44 bits a dropout key carries (kernels/common/philox.h), so that dropout masks
+// are keyed by sample: 64M rows a shard (real shards hold 1e5..1e6) and 256K shards.
+constexpr int kSampleIdBits = 44;
+constexpr int kSampleRowBits = 26;
 inline int64_t make_sample_id(int64_t shard, int64_t row) {
   return (shard << kSampleRowBits) | row;
 }

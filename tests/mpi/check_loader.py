@@ -63,12 +63,15 @@ def step_set(s):
 
 
 def manifest_ids(directory):
-    sizes = None
+    sizes, row_bits = None, None
     with open(directory + "/manifest.txt") as f:
         for line in f:
             if line.startswith("sizes"):
                 sizes = [int(x) for x in line.split()[1:]]
-    return sorted((shard << 40) | row for shard, n in enumerate(sizes) for row in range(n))
+            elif line.startswith("row_bits"):
+                row_bits = int(line.split()[1])
+    # Global sample id = (shard << row_bits) | row, as the driver's loader makes them.
+    return sorted((shard << row_bits) | row for shard, n in enumerate(sizes) for row in range(n))
 
 
 def verify(directory, prefixes):

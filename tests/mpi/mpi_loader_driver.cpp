@@ -92,7 +92,8 @@ void write_mode(const Args& a) {
   std::filesystem::create_directories(a.dir);
   std::mt19937_64 rng(seed);
   std::ofstream manifest(a.dir + "/manifest.txt");
-  manifest << "seed " << seed << "\nmax_len " << max_len << "\nsizes";
+  manifest << "seed " << seed << "\nmax_len " << max_len << "\nrow_bits " << kSampleRowBits
+           << "\nsizes";
   int64_t bad_shard = -1, bad_row = -1;
   if (a.has("bad-sample")) {
     const std::string v = a.str("bad-sample", "");

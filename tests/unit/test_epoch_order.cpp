@@ -23,9 +23,13 @@ std::vector<int64_t> all_ids(const std::vector<int64_t>& sizes) {
 }
 
 TEST(SampleId, PacksShardAndRow) {
-  const int64_t id = make_sample_id(12345, (int64_t{1} << 40) - 1);
+  const int64_t id = make_sample_id(12345, (int64_t{1} << kSampleRowBits) - 1);
   EXPECT_EQ(sample_id_shard(id), 12345);
-  EXPECT_EQ(sample_id_row(id), (int64_t{1} << 40) - 1);
+  EXPECT_EQ(sample_id_row(id), (int64_t{1} << kSampleRowBits) - 1);
+  // The largest id fits the bits a dropout key carries.
+  const int64_t last = make_sample_id((int64_t{1} << (kSampleIdBits - kSampleRowBits)) - 1,
+                                      (int64_t{1} << kSampleRowBits) - 1);
+  EXPECT_LT(last, int64_t{1} << kSampleIdBits);
   EXPECT_LT(make_sample_id(3, 999), make_sample_id(4, 0));  // ids sort by (shard, row)
 }
 
