@@ -1,6 +1,7 @@
 // BertTokenizer against Hugging Face's slow BertTokenizer (reference written by
 // tests/reference/make_tokenizer_reference.py), plus WordPiece/basic-tokenizer unit tests.
 #include <gtest/gtest.h>
+#include <utf8proc.h>
 #include <zlib.h>
 
 #include <chrono>
@@ -67,22 +68,11 @@ std::string from_hex(const std::string& hex) {
   return out;
 }
 
+// An encoder independent of the tokenizer's own: utf8proc's.
 void append_utf8(std::string& out, unsigned c) {
-  if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
+  utf8proc_uint8_t buf[4];
+  const utf8proc_ssize_t n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(c), buf);
+  out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
 }
 
 // Just enough JSON for the reference file (objects, arrays, strings, numbers, literals).
