@@ -78,6 +78,7 @@ struct InspectArgs {
   std::string vocab;
   int64_t vocab_size = 30522;
   int max_seq_len = 0;
+  bool skip_bad_samples = false;
 };
 
 void add_inspect(CLI::App& app, InspectArgs& a) {
@@ -90,6 +91,8 @@ void add_inspect(CLI::App& app, InspectArgs& a) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-seq-len", a.max_seq_len, "Reject samples longer than this (0: no limit)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--skip-bad-samples", a.skip_bad_samples,
+                "Count and report samples that break a rule instead of failing on the first");
 }
 
 void add_pack(CLI::App& app, PackCommandOptions& o) {
@@ -166,7 +169,10 @@ int run(int argc, char** argv, Mpi& mpi) {
       rules.cls_id = v.cls_id();
       rules.sep_id = v.sep_id();
     }
-    print_inspect_report(inspect_shards(inspect.path, rules), std::cout);
+    const InspectReport report = inspect_shards(inspect.path, rules, inspect.skip_bad_samples);
+    print_inspect_report(report, std::cout);
+    if (report.bad_samples > 0)
+      spdlog::warn("inspect: {} sample(s) break the rules and were skipped", report.bad_samples);
   } else if (app.got_subcommand("pack")) {
     PB_REQUIRE(!pack.histogram_file.empty() || !pack.data_dir.empty(),
                "pack: give --histogram FILE or --data DIR");

@@ -40,7 +40,9 @@ void grow_and_count(std::vector<int64_t>& histogram, size_t index) {
 
 }  // namespace
 
-InspectReport inspect_shards(const std::string& path, const SampleRules& rules) {
+InspectReport inspect_shards(const std::string& path, const SampleRules& rules,
+                             bool skip_bad_samples) {
+  constexpr size_t kBadExamples = 5;
   InspectReport r;
   const std::vector<std::string> shards = list_shards(path);
   r.shards = static_cast<int64_t>(shards.size());
@@ -50,7 +52,15 @@ InspectReport inspect_shards(const std::string& path, const SampleRules& rules) 
     ShardReader reader(shard, rules);
     if (reader.info().format == ShardFormat::Fixed)
       fixed_len = std::max(fixed_len, reader.info().max_seq_len);
-    while (reader.next(s)) {
+    for (;;) {
+      try {
+        if (!reader.next(s)) break;
+      } catch (const BadSampleError& e) {
+        if (!skip_bad_samples) throw;
+        ++r.bad_samples;
+        if (r.bad_examples.size() < kBadExamples) r.bad_examples.push_back(e.what());
+        continue;
+      }
       ++r.samples;
       r.tokens += s.length();
       r.masked_tokens += s.num_masked();
@@ -90,6 +100,11 @@ void print_inspect_report(const InspectReport& r, std::ostream& os) {
   os << "shard summary (every sample validated)\n";
   line("shards", with_commas(r.shards));
   line("samples", with_commas(r.samples));
+  if (r.bad_samples > 0) {
+    line("bad samples skipped", with_commas(r.bad_samples));
+    for (const std::string& e : r.bad_examples) os << "    " << e << "\n";
+    if (r.bad_samples > static_cast<int64_t>(r.bad_examples.size())) os << "    ...\n";
+  }
   if (r.samples == 0) return;
   line("tokens", with_commas(r.tokens));
   line("sequence length", fmt::format("min {}, median {:g}, mean {:.1f}, max {} (rows of {})",

@@ -22,10 +22,15 @@ struct InspectReport {
   double padding_fraction = 0;      // 1 - tokens / (samples * file_max_len)
   std::vector<int64_t> length_histogram;  // [file_max_len + 1]
   std::vector<int64_t> masked_histogram;  // count of samples by number of masked tokens
+  int64_t bad_samples = 0;                // skipped (only with skip_bad_samples)
+  std::vector<std::string> bad_examples;  // the first few skipped samples' errors
 };
 
-// Reads every shard under path (file or directory) with full validation.
-InspectReport inspect_shards(const std::string& path, const SampleRules& rules);
+// Reads every shard under path (file or directory) with full validation. A sample that breaks a
+// rule is an error, unless skip_bad_samples: then it is counted, its error kept (the first few),
+// and the summary covers the valid samples. Unreadable files are errors either way.
+InspectReport inspect_shards(const std::string& path, const SampleRules& rules,
+                             bool skip_bad_samples = false);
 void print_inspect_report(const InspectReport& r, std::ostream& os);
 
 }  // namespace packbert

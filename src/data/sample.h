@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace packbert {
 
 // A BERT pretraining sample: [CLS] A [SEP] B [SEP], unpadded (length = input_ids.size()).
@@ -23,6 +25,13 @@ struct Sample {
            masked_lm_positions == o.masked_lm_positions && masked_lm_ids == o.masked_lm_ids &&
            next_sentence_label == o.next_sentence_label;
   }
+};
+
+// A sample that breaks a rule (as opposed to a file that cannot be read). Readers throw it after
+// moving past the sample, so that --skip-bad-samples can count it and go on.
+class BadSampleError : public Error {
+ public:
+  using Error::Error;
 };
 
 // What a valid sample must satisfy; checked by the shard reader on every sample it yields.

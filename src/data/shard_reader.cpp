@@ -90,7 +90,8 @@ struct ShardReader::Impl {
   }
   [[noreturn]] void fail_sample(const std::string& dataset, int64_t row,
                                 const std::string& what) const {
-    PB_THROW("shard {}: dataset '{}', sample {}: {}", info.path, dataset, row, what);
+    throw BadSampleError(
+        fmt::format("shard {}: dataset '{}', sample {}: {}", info.path, dataset, row, what));
   }
 
   void open(int chunk_samples);

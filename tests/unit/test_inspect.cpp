@@ -134,6 +134,45 @@ TEST(Inspect, InvalidSampleFailsTheWholeInspection) {
   EXPECT_NE(msg.find("sample " + std::to_string(bad) + ":"), std::string::npos) << msg;
 }
 
+// --skip-bad-samples: every bad sample counted and reported, the summary over the valid ones.
+TEST(Inspect, SkipBadSamplesCountsAndReportsThem) {
+  std::mt19937_64 rng(test::test_seed() + 4);
+  test::TempDir dir;
+  auto samples = test::random_samples(rng, 60, 32, 4);
+  std::vector<Sample> valid;
+  std::vector<int> bad_rows;
+  for (int i = 0; i < 60; ++i) {
+    if (rng() % 5 == 0) {
+      bad_rows.push_back(i);
+      samples[i].input_ids[1] = 31000;  // outside the 30522-token vocabulary
+    } else {
+      valid.push_back(samples[i]);
+    }
+  }
+  ShardWriteOptions opts;
+  opts.max_seq_len = 32;
+  opts.max_predictions = 4;
+  write_shard(dir.file("some-bad.h5"), samples, opts);
+  const InspectReport r = inspect_shards(dir.path(), SampleRules{}, /*skip_bad_samples=*/true);
+  EXPECT_EQ(r.bad_samples, static_cast<int64_t>(bad_rows.size()));
+  ASSERT_EQ(r.bad_examples.size(), std::min<size_t>(5, bad_rows.size()));
+  for (size_t i = 0; i < r.bad_examples.size(); ++i) {
+    EXPECT_NE(r.bad_examples[i].find("sample " + std::to_string(bad_rows[i]) + ":"),
+              std::string::npos) << r.bad_examples[i];
+  }
+  if (!valid.empty()) expect_report(r, expected_of(valid, 32), 32, 1);
+  std::ostringstream os;
+  print_inspect_report(r, os);
+  if (!bad_rows.empty()) {
+    EXPECT_NE(os.str().find("bad samples skipped"), std::string::npos) << os.str();
+  }
+  // Without the flag the first bad sample fails the inspection.
+  if (!bad_rows.empty()) {
+    const std::string msg = test::error_of([&] { inspect_shards(dir.path(), SampleRules{}); });
+    EXPECT_NE(msg.find("sample " + std::to_string(bad_rows[0]) + ":"), std::string::npos) << msg;
+  }
+}
+
 TEST(Inspect, EmptyShard) {
   test::TempDir dir;
   write_shard(dir.file("empty.h5"), {}, ShardWriteOptions{});
