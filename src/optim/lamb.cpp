@@ -1,0 +1,152 @@
+#include "optim/lamb.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <utility>
+
+#include "core/error.h"
+
+namespace packbert {
+
+namespace {
+
+void check_options(const LambOptions& o) {
+  PB_REQUIRE(o.beta1 >= 0.f && o.beta1 < 1.f && o.beta2 >= 0.f && o.beta2 < 1.f,
+             "lamb: beta1 {} and beta2 {} must be in [0, 1)", o.beta1, o.beta2);
+  PB_REQUIRE(o.eps > 0.f && std::isfinite(o.eps), "lamb: epsilon {} must be > 0", o.eps);
+  PB_REQUIRE(o.weight_decay >= 0.f && std::isfinite(o.weight_decay),
+             "lamb: weight_decay {} must be >= 0", o.weight_decay);
+  PB_REQUIRE(o.max_grad_norm > 0.f && std::isfinite(o.max_grad_norm),
+             "lamb: max_grad_norm {} must be > 0", o.max_grad_norm);
+}
+
+// Sorts by offset (lamb_step wants ascending rows) and rejects overlaps and rows outside the
+// buffer, naming the tensors: a wrong table would otherwise update one tensor twice.
+void check_table(std::vector<LambParam>& params, int64_t n) {
+  PB_REQUIRE(n >= 1 && !params.empty(), "lamb: {} parameter elements in {} tensors (need some)",
+             n, params.size());
+  std::stable_sort(params.begin(), params.end(),
+                   [](const LambParam& a, const LambParam& b) { return a.offset < b.offset; });
+  const LambParam* prev = nullptr;
+  for (const LambParam& p : params) {
+    PB_REQUIRE(p.offset >= 0 && p.size >= 0 && p.offset + p.size <= n,
+               "lamb: tensor '{}' (offset {}, size {}) leaves the {} parameter elements", p.name,
+               p.offset, p.size, n);
+    PB_REQUIRE(!prev || prev->offset + prev->size <= p.offset,
+               "lamb: tensors '{}' (offset {}, size {}) and '{}' (offset {}) overlap", prev->name,
+               prev->offset, prev->size, p.name, p.offset);
+    prev = &p;
+  }
+}
+
+}  // namespace
+
+bool mlperf_no_decay(std::string_view hf_name) {
+  for (std::string_view key : {"bias", "gamma", "beta", "LayerNorm"})
+    if (hf_name.find(key) != std::string_view::npos) return true;
+  return false;
+}
+
+Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
+           const LrSchedule& schedule, const LambOptions& options,
+           const LambDeviceBuffers* device_buffers)
+    : backend_(backend),
+      params_(std::move(params)),
+      num_elems_(num_elems),
+      schedule_(schedule),
+      options_(options) {
+  check_options(options_);
+  check_table(params_, num_elems_);
+  const auto num_tensors = static_cast<int64_t>(params_.size());
+  host_table_.reserve(params_.size());
+  for (const LambParam& p : params_) host_table_.push_back({p.offset, p.size, p.no_decay ? 0 : 1});
+  const Tensor host_table = lamb_table(host_table_.data(), num_tensors);
+
+  if (backend_.device() == Device::cpu) {
+    PB_REQUIRE(!device_buffers, "lamb: device buffers given to the cpu backend, which needs none");
+    host_m_.assign(static_cast<size_t>(num_elems_), 0.f);
+    host_v_.assign(static_cast<size_t>(num_elems_), 0.f);
+    host_grad_norm_.assign(1, 0.f);
+    host_norms_.assign(static_cast<size_t>(2 * num_tensors), 0.f);
+    m_ = view(host_m_.data(), {num_elems_});
+    v_ = view(host_v_.data(), {num_elems_});
+    table_ = host_table;
+    grad_norm_ = view(host_grad_norm_.data(), {1});
+    norms_ = view(host_norms_.data(), {2 * num_tensors});
+    return;
+  }
+  PB_REQUIRE(device_buffers, "lamb: the {} backend needs device buffers for m, v and the table",
+             backend_.name());
+  const char* op = "Lamb";
+  const Device dev = backend_.device();
+  const LambDeviceBuffers& b = *device_buffers;
+  auto check = [&](const char* name, const Tensor& t, DType dtype,
+                   std::initializer_list<int64_t> dims) {
+    check_tensor(op, name, t, dtype, dims);
+    check_device(op, name, t, dev);
+  };
+  check("m", b.m, DType::f32, {num_elems_});
+  check("v", b.v, DType::f32, {num_elems_});
+  check("table", b.table, DType::i64, {num_tensors, 3});
+  check("grad_norm", b.grad_norm, DType::f32, {1});
+  check("tensor_norms", b.tensor_norms, DType::f32, {2 * num_tensors});
+  m_ = b.m, v_ = b.v, table_ = b.table, grad_norm_ = b.grad_norm, norms_ = b.tensor_norms;
+  backend_.zero(m_);
+  backend_.zero(v_);
+  if (num_tensors > 0) backend_.copy(table_, host_table);
+}
+
+LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads) {
+  const char* op = "Lamb::step";
+  check_tensor(op, "params", params, DType::f32, {num_elems_});
+  check_tensor(op, "grads", grads, DType::f32, {num_elems_});
+  check_device(op, "params", params, backend_.device());
+  check_device(op, "grads", grads, backend_.device());
+
+  LambStepInfo info;
+  info.step = steps_done_ + 1;
+  info.lr = schedule_.lr(info.step);
+
+  // Every rank holds the all-reduced gradient, so this is the global norm (apex FusedLAMB
+  // takes one norm over all parameter groups, decayed or not).
+  backend_.l2_norm(grads, grad_norm_);
+  if (options_.check_finite) {
+    backend_.copy(view(&info.grad_norm, {1}), grad_norm_);
+    PB_REQUIRE(std::isfinite(info.grad_norm),
+               "lamb: the gradient norm is {} at step {}; the weights were left as they were "
+               "(diverged: lower the learning rate or check the input)",
+               info.grad_norm, info.step);
+  }
+
+  LambConfig cfg;
+  cfg.lr = static_cast<float>(info.lr);
+  cfg.beta1 = options_.beta1;
+  cfg.beta2 = options_.beta2;
+  cfg.eps = options_.eps;
+  cfg.weight_decay = options_.weight_decay;
+  cfg.max_grad_norm = options_.max_grad_norm;
+  cfg.step = info.step;
+  backend_.lamb_step(table_, cfg, grad_norm_, params, grads, m_, v_, norms_);
+  // lamb_step left the update direction in grads; the next accumulation starts from zero.
+  backend_.zero(grads);
+  steps_done_ = info.step;
+  return info;
+}
+
+void Lamb::set_steps_done(int64_t steps) {
+  PB_REQUIRE(steps >= 0, "lamb: steps done {} must be >= 0", steps);
+  steps_done_ = steps;
+}
+
+void Lamb::save_moments(float* m_host, float* v_host) const {
+  backend_.copy(view(m_host, {num_elems_}), m_);
+  backend_.copy(view(v_host, {num_elems_}), v_);
+}
+
+void Lamb::load_moments(const float* m_host, const float* v_host) {
+  backend_.copy(m_, view(m_host, {num_elems_}));
+  backend_.copy(v_, view(v_host, {num_elems_}));
+}
+
+}  // namespace packbert

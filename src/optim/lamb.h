@@ -1,0 +1,120 @@
+// The LAMB optimizer of MLPerf BERT (NVIDIA apex FusedLAMB: decoupled weight decay, gradient
+// averaging, bias correction, global-norm clipping, per-tensor trust ratio) over the flat
+// parameter buffer. The math is Backend::lamb_step; this class owns what persists between steps
+// (the moments m and v, the step counter), turns the parameter table into the op's table, and
+// drives one step: global gradient norm -> lamb_step with the schedule's rate -> zero the
+// gradients for the next accumulation.
+//
+// Where it sits in a training step (DESIGN.md, data flow):
+//   for each micro-step: forward, backward  (parameter gradients accumulate, +=, into grads;
+//                                            the loss is already scaled by the global counts)
+//   the last micro-step's backward all-reduces grads (dist/grad_allreduce.h), so every rank
+//   holds the gradient of the whole global batch and the norm below is the global norm
+//   lamb.step(params, grads)                 (grads is zero again afterwards)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend.h"
+#include "optim/lr_schedule.h"
+
+namespace packbert {
+
+// A tensor of the flat parameter buffer as the optimizer sees it. no_decay tensors (LayerNorm
+// weights and biases, all biases: MLPerf's no_decay = ['bias', 'gamma', 'beta', 'LayerNorm'])
+// get neither weight decay nor the trust ratio.
+struct LambParam {
+  std::string name;
+  int64_t offset = 0;  // first element in the flat buffers
+  int64_t size = 0;    // elements
+  bool no_decay = false;
+};
+
+// MLPerf's rule for no_decay from a Hugging Face parameter name: the name contains 'bias',
+// 'gamma', 'beta' or 'LayerNorm' (substring match, as the reference's
+// any(nd in n for nd in no_decay)).
+bool mlperf_no_decay(std::string_view hf_name);
+
+struct LambOptions {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-6f;
+  float weight_decay = 0.01f;
+  float max_grad_norm = 1.0f;
+  // Read the global gradient norm back to the host each step and throw Error when it is NaN or
+  // infinite, before the weights are touched (fp32/bf16 training has no loss scaler that would
+  // skip such a step; a NaN would silently poison every weight). On a GPU this is one 4-byte
+  // synchronous copy per step.
+  bool check_finite = true;
+};
+
+// Device memory for the optimizer state when the backend is not the CPU one (Lamb cannot
+// allocate device memory itself: the caller's arena does). Sizes: m, v f32 [n]; table i64 [T, 3];
+// grad_norm f32 [1]; tensor_norms f32 [2T].
+struct LambDeviceBuffers {
+  Tensor m, v, table, grad_norm, tensor_norms;
+};
+
+// What one step did (host values).
+struct LambStepInfo {
+  int64_t step = 0;        // 1-based index of the update just made
+  double lr = 0.0;         // the schedule's rate for it
+  float grad_norm = -1.f;  // global gradient norm before clipping; -1 when not read back
+};
+
+class Lamb {
+ public:
+  // params: the parameter table in any order; rows may leave gaps (alignment) but must not
+  // overlap or leave [0, num_elems). Throws Error naming the offending tensor. On the CPU
+  // backend the state is allocated here; any other backend needs device_buffers.
+  Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
+       const LrSchedule& schedule, const LambOptions& options = {},
+       const LambDeviceBuffers* device_buffers = nullptr);
+
+  Lamb(const Lamb&) = delete;
+  Lamb& operator=(const Lamb&) = delete;
+
+  // One update from the gradient of the whole global batch: params (fp32 master weights) and
+  // grads f32 [num_elems] on the backend's device. Afterwards grads is zero (the whole buffer,
+  // gaps included), ready for the next step's accumulation. Elements outside every table row
+  // must be zero in grads: they count in the norm.
+  LambStepInfo step(const Tensor& params, const Tensor& grads);
+
+  // ---- state, for checkpoints ----------------------------------------------------------------
+  int64_t steps_done() const { return steps_done_; }
+  // The next update is steps_done + 1 (bias correction and schedule both follow it).
+  void set_steps_done(int64_t steps);
+  // Views of the moments on the backend's device (f32 [num_elems], offsets as the table).
+  const Tensor& m() const { return m_; }
+  const Tensor& v() const { return v_; }
+  // Copies between the moments and host arrays of num_elems floats.
+  void save_moments(float* m_host, float* v_host) const;
+  void load_moments(const float* m_host, const float* v_host);
+  // The table sorted by offset (the order of tensor_norms()).
+  const std::vector<LambParam>& params() const { return params_; }
+  // f32 [2T] on the device: ||w|| (before the last step) then ||u|| of each tensor.
+  const Tensor& tensor_norms() const { return norms_; }
+
+  const LrSchedule& schedule() const { return schedule_; }
+  const LambOptions& options() const { return options_; }
+  int64_t num_elems() const { return num_elems_; }
+
+ private:
+  Backend& backend_;
+  std::vector<LambParam> params_;
+  int64_t num_elems_;
+  LrSchedule schedule_;
+  LambOptions options_;
+  int64_t steps_done_ = 0;
+
+  std::vector<LambTensor> host_table_;
+  // CPU backend: the state lives in these; otherwise they stay empty and the views point to the
+  // caller's device buffers.
+  std::vector<float> host_m_, host_v_, host_grad_norm_, host_norms_;
+  Tensor m_, v_, table_, grad_norm_, norms_;
+};
+
+}  // namespace packbert

@@ -1,0 +1,65 @@
+// The learning-rate schedule of MLPerf BERT: linear warmup, then polynomial decay to end_lr at
+// max_steps. The semantics follow the MLPerf PyTorch reference (mlcommons/training
+// language_model/pytorch, LinearWarmupPolyDecayScheduler, from NVIDIA's run_pretraining.py), so
+// a configuration copied from an MLPerf BERT submission gives the same learning rates:
+//
+//   k = 1-based index of the optimizer update (the first update is k = 1)
+//   warmup:  k - start_warmup_step <  W:  lr = base_lr * (k - start_warmup_step) / W
+//   decay:   otherwise                    lr = (base_lr - end_lr) * (1 - min(k / max_steps, 1))^power
+//                                              + end_lr
+//
+// where W = num_warmup_steps, or floor(max_steps * warmup_proportion) with start_warmup_step
+// taken as 0 when num_warmup_steps is 0 (as the reference picks between the two). A negative
+// start_warmup_step (MLPerf's "start_warmup_step" key) starts the warmup part-way up the ramp.
+//
+// Deliberate differences from the reference, all outside every MLPerf configuration:
+// - a positive start_warmup_step makes the reference return a negative learning rate before the
+//   warmup starts; here the rate is 0 there;
+// - the reference divides by zero for W = 0 when k <= start_warmup_step; here W = 0 means no
+//   warmup at all (pure decay);
+// - start_warmup_step without num_warmup_steps (the reference ignores it) and both warmup keys
+//   at once (the reference takes num_warmup_steps) are configuration errors.
+// The TensorFlow reference (language_model/tensorflow/bert) evaluates the same formulas at its
+// global_step, which is k - 1 for the k-th update: lr_tf(k) = lr(k - 1) here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace packbert {
+
+struct LrScheduleConfig {
+  double base_lr = 0.0;            // peak rate (MLPerf opt_base_learning_rate)
+  int64_t max_steps = 0;           // the rate reaches end_lr here (opt_learning_rate_training_steps)
+  int64_t num_warmup_steps = 0;    // opt_learning_rate_warmup_steps; 0: use warmup_proportion
+  double warmup_proportion = 0.0;  // in [0, 1]; used only when num_warmup_steps is 0
+  int64_t start_warmup_step = 0;   // MLPerf start_warmup_step (may be negative); with
+                                   // num_warmup_steps only, as in the reference
+  double poly_power = 1.0;         // opt_lamb_learning_rate_decay_poly_power
+  double end_lr = 0.0;
+};
+
+class LrSchedule {
+ public:
+  // Throws Error naming the offending key (negative or non-finite values, max_steps < 1, both
+  // num_warmup_steps and warmup_proportion given).
+  explicit LrSchedule(const LrScheduleConfig& config);
+
+  // The rate of the k-th optimizer update, k >= 1 (throws Error otherwise). Beyond max_steps the
+  // rate stays at end_lr.
+  double lr(int64_t k) const;
+
+  const LrScheduleConfig& config() const { return config_; }
+  // The warmup actually used (after resolving warmup_proportion) and where it starts.
+  int64_t warmup_steps() const { return warmup_steps_; }
+  int64_t warmup_start() const { return warmup_start_; }
+  // One line for the log: "lr 4e-3, warmup 100 steps from step 0, poly 1 decay to 0 at 1141".
+  std::string describe() const;
+
+ private:
+  LrScheduleConfig config_;
+  int64_t warmup_steps_ = 0;
+  int64_t warmup_start_ = 0;
+};
+
+}  // namespace packbert

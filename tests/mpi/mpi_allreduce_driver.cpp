@@ -1,0 +1,289 @@
+// Multi-rank test of the bucketed gradient all-reduce (src/dist/grad_allreduce.h), run under
+// mpirun with 1-4 ranks by ctest (label mpi). Exits non-zero on the first failed check.
+//
+// Every rank fills the gradient buffer with its own random values (seeded by the seed and its
+// rank, so every rank can also compute every other rank's values), and for several bucket sizes
+// (one of them cutting buckets inside tensors at odd positions) runs rounds that mark the tensors
+// ready in reverse order with random pauses (a backward pass), in a random order of each rank's
+// own, and all at once. Checks:
+//   - the result equals the sum over ranks computed in double (per element within 1e-6 of the
+//     sum of magnitudes, and relative L2 error <= 1e-6); gaps stay 0; elements outside the
+//     tensors' span are never touched;
+//   - bitwise the same in every round (timing and order do not matter) and on every rank;
+//   - --hash-file: rank 0 writes one hash per bucket size, so two runs can be compared bitwise;
+//   - allreduce_sum of doubles; an MPI error surfaces as packbert::Error naming the call.
+// Prints per bucket size how many buckets had started, and completed, before finish(): the
+// overlap with the simulated compute (reported, never asserted: it depends on timing).
+//
+//   mpirun -np 4 mpi_allreduce_driver [--seed S] [--hash-file PATH]
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "dist/grad_allreduce.h"
+#include "dist/mpi_check.h"
+
+namespace packbert {
+namespace {
+
+struct Args {
+  uint64_t seed = 0;
+  bool has_seed = false;
+  std::string hash_file;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    PB_REQUIRE(i + 1 < argc, "{} needs a value", k);
+    if (k == "--seed") {
+      a.seed = std::strtoull(argv[++i], nullptr, 10);
+      a.has_seed = true;
+    } else if (k == "--hash-file") {
+      a.hash_file = argv[++i];
+    } else {
+      PB_THROW("unknown argument '{}' (--seed S, --hash-file PATH)", k);
+    }
+  }
+  return a;
+}
+
+#define CHECK_OR_FAIL(cond, ...) PB_REQUIRE(cond, "check failed: " __VA_ARGS__)
+
+uint64_t mix(uint64_t a, uint64_t b) { return (a ^ (b + 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull; }
+
+// FNV-1a over the bytes: equal hashes = equal bits (for the purpose of this test).
+uint64_t hash_floats(const std::vector<float>& v) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// The table (the same on every rank): a leading region no tensor covers, ~70 tensors of random
+// sizes with gaps, two big ones spanning many buckets, an empty one, a trailing region.
+struct Layout {
+  std::vector<GradSpan> spans;
+  int64_t n = 0;
+  int64_t span_lo = 0, span_hi = 0;
+  std::vector<char> covered;
+};
+
+Layout make_layout(uint64_t seed) {
+  std::mt19937_64 rng(mix(seed, 1));
+  std::uniform_int_distribution<int64_t> size(1, 20000), gap(0, 9);
+  Layout l;
+  int64_t at = 37;
+  for (int i = 0; i < 70; ++i) {
+    int64_t s = size(rng);
+    if (i == 5 || i == 50) s = 300007;  // the word-embedding-like giants
+    if (i == 30) s = 0;
+    l.spans.push_back({at, s});
+    at += s + gap(rng);
+  }
+  l.span_lo = l.spans.front().offset;
+  l.span_hi = l.spans.back().offset + l.spans.back().size;
+  l.n = l.span_hi + 53;
+  l.covered.assign(static_cast<size_t>(l.n), 0);
+  for (const GradSpan& s : l.spans)
+    std::fill_n(l.covered.begin() + s.offset, s.size, 1);
+  return l;
+}
+
+// Rank r's gradient: random in [-1, 1] (never 0) in the tensors, 0 in the gaps, and a marker
+// outside the span that must survive.
+std::vector<float> rank_grads(const Layout& l, uint64_t seed, int r) {
+  std::mt19937_64 rng(mix(seed, 100 + static_cast<uint64_t>(r)));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> g(static_cast<size_t>(l.n), 0.f);
+  for (int64_t i = 0; i < l.n; ++i) {
+    if (i < l.span_lo || i >= l.span_hi) {
+      g[static_cast<size_t>(i)] = 1000.f + static_cast<float>(r);
+    } else if (l.covered[static_cast<size_t>(i)]) {
+      float x;
+      do x = u(rng);
+      while (x == 0.f);
+      g[static_cast<size_t>(i)] = x;
+    }
+  }
+  return g;
+}
+
+void check_sum(const Layout& l, const std::vector<float>& got, uint64_t seed, int rank, int size,
+               const std::string& what) {
+  std::vector<double> sum(static_cast<size_t>(l.n), 0.0), mag(static_cast<size_t>(l.n), 0.0);
+  for (int r = 0; r < size; ++r) {
+    const auto g = rank_grads(l, seed, r);
+    for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i], mag[i] += std::fabs(g[i]);
+  }
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < l.n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    if (i < l.span_lo || i >= l.span_hi) {
+      CHECK_OR_FAIL(got[k] == 1000.f + static_cast<float>(rank),
+                    "{}: element {} outside the tensors' span changed to {}", what, i, got[k]);
+      continue;
+    }
+    if (!l.covered[k]) {
+      CHECK_OR_FAIL(got[k] == 0.f, "{}: gap element {} is {}", what, i, got[k]);
+      continue;
+    }
+    const double err = std::fabs(got[k] - sum[k]);
+    CHECK_OR_FAIL(!std::isnan(got[k]) && err <= 1e-6 * mag[k],
+                  "{}: element {} is {}, the double sum is {} (error {:.3g} > 1e-6 * {:.3g})", what,
+                  i, got[k], sum[k], err, mag[k]);
+    num += err * err;
+    den += sum[k] * sum[k];
+  }
+  const double rel = std::sqrt(num / den);
+  CHECK_OR_FAIL(rel <= 1e-6, "{}: relative L2 error {:.3g} > 1e-6", what, rel);
+}
+
+// An MPI failure on a communicator with MPI_ERRORS_RETURN becomes an Error naming the call.
+void check_mpi_errors_become_errors() {
+  MPI_Comm self;
+  PB_MPI_CHECK(MPI_Comm_dup(MPI_COMM_SELF, &self));
+  PB_MPI_CHECK(MPI_Comm_set_errhandler(self, MPI_ERRORS_RETURN));
+  int x = 0;
+  bool thrown = false;
+  try {
+    PB_MPI_CHECK(MPI_Send(&x, 1, MPI_INT, 7, 0, self));  // rank 7 of a 1-rank communicator
+  } catch (const Error& e) {
+    thrown = std::string(e.what()).find("MPI_Send failed") != std::string::npos;
+    CHECK_OR_FAIL(thrown, "the error names the call: {}", e.what());
+  }
+  CHECK_OR_FAIL(thrown, "MPI_Send to a rank that does not exist did not throw");
+  MPI_Comm_free(&self);
+}
+
+int run(const Args& args, int rank, int size) {
+  uint64_t seed = args.seed;
+  if (!args.has_seed) {
+    seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  }
+  if (rank == 0) std::cout << fmt::format("np {} seed {} (rerun with --seed {})\n", size, seed, seed);
+  check_mpi_errors_become_errors();
+
+  const Layout l = make_layout(seed);
+  const std::vector<float> mine = rank_grads(l, seed, rank);
+  // Bucket sizes: small (many buckets), odd (boundaries at odd places inside tensors), the
+  // ~1 MB region, exactly the span (one bucket), far bigger than the buffer.
+  const int64_t span_bytes = (l.span_hi - l.span_lo) * 4;
+  const std::vector<size_t> bucket_bytes = {65536, 400004 + 4 * 7, 1 << 20,
+                                            static_cast<size_t>(span_bytes), size_t{1} << 30};
+  std::ofstream hashes;
+  if (rank == 0 && !args.hash_file.empty()) hashes.open(args.hash_file);
+
+  for (size_t bytes : bucket_bytes) {
+    std::vector<float> grads(static_cast<size_t>(l.n));
+    GradAllreduce ar(MPI_COMM_WORLD, grads.data(), l.n, l.spans, bytes);
+    CHECK_OR_FAIL(ar.size() == size && ar.rank() == rank, "rank {} of {}", ar.rank(), ar.size());
+    // A boundary inside a tensor whenever buckets are smaller than the giants.
+    if (bytes < 300007 * 4) {
+      bool inside = false;
+      for (const GradBucket& b : ar.buckets())
+        for (const GradSpan& s : l.spans)
+          inside = inside || (b.offset > s.offset && b.offset < s.offset + s.size);
+      CHECK_OR_FAIL(inside, "bucket size {}: no bucket boundary inside a tensor", bytes);
+    }
+    uint64_t first_hash = 0;
+    for (int round = 0; round < 3; ++round) {
+      const std::string what = fmt::format("rank {} bucket {} B round {}", rank, bytes, round);
+      grads = mine;
+      std::mt19937_64 rng(mix(seed, 1000 + 16 * static_cast<uint64_t>(rank) + round));
+      std::vector<int> order(l.spans.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::reverse(order.begin(), order.end());  // backward: the last tensors first
+      if (round == 1) std::shuffle(order.begin(), order.end(), rng);  // each rank its own order
+      ar.begin();
+      for (int i : order) {
+        if (round < 2) {  // compute between the tensors: random, different on every rank
+          std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+        }
+        if (round == 1) ar.ready(l.spans[i].offset, l.spans[i].size);
+        else ar.ready_tensor(i);
+      }
+      if (round == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // more compute
+      const GradAllreduceStats st = ar.finish();
+      check_sum(l, grads, seed, rank, size, what);
+
+      const uint64_t h = hash_floats(grads);
+      if (round == 0) first_hash = h;
+      CHECK_OR_FAIL(h == first_hash, "{}: result differs bitwise from round 0", what);
+      // Outside the span every rank keeps its own marker: compare the span across ranks.
+      std::vector<float> span(grads.begin() + l.span_lo, grads.begin() + l.span_hi);
+      const uint64_t hs = hash_floats(span);
+      std::vector<uint64_t> spans_all(static_cast<size_t>(size));
+      MPI_Allgather(&hs, 1, MPI_UINT64_T, spans_all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+      for (int r = 0; r < size; ++r)
+        CHECK_OR_FAIL(spans_all[static_cast<size_t>(r)] == hs,
+                      "{}: rank {} received different bits", what, r);
+
+      int counts[2] = {st.started_before_finish, st.completed_before_finish}, sums[2] = {0, 0};
+      double wait = st.finish_wait_s, max_wait = 0;
+      MPI_Reduce(counts, sums, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+      MPI_Reduce(&wait, &max_wait, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      if (rank == 0) {
+        std::cout << fmt::format(
+            "bucket {:>10} B, {:>3} buckets, round {} ({}): started before finish {:5.1f}, "
+            "completed before finish {:5.1f} (mean over ranks), finish wait max {:.2f} ms\n",
+            bytes, st.buckets, round,
+            round == 0 ? "reverse + pauses" : round == 1 ? "own order" : "at once",
+            static_cast<double>(sums[0]) / size, static_cast<double>(sums[1]) / size,
+            1e3 * max_wait);
+      }
+      if (round == 0 && hashes.is_open()) hashes << bytes << " " << hs << "\n";
+    }
+  }
+
+  // Metrics helper: a few doubles summed over ranks.
+  {
+    std::vector<float> dummy(4);
+    GradAllreduce ar(MPI_COMM_WORLD, dummy.data(), 4, {{0, 4}}, 1024);
+    double m[3] = {1.0 + rank, 0.25 * rank, -2.0};
+    ar.allreduce_sum(m, 3);
+    const double n = size;
+    CHECK_OR_FAIL(m[0] == n * (n + 1) / 2 && m[1] == 0.25 * n * (n - 1) / 2 && m[2] == -2.0 * n,
+                  "allreduce_sum gave {}, {}, {}", m[0], m[1], m[2]);
+  }
+  if (rank == 0) std::cout << "all checks passed\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace packbert
+
+int main(int argc, char** argv) {
+  int provided = 0, rank = 0, size = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  try {
+    packbert::run(packbert::parse(argc, argv), rank, size);
+  } catch (const std::exception& e) {
+    // As packbert's main: report, then every rank goes down (no rank waits on this one).
+    std::cerr << "[rank " << rank << "] error: " << e.what() << std::endl;
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return 1;
+  }
+  MPI_Finalize();
+  return 0;
+}
