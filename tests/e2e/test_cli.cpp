@@ -66,14 +66,16 @@ TEST(Cli, TomlConfigSetsSubcommandOptions) {
   packbert::write_shard(shard, samples, wo);
 
   int64_t max_id = 0;
-  for (const auto& s : samples)
+  for (const auto& s : samples) {
     for (int32_t t : s.input_ids) max_id = std::max<int64_t>(max_id, t);
+    for (int32_t t : s.masked_lm_ids) max_id = std::max<int64_t>(max_id, t);
+  }
   // A vocabulary smaller than the largest id: the shard must be rejected.
   const std::string cfg = dir.file("inspect.toml");
   std::ofstream(cfg) << "log-level = \"warn\"\n[inspect]\nvocab-size = " << max_id << "\n";
   std::string out;
   EXPECT_NE(run_command(kBin + " --config " + cfg + " inspect " + shard, &out), 0) << out;
-  EXPECT_NE(out.find("input_ids"), std::string::npos) << out;
+  EXPECT_NE(out.find("outside the vocabulary"), std::string::npos) << out;
   EXPECT_NE(out.find(shard), std::string::npos) << out;
   // The command line wins over the file.
   EXPECT_EQ(run_command(kBin + " --config " + cfg + " inspect " + shard +

@@ -1,0 +1,99 @@
+#include "model/activations.h"
+
+#include <algorithm>
+
+namespace packbert {
+
+void carve_activations(Carver& c, const BertConfig& config, const BatchShape& shape,
+                       int64_t mlm_chunk_rows, bool gradients, Bert::Activations& a) {
+  const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
+  const int64_t h = config.hidden, inter = config.intermediate;
+  const int64_t chunk = mlm_chunk_rows > 0 ? std::min(mlm_chunk_rows, m) : m;
+  a.shape = shape;
+  a.gradients = gradients;
+
+  a.input_ids = c.take(DType::i32, {rows});
+  a.segment_ids = c.take(DType::i32, {rows});
+  a.token_seq = c.take(DType::i32, {rows});
+  a.token_pos = c.take(DType::i32, {rows});
+  a.seq_start = c.take(DType::i32, {s});
+  a.seq_len = c.take(DType::i32, {s});
+  a.sample_id = c.take(DType::i64, {s});
+  a.nsp_labels = c.take(DType::i32, {s});
+  a.masked_rows = c.take(DType::i32, {m});
+  a.masked_labels = c.take(DType::i32, {m});
+  a.layout.rows = rows;
+  a.layout.num_seqs = static_cast<int32_t>(s);
+  a.layout.max_len = shape.max_len;
+  a.layout.seq_start = a.seq_start;
+  a.layout.seq_len = a.seq_len;
+  a.layout.sample_id = a.sample_id;
+  a.layout.token_seq = a.token_seq;
+  a.layout.token_pos = a.token_pos;
+
+  a.emb_ln_mean = c.take(DType::f32, {rows});
+  a.emb_ln_rstd = c.take(DType::f32, {rows});
+  a.hidden.clear();
+  a.layers.clear();
+  a.hidden.push_back(c.take(DType::f32, {rows, h}));
+  for (int64_t l = 0; l < config.layers; ++l) {
+    LayerActivations la;
+    la.qkv = c.take(DType::f32, {rows, 3 * h});
+    la.ctx = c.take(DType::f32, {rows, h});
+    la.lse = c.take(DType::f32, {rows, config.heads});
+    la.attn_ln_in = c.take(DType::f32, {rows, h});
+    la.attn_ln_mean = c.take(DType::f32, {rows});
+    la.attn_ln_rstd = c.take(DType::f32, {rows});
+    la.h1 = c.take(DType::f32, {rows, h});
+    la.ffn_pre = c.take(DType::f32, {rows, inter});
+    la.ffn_act = c.take(DType::f32, {rows, inter});
+    la.ffn_ln_in = c.take(DType::f32, {rows, h});
+    la.ffn_ln_mean = c.take(DType::f32, {rows});
+    la.ffn_ln_rstd = c.take(DType::f32, {rows});
+    a.layers.push_back(la);
+    a.hidden.push_back(c.take(DType::f32, {rows, h}));
+  }
+  a.mlm_x = c.take(DType::f32, {m, h});
+  a.mlm_pre = c.take(DType::f32, {m, h});
+  a.mlm_act = c.take(DType::f32, {m, h});
+  a.mlm_ln_mean = c.take(DType::f32, {m});
+  a.mlm_ln_rstd = c.take(DType::f32, {m});
+  a.mlm_out = c.take(DType::f32, {m, h});
+  a.logits = c.take(DType::f32, {chunk, config.vocab_size});
+  a.nsp_ws = c.take(DType::f32, {nsp_workspace_elems(s, h)});
+  a.mlm_loss_sum = c.take(DType::f32, {1});
+  a.nsp_loss_sum = c.take(DType::f32, {1});
+  a.mlm_correct = c.take(DType::i32, {1});
+  a.nsp_correct = c.take(DType::i32, {1});
+
+  a.mlm_dout = a.mlm_dact = a.mlm_dx = Tensor();
+  a.dhidden[0] = a.dhidden[1] = a.dtmp = a.dctx = a.dwide = Tensor();
+  if (!gradients) return;
+  a.mlm_dout = c.take(DType::f32, {m, h});
+  a.mlm_dact = c.take(DType::f32, {m, h});
+  a.mlm_dx = c.take(DType::f32, {m, h});
+  a.dhidden[0] = c.take(DType::f32, {rows, h});
+  a.dhidden[1] = c.take(DType::f32, {rows, h});
+  a.dtmp = c.take(DType::f32, {rows, h});
+  a.dctx = c.take(DType::f32, {rows, h});
+  a.dwide = c.take(DType::f32, {rows, std::max(inter, 3 * h)});
+}
+
+void upload_batch(Backend& be, const Batch& b, Bert::Activations& a) {
+  // Empty arrays (no masked token) have nothing to copy and no host pointer to copy from.
+  auto put = [&](const Tensor& dst, const auto& src) {
+    if (!src.empty()) be.copy(dst, view(src.data(), {static_cast<int64_t>(src.size())}));
+  };
+  put(a.input_ids, b.input_ids);
+  put(a.segment_ids, b.segment_ids);
+  put(a.token_seq, b.token_seq);
+  put(a.token_pos, b.token_pos);
+  put(a.seq_start, b.seq_start);
+  put(a.seq_len, b.seq_len);
+  put(a.sample_id, b.sample_id);
+  put(a.nsp_labels, b.nsp_labels);
+  put(a.masked_rows, b.masked_rows);
+  put(a.masked_labels, b.masked_labels);
+}
+
+}  // namespace packbert

@@ -1,0 +1,71 @@
+// What one micro-batch keeps in the arena: the uploaded batch, the activations backward reads,
+// and the backward's scratch. Internal to the model (bert.cpp and activations.cpp).
+#pragma once
+
+#include <vector>
+
+#include "model/arena.h"
+#include "model/batch.h"
+#include "model/bert.h"
+
+namespace packbert {
+
+// One encoder layer's saved tensors (rows = the batch's token rows).
+struct LayerActivations {
+  Tensor qkv;           // [rows, 3H]
+  Tensor ctx;           // [rows, H] attention output, heads concatenated
+  Tensor lse;           // [rows, heads] softmax log-sum-exp per query row
+  Tensor attn_ln_in;    // [rows, H] ctx Wo^T, overwritten in place by dropout(. + bo) + x
+  Tensor attn_ln_mean;  // [rows]
+  Tensor attn_ln_rstd;  // [rows]
+  Tensor h1;            // [rows, H] attention block output
+  Tensor ffn_pre;       // [rows, I] h1 W1^T + b1
+  Tensor ffn_act;       // [rows, I] gelu(ffn_pre)
+  Tensor ffn_ln_in;     // [rows, H] ffn_act W2^T, then dropout(. + b2) + h1
+  Tensor ffn_ln_mean;   // [rows]
+  Tensor ffn_ln_rstd;   // [rows]
+};
+
+struct Bert::Activations {
+  BatchShape shape;
+  bool gradients = false;
+
+  // The batch on the device.
+  Tensor input_ids, segment_ids;          // i32 [rows]
+  Tensor token_seq, token_pos;            // i32 [rows]
+  Tensor seq_start, seq_len;              // i32 [seqs]
+  Tensor sample_id;                       // i64 [seqs]
+  Tensor nsp_labels;                      // i32 [seqs]
+  Tensor masked_rows, masked_labels;      // i32 [masked]
+  SeqLayout layout;                       // over the tensors above
+
+  // Forward.
+  Tensor emb_ln_mean, emb_ln_rstd;        // [rows]
+  std::vector<Tensor> hidden;             // L + 1 of [rows, H]: embeddings, then each layer
+  std::vector<LayerActivations> layers;
+  Tensor mlm_x;                           // [masked, H] final hidden states of masked rows
+  Tensor mlm_pre;                         // [masked, H] transform dense, before GELU
+  Tensor mlm_act;                         // [masked, H] its GELU (the LayerNorm's saved input)
+  Tensor mlm_ln_mean, mlm_ln_rstd;        // [masked]
+  Tensor mlm_out;                         // [masked, H] transform output, the decoder's input
+  Tensor logits;                          // [chunk, V] decoder workspace
+  Tensor nsp_ws;                          // nsp_workspace_elems(seqs, H)
+  Tensor mlm_loss_sum, nsp_loss_sum;      // f32 [1]
+  Tensor mlm_correct, nsp_correct;        // i32 [1]
+
+  // Backward (only when gradients).
+  Tensor mlm_dout, mlm_dact, mlm_dx;      // [masked, H]
+  Tensor dhidden[2];                      // [rows, H] gradient wrt a layer's output / input
+  Tensor dtmp;                            // [rows, H] d(FFN out) then d(attention out)
+  Tensor dctx;                            // [rows, H]
+  Tensor dwide;                           // [rows, max(I, 3H)] d(FFN pre), then d(qkv)
+};
+
+// Lays the activations of a batch of `shape` out from the carver (measure with a null base).
+void carve_activations(Carver& carver, const BertConfig& config, const BatchShape& shape,
+                       int64_t mlm_chunk_rows, bool gradients, Bert::Activations& act);
+
+// Copies the host batch into act's device tensors.
+void upload_batch(Backend& backend, const Batch& batch, Bert::Activations& act);
+
+}  // namespace packbert

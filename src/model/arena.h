@@ -1,0 +1,67 @@
+// The activation arena: one allocation on the backend's device that holds every activation and
+// backward buffer of a step (DESIGN.md, Memory). It is carved anew for each micro-batch and
+// grows only when a batch needs more than any before it, so a warm step loop never allocates;
+// its high-water mark is the activation memory a configuration needs (what MST is judged by).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+
+#include "core/tensor.h"
+
+namespace packbert {
+
+class Arena {
+ public:
+  using Allocate = std::function<void*(size_t bytes)>;
+  using Release = std::function<void(void*)>;
+
+  // Host memory (Device::cpu). A device arena is given its allocator: backend.h has no
+  // allocation op yet, so whoever owns the device (the trainer) passes cudaMalloc / cudaFree.
+  explicit Arena(Device device = Device::cpu);
+  Arena(Device device, Allocate allocate, Release release);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // Room for `bytes`; reallocates (contents are lost: they are per step) only when short.
+  void reserve(size_t bytes);
+  // Records that a step used `bytes` (<= capacity) for the high-water mark.
+  void note_use(size_t bytes);
+
+  void* data() const { return data_; }
+  Device device() const { return device_; }
+  size_t capacity() const { return capacity_; }
+  size_t high_water() const { return high_water_; }
+  int64_t allocations() const { return allocations_; }  // how often reserve() had to allocate
+
+ private:
+  Device device_;
+  Allocate allocate_;
+  Release release_;
+  void* data_ = nullptr;
+  size_t capacity_ = 0;
+  size_t high_water_ = 0;
+  int64_t allocations_ = 0;
+};
+
+// Lays typed views out one after another from `base`, each aligned to kAlign bytes. With
+// base == nullptr it only measures (the views are then "none"), so one function both sizes
+// the arena and carves it -- the two can never disagree.
+class Carver {
+ public:
+  static constexpr size_t kAlign = 256;  // cache lines on the CPU, 128-byte loads on the GPU
+
+  Carver(void* base, Device device) : base_(static_cast<char*>(base)), device_(device) {}
+  Tensor take(DType dtype, std::initializer_list<int64_t> dims);
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  Device device_;
+  size_t used_ = 0;
+};
+
+}  // namespace packbert

@@ -1,0 +1,79 @@
+// Batch: one micro-batch of one rank as the model consumes it, in one of the three layouts of
+// DESIGN.md. Built on the host from the loader's samples; Bert::forward uploads it.
+//
+//   unpadded  sequences end to end: rows = tokens (no padding at all)
+//   packed    rows of max_seq_len, each holding one pack (several sequences, positions
+//             restarting at 0), the rest of the row padding
+//   padded    one sequence per slot of max_seq_len rows (the classic BERT input)
+//
+// Whatever the layout, the model computes the same loss and gradients: attention and NSP read
+// seq_start / seq_len, dropout is keyed by (sample id, position inside the sample), and padding
+// rows never reach a loss.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "data/sample.h"
+
+namespace packbert {
+
+enum class BatchLayout { unpadded, packed, padded };
+
+// The extents that size a batch's activations (Bert::reserve for the largest expected).
+struct BatchShape {
+  int64_t rows = 0;
+  int64_t masked = 0;
+  int64_t seqs = 0;
+  int32_t max_len = 0;
+};
+const char* batch_layout_name(BatchLayout l);
+BatchLayout parse_batch_layout(const std::string& name);  // "unpadded" | "packed" | "padded"
+
+struct Batch {
+  BatchLayout layout = BatchLayout::unpadded;
+  int32_t max_seq_len = 0;  // the slot / pack length (packed, padded); informative for unpadded
+  int64_t rows = 0;         // rows of every token-wise buffer
+  int32_t max_len = 0;      // the longest sequence
+
+  // Token-wise, [rows]. Padding rows: input id 0 ([PAD]), segment 0, token_seq -1, token_pos 0.
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> segment_ids;
+  std::vector<int32_t> token_seq;  // sequence of each row, -1 for padding
+  std::vector<int32_t> token_pos;  // position inside its sequence = position-embedding index
+
+  // Per sequence, [num_seqs], in layout order (packs in order, sequences within a pack in
+  // order). seq_start is also the row of each sequence's [CLS] token, which NSP reads.
+  std::vector<int32_t> seq_start;
+  std::vector<int32_t> seq_len;
+  std::vector<int64_t> sample_id;   // the global sample id: the dropout key
+  std::vector<int32_t> nsp_labels;  // 0: B follows A, 1: B is random
+
+  // Per masked token, [num_masked]: its row in the token buffers and its original token id.
+  // Sequence by sequence in layout order, positions ascending within a sequence.
+  std::vector<int32_t> masked_rows;
+  std::vector<int32_t> masked_labels;
+
+  int64_t num_seqs() const { return static_cast<int64_t>(seq_len.size()); }
+  int64_t num_masked() const { return static_cast<int64_t>(masked_rows.size()); }
+  int64_t num_tokens() const;  // real tokens (rows minus padding)
+  bool empty() const { return seq_len.empty(); }
+  BatchShape shape() const { return {rows, num_masked(), num_seqs(), max_len}; }
+
+  // The SeqLayout of backend.h over this batch's host arrays (valid while the batch lives).
+  SeqLayout host_layout() const;
+};
+
+// The batch of `samples` in `layout`. For the packed layout, `packs` lists indices into
+// samples per pack (LoaderMicroBatch::packs); when it is empty the samples are packed here with
+// pack_online() under (max_seq_len, max_seqs_per_pack). Other layouts ignore packs.
+// Throws Error naming the sample (by index and id) on a length outside 1..max_seq_len, a masked
+// position outside the sequence or not ascending, mismatched array sizes, an NSP label other
+// than 0/1, a sample id outside the dropout key's [0, 2^44) or repeated, or packs that do not
+// hold every sample exactly once within max_seq_len tokens.
+Batch make_batch(const std::vector<Sample>& samples, BatchLayout layout, int max_seq_len,
+                 const std::vector<std::vector<int32_t>>& packs = {}, int max_seqs_per_pack = 3);
+
+}  // namespace packbert

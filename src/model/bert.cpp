@@ -1,0 +1,323 @@
+// One micro-batch through BertForPreTraining, forward then backward, top to bottom. Every
+// computation is a backend op (kernels/backend.h); this file only decides what runs on which
+// buffer. The layer code follows the sketch in backend.h's header comment.
+#include "model/bert.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/activations.h"
+
+namespace packbert {
+
+namespace {
+
+// The same memory with another row-major shape (the backward's shared scratch).
+Tensor reshape(const Tensor& t, std::initializer_list<int64_t> dims) {
+  Tensor r(t.data, t.dtype, dims, t.device);
+  PB_CHECK(r.numel() <= t.numel(), "reshape of {} to {} elements", t.str(), r.numel());
+  return r;
+}
+
+// Rows [first, first + n) of a row-major tensor.
+Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
+  Tensor r = t;
+  r.data = static_cast<char*>(t.data) + first * (t.bytes() / t.dim(0));
+  r.shape[0] = n;
+  return r;
+}
+
+}  // namespace
+
+Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
+           const BertOptions& options)
+    : Bert(config, backend, params, grads, options, nullptr, nullptr) {}
+
+Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
+           const BertOptions& options, Arena::Allocate allocate, Arena::Release release)
+    : config_(config),
+      backend_(backend),
+      options_(options),
+      table_(config),
+      arena_(allocate ? Arena(backend.device(), std::move(allocate), std::move(release))
+                      : Arena(backend.device())),
+      act_(std::make_unique<Activations>()) {
+  PB_REQUIRE(options.mlm_chunk_rows >= 0, "model: mlm_chunk_rows {} must be >= 0",
+             options.mlm_chunk_rows);
+  check_device("Bert", "params", params, backend.device());
+  weights_ = bind_weights(table_, params);
+  if (grads.defined()) {
+    check_device("Bert", "grads", grads, backend.device());
+    grads_ = bind_weights(table_, grads);
+    has_grads_ = true;
+  }
+  // The table is embeddings | layer 0 | ... | layer L-1 | pooler and heads (params.h).
+  auto index = [&](const std::string& name) {
+    return static_cast<int>(&table_.at(name) - table_.tensors().data());
+  };
+  auto layer_first = [&](int64_t l) {
+    return index("bert.encoder.layer." + std::to_string(l) + ".attention.self.query.weight");
+  };
+  const int heads_first = index("bert.pooler.dense.weight");
+  ready_groups_.emplace_back(heads_first, static_cast<int>(table_.tensors().size()));
+  for (int64_t l = config.layers - 1; l >= 0; --l)
+    ready_groups_.emplace_back(layer_first(l),
+                               l + 1 < config.layers ? layer_first(l + 1) : heads_first);
+  ready_groups_.emplace_back(0, layer_first(0));
+}
+
+Bert::~Bert() = default;
+
+size_t Bert::activation_bytes(const BatchShape& shape, bool gradients) const {
+  Carver measure(nullptr, backend_.device());
+  Activations scratch;
+  carve_activations(measure, config_, shape, options_.mlm_chunk_rows, gradients, scratch);
+  return measure.used();
+}
+
+void Bert::reserve(const BatchShape& shape, bool gradients) {
+  arena_.reserve(activation_bytes(shape, gradients));
+}
+
+Dropout Bert::dropout(DropoutSite site, uint32_t layer) const {
+  Dropout d;
+  if (dropout_on_)
+    d.p = site == DropoutSite::attention_probs ? config_.attention_dropout : config_.hidden_dropout;
+  d.seed = seed_;
+  d.step = step_;
+  d.layer = layer;
+  d.site = site;
+  return d;
+}
+
+void Bert::check_batch(const Batch& b, int64_t global_masked, int64_t global_samples) const {
+  const auto rows = static_cast<size_t>(b.rows);
+  const size_t seqs = b.seq_len.size(), masked = b.masked_rows.size();
+  PB_REQUIRE(b.input_ids.size() == rows && b.segment_ids.size() == rows &&
+                 b.token_seq.size() == rows && b.token_pos.size() == rows &&
+                 b.seq_start.size() == seqs && b.sample_id.size() == seqs &&
+                 b.nsp_labels.size() == seqs && b.masked_labels.size() == masked,
+             "model: inconsistent batch ({} rows, {} sequences, {} masked tokens)", b.rows, seqs,
+             masked);
+  PB_REQUIRE(b.max_len <= config_.max_position_embeddings,
+             "model: a sequence of {} tokens exceeds max_position_embeddings {}", b.max_len,
+             config_.max_position_embeddings);
+  // The model's own rules (make_batch checked the structure): ids of the real vocabulary, the
+  // padded rows of the embedding exist only for the GEMM's shape.
+  for (size_t r = 0; r < rows; ++r)
+    PB_REQUIRE(b.input_ids[r] >= 0 && b.input_ids[r] < config_.real_vocab_size &&
+                   b.segment_ids[r] >= 0 && b.segment_ids[r] < config_.type_vocab_size,
+               "model: row {} (sample id {}) has token id {} (vocab {}) / segment {} (types {})",
+               r, b.token_seq[r] >= 0 ? b.sample_id[b.token_seq[r]] : -1, b.input_ids[r],
+               config_.real_vocab_size, b.segment_ids[r], config_.type_vocab_size);
+  for (size_t i = 0; i < masked; ++i)
+    PB_REQUIRE(b.masked_labels[i] >= 0 && b.masked_labels[i] < config_.real_vocab_size &&
+                   b.masked_rows[i] >= 0 && b.masked_rows[i] < b.rows &&
+                   b.token_seq[b.masked_rows[i]] >= 0,
+               "model: masked token {} has label {} (vocab {}) at row {} of {} (padding?)", i,
+               b.masked_labels[i], config_.real_vocab_size, b.masked_rows[i], b.rows);
+  PB_REQUIRE(global_masked >= static_cast<int64_t>(masked) &&
+                 global_samples >= static_cast<int64_t>(seqs),
+             "model: global counts ({} masked tokens, {} samples) below this batch's own ({}, "
+             "{}): pass the whole step's counts",
+             global_masked, global_samples, masked, seqs);
+}
+
+ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t global_samples,
+                            uint32_t step, uint64_t seed, const ForwardOptions& options) {
+  PB_REQUIRE(!options.gradients || has_grads_,
+             "model: forward with gradients on a model built without a gradient buffer");
+  backward_pending_ = false;
+  check_batch(batch, global_masked, global_samples);
+  ForwardResult result;
+  if (batch.empty()) {  // a rank or micro-step without samples contributes nothing
+    backward_pending_ = options.gradients;
+    act_->shape = BatchShape{};
+    return result;
+  }
+  step_ = step;
+  seed_ = seed;
+  dropout_on_ = options.dropout;
+
+  // The arena: measure, grow if this batch is the largest yet, carve, upload.
+  const BatchShape shape = batch.shape();
+  const size_t bytes = activation_bytes(shape, options.gradients);
+  arena_.reserve(bytes);
+  arena_.note_use(bytes);
+  Activations& a = *act_;
+  Carver carver(arena_.data(), backend_.device());
+  carve_activations(carver, config_, shape, options_.mlm_chunk_rows, options.gradients, a);
+  upload_batch(backend_, batch, a);
+
+  // Embeddings: LayerNorm(word + position + token type), dropout.
+  backend_.embedding_forward(a.layout, a.input_ids, a.segment_ids, weights_.embeddings,
+                             dropout(DropoutSite::embedding, 0), a.hidden[0], a.emb_ln_mean,
+                             a.emb_ln_rstd);
+  // Encoder.
+  for (int64_t l = 0; l < config_.layers; ++l) encoder_layer_forward(l);
+  // Heads, loss and (with gradients) the gradient wrt the encoder output.
+  heads(global_masked, global_samples);
+
+  float mlm_sum = 0.f, nsp_sum = 0.f;
+  int32_t mlm_correct = 0, nsp_correct = 0;
+  backend_.copy(view(&mlm_sum, {1}), a.mlm_loss_sum);
+  backend_.copy(view(&nsp_sum, {1}), a.nsp_loss_sum);
+  backend_.copy(view(&mlm_correct, {1}), a.mlm_correct);
+  backend_.copy(view(&nsp_correct, {1}), a.nsp_correct);
+  result.mlm_loss_sum = mlm_sum;
+  result.nsp_loss_sum = nsp_sum;
+  result.mlm_correct = mlm_correct;
+  result.nsp_correct = nsp_correct;
+  result.masked_tokens = batch.num_masked();
+  result.sequences = batch.num_seqs();
+  result.loss = (global_masked > 0 ? result.mlm_loss_sum / global_masked : 0.0) +
+                result.nsp_loss_sum / global_samples;
+  backward_pending_ = options.gradients;
+  return result;
+}
+
+// x = hidden[l] -> hidden[l + 1], post-LN:
+//   h1 = LN(x + dropout(attention(x) Wo^T + bo))
+//   y  = LN(h1 + dropout(gelu(h1 W1^T + b1) W2^T + b2))
+void Bert::encoder_layer_forward(int64_t l) {
+  Activations& a = *act_;
+  const LayerWeights& w = weights_.layers[l];
+  LayerActivations& s = a.layers[l];
+  const Tensor& x = a.hidden[l];
+  const auto layer = static_cast<uint32_t>(l);
+  backend_.linear_forward(x, w.qkv_w, w.qkv_b, Epilogue::bias, s.qkv, Tensor());
+  backend_.attention_forward(a.layout, s.qkv, static_cast<int>(config_.heads),
+                             dropout(DropoutSite::attention_probs, layer), s.ctx, s.lse);
+  // The output projection's bias is added by the LayerNorm op (before its dropout).
+  backend_.linear_forward(s.ctx, w.attn_out_w, Tensor(), Epilogue::none, s.attn_ln_in, Tensor());
+  backend_.residual_layernorm_forward(a.layout, s.attn_ln_in, w.attn_out_b, x, w.attn_ln,
+                                      dropout(DropoutSite::attention_output, layer), s.h1,
+                                      s.attn_ln_in, s.attn_ln_mean, s.attn_ln_rstd);
+  backend_.linear_forward(s.h1, w.ffn_in_w, w.ffn_in_b, Epilogue::bias_gelu, s.ffn_act,
+                          s.ffn_pre);
+  backend_.linear_forward(s.ffn_act, w.ffn_out_w, Tensor(), Epilogue::none, s.ffn_ln_in,
+                          Tensor());
+  backend_.residual_layernorm_forward(a.layout, s.ffn_ln_in, w.ffn_out_b, s.h1, w.ffn_ln,
+                                      dropout(DropoutSite::ffn_output, layer), a.hidden[l + 1],
+                                      s.ffn_ln_in, s.ffn_ln_mean, s.ffn_ln_rstd);
+}
+
+// The MLM head on the masked rows only and the NSP head on each [CLS]. With gradients, each
+// head's backward follows its forward at once and dhidden[0] receives the gradient wrt the
+// encoder output: the masked rows from MLM, the [CLS] rows from NSP, zero elsewhere.
+void Bert::heads(int64_t global_masked, int64_t global_samples) {
+  Activations& a = *act_;
+  const bool grad = a.gradients;
+  const Tensor& y = a.hidden[config_.layers];
+  backend_.zero(a.mlm_loss_sum);
+  backend_.zero(a.nsp_loss_sum);
+  backend_.zero(a.mlm_correct);
+  backend_.zero(a.nsp_correct);
+
+  const int64_t m = a.shape.masked;
+  if (m > 0) {
+    // transform: LayerNorm(gelu(x Wt^T + bt)), then the decoder (tied word embeddings).
+    backend_.gather_rows(y, a.masked_rows, a.mlm_x);
+    backend_.linear_forward(a.mlm_x, weights_.mlm_dense_w, weights_.mlm_dense_b,
+                            Epilogue::bias_gelu, a.mlm_act, a.mlm_pre);
+    backend_.residual_layernorm_forward(SeqLayout{}, a.mlm_act, Tensor(), Tensor(),
+                                        weights_.mlm_ln, Dropout{}, a.mlm_out, a.mlm_act,
+                                        a.mlm_ln_mean, a.mlm_ln_rstd);
+    const auto scale = static_cast<float>(1.0 / static_cast<double>(global_masked));
+    const int64_t chunk = a.logits.dim(0);
+    for (int64_t first = 0; first < m; first += chunk) {
+      const int64_t n = std::min(chunk, m - first);
+      backend_.mlm_loss(rows_of(a.mlm_out, first, n), weights_.embeddings.word,
+                        weights_.mlm_bias, rows_of(a.masked_labels, first, n), scale,
+                        rows_of(a.logits, 0, n), a.mlm_loss_sum, a.mlm_correct,
+                        grad ? rows_of(a.mlm_dout, first, n) : Tensor(),
+                        grad ? grads_.embeddings.word : Tensor(),
+                        grad ? grads_.mlm_bias : Tensor());
+    }
+    if (grad) {
+      backend_.residual_layernorm_backward(SeqLayout{}, a.mlm_dout, a.mlm_act, a.mlm_ln_mean,
+                                           a.mlm_ln_rstd, weights_.mlm_ln, Dropout{}, a.mlm_dact,
+                                           Tensor(), Tensor(), grads_.mlm_ln);
+      LinearBackwardOptions gelu;
+      gelu.out_gelu_pre = a.mlm_pre;  // mlm_dact becomes d(pre) in place
+      backend_.linear_backward(a.mlm_x, weights_.mlm_dense_w, a.mlm_dact, a.mlm_dx,
+                               grads_.mlm_dense_w, grads_.mlm_dense_b, gelu);
+      backend_.gather_rows_backward(a.mlm_dx, a.masked_rows, a.dhidden[0]);
+    }
+  } else if (grad) {
+    backend_.zero(a.dhidden[0]);
+  }
+
+  backend_.nsp_loss(a.layout, y, weights_.pooler_nsp, a.nsp_labels,
+                    static_cast<float>(1.0 / static_cast<double>(global_samples)), a.nsp_ws,
+                    a.nsp_loss_sum, a.nsp_correct, grad ? a.dhidden[0] : Tensor(),
+                    grad ? grads_.pooler_nsp : PoolerParams{});
+}
+
+void Bert::backward(const GradientReady& ready) {
+  PB_REQUIRE(backward_pending_, "model: backward() without a forward() with gradients on");
+  backward_pending_ = false;
+  // ready_groups_[g] is final once group g's ops have run (on CUDA: once enqueued; the
+  // all-reduce must order itself after them on its stream).
+  auto announce = [&](size_t group) {
+    if (!ready) return;
+    // Last tensor first: the order in which the all-reduce's buckets (from the buffer's end)
+    // fill up.
+    for (int i = ready_groups_[group].second - 1; i >= ready_groups_[group].first; --i) ready(i);
+  };
+  Activations& a = *act_;
+  if (a.shape.seqs == 0) {  // an empty batch adds nothing: every gradient is already final
+    for (size_t g = 0; g < ready_groups_.size(); ++g) announce(g);
+    return;
+  }
+  announce(0);  // the heads, done in forward()
+  // dhidden[0] holds dL/d(encoder output) from the heads; the two buffers alternate.
+  int cur = 0;
+  for (int64_t l = config_.layers - 1; l >= 0; --l) {
+    encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]);
+    cur = 1 - cur;
+    announce(static_cast<size_t>(config_.layers - l));
+  }
+  // dhidden[cur] is scratch to the op from here on.
+  backend_.embedding_backward(a.layout, a.input_ids, a.segment_ids, weights_.embeddings,
+                              dropout(DropoutSite::embedding, 0), a.emb_ln_mean, a.emb_ln_rstd,
+                              a.dhidden[cur], grads_.embeddings);
+  announce(ready_groups_.size() - 1);
+}
+
+// dy = dL/d(hidden[l + 1]) (overwritten: it carries dL/dh1 midway) -> dx = dL/d(hidden[l]).
+void Bert::encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx) {
+  Activations& a = *act_;
+  const LayerWeights& w = weights_.layers[l];
+  LayerWeights& g = grads_.layers[l];
+  const LayerActivations& s = a.layers[l];
+  const auto layer = static_cast<uint32_t>(l);
+  const int64_t rows = a.shape.rows, h = config_.hidden;
+  const Tensor dffn_pre = reshape(a.dwide, {rows, config_.intermediate});
+  const Tensor dqkv = reshape(a.dwide, {rows, 3 * h});
+
+  // FFN block: dy -> d(FFN out) in dtmp, and dL/dh1 (the residual branch) into dy itself.
+  backend_.residual_layernorm_backward(a.layout, dy, s.ffn_ln_in, s.ffn_ln_mean, s.ffn_ln_rstd,
+                                       w.ffn_ln, dropout(DropoutSite::ffn_output, layer), a.dtmp,
+                                       dy, g.ffn_out_b, g.ffn_ln);
+  LinearBackwardOptions through_gelu;
+  through_gelu.x_gelu_pre = s.ffn_pre;  // dx of W2 is written as d(FFN pre)
+  backend_.linear_backward(s.ffn_act, w.ffn_out_w, a.dtmp, dffn_pre, g.ffn_out_w, Tensor(),
+                           through_gelu);
+  LinearBackwardOptions accumulate;
+  accumulate.dx_accumulate = true;  // dL/dh1 = residual share + FFN share
+  backend_.linear_backward(s.h1, w.ffn_in_w, dffn_pre, dy, g.ffn_in_w, g.ffn_in_b, accumulate);
+
+  // Attention block: dL/dh1 -> d(attention out) in dtmp, residual share into dx.
+  backend_.residual_layernorm_backward(a.layout, dy, s.attn_ln_in, s.attn_ln_mean,
+                                       s.attn_ln_rstd, w.attn_ln,
+                                       dropout(DropoutSite::attention_output, layer), a.dtmp, dx,
+                                       g.attn_out_b, g.attn_ln);
+  backend_.linear_backward(s.ctx, w.attn_out_w, a.dtmp, a.dctx, g.attn_out_w, Tensor(), {});
+  backend_.attention_backward(a.layout, s.qkv, s.ctx, s.lse, a.dctx,
+                              static_cast<int>(config_.heads),
+                              dropout(DropoutSite::attention_probs, layer), dqkv);
+  backend_.linear_backward(a.hidden[l], w.qkv_w, dqkv, dx, g.qkv_w, g.qkv_b, accumulate);
+}
+
+}  // namespace packbert

@@ -1,0 +1,127 @@
+// BertForPreTraining on the Backend interface: one code path for every backend and layout.
+//
+// A step of one micro-batch:
+//   Bert::forward   embeddings -> L x post-LN encoder layer -> MLM head on the masked rows only
+//                   -> pooler + NSP on each sequence's [CLS]; loss and metrics
+//   Bert::backward  the encoder layers in reverse, then the embeddings
+// Gradients accumulate (+=) into the flat gradient buffer, so micro-steps add up; the trainer
+// zeroes it once per optimizer step.
+//
+// Loss normalisation (DESIGN.md): loss = sum(MLM token losses) / global masked count
+// + sum(NSP losses) / global sample count, with the global counts of the whole optimizer step
+// (all ranks, all micro-steps) given by the planner. Each micro-batch's gradient is therefore
+// already its exact share, and an all-reduce of plain sums gives the global gradient.
+//
+// The heads' backward runs inside forward(): the loss is the end of the graph, so the MLM
+// decoder's logits are turned into their gradient at once (backend.h mlm_loss) and never kept
+// (with chunking, never more than one chunk of them exists). forward() with gradients on
+// therefore already adds the head parameters' gradients (the word embeddings' decoder share
+// included), and must be followed by backward().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backend.h"
+#include "model/arena.h"
+#include "model/batch.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace packbert {
+
+struct BertOptions {
+  // Masked tokens per decoder call (0: all at once). The logits workspace is chunk x vocab
+  // floats (2432 masked tokens x 30528 = 297 MB in one piece); chunking bounds it. The result
+  // does not depend on the chunking beyond float rounding.
+  int64_t mlm_chunk_rows = 0;
+};
+
+struct ForwardOptions {
+  bool dropout = true;    // the config's dropout rates; false for evaluation
+  bool gradients = true;  // backward() follows (the heads' gradients are computed here)
+};
+
+// Called by backward() with the index (into ParamTable::tensors()) of each tensor whose gradient
+// no op of this micro-step writes again: the hook for the bucketed all-reduce (dist/
+// grad_allreduce.h ready_tensor), which overlaps communication with the rest of the backward.
+// Order: the heads (whose gradients forward() produced) first, then each encoder layer from the
+// last to the first, then the embeddings (the word embeddings last of all: the tied decoder and
+// the input lookup both add to them). Every tensor is announced exactly once per backward().
+using GradientReady = std::function<void(int tensor_index)>;
+
+struct ForwardResult {
+  double loss = 0;          // this micro-batch's share of the step loss (see above)
+  double mlm_loss_sum = 0;  // sum of the MLM token losses, unnormalised
+  double nsp_loss_sum = 0;  // sum of the NSP losses, unnormalised
+  int64_t mlm_correct = 0;  // masked tokens whose argmax is the label
+  int64_t nsp_correct = 0;
+  int64_t masked_tokens = 0;
+  int64_t sequences = 0;
+};
+
+class Bert {
+ public:
+  // params, grads: f32 [table.total()] on the backend's device, owned by the caller (grads may
+  // be none for an evaluation-only model). The arena allocates host memory on the CPU backend;
+  // pass a device arena allocator for another backend.
+  Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
+       const BertOptions& options = {});
+  Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
+       const BertOptions& options, Arena::Allocate allocate, Arena::Release release);
+  ~Bert();
+  Bert(const Bert&) = delete;
+  Bert& operator=(const Bert&) = delete;
+
+  // One micro-batch. global_masked_tokens / global_samples: the step's counts over all ranks
+  // and micro-steps (>= this batch's own). step and seed key the dropout masks. An empty batch
+  // (a rank or micro-step without samples) returns zeros and adds nothing.
+  ForwardResult forward(const Batch& batch, int64_t global_masked_tokens, int64_t global_samples,
+                        uint32_t step, uint64_t seed, const ForwardOptions& options = {});
+  // Gradients of the last forward() (which had gradients on) += into grads; `ready` (optional)
+  // hears of each tensor as its gradient becomes final (see GradientReady).
+  void backward(const GradientReady& ready = {});
+
+  // Sizes the arena for the largest micro-batch expected so that the step loop never
+  // allocates; forward() grows it anyway when a batch needs more.
+  void reserve(const BatchShape& shape, bool gradients = true);
+  // Arena bytes a batch of this shape needs.
+  size_t activation_bytes(const BatchShape& shape, bool gradients = true) const;
+  size_t arena_high_water() const { return arena_.high_water(); }
+  size_t arena_capacity() const { return arena_.capacity(); }
+  int64_t arena_allocations() const { return arena_.allocations(); }
+
+  const BertConfig& config() const { return config_; }
+  const ParamTable& table() const { return table_; }
+
+  struct Activations;  // model/activations.h
+
+ private:
+  Dropout dropout(DropoutSite site, uint32_t layer) const;
+  void check_batch(const Batch& batch, int64_t global_masked, int64_t global_samples) const;
+  void encoder_layer_forward(int64_t l);
+  void encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);
+  void heads(int64_t global_masked, int64_t global_samples);
+
+  BertConfig config_;
+  Backend& backend_;
+  BertOptions options_;
+  ParamTable table_;
+  BertWeights weights_;
+  BertWeights grads_;
+  bool has_grads_ = false;
+  // Tensor index ranges [first, last) in the order backward() finishes them: heads, layer
+  // L-1 .. layer 0, embeddings.
+  std::vector<std::pair<int, int>> ready_groups_;
+  Arena arena_;
+  std::unique_ptr<Activations> act_;
+  // The step in flight (dropout keys, and whether backward() may run).
+  uint32_t step_ = 0;
+  uint64_t seed_ = 0;
+  bool dropout_on_ = false;
+  bool backward_pending_ = false;
+};
+
+}  // namespace packbert

@@ -1,0 +1,206 @@
+#include "model/params.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "common/philox.h"
+#include "core/error.h"
+
+namespace packbert {
+
+void ParamTable::add(const std::string& name, std::vector<int64_t> shape, bool no_decay) {
+  ParamTensor t;
+  t.name = name;
+  t.size = 1;
+  for (int64_t d : shape) t.size *= d;
+  t.shape = std::move(shape);
+  t.offset = total_;
+  t.no_decay = no_decay;
+  PB_CHECK(index_.emplace(name, tensors_.size()).second, "duplicate parameter {}", name);
+  tensors_.push_back(std::move(t));
+  total_ += tensors_.back().size;
+}
+
+ParamTable::ParamTable(const BertConfig& config) : config_(config) {
+  validate(config);
+  const int64_t v = config.vocab_size, h = config.hidden, i = config.intermediate;
+  const bool decay = false, no_decay = true;
+  auto layer_norm = [&](const std::string& prefix) {
+    add(prefix + ".weight", {h}, no_decay);
+    add(prefix + ".bias", {h}, no_decay);
+  };
+  add("bert.embeddings.word_embeddings.weight", {v, h}, decay);
+  add("bert.embeddings.position_embeddings.weight", {config.max_position_embeddings, h}, decay);
+  add("bert.embeddings.token_type_embeddings.weight", {config.type_vocab_size, h}, decay);
+  layer_norm("bert.embeddings.LayerNorm");
+  for (int64_t l = 0; l < config.layers; ++l) {
+    const std::string p = fmt::format("bert.encoder.layer.{}.", l);
+    // Weights first, then biases: [3H, H] and [3H] for the fused QKV GEMM.
+    for (const char* qkv : {"query", "key", "value"})
+      add(p + "attention.self." + qkv + ".weight", {h, h}, decay);
+    for (const char* qkv : {"query", "key", "value"})
+      add(p + "attention.self." + qkv + ".bias", {h}, no_decay);
+    add(p + "attention.output.dense.weight", {h, h}, decay);
+    add(p + "attention.output.dense.bias", {h}, no_decay);
+    layer_norm(p + "attention.output.LayerNorm");
+    add(p + "intermediate.dense.weight", {i, h}, decay);
+    add(p + "intermediate.dense.bias", {i}, no_decay);
+    add(p + "output.dense.weight", {h, i}, decay);
+    add(p + "output.dense.bias", {h}, no_decay);
+    layer_norm(p + "output.LayerNorm");
+  }
+  add("bert.pooler.dense.weight", {h, h}, decay);
+  add("bert.pooler.dense.bias", {h}, no_decay);
+  add("cls.predictions.transform.dense.weight", {h, h}, decay);
+  add("cls.predictions.transform.dense.bias", {h}, no_decay);
+  layer_norm("cls.predictions.transform.LayerNorm");
+  add("cls.predictions.bias", {v}, no_decay);
+  add("cls.seq_relationship.weight", {2, h}, decay);
+  add("cls.seq_relationship.bias", {2}, no_decay);
+}
+
+const ParamTensor* ParamTable::find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const ParamTensor& ParamTable::at(const std::string& name) const {
+  const ParamTensor* t = find(name);
+  PB_REQUIRE(t, "no parameter named '{}' in the BERT parameter table", name);
+  return *t;
+}
+
+std::vector<LambTensor> ParamTable::lamb_rows() const {
+  std::vector<LambTensor> rows;
+  rows.reserve(tensors_.size());
+  for (const ParamTensor& t : tensors_) rows.push_back({t.offset, t.size, t.no_decay ? 0 : 1});
+  return rows;
+}
+
+Tensor tensor_view(const Tensor& flat, const ParamTensor& t) {
+  PB_CHECK(flat.dtype == DType::f32 && t.offset + t.size <= flat.numel(),
+           "parameter {} [{} + {}] outside the flat buffer {}", t.name, t.offset, t.size,
+           flat.str());
+  PB_CHECK(t.shape.size() <= static_cast<size_t>(Tensor::kMaxDims), "{}: too many dims", t.name);
+  Tensor v = flat;
+  v.data = static_cast<float*>(flat.data) + t.offset;
+  v.ndim = static_cast<int>(t.shape.size());
+  for (int d = 0; d < Tensor::kMaxDims; ++d) v.shape[d] = d < v.ndim ? t.shape[d] : 0;
+  return v;
+}
+
+namespace {
+
+// One view over a layer's query, key and value tensors, which the table lays end to end.
+Tensor fused_view(const ParamTable& table, const Tensor& flat, const std::string& prefix,
+                  const char* suffix, std::initializer_list<int64_t> dims) {
+  const ParamTensor& q = table.at(prefix + "query" + suffix);
+  const ParamTensor& k = table.at(prefix + "key" + suffix);
+  const ParamTensor& v = table.at(prefix + "value" + suffix);
+  PB_CHECK(k.offset == q.offset + q.size && v.offset == k.offset + k.size,
+           "{}query/key/value{} are not adjacent", prefix, suffix);
+  Tensor t = tensor_view(flat, q);
+  const Tensor shaped(t.data, DType::f32, dims, flat.device);
+  return shaped;
+}
+
+}  // namespace
+
+BertWeights bind_weights(const ParamTable& table, const Tensor& flat) {
+  PB_REQUIRE(flat.defined() && flat.dtype == DType::f32 && flat.numel() == table.total(),
+             "bind_weights: flat buffer {} does not hold the {} floats of the parameter table",
+             flat.str(), table.total());
+  const int64_t h = table.config().hidden;
+  auto get = [&](const std::string& name) { return tensor_view(flat, table.at(name)); };
+  auto ln = [&](const std::string& prefix) {
+    return LayerNormParams{get(prefix + ".weight"), get(prefix + ".bias")};
+  };
+  BertWeights w;
+  w.embeddings.word = get("bert.embeddings.word_embeddings.weight");
+  w.embeddings.position = get("bert.embeddings.position_embeddings.weight");
+  w.embeddings.token_type = get("bert.embeddings.token_type_embeddings.weight");
+  const LayerNormParams eln = ln("bert.embeddings.LayerNorm");
+  w.embeddings.ln_gamma = eln.gamma;
+  w.embeddings.ln_beta = eln.beta;
+  for (int64_t l = 0; l < table.config().layers; ++l) {
+    const std::string p = fmt::format("bert.encoder.layer.{}.", l);
+    LayerWeights lw;
+    lw.qkv_w = fused_view(table, flat, p + "attention.self.", ".weight", {3 * h, h});
+    lw.qkv_b = fused_view(table, flat, p + "attention.self.", ".bias", {3 * h});
+    lw.attn_out_w = get(p + "attention.output.dense.weight");
+    lw.attn_out_b = get(p + "attention.output.dense.bias");
+    lw.attn_ln = ln(p + "attention.output.LayerNorm");
+    lw.ffn_in_w = get(p + "intermediate.dense.weight");
+    lw.ffn_in_b = get(p + "intermediate.dense.bias");
+    lw.ffn_out_w = get(p + "output.dense.weight");
+    lw.ffn_out_b = get(p + "output.dense.bias");
+    lw.ffn_ln = ln(p + "output.LayerNorm");
+    w.layers.push_back(lw);
+  }
+  w.pooler_nsp.dense_w = get("bert.pooler.dense.weight");
+  w.pooler_nsp.dense_b = get("bert.pooler.dense.bias");
+  w.pooler_nsp.cls_w = get("cls.seq_relationship.weight");
+  w.pooler_nsp.cls_b = get("cls.seq_relationship.bias");
+  w.mlm_dense_w = get("cls.predictions.transform.dense.weight");
+  w.mlm_dense_b = get("cls.predictions.transform.dense.bias");
+  w.mlm_ln = ln("cls.predictions.transform.LayerNorm");
+  w.mlm_bias = get("cls.predictions.bias");
+  return w;
+}
+
+namespace {
+
+// FNV-1a: the tensor's name becomes part of the generator's counter.
+uint64_t name_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void init_parameters(const ParamTable& table, const InitOptions& options, float* host) {
+  PB_REQUIRE(options.std > 0.f, "init: std {} must be > 0", options.std);
+  const auto key0 = static_cast<uint32_t>(options.seed);
+  const auto key1 = static_cast<uint32_t>(options.seed >> 32);
+  for (const ParamTensor& t : table.tensors()) {
+    float* p = host + t.offset;
+    const bool layer_norm = t.name.find("LayerNorm") != std::string::npos;
+    if (layer_norm) {  // weight (gamma) 1, bias (beta) 0
+      const float value = ends_with(t.name, ".weight") ? 1.f : 0.f;
+      for (int64_t e = 0; e < t.size; ++e) p[e] = value;
+      continue;
+    }
+    if (ends_with(t.name, "bias")) {  // every bias, cls.predictions.bias included
+      for (int64_t e = 0; e < t.size; ++e) p[e] = 0.f;
+      continue;
+    }
+    // Box-Muller on Philox words: one call gives 4 uniforms, i.e. 2 pairs, i.e. 4 normals.
+    const uint64_t tag = name_hash(t.name);
+#pragma omp parallel for schedule(static)
+    for (int64_t block = 0; block < (t.size + 3) / 4; ++block) {
+      const Philox4x32 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                            static_cast<uint32_t>(tag), static_cast<uint32_t>(tag >> 32)}};
+      const Philox4x32 bits = philox4x32_10(ctr, key0, key1);
+      double z[4];
+      for (int k = 0; k < 2; ++k) {
+        // u1 in (0, 1] so log(u1) is finite; u2 in [0, 1).
+        const double u1 = (bits.v[2 * k] + 1.0) / 4294967296.0;
+        const double u2 = bits.v[2 * k + 1] / 4294967296.0;
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        z[2 * k] = r * std::cos(2.0 * M_PI * u2);
+        z[2 * k + 1] = r * std::sin(2.0 * M_PI * u2);
+      }
+      for (int64_t k = 0; k < 4 && 4 * block + k < t.size; ++k)
+        p[4 * block + k] = static_cast<float>(options.std * z[k]);
+    }
+  }
+}
+
+}  // namespace packbert

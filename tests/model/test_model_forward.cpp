@@ -1,0 +1,198 @@
+// The model's forward pass as a trainer uses it: the loss at initialisation, evaluation mode,
+// the dropout keys, the activation arena and the errors of a misused model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model_test_util.h"
+
+namespace packbert::test {
+namespace {
+
+TEST(ModelForward, LossAtInitIsLogVocabPlusLog2) {
+  // With weights ~ N(0, 0.02) the logits are nearly equal: MLM ~ ln V (plus var(logit) / 2 ~
+  // 0.02^2 * H / 2 = 0.026 for the tiny model), NSP ~ ln 2. The tolerances are ~5 standard
+  // deviations of the batch means (the label logits, ~N(0, 0.23^2), averaged over ~150 masked
+  // tokens; NSP losses ln 2 +- ~0.025 over 16 samples).
+  auto rng = model_rng(31);
+  auto be = make_cpu_backend();
+  HostModel m(bert_preset("tiny"), rng());
+  std::vector<int> lengths;
+  for (int i = 0; i < 16; ++i) lengths.push_back(std::uniform_int_distribution<int>(20, 128)(rng));
+  const auto samples = model_samples(rng, lengths, 20, m.config.real_vocab_size);
+  const Batch b = make_batch(samples, BatchLayout::unpadded, 128);
+  Bert bert(m.config, *be, m.params_view(), Tensor());
+  ForwardOptions eval;
+  eval.dropout = false;
+  eval.gradients = false;
+  const ForwardResult r = bert.forward(b, b.num_masked(), b.num_seqs(), 0, 0, eval);
+  const double mlm = r.mlm_loss_sum / b.num_masked(), nsp = r.nsp_loss_sum / b.num_seqs();
+  const double ln_v = std::log(static_cast<double>(m.config.vocab_size));
+  std::printf("init loss %.4f = mlm %.4f (ln V %.4f) + nsp %.4f (ln 2 %.4f)\n", r.loss, mlm, ln_v,
+              nsp, std::log(2.0));
+  EXPECT_NEAR(mlm, ln_v + 0.026, 0.1);
+  EXPECT_NEAR(nsp, std::log(2.0), 0.03);
+  EXPECT_NEAR(r.loss, ln_v + 0.026 + std::log(2.0), 0.13);
+  EXPECT_EQ(r.masked_tokens, b.num_masked());
+  EXPECT_EQ(r.sequences, 16);
+  EXPECT_LE(r.mlm_correct, r.masked_tokens);
+}
+
+TEST(ModelForward, EvaluationAndDropoutKeys) {
+  auto rng = model_rng(32);
+  auto be = make_cpu_backend();
+  HostModel m(bert_preset("tiny"), rng());
+  const auto samples = model_samples(rng, {17, 40, 9}, 5, m.config.real_vocab_size);
+  const Batch b = make_batch(samples, BatchLayout::packed, 64);
+  std::vector<float> grads(m.params.size(), 0.f);
+  Bert bert(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}));
+  const int64_t gm = b.num_masked(), gs = b.num_seqs();
+
+  // Without gradients nothing is accumulated, and backward() is refused.
+  ForwardOptions no_grad;
+  no_grad.gradients = false;
+  const double train_loss = bert.forward(b, gm, gs, 5, 99, no_grad).loss;
+  EXPECT_TRUE(std::all_of(grads.begin(), grads.end(), [](float g) { return g == 0.f; }));
+  EXPECT_THROW(bert.backward(), Error);
+  // The same keys give the same loss; another step or seed other masks; no dropout none.
+  EXPECT_EQ(bert.forward(b, gm, gs, 5, 99, no_grad).loss, train_loss);
+  EXPECT_NE(bert.forward(b, gm, gs, 6, 99, no_grad).loss, train_loss);
+  EXPECT_NE(bert.forward(b, gm, gs, 5, 98, no_grad).loss, train_loss);
+  ForwardOptions eval = no_grad;
+  eval.dropout = false;
+  const double eval_loss = bert.forward(b, gm, gs, 5, 99, eval).loss;
+  EXPECT_NE(eval_loss, train_loss);
+  EXPECT_EQ(bert.forward(b, gm, gs, 1234, 7, eval).loss, eval_loss);
+
+  // With gradients: forward + backward fills them; a second backward is refused.
+  bert.forward(b, gm, gs, 5, 99);
+  bert.backward();
+  EXPECT_THROW(bert.backward(), Error);
+  for (const ParamTensor& t : m.table.tensors()) {
+    if (t.name.find("position_embeddings") != std::string::npos) continue;  // rows >= 40 unused
+    EXPECT_GT(l2(grads.data() + t.offset, t.size), 0.0) << t.name;
+  }
+  // The loss is the normalised share: doubling the global counts halves it.
+  const ForwardResult r = bert.forward(b, gm, gs, 5, 99, no_grad);
+  EXPECT_NEAR(bert.forward(b, 2 * gm, 2 * gs, 5, 99, no_grad).loss, r.loss / 2, 1e-6 * r.loss);
+  EXPECT_NEAR(r.loss, r.mlm_loss_sum / gm + r.nsp_loss_sum / gs, 1e-12);
+}
+
+TEST(ModelForward, ArenaGrowsOnlyForLargerBatchesAndReportsItsHighWater) {
+  auto rng = model_rng(33);
+  auto be = make_cpu_backend();
+  HostModel m(bert_preset("tiny"), rng());
+  std::vector<float> grads(m.params.size(), 0.f);
+  Bert bert(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}));
+  const auto big = model_samples(rng, {60, 61, 62, 63}, 8, m.config.real_vocab_size);
+  const Batch large = make_batch(big, BatchLayout::padded, 64);
+  const BatchShape shape = large.shape();
+  bert.reserve(shape);
+  EXPECT_EQ(bert.arena_allocations(), 1);
+  EXPECT_GE(bert.arena_capacity(), bert.activation_bytes(shape));
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int> lengths = {std::uniform_int_distribution<int>(5, 64)(rng), 7};
+    const auto s = model_samples(rng, lengths, 8, m.config.real_vocab_size);
+    const Batch b = make_batch(s, BatchLayout::unpadded, 64);
+    bert.forward(b, b.num_masked(), b.num_seqs(), i, 1);
+    bert.backward();
+  }
+  EXPECT_EQ(bert.arena_allocations(), 1) << "a smaller batch reallocated the arena";
+  bert.forward(large, large.num_masked(), large.num_seqs(), 9, 1);
+  bert.backward();
+  EXPECT_EQ(bert.arena_allocations(), 1);
+  EXPECT_EQ(bert.arena_high_water(), bert.activation_bytes(shape));
+  // Per token, the tiny model keeps about L * (8H + 2I) + 6H floats (~17 KB) plus the heads.
+  const double per_row = static_cast<double>(bert.activation_bytes(shape)) / large.rows;
+  std::printf("arena %.2f MiB for %lld rows (%.1f KB / row)\n",
+              bert.arena_high_water() / 1048576.0, static_cast<long long>(large.rows),
+              per_row / 1024);
+  EXPECT_GT(per_row, 4.0 * (2 * (8 * 128 + 2 * 512) + 6 * 128));
+}
+
+TEST(ModelForward, BackwardAnnouncesEachTensorOnceWhenItsGradientIsFinal) {
+  auto rng = model_rng(36);
+  auto be = make_cpu_backend();
+  HostModel m(bert_preset("tiny"), rng());
+  const auto samples = model_samples(rng, {30, 12, 50}, 6, m.config.real_vocab_size);
+  const Batch b = make_batch(samples, BatchLayout::packed, 64);
+  std::vector<float> grads(m.params.size(), 0.f);
+  Bert bert(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}));
+  const auto& tensors = m.table.tensors();
+  for (const Batch& batch : {b, make_batch({}, BatchLayout::packed, 64)}) {
+    std::vector<int> order;
+    std::vector<std::vector<float>> at_ready(tensors.size());
+    bert.forward(batch, 100, 10, 3, 4);
+    bert.backward([&](int i) {
+      ASSERT_GE(i, 0);
+      ASSERT_LT(i, static_cast<int>(tensors.size()));
+      order.push_back(i);
+      at_ready[i].assign(grads.begin() + tensors[i].offset,
+                         grads.begin() + tensors[i].offset + tensors[i].size);
+    });
+    ASSERT_EQ(order.size(), tensors.size());
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(sorted[i], static_cast<int>(i));
+    // Heads first, embeddings (word embeddings) last; nothing changed after its announcement.
+    EXPECT_EQ(tensors[order.front()].name.rfind("cls.", 0), 0u) << tensors[order.front()].name;
+    EXPECT_EQ(tensors[order.back()].name, "bert.embeddings.word_embeddings.weight");
+    for (size_t i = 0; i < tensors.size(); ++i)
+      EXPECT_TRUE(std::equal(at_ready[i].begin(), at_ready[i].end(),
+                             grads.begin() + tensors[i].offset))
+          << tensors[i].name << " changed after it was announced";
+  }
+}
+
+TEST(ModelForward, EmptyBatchAddsNothing) {
+  auto rng = model_rng(34);
+  auto be = make_cpu_backend();
+  HostModel m(bert_preset("tiny"), rng());
+  std::vector<float> grads(m.params.size(), 0.f);
+  Bert bert(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}));
+  const ForwardResult r = bert.forward(make_batch({}, BatchLayout::packed, 128), 10, 4, 0, 0);
+  bert.backward();
+  EXPECT_EQ(r.loss, 0.0);
+  EXPECT_TRUE(std::all_of(grads.begin(), grads.end(), [](float g) { return g == 0.f; }));
+}
+
+TEST(ModelForward, MisuseIsAClearError) {
+  auto rng = model_rng(35);
+  auto be = make_cpu_backend();
+  HostModel m(bert_preset("tiny"), rng());
+  auto samples = model_samples(rng, {12, 30}, 4, m.config.real_vocab_size);
+  std::vector<float> grads(m.params.size(), 0.f);
+  Bert bert(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}));
+  auto message = [&](const Batch& b, int64_t gm, int64_t gs) {
+    try {
+      bert.forward(b, gm, gs, 0, 0);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Batch b = make_batch(samples, BatchLayout::unpadded, 64);
+  EXPECT_NE(message(b, 1, 2).find("global counts"), std::string::npos);
+  samples[1].input_ids[3] = static_cast<int32_t>(m.config.real_vocab_size);  // a padding row id
+  EXPECT_NE(message(make_batch(samples, BatchLayout::unpadded, 64), 100, 2).find("token id 30522"),
+            std::string::npos);
+  samples[1].input_ids[3] = 5;
+  samples[0].masked_lm_ids[0] = -1;
+  EXPECT_NE(message(make_batch(samples, BatchLayout::unpadded, 64), 100, 2).find("label -1"),
+            std::string::npos);
+  BertConfig short_positions = m.config;
+  short_positions.max_position_embeddings = 16;
+  HostModel s(short_positions, 1);
+  Bert bert16(s.config, *be, s.params_view(), Tensor());
+  ForwardOptions eval;
+  eval.gradients = false;
+  EXPECT_THROW(bert16.forward(make_batch(samples, BatchLayout::unpadded, 64), 100, 2, 0, 0, eval),
+               Error);
+  Bert no_grads(m.config, *be, m.params_view(), Tensor());
+  EXPECT_THROW(no_grads.forward(b, 100, 2, 0, 0), Error);  // gradients without a buffer
+  std::vector<float> wrong(10);
+  EXPECT_THROW(Bert(m.config, *be, view(wrong.data(), {10}), Tensor()), Error);
+}
+
+}  // namespace
+}  // namespace packbert::test
