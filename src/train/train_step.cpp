@@ -1,0 +1,115 @@
+#include "train/train_step.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace packbert {
+
+namespace {
+
+std::vector<LambParam> lamb_params(const ParamTable& table) {
+  std::vector<LambParam> out;
+  out.reserve(table.tensors().size());
+  for (const ParamTensor& t : table.tensors())
+    out.push_back({t.name, t.offset, t.size, t.no_decay});
+  return out;
+}
+
+// The all-reduce is told tensors by their index in the table, exactly the index Bert's
+// GradientReady hook reports, so the hook can pass it straight through.
+std::vector<GradSpan> grad_spans(const ParamTable& table) {
+  std::vector<GradSpan> out;
+  out.reserve(table.tensors().size());
+  for (const ParamTensor& t : table.tensors()) out.push_back({t.offset, t.size});
+  return out;
+}
+
+}  // namespace
+
+Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
+    : options_(options),
+      backend_(make_cpu_backend()),
+      table_(options.config),
+      params_(static_cast<size_t>(table_.total())),
+      grads_(static_cast<size_t>(table_.total()), 0.f) {
+  // Every rank initialises from the same seed: the parameters start bitwise identical, and the
+  // identical reduced gradients keep them so (no broadcast needed).
+  init_parameters(table_, InitOptions{options_.init_seed}, params_.data());
+  const Tensor params = view(params_.data(), {table_.total()});
+  const Tensor grads = view(grads_.data(), {table_.total()});
+  bert_ = std::make_unique<Bert>(options_.config, *backend_, params, grads, options_.bert);
+  lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), table_.total(),
+                                 LrSchedule(options_.lr), options_.lamb);
+  allreduce_ = std::make_unique<GradAllreduce>(comm, grads_.data(), table_.total(),
+                                               grad_spans(table_), options_.bucket_bytes);
+}
+
+Trainer::~Trainer() = default;
+
+StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect_grads) {
+  PB_REQUIRE(batch.global_samples > 0, "train step {}: the global batch is empty", batch.step);
+  // The dropout key holds 32 bits of step; the loader's step count starts at 0 and grows by 1.
+  PB_REQUIRE(batch.step >= 0 && batch.step <= int64_t{0xffffffff},
+             "train step {}: outside the dropout key's 32-bit step", batch.step);
+  const auto dropout_step = static_cast<uint32_t>(batch.step);
+  ForwardOptions fwd;
+  fwd.dropout = options_.dropout;
+
+  // Local sums of this rank's micro-steps, all-reduced after the gradients (a blocking
+  // collective must not run inside the all-reduce round).
+  double local[7] = {0, 0, 0, 0, 0, 0, 0};  // loss, mlm sum, nsp sum, mlm ok, nsp ok, masked, seqs
+  const size_t micro_steps = batch.micro_batches.size();
+  PB_REQUIRE(micro_steps > 0, "train step {}: no micro-batches", batch.step);
+  GradAllreduce& ar = *allreduce_;
+  const GradientReady ready = [&ar](int tensor) { ar.ready_tensor(tensor); };
+
+  for (size_t m = 0; m < micro_steps; ++m) {
+    const LoaderMicroBatch& mb = batch.micro_batches[m];
+    const Batch b = make_batch(mb.samples, options_.layout, options_.max_seq_len, mb.packs,
+                               options_.max_seqs_per_pack);
+    const ForwardResult r = bert_->forward(b, batch.global_masked_tokens, batch.global_samples,
+                                           dropout_step, options_.dropout_seed, fwd);
+    // Only the last micro-step's gradients are final; arming the round there makes its
+    // backward start the buckets as the layers finish (earlier micro-steps' ready() calls are
+    // ignored outside a round).
+    const bool last = m + 1 == micro_steps;
+    if (last) ar.begin();
+    bert_->backward(last ? ready : GradientReady{});
+    local[0] += r.loss;
+    local[1] += r.mlm_loss_sum;
+    local[2] += r.nsp_loss_sum;
+    local[3] += static_cast<double>(r.mlm_correct);
+    local[4] += static_cast<double>(r.nsp_correct);
+    local[5] += static_cast<double>(r.masked_tokens);
+    local[6] += static_cast<double>(r.sequences);
+  }
+
+  StepMetrics out;
+  out.step = batch.step;
+  out.allreduce = ar.finish();  // grads now hold the sum over ranks: the global gradient
+  if (inspect_grads) inspect_grads(grads_.data(), table_.total());
+
+  const LambStepInfo info = lamb_->step(view(params_.data(), {table_.total()}),
+                                        view(grads_.data(), {table_.total()}));
+  out.lr = info.lr;
+  out.grad_norm = info.grad_norm;
+
+  ar.allreduce_sum(local, 7);
+  const double masked = local[5], seqs = local[6];
+  PB_REQUIRE(static_cast<int64_t>(masked) == batch.global_masked_tokens &&
+                 static_cast<int64_t>(seqs) == batch.global_samples,
+             "train step {}: the ranks trained {} sequences / {} masked tokens, the plan says "
+             "{} / {}",
+             batch.step, seqs, masked, batch.global_samples, batch.global_masked_tokens);
+  out.loss = local[0];
+  out.mlm_loss = masked > 0 ? local[1] / masked : 0.0;
+  out.nsp_loss = local[2] / seqs;
+  out.mlm_accuracy = masked > 0 ? local[3] / masked : 0.0;
+  out.nsp_accuracy = local[4] / seqs;
+  out.samples = batch.global_samples;
+  out.masked_tokens = batch.global_masked_tokens;
+  return out;
+}
+
+}  // namespace packbert

@@ -1,0 +1,101 @@
+// One data-parallel optimizer step, top to bottom (DESIGN.md, "Data flow of one step"):
+//
+//   for each micro-batch of this rank's StepBatch:
+//     make_batch(samples, layout)            host arrays in the chosen layout
+//     Bert::forward(global counts, step)     loss already scaled by the step's global counts
+//     Bert::backward(ready hook)             gradients += into the flat buffer; on the last
+//                                            micro-step each finished tensor starts its bucket's
+//                                            all-reduce (dist/grad_allreduce.h)
+//   GradAllreduce::finish()                  every rank now holds the global batch's gradient
+//   (optional inspection of that gradient)   tests dump it here: Lamb::step zeroes it
+//   Lamb::step                               global norm, clipping, trust ratio; grads := 0
+//   metrics all-reduced                      loss and accuracies of the whole global batch
+//
+// Because the loss is normalised by global counts and dropout is keyed by sample ids, the
+// gradient after finish() is the same (to fp32 rounding) whatever the rank count, the
+// assignment of samples to ranks and the layout: tests/mpi/mpi_train_driver proves it.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backend.h"
+#include "data/loader.h"
+#include "dist/grad_allreduce.h"
+#include "model/batch.h"
+#include "model/bert.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "optim/lamb.h"
+#include "optim/lr_schedule.h"
+
+namespace packbert {
+
+struct TrainerOptions {
+  BertConfig config;
+  BertOptions bert;
+  BatchLayout layout = BatchLayout::unpadded;
+  int max_seq_len = 512;      // slot / pack length of the packed and padded layouts
+  int max_seqs_per_pack = 3;  // when the batch must pack itself (micro-batch without packs)
+  uint64_t init_seed = 0;     // parameter initialisation: the same on every rank
+  uint64_t dropout_seed = 0;  // with the step and the sample ids, keys every dropout mask
+  bool dropout = true;
+  LrScheduleConfig lr;
+  LambOptions lamb;
+  size_t bucket_bytes = size_t{25} << 20;  // all-reduce bucket target (dist/grad_allreduce.h)
+};
+
+// What one optimizer step did, over the whole global batch (all ranks, all micro-steps).
+struct StepMetrics {
+  int64_t step = 0;            // StepBatch::step
+  double loss = 0;             // the step loss: MLM mean + NSP mean over the global batch
+  double mlm_loss = 0;         // mean MLM token loss
+  double nsp_loss = 0;         // mean NSP loss
+  double mlm_accuracy = 0;     // masked tokens whose argmax is the label, fraction
+  double nsp_accuracy = 0;
+  int64_t samples = 0;         // sequences trained
+  int64_t masked_tokens = 0;
+  double lr = 0;               // the rate of this update
+  float grad_norm = -1.f;      // global gradient norm before clipping
+  GradAllreduceStats allreduce;
+};
+
+// Called between GradAllreduce::finish() and Lamb::step with the reduced gradient (host,
+// f32 [table.total()]); read-only by contract.
+using ReducedGradHook = std::function<void(const float* grads, int64_t n)>;
+
+// Owns everything one rank needs for data-parallel training on the CPU backend: the backend,
+// the flat parameter and gradient buffers, the model, LAMB and the gradient all-reduce.
+// Collective over comm (the all-reduce duplicates it): construct and call step() on every rank.
+class Trainer {
+ public:
+  Trainer(MPI_Comm comm, const TrainerOptions& options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One optimizer step from this rank's part of a global batch (micro-batches may be empty).
+  StepMetrics step(const StepBatch& batch, const ReducedGradHook& inspect_grads = {});
+
+  const ParamTable& table() const { return table_; }
+  const std::vector<float>& params() const { return params_; }
+  int rank() const { return allreduce_->rank(); }
+  int world_size() const { return allreduce_->size(); }
+  const TrainerOptions& options() const { return options_; }
+
+ private:
+  TrainerOptions options_;
+  std::unique_ptr<Backend> backend_;
+  ParamTable table_;
+  std::vector<float> params_;  // fp32 master weights = the model's weights (CPU backend)
+  std::vector<float> grads_;   // accumulated over micro-steps, zeroed by Lamb::step
+  std::unique_ptr<Bert> bert_;
+  std::unique_ptr<Lamb> lamb_;
+  std::unique_ptr<GradAllreduce> allreduce_;
+};
+
+}  // namespace packbert

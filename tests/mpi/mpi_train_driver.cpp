@@ -1,0 +1,217 @@
+// Multi-rank driver of the training-step equivalence tests (tests/CMakeLists.txt runs it under
+// mpirun, check_train.py compares what runs wrote).
+//
+//   mpi_train_driver write DIR [--shards S] [--rows N] [--max-len L]
+//     Writes S shards of N random valid samples (lengths 5..L, up to 12 masked tokens, BERT's
+//     30522 ids) and DIR/manifest.txt. The seed is PACKBERT_TEST_SEED or fresh, written to the
+//     manifest; every run of the test reads the same shards, so runs are comparable.
+//
+//   mpi_train_driver run DIR --out OUTDIR [--steps N] [--batch B] [--micro M]
+//                            [--layout unpadded|packed|padded] [--lr X] [--no-dropout]
+//     Builds the data loader (global batch B samples in M micro-steps), the tiny BERT
+//     (initialised from the manifest's seed: identical on every rank) and LAMB, and trains N
+//     steps, dropout on. Rank 0 writes to OUTDIR:
+//       loss.txt        one line per step: step loss mlm_loss nsp_loss mlm_acc nsp_acc grad_norm
+//       grads_step0.bin the all-reduced gradient of the first step, f32 little-endian, taken
+//                       after GradAllreduce::finish() and before the LAMB update
+//       params_final.bin the parameters after the last step, f32 little-endian
+//       table.txt       the parameter table: name offset size (to judge tensor by tensor)
+//     Every rank checks that all ranks hold bitwise the same reduced gradient and, at the end,
+//     the same parameters (data parallelism must never let the replicas drift apart).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cpu/cpu_backend.h"
+#include "data/shard.h"
+#include "test_util.h"
+#include "train/train_step.h"
+
+namespace {
+
+using namespace packbert;
+
+constexpr int kMaxPredictions = 12;
+
+struct Args {
+  std::string mode, dir;
+  std::map<std::string, std::string> opt;
+  bool has(const std::string& k) const { return opt.count(k) > 0; }
+  std::string str(const std::string& k, const std::string& def) const {
+    const auto it = opt.find(k);
+    return it == opt.end() ? def : it->second;
+  }
+  int64_t num(const std::string& k, int64_t def) const {
+    return has(k) ? std::stoll(opt.at(k)) : def;
+  }
+};
+
+Args parse(int argc, char** argv) {
+  PB_REQUIRE(argc >= 3, "usage: mpi_train_driver write|run DIR [options]");
+  Args a;
+  a.mode = argv[1];
+  a.dir = argv[2];
+  for (int i = 3; i < argc; ++i) {
+    std::string k = argv[i];
+    PB_REQUIRE(k.rfind("--", 0) == 0, "unexpected argument '{}'", k);
+    k = k.substr(2);
+    const bool flag = k == "no-dropout";
+    a.opt[k] = flag ? "1" : (i + 1 < argc ? argv[++i] : "");
+  }
+  return a;
+}
+
+void write_mode(const Args& a) {
+  const uint64_t seed = test::test_seed();
+  const int64_t shards = a.num("shards", 2), rows = a.num("rows", 200);
+  const int max_len = static_cast<int>(a.num("max-len", 64));
+  std::filesystem::remove_all(a.dir);
+  std::filesystem::create_directories(a.dir);
+  std::mt19937_64 rng(seed);
+  for (int64_t i = 0; i < shards; ++i) {
+    std::vector<Sample> samples;
+    for (int64_t r = 0; r < rows; ++r)
+      samples.push_back(test::random_sample(rng, 5, max_len, kMaxPredictions));
+    ShardWriteOptions w;
+    w.max_seq_len = max_len;
+    w.max_predictions = kMaxPredictions;
+    write_shard(fmt::format("{}/shard_{:03d}.h5", a.dir, i), samples, w);
+  }
+  std::ofstream(a.dir + "/manifest.txt") << "seed " << seed << "\nmax_len " << max_len << "\n";
+}
+
+std::map<std::string, std::string> read_manifest(const std::string& dir) {
+  std::ifstream f(dir + "/manifest.txt");
+  PB_REQUIRE(f.good(), "{}/manifest.txt is missing (run the write mode first)", dir);
+  std::map<std::string, std::string> m;
+  std::string key, rest;
+  while (f >> key && std::getline(f, rest)) m[key] = rest;
+  return m;
+}
+
+uint64_t fnv1a(const float* data, int64_t n) {
+  const auto* p = reinterpret_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < static_cast<size_t>(n) * sizeof(float); ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// All ranks must hold the same bits: min and max of the hash over ranks agree.
+void require_same_on_all_ranks(const float* data, int64_t n, const char* what, int64_t step) {
+  const uint64_t h = fnv1a(data, n);
+  uint64_t lo = 0, hi = 0;
+  MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  PB_REQUIRE(lo == hi, "step {}: the ranks hold different {}", step, what);
+}
+
+int run_mode(const Args& a, int rank, int size) {
+  const std::map<std::string, std::string> manifest = read_manifest(a.dir);
+  const uint64_t seed = std::stoull(manifest.at("seed"));
+  const int max_len = std::stoi(manifest.at("max_len"));
+  const std::string out_dir = a.str("out", "");
+  PB_REQUIRE(!out_dir.empty(), "run: --out OUTDIR is required");
+  const int64_t steps = a.num("steps", 20);
+
+  LoaderOptions lo;
+  lo.global_batch_size = a.num("batch", 16);
+  lo.micro_steps = static_cast<int>(a.num("micro", 2));
+  lo.max_seq_len = max_len;
+  lo.max_seqs_per_pack = 3;
+  lo.seed = seed ^ 0x5eed;
+  lo.shuffle_block_rows = 32;
+  lo.shuffle_window_blocks = 3;
+  DataLoader loader(MPI_COMM_WORLD, {a.dir}, lo);
+
+  TrainerOptions to;
+  to.config = bert_preset("tiny");
+  to.layout = parse_batch_layout(a.str("layout", "unpadded"));
+  to.max_seq_len = max_len;
+  to.init_seed = seed ^ 0x1417;
+  to.dropout_seed = seed ^ 0xd209;
+  to.dropout = !a.has("no-dropout");
+  to.lr.base_lr = std::stod(a.str("lr", "5e-3"));
+  to.lr.max_steps = steps;
+  to.lr.num_warmup_steps = std::max<int64_t>(1, steps / 5);
+  // Small buckets: several per step, so the overlapped path (buckets started by ready()) runs.
+  to.bucket_bytes = size_t{1} << 20;
+  Trainer trainer(MPI_COMM_WORLD, to);
+
+  std::ofstream loss_file;
+  if (rank == 0) {
+    std::filesystem::remove_all(out_dir);
+    std::filesystem::create_directories(out_dir);
+    std::ofstream table(out_dir + "/table.txt");
+    for (const ParamTensor& t : trainer.table().tensors())
+      table << t.name << " " << t.offset << " " << t.size << "\n";
+    loss_file.open(out_dir + "/loss.txt");
+    loss_file << "# np " << size << " layout " << a.str("layout", "unpadded") << " seed " << seed
+              << "\n";
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const StepBatch batch = loader.next();
+    const StepMetrics m = trainer.step(batch, [&](const float* grads, int64_t n) {
+      require_same_on_all_ranks(grads, n, "reduced gradients", batch.step);
+      if (rank == 0 && s == 0) {
+        std::ofstream f(out_dir + "/grads_step0.bin", std::ios::binary);
+        f.write(reinterpret_cast<const char*>(grads), static_cast<std::streamsize>(n * 4));
+        PB_REQUIRE(f.good(), "cannot write {}/grads_step0.bin", out_dir);
+      }
+    });
+    if (rank == 0) {
+      loss_file << fmt::format("{} {:.9e} {:.9e} {:.9e} {:.6f} {:.6f} {:.9e}\n", m.step, m.loss,
+                               m.mlm_loss, m.nsp_loss, m.mlm_accuracy, m.nsp_accuracy,
+                               m.grad_norm);
+      std::cout << fmt::format(
+          "step {:3d} loss {:.6f} mlm {:.4f} nsp {:.4f} acc {:.3f} |g| {:.4f} lr {:.2e} "
+          "buckets {} (overlapped {})\n",
+          m.step, m.loss, m.mlm_loss, m.nsp_loss, m.mlm_accuracy, m.grad_norm, m.lr,
+          m.allreduce.buckets, m.allreduce.started_before_finish);
+    }
+  }
+  const std::vector<float>& params = trainer.params();
+  require_same_on_all_ranks(params.data(), static_cast<int64_t>(params.size()), "parameters",
+                            steps);
+  if (rank == 0) {
+    std::ofstream f(out_dir + "/params_final.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(params.data()),
+            static_cast<std::streamsize>(params.size() * sizeof(float)));
+    PB_REQUIRE(f.good(), "cannot write {}/params_final.bin", out_dir);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0, rank = 0, size = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  try {
+    const Args a = parse(argc, argv);
+    if (a.mode == "write") write_mode(a);
+    else if (a.mode == "run") run_mode(a, rank, size);
+    else PB_THROW("unknown mode '{}' (write | run)", a.mode);
+  } catch (const std::exception& e) {
+    std::cerr << "[rank " << rank << "] error: " << e.what() << std::endl;
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return 1;
+  }
+  MPI_Finalize();
+  return 0;
+}
