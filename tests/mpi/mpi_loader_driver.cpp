@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "driver_args.h"
 #include "data/epoch_order.h"
 #include "data/loader.h"
 #include "data/shard.h"
@@ -45,32 +46,10 @@ using namespace packbert;
 
 constexpr int kMaxPredictions = 12;
 
-struct Args {
-  std::string mode, dir;
-  std::map<std::string, std::string> opt;
-  bool has(const std::string& k) const { return opt.count(k) > 0; }
-  std::string str(const std::string& k, const std::string& def) const {
-    const auto it = opt.find(k);
-    return it == opt.end() ? def : it->second;
-  }
-  int64_t num(const std::string& k, int64_t def) const {
-    return has(k) ? std::stoll(opt.at(k)) : def;
-  }
-};
+using Args = test::DriverArgs;
 
 Args parse(int argc, char** argv) {
-  PB_REQUIRE(argc >= 3, "usage: mpi_loader_driver write|run DIR [options]");
-  Args a;
-  a.mode = argv[1];
-  a.dir = argv[2];
-  for (int i = 3; i < argc; ++i) {
-    std::string k = argv[i];
-    PB_REQUIRE(k.rfind("--", 0) == 0, "unexpected argument '{}'", k);
-    k = k.substr(2);
-    const bool flag = k == "jitter";
-    a.opt[k] = flag ? "1" : (i + 1 < argc ? argv[++i] : "");
-  }
-  return a;
+  return test::parse_driver_args(argc, argv, "mpi_loader_driver write|run DIR [options]", {"jitter"});
 }
 
 // The sample at (shard, row): a function of the seed alone.
