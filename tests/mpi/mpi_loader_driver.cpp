@@ -49,7 +49,8 @@ constexpr int kMaxPredictions = 12;
 using Args = test::DriverArgs;
 
 Args parse(int argc, char** argv) {
-  return test::parse_driver_args(argc, argv, "mpi_loader_driver write|run DIR [options]", {"jitter"});
+  return test::parse_driver_args(argc, argv, "mpi_loader_driver write|run DIR [options]",
+                                 {"jitter"});
 }
 
 // The sample at (shard, row): a function of the seed alone.

@@ -47,7 +47,8 @@ constexpr int kMaxPredictions = 12;
 using Args = test::DriverArgs;
 
 Args parse(int argc, char** argv) {
-  return test::parse_driver_args(argc, argv, "mpi_train_driver write|run DIR [options]", {"no-dropout"});
+  return test::parse_driver_args(argc, argv, "mpi_train_driver write|run DIR [options]",
+                                 {"no-dropout"});
 }
 
 void write_mode(const Args& a) {
