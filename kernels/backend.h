@@ -214,7 +214,8 @@ class Backend {
   // dqkv [rows, 3H] written (zero in rows of no sequence), from dout [rows, H], the forward's
   // qkv, out and lse, and the same dropout (its mask is recomputed, never stored). Zero rows
   // of no sequence are what keep padding out of the weight gradients in the padded layout.
-  // CPU: O(max_len * head_dim) floats of scratch per thread, kept by the backend.
+  // CPU: two min(128, max_len) x max_len score blocks per thread (about 0.5 MiB at 512), kept by
+  // the backend.
   virtual void attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
                                   const Tensor& lse, const Tensor& dout, int num_heads,
                                   const Dropout& dropout, const Tensor& dqkv) = 0;
