@@ -1,7 +1,13 @@
-// Command-line arguments of the mpi test drivers: "driver MODE DIR [--key value | --flag]...".
+// The mpi test drivers' shared frame: "driver write|run DIR [--key value | --flag]...", MPI
+// initialised as packbert's main does, and errors handled as there (report, then every rank
+// goes down, so no rank waits on one that failed).
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <set>
 #include <string>
@@ -37,6 +43,30 @@ inline DriverArgs parse_driver_args(int argc, char** argv, const std::string& us
     a.opt[k] = flags.count(k) ? "1" : (i + 1 < argc ? argv[++i] : "");
   }
   return a;
+}
+
+// Runs `write(args)` or `run(args, rank, size)` by the mode argument; returns main's status.
+inline int run_driver(int argc, char** argv, const std::string& usage,
+                      const std::set<std::string>& flags,
+                      const std::function<void(const DriverArgs&)>& write,
+                      const std::function<void(const DriverArgs&, int, int)>& run) {
+  int provided = 0, rank = 0, size = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  try {
+    const DriverArgs a = parse_driver_args(argc, argv, usage, flags);
+    if (a.mode == "write") write(a);
+    else if (a.mode == "run") run(a, rank, size);
+    else PB_THROW("unknown mode '{}' (write | run)", a.mode);
+  } catch (const std::exception& e) {
+    std::cerr << "[rank " << rank << "] error: " << e.what() << std::endl;
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return 1;
+  }
+  MPI_Finalize();
+  return 0;
 }
 
 }  // namespace packbert::test

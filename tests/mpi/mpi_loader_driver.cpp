@@ -48,11 +48,6 @@ constexpr int kMaxPredictions = 12;
 
 using Args = test::DriverArgs;
 
-Args parse(int argc, char** argv) {
-  return test::parse_driver_args(argc, argv, "mpi_loader_driver write|run DIR [options]",
-                                 {"jitter"});
-}
-
 // The sample at (shard, row): a function of the seed alone.
 Sample make_sample(uint64_t seed, int64_t shard, int64_t row, int max_len) {
   std::mt19937_64 rng(OrderRng(seed, 0x73616d706c65, static_cast<uint64_t>(shard),
@@ -133,7 +128,7 @@ void check_step(const StepBatch& b, const LoaderOptions& o, uint64_t seed) {
   }
 }
 
-int run_mode(const Args& a, int rank, int size) {
+void run_mode(const Args& a, int rank, int size) {
   const std::map<std::string, std::string> manifest = read_manifest(a.dir);
   const uint64_t seed = std::stoull(manifest.at("seed"));
   LoaderOptions o;
@@ -191,28 +186,11 @@ int run_mode(const Args& a, int rank, int size) {
   }
   std::cout << fmt::format("[rank {}] {} steps to {}, {} samples, exposed wait {:.3f} s\n", rank,
                            last, loader_position_to_json(loader.position()), samples, waited);
-  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0, rank = 0, size = 1;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  try {
-    const Args a = parse(argc, argv);
-    if (a.mode == "write") write_mode(a);
-    else if (a.mode == "run") run_mode(a, rank, size);
-    else PB_THROW("unknown mode '{}' (write | run)", a.mode);
-  } catch (const std::exception& e) {
-    // As packbert's main: report, then every rank goes down (no rank waits on this one).
-    std::cerr << "[rank " << rank << "] error: " << e.what() << std::endl;
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Finalize();
-    return 1;
-  }
-  MPI_Finalize();
-  return 0;
+  return packbert::test::run_driver(argc, argv, "mpi_loader_driver write|run DIR [options]",
+                                    {"jitter"}, write_mode, run_mode);
 }

@@ -46,11 +46,6 @@ constexpr int kMaxPredictions = 12;
 
 using Args = test::DriverArgs;
 
-Args parse(int argc, char** argv) {
-  return test::parse_driver_args(argc, argv, "mpi_train_driver write|run DIR [options]",
-                                 {"no-dropout"});
-}
-
 void write_mode(const Args& a) {
   const uint64_t seed = test::test_seed();
   const int64_t shards = a.num("shards", 2), rows = a.num("rows", 200);
@@ -98,7 +93,7 @@ void require_same_on_all_ranks(const float* data, int64_t n, const char* what, i
   PB_REQUIRE(lo == hi, "step {}: the ranks hold different {}", step, what);
 }
 
-int run_mode(const Args& a, int rank, int size) {
+void run_mode(const Args& a, int rank, int size) {
   const std::map<std::string, std::string> manifest = read_manifest(a.dir);
   const uint64_t seed = std::stoull(manifest.at("seed"));
   const int max_len = std::stoi(manifest.at("max_len"));
@@ -171,27 +166,11 @@ int run_mode(const Args& a, int rank, int size) {
             static_cast<std::streamsize>(params.size() * sizeof(float)));
     PB_REQUIRE(f.good(), "cannot write {}/params_final.bin", out_dir);
   }
-  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0, rank = 0, size = 1;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  try {
-    const Args a = parse(argc, argv);
-    if (a.mode == "write") write_mode(a);
-    else if (a.mode == "run") run_mode(a, rank, size);
-    else PB_THROW("unknown mode '{}' (write | run)", a.mode);
-  } catch (const std::exception& e) {
-    std::cerr << "[rank " << rank << "] error: " << e.what() << std::endl;
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Finalize();
-    return 1;
-  }
-  MPI_Finalize();
-  return 0;
+  return packbert::test::run_driver(argc, argv, "mpi_train_driver write|run DIR [options]",
+                                    {"no-dropout"}, write_mode, run_mode);
 }
