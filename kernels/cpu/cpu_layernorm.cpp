@@ -23,6 +23,34 @@ constexpr int64_t kColBlock = 64;
 
 int64_t col_blocks(int64_t cols) { return (cols + kColBlock - 1) / kColBlock; }
 
+// LayerNorm parameter gradients: dgamma += sum_r dy * xhat, dbeta += sum_r dy over the rows
+// use_row(r) accepts, with xhat = (input(r, c) - mean[r]) * rstd[r]. Each column block sums its
+// rows in order in double, so the result does not depend on the thread count.
+template <typename Input, typename UseRow>
+void add_layernorm_param_grads(int64_t rows, int64_t h, const float* dy, Input input,
+                               const float* mean, const float* rstd, UseRow use_row,
+                               float* dgamma, float* dbeta) {
+  if (!dgamma && !dbeta) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < col_blocks(h); ++b) {
+    const int64_t c0 = b * kColBlock, c1 = std::min(h, c0 + kColBlock);
+    double sg[kColBlock] = {}, sb[kColBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!use_row(r)) continue;
+      const float* dr = dy + r * h;
+      for (int64_t c = c0; c < c1; ++c) {
+        const float xhat = (input(r, c) - mean[r]) * rstd[r];
+        sg[c - c0] += dr[c] * xhat;
+        sb[c - c0] += dr[c];
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      if (dgamma) dgamma[c] += static_cast<float>(sg[c - c0]);
+      if (dbeta) dbeta[c] += static_cast<float>(sb[c - c0]);
+    }
+  }
+}
+
 // The embedding sum of one row before LayerNorm, element c (one expression, so forward and the
 // backward's recomputation agree to the bit).
 struct EmbeddingRows {
@@ -147,28 +175,11 @@ void CpuBackend::embedding_backward(const SeqLayout& layout, const Tensor& input
   }
 
   // Pass 2 (columns): gamma and beta gradients.
-  float* dgamma = grads.ln_gamma.defined() ? grads.ln_gamma.ptr<float>() : nullptr;
-  float* dbeta = grads.ln_beta.defined() ? grads.ln_beta.ptr<float>() : nullptr;
-  if (dgamma || dbeta) {
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < col_blocks(h); ++b) {
-      const int64_t c0 = b * kColBlock, c1 = std::min(h, c0 + kColBlock);
-      double sg[kColBlock] = {}, sb[kColBlock] = {};
-      for (int64_t r = 0; r < rows; ++r) {
-        if (tseq[r] < 0) continue;
-        const float* dr = d + r * h;
-        for (int64_t c = c0; c < c1; ++c) {
-          const float xhat = (e.sum(r, c) - mean[r]) * rstd[r];
-          sg[c - c0] += dr[c] * xhat;
-          sb[c - c0] += dr[c];
-        }
-      }
-      for (int64_t c = c0; c < c1; ++c) {
-        if (dgamma) dgamma[c] += static_cast<float>(sg[c - c0]);
-        if (dbeta) dbeta[c] += static_cast<float>(sb[c - c0]);
-      }
-    }
-  }
+  add_layernorm_param_grads(
+      rows, h, d, [&](int64_t r, int64_t c) { return e.sum(r, c); }, mean, rstd,
+      [&](int64_t r) { return tseq[r] >= 0; },
+      grads.ln_gamma.defined() ? grads.ln_gamma.ptr<float>() : nullptr,
+      grads.ln_beta.defined() ? grads.ln_beta.ptr<float>() : nullptr);
 
   // Pass 3 (rows): d <- gradient wrt the embedding sum (LayerNorm backward).
 #pragma omp parallel for schedule(static)
@@ -290,26 +301,10 @@ void CpuBackend::residual_layernorm_backward(const SeqLayout& layout, const Tens
   const float* gamma = ln.gamma.ptr<float>();
 
   // Pass 1 (columns): gamma and beta gradients, before dresidual may overwrite dout.
-  float* dgamma = dln.gamma.defined() ? dln.gamma.ptr<float>() : nullptr;
-  float* dbeta = dln.beta.defined() ? dln.beta.ptr<float>() : nullptr;
-  if (dgamma || dbeta) {
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < col_blocks(h); ++b) {
-      const int64_t c0 = b * kColBlock, c1 = std::min(h, c0 + kColBlock);
-      double sg[kColBlock] = {}, sb[kColBlock] = {};
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t o = r * h;
-        for (int64_t c = c0; c < c1; ++c) {
-          sg[c - c0] += dy[o + c] * ((hin[o + c] - mean[r]) * rstd[r]);
-          sb[c - c0] += dy[o + c];
-        }
-      }
-      for (int64_t c = c0; c < c1; ++c) {
-        if (dgamma) dgamma[c] += static_cast<float>(sg[c - c0]);
-        if (dbeta) dbeta[c] += static_cast<float>(sb[c - c0]);
-      }
-    }
-  }
+  add_layernorm_param_grads(
+      rows, h, dy, [&](int64_t r, int64_t c) { return hin[r * h + c]; }, mean, rstd,
+      [](int64_t) { return true; }, dln.gamma.defined() ? dln.gamma.ptr<float>() : nullptr,
+      dln.beta.defined() ? dln.beta.ptr<float>() : nullptr);
 
   // Pass 2 (rows): dh = LayerNorm backward; dresidual = dh; dx = dh * dropout factor.
   float* dxp = dx.ptr<float>();
