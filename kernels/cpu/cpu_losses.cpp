@@ -12,6 +12,17 @@ namespace packbert {
 using cpu::expect;
 using cpu::expect_optional;
 
+namespace {
+// The row indices of a gather, each checked to lie in [0, rows).
+const int32_t* checked_row_index(const char* op, const Tensor& index, int64_t rows) {
+  const int32_t* idx = index.ptr<int32_t>();
+  for (int64_t i = 0; i < index.dim(0); ++i)
+    PB_REQUIRE(idx[i] >= 0 && idx[i] < rows, "{}: index[{}] = {} outside [0, {})", op, i, idx[i],
+               rows);
+  return idx;
+}
+}  // namespace
+
 void CpuBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
   const char* op = "gather_rows";
   expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
@@ -19,10 +30,7 @@ void CpuBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor&
   expect(op, "index", index, DType::i32, {kAnyDim});
   const int64_t m = index.dim(0);
   expect(op, "out", out, DType::f32, {m, h});
-  const int32_t* idx = index.ptr<int32_t>();
-  for (int64_t i = 0; i < m; ++i)
-    PB_REQUIRE(idx[i] >= 0 && idx[i] < rows, "{}: index[{}] = {} outside [0, {})", op, i, idx[i],
-               rows);
+  const int32_t* idx = checked_row_index(op, index, rows);
   const float* src = x.ptr<float>();
   float* dst = out.ptr<float>();
 #pragma omp parallel for schedule(static)
@@ -36,10 +44,7 @@ void CpuBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, c
   expect(op, "index", index, DType::i32, {kAnyDim});
   const int64_t m = index.dim(0);
   expect(op, "dout", dout, DType::f32, {m, h});
-  const int32_t* idx = index.ptr<int32_t>();
-  for (int64_t i = 0; i < m; ++i)
-    PB_REQUIRE(idx[i] >= 0 && idx[i] < rows, "{}: index[{}] = {} outside [0, {})", op, i, idx[i],
-               rows);
+  const int32_t* idx = checked_row_index(op, index, rows);
   zero(dx);
   const float* src = dout.ptr<float>();
   float* dst = dx.ptr<float>();
