@@ -248,7 +248,9 @@ class Backend {
   // Pooler + NSP over each sequence's first token: pooled = tanh(x[cls] Wp^T + bp),
   // logits = pooled Wc^T + bc, cross-entropy with labels i32 [num_seqs] in {0, 1}.
   // x [rows, H]; loss_sum, num_correct accumulate as above; grad_scale = 1 / global sample
-  // count. workspace f32 [nsp_workspace_elems(num_seqs, H)]. If dx [rows, H] is given, the
+  // count. workspace f32 [nsp_workspace_elems(num_seqs, H)]; when dx is none the logits
+  // f32 [num_seqs, 2] are left at workspace offset 4 * num_seqs * H (read by evaluation
+  // hooks; with dx that memory holds their gradient). If dx [rows, H] is given, the
   // gradient is ADDED into dx's [CLS] rows (after gather_rows_backward wrote dx) and the
   // defined tensors of grads accumulate (+=).
   virtual void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,

@@ -127,6 +127,8 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
                             uint32_t step, uint64_t seed, const ForwardOptions& options) {
   PB_REQUIRE(!options.gradients || has_grads_,
              "model: forward with gradients on a model built without a gradient buffer");
+  PB_REQUIRE(!options.gradients || (!options.mlm_logits && !options.nsp_logits),
+             "model: logits hooks need a forward without gradients");
   backward_pending_ = false;
   check_batch(batch, global_masked, global_samples);
   ForwardResult result;
@@ -156,7 +158,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // Encoder.
   for (int64_t l = 0; l < config_.layers; ++l) encoder_layer_forward(l);
   // Heads, loss and (with gradients) the gradient wrt the encoder output.
-  heads(global_masked, global_samples);
+  heads(global_masked, global_samples, options);
 
   float mlm_sum = 0.f, nsp_sum = 0.f;
   int32_t mlm_correct = 0, nsp_correct = 0;
@@ -205,7 +207,7 @@ void Bert::encoder_layer_forward(int64_t l) {
 // The MLM head on the masked rows only and the NSP head on each [CLS]. With gradients, each
 // head's backward follows its forward at once and dhidden[0] receives the gradient wrt the
 // encoder output: the masked rows from MLM, the [CLS] rows from NSP, zero elsewhere.
-void Bert::heads(int64_t global_masked, int64_t global_samples) {
+void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options) {
   Activations& a = *act_;
   const bool grad = a.gradients;
   const Tensor& y = a.hidden[config_.layers];
@@ -233,6 +235,11 @@ void Bert::heads(int64_t global_masked, int64_t global_samples) {
                         grad ? rows_of(a.mlm_dout, first, n) : Tensor(),
                         grad ? grads_.embeddings.word : Tensor(),
                         grad ? grads_.mlm_bias : Tensor());
+      if (options.mlm_logits) {
+        std::vector<float> host(static_cast<size_t>(n * config_.vocab_size));
+        backend_.copy(view(host.data(), {n, config_.vocab_size}), rows_of(a.logits, 0, n));
+        options.mlm_logits(first, host, n);
+      }
     }
     if (grad) {
       backend_.residual_layernorm_backward(SeqLayout{}, a.mlm_dout, a.mlm_act, a.mlm_ln_mean,
@@ -252,6 +259,15 @@ void Bert::heads(int64_t global_masked, int64_t global_samples) {
                     static_cast<float>(1.0 / static_cast<double>(global_samples)), a.nsp_ws,
                     a.nsp_loss_sum, a.nsp_correct, grad ? a.dhidden[0] : Tensor(),
                     grad ? grads_.pooler_nsp : PoolerParams{});
+  if (options.nsp_logits) {
+    // nsp_loss leaves the logits in its workspace (backend.h nsp_loss).
+    const int64_t s = a.layout.num_seqs, h = config_.hidden;
+    std::vector<float> host(static_cast<size_t>(s * 2));
+    const Tensor logits(a.nsp_ws.ptr<float>() + 4 * s * h, DType::f32, {s, 2},
+                        a.nsp_ws.device);
+    backend_.copy(view(host.data(), {s, 2}), logits);
+    options.nsp_logits(host, s);
+  }
 }
 
 void Bert::backward(const GradientReady& ready) {

@@ -39,9 +39,18 @@ struct BertOptions {
   int64_t mlm_chunk_rows = 0;
 };
 
+// Inspection of the heads' logits in a forward pass without gradients (evaluation, checkpoint
+// round trips). Called with host copies: MLM logits f32 [n, vocab_size] of the masked tokens
+// first .. first + n - 1 (in the batch's masked order, once per decoder chunk), NSP logits f32
+// [num_seqs, 2] once.
+using MlmLogitsHook = std::function<void(int64_t first, const std::vector<float>& logits, int64_t n)>;
+using NspLogitsHook = std::function<void(const std::vector<float>& logits, int64_t num_seqs)>;
+
 struct ForwardOptions {
   bool dropout = true;    // the config's dropout rates; false for evaluation
   bool gradients = true;  // backward() follows (the heads' gradients are computed here)
+  MlmLogitsHook mlm_logits;  // only with gradients off (with gradients the logits buffer
+  NspLogitsHook nsp_logits;  // becomes their gradient in place)
 };
 
 // Called by backward() with the index (into ParamTable::tensors()) of each tensor whose gradient
@@ -103,7 +112,7 @@ class Bert {
   void check_batch(const Batch& batch, int64_t global_masked, int64_t global_samples) const;
   void encoder_layer_forward(int64_t l);
   void encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);
-  void heads(int64_t global_masked, int64_t global_samples);
+  void heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options);
 
   BertConfig config_;
   Backend& backend_;

@@ -38,6 +38,58 @@ TEST(ModelForward, LossAtInitIsLogVocabPlusLog2) {
   EXPECT_LE(r.mlm_correct, r.masked_tokens);
 }
 
+// The logits hooks hand out exactly the logits the losses were computed from: recomputing
+// cross-entropy and argmax from them in double gives the forward's sums, with decoder chunks.
+TEST(ModelForward, LogitsHooksReproduceTheLosses) {
+  auto rng = model_rng(35);
+  auto be = make_cpu_backend();
+  HostModel m(bert_preset("tiny"), rng());
+  const auto samples = model_samples(rng, {33, 64, 7, 50}, 9, m.config.real_vocab_size);
+  const Batch b = make_batch(samples, BatchLayout::unpadded, 64);
+  BertOptions chunked;
+  chunked.mlm_chunk_rows = 5;  // several chunks, the last one partial
+  Bert bert(m.config, *be, m.params_view(), Tensor(), chunked);
+  const int64_t v = m.config.vocab_size;
+  double mlm_sum = 0, nsp_sum = 0;
+  int64_t mlm_ok = 0, nsp_ok = 0, rows_seen = 0, seqs_seen = 0;
+  auto ce = [](const float* z, int64_t n, int64_t label, int64_t* ok) {
+    int64_t arg = 0;
+    double mx = z[0];
+    for (int64_t j = 1; j < n; ++j)
+      if (z[j] > mx) mx = z[j], arg = j;
+    double se = 0;
+    for (int64_t j = 0; j < n; ++j) se += std::exp(static_cast<double>(z[j]) - mx);
+    *ok += arg == label;
+    return mx + std::log(se) - z[label];
+  };
+  ForwardOptions eval;
+  eval.dropout = false;
+  eval.gradients = false;
+  eval.mlm_logits = [&](int64_t first, const std::vector<float>& z, int64_t n) {
+    EXPECT_EQ(first, rows_seen);
+    ASSERT_EQ(static_cast<int64_t>(z.size()), n * v);
+    for (int64_t i = 0; i < n; ++i)
+      mlm_sum += ce(z.data() + i * v, v, b.masked_labels[static_cast<size_t>(first + i)], &mlm_ok);
+    rows_seen += n;
+  };
+  eval.nsp_logits = [&](const std::vector<float>& z, int64_t s) {
+    for (int64_t i = 0; i < s; ++i) nsp_sum += ce(z.data() + 2 * i, 2, b.nsp_labels[static_cast<size_t>(i)], &nsp_ok);
+    seqs_seen += s;
+  };
+  const ForwardResult r = bert.forward(b, b.num_masked(), b.num_seqs(), 0, 0, eval);
+  EXPECT_EQ(rows_seen, b.num_masked());
+  EXPECT_EQ(seqs_seen, b.num_seqs());
+  EXPECT_NEAR(mlm_sum, r.mlm_loss_sum, 1e-4 * std::abs(r.mlm_loss_sum));
+  EXPECT_NEAR(nsp_sum, r.nsp_loss_sum, 1e-4 * std::abs(r.nsp_loss_sum));
+  EXPECT_EQ(mlm_ok, r.mlm_correct);
+  EXPECT_EQ(nsp_ok, r.nsp_correct);
+  // With gradients on the logits become their gradient in place: the hooks are refused.
+  std::vector<float> grads(m.params.size(), 0.f);
+  Bert trainable(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}));
+  eval.gradients = true;
+  EXPECT_THROW(trainable.forward(b, b.num_masked(), b.num_seqs(), 0, 0, eval), Error);
+}
+
 TEST(ModelForward, EvaluationAndDropoutKeys) {
   auto rng = model_rng(32);
   auto be = make_cpu_backend();
