@@ -16,6 +16,8 @@ APT_PACKAGES=(
   zlib1g-dev                          # gzip corpora
   nlohmann-json3-dev                  # JSON output (packbert pack --json), header-only
   python3 python3-pip                 # test tooling
+  python3-torch python3-numpy python3-yaml   # Hugging Face round trip, reference scripts
+  python3-matplotlib                  # scripts/plot_metrics.py
 )
 
 missing=()
@@ -35,5 +37,19 @@ fi
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import h5py, numpy" 2>/dev/null; then
   "$PY" -m pip install -q h5py numpy || "$PY" -m pip install -q --break-system-packages h5py numpy
+fi
+# Into Debian's python3 (the one with python3-torch), from the package registry:
+# - transformers 4.44.2 (4.57 disables its models with torch < 2, Debian has 1.13; 5.x dropped
+#   the slow BERT tokenizer) for the checkpoint round trip and the reference scripts;
+# - mlperf-logging for the MLPerf compliance checker test, without its dependencies: it pulls
+#   numpy 2 / pandas / scipy, which would break Debian's torch (built against numpy 1), and the
+#   checker itself needs only pyyaml.
+SYS_PY=/usr/bin/python3
+pip_sys() { "$SYS_PY" -m pip install -q "$@" 2>/dev/null || "$SYS_PY" -m pip install -q --break-system-packages "$@"; }
+if ! "$SYS_PY" -c "import transformers, safetensors; assert transformers.__version__ == '4.44.2'" 2>/dev/null; then
+  pip_sys "transformers==4.44.2" "numpy<2"
+fi
+if ! "$SYS_PY" -c "import mlperf_logging.compliance_checker" 2>/dev/null; then
+  pip_sys --no-deps "mlperf-logging==4.1.68"
 fi
 echo "install_deps: done"
