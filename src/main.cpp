@@ -1,4 +1,4 @@
-// packbert: one executable, subcommands prepare | inspect | pack (train, eval to come).
+// packbert: one executable, subcommands prepare | inspect | pack | train | eval.
 // Every error is a packbert::Error (or another exception) caught once here: logged with its
 // context, then every rank exits non-zero (MPI_Abort when there are several ranks).
 #include <mpi.h>
@@ -19,6 +19,8 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "device.h"
+#include "train/run_train.h"
+#include "train/train_config.h"
 
 namespace {
 
@@ -113,6 +115,66 @@ void add_pack(CLI::App& app, PackCommandOptions& o) {
   cmd->add_flag("--json", o.json, "Print JSON with every pack strategy and its repeat count");
 }
 
+struct TrainArgs {
+  std::string config;
+  std::string resume;
+  std::string init_checkpoint;
+  std::string checkpoint;  // eval
+  bool print_config = false;
+};
+
+const char* kOverrideHelp =
+    "Any config key can be overridden as --section.key=VALUE (e.g. --train.max_steps=20); "
+    "README.md lists every key.";
+
+CLI::App* add_train(CLI::App& app, TrainArgs& a) {
+  auto* cmd = app.add_subcommand("train", "Pretrain BERT from a TOML config");
+  cmd->footer(kOverrideHelp);
+  cmd->add_option("--config", a.config, "TOML config (configs/*.toml)")->check(CLI::ExistingFile);
+  cmd->add_option("--resume", a.resume,
+                  "auto (newest complete checkpoint under checkpoint.dir, fresh if none) or a "
+                  "checkpoint directory; same as --checkpoint.resume");
+  cmd->add_option("--init-checkpoint", a.init_checkpoint,
+                  "Start from these model weights only; same as --checkpoint.init_checkpoint");
+  cmd->add_flag("--print-config", a.print_config,
+                "Print the effective config (every key, resolved) as TOML and exit");
+  cmd->allow_extras();
+  return cmd;
+}
+
+CLI::App* add_eval(CLI::App& app, TrainArgs& a) {
+  auto* cmd = app.add_subcommand("eval", "Masked-LM accuracy and loss of a checkpoint on "
+                                         "data.eval_dir");
+  cmd->footer(kOverrideHelp);
+  cmd->add_option("--config", a.config, "TOML config (its [data] and [eval] sections are used)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--checkpoint", a.checkpoint, "Checkpoint directory (model.safetensors and "
+                                                "config.json)")->required();
+  cmd->allow_extras();
+  return cmd;
+}
+
+// The subcommand's extra arguments as config overrides: --section.key=VALUE or
+// --section.key VALUE.
+std::vector<std::string> config_overrides(const CLI::App& cmd) {
+  const std::vector<std::string> extra = cmd.remaining();
+  std::vector<std::string> out;
+  for (size_t i = 0; i < extra.size(); ++i) {
+    const std::string& a = extra[i];
+    const bool key_like = a.rfind("--", 0) == 0 && a.find('.') != std::string::npos &&
+                          a.find('.') < a.find('=');
+    PB_REQUIRE(key_like, "{}: unexpected argument '{}' (config overrides are "
+                         "--section.key=VALUE)", cmd.get_name(), a);
+    if (a.find('=') != std::string::npos) {
+      out.push_back(a.substr(2));
+    } else {
+      PB_REQUIRE(i + 1 < extra.size(), "{}: override {} has no value", cmd.get_name(), a);
+      out.push_back(a.substr(2) + "=" + extra[++i]);
+    }
+  }
+  return out;
+}
+
 // Lengths of every sample under a shard path, read (and validated) with the shard reader.
 std::vector<int> read_sample_lengths(const std::string& path) {
   std::vector<int> lengths;
@@ -144,6 +206,9 @@ int run(int argc, char** argv, Mpi& mpi) {
   add_inspect(app, inspect);
   PackCommandOptions pack;
   add_pack(app, pack);
+  TrainArgs train_args, eval_args;
+  CLI::App* train_cmd = add_train(app, train_args);
+  CLI::App* eval_cmd = add_eval(app, eval_args);
 
   try {
     app.parse(argc, argv);
@@ -177,6 +242,20 @@ int run(int argc, char** argv, Mpi& mpi) {
     PB_REQUIRE(!pack.histogram_file.empty() || !pack.data_dir.empty(),
                "pack: give --histogram FILE or --data DIR");
     return run_pack_command(pack, std::cout, read_sample_lengths);
+  } else if (app.got_subcommand("train")) {
+    std::vector<std::string> overrides = config_overrides(*train_cmd);
+    if (!train_args.resume.empty()) overrides.push_back("checkpoint.resume=" + train_args.resume);
+    if (!train_args.init_checkpoint.empty())
+      overrides.push_back("checkpoint.init_checkpoint=" + train_args.init_checkpoint);
+    const TrainConfig config = load_train_config(train_args.config, overrides);
+    if (train_args.print_config) {
+      if (mpi.rank == 0) std::cout << train_config_to_toml(config);
+      return 0;
+    }
+    return run_train(MPI_COMM_WORLD, config);
+  } else if (app.got_subcommand("eval")) {
+    const TrainConfig config = load_train_config(eval_args.config, config_overrides(*eval_cmd));
+    return run_eval(MPI_COMM_WORLD, config, eval_args.checkpoint);
   }
   return 0;
 }

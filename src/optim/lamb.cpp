@@ -113,6 +113,11 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads) {
   backend_.l2_norm(grads, grad_norm_);
   if (options_.check_finite) {
     backend_.copy(view(&info.grad_norm, {1}), grad_norm_);
+    if (!std::isfinite(info.grad_norm) && options_.skip_nonfinite) {
+      backend_.zero(grads);
+      info.skipped = true;
+      return info;
+    }
     PB_REQUIRE(std::isfinite(info.grad_norm),
                "lamb: the gradient norm is {} at step {}; the weights were left as they were "
                "(diverged: lower the learning rate or check the input)",

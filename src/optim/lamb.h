@@ -49,6 +49,10 @@ struct LambOptions {
   // skip such a step; a NaN would silently poison every weight). On a GPU this is one 4-byte
   // synchronous copy per step.
   bool check_finite = true;
+  // With check_finite: instead of throwing, skip the update of a non-finite gradient (the
+  // weights, moments and step count stay as they were, the gradients are zeroed) and report it
+  // in LambStepInfo::skipped. The trainer counts such steps and gives up after several in a row.
+  bool skip_nonfinite = false;
 };
 
 // Device memory for the optimizer state when the backend is not the CPU one (Lamb cannot
@@ -63,6 +67,7 @@ struct LambStepInfo {
   int64_t step = 0;        // 1-based index of the update just made
   double lr = 0.0;         // the schedule's rate for it
   float grad_norm = -1.f;  // global gradient norm before clipping; -1 when not read back
+  bool skipped = false;    // non-finite gradient norm, no update made (skip_nonfinite)
 };
 
 class Lamb {

@@ -1,5 +1,6 @@
 #include "train/train_step.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -58,7 +59,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
 
   // Local sums of this rank's micro-steps, all-reduced after the gradients (a blocking
   // collective must not run inside the all-reduce round).
-  double local[7] = {0, 0, 0, 0, 0, 0, 0};  // loss, mlm sum, nsp sum, mlm ok, nsp ok, masked, seqs
+  // loss, mlm sum, nsp sum, mlm ok, nsp ok, masked, seqs, tokens, rows
+  double local[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
   const size_t micro_steps = batch.micro_batches.size();
   PB_REQUIRE(micro_steps > 0, "train step {}: no micro-batches", batch.step);
   GradAllreduce& ar = *allreduce_;
@@ -83,6 +85,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     local[4] += static_cast<double>(r.nsp_correct);
     local[5] += static_cast<double>(r.masked_tokens);
     local[6] += static_cast<double>(r.sequences);
+    local[7] += static_cast<double>(b.num_tokens());
+    local[8] += static_cast<double>(b.rows);
   }
 
   StepMetrics out;
@@ -94,8 +98,9 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
                                         view(grads_.data(), {table_.total()}));
   out.lr = info.lr;
   out.grad_norm = info.grad_norm;
+  out.skipped = info.skipped;
 
-  ar.allreduce_sum(local, 7);
+  ar.allreduce_sum(local, 9);
   const double masked = local[5], seqs = local[6];
   PB_REQUIRE(static_cast<int64_t>(masked) == batch.global_masked_tokens &&
                  static_cast<int64_t>(seqs) == batch.global_samples,
@@ -109,7 +114,49 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.nsp_accuracy = local[4] / seqs;
   out.samples = batch.global_samples;
   out.masked_tokens = batch.global_masked_tokens;
+  out.tokens = static_cast<int64_t>(local[7]);
+  out.rows = static_cast<int64_t>(local[8]);
   return out;
+}
+
+EvalSums& EvalSums::operator+=(const EvalSums& o) {
+  mlm_loss_sum += o.mlm_loss_sum;
+  nsp_loss_sum += o.nsp_loss_sum;
+  mlm_correct += o.mlm_correct;
+  nsp_correct += o.nsp_correct;
+  masked_tokens += o.masked_tokens;
+  samples += o.samples;
+  return *this;
+}
+
+EvalSums Trainer::evaluate(const Batch& batch) {
+  EvalSums out;
+  if (batch.empty()) return out;
+  ForwardOptions eval;
+  eval.dropout = false;
+  eval.gradients = false;
+  // The normalisers only scale the loss (not returned here) and the unused gradients.
+  const ForwardResult r = bert_->forward(batch, std::max<int64_t>(1, batch.num_masked()),
+                                         batch.num_seqs(), 0, 0, eval);
+  out.mlm_loss_sum = r.mlm_loss_sum;
+  out.nsp_loss_sum = r.nsp_loss_sum;
+  out.mlm_correct = r.mlm_correct;
+  out.nsp_correct = r.nsp_correct;
+  out.masked_tokens = r.masked_tokens;
+  out.samples = r.sequences;
+  return out;
+}
+
+void Trainer::load_params(const float* params) {
+  std::copy(params, params + table_.total(), params_.begin());
+}
+
+void Trainer::load_state(const float* params, const float* m, const float* v,
+                         int64_t lamb_steps_done) {
+  load_params(params);
+  lamb_->load_moments(m, v);
+  lamb_->set_steps_done(lamb_steps_done);
+  std::fill(grads_.begin(), grads_.end(), 0.f);
 }
 
 }  // namespace packbert

@@ -49,6 +49,17 @@ struct TrainerOptions {
   size_t bucket_bytes = size_t{25} << 20;  // all-reduce bucket target (dist/grad_allreduce.h)
 };
 
+// Sums of an evaluation forward over one batch (no dropout, no gradients).
+struct EvalSums {
+  double mlm_loss_sum = 0;
+  double nsp_loss_sum = 0;
+  int64_t mlm_correct = 0;
+  int64_t nsp_correct = 0;
+  int64_t masked_tokens = 0;
+  int64_t samples = 0;
+  EvalSums& operator+=(const EvalSums& o);
+};
+
 // What one optimizer step did, over the whole global batch (all ranks, all micro-steps).
 struct StepMetrics {
   int64_t step = 0;            // StepBatch::step
@@ -61,6 +72,9 @@ struct StepMetrics {
   int64_t masked_tokens = 0;
   double lr = 0;               // the rate of this update
   float grad_norm = -1.f;      // global gradient norm before clipping
+  bool skipped = false;        // non-finite gradient: no update (LambOptions::skip_nonfinite)
+  int64_t tokens = 0;          // real tokens of the global batch
+  int64_t rows = 0;            // rows the model computed over, padding included (all ranks)
   GradAllreduceStats allreduce;
 };
 
@@ -80,6 +94,19 @@ class Trainer {
 
   // One optimizer step from this rank's part of a global batch (micro-batches may be empty).
   StepMetrics step(const StepBatch& batch, const ReducedGradHook& inspect_grads = {});
+
+  // Evaluation forward of one batch of this rank (no dropout, no gradients, nothing reduced).
+  EvalSums evaluate(const Batch& batch);
+
+  // ---- state, for checkpoints ----------------------------------------------------------------
+  // Every rank must load the same state (the replicas stay bitwise identical).
+  // params, m, v: host arrays of table().total() floats.
+  void save_optimizer_state(float* m, float* v) const { lamb_->save_moments(m, v); }
+  void load_state(const float* params, const float* m, const float* v, int64_t lamb_steps_done);
+  void load_params(const float* params);  // weights only (--init-checkpoint)
+  int64_t lamb_steps_done() const { return lamb_->steps_done(); }
+  // The activation arena's high-water mark so far (bytes).
+  size_t activation_high_water() const { return bert_->arena_high_water(); }
 
   const ParamTable& table() const { return table_; }
   const std::vector<float>& params() const { return params_; }

@@ -236,6 +236,39 @@ TEST(Lamb, NonFiniteGradientNormIsAnErrorAndTouchesNothing) {
   }
 }
 
+// skip_nonfinite: the same bad gradient is skipped instead of thrown; nothing but the
+// gradients changes, and the next finite step is the second update.
+TEST(Lamb, SkipNonFiniteLeavesStateAndZeroesGradients) {
+  auto rng = make_rng(4);
+  const Table t = random_table(rng);
+  auto be = make_cpu_backend();
+  LambOptions opt;
+  opt.skip_nonfinite = true;
+  Lamb lamb(*be, t.params, t.n, test_schedule(), opt);
+  std::vector<float> w = random_floats(rng, static_cast<size_t>(t.n), 1.f), g = micro_grads(rng, t.n, 1);
+  lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n}));
+  const std::vector<float> w1 = w;
+  std::vector<float> m1(static_cast<size_t>(t.n)), v1(static_cast<size_t>(t.n));
+  lamb.save_moments(m1.data(), v1.data());
+  g = micro_grads(rng, t.n, 2);
+  g[static_cast<size_t>(t.params[0].offset)] = std::numeric_limits<float>::infinity();
+  const LambStepInfo info = lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n}));
+  EXPECT_TRUE(info.skipped);
+  EXPECT_FALSE(std::isfinite(info.grad_norm));
+  EXPECT_EQ(w, w1);
+  EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.f; }));
+  std::vector<float> m(static_cast<size_t>(t.n)), v(static_cast<size_t>(t.n));
+  lamb.save_moments(m.data(), v.data());
+  EXPECT_EQ(m, m1);
+  EXPECT_EQ(v, v1);
+  EXPECT_EQ(lamb.steps_done(), 1);
+  g = micro_grads(rng, t.n, 3);
+  const LambStepInfo next = lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n}));
+  EXPECT_FALSE(next.skipped);
+  EXPECT_EQ(next.step, 2);
+  EXPECT_NE(w, w1);
+}
+
 TEST(Lamb, RejectsBadTablesAndBuffers) {
   auto be = make_cpu_backend();
   const LrSchedule s = test_schedule();

@@ -1,0 +1,437 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "train/safetensors.h"
+
+namespace packbert {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "trainer_state.json";
+constexpr const char* kFiles[] = {kModelFile, kConfigFile, kOptimizerFile, kStateFile};
+
+std::string os_error(int err) { return std::strerror(err); }
+
+std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+
+void write_file_synced(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  PB_REQUIRE(fd >= 0, "{}: cannot create: {}", path, os_error(errno));
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t w = ::write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = w < 0 ? errno : EIO;
+      ::close(fd);
+      PB_THROW("{}: write failed: {}", path, os_error(err));
+    }
+    p += w;
+    left -= static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    PB_THROW("{}: fsync failed: {}", path, os_error(err));
+  }
+  PB_REQUIRE(::close(fd) == 0, "{}: close failed: {}", path, os_error(errno));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  PB_REQUIRE(in, "{}: cannot open: {}", path, os_error(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  PB_REQUIRE(!in.bad(), "{}: read failed", path);
+  return ss.str();
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  PB_REQUIRE(fd >= 0, "{}: cannot open directory to fsync: {}", dir, os_error(errno));
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    PB_THROW("{}: fsync of directory failed: {}", dir, os_error(err));
+  }
+  ::close(fd);
+}
+
+// A float as JSON shows it: its shortest decimal form (0.1f -> 0.1, not 0.10000000149...).
+double json_float(float f) { return std::stod(fmt::format("{}", f)); }
+
+std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+// step_NNNNNNNN (8+ digits) -> the step; -1 for any other name.
+int64_t parse_step_name(const std::string& name) {
+  const std::string prefix = "step_";
+  if (name.size() < prefix.size() + 8 || name.compare(0, prefix.size(), prefix) != 0) return -1;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      }))
+    return -1;
+  return std::stoll(digits);
+}
+
+bool is_complete(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* f : kFiles)
+    if (!fs::is_regular_file(dir / f, ec)) return false;
+  return true;
+}
+
+// Complete checkpoints under root, ascending step.
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  fs::directory_iterator it(root, ec);
+  if (ec) return out;
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const int64_t step = parse_step_name(it->path().filename().string());
+    if (step < 0 || !it->is_directory(ec) || !is_complete(it->path())) continue;
+    out.emplace_back(step, it->path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---- config.json ---------------------------------------------------------------------------
+
+nlohmann::ordered_json hf_config_json(const BertConfig& c) {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"BertForPreTraining"};
+  j["model_type"] = "bert";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden;
+  j["num_hidden_layers"] = c.layers;
+  j["num_attention_heads"] = c.heads;
+  j["intermediate_size"] = c.intermediate;
+  j["hidden_act"] = "gelu";
+  j["hidden_dropout_prob"] = json_float(c.hidden_dropout);
+  j["attention_probs_dropout_prob"] = json_float(c.attention_dropout);
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["type_vocab_size"] = c.type_vocab_size;
+  j["initializer_range"] = 0.02;
+  j["layer_norm_eps"] = json_float(c.layer_norm_eps);
+  j["pad_token_id"] = 0;
+  j["position_embedding_type"] = "absolute";
+  j["torch_dtype"] = "float32";
+  j["packbert_real_vocab_size"] = c.real_vocab_size;
+  return j;
+}
+
+struct FieldDiff {
+  std::string field;
+  std::string ours;
+  std::string theirs;
+};
+
+// Fields where a and b differ (the model's shape; dropout rates too when `dropout`).
+std::vector<FieldDiff> config_diffs(const BertConfig& a, const BertConfig& b, bool dropout) {
+  std::vector<FieldDiff> d;
+  auto i64 = [&](const char* f, int64_t x, int64_t y) {
+    if (x != y) d.push_back({f, std::to_string(x), std::to_string(y)});
+  };
+  auto f32 = [&](const char* f, float x, float y) {
+    if (x != y) d.push_back({f, fmt::format("{}", x), fmt::format("{}", y)});
+  };
+  i64("vocab_size", a.vocab_size, b.vocab_size);
+  i64("packbert_real_vocab_size", a.real_vocab_size, b.real_vocab_size);
+  i64("hidden_size", a.hidden, b.hidden);
+  i64("num_hidden_layers", a.layers, b.layers);
+  i64("num_attention_heads", a.heads, b.heads);
+  i64("intermediate_size", a.intermediate, b.intermediate);
+  i64("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings);
+  i64("type_vocab_size", a.type_vocab_size, b.type_vocab_size);
+  f32("layer_norm_eps", a.layer_norm_eps, b.layer_norm_eps);
+  if (dropout) {
+    f32("hidden_dropout_prob", a.hidden_dropout, b.hidden_dropout);
+    f32("attention_probs_dropout_prob", a.attention_dropout, b.attention_dropout);
+  }
+  return d;
+}
+
+void check_config(const std::string& dir, const BertConfig& expected, bool dropout) {
+  const std::string path = join(dir, kConfigFile);
+  const BertConfig c = read_hf_config(path);
+  const auto diffs = config_diffs(expected, c, dropout);
+  if (diffs.empty()) return;
+  std::string msg;
+  for (const FieldDiff& f : diffs)
+    msg += fmt::format("{}{} = {} (the model has {})", msg.empty() ? "" : "; ", f.field,
+                       f.theirs, f.ours);
+  PB_THROW("{}: checkpoint config does not match the model: {}", path, msg);
+}
+
+// ---- tensors -------------------------------------------------------------------------------
+
+std::vector<StTensor> flat_tensors(const ParamTable& table, const float* flat,
+                                   const std::string& prefix) {
+  std::vector<StTensor> out;
+  for (const ParamTensor& t : table.tensors())
+    out.push_back({prefix + t.name, StDType::F32, t.shape, flat + t.offset});
+  return out;
+}
+
+// Reads every table tensor (name prefix + HF name) of `file` into flat; Error on a tensor
+// missing, shaped otherwise, or unknown to the table.
+void read_flat(const SafetensorsFile& file, const ParamTable& table, const std::string& prefix,
+               float* flat) {
+  for (const ParamTensor& t : table.tensors()) {
+    const std::string name = prefix + t.name;
+    PB_REQUIRE(file.contains(name), "{}: tensor '{}' is missing", file.path(), name);
+    file.read(name, flat + t.offset, StDType::F32, t.shape);
+  }
+  // Alignment gaps between tensors (none in today's table) are zeroed.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const ParamTensor& t : table.tensors()) spans.emplace_back(t.offset, t.offset + t.size);
+  std::sort(spans.begin(), spans.end());
+  int64_t pos = 0;
+  for (const auto& [b, e] : spans) {
+    if (b > pos) std::fill(flat + pos, flat + b, 0.f);
+    pos = std::max(pos, e);
+  }
+  if (table.total() > pos) std::fill(flat + pos, flat + table.total(), 0.f);
+}
+
+void check_no_extra(const SafetensorsFile& file, const ParamTable& table,
+                    const std::vector<std::string>& prefixes) {
+  for (const std::string& name : file.names()) {
+    bool known = false;
+    for (const std::string& p : prefixes)
+      if (name.compare(0, p.size(), p) == 0 && table.find(name.substr(p.size())) != nullptr)
+        known = true;
+    PB_REQUIRE(known, "{}: tensor '{}' is not a tensor of this model", file.path(), name);
+  }
+}
+
+int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
+  auto it = file.metadata().find(key);
+  PB_REQUIRE(it != file.metadata().end(), "{}: metadata '{}' is missing", file.path(), key);
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(it->second, &used);
+    if (used == it->second.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  PB_THROW("{}: metadata '{}' = '{}' is not a non-negative integer", file.path(), key,
+           it->second);
+}
+
+}  // namespace
+
+// ---- config.json ---------------------------------------------------------------------------
+
+void write_hf_config(const std::string& path, const BertConfig& config) {
+  write_file_synced(path, hf_config_json(config).dump(2) + "\n");
+}
+
+BertConfig read_hf_config(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    PB_THROW("{}: not valid JSON: {}", path, e.what());
+  }
+  PB_REQUIRE(j.is_object(), "{}: not a JSON object", path);
+  auto int_field = [&](const char* key, bool required, int64_t fallback) -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) {
+      PB_REQUIRE(!required, "{}: field '{}' is missing", path, key);
+      return fallback;
+    }
+    PB_REQUIRE(j[key].is_number_integer(), "{}: field '{}' = {} is not an integer", path, key,
+               j[key].dump());
+    return j[key].get<int64_t>();
+  };
+  auto float_field = [&](const char* key, float fallback) -> float {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    PB_REQUIRE(j[key].is_number(), "{}: field '{}' = {} is not a number", path, key,
+               j[key].dump());
+    return static_cast<float>(j[key].get<double>());
+  };
+  auto string_field = [&](const char* key, const char* required_value) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    PB_REQUIRE(j[key].is_string() && j[key].get<std::string>() == required_value,
+               "{}: field '{}' = {} is not supported (only \"{}\")", path, key, j[key].dump(),
+               required_value);
+  };
+  if (j.contains("model_type")) string_field("model_type", "bert");
+  string_field("hidden_act", "gelu");
+  string_field("position_embedding_type", "absolute");
+
+  BertConfig c;
+  c.vocab_size = int_field("vocab_size", true, 0);
+  c.hidden = int_field("hidden_size", true, 0);
+  c.layers = int_field("num_hidden_layers", true, 0);
+  c.heads = int_field("num_attention_heads", true, 0);
+  c.intermediate = int_field("intermediate_size", true, 0);
+  c.max_position_embeddings = int_field("max_position_embeddings", true, 0);
+  c.type_vocab_size = int_field("type_vocab_size", true, 0);
+  c.real_vocab_size =
+      int_field("packbert_real_vocab_size", false, std::min<int64_t>(c.vocab_size, kBertVocab));
+  c.hidden_dropout = float_field("hidden_dropout_prob", 0.1f);
+  c.attention_dropout = float_field("attention_probs_dropout_prob", 0.1f);
+  c.layer_norm_eps = float_field("layer_norm_eps", 1e-12f);
+  try {
+    validate(c);
+  } catch (const Error& e) {
+    PB_THROW("{}: {}", path, e.what());
+  }
+  return c;
+}
+
+// ---- writing -------------------------------------------------------------------------------
+
+std::string write_checkpoint(const std::string& root, const CheckpointWrite& w, int keep_last) {
+  PB_REQUIRE(keep_last >= 1, "{}: keep_last = {} must be >= 1", root, keep_last);
+  PB_REQUIRE(w.table && w.params && w.m && w.v,
+             "{}: write_checkpoint needs the table, params, m and v", root);
+  PB_REQUIRE(w.step >= 0 && w.lamb_steps_done >= 0, "{}: negative step {} / LAMB steps {}", root,
+             w.step, w.lamb_steps_done);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  PB_REQUIRE(!ec, "{}: cannot create the checkpoint directory: {}", root, ec.message());
+  PB_REQUIRE(fs::is_directory(root, ec), "{}: not a directory", root);
+
+  const std::string name = step_name(w.step);
+  const std::string final_dir = join(root, name);
+  const std::string pid = std::to_string(::getpid());
+  const std::string tmp = join(root, "." + name + ".tmp-" + pid);
+  const std::string old = join(root, "." + name + ".old-" + pid);
+
+  fs::remove_all(tmp, ec);  // a leftover of this very process id (a reused pid)
+  PB_REQUIRE(::mkdir(tmp.c_str(), 0755) == 0, "{}: cannot create directory: {}", tmp,
+             os_error(errno));
+  bool moved_old = false;
+  try {
+    const ParamTable& table = *w.table;
+    write_safetensors(join(tmp, kModelFile), flat_tensors(table, w.params, ""),
+                      {{"format", "pt"}});
+    write_hf_config(join(tmp, kConfigFile), table.config());
+    std::vector<StTensor> opt = flat_tensors(table, w.m, "exp_avg.");
+    const std::vector<StTensor> sq = flat_tensors(table, w.v, "exp_avg_sq.");
+    opt.insert(opt.end(), sq.begin(), sq.end());
+    write_safetensors(join(tmp, kOptimizerFile), opt,
+                      {{"format", "pt"},
+                       {"steps_done", std::to_string(w.lamb_steps_done)},
+                       {"step", std::to_string(w.step)}});
+    write_file_synced(join(tmp, kStateFile), w.trainer_state_json);
+    fsync_dir(tmp);
+
+    if (fs::exists(fs::symlink_status(final_dir, ec))) {
+      fs::remove_all(old, ec);
+      PB_REQUIRE(::rename(final_dir.c_str(), old.c_str()) == 0,
+                 "{}: cannot move the existing checkpoint aside to {}: {}", final_dir, old,
+                 os_error(errno));
+      moved_old = true;
+    }
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      const int err = errno;
+      if (moved_old && ::rename(old.c_str(), final_dir.c_str()) == 0) moved_old = false;
+      PB_THROW("{}: cannot rename {} to it: {}", final_dir, tmp, os_error(err));
+    }
+    fsync_dir(root);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (moved_old) {
+    fs::remove_all(old, ec);
+    if (ec) spdlog::warn("{}: cannot remove the replaced checkpoint: {}", old, ec.message());
+  }
+
+  // Prune: keep the one just written and the newest keep_last - 1 others.
+  auto others = complete_checkpoints(root);
+  others.erase(std::remove_if(others.begin(), others.end(),
+                              [&](const auto& c) { return c.first == w.step; }),
+               others.end());
+  const size_t keep_others = static_cast<size_t>(keep_last - 1);
+  for (size_t i = 0; i + keep_others < others.size(); ++i) {
+    // Renamed away first, so that a crash mid-removal never leaves a partial step_ dir.
+    const fs::path& dir = others[i].second;
+    const fs::path doomed = dir.parent_path() / ("." + dir.filename().string() + ".old-" + pid);
+    fs::remove_all(doomed, ec);
+    if (::rename(dir.c_str(), doomed.c_str()) != 0) {
+      spdlog::warn("{}: cannot remove old checkpoint: {}", dir.string(), os_error(errno));
+      continue;
+    }
+    fs::remove_all(doomed, ec);
+    if (ec) spdlog::warn("{}: cannot remove old checkpoint: {}", doomed.string(), ec.message());
+  }
+  return final_dir;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& root) {
+  const auto all = complete_checkpoints(root);
+  if (all.empty()) return std::nullopt;
+  return all.back().second.string();
+}
+
+// ---- reading -------------------------------------------------------------------------------
+
+CheckpointRead read_checkpoint(const std::string& dir, const ParamTable& table, float* params,
+                               float* m, float* v) {
+  PB_REQUIRE(params, "{}: read_checkpoint needs a parameter buffer", dir);
+  CheckpointRead r;
+  check_config(dir, table.config(), true);
+  r.config = read_hf_config(join(dir, kConfigFile));
+
+  SafetensorsFile model(join(dir, kModelFile));
+  check_no_extra(model, table, {""});
+  read_flat(model, table, "", params);
+
+  SafetensorsFile opt(join(dir, kOptimizerFile));
+  check_no_extra(opt, table, {"exp_avg.", "exp_avg_sq."});
+  // All moments must be there even when the caller skips them.
+  for (const ParamTensor& t : table.tensors())
+    for (const char* p : {"exp_avg.", "exp_avg_sq."})
+      PB_REQUIRE(opt.contains(p + t.name), "{}: tensor '{}' is missing", opt.path(), p + t.name);
+  if (m) read_flat(opt, table, "exp_avg.", m);
+  if (v) read_flat(opt, table, "exp_avg_sq.", v);
+  r.lamb_steps_done = metadata_int(opt, "steps_done");
+  if (opt.metadata().count("step")) {
+    r.step = metadata_int(opt, "step");
+  } else {
+    r.step = parse_step_name(fs::path(dir).lexically_normal().filename().string());
+    if (r.step < 0)
+      r.step = parse_step_name(fs::path(dir).lexically_normal().parent_path().filename().string());
+    PB_REQUIRE(r.step >= 0, "{}: no 'step' metadata and the directory is not named step_NNNNNNNN",
+               opt.path());
+  }
+  r.trainer_state_json = read_text(join(dir, kStateFile));
+  return r;
+}
+
+void load_model_weights(const std::string& dir, const ParamTable& table, float* params) {
+  PB_REQUIRE(params, "{}: load_model_weights needs a parameter buffer", dir);
+  check_config(dir, table.config(), false);
+  SafetensorsFile model(join(dir, kModelFile));
+  check_no_extra(model, table, {""});
+  read_flat(model, table, "", params);
+}
+
+}  // namespace packbert

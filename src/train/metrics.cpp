@@ -1,0 +1,120 @@
+#include "train/metrics.h"
+
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace packbert {
+
+nlohmann::json to_json(const ProgressRecord& r) {
+  nlohmann::json j;
+  j["event"] = "train";
+  j["step"] = r.step;
+  j["epoch"] = r.epoch;
+  j["samples"] = r.samples;
+  j["tokens"] = r.tokens;
+  j["loss"] = r.loss;
+  j["mlm_loss"] = r.mlm_loss;
+  j["nsp_loss"] = r.nsp_loss;
+  j["mlm_accuracy"] = r.mlm_accuracy;
+  j["nsp_accuracy"] = r.nsp_accuracy;
+  j["lr"] = r.lr;
+  j["grad_norm"] = r.grad_norm;
+  j["samples_per_s"] = r.samples_per_s;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["padding_fraction"] = r.padding_fraction;
+  j["imbalance"] = r.imbalance;
+  j["data_wait_s"] = r.data_wait_s;
+  j["step_time_s"] = r.step_time_s;
+  j["eta_s"] = r.eta_s;
+  j["elapsed_s"] = r.elapsed_s;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["activation_bytes"] = r.activation_bytes;
+  j["skipped_steps"] = r.skipped_steps;
+  return j;
+}
+
+std::string format_bytes(int64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes) / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", v, units[u]);
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+  return fmt::format("{}d{:02}h", s / 86400, (s % 86400) / 3600);
+}
+
+namespace {
+std::string format_rate(double per_s) {
+  if (per_s >= 1e6) return fmt::format("{:.2f}M", per_s / 1e6);
+  if (per_s >= 1e4) return fmt::format("{:.1f}k", per_s / 1e3);
+  return fmt::format("{:.1f}", per_s);
+}
+}  // namespace
+
+std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
+  std::string s = fmt::format("step {}/{} | {} samples | loss {:.4f} | mlm acc {:.4f} | lr {:.2e}",
+                              r.step, max_steps, r.samples, r.loss, r.mlm_accuracy, r.lr);
+  if (r.grad_norm >= 0) s += fmt::format(" | gnorm {:.3f}", r.grad_norm);
+  s += fmt::format(" | {} samples/s | {} tok/s | pad {:.1f}% | imb {:.2f} | wait {:.3f}s",
+                   format_rate(r.samples_per_s), format_rate(r.tokens_per_s),
+                   100.0 * r.padding_fraction, r.imbalance, r.data_wait_s);
+  s += fmt::format(" | rss {}", format_bytes(r.peak_rss_bytes));
+  if (r.activation_bytes > 0) s += fmt::format(" | act {}", format_bytes(r.activation_bytes));
+  if (r.skipped_steps > 0) s += fmt::format(" | skipped {}", r.skipped_steps);
+  s += fmt::format(" | eta {}", format_duration(r.eta_s));
+  return s;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  if (path_.empty()) return;
+  std::filesystem::path p(path_);
+  if (p.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(p.parent_path(), ec);
+    PB_REQUIRE(!ec, "{}: cannot create the metrics file's directory: {}", path_, ec.message());
+  }
+  file_ = std::fopen(path_.c_str(), "a");
+  PB_REQUIRE(file_ != nullptr, "{}: cannot open the metrics file for appending: {}", path_,
+             std::strerror(errno));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  if (!file_) return;
+  // NaN / inf are not JSON: nlohmann writes null, which plot_metrics.py skips.
+  const std::string line =
+      record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  PB_REQUIRE(std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
+                 std::fflush(file_) == 0,
+             "{}: cannot write the metrics file: {}", path_, std::strerror(errno));
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage u;
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux: kilobytes
+}
+
+}  // namespace packbert

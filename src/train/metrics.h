@@ -1,0 +1,82 @@
+// Training metrics: one ProgressRecord per logged step, as a JSON line in the metrics file
+// (scripts/plot_metrics.py reads it) and as one compact human line on stdout.
+//
+// Metrics file (JSONL, one object per line, flushed after each):
+//   {"event": "train", "step": 100, "samples": 25600, ...every ProgressRecord field...}
+//   {"event": "eval", "step": 150, "samples": 38400, "eval_accuracy": 0.41, "eval_loss": 3.2}
+// (the trainer writes the eval objects itself; any other object may be written too).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace packbert {
+
+struct ProgressRecord {
+  int64_t step = 0;     // optimizer steps done (1-based index of the last one)
+  int64_t epoch = 0;    // data epoch of the last step
+  int64_t samples = 0;  // samples trained since the run started (all ranks)
+  int64_t tokens = 0;   // real (non-padding) tokens trained since the run started
+  // Of the last step (or the mean over the interval since the previous record: the trainer
+  // decides and says so in its docs).
+  double loss = 0;
+  double mlm_loss = 0;
+  double nsp_loss = 0;
+  double mlm_accuracy = 0;
+  double nsp_accuracy = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  // Over the interval since the previous record.
+  double samples_per_s = 0;
+  double tokens_per_s = 0;
+  double padding_fraction = 0;  // padding / (tokens + padding) of the layout; 0 for unpadded
+  double imbalance = 1;         // planner: max rank cost / mean rank cost
+  double data_wait_s = 0;       // exposed data-loader wait per step, mean
+  double step_time_s = 0;       // wall time per step, mean
+  double eta_s = 0;             // to max_steps at the current rate; < 0 = unknown
+  double elapsed_s = 0;         // since training started
+  int64_t peak_rss_bytes = 0;   // this process (rank 0), peak_rss_bytes()
+  int64_t activation_bytes = 0; // activation arena high-water mark; 0 = not measured
+  int64_t skipped_steps = 0;    // non-finite steps skipped since the run started
+};
+
+// {"event": "train", every field above by its name}.
+nlohmann::json to_json(const ProgressRecord& r);
+
+// One line, e.g.
+// "step 120/1000 | 30720 samples | loss 6.8123 | mlm acc 0.1523 | lr 3.50e-04 | 812.3 samples/s
+//  | 103.9k tok/s | pad 0.0% | imb 1.02 | wait 0.001s | rss 1.23 GiB | eta 18m05s"
+// (one line in reality; skipped steps and grad norm appear when relevant / known).
+std::string format_progress_line(const ProgressRecord& r, int64_t max_steps);
+
+// "512 B", "1.50 KiB", "1.23 GiB".
+std::string format_bytes(int64_t bytes);
+// "59s", "18m05s", "3h07m", "2d04h"; "?" for negative or non-finite.
+std::string format_duration(double seconds);
+
+// Appends JSON objects to a JSONL file, one per line, flushed after each. path "" = off
+// (write() does nothing). Creates parent directories. Open/write errors are Errors naming the
+// path. Not thread-safe: one writer thread (rank 0's trainer).
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  bool enabled() const { return file_ != nullptr; }
+  const std::string& path() const { return path_; }
+  void write(const nlohmann::json& record);
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// Peak resident set size of this process (getrusage ru_maxrss), bytes.
+int64_t peak_rss_bytes();
+
+}  // namespace packbert

@@ -1,0 +1,176 @@
+// TrainConfig: everything `packbert train` / `packbert eval` are told, from a TOML file plus
+// "section.key=value" overrides. One registry (train_config_keys()) knows every key: its name,
+// type, default and doc; the parser, the TOML writer and the README table all come from it, so
+// they cannot disagree.
+//
+// The TOML reader is our own small strict parser, not CLI11's ConfigTOML (2.1 here): CLI11's
+// reader drops line numbers (an error could not name file:line), accepts unquoted strings and
+// keys it does not know (it is made to feed options, not to reject input), and its items carry
+// only strings, so "1.5" for an integer key or "yes" for a boolean could not be told apart from
+// a typo. The subset we read:
+//   # comment                        (anywhere after a value too, outside strings)
+//   [section]                        (no dotted or nested tables, no arrays of tables)
+//   key = "string"  'literal'        (basic strings with \" \\ \n \t \r escapes)
+//   key = 42   -7   1_000            (integers; a float key accepts an integer)
+//   key = 1e-3  0.5  -2.0  inf  nan  (floats; inf/nan are rejected later by validation)
+//   key = true  false                (booleans)
+// A key may appear once per file; overrides replace file values (the command line wins).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/loader.h"
+#include "model/batch.h"
+#include "model/config.h"
+#include "optim/lamb.h"
+#include "optim/lr_schedule.h"
+
+namespace packbert {
+
+struct TrainConfig {
+  struct Model {
+    std::string preset = "base";  // tiny | mini | base | large (bert_preset)
+    // Resolved values: the preset's unless the key was given (file or override).
+    int64_t layers = 12;
+    int64_t hidden = 768;
+    int64_t heads = 12;
+    int64_t intermediate = 3072;
+    int64_t max_position_embeddings = 512;
+    double hidden_dropout = 0.1;
+    double attention_dropout = 0.1;
+    int64_t mlm_chunk_rows = 0;  // MLM head rows per chunk (mini-sequence); 0 = all at once
+    bool operator==(const Model&) const;
+  } model;
+
+  struct Train {
+    int64_t max_steps = 1000;         // optimizer steps of the run
+    int64_t global_batch_size = 256;  // samples per optimizer step, all ranks together
+    int gradient_accumulation_steps = 1;  // micro-steps per optimizer step (>= 1)
+    uint64_t seed = 42;               // init, data order and dropout
+    BatchLayout layout = BatchLayout::unpadded;
+    int max_seq_len = 512;
+    int max_seqs_per_pack = 3;        // 0 = no limit
+    int max_predictions_per_seq = 76; // masked positions a sample may hold (MLPerf: 76 at 512)
+    LastStepPolicy last_step = LastStepPolicy::kPartial;
+    bool dropout = true;
+    int max_nonfinite_steps = 5;      // skip non-finite steps; abort after this many in a row
+    bool operator==(const Train&) const;
+  } train;
+
+  struct Optim {
+    double lr = 3.5e-4;               // peak learning rate (opt_base_learning_rate)
+    double end_lr = 0.0;
+    int64_t warmup_steps = 0;         // 0: warmup_proportion decides
+    double warmup_proportion = 0.0;
+    int64_t start_warmup_step = 0;    // MLPerf start_warmup_step (may be negative)
+    double poly_power = 1.0;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double epsilon = 1e-6;
+    double weight_decay = 0.01;
+    double max_grad_norm = 1.0;
+    bool operator==(const Optim&) const;
+  } optim;
+
+  struct Data {
+    std::string train_dir;  // shard directory (or file) of the training set
+    std::string eval_dir;   // shard directory (or file) of the evaluation set
+    std::string vocab;      // vocab.txt (one token per line)
+    int prefetch_steps = 2;
+    int64_t shuffle_block_rows = 4096;
+    int64_t shuffle_window_blocks = 8;
+    int read_ahead_windows = 1;
+    bool operator==(const Data&) const;
+  } data;
+
+  struct Checkpoint {
+    std::string dir;            // "" = no checkpoints are written
+    int64_t every_steps = 0;    // 0 = only at the end and on SIGTERM
+    int keep = 3;               // newest complete checkpoints kept under dir
+    std::string resume;         // "" none | "auto" newest complete under dir | a checkpoint path
+    std::string init_checkpoint;  // model weights only (fresh optimizer and data order)
+    bool operator==(const Checkpoint&) const;
+  } checkpoint;
+
+  struct Eval {
+    int64_t every_samples = 0;   // 0 = only at the end (if at_end)
+    int64_t max_samples = 10000; // 0 = the whole eval set
+    int batch_size = 64;         // samples per rank per forward
+    double target_accuracy = 0;  // MLM accuracy that ends the run; 0 = no target
+    bool at_end = true;
+    bool operator==(const Eval&) const;
+  } eval;
+
+  struct Log {
+    int64_t every_steps = 10;  // progress line / metrics record interval
+    std::string metrics_file;  // JSONL; "" = none
+    std::string mllog_file;    // MLPerf log; "" = none
+    std::string submission_org;
+    std::string submission_platform;
+    std::string submission_division = "closed";  // closed | open
+    std::string submission_status = "onprem";    // onprem | cloud | research
+    bool operator==(const Log&) const;
+  } log;
+
+  // True when evaluation runs at all: every_samples > 0, at_end or target_accuracy > 0.
+  bool eval_enabled() const;
+
+  bool operator==(const TrainConfig&) const;
+  bool operator!=(const TrainConfig& o) const { return !(*this == o); }
+};
+
+// Parses an optional TOML file ("" = none; the subset above) and then applies overrides
+// "section.key=value" (a leading "--" allowed; the value in TOML syntax, except that a string
+// may also be given bare: "data.vocab=data/vocab.txt"). The command line wins over the file.
+// Unknown sections and keys, malformed values, values of the wrong type, duplicate keys and
+// syntax errors are Errors naming file:line (or "override '...'") and the key. The model preset
+// is resolved: keys left unset take the preset's values. Paths are NOT checked here.
+TrainConfig load_train_config(const std::string& toml_path,
+                              const std::vector<std::string>& overrides = {});
+
+enum class ConfigPurpose { train, eval };
+
+// Rules that need nothing but the config: hidden % heads, positive sizes, dropout in [0, 1),
+// layout / last_step / division / status names, global_batch_size >= gradient_accumulation_steps,
+// max_seq_len <= max_position_embeddings, eval ranges, finite lr >= 0, the LR schedule's own
+// rules (LrSchedule), ... And with world_size: global_batch_size >= world_size *
+// gradient_accumulation_steps (every micro-step of every rank can get a sample).
+// With check_paths, for Purpose::train: data.train_dir and data.vocab must exist; data.eval_dir
+// must exist when evaluation is on (eval_enabled(): switch it off with eval.at_end=false,
+// eval.every_samples=0, eval.target_accuracy=0); checkpoint.init_checkpoint and a resume path
+// other than "auto" must exist; resume "auto" needs checkpoint.dir. For Purpose::eval:
+// data.eval_dir must exist (and data.vocab is not needed). Every Error names the key, e.g.
+// "model.hidden (100) must be divisible by model.heads (3)".
+void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose purpose,
+                           bool check_paths = true);
+
+// Every key with its resolved value, one section after the other, as TOML that
+// load_train_config reads back to an equal config (floats printed to round-trip exactly).
+std::string train_config_to_toml(const TrainConfig& c);
+
+// The pieces the trainer's parts take, from the resolved config.
+BertConfig model_config(const TrainConfig& c);          // vocabulary: BertConfig's default
+LrScheduleConfig lr_schedule_config(const TrainConfig& c);  // base_lr = lr, max_steps, warmup..
+// skip_nonfinite = train.max_nonfinite_steps > 0 (check_finite always on).
+LambOptions lamb_options(const TrainConfig& c);
+// global batch, micro-steps, seq/pack limits, seed, prefetch, shuffle, last_step; the sample
+// rules' max_seq_len = train.max_seq_len, vocab_size = model_config(c).real_vocab_size.
+LoaderOptions loader_options(const TrainConfig& c);
+
+struct ConfigKeyInfo {
+  std::string name;           // "section.key"
+  std::string type;           // "string" | "int" | "float" | "bool" | "enum(a|b|c)"
+  std::string default_value;  // as TOML ("" shown as "")
+  std::string doc;            // one line
+};
+// In file order: model, train, optim, data, checkpoint, eval, log.
+const std::vector<ConfigKeyInfo>& train_config_keys();
+
+// A markdown table of every key (| key | type | default | meaning |) for README.md between
+// <!-- config-keys:begin --> and <!-- config-keys:end -->. Regenerate README.md's table with
+//   PACKBERT_UPDATE_README=1 build/tests/test_train_config --gtest_filter='TrainConfigReadme.*'
+std::string config_keys_markdown();
+
+}  // namespace packbert

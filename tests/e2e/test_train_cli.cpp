@@ -1,0 +1,245 @@
+// `packbert train` and `packbert eval` through the binary: config errors before any work,
+// metrics / eval / checkpoints of a real run, exact resume after SIGKILL, SIGTERM preemption,
+// divergence, an unwritable checkpoint directory, and a rank killed under mpirun.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+
+#include "train_cli_util.h"
+
+namespace packbert::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One data set for the whole file (written once).
+class TrainCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new TempDir();
+    seed_ = test_seed();
+    write_train_data(data_->path(), seed_, 2, 48, 40, 64, 10);
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+  // A run directory with its own config (checkpoints, metrics) over the shared data.
+  std::string run_dir(const std::string& name, const std::string& extra = "") {
+    const std::string dir = tmp_.file(name);
+    fs::create_directories(dir);
+    fs::create_symlink(data_->path() + "/train", dir + "/train");
+    fs::create_symlink(data_->path() + "/eval", dir + "/eval");
+    write_train_config(dir, seed_, extra);
+    return dir;
+  }
+  static std::string train_cmd(const std::string& dir, const std::string& args = "") {
+    return kBin + " train --config " + dir + "/config.toml " + args + " > " + dir +
+           "/log.txt 2>&1";
+  }
+
+  static TempDir* data_;
+  static uint64_t seed_;
+  TempDir tmp_;
+};
+TempDir* TrainCli::data_ = nullptr;
+uint64_t TrainCli::seed_ = 0;
+
+TEST_F(TrainCli, ConfigErrorsNameTheKeyBeforeAnyWork) {
+  const std::string dir = run_dir("bad");
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {"--train.max_stepz=3", "train.max_stepz"},
+      {"--model.hidden=100 --model.heads=3", "model.hidden"},
+      {"--train.layout=diagonal", "train.layout"},
+      {"--data.train_dir=" + dir + "/nowhere", "data.train_dir"},
+      {"--train.global_batch_size=1", "train.global_batch_size"},  // < micro-steps (2)
+      {"--checkpoint.init_checkpoint=" + dir + "/none", "checkpoint.init_checkpoint"},
+      {"positional", "positional"},
+  };
+  for (const Case& c : cases) {
+    std::string out;
+    EXPECT_NE(run_command(kBin + " train --config " + dir + "/config.toml " + c.args, &out), 0)
+        << c.args;
+    EXPECT_NE(out.find(c.needle), std::string::npos) << c.args << "\n" << out;
+    EXPECT_EQ(out.find("packbert train:"), std::string::npos)
+        << "work started despite a bad config: " << c.args << "\n" << out;
+  }
+  // --print-config: every key, resolved, read back by the loader.
+  std::string out;
+  ASSERT_EQ(run_command(kBin + " train --config " + dir + "/config.toml --print-config "
+                               "--train.max_steps=7 2>/dev/null",
+                        &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("max_steps = 7"), std::string::npos) << out;
+  EXPECT_NE(out.find("hidden = 128"), std::string::npos) << out;  // tiny preset resolved
+}
+
+TEST_F(TrainCli, RunWritesMetricsEvalsCheckpointsAndEvalAgrees) {
+  const std::string dir = run_dir("run");
+  ASSERT_EQ(run_command(train_cmd(dir)), 0) << read_file(dir + "/log.txt");
+  const auto train = read_records(dir + "/metrics.jsonl", "train");
+  ASSERT_EQ(train.size(), 12u) << read_file(dir + "/log.txt");
+  for (size_t i = 0; i < train.size(); ++i) {
+    EXPECT_EQ(train[i].at("step").get<int64_t>(), static_cast<int64_t>(i + 1));
+    EXPECT_EQ(train[i].at("samples").get<int64_t>(), 8 * static_cast<int64_t>(i + 1));
+    EXPECT_TRUE(std::isfinite(train[i].at("loss").get<double>()));
+    EXPECT_GT(train[i].at("tokens_per_s").get<double>(), 0);
+  }
+  // Eval every 32 samples = every 4 steps: after steps 4, 8, 12 (the last one is also the end).
+  const auto evals = read_records(dir + "/metrics.jsonl", "eval");
+  ASSERT_EQ(evals.size(), 3u);
+  for (size_t i = 0; i < evals.size(); ++i) {
+    EXPECT_EQ(evals[i].at("samples").get<int64_t>(), 32 * static_cast<int64_t>(i + 1));
+    EXPECT_EQ(evals[i].at("eval_samples").get<int64_t>(), 40);
+  }
+  // keep = 2: the newest two of steps 3, 6, 9, 12.
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/step_00000003"));
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/step_00000006"));
+  EXPECT_TRUE(fs::exists(dir + "/ckpt/step_00000009/model.safetensors"));
+  const std::string last = dir + "/ckpt/step_00000012";
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json",
+                        "config.json"})
+    EXPECT_TRUE(fs::exists(last + "/" + f)) << f;
+  const auto state = nlohmann::json::parse(read_file(last + "/trainer_state.json"));
+  EXPECT_EQ(state.at("step").get<int64_t>(), 12);
+  EXPECT_EQ(state.at("samples").get<int64_t>(), 96);
+  EXPECT_NE(state.at("config").get<std::string>().find("max_steps = 12"), std::string::npos);
+
+  // `packbert eval` on the last checkpoint: the run's own final evaluation, exactly.
+  std::string out;
+  ASSERT_EQ(run_command(kBin + " eval --config " + dir + "/config.toml --checkpoint " + last +
+                            " 2>/dev/null",
+                        &out),
+            0)
+      << out;
+  // stdout holds one JSON line (the log lines go to stderr, captured here too).
+  const size_t at = out.find("{\"checkpoint\"");
+  ASSERT_NE(at, std::string::npos) << out;
+  const auto j = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at));
+  EXPECT_EQ(j.at("eval_accuracy").get<double>(), evals.back().at("eval_accuracy").get<double>());
+  EXPECT_EQ(j.at("eval_loss").get<double>(), evals.back().at("eval_loss").get<double>());
+  EXPECT_EQ(j.at("samples").get<int64_t>(), 40);
+}
+
+TEST_F(TrainCli, SigkilledRunResumesWithBitIdenticalLosses) {
+  const std::string extra = "";
+  const std::string ref = run_dir("ref");
+  ASSERT_EQ(run_command(train_cmd(ref, "--eval.at_end=false --eval.every_samples=0 "
+                                       "--checkpoint.every_steps=0")),
+            0)
+      << read_file(ref + "/log.txt");
+  const auto want = read_records(ref + "/metrics.jsonl", "train");
+  ASSERT_EQ(want.size(), 12u);
+
+  // Killed at a random step after the first checkpoint (step 3), resumed with --resume auto.
+  std::mt19937_64 rng(seed_);
+  const int64_t kill_at = std::uniform_int_distribution<int64_t>(4, 10)(rng);
+  const std::string dir = run_dir("killed");
+  const std::string args = "--eval.at_end=false --eval.every_samples=0";
+  {
+    Background p(train_cmd(dir, args));
+    ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", kill_at)) << read_file(dir + "/log.txt");
+    p.signal(SIGKILL);
+    EXPECT_EQ(p.wait(), 128 + SIGKILL);
+  }
+  const auto before = read_records(dir + "/metrics.jsonl", "train");
+  ASSERT_EQ(run_command(train_cmd(dir, args + " --resume auto")), 0)
+      << read_file(dir + "/log.txt");
+  const auto after = read_records(dir + "/metrics.jsonl", "train");
+  // The file holds the first run's records, then the resumed run's from its checkpoint on.
+  ASSERT_GT(after.size(), before.size());
+  const int64_t resumed_from = after[before.size()].at("step").get<int64_t>() - 1;
+  std::printf("killed after step %lld, resumed from the checkpoint of step %lld\n",
+              static_cast<long long>(before.back().at("step").get<int64_t>()),
+              static_cast<long long>(resumed_from));
+  EXPECT_GE(resumed_from, 3);
+  EXPECT_EQ(resumed_from % 3, 0);
+  for (const auto& r : after) {
+    const int64_t step = r.at("step").get<int64_t>();
+    ASSERT_GE(step, 1);
+    ASSERT_LE(step, 12);
+    const auto& w = want[static_cast<size_t>(step - 1)];
+    for (const char* key : {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "lr", "grad_norm"})
+      EXPECT_EQ(r.at(key).get<double>(), w.at(key).get<double>()) << key << " at step " << step;
+    EXPECT_EQ(r.at("samples").get<int64_t>(), w.at("samples").get<int64_t>());
+  }
+  EXPECT_EQ(after.back().at("step").get<int64_t>(), 12);
+}
+
+TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
+  const std::string dir = run_dir("term");
+  const std::string args = "--train.max_steps=100000 --checkpoint.every_steps=0 "
+                           "--eval.every_samples=0";
+  {
+    Background p(train_cmd(dir, args));
+    ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 3)) << read_file(dir + "/log.txt");
+    p.signal(SIGTERM);
+    ASSERT_EQ(p.wait(120), 0) << read_file(dir + "/log.txt");
+  }
+  const auto recs = read_records(dir + "/metrics.jsonl", "train");
+  const int64_t last = recs.back().at("step").get<int64_t>();
+  const std::string ckpt = fmt::format("{}/ckpt/step_{:08d}", dir, last);
+  ASSERT_TRUE(fs::exists(ckpt + "/trainer_state.json")) << read_file(dir + "/log.txt");
+  EXPECT_NE(read_file(dir + "/log.txt").find("signal 15"), std::string::npos);
+  // The preempted run continues from there.
+  ASSERT_EQ(run_command(train_cmd(dir, args + fmt::format(" --train.max_steps={} --resume auto",
+                                                          last + 2))),
+            0)
+      << read_file(dir + "/log.txt");
+  EXPECT_EQ(read_records(dir + "/metrics.jsonl", "train").back().at("step").get<int64_t>(),
+            last + 2);
+}
+
+TEST_F(TrainCli, DivergenceIsSkippedThenAborts) {
+  const std::string dir = run_dir("nan");
+  std::string out;
+  // A learning rate of 1e30 overflows the weights at once: every later step is non-finite.
+  EXPECT_NE(run_command(train_cmd(dir, "--optim.lr=1e30 --optim.warmup_steps=0 "
+                                       "--train.max_nonfinite_steps=2")),
+            0);
+  out = read_file(dir + "/log.txt");
+  EXPECT_NE(out.find("update was skipped"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 steps in a row had a non-finite"), std::string::npos) << out;
+}
+
+TEST_F(TrainCli, UnwritableCheckpointDirectoryFailsBeforeTraining) {
+  const std::string dir = run_dir("unwritable");
+  std::ofstream(dir + "/file") << "x";
+  std::string out;
+  EXPECT_NE(run_command(kBin + " train --config " + dir + "/config.toml --checkpoint.dir=" +
+                            dir + "/file/ckpt",
+                        &out),
+            0);
+  EXPECT_NE(out.find(dir + "/file/ckpt"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step 1/"), std::string::npos) << "trained before failing:\n" << out;
+}
+
+// One rank killed: mpirun ends the others (they do not hang in a collective).
+TEST_F(TrainCli, KilledRankEndsTheJobWithinAMinute) {
+  const std::string dir = run_dir("rankdeath");
+  Background p(std::string(PACKBERT_MPIEXEC) +
+               " --allow-run-as-root --oversubscribe --mca btl self,vader -x OMP_NUM_THREADS=1 -np 2 " +
+               train_cmd(dir, "--train.max_steps=100000 --checkpoint.every_steps=0 "
+                              "--eval.every_samples=0"));
+  ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 2)) << read_file(dir + "/log.txt");
+  const std::string log = read_file(dir + "/log.txt");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(\[rank 1\].*pid (\d+))"))) << log;
+  ASSERT_EQ(kill(std::stoi(m[1]), SIGKILL), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = p.wait(60);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("mpirun exited %d, %.1f s after rank 1 was killed\n", rc, s);
+  EXPECT_NE(rc, -1) << "still running 60 s after a rank died\n" << read_file(dir + "/log.txt");
+  EXPECT_NE(rc, 0);
+}
+
+}  // namespace
+}  // namespace packbert::test

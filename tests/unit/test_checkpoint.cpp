@@ -1,0 +1,379 @@
+// Checkpoints (src/train/checkpoint.h): bitwise round trips of the tiny model's parameters,
+// LAMB moments and trainer state; keep_last pruning and replacement; latest_checkpoint and
+// incomplete / temporary directories; config and tensor mismatches; a full disk (RLIMIT_FSIZE)
+// in the middle of a write leaving the previous checkpoint intact; an unwritable root.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/safetensors.h"
+
+namespace packbert {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// A tiny model's state: random parameters and moments (every element distinct from zero).
+struct State {
+  ParamTable table;
+  std::vector<float> params, m, v;
+  std::string trainer_state;
+
+  explicit State(uint64_t seed, const BertConfig& c = bert_preset("tiny"))
+      : table(c),
+        params(static_cast<size_t>(table.total())),
+        m(params.size()),
+        v(params.size()) {
+    init_parameters(table, InitOptions{seed, 0.02f}, params.data());
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1e-3f);
+    for (size_t i = 0; i < m.size(); ++i) {
+      m[i] = nd(rng);
+      v[i] = std::abs(nd(rng)) * 1e-3f;
+    }
+    // Biases and LayerNorm weights away from 0/1 so that a swap shows.
+    for (const ParamTensor& t : table.tensors())
+      if (t.no_decay)
+        for (int64_t i = 0; i < t.size; ++i) params[static_cast<size_t>(t.offset + i)] += nd(rng);
+    trainer_state = nlohmann::json({{"seed", seed}, {"loader", {1, 2, 3}}, {"note", "é\n"}}).dump();
+  }
+
+  CheckpointWrite write(int64_t step, int64_t lamb_steps) const {
+    return {&table, params.data(), m.data(), v.data(), step, lamb_steps, trainer_state};
+  }
+};
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void expect_reads_back(const std::string& dir, const State& s, int64_t step, int64_t lamb_steps) {
+  const size_t n = s.params.size();
+  std::vector<float> p(n), m(n), v(n);
+  for (auto* b : {&p, &m, &v}) std::fill(b->begin(), b->end(), -1.f);
+  const CheckpointRead r = read_checkpoint(dir, s.table, p.data(), m.data(), v.data());
+  EXPECT_EQ(r.step, step);
+  EXPECT_EQ(r.lamb_steps_done, lamb_steps);
+  EXPECT_EQ(r.trainer_state_json, s.trainer_state);
+  EXPECT_EQ(describe(r.config), describe(s.table.config()));
+  EXPECT_TRUE(bitwise_equal(p, s.params)) << dir;
+  EXPECT_TRUE(bitwise_equal(m, s.m)) << dir;
+  EXPECT_TRUE(bitwise_equal(v, s.v)) << dir;
+}
+
+std::vector<std::string> entries(const std::string& root) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(root)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(Checkpoint, RoundTripIsBitwise) {
+  const uint64_t seed = test::test_seed();
+  State s(seed);
+  TempDir root;
+  const std::string dir = write_checkpoint(root.path(), s.write(1234, 1200), 3);
+  EXPECT_EQ(dir, root.file("step_00001234"));
+  EXPECT_EQ(entries(root.path()), std::vector<std::string>{"step_00001234"});
+  for (const char* f : {"model.safetensors", "config.json", "optimizer.safetensors",
+                        "trainer_state.json"})
+    EXPECT_TRUE(fs::is_regular_file(dir + "/" + f)) << f;
+  expect_reads_back(dir, s, 1234, 1200);
+  EXPECT_EQ(latest_checkpoint(root.path()), dir);
+
+  // m and v may be skipped; params alone via load_model_weights.
+  std::vector<float> p(s.params.size());
+  read_checkpoint(dir, s.table, p.data(), nullptr, nullptr);
+  EXPECT_TRUE(bitwise_equal(p, s.params));
+  std::fill(p.begin(), p.end(), 0.f);
+  load_model_weights(dir, s.table, p.data());
+  EXPECT_TRUE(bitwise_equal(p, s.params));
+
+  // The files as Hugging Face expects them.
+  SafetensorsFile model(dir + "/model.safetensors");
+  EXPECT_EQ(model.metadata().at("format"), "pt");
+  EXPECT_EQ(model.names().size(), s.table.tensors().size());
+  EXPECT_FALSE(model.contains("cls.predictions.decoder.weight"));
+  EXPECT_EQ(model.info("bert.embeddings.word_embeddings.weight").shape,
+            (std::vector<int64_t>{30528, 128}));
+  SafetensorsFile opt(dir + "/optimizer.safetensors");
+  EXPECT_EQ(opt.metadata().at("steps_done"), "1200");
+  EXPECT_TRUE(opt.contains("exp_avg.cls.predictions.bias"));
+  EXPECT_TRUE(opt.contains("exp_avg_sq.bert.pooler.dense.weight"));
+  const auto cfg = nlohmann::json::parse(test::read_file(dir + "/config.json"));
+  EXPECT_EQ(cfg["architectures"], nlohmann::json({"BertForPreTraining"}));
+  EXPECT_EQ(cfg["model_type"], "bert");
+  EXPECT_EQ(cfg["vocab_size"], 30528);
+  EXPECT_EQ(cfg["packbert_real_vocab_size"], 30522);
+  EXPECT_EQ(cfg["hidden_size"], 128);
+  EXPECT_EQ(cfg["num_hidden_layers"], 2);
+  EXPECT_EQ(cfg["num_attention_heads"], 2);
+  EXPECT_EQ(cfg["intermediate_size"], 512);
+  EXPECT_EQ(cfg["hidden_act"], "gelu");
+  EXPECT_EQ(cfg["hidden_dropout_prob"], 0.1);
+  EXPECT_EQ(cfg["layer_norm_eps"], 1e-12);
+  EXPECT_EQ(cfg["position_embedding_type"], "absolute");
+}
+
+TEST(Checkpoint, HfConfigReadsGoogleStyleConfigs) {
+  TempDir dir;
+  // Google's bert_config.json of bert-large-uncased: no layer_norm_eps, no model_type.
+  std::ofstream(dir.file("google.json"))
+      << R"({"attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+             "hidden_dropout_prob": 0.1, "hidden_size": 1024, "initializer_range": 0.02,
+             "intermediate_size": 4096, "max_position_embeddings": 512,
+             "num_attention_heads": 16, "num_hidden_layers": 24, "type_vocab_size": 2,
+             "vocab_size": 30522})";
+  const BertConfig c = read_hf_config(dir.file("google.json"));
+  EXPECT_EQ(describe(c), "L=24 H=1024 A=16 I=4096 V=30522 (30522) P=512");
+  EXPECT_EQ(c.layer_norm_eps, 1e-12f);
+  // Ours round trips, dropout included.
+  BertConfig mini = bert_preset("mini");
+  mini.hidden_dropout = 0.15f;
+  mini.attention_dropout = 0.f;
+  mini.real_vocab_size = 30000;
+  write_hf_config(dir.file("ours.json"), mini);
+  const BertConfig back = read_hf_config(dir.file("ours.json"));
+  EXPECT_EQ(describe(back), describe(mini));
+  EXPECT_EQ(back.hidden_dropout, 0.15f);
+  EXPECT_EQ(back.attention_dropout, 0.f);
+  // Errors name the file and the field.
+  std::ofstream(dir.file("act.json"))
+      << R"({"vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 1,
+             "intermediate_size": 8, "max_position_embeddings": 8, "type_vocab_size": 2,
+             "hidden_act": "relu"})";
+  std::string msg = error_of([&] { read_hf_config(dir.file("act.json")); });
+  EXPECT_NE(msg.find(dir.file("act.json")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hidden_act"), std::string::npos) << msg;
+  std::ofstream(dir.file("missing.json")) << R"({"vocab_size": 8})";
+  msg = error_of([&] { read_hf_config(dir.file("missing.json")); });
+  EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
+  std::ofstream(dir.file("heads.json"))
+      << R"({"vocab_size": 8, "hidden_size": 6, "num_hidden_layers": 1, "num_attention_heads": 4,
+             "intermediate_size": 8, "max_position_embeddings": 8, "type_vocab_size": 2})";
+  msg = error_of([&] { read_hf_config(dir.file("heads.json")); });
+  EXPECT_NE(msg.find(dir.file("heads.json")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("heads"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, KeepLastPrunesTheOldestAndReplaces) {
+  const uint64_t seed = test::test_seed();
+  State s(seed);
+  TempDir root;
+  for (int64_t step : {10, 20, 30, 40}) write_checkpoint(root.path(), s.write(step, step), 2);
+  EXPECT_EQ(entries(root.path()), (std::vector<std::string>{"step_00000030", "step_00000040"}));
+  // Writing an older step keeps it (the one just written always stays) and the newest other.
+  write_checkpoint(root.path(), s.write(5, 5), 2);
+  EXPECT_EQ(entries(root.path()), (std::vector<std::string>{"step_00000005", "step_00000040"}));
+  EXPECT_EQ(latest_checkpoint(root.path()), root.file("step_00000040"));
+  // Replacing an existing step: the new content, no leftovers.
+  State other(seed + 1);
+  write_checkpoint(root.path(), other.write(40, 41), 2);
+  EXPECT_EQ(entries(root.path()), (std::vector<std::string>{"step_00000005", "step_00000040"}));
+  expect_reads_back(root.file("step_00000040"), other, 40, 41);
+  // keep_last = 1.
+  write_checkpoint(root.path(), s.write(100000000, 7), 1);  // nine digits
+  EXPECT_EQ(entries(root.path()), std::vector<std::string>{"step_100000000"});
+  expect_reads_back(root.file("step_100000000"), s, 100000000, 7);
+  EXPECT_THROW(write_checkpoint(root.path(), s.write(1, 1), 0), Error);
+}
+
+TEST(Checkpoint, LatestIgnoresTemporaryAndIncompleteDirectories) {
+  State s(test::test_seed());
+  TempDir root;
+  EXPECT_EQ(latest_checkpoint(root.file("missing")), std::nullopt);
+  EXPECT_EQ(latest_checkpoint(root.path()), std::nullopt);
+  write_checkpoint(root.path(), s.write(7, 7), 5);
+  const std::string good = root.file("step_00000007");
+  // A crashed writer's temporary dir and an incomplete step dir, both newer.
+  fs::copy(good, root.file(".step_00000009.tmp-12345"));
+  fs::copy(good, root.file("step_00000008"));
+  fs::remove(root.file("step_00000008/trainer_state.json"));
+  fs::create_directory(root.file("step_00000010"));
+  fs::copy(good, root.file("step_9"));            // too few digits
+  fs::copy(good, root.file("step_0000000x"));     // not a number
+  std::ofstream(root.file("step_00000011")) << "a file";
+  EXPECT_EQ(latest_checkpoint(root.path()), good);
+  // Pruning never removes what latest_checkpoint does not count.
+  write_checkpoint(root.path(), s.write(12, 12), 1);
+  EXPECT_EQ(latest_checkpoint(root.path()), root.file("step_00000012"));
+  EXPECT_FALSE(fs::exists(good));
+  EXPECT_TRUE(fs::exists(root.file(".step_00000009.tmp-12345")));
+  EXPECT_TRUE(fs::exists(root.file("step_00000008")));
+}
+
+TEST(Checkpoint, MismatchesNameTheFieldOrTensor) {
+  State s(test::test_seed());
+  TempDir root;
+  const std::string dir = write_checkpoint(root.path(), s.write(3, 3), 1);
+  std::vector<float> p(s.params.size()), m(p.size()), v(p.size());
+
+  // Another model shape.
+  BertConfig wider = bert_preset("tiny");
+  wider.intermediate = 256;
+  ParamTable other(wider);
+  std::vector<float> q(static_cast<size_t>(other.total()));
+  std::string msg = error_of([&] { read_checkpoint(dir, other, q.data(), nullptr, nullptr); });
+  EXPECT_NE(msg.find(dir + "/config.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("intermediate_size = 512"), std::string::npos) << msg;
+  msg = error_of([&] { load_model_weights(dir, other, q.data()); });
+  EXPECT_NE(msg.find("intermediate_size"), std::string::npos) << msg;
+  // Dropout: resume must match; weights alone may load into another dropout rate.
+  BertConfig drop = bert_preset("tiny");
+  drop.hidden_dropout = 0.f;
+  ParamTable dropped(drop);
+  msg = error_of([&] { read_checkpoint(dir, dropped, p.data(), nullptr, nullptr); });
+  EXPECT_NE(msg.find("hidden_dropout_prob"), std::string::npos) << msg;
+  load_model_weights(dir, dropped, p.data());
+  EXPECT_TRUE(bitwise_equal(p, s.params));
+
+  // A tensor missing from model.safetensors / optimizer.safetensors, one with another shape.
+  auto rewrite = [&](const std::string& file, const std::string& drop_name,
+                     const std::string& reshape) {
+    SafetensorsFile f(dir + "/" + file);
+    std::vector<std::vector<char>> bufs;
+    std::vector<StTensor> ts;
+    for (const std::string& n : f.names()) {
+      if (n == drop_name) continue;
+      const StTensorInfo& info = f.info(n);
+      bufs.emplace_back(static_cast<size_t>(info.numel()) * 4);
+      f.read_raw(n, bufs.back().data());
+      std::vector<int64_t> shape = info.shape;
+      if (n == reshape) shape = {info.numel()};
+      ts.push_back({n, info.dtype, shape, bufs.back().data()});
+    }
+    const auto md = f.metadata();
+    f.close();
+    write_safetensors(dir + "/" + file, ts, md);
+  };
+  const std::string model_file = dir + "/model.safetensors";
+  rewrite("model.safetensors", "bert.encoder.layer.1.output.LayerNorm.bias", "");
+  msg = error_of([&] { read_checkpoint(dir, s.table, p.data(), m.data(), v.data()); });
+  EXPECT_NE(msg.find(model_file), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bert.encoder.layer.1.output.LayerNorm.bias"), std::string::npos) << msg;
+  msg = error_of([&] { load_model_weights(dir, s.table, p.data()); });
+  EXPECT_NE(msg.find("bert.encoder.layer.1.output.LayerNorm.bias"), std::string::npos) << msg;
+
+  write_checkpoint(root.path(), s.write(3, 3), 1);
+  rewrite("model.safetensors", "", "bert.pooler.dense.weight");
+  msg = error_of([&] { read_checkpoint(dir, s.table, p.data(), m.data(), v.data()); });
+  EXPECT_NE(msg.find("bert.pooler.dense.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[16384]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[128, 128]"), std::string::npos) << msg;
+
+  write_checkpoint(root.path(), s.write(3, 3), 1);
+  rewrite("optimizer.safetensors", "exp_avg_sq.cls.seq_relationship.bias", "");
+  msg = error_of([&] { read_checkpoint(dir, s.table, p.data(), nullptr, nullptr); });
+  EXPECT_NE(msg.find(dir + "/optimizer.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("exp_avg_sq.cls.seq_relationship.bias"), std::string::npos) << msg;
+  // ... which the weights alone do not need.
+  load_model_weights(dir, s.table, p.data());
+  EXPECT_TRUE(bitwise_equal(p, s.params));
+
+  // A missing file.
+  write_checkpoint(root.path(), s.write(3, 3), 1);
+  fs::remove(dir + "/config.json");
+  msg = error_of([&] { read_checkpoint(dir, s.table, p.data(), nullptr, nullptr); });
+  EXPECT_NE(msg.find(dir + "/config.json"), std::string::npos) << msg;
+}
+
+// In a child with RLIMIT_FSIZE = 1 MB (SIGXFSZ ignored, so write() fails with EFBIG):
+// write_checkpoint must throw. Returns the child's verdict; its message goes to *message.
+int write_with_small_fsize(const State& s, const std::string& root, int64_t step,
+                           std::string* message) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl {1 << 20, 1 << 20};
+    setrlimit(RLIMIT_FSIZE, &rl);
+    int code = 1;  // no error
+    std::string msg;
+    try {
+      write_checkpoint(root, s.write(step, step), 3);
+    } catch (const Error& e) {
+      code = 0;
+      msg = e.what();
+    } catch (const std::exception& e) {
+      code = 2;
+      msg = e.what();
+    }
+    if (::write(fds[1], msg.data(), msg.size()) < 0) code = 3;
+    ::close(fds[1]);
+    _exit(code);
+  }
+  ::close(fds[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) message->append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+TEST(Checkpoint, DiskFullLeavesThePreviousCheckpointIntact) {
+  const uint64_t seed = test::test_seed();
+  State s(seed), next(seed + 7);
+  TempDir root;
+  const std::string prev = write_checkpoint(root.path(), s.write(100, 100), 3);
+  // A new step, and a replacement of the existing one.
+  for (int64_t step : {200, 100}) {
+    std::string msg;
+    const int verdict = write_with_small_fsize(next, root.path(), step, &msg);
+    EXPECT_EQ(verdict, 0) << "child: " << msg;
+    EXPECT_NE(msg.find(root.path()), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::strerror(EFBIG)), std::string::npos) << msg;
+    EXPECT_EQ(entries(root.path()), std::vector<std::string>{"step_00000100"});
+    EXPECT_EQ(latest_checkpoint(root.path()), prev);
+    expect_reads_back(prev, s, 100, 100);
+  }
+}
+
+TEST(Checkpoint, UnwritableRootNamesIt) {
+  State s(test::test_seed());
+  TempDir dir;
+  std::ofstream(dir.file("plain")) << "not a directory";
+  const std::string root = dir.file("plain/checkpoints");
+  const std::string msg = error_of([&] { write_checkpoint(root, s.write(1, 1), 1); });
+  EXPECT_NE(msg.find(root), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::strerror(ENOTDIR)), std::string::npos) << msg;
+  // A root that is itself a regular file.
+  const std::string msg2 = error_of([&] { write_checkpoint(dir.file("plain"), s.write(1, 1), 1); });
+  EXPECT_NE(msg2.find(dir.file("plain")), std::string::npos) << msg2;
+  EXPECT_EQ(latest_checkpoint(dir.file("plain")), std::nullopt);
+}
+
+}  // namespace
+}  // namespace packbert

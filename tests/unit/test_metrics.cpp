@@ -1,0 +1,184 @@
+// Training metrics: the JSONL record, the progress line, the writer and its errors.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "train/metrics.h"
+
+namespace fs = std::filesystem;
+using namespace packbert;
+using nlohmann::json;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("packbert_metrics_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+std::vector<std::string> read_lines(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(line);
+  return lines;
+}
+
+ProgressRecord sample_record() {
+  ProgressRecord r;
+  r.step = 120;
+  r.epoch = 1;
+  r.samples = 30720;
+  r.tokens = 3932160;
+  r.loss = 6.81234;
+  r.mlm_loss = 6.1;
+  r.nsp_loss = 0.71;
+  r.mlm_accuracy = 0.15234;
+  r.nsp_accuracy = 0.55;
+  r.lr = 3.5e-4;
+  r.grad_norm = 1.25;
+  r.samples_per_s = 812.3;
+  r.tokens_per_s = 103900;
+  r.padding_fraction = 0.125;
+  r.imbalance = 1.02;
+  r.data_wait_s = 0.001;
+  r.step_time_s = 0.31;
+  r.eta_s = 1085;
+  r.elapsed_s = 37.2;
+  r.peak_rss_bytes = int64_t{1321} << 20;
+  r.activation_bytes = 0;
+  r.skipped_steps = 2;
+  return r;
+}
+
+}  // namespace
+
+TEST(Metrics, JsonHasEveryField) {
+  const ProgressRecord r = sample_record();
+  const json j = to_json(r);
+  EXPECT_EQ(j.at("event"), "train");
+  EXPECT_EQ(j.at("step"), 120);
+  EXPECT_EQ(j.at("epoch"), 1);
+  EXPECT_EQ(j.at("samples"), 30720);
+  EXPECT_EQ(j.at("tokens"), 3932160);
+  EXPECT_DOUBLE_EQ(j.at("loss").get<double>(), 6.81234);
+  EXPECT_DOUBLE_EQ(j.at("mlm_loss").get<double>(), 6.1);
+  EXPECT_DOUBLE_EQ(j.at("nsp_loss").get<double>(), 0.71);
+  EXPECT_DOUBLE_EQ(j.at("mlm_accuracy").get<double>(), 0.15234);
+  EXPECT_DOUBLE_EQ(j.at("nsp_accuracy").get<double>(), 0.55);
+  EXPECT_DOUBLE_EQ(j.at("lr").get<double>(), 3.5e-4);
+  EXPECT_DOUBLE_EQ(j.at("grad_norm").get<double>(), 1.25);
+  EXPECT_DOUBLE_EQ(j.at("samples_per_s").get<double>(), 812.3);
+  EXPECT_DOUBLE_EQ(j.at("tokens_per_s").get<double>(), 103900);
+  EXPECT_DOUBLE_EQ(j.at("padding_fraction").get<double>(), 0.125);
+  EXPECT_DOUBLE_EQ(j.at("imbalance").get<double>(), 1.02);
+  EXPECT_DOUBLE_EQ(j.at("data_wait_s").get<double>(), 0.001);
+  EXPECT_DOUBLE_EQ(j.at("step_time_s").get<double>(), 0.31);
+  EXPECT_DOUBLE_EQ(j.at("eta_s").get<double>(), 1085);
+  EXPECT_DOUBLE_EQ(j.at("elapsed_s").get<double>(), 37.2);
+  EXPECT_EQ(j.at("peak_rss_bytes"), int64_t{1321} << 20);
+  EXPECT_EQ(j.at("activation_bytes"), 0);
+  EXPECT_EQ(j.at("skipped_steps"), 2);
+  EXPECT_EQ(j.size(), 23u);
+}
+
+TEST(Metrics, ProgressLine) {
+  const ProgressRecord r = sample_record();
+  const std::string s = format_progress_line(r, 1000);
+  for (const char* want : {"step 120/1000", "30720 samples", "loss 6.8123", "mlm acc 0.1523",
+                           "lr 3.50e-04", "812.3 samples/s", "103.9k tok/s", "pad 12.5%",
+                           "imb 1.02", "wait 0.001s", "rss 1.29 GiB", "skipped 2", "eta 18m05s",
+                           "gnorm 1.250"})
+    EXPECT_NE(s.find(want), std::string::npos) << "missing '" << want << "' in: " << s;
+  EXPECT_EQ(s.find('\n'), std::string::npos);
+  ProgressRecord q = r;
+  q.skipped_steps = 0;
+  q.eta_s = -1;
+  q.grad_norm = -1;
+  const std::string t = format_progress_line(q, 1000);
+  EXPECT_EQ(t.find("skipped"), std::string::npos) << t;
+  EXPECT_EQ(t.find("gnorm"), std::string::npos) << t;
+  EXPECT_NE(t.find("eta ?"), std::string::npos) << t;
+}
+
+TEST(Metrics, Formatting) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(int64_t{3} << 30), "3.00 GiB");
+  EXPECT_EQ(format_duration(59.4), "59s");
+  EXPECT_EQ(format_duration(1085), "18m05s");
+  EXPECT_EQ(format_duration(3 * 3600 + 7 * 60 + 5), "3h07m");
+  EXPECT_EQ(format_duration(2 * 86400 + 4 * 3600), "2d04h");
+  EXPECT_EQ(format_duration(-1), "?");
+}
+
+TEST(Metrics, WriterCreatesDirectoriesAndAppends) {
+  const fs::path dir = temp_dir("w");
+  const fs::path path = dir / "a" / "b" / "metrics.jsonl";
+  {
+    MetricsWriter w(path.string());
+    EXPECT_TRUE(w.enabled());
+    EXPECT_EQ(w.path(), path.string());
+    w.write(to_json(sample_record()));
+    // Flushed at once: readable while the writer is still open.
+    EXPECT_EQ(read_lines(path).size(), 1u);
+    w.write(json{{"event", "eval"}, {"step", 150}, {"samples", 38400}, {"eval_accuracy", 0.41},
+                 {"eval_loss", 3.2}});
+  }
+  {
+    MetricsWriter w(path.string());
+    w.write(json{{"event", "note"}});
+  }
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(json::parse(lines[0]).at("event"), "train");
+  EXPECT_EQ(json::parse(lines[1]).at("eval_accuracy"), 0.41);
+  EXPECT_EQ(json::parse(lines[2]).at("event"), "note");
+  fs::remove_all(dir);
+}
+
+TEST(Metrics, EmptyPathIsOff) {
+  MetricsWriter w("");
+  EXPECT_FALSE(w.enabled());
+  w.write(json{{"event", "train"}});  // no-op
+}
+
+TEST(Metrics, UnwritablePathNamesIt) {
+  const fs::path dir = temp_dir("bad");
+  std::ofstream(dir / "regular") << "x";
+  const std::string bad = (dir / "regular" / "sub" / "metrics.jsonl").string();
+  try {
+    MetricsWriter w(bad);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+  }
+  const std::string bad2 = (dir / "regular" / "metrics.jsonl").string();
+  try {
+    MetricsWriter w(bad2);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad2), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Metrics, PeakRss) {
+  const int64_t a = peak_rss_bytes();
+  EXPECT_GT(a, 1 << 20);  // any process has more than a MiB resident
+  std::vector<char> big(64 << 20, 1);
+  volatile char sink = big[12345];
+  (void)sink;
+  EXPECT_GE(peak_rss_bytes(), a);
+}

@@ -1,0 +1,216 @@
+// The safetensors reader/writer (src/train/safetensors.h): round trips of every dtype and of
+// scalar / empty shapes, the byte layout the reference uses, and damaged files, each an Error
+// naming the file (and the tensor at fault).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "test_util.h"
+#include "train/safetensors.h"
+
+namespace packbert {
+namespace {
+
+using test::TempDir;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A file made by hand: header JSON text, then `data_bytes` bytes.
+std::string handmade(const std::string& header, size_t data_bytes, uint64_t n_override = 0) {
+  const uint64_t n = n_override ? n_override : header.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
+  out += header;
+  out.append(data_bytes, '\x01');
+  return out;
+}
+
+TEST(Safetensors, RoundTripEveryDtypeAndShape) {
+  std::mt19937_64 rng(test::test_seed());
+  const std::vector<StDType> dtypes = {StDType::F64, StDType::F32, StDType::F16, StDType::BF16,
+                                       StDType::I64, StDType::I32, StDType::I16, StDType::I8,
+                                       StDType::U8,  StDType::BOOL};
+  const std::vector<std::vector<int64_t>> shapes = {{}, {0}, {1}, {7}, {3, 5}, {2, 0, 4}, {2, 3, 1, 5}};
+  std::vector<StTensor> tensors;
+  std::vector<std::vector<unsigned char>> data;
+  for (StDType dt : dtypes)
+    for (const auto& shape : shapes) {
+      std::vector<unsigned char> bytes(static_cast<size_t>(st_numel(shape)) * st_dtype_size(dt));
+      for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+      if (dt == StDType::BOOL)
+        for (auto& b : bytes) b &= 1;
+      data.push_back(std::move(bytes));
+    }
+  size_t k = 0;
+  for (StDType dt : dtypes)
+    for (const auto& shape : shapes) {
+      tensors.push_back({fmt::format("t{}.{}.{}", k, st_dtype_name(dt), shape.size()), dt, shape,
+                         data[k].empty() ? nullptr : data[k].data()});
+      ++k;
+    }
+  std::shuffle(tensors.begin(), tensors.end(), rng);  // any order
+  TempDir dir;
+  const std::string path = dir.file("all.safetensors");
+  const std::map<std::string, std::string> md = {{"format", "pt"}, {"note", "x \"y\" \xc3\xa9"}};
+  write_safetensors(path, tensors, md);
+
+  // The layout: 8-byte length, a header padded with spaces to a multiple of 8.
+  const std::string raw = test::read_file(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(raw[static_cast<size_t>(i)])) << (8 * i);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(raw[8], '{');
+  const auto header = nlohmann::json::parse(raw.substr(8, n));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+
+  SafetensorsFile f(path);
+  EXPECT_EQ(f.metadata(), md);
+  EXPECT_EQ(f.names().size(), tensors.size());
+  // Data in the given order.
+  for (size_t i = 0; i < tensors.size(); ++i) EXPECT_EQ(f.names()[i], tensors[i].name);
+  for (const StTensor& t : tensors) {
+    const StTensorInfo& info = f.info(t.name);
+    EXPECT_EQ(info.dtype, t.dtype);
+    EXPECT_EQ(info.shape, t.shape);
+    const size_t bytes = static_cast<size_t>(st_numel(t.shape)) * st_dtype_size(t.dtype);
+    std::vector<unsigned char> back(bytes + 1, 0xAB);
+    f.read(t.name, back.data(), t.dtype, t.shape);
+    if (bytes) {
+      EXPECT_EQ(std::memcmp(back.data(), t.data, bytes), 0) << t.name;
+    }
+    EXPECT_EQ(back[bytes], 0xAB) << t.name;  // nothing beyond the tensor
+  }
+  // No tensors at all, no metadata.
+  write_safetensors(dir.file("empty.safetensors"), {});
+  SafetensorsFile e(dir.file("empty.safetensors"));
+  EXPECT_TRUE(e.names().empty());
+  EXPECT_TRUE(e.metadata().empty());
+}
+
+TEST(Safetensors, WrongExpectationsNameTheTensor) {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  std::vector<float> a(6, 1.5f);
+  write_safetensors(path, {{"layer.weight", StDType::F32, {2, 3}, a.data()}});
+  SafetensorsFile f(path);
+  std::vector<float> out(6);
+  std::string msg = error_of([&] { f.read("layer.weight", out.data(), StDType::F32, {3, 2}); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layer.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[3, 2]"), std::string::npos) << msg;
+  msg = error_of([&] { f.read("layer.weight", out.data(), StDType::I32, {2, 3}); });
+  EXPECT_NE(msg.find("layer.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("F32"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("I32"), std::string::npos) << msg;
+  msg = error_of([&] { f.read("layer.bias", out.data(), StDType::F32, {2, 3}); });
+  EXPECT_NE(msg.find("layer.bias"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  // Refused on writing: duplicate names, the reserved name, a null pointer with data.
+  EXPECT_THROW(write_safetensors(dir.file("d"), {{"a", StDType::F32, {1}, a.data()},
+                                                  {"a", StDType::F32, {1}, a.data()}}),
+               Error);
+  EXPECT_THROW(write_safetensors(dir.file("d"), {{"__metadata__", StDType::F32, {1}, a.data()}}),
+               Error);
+  EXPECT_THROW(write_safetensors(dir.file("d"), {{"a", StDType::F32, {1}, nullptr}}), Error);
+}
+
+struct Damage {
+  const char* what;
+  std::string bytes;
+  const char* expect;  // a piece of the message besides the path
+};
+
+TEST(Safetensors, DamagedFilesNameTheFile) {
+  TempDir dir;
+  // A good file to damage.
+  const std::string good_path = dir.file("good.safetensors");
+  std::vector<float> a(12, 2.f), b(5, 3.f);
+  write_safetensors(good_path, {{"alpha", StDType::F32, {3, 4}, a.data()},
+                                {"beta", StDType::F32, {5}, b.data()}}, {{"format", "pt"}});
+  const std::string good = test::read_file(good_path);
+  SafetensorsFile ok(good_path);
+
+  const std::string two = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                          R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})";
+  std::vector<Damage> cases = {
+      {"truncated data", good.substr(0, good.size() - 4), "beta"},
+      {"trailing bytes", good + "xxxx", "data section"},
+      {"shorter than 8 bytes", good.substr(0, 5), "8-byte"},
+      {"header length beyond the file", handmade("{}", 0, 4096), "past the end of the file"},
+      {"bad JSON", handmade(R"({"a": {"dtype": "F32", )", 0), "not valid JSON"},
+      {"not an object", handmade("[1, 2]", 0), "not a JSON object"},
+      {"offsets out of range",
+       handmade(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8), "'a'"},
+      {"offsets reversed",
+       handmade(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8), "'a'"},
+      {"overlapping tensors",
+       handmade(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+       "overlaps"},
+      {"gap between tensors",
+       handmade(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16),
+       "'b'"},
+      {"shape/size mismatch",
+       handmade(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "'a'"},
+      {"dtype/size mismatch",
+       handmade(R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,8]}})", 8), "'a'"},
+      {"unknown dtype",
+       handmade(R"({"a":{"dtype":"F8_E9","shape":[2],"data_offsets":[0,2]}})", 2), "F8_E9"},
+      {"negative dim",
+       handmade(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "'a'"},
+      {"missing offsets", handmade(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "'a'"},
+      {"metadata not strings", handmade(R"({"__metadata__":{"n":3}})", 0), "__metadata__"},
+      {"overflowing shape",
+       handmade(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+       "'a'"},
+      {"good header, data short", handmade(two, 12), "'b'"},
+  };
+  for (const Damage& d : cases) {
+    const std::string path = dir.file(std::string("bad-") + std::to_string(&d - cases.data()));
+    write_bytes(path, d.bytes);
+    const std::string msg = error_of([&] { SafetensorsFile f(path); });
+    EXPECT_NE(msg.find(path), std::string::npos) << d.what << ": " << msg;
+    EXPECT_NE(msg.find(d.expect), std::string::npos) << d.what << ": " << msg;
+  }
+  // The two-tensor handmade header itself is valid.
+  write_bytes(dir.file("two"), handmade(two, 16));
+  EXPECT_EQ(SafetensorsFile(dir.file("two")).names(), (std::vector<std::string>{"a", "b"}));
+  // A missing file.
+  const std::string msg = error_of([&] { SafetensorsFile f(dir.file("nope")); });
+  EXPECT_NE(msg.find(dir.file("nope")), std::string::npos) << msg;
+}
+
+TEST(Safetensors, WriteFailuresNameThePath) {
+  TempDir dir;
+  std::vector<float> a(4, 1.f);
+  const std::string path = dir.file("no/such/dir/x.safetensors");
+  const std::string msg =
+      error_of([&] { write_safetensors(path, {{"a", StDType::F32, {4}, a.data()}}); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::strerror(ENOENT)), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace packbert
