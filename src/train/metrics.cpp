@@ -71,8 +71,10 @@ std::string format_rate(double per_s) {
 }  // namespace
 
 std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
-  std::string s = fmt::format("step {}/{} | {} samples | loss {:.4f} | mlm acc {:.4f} | lr {:.2e}",
-                              r.step, max_steps, r.samples, r.loss, r.mlm_accuracy, r.lr);
+  std::string s = fmt::format("step {}/{} | {} samples | loss {:.4f} (mlm {:.4f}, nsp {:.4f}) | "
+                              "mlm acc {:.4f} | lr {:.2e}",
+                              r.step, max_steps, r.samples, r.loss, r.mlm_loss, r.nsp_loss,
+                              r.mlm_accuracy, r.lr);
   if (r.grad_norm >= 0) s += fmt::format(" | gnorm {:.3f}", r.grad_norm);
   s += fmt::format(" | {} samples/s | {} tok/s | pad {:.1f}% | imb {:.2f} | wait {:.3f}s",
                    format_rate(r.samples_per_s), format_rate(r.tokens_per_s),

@@ -70,6 +70,14 @@ TEST_F(TrainCli, ConfigErrorsNameTheKeyBeforeAnyWork) {
     EXPECT_EQ(out.find("packbert train:"), std::string::npos)
         << "work started despite a bad config: " << c.args << "\n" << out;
   }
+  // --help names the options and how overrides are written.
+  std::string help;
+  ASSERT_EQ(run_command(kBin + " train --help", &help), 0) << help;
+  for (const char* want : {"--config", "--resume", "--init-checkpoint", "--print-config",
+                           "--section.key=VALUE"})
+    EXPECT_NE(help.find(want), std::string::npos) << want << "\n" << help;
+  ASSERT_EQ(run_command(kBin + " eval --help", &help), 0) << help;
+  EXPECT_NE(help.find("--checkpoint"), std::string::npos) << help;
   // --print-config: every key, resolved, read back by the loader.
   std::string out;
   ASSERT_EQ(run_command(kBin + " train --config " + dir + "/config.toml --print-config "
@@ -126,6 +134,22 @@ TEST_F(TrainCli, RunWritesMetricsEvalsCheckpointsAndEvalAgrees) {
   EXPECT_EQ(j.at("eval_accuracy").get<double>(), evals.back().at("eval_accuracy").get<double>());
   EXPECT_EQ(j.at("eval_loss").get<double>(), evals.back().at("eval_loss").get<double>());
   EXPECT_EQ(j.at("samples").get<int64_t>(), 40);
+
+  // Split over two ranks: the counts are exact sums, so the accuracy is the same number.
+  ASSERT_EQ(run_command(std::string(PACKBERT_MPIEXEC) +
+                            " --allow-run-as-root --oversubscribe --mca btl self,vader -np 2 " +
+                            kBin + " eval --config " + dir + "/config.toml --checkpoint " + last +
+                            " 2>/dev/null",
+                        &out),
+            0)
+      << out;
+  const size_t at2 = out.find("{\"checkpoint\"");
+  ASSERT_NE(at2, std::string::npos) << out;
+  const auto j2 = nlohmann::json::parse(out.substr(at2, out.find('\n', at2) - at2));
+  EXPECT_EQ(j2.at("eval_accuracy").get<double>(), j.at("eval_accuracy").get<double>());
+  EXPECT_EQ(j2.at("masked_tokens").get<int64_t>(), j.at("masked_tokens").get<int64_t>());
+  EXPECT_NEAR(j2.at("eval_loss").get<double>(), j.at("eval_loss").get<double>(),
+              1e-6 * j.at("eval_loss").get<double>());
 }
 
 TEST_F(TrainCli, SigkilledRunResumesWithBitIdenticalLosses) {

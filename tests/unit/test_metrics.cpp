@@ -96,7 +96,7 @@ TEST(Metrics, JsonHasEveryField) {
 TEST(Metrics, ProgressLine) {
   const ProgressRecord r = sample_record();
   const std::string s = format_progress_line(r, 1000);
-  for (const char* want : {"step 120/1000", "30720 samples", "loss 6.8123", "mlm acc 0.1523",
+  for (const char* want : {"step 120/1000", "30720 samples", "loss 6.8123 (mlm 6.1000, nsp 0.7100)", "mlm acc 0.1523",
                            "lr 3.50e-04", "812.3 samples/s", "103.9k tok/s", "pad 12.5%",
                            "imb 1.02", "wait 0.001s", "rss 1.29 GiB", "skipped 2", "eta 18m05s",
                            "gnorm 1.250"})
