@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace packbert {
 
@@ -36,7 +37,11 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["eta_s"] = r.eta_s;
   j["elapsed_s"] = r.elapsed_s;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
-  j["activation_bytes"] = r.activation_bytes;
+  j["activation_peak_bytes"] = r.activation_peak_bytes;
+  nlohmann::json kinds = nlohmann::json::object();
+  for (const auto& [kind, bytes] : r.activation_bytes_by_kind) kinds[kind] = bytes;
+  j["activation_bytes_by_kind"] = kinds;
+  j["mst_chunks"] = r.mst_chunks;
   j["skipped_steps"] = r.skipped_steps;
   return j;
 }
@@ -80,7 +85,9 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
                    format_rate(r.samples_per_s), format_rate(r.tokens_per_s),
                    100.0 * r.padding_fraction, r.imbalance, r.data_wait_s);
   s += fmt::format(" | rss {}", format_bytes(r.peak_rss_bytes));
-  if (r.activation_bytes > 0) s += fmt::format(" | act {}", format_bytes(r.activation_bytes));
+  if (r.activation_peak_bytes > 0)
+    s += fmt::format(" | act peak {}", format_bytes(r.activation_peak_bytes));
+  if (r.mst_chunks > 1) s += fmt::format(" (mst {})", r.mst_chunks);
   if (r.skipped_steps > 0) s += fmt::format(" | skipped {}", r.skipped_steps);
   s += fmt::format(" | eta {}", format_duration(r.eta_s));
   return s;
@@ -88,15 +95,7 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path_.empty()) return;
-  std::filesystem::path p(path_);
-  if (p.has_parent_path()) {
-    std::error_code ec;
-    std::filesystem::create_directories(p.parent_path(), ec);
-    PB_REQUIRE(!ec, "{}: cannot create the metrics file's directory: {}", path_, ec.message());
-  }
-  file_ = std::fopen(path_.c_str(), "a");
-  PB_REQUIRE(file_ != nullptr, "{}: cannot open the metrics file for appending: {}", path_,
-             std::strerror(errno));
+  file_ = open_for_append(path_, "metrics file");
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "optim/lr_schedule.h"
 
 namespace packbert {
@@ -107,15 +108,7 @@ std::string mllog_source_name(const char* file) {
 MlLogger::MlLogger(const std::string& path, bool enabled, bool echo)
     : enabled_(enabled), echo_(echo), path_(path) {
   if (!enabled_ || path_.empty()) return;
-  std::filesystem::path p(path_);
-  if (p.has_parent_path()) {
-    std::error_code ec;
-    std::filesystem::create_directories(p.parent_path(), ec);
-    PB_REQUIRE(!ec, "{}: cannot create the MLPerf log's directory: {}", path_, ec.message());
-  }
-  file_ = std::fopen(path_.c_str(), "a");
-  PB_REQUIRE(file_ != nullptr, "{}: cannot open the MLPerf log for appending: {}", path_,
-             std::strerror(errno));
+  file_ = open_for_append(path_, "MLPerf log");
 }
 
 MlLogger::~MlLogger() {

@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "core/error.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,6 +91,22 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 }  // namespace packbert::test

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,5 +39,11 @@ Sample random_sample(std::mt19937_64& rng, int min_len, int max_len, int max_pre
 int run_command(const std::string& cmd, std::string* output = nullptr);
 
 std::string read_file(const std::string& path);
+// The file's lines without their newlines (empty when the file is missing).
+std::vector<std::string> read_lines(const std::string& path);
+
+// The message of the packbert::Error f throws, "<no error>" when it throws none (other
+// exceptions propagate).
+std::string error_of(const std::function<void()>& f);
 
 }  // namespace packbert::test

@@ -8,17 +8,12 @@
 #include "backend.h"
 #include "core/tensor.h"
 
+#include "test_util.h"
+
 namespace packbert {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(TensorView, ShapeBytesAndName) {
   std::vector<float> buf(24);

@@ -32,15 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::TempDir;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 // A tiny model's state: random parameters and moments (every element distinct from zero).
 struct State {

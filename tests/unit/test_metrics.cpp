@@ -13,27 +13,16 @@
 #include "core/error.h"
 #include "train/metrics.h"
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 using namespace packbert;
 using nlohmann::json;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() / ("packbert_metrics_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::vector<std::string> read_lines(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(line);
-  return lines;
-}
+using test::read_lines;
+using test::TempDir;
 
 ProgressRecord sample_record() {
   ProgressRecord r;
@@ -57,7 +46,7 @@ ProgressRecord sample_record() {
   r.eta_s = 1085;
   r.elapsed_s = 37.2;
   r.peak_rss_bytes = int64_t{1321} << 20;
-  r.activation_bytes = 0;
+  r.activation_peak_bytes = 0;
   r.skipped_steps = 2;
   return r;
 }
@@ -88,9 +77,31 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_DOUBLE_EQ(j.at("eta_s").get<double>(), 1085);
   EXPECT_DOUBLE_EQ(j.at("elapsed_s").get<double>(), 37.2);
   EXPECT_EQ(j.at("peak_rss_bytes"), int64_t{1321} << 20);
-  EXPECT_EQ(j.at("activation_bytes"), 0);
+  EXPECT_EQ(j.at("activation_peak_bytes"), 0);
+  EXPECT_TRUE(j.at("activation_bytes_by_kind").is_object());
+  EXPECT_TRUE(j.at("activation_bytes_by_kind").empty());
+  EXPECT_EQ(j.at("mst_chunks"), 0);
   EXPECT_EQ(j.at("skipped_steps"), 2);
-  EXPECT_EQ(j.size(), 23u);
+  EXPECT_EQ(j.size(), 25u);
+}
+
+TEST(Metrics, ActivationReportInJsonAndProgressLine) {
+  ProgressRecord r = sample_record();
+  r.activation_peak_bytes = int64_t{3} << 30;
+  r.activation_bytes_by_kind = {{"hidden", int64_t{1} << 30}, {"mlp", int64_t{2} << 30}};
+  r.mst_chunks = 8;
+  const json j = to_json(r);
+  EXPECT_EQ(j.at("activation_peak_bytes"), int64_t{3} << 30);
+  EXPECT_EQ(j.at("activation_bytes_by_kind").size(), 2u);
+  EXPECT_EQ(j.at("activation_bytes_by_kind").at("hidden"), int64_t{1} << 30);
+  EXPECT_EQ(j.at("activation_bytes_by_kind").at("mlp"), int64_t{2} << 30);
+  EXPECT_EQ(j.at("mst_chunks"), 8);
+  const std::string s = format_progress_line(r, 1000);
+  EXPECT_NE(s.find("act peak 3.00 GiB (mst 8)"), std::string::npos) << s;
+  r.mst_chunks = 1;
+  EXPECT_EQ(format_progress_line(r, 1000).find("mst"), std::string::npos);
+  r.activation_peak_bytes = 0;
+  EXPECT_EQ(format_progress_line(r, 1000).find("act"), std::string::npos);
 }
 
 TEST(Metrics, ProgressLine) {
@@ -124,7 +135,8 @@ TEST(Metrics, Formatting) {
 }
 
 TEST(Metrics, WriterCreatesDirectoriesAndAppends) {
-  const fs::path dir = temp_dir("w");
+  const TempDir tmp;
+  const fs::path dir = tmp.path();
   const fs::path path = dir / "a" / "b" / "metrics.jsonl";
   {
     MetricsWriter w(path.string());
@@ -155,7 +167,8 @@ TEST(Metrics, EmptyPathIsOff) {
 }
 
 TEST(Metrics, UnwritablePathNamesIt) {
-  const fs::path dir = temp_dir("bad");
+  const TempDir tmp;
+  const fs::path dir = tmp.path();
   std::ofstream(dir / "regular") << "x";
   const std::string bad = (dir / "regular" / "sub" / "metrics.jsonl").string();
   try {

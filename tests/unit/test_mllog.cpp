@@ -20,28 +20,18 @@
 #include "train/mllog.h"
 #include "train/train_config.h"
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 using namespace packbert;
 using nlohmann::json;
 
 namespace {
 
+using test::read_lines;
+using test::TempDir;
+
 const char* kPython = "/usr/bin/python3";
-
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("packbert_mllog_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::vector<std::string> read_lines(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(line);
-  return lines;
-}
 
 // Runs a shell command, returns (exit status, stdout+stderr).
 std::pair<int, std::string> run(const std::string& cmd) {
@@ -96,7 +86,8 @@ TEST(MlLog, MatchesPythonEncoder) {
   const json metadata = {{"epoch_num", 150000}, {"status", "success"}};
   const std::string ours = MlLogger::format_line(1700000000123, "INTERVAL_END", "run_stop", value,
                                                  metadata, "src/a.cpp", 7);
-  const fs::path dir = temp_dir("py");
+  const TempDir tmp;
+  const fs::path dir = tmp.path();
   std::ofstream(dir / "v.json") << value.dump();
   std::ofstream(dir / "m.json") << json{{"file", "src/a.cpp"}, {"lineno", 7}, {"epoch_num", 150000},
                                         {"status", "success"}}
@@ -117,7 +108,8 @@ TEST(MlLog, MatchesPythonEncoder) {
 }
 
 TEST(MlLog, WritesParsableLinesWithCallSite) {
-  const fs::path dir = temp_dir("lines");
+  const TempDir tmp;
+  const fs::path dir = tmp.path();
   const fs::path path = dir / "sub" / "mllog.txt";
   const int64_t before = now_ms();
   int line_event = 0, line_start = 0;
@@ -162,7 +154,8 @@ TEST(MlLog, WritesParsableLinesWithCallSite) {
 }
 
 TEST(MlLog, DisabledWritesNothing) {
-  const fs::path dir = temp_dir("off");
+  const TempDir tmp;
+  const fs::path dir = tmp.path();
   const fs::path path = dir / "never" / "mllog.txt";
   {
     MlLogger log(path.string(), /*enabled=*/false);
@@ -176,7 +169,8 @@ TEST(MlLog, DisabledWritesNothing) {
 }
 
 TEST(MlLog, UnwritablePathNamesIt) {
-  const fs::path dir = temp_dir("bad");
+  const TempDir tmp;
+  const fs::path dir = tmp.path();
   std::ofstream(dir / "file") << "x";
   const std::string bad = (dir / "file" / "mllog.txt").string();
   try {
@@ -193,7 +187,8 @@ TEST(MlLog, UnwritablePathNamesIt) {
 TEST(MlLog, SyntheticRunPassesComplianceChecker) {
   if (!python_has("mlperf_logging.compliance_checker"))
     GTEST_SKIP() << "mlperf_logging.compliance_checker is not installed for " << kPython;
-  const fs::path dir = temp_dir("run");
+  const TempDir tmp;
+  const fs::path dir = tmp.path();
   const fs::path path = dir / "result_0.txt";
   TrainConfig c = load_train_config("", {"model.preset=large", "train.global_batch_size=256",
                                          "train.max_steps=13700", "optim.lr=3.5e-4",

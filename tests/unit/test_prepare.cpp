@@ -27,6 +27,7 @@ namespace packbert {
 namespace {
 
 namespace fs = std::filesystem;
+using test::error_of;
 const std::string kVocab = std::string(PACKBERT_REPO_DATA) + "/vocab.txt";
 const std::string kDemo = std::string(PACKBERT_REPO_DATA) + "/kjv-bible-docs.txt.gz";
 const std::string kBin = PACKBERT_BINARY;
@@ -53,15 +54,6 @@ void write_gz(const std::string& path, const std::string& text) {
 }
 
 // The message of the packbert::Error f throws ("" when none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 SampleRules rules_for(int max_seq_len) {
   SampleRules r;
   r.vocab_size = vocab().size();
