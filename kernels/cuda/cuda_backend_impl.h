@@ -1,0 +1,177 @@
+// CudaBackend's declaration and the host helpers its .cpp files share (internal to kernels/cuda).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <unordered_map>
+#include <vector>
+
+#include "backend.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_kernels.h"
+
+// Every CUDA runtime call is checked; the error names the op, the call and file:line.
+#define PB_CUDA_OP(op, call)                                                                 \
+  do {                                                                                       \
+    const cudaError_t pb_err_ = (call);                                                      \
+    if (pb_err_ != cudaSuccess)                                                              \
+      PB_THROW("{}: CUDA error '{}' ({}) from {} at {}:{}", op, cudaGetErrorString(pb_err_), \
+               cudaGetErrorName(pb_err_), #call, __FILE__, __LINE__);                        \
+  } while (0)
+
+#define PB_CUBLASLT_OP(op, call)                                                             \
+  do {                                                                                       \
+    const cublasStatus_t pb_st_ = (call);                                                    \
+    if (pb_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      PB_THROW("{}: cuBLASLt error {} ({}) from {} at {}:{}", op,                            \
+               cublasLtGetStatusName(pb_st_), cublasLtGetStatusString(pb_st_), #call,        \
+               __FILE__, __LINE__);                                                          \
+  } while (0)
+
+namespace packbert {
+
+// One cuBLASLt matmul in column-major terms: D = alpha op(A) op(B) + beta C with C = D
+// (m x n, ld ldc), alpha = 1. A is stored (transa ? k x m : m x k), B (transb ? n x k : k x n).
+struct GemmCall {
+  bool transa = false, transb = false;
+  int64_t m = 0, n = 0, k = 0;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  float beta = 0.f;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;  // BIAS: the bias (read); BGRADB: the bias gradient (written, not added)
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const CudaBackendOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda; }
+  void synchronize(const char* op);
+
+  void zero(const Tensor& t) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+
+  void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
+                         const Tensor& segment_ids, const EmbeddingParams& params,
+                         const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,
+                         const Tensor& ln_rstd) override;
+  void embedding_backward(const SeqLayout& layout, const Tensor& input_ids,
+                          const Tensor& segment_ids, const EmbeddingParams& params,
+                          const Dropout& dropout, const Tensor& ln_mean, const Tensor& ln_rstd,
+                          const Tensor& dout, const EmbeddingParams& grads) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue epilogue,
+                      const Tensor& out, const Tensor& pre) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db,
+                       const LinearBackwardOptions& options) override;
+
+  void residual_layernorm_forward(const SeqLayout& layout, const Tensor& x, const Tensor& bias,
+                                  const Tensor& residual, const LayerNormParams& ln,
+                                  const Dropout& dropout, const Tensor& out, const Tensor& ln_in,
+                                  const Tensor& ln_mean, const Tensor& ln_rstd) override;
+  void residual_layernorm_backward(const SeqLayout& layout, const Tensor& dout,
+                                   const Tensor& ln_in, const Tensor& ln_mean,
+                                   const Tensor& ln_rstd, const LayerNormParams& ln,
+                                   const Dropout& dropout, const Tensor& dx,
+                                   const Tensor& dresidual, const Tensor& dbias,
+                                   const LayerNormParams& dln) override;
+
+  void attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
+                         const Dropout& dropout, const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, const Tensor& dout, int num_heads,
+                          const Dropout& dropout, const Tensor& dqkv) override;
+
+  void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) override;
+  void gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) override;
+
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                             const Tensor& loss_sum, const Tensor& num_correct,
+                             const Tensor& dlogits) override;
+  void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
+                float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                const Tensor& db) override;
+  void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
+                const Tensor& labels, float grad_scale, const Tensor& workspace,
+                const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                const PoolerParams& grads) override;
+
+  void l2_norm(const Tensor& x, const Tensor& out) override;
+  void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
+                 const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                 const Tensor& norms_ws) override;
+
+ private:
+  // ---- helpers (cuda_backend.cpp) ----
+  void begin(const char* op);               // makes the backend's device current
+  void end(const char* op);                 // options_.sync_each_op: wait and check
+  void launched(const char* op, const char* kernel, cudaError_t e);
+  void expect(const char* op, const char* name, const Tensor& t, DType dtype,
+              std::initializer_list<int64_t> dims);
+  void expect_optional(const char* op, const char* name, const Tensor& t, DType dtype,
+                       std::initializer_list<int64_t> dims);
+  void check_pointer(const char* op, const char* name, const Tensor& t);
+  // Shapes and devices of the layout's tensors; with validate_indices also their contents.
+  cuda::DeviceLayout device_layout(const char* op, const SeqLayout& layout, int64_t rows);
+  template <typename T>
+  std::vector<T> to_host(const char* op, const Tensor& t);
+  void check_indices(const char* op, const char* name, const Tensor& index, int64_t bound);
+  // Grow-only device scratch (the documented exception to "the caller provides every buffer"):
+  // doubles for the fixed-order reductions, floats for a bias gradient, bytes for LAMB's work
+  // list. Warm after the first step of the largest shape.
+  double* scratch_doubles(const char* op, size_t n);
+  float* scratch_floats(const char* op, size_t n);
+  void* scratch_bytes(const char* op, size_t n);
+
+  // ---- cuBLASLt (cuda_linear.cpp) ----
+  // Runs the matmul; false when cuBLASLt has no algorithm for this epilogue (the caller then
+  // falls back to DEFAULT plus a kernel). The heuristic's choice is cached per shape.
+  bool gemm(const char* op, const GemmCall& g);
+
+  struct GemmKey {
+    int64_t m, n, k, lda, ldb, ldc;
+    int32_t transa, transb, epilogue, beta_zero;
+    uint32_t align_a, align_b, align_c, align_bias;
+    bool operator==(const GemmKey& o) const;
+  };
+  struct GemmKeyHash {
+    size_t operator()(const GemmKey& k) const;
+  };
+  struct GemmPlan {
+    bool supported = false;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  int device_;
+  CudaBackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;  // cuBLASLt workspace
+  size_t workspace_bytes_ = 0;
+  std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> plans_;
+  void* scratch_d_ = nullptr;
+  size_t scratch_d_bytes_ = 0;
+  void* scratch_f_ = nullptr;
+  size_t scratch_f_bytes_ = 0;
+  void* scratch_b_ = nullptr;
+  size_t scratch_b_bytes_ = 0;
+  // LAMB's host-side work list (kept so that asynchronous uploads read live memory).
+  std::vector<cuda::LambChunk> lamb_chunks_;
+  std::vector<cuda::LambTensorRange> lamb_ranges_;
+};
+
+}  // namespace packbert

@@ -1,0 +1,140 @@
+// The CUDA backend's kernels as plain launch functions: raw device pointers in, a cudaError_t
+// out (the launch's cudaGetLastError). The host side (cuda_backend*.cpp, plain C++) checks every
+// argument before it calls one of these and turns an error into packbert::Error naming the op;
+// the .cu files hold only device code and launch configurations.
+//
+// Determinism: no kernel here uses floating-point atomics. Every reduction runs in a fixed order
+// (per-thread sequential loops, then fixed warp/block trees, then fixed-order second passes),
+// so a result never depends on scheduling.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/philox.h"
+
+namespace packbert::cuda {
+
+// The device arrays of a SeqLayout.
+struct DeviceLayout {
+  const int32_t* seq_start = nullptr;
+  const int32_t* seq_len = nullptr;
+  const int64_t* sample_id = nullptr;
+  const int32_t* token_seq = nullptr;
+  const int32_t* token_pos = nullptr;
+  int64_t rows = 0;
+  int32_t num_seqs = 0;
+  int32_t max_len = 0;
+};
+
+// ---- elementwise and reductions (misc_kernels.cu) ----------------------------------------
+// out = gelu(pre), n elements (the erf GELU of common/math.h).
+cudaError_t gelu_forward(const float* pre, float* out, int64_t n, cudaStream_t s);
+// g *= gelu_grad(pre), n elements.
+cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, cudaStream_t s);
+// c[r, :] += bias for rows x cols (the fallback when cuBLASLt's BIAS epilogue is unavailable).
+cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols,
+                          cudaStream_t s);
+// out[c] += sum over rows of x[r * ld + c] (c < cols), in double, rows in fixed chunks of
+// kColumnChunk summed in order, then the chunks in order. partial: doubles, at least
+// column_sum_partials(rows, cols).
+constexpr int64_t kColumnChunk = 256;
+inline int64_t column_sum_partials(int64_t rows, int64_t cols) {
+  return (rows + kColumnChunk - 1) / kColumnChunk * cols;
+}
+cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                            double* partial, float* out, cudaStream_t s);
+// dst[i] += src[i].
+cudaError_t add_inplace(float* dst, const float* src, int64_t n, cudaStream_t s);
+// x = tanh(x); dp *= 1 - p^2.
+cudaError_t tanh_inplace(float* x, int64_t n, cudaStream_t s);
+cudaError_t tanh_backward_inplace(float* dp, const float* p, int64_t n, cudaStream_t s);
+// out[i, :] = x[index[i], :] (h columns).
+cudaError_t gather_rows(const float* x, const int32_t* index, float* out, int64_t m, int64_t h,
+                        cudaStream_t s);
+// dx[index[i], :] += dout[i, :] for i in order (one thread per column walks i in order).
+cudaError_t scatter_add_rows_ordered(const float* dout, const int32_t* index, float* dx,
+                                     int64_t m, int64_t h, cudaStream_t s);
+// Softmax cross-entropy over m rows of v logits. Per row (one block): first argmax, lse, loss;
+// dlogits (may alias logits, may be null) = (softmax - onehot) * grad_scale. Row losses and
+// correct flags go to row_loss / row_correct (m doubles each), then one block adds their sums
+// (in row order) to loss_sum[0] and num_correct[0].
+cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t m,
+                                  int64_t v, float grad_scale, float* dlogits, double* row_loss,
+                                  double* row_correct, float* loss_sum, int32_t* num_correct,
+                                  cudaStream_t s);
+// Sum of squares of n floats into partial[block] (blocks of kNormChunk, double, fixed tree),
+// then out[0] = sqrt(sum of the partials in order). partial: l2_norm_partials(n) doubles.
+constexpr int64_t kNormChunk = 8192;
+inline int64_t l2_norm_partials(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
+cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cudaStream_t s);
+
+// LAMB over a work list of chunks (each inside one tensor, at most kNormChunk elements).
+struct LambChunk {
+  int64_t tensor;  // row of the table
+  int64_t begin;   // first element (flat offset)
+  int64_t end;     // one past the last
+};
+struct LambTensorRange {
+  int64_t first_chunk;  // chunks [first_chunk, first_chunk + chunks) belong to the tensor
+  int64_t chunks;
+  float decay;          // weight decay of the tensor (0 for excluded tensors)
+  int32_t adapt;        // trust ratio applies (decay tensor and weight_decay != 0)
+};
+struct LambArgs {
+  float lr, beta1, beta2, beta3, bias_correction1, bias_correction2, eps, max_grad_norm;
+};
+// norms_ws: [2T] (||w|| then ||u||); partial: doubles, one per chunk.
+cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
+                      int64_t num_tensors, const LambArgs& args, const float* global_grad_norm,
+                      float* params, float* grads, float* m, float* v, float* norms_ws,
+                      double* partial, cudaStream_t s);
+
+// ---- LayerNorm family (layernorm_kernels.cu) ----------------------------------------------
+// backend.h's kLayerNormEps (the .cu files do not include backend.h; cuda_backend.cpp
+// static_asserts that the two agree).
+constexpr float kDeviceLayerNormEps = 1e-12f;
+struct EmbeddingPtrs {
+  const float* word;
+  const float* position;
+  const float* token_type;
+  const float* gamma;
+  const float* beta;
+  const int32_t* input_ids;
+  const int32_t* segment_ids;
+};
+cudaError_t embedding_forward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,
+                              const DropoutStream& ds, float* out, float* mean, float* rstd,
+                              cudaStream_t s);
+// dout is scratch (overwritten with the gradient wrt the embedding sum); grads may be null.
+// partial: doubles, at least 2 * column_sum_partials(rows, h).
+cudaError_t embedding_backward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,
+                               const DropoutStream& ds, const float* mean, const float* rstd,
+                               float* dout, float* dword, float* dpos, float* dtype,
+                               float* dgamma, float* dbeta, double* partial, cudaStream_t s);
+// h = dropout(x + bias) + residual; out = LN(h) * gamma + beta. bias / residual may be null;
+// ln_in may alias x. l is only read when dropout is enabled.
+cudaError_t residual_layernorm_forward(const DeviceLayout& l, const float* x, const float* bias,
+                                       const float* residual, const float* gamma,
+                                       const float* beta, const DropoutStream& ds, int64_t rows,
+                                       int64_t h, float* out, float* ln_in, float* mean,
+                                       float* rstd, cudaStream_t s);
+// dresidual may alias dout or be null; dbias / dgamma / dbeta may be null (+=).
+// partial: doubles, at least 2 * column_sum_partials(rows, h).
+cudaError_t residual_layernorm_backward(const DeviceLayout& l, const float* dout,
+                                        const float* ln_in, const float* mean, const float* rstd,
+                                        const float* gamma, const DropoutStream& ds, int64_t rows,
+                                        int64_t h, float* dx, float* dresidual, float* dbias,
+                                        float* dgamma, float* dbeta, double* partial,
+                                        cudaStream_t s);
+
+// ---- attention (attention_kernels.cu) ------------------------------------------------------
+constexpr int kAttentionMaxHeadDim = 64;  // this step's kernels; see the TODO list there
+cudaError_t attention_forward(const DeviceLayout& l, const float* qkv, int64_t hidden, int heads,
+                              const DropoutStream& ds, float* out, float* lse, cudaStream_t s);
+cudaError_t attention_backward(const DeviceLayout& l, const float* qkv, const float* out,
+                               const float* lse, const float* dout, int64_t hidden, int heads,
+                               const DropoutStream& ds, float* dqkv, cudaStream_t s);
+
+}  // namespace packbert::cuda

@@ -1,0 +1,237 @@
+// CudaBackend's token-wise layer ops (embedding, bias + dropout + residual + LayerNorm) and
+// attention: the CPU backend's checks, then the kernels of layernorm_kernels.cu and
+// attention_kernels.cu.
+#include "common/op_checks.h"
+#include "cuda/cuda_backend_impl.h"
+
+namespace packbert {
+
+namespace {
+void require_grid(const char* op, int64_t blocks) {
+  PB_REQUIRE(blocks <= 0x7fffffff, "{}: {} blocks exceed the CUDA grid", op, blocks);
+}
+}  // namespace
+
+void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
+                                    const Tensor& segment_ids, const EmbeddingParams& p,
+                                    const Dropout& dropout, const Tensor& out,
+                                    const Tensor& ln_mean, const Tensor& ln_rstd) {
+  const char* op = "embedding_forward";
+  const int64_t rows = layout.rows;
+  expect(op, "word", p.word, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t vocab = p.word.dim(0), h = p.word.dim(1);
+  expect(op, "position", p.position, DType::f32, {kAnyDim, h});
+  expect(op, "token_type", p.token_type, DType::f32, {kAnyDim, h});
+  expect(op, "ln_gamma", p.ln_gamma, DType::f32, {h});
+  expect(op, "ln_beta", p.ln_beta, DType::f32, {h});
+  expect(op, "input_ids", input_ids, DType::i32, {rows});
+  expect(op, "segment_ids", segment_ids, DType::i32, {rows});
+  expect(op, "out", out, DType::f32, {rows, h});
+  expect(op, "ln_mean", ln_mean, DType::f32, {rows});
+  expect(op, "ln_rstd", ln_rstd, DType::f32, {rows});
+  require_grid(op, rows);
+  begin(op);
+  const cuda::DeviceLayout dl = device_layout(op, layout, rows);
+  const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
+  if (options_.validate_indices && rows > 0) {
+    const auto ids = to_host<int32_t>(op, input_ids);
+    const auto segs = to_host<int32_t>(op, segment_ids);
+    const auto pos = to_host<int32_t>(op, layout.token_pos);
+    for (int64_t r = 0; r < rows; ++r)
+      PB_REQUIRE(ids[r] >= 0 && ids[r] < vocab && segs[r] >= 0 && segs[r] < p.token_type.dim(0) &&
+                     pos[r] < p.position.dim(0),
+                 "{}: row {} has token id {} (vocab {}), segment {} (types {}), position {} "
+                 "(positions {})",
+                 op, r, ids[r], vocab, segs[r], p.token_type.dim(0), pos[r], p.position.dim(0));
+  }
+  if (rows == 0 || h == 0) return end(op);
+  const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),     p.position.ptr<float>(),
+                               p.token_type.ptr<float>(), p.ln_gamma.ptr<float>(),
+                               p.ln_beta.ptr<float>(),  input_ids.ptr<int32_t>(),
+                               segment_ids.ptr<int32_t>()};
+  launched(op, "embedding_forward",
+           cuda::embedding_forward(dl, ep, h, ds, out.ptr<float>(), ln_mean.ptr<float>(),
+                                   ln_rstd.ptr<float>(), stream_));
+  end(op);
+}
+
+void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& input_ids,
+                                     const Tensor& segment_ids, const EmbeddingParams& p,
+                                     const Dropout& dropout, const Tensor& ln_mean,
+                                     const Tensor& ln_rstd, const Tensor& dout,
+                                     const EmbeddingParams& grads) {
+  const char* op = "embedding_backward";
+  const int64_t rows = layout.rows;
+  expect(op, "word", p.word, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t h = p.word.dim(1);
+  expect(op, "position", p.position, DType::f32, {kAnyDim, h});
+  expect(op, "token_type", p.token_type, DType::f32, {kAnyDim, h});
+  expect(op, "ln_gamma", p.ln_gamma, DType::f32, {h});
+  expect(op, "input_ids", input_ids, DType::i32, {rows});
+  expect(op, "segment_ids", segment_ids, DType::i32, {rows});
+  expect(op, "ln_mean", ln_mean, DType::f32, {rows});
+  expect(op, "ln_rstd", ln_rstd, DType::f32, {rows});
+  expect(op, "dout", dout, DType::f32, {rows, h});
+  expect_optional(op, "grads.word", grads.word, DType::f32, {p.word.dim(0), h});
+  expect_optional(op, "grads.position", grads.position, DType::f32, {p.position.dim(0), h});
+  expect_optional(op, "grads.token_type", grads.token_type, DType::f32, {p.token_type.dim(0), h});
+  expect_optional(op, "grads.ln_gamma", grads.ln_gamma, DType::f32, {h});
+  expect_optional(op, "grads.ln_beta", grads.ln_beta, DType::f32, {h});
+  require_grid(op, rows);
+  PB_REQUIRE((rows + cuda::kColumnChunk - 1) / cuda::kColumnChunk <= 65535,
+             "{}: {} rows exceed the column-sum grid", op, rows);
+  begin(op);
+  const cuda::DeviceLayout dl = device_layout(op, layout, rows);
+  const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
+  // Ids were validated by the forward; backward trusts them (same buffers, same step).
+  if (rows == 0 || h == 0) return end(op);
+  const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),       p.position.ptr<float>(),
+                               p.token_type.ptr<float>(), p.ln_gamma.ptr<float>(),
+                               nullptr,                   input_ids.ptr<int32_t>(),
+                               segment_ids.ptr<int32_t>()};
+  auto ptr = [](const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
+  double* partial = scratch_doubles(op, 2 * static_cast<size_t>(cuda::column_sum_partials(rows, h)));
+  launched(op, "embedding_backward",
+           cuda::embedding_backward(dl, ep, h, ds, ln_mean.ptr<float>(), ln_rstd.ptr<float>(),
+                                    dout.ptr<float>(), ptr(grads.word), ptr(grads.position),
+                                    ptr(grads.token_type), ptr(grads.ln_gamma),
+                                    ptr(grads.ln_beta), partial, stream_));
+  end(op);
+}
+
+void CudaBackend::residual_layernorm_forward(const SeqLayout& layout, const Tensor& x,
+                                             const Tensor& bias, const Tensor& residual,
+                                             const LayerNormParams& ln, const Dropout& dropout,
+                                             const Tensor& out, const Tensor& ln_in,
+                                             const Tensor& ln_mean, const Tensor& ln_rstd) {
+  const char* op = "residual_layernorm_forward";
+  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t rows = x.dim(0), h = x.dim(1);
+  expect_optional(op, "bias", bias, DType::f32, {h});
+  expect_optional(op, "residual", residual, DType::f32, {rows, h});
+  expect(op, "ln.gamma", ln.gamma, DType::f32, {h});
+  expect(op, "ln.beta", ln.beta, DType::f32, {h});
+  expect(op, "out", out, DType::f32, {rows, h});
+  expect(op, "ln_in", ln_in, DType::f32, {rows, h});
+  expect(op, "ln_mean", ln_mean, DType::f32, {rows});
+  expect(op, "ln_rstd", ln_rstd, DType::f32, {rows});
+  PB_REQUIRE(out.data != ln_in.data && out.data != x.data, "{}: out may not alias x or ln_in", op);
+  require_grid(op, rows);
+  begin(op);
+  const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
+  cuda::DeviceLayout dl;
+  dl.rows = rows;
+  if (dropout_enabled(ds)) dl = device_layout(op, layout, rows);
+  if (rows == 0 || h == 0) return end(op);
+  launched(op, "residual_layernorm_forward",
+           cuda::residual_layernorm_forward(
+               dl, x.ptr<float>(), bias.defined() ? bias.ptr<float>() : nullptr,
+               residual.defined() ? residual.ptr<float>() : nullptr, ln.gamma.ptr<float>(),
+               ln.beta.ptr<float>(), ds, rows, h, out.ptr<float>(), ln_in.ptr<float>(),
+               ln_mean.ptr<float>(), ln_rstd.ptr<float>(), stream_));
+  end(op);
+}
+
+void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Tensor& dout,
+                                              const Tensor& ln_in, const Tensor& ln_mean,
+                                              const Tensor& ln_rstd, const LayerNormParams& ln,
+                                              const Dropout& dropout, const Tensor& dx,
+                                              const Tensor& dresidual, const Tensor& dbias,
+                                              const LayerNormParams& dln) {
+  const char* op = "residual_layernorm_backward";
+  expect(op, "dout", dout, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t rows = dout.dim(0), h = dout.dim(1);
+  expect(op, "ln_in", ln_in, DType::f32, {rows, h});
+  expect(op, "ln_mean", ln_mean, DType::f32, {rows});
+  expect(op, "ln_rstd", ln_rstd, DType::f32, {rows});
+  expect(op, "ln.gamma", ln.gamma, DType::f32, {h});
+  expect(op, "dx", dx, DType::f32, {rows, h});
+  expect_optional(op, "dresidual", dresidual, DType::f32, {rows, h});
+  expect_optional(op, "dbias", dbias, DType::f32, {h});
+  expect_optional(op, "dln.gamma", dln.gamma, DType::f32, {h});
+  expect_optional(op, "dln.beta", dln.beta, DType::f32, {h});
+  PB_REQUIRE(dx.data != dout.data, "{}: dx may not alias dout (dresidual may)", op);
+  require_grid(op, rows);
+  PB_REQUIRE((rows + cuda::kColumnChunk - 1) / cuda::kColumnChunk <= 65535,
+             "{}: {} rows exceed the column-sum grid", op, rows);
+  begin(op);
+  const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
+  cuda::DeviceLayout dl;
+  dl.rows = rows;
+  if (dropout_enabled(ds)) dl = device_layout(op, layout, rows);
+  if (rows == 0 || h == 0) return end(op);
+  auto ptr = [](const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
+  double* partial = scratch_doubles(op, 2 * static_cast<size_t>(cuda::column_sum_partials(rows, h)));
+  launched(op, "residual_layernorm_backward",
+           cuda::residual_layernorm_backward(
+               dl, dout.ptr<float>(), ln_in.ptr<float>(), ln_mean.ptr<float>(),
+               ln_rstd.ptr<float>(), ln.gamma.ptr<float>(), ds, rows, h, dx.ptr<float>(),
+               ptr(dresidual), ptr(dbias), ptr(dln.gamma), ptr(dln.beta), partial, stream_));
+  end(op);
+}
+
+// ---- attention -------------------------------------------------------------------------------
+namespace {
+struct AttnShape {
+  int64_t rows, hidden, heads, head_dim;
+};
+
+AttnShape attention_shape(const char* op, const SeqLayout& layout, const Tensor& qkv,
+                          int num_heads) {
+  check_tensor(op, "qkv", qkv, DType::f32, {layout.rows, kAnyDim});
+  const int64_t ld = qkv.dim(1), hidden = ld / 3;
+  PB_REQUIRE(ld % 3 == 0 && num_heads >= 1 && hidden % num_heads == 0,
+             "{}: qkv width {} is not 3 x hidden with hidden divisible by {} heads", op, ld,
+             num_heads);
+  const int64_t d = hidden / num_heads;
+  PB_REQUIRE(d >= 1 && d <= cuda::kAttentionMaxHeadDim,
+             "{}: head dim {} is not supported by the CUDA fp32 attention yet (1..{})", op, d,
+             cuda::kAttentionMaxHeadDim);
+  PB_REQUIRE(num_heads <= 65535, "{}: {} heads exceed the grid", op, num_heads);
+  const int64_t blocks = int64_t{layout.num_seqs} * ((layout.max_len + 15) / 16);
+  PB_REQUIRE(blocks <= 0x7fffffff, "{}: {} blocks exceed the grid", op, blocks);
+  return AttnShape{layout.rows, hidden, num_heads, d};
+}
+}  // namespace
+
+void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
+                                    const Dropout& dropout, const Tensor& out, const Tensor& lse) {
+  const char* op = "attention_forward";
+  const AttnShape a = attention_shape(op, layout, qkv, num_heads);
+  expect(op, "qkv", qkv, DType::f32, {a.rows, 3 * a.hidden});
+  expect(op, "out", out, DType::f32, {a.rows, a.hidden});
+  expect(op, "lse", lse, DType::f32, {a.rows, a.heads});
+  begin(op);
+  const cuda::DeviceLayout dl = device_layout(op, layout, a.rows);
+  const DropoutStream ds =
+      checks::checked_dropout_stream(op, dropout, layout.max_len, a.heads, layout.max_len);
+  if (a.rows == 0) return end(op);
+  launched(op, "attention_forward",
+           cuda::attention_forward(dl, qkv.ptr<float>(), a.hidden, num_heads, ds,
+                                   out.ptr<float>(), lse.ptr<float>(), stream_));
+  end(op);
+}
+
+void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
+                                     const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                     int num_heads, const Dropout& dropout, const Tensor& dqkv) {
+  const char* op = "attention_backward";
+  const AttnShape a = attention_shape(op, layout, qkv, num_heads);
+  expect(op, "qkv", qkv, DType::f32, {a.rows, 3 * a.hidden});
+  expect(op, "out", out, DType::f32, {a.rows, a.hidden});
+  expect(op, "lse", lse, DType::f32, {a.rows, a.heads});
+  expect(op, "dout", dout, DType::f32, {a.rows, a.hidden});
+  expect(op, "dqkv", dqkv, DType::f32, {a.rows, 3 * a.hidden});
+  begin(op);
+  const cuda::DeviceLayout dl = device_layout(op, layout, a.rows);
+  const DropoutStream ds =
+      checks::checked_dropout_stream(op, dropout, layout.max_len, a.heads, layout.max_len);
+  if (a.rows == 0) return end(op);
+  launched(op, "attention_backward",
+           cuda::attention_backward(dl, qkv.ptr<float>(), out.ptr<float>(), lse.ptr<float>(),
+                                    dout.ptr<float>(), a.hidden, num_heads, ds,
+                                    dqkv.ptr<float>(), stream_));
+  end(op);
+}
+
+}  // namespace packbert

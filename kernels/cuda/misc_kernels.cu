@@ -1,0 +1,351 @@
+// Elementwise epilogues, deterministic column sums, gathers, softmax cross-entropy, the L2 norm
+// and LAMB. Simple grid-stride or block-per-row kernels; every reduction in a fixed order.
+#include "cuda/cuda_kernels.h"
+#include "cuda/device_util.cuh"
+
+namespace packbert::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void gelu_forward_kernel(const float* pre, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = gelu(pre[i]);
+}
+
+__global__ void gelu_backward_kernel(float* g, const float* pre, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    g[i] *= gelu_grad(pre[i]);
+}
+
+__global__ void add_bias_rows_kernel(float* c, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    c[i] += bias[i % cols];
+}
+
+__global__ void add_inplace_kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] += src[i];
+}
+
+__global__ void tanh_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = tanhf(x[i]);
+}
+
+__global__ void tanh_backward_kernel(float* dp, const float* p, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dp[i] *= 1.0f - p[i] * p[i];
+}
+
+// Stage 1: partial[chunk, c] = sum of its kColumnChunk rows, in row order (double).
+__global__ void column_partials_kernel(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                                       double* partial) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t r0 = blockIdx.y * kColumnChunk;
+  const int64_t r1 = r0 + kColumnChunk < rows ? r0 + kColumnChunk : rows;
+  double acc = 0.0;
+  for (int64_t r = r0; r < r1; ++r) acc += x[r * ld + c];
+  partial[blockIdx.y * cols + c] = acc;
+}
+
+// Stage 2: out[c] += the chunks' partials, in chunk order.
+__global__ void column_finish_kernel(const double* partial, int64_t chunks, int64_t cols,
+                                     float* out) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  double acc = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
+  out[c] += static_cast<float>(acc);
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* index, float* out, int64_t m,
+                                   int64_t h) {
+  const int64_t n = m * h;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / h, c = i - row * h;
+    out[i] = x[static_cast<int64_t>(index[row]) * h + c];
+  }
+}
+
+// One thread per column walks the rows in order: repeated indices add up in a fixed order.
+__global__ void scatter_add_ordered_kernel(const float* dout, const int32_t* index, float* dx,
+                                           int64_t m, int64_t h) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= h) return;
+  for (int64_t i = 0; i < m; ++i) dx[static_cast<int64_t>(index[i]) * h + c] += dout[i * h + c];
+}
+
+// One block per row; three passes over the row (argmax, sum of exp, gradient).
+__global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, int64_t v,
+                                    float grad_scale, float* dlogits, double* row_loss,
+                                    double* row_correct) {
+  __shared__ float best_val[kThreads];
+  __shared__ int64_t best_idx[kThreads];
+  __shared__ double scratch[32];
+  const int64_t row = blockIdx.x;
+  const float* z = logits + row * v;
+  const int tid = threadIdx.x;
+  float bv = -INFINITY;
+  int64_t bi = v;  // "none yet"
+  for (int64_t c = tid; c < v; c += blockDim.x)
+    if (bi == v || z[c] > bv) bv = z[c], bi = c;  // first maximum of this thread's columns
+  best_val[tid] = bv;
+  best_idx[tid] = bi;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (tid < o) {
+      const float ov = best_val[tid + o];
+      const int64_t oi = best_idx[tid + o];
+      // The larger value wins; equal values: the lower column (the first maximum).
+      if (oi < v && (best_idx[tid] == v || ov > best_val[tid] ||
+                     (ov == best_val[tid] && oi < best_idx[tid]))) {
+        best_val[tid] = ov;
+        best_idx[tid] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  const float mx = best_val[0];
+  const int64_t argmax = best_idx[0];
+  const int32_t label = labels[row];
+  const float z_label = z[label];  // read before any thread overwrites (dlogits may alias)
+  double sum = 0.0;
+  for (int64_t c = tid; c < v; c += blockDim.x) sum += exp(static_cast<double>(z[c] - mx));
+  sum = block_sum(sum, scratch);  // ends with a barrier: every read of z above is done
+  const double lse = mx + log(sum);
+  if (dlogits) {
+    float* d = dlogits + row * v;
+    for (int64_t c = tid; c < v; c += blockDim.x) {
+      float g = static_cast<float>(exp(static_cast<double>(z[c]) - lse)) * grad_scale;
+      if (c == label) g -= grad_scale;
+      d[c] = g;
+    }
+  }
+  if (tid == 0) {
+    row_loss[row] = lse - z_label;
+    row_correct[row] = argmax == label ? 1.0 : 0.0;
+  }
+}
+
+// One block adds the row results in row order (per thread), then a fixed tree.
+__global__ void softmax_xent_finish_kernel(const double* row_loss, const double* row_correct,
+                                           int64_t m, float* loss_sum, int32_t* num_correct) {
+  __shared__ double scratch[32];
+  double l = 0.0, c = 0.0;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) l += row_loss[i], c += row_correct[i];
+  l = block_sum(l, scratch);
+  c = block_sum(c, scratch);
+  if (threadIdx.x == 0) {
+    loss_sum[0] += static_cast<float>(l);
+    num_correct[0] += static_cast<int32_t>(c);
+  }
+}
+
+__global__ void sum_squares_chunks_kernel(const float* x, int64_t n, double* partial) {
+  __shared__ double scratch[32];
+  const int64_t i0 = blockIdx.x * kNormChunk;
+  const int64_t i1 = i0 + kNormChunk < n ? i0 + kNormChunk : n;
+  double s = 0.0;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+    s += static_cast<double>(x[i]) * x[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sqrt_of_sum_kernel(const double* partial, int64_t k, float* out) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) s += partial[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(sqrt(s));
+}
+
+// ---- LAMB ----------------------------------------------------------------------------------
+__global__ void lamb_sumsq_kernel(const LambChunk* chunks, const float* x, double* partial) {
+  __shared__ double scratch[32];
+  const LambChunk ch = chunks[blockIdx.x];
+  double s = 0.0;
+  for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x)
+    s += static_cast<double>(x[i]) * x[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One thread per tensor: its chunks' partials in order.
+__global__ void lamb_tensor_norm_kernel(const LambTensorRange* tensors, int64_t num_tensors,
+                                        const double* partial, float* norms) {
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (t >= num_tensors) return;
+  double s = 0.0;
+  for (int64_t k = 0; k < tensors[t].chunks; ++k) s += partial[tensors[t].first_chunk + k];
+  norms[t] = static_cast<float>(sqrt(s));
+}
+
+__global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
+                                   LambArgs a, const float* global_grad_norm, const float* w,
+                                   float* g, float* m, float* v, double* partial) {
+  __shared__ double scratch[32];
+  const LambChunk ch = chunks[blockIdx.x];
+  LambCoeffs c;
+  c.beta1 = a.beta1;
+  c.beta2 = a.beta2;
+  c.beta3 = a.beta3;
+  c.bias_correction1 = a.bias_correction1;
+  c.bias_correction2 = a.bias_correction2;
+  c.eps = a.eps;
+  c.clip_divisor = lamb_clip_divisor(global_grad_norm[0], a.max_grad_norm);
+  const float decay = tensors[ch.tensor].decay;
+  double s = 0.0;
+  for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
+    const float u = lamb_update(g[i], w[i], m[i], v[i], c, decay);
+    g[i] = u;
+    s += static_cast<double>(u) * u;
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
+                                  float lr, int64_t num_tensors, const float* norms, float* w,
+                                  const float* u) {
+  const LambChunk ch = chunks[blockIdx.x];
+  const LambTensorRange t = tensors[ch.tensor];
+  const float step = lamb_step_size(lr, norms[ch.tensor], norms[num_tensors + ch.tensor],
+                                    t.adapt != 0);
+  for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) w[i] -= step * u[i];
+}
+
+}  // namespace
+
+cudaError_t gelu_forward(const float* pre, float* out, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  gelu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, n);
+  return launched();
+}
+
+cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  gelu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, n);
+  return launched();
+}
+
+cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols,
+                          cudaStream_t s) {
+  if (rows * cols == 0) return cudaSuccess;
+  add_bias_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, s>>>(c, bias, rows, cols);
+  return launched();
+}
+
+cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                            double* partial, float* out, cudaStream_t s) {
+  if (cols == 0 || rows == 0) return cudaSuccess;
+  const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
+  const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(chunks));
+  column_partials_kernel<<<grid, kThreads, 0, s>>>(x, rows, cols, ld, partial);
+  cudaError_t e = launched();
+  if (e != cudaSuccess) return e;
+  column_finish_kernel<<<grid.x, kThreads, 0, s>>>(partial, chunks, cols, out);
+  return launched();
+}
+
+cudaError_t add_inplace(float* dst, const float* src, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  add_inplace_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, src, n);
+  return launched();
+}
+
+cudaError_t tanh_inplace(float* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  tanh_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, n);
+  return launched();
+}
+
+cudaError_t tanh_backward_inplace(float* dp, const float* p, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  tanh_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(dp, p, n);
+  return launched();
+}
+
+cudaError_t gather_rows(const float* x, const int32_t* index, float* out, int64_t m, int64_t h,
+                        cudaStream_t s) {
+  if (m * h == 0) return cudaSuccess;
+  gather_rows_kernel<<<grid_for(m * h, kThreads), kThreads, 0, s>>>(x, index, out, m, h);
+  return launched();
+}
+
+cudaError_t scatter_add_rows_ordered(const float* dout, const int32_t* index, float* dx,
+                                     int64_t m, int64_t h, cudaStream_t s) {
+  if (m * h == 0) return cudaSuccess;
+  scatter_add_ordered_kernel<<<grid_for(h, 128), 128, 0, s>>>(dout, index, dx, m, h);
+  return launched();
+}
+
+cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t m,
+                                  int64_t v, float grad_scale, float* dlogits, double* row_loss,
+                                  double* row_correct, float* loss_sum, int32_t* num_correct,
+                                  cudaStream_t s) {
+  if (m == 0) return cudaSuccess;
+  softmax_xent_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
+      logits, labels, v, grad_scale, dlogits, row_loss, row_correct);
+  cudaError_t e = launched();
+  if (e != cudaSuccess) return e;
+  softmax_xent_finish_kernel<<<1, kThreads, 0, s>>>(row_loss, row_correct, m, loss_sum,
+                                                    num_correct);
+  return launched();
+}
+
+cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cudaStream_t s) {
+  const int64_t k = l2_norm_partials(n);
+  if (k > 0) {
+    sum_squares_chunks_kernel<<<static_cast<unsigned>(k), kThreads, 0, s>>>(x, n, partial);
+    cudaError_t e = launched();
+    if (e != cudaSuccess) return e;
+  }
+  sqrt_of_sum_kernel<<<1, kThreads, 0, s>>>(partial, k, out);
+  return launched();
+}
+
+cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
+                      int64_t num_tensors, const LambArgs& a, const float* global_grad_norm,
+                      float* params, float* grads, float* m, float* v, float* norms_ws,
+                      double* partial, cudaStream_t s) {
+  if (num_tensors == 0) return cudaSuccess;
+  const unsigned tgrid = grid_for(num_tensors, 128);
+  const auto cgrid = static_cast<unsigned>(num_chunks);
+  cudaError_t e;
+  // ||w|| per tensor (before the step).
+  if (num_chunks > 0) {
+    lamb_sumsq_kernel<<<cgrid, kThreads, 0, s>>>(chunks, params, partial);
+    if ((e = launched()) != cudaSuccess) return e;
+  }
+  lamb_tensor_norm_kernel<<<tgrid, 128, 0, s>>>(tensors, num_tensors, partial, norms_ws);
+  if ((e = launched()) != cudaSuccess) return e;
+  // u into the gradient buffer, m and v in place, ||u|| per tensor.
+  if (num_chunks > 0) {
+    lamb_update_kernel<<<cgrid, kThreads, 0, s>>>(chunks, tensors, a, global_grad_norm, params,
+                                                  grads, m, v, partial);
+    if ((e = launched()) != cudaSuccess) return e;
+  }
+  lamb_tensor_norm_kernel<<<tgrid, 128, 0, s>>>(tensors, num_tensors, partial,
+                                                norms_ws + num_tensors);
+  if ((e = launched()) != cudaSuccess) return e;
+  if (num_chunks > 0) {
+    lamb_apply_kernel<<<cgrid, kThreads, 0, s>>>(chunks, tensors, a.lr, num_tensors, norms_ws,
+                                                 params, grads);
+    if ((e = launched()) != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace packbert::cuda
