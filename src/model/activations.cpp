@@ -5,23 +5,28 @@
 namespace packbert {
 
 void carve_activations(Carver& c, const BertConfig& config, const BatchShape& shape,
-                       int64_t mlm_chunk_rows, bool gradients, Bert::Activations& a) {
+                       const ActivationPlan& plan, Bert::Activations& a) {
+  using K = ActivationKind;
+  const DType f32 = DType::f32, i32 = DType::i32;
   const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
   const int64_t h = config.hidden, inter = config.intermediate;
-  const int64_t chunk = mlm_chunk_rows > 0 ? std::min(mlm_chunk_rows, m) : m;
+  const int64_t chunk = plan.mlm_chunk_rows > 0 ? std::min(plan.mlm_chunk_rows, m) : m;
+  const int64_t mlp_chunk = plan.mlp_chunk_rows > 0 ? std::min(plan.mlp_chunk_rows, rows) : 0;
+  const bool gradients = plan.gradients;
   a.shape = shape;
   a.gradients = gradients;
+  a.plan = plan;
 
-  a.input_ids = c.take(DType::i32, {rows});
-  a.segment_ids = c.take(DType::i32, {rows});
-  a.token_seq = c.take(DType::i32, {rows});
-  a.token_pos = c.take(DType::i32, {rows});
-  a.seq_start = c.take(DType::i32, {s});
-  a.seq_len = c.take(DType::i32, {s});
-  a.sample_id = c.take(DType::i64, {s});
-  a.nsp_labels = c.take(DType::i32, {s});
-  a.masked_rows = c.take(DType::i32, {m});
-  a.masked_labels = c.take(DType::i32, {m});
+  a.input_ids = c.take(K::batch, i32, {rows});
+  a.segment_ids = c.take(K::batch, i32, {rows});
+  a.token_seq = c.take(K::batch, i32, {rows});
+  a.token_pos = c.take(K::batch, i32, {rows});
+  a.seq_start = c.take(K::batch, i32, {s});
+  a.seq_len = c.take(K::batch, i32, {s});
+  a.sample_id = c.take(K::batch, DType::i64, {s});
+  a.nsp_labels = c.take(K::batch, i32, {s});
+  a.masked_rows = c.take(K::batch, i32, {m});
+  a.masked_labels = c.take(K::batch, i32, {m});
   a.layout.rows = rows;
   a.layout.num_seqs = static_cast<int32_t>(s);
   a.layout.max_len = shape.max_len;
@@ -31,52 +36,68 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   a.layout.token_seq = a.token_seq;
   a.layout.token_pos = a.token_pos;
 
-  a.emb_ln_mean = c.take(DType::f32, {rows});
-  a.emb_ln_rstd = c.take(DType::f32, {rows});
+  a.emb_ln_mean = c.take(K::layernorm, f32, {rows});
+  a.emb_ln_rstd = c.take(K::layernorm, f32, {rows});
+  auto carve_layer = [&] {
+    LayerActivations la;
+    la.qkv = c.take(K::attention, f32, {rows, 3 * h});
+    la.ctx = c.take(K::attention, f32, {rows, h});
+    la.lse = c.take(K::attention, f32, {rows, config.heads});
+    la.attn_ln_in = c.take(K::layernorm, f32, {rows, h});
+    la.attn_ln_mean = c.take(K::layernorm, f32, {rows});
+    la.attn_ln_rstd = c.take(K::layernorm, f32, {rows});
+    la.h1 = c.take(K::hidden, f32, {rows, h});
+    if (mlp_chunk == 0) {
+      la.ffn_pre = c.take(K::mlp, f32, {rows, inter});
+      la.ffn_act = c.take(K::mlp, f32, {rows, inter});
+    }
+    la.ffn_ln_in = c.take(K::layernorm, f32, {rows, h});
+    la.ffn_ln_mean = c.take(K::layernorm, f32, {rows});
+    la.ffn_ln_rstd = c.take(K::layernorm, f32, {rows});
+    return la;
+  };
   a.hidden.clear();
   a.layers.clear();
-  a.hidden.push_back(c.take(DType::f32, {rows, h}));
+  a.hidden.push_back(c.take(K::hidden, f32, {rows, h}));
   for (int64_t l = 0; l < config.layers; ++l) {
-    LayerActivations la;
-    la.qkv = c.take(DType::f32, {rows, 3 * h});
-    la.ctx = c.take(DType::f32, {rows, h});
-    la.lse = c.take(DType::f32, {rows, config.heads});
-    la.attn_ln_in = c.take(DType::f32, {rows, h});
-    la.attn_ln_mean = c.take(DType::f32, {rows});
-    la.attn_ln_rstd = c.take(DType::f32, {rows});
-    la.h1 = c.take(DType::f32, {rows, h});
-    la.ffn_pre = c.take(DType::f32, {rows, inter});
-    la.ffn_act = c.take(DType::f32, {rows, inter});
-    la.ffn_ln_in = c.take(DType::f32, {rows, h});
-    la.ffn_ln_mean = c.take(DType::f32, {rows});
-    la.ffn_ln_rstd = c.take(DType::f32, {rows});
-    a.layers.push_back(la);
-    a.hidden.push_back(c.take(DType::f32, {rows, h}));
+    if (!plan.layer_recompute) a.layers.push_back(carve_layer());
+    a.hidden.push_back(c.take(K::hidden, f32, {rows, h}));
   }
-  a.mlm_x = c.take(DType::f32, {m, h});
-  a.mlm_pre = c.take(DType::f32, {m, h});
-  a.mlm_act = c.take(DType::f32, {m, h});
-  a.mlm_ln_mean = c.take(DType::f32, {m});
-  a.mlm_ln_rstd = c.take(DType::f32, {m});
-  a.mlm_out = c.take(DType::f32, {m, h});
-  a.logits = c.take(DType::f32, {chunk, config.vocab_size});
-  a.nsp_ws = c.take(DType::f32, {nsp_workspace_elems(s, h)});
-  a.mlm_loss_sum = c.take(DType::f32, {1});
-  a.nsp_loss_sum = c.take(DType::f32, {1});
-  a.mlm_correct = c.take(DType::i32, {1});
-  a.nsp_correct = c.take(DType::i32, {1});
+  if (plan.layer_recompute) a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
+  a.mlp_pre = a.mlp_act = Tensor();
+  if (mlp_chunk > 0) {
+    a.mlp_pre = c.take(K::mlp, f32, {mlp_chunk, inter});
+    a.mlp_act = c.take(K::mlp, f32, {mlp_chunk, inter});
+  }
+  a.mlm_x = c.take(K::heads, f32, {m, h});
+  a.mlm_pre = c.take(K::heads, f32, {m, h});
+  a.mlm_act = c.take(K::heads, f32, {m, h});
+  a.mlm_ln_mean = c.take(K::heads, f32, {m});
+  a.mlm_ln_rstd = c.take(K::heads, f32, {m});
+  a.mlm_out = c.take(K::heads, f32, {m, h});
+  a.logits = c.take(K::mlm_logits, f32, {chunk, config.vocab_size});
+  a.nsp_ws = c.take(K::heads, f32, {nsp_workspace_elems(s, h)});
+  a.mlm_loss_sum = c.take(K::heads, f32, {1});
+  a.nsp_loss_sum = c.take(K::heads, f32, {1});
+  a.mlm_correct = c.take(K::heads, i32, {1});
+  a.nsp_correct = c.take(K::heads, i32, {1});
 
   a.mlm_dout = a.mlm_dact = a.mlm_dx = Tensor();
-  a.dhidden[0] = a.dhidden[1] = a.dtmp = a.dctx = a.dwide = Tensor();
+  a.dhidden[0] = a.dhidden[1] = a.dtmp = a.dctx = a.dwide = a.mlp_dpre = Tensor();
   if (!gradients) return;
-  a.mlm_dout = c.take(DType::f32, {m, h});
-  a.mlm_dact = c.take(DType::f32, {m, h});
-  a.mlm_dx = c.take(DType::f32, {m, h});
-  a.dhidden[0] = c.take(DType::f32, {rows, h});
-  a.dhidden[1] = c.take(DType::f32, {rows, h});
-  a.dtmp = c.take(DType::f32, {rows, h});
-  a.dctx = c.take(DType::f32, {rows, h});
-  a.dwide = c.take(DType::f32, {rows, std::max(inter, 3 * h)});
+  a.mlm_dout = c.take(K::heads, f32, {m, h});
+  a.mlm_dact = c.take(K::heads, f32, {m, h});
+  a.mlm_dx = c.take(K::heads, f32, {m, h});
+  a.dhidden[0] = c.take(K::grad_scratch, f32, {rows, h});
+  a.dhidden[1] = c.take(K::grad_scratch, f32, {rows, h});
+  a.dtmp = c.take(K::grad_scratch, f32, {rows, h});
+  a.dctx = c.take(K::grad_scratch, f32, {rows, h});
+  if (mlp_chunk > 0) {
+    a.dwide = c.take(K::grad_scratch, f32, {rows, 3 * h});
+    a.mlp_dpre = c.take(K::mlp, f32, {mlp_chunk, inter});
+  } else {
+    a.dwide = c.take(K::grad_scratch, f32, {rows, std::max(inter, 3 * h)});
+  }
 }
 
 void upload_batch(Backend& be, const Batch& b, Bert::Activations& a) {

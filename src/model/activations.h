@@ -26,9 +26,25 @@ struct LayerActivations {
   Tensor ffn_ln_rstd;   // [rows]
 };
 
+// How a micro-batch's activations are laid out (Bert::plan decides it from BertOptions).
+struct ActivationPlan {
+  bool gradients = true;
+  int64_t mlm_chunk_rows = 0;  // masked rows per decoder call; 0: all at once
+  // Rows per MLP chunk (mini-sequence). 0: each layer saves its MLP intermediate (ffn_pre,
+  // ffn_act [rows, I]) for backward. > 0: nothing of it is saved; the forward runs the MLP
+  // chunk by chunk through mlp_pre / mlp_act [chunk, I], the backward recomputes each chunk
+  // there and takes its gradient in mlp_dpre [chunk, I].
+  int64_t mlp_chunk_rows = 0;
+  // Only the layer inputs (hidden) are kept; every layer's saved tensors share one set of
+  // buffers (layers[l] are views of the same memory), refilled by recomputing layer l's
+  // forward before its backward.
+  bool layer_recompute = false;
+};
+
 struct Bert::Activations {
   BatchShape shape;
   bool gradients = false;
+  ActivationPlan plan;
 
   // The batch on the device.
   Tensor input_ids, segment_ids;          // i32 [rows]
@@ -42,7 +58,8 @@ struct Bert::Activations {
   // Forward.
   Tensor emb_ln_mean, emb_ln_rstd;        // [rows]
   std::vector<Tensor> hidden;             // L + 1 of [rows, H]: embeddings, then each layer
-  std::vector<LayerActivations> layers;
+  std::vector<LayerActivations> layers;    // L (all views of one set with layer_recompute)
+  Tensor mlp_pre, mlp_act;                // [chunk, I] MLP chunk (plan.mlp_chunk_rows > 0)
   Tensor mlm_x;                           // [masked, H] final hidden states of masked rows
   Tensor mlm_pre;                         // [masked, H] transform dense, before GELU
   Tensor mlm_act;                         // [masked, H] its GELU (the LayerNorm's saved input)
@@ -58,12 +75,15 @@ struct Bert::Activations {
   Tensor dhidden[2];                      // [rows, H] gradient wrt a layer's output / input
   Tensor dtmp;                            // [rows, H] d(FFN out) then d(attention out)
   Tensor dctx;                            // [rows, H]
-  Tensor dwide;                           // [rows, max(I, 3H)] d(FFN pre), then d(qkv)
+  Tensor dwide;                           // [rows, max(I, 3H)] d(FFN pre), then d(qkv);
+                                          // [rows, 3H] when the MLP is chunked
+  Tensor mlp_dpre;                        // [chunk, I] d(FFN pre) of one MLP chunk
 };
 
 // Lays the activations of a batch of `shape` out from the carver (measure with a null base).
+// Every buffer is charged to its ActivationKind (carver.used_by_kind()).
 void carve_activations(Carver& carver, const BertConfig& config, const BatchShape& shape,
-                       int64_t mlm_chunk_rows, bool gradients, Bert::Activations& act);
+                       const ActivationPlan& plan, Bert::Activations& act);
 
 // Copies the host batch into act's device tensors.
 void upload_batch(Backend& backend, const Batch& batch, Bert::Activations& act);

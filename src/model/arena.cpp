@@ -38,17 +38,39 @@ void Arena::reserve(size_t bytes) {
   ++allocations_;
 }
 
-void Arena::note_use(size_t bytes) {
-  PB_CHECK(bytes <= capacity_, "arena used {} bytes of {}", bytes, capacity_);
-  if (bytes > high_water_) high_water_ = bytes;
+const char* activation_kind_name(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::batch: return "batch";
+    case ActivationKind::hidden: return "hidden";
+    case ActivationKind::attention: return "attention";
+    case ActivationKind::layernorm: return "layernorm";
+    case ActivationKind::mlp: return "mlp";
+    case ActivationKind::mlm_logits: return "mlm_logits";
+    case ActivationKind::heads: return "heads";
+    case ActivationKind::grad_scratch: return "grad_scratch";
+    case ActivationKind::count: break;
+  }
+  return "?";
 }
 
-Tensor Carver::take(DType dtype, std::initializer_list<int64_t> dims) {
+void Arena::note_use(size_t bytes, const ActivationBytes& by_kind) {
+  PB_CHECK(bytes <= capacity_, "arena used {} bytes of {}", bytes, capacity_);
+  last_use_ = bytes;
+  last_by_kind_ = by_kind;
+  if (bytes > high_water_) {
+    high_water_ = bytes;
+    high_water_by_kind_ = by_kind;
+  }
+}
+
+Tensor Carver::take(ActivationKind kind, DType dtype, std::initializer_list<int64_t> dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   Tensor t(base_ ? base_ + used_ : nullptr, dtype, dims, device_);
-  used_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  const size_t aligned = (bytes + kAlign - 1) / kAlign * kAlign;
+  used_ += aligned;
+  by_kind_[static_cast<int>(kind)] += aligned;
   return t;
 }
 

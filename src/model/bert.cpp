@@ -44,6 +44,10 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
       act_(std::make_unique<Activations>()) {
   PB_REQUIRE(options.mlm_chunk_rows >= 0, "model: mlm_chunk_rows {} must be >= 0",
              options.mlm_chunk_rows);
+  PB_REQUIRE(options.mst_chunks >= 0, "model: mst_chunks {} must be >= 1 (0 = auto)",
+             options.mst_chunks);
+  PB_REQUIRE(options.mst_chunks > 0 || options.activation_budget_bytes > 0,
+             "model: mst_chunks = 0 (auto) needs an activation budget (activation_budget_bytes)");
   check_device("Bert", "params", params, backend.device());
   weights_ = bind_weights(table_, params);
   if (grads.defined()) {
@@ -68,11 +72,62 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
 
 Bert::~Bert() = default;
 
-size_t Bert::activation_bytes(const BatchShape& shape, bool gradients) const {
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::mlp: return "mlp";
+    case Recompute::layer: return "layer";
+  }
+  return "?";
+}
+
+namespace {
+constexpr int64_t kMaxAutoChunks = 64;
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+ActivationPlan Bert::plan(const BatchShape& shape, bool gradients, int64_t m) const {
+  ActivationPlan p;
+  p.gradients = gradients;
+  p.layer_recompute = options_.recompute == Recompute::layer;
+  if (m > 1 || options_.recompute == Recompute::mlp)
+    p.mlp_chunk_rows = std::max<int64_t>(1, ceil_div(shape.rows, m));
+  p.mlm_chunk_rows = options_.mlm_chunk_rows > 0 ? options_.mlm_chunk_rows
+                     : m > 1                     ? std::max<int64_t>(1, ceil_div(shape.masked, m))
+                                                 : 0;
+  return p;
+}
+
+size_t Bert::plan_bytes(const BatchShape& shape, const ActivationPlan& p) const {
   Carver measure(nullptr, backend_.device());
   Activations scratch;
-  carve_activations(measure, config_, shape, options_.mlm_chunk_rows, gradients, scratch);
+  carve_activations(measure, config_, shape, p, scratch);
   return measure.used();
+}
+
+int64_t Bert::mst_chunks_for(const BatchShape& shape, bool gradients) const {
+  if (options_.mst_chunks > 0) return options_.mst_chunks;
+  for (int64_t m = 1; m < kMaxAutoChunks; m *= 2)
+    if (plan_bytes(shape, plan(shape, gradients, m)) <= options_.activation_budget_bytes)
+      return m;
+  return kMaxAutoChunks;
+}
+
+size_t Bert::activation_bytes(const BatchShape& shape, bool gradients) const {
+  return plan_bytes(shape, plan(shape, gradients, mst_chunks_for(shape, gradients)));
+}
+
+ActivationReport Bert::activation_report() const {
+  ActivationReport r;
+  r.peak_bytes = arena_.high_water();
+  r.peak_by_kind = arena_.high_water_by_kind();
+  r.step_bytes = arena_.last_use();
+  r.step_by_kind = arena_.last_use_by_kind();
+  r.capacity = arena_.capacity();
+  r.mst_chunks = last_mst_chunks_;
+  r.mlp_chunk_rows = act_->plan.mlp_chunk_rows;
+  r.mlm_chunk_rows = act_->plan.mlm_chunk_rows;
+  return r;
 }
 
 void Bert::reserve(const BatchShape& shape, bool gradients) {
@@ -143,12 +198,13 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
 
   // The arena: measure, grow if this batch is the largest yet, carve, upload.
   const BatchShape shape = batch.shape();
-  const size_t bytes = activation_bytes(shape, options.gradients);
-  arena_.reserve(bytes);
-  arena_.note_use(bytes);
+  last_mst_chunks_ = mst_chunks_for(shape, options.gradients);
+  const ActivationPlan p = plan(shape, options.gradients, last_mst_chunks_);
+  arena_.reserve(plan_bytes(shape, p));
   Activations& a = *act_;
   Carver carver(arena_.data(), backend_.device());
-  carve_activations(carver, config_, shape, options_.mlm_chunk_rows, options.gradients, a);
+  carve_activations(carver, config_, shape, p, a);
+  arena_.note_use(carver.used(), carver.used_by_kind());
   upload_batch(backend_, batch, a);
 
   // Embeddings: LayerNorm(word + position + token type), dropout.
@@ -195,13 +251,69 @@ void Bert::encoder_layer_forward(int64_t l) {
   backend_.residual_layernorm_forward(a.layout, s.attn_ln_in, w.attn_out_b, x, w.attn_ln,
                                       dropout(DropoutSite::attention_output, layer), s.h1,
                                       s.attn_ln_in, s.attn_ln_mean, s.attn_ln_rstd);
-  backend_.linear_forward(s.h1, w.ffn_in_w, w.ffn_in_b, Epilogue::bias_gelu, s.ffn_act,
-                          s.ffn_pre);
-  backend_.linear_forward(s.ffn_act, w.ffn_out_w, Tensor(), Epilogue::none, s.ffn_ln_in,
-                          Tensor());
+  mlp_forward(l);
   backend_.residual_layernorm_forward(a.layout, s.ffn_ln_in, w.ffn_out_b, s.h1, w.ffn_ln,
                                       dropout(DropoutSite::ffn_output, layer), a.hidden[l + 1],
                                       s.ffn_ln_in, s.ffn_ln_mean, s.ffn_ln_rstd);
+}
+
+// ffn_ln_in = gelu(h1 W1^T + b1) W2^T: at once through the saved ffn_pre / ffn_act, or (MST)
+// chunk by chunk of rows through the one chunk buffer, whose contents are then dropped.
+void Bert::mlp_forward(int64_t l) {
+  Activations& a = *act_;
+  const LayerWeights& w = weights_.layers[l];
+  const LayerActivations& s = a.layers[l];
+  const int64_t chunk = a.plan.mlp_chunk_rows;
+  if (chunk == 0) {
+    backend_.linear_forward(s.h1, w.ffn_in_w, w.ffn_in_b, Epilogue::bias_gelu, s.ffn_act,
+                            s.ffn_pre);
+    backend_.linear_forward(s.ffn_act, w.ffn_out_w, Tensor(), Epilogue::none, s.ffn_ln_in,
+                            Tensor());
+    return;
+  }
+  for (int64_t first = 0; first < a.shape.rows; first += chunk) {
+    const int64_t n = std::min(chunk, a.shape.rows - first);
+    const Tensor pre = rows_of(a.mlp_pre, 0, n), act = rows_of(a.mlp_act, 0, n);
+    backend_.linear_forward(rows_of(s.h1, first, n), w.ffn_in_w, w.ffn_in_b,
+                            Epilogue::bias_gelu, act, pre);
+    backend_.linear_forward(act, w.ffn_out_w, Tensor(), Epilogue::none,
+                            rows_of(s.ffn_ln_in, first, n), Tensor());
+  }
+}
+
+// dout = d(FFN out) [rows, H] -> dh1 += its share through the MLP; dW1, db1, dW2 +=. With MST,
+// chunk by chunk: the chunk's intermediate is recomputed from h1 (the same ops on the same
+// rows as the forward, so the same values), its gradient taken in mlp_dpre, then dropped.
+void Bert::mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
+  Activations& a = *act_;
+  const LayerWeights& w = weights_.layers[l];
+  LayerWeights& g = grads_.layers[l];
+  const LayerActivations& s = a.layers[l];
+  const int64_t rows = a.shape.rows, chunk = a.plan.mlp_chunk_rows;
+  LinearBackwardOptions accumulate;
+  accumulate.dx_accumulate = true;  // dL/dh1 = residual share + FFN share
+  if (chunk == 0) {
+    const Tensor dffn_pre = reshape(a.dwide, {rows, config_.intermediate});
+    LinearBackwardOptions through_gelu;
+    through_gelu.x_gelu_pre = s.ffn_pre;  // dx of W2 is written as d(FFN pre)
+    backend_.linear_backward(s.ffn_act, w.ffn_out_w, dout, dffn_pre, g.ffn_out_w, Tensor(),
+                             through_gelu);
+    backend_.linear_backward(s.h1, w.ffn_in_w, dffn_pre, dh1, g.ffn_in_w, g.ffn_in_b,
+                             accumulate);
+    return;
+  }
+  for (int64_t first = 0; first < rows; first += chunk) {
+    const int64_t n = std::min(chunk, rows - first);
+    const Tensor pre = rows_of(a.mlp_pre, 0, n), act = rows_of(a.mlp_act, 0, n);
+    const Tensor dpre = rows_of(a.mlp_dpre, 0, n), h1 = rows_of(s.h1, first, n);
+    backend_.linear_forward(h1, w.ffn_in_w, w.ffn_in_b, Epilogue::bias_gelu, act, pre);
+    LinearBackwardOptions through_gelu;
+    through_gelu.x_gelu_pre = pre;
+    backend_.linear_backward(act, w.ffn_out_w, rows_of(dout, first, n), dpre, g.ffn_out_w,
+                             Tensor(), through_gelu);
+    backend_.linear_backward(h1, w.ffn_in_w, dpre, rows_of(dh1, first, n), g.ffn_in_w,
+                             g.ffn_in_b, accumulate);
+  }
 }
 
 // The MLM head on the masked rows only and the NSP head on each [CLS]. With gradients, each
@@ -309,20 +421,18 @@ void Bert::encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx)
   const LayerActivations& s = a.layers[l];
   const auto layer = static_cast<uint32_t>(l);
   const int64_t rows = a.shape.rows, h = config_.hidden;
-  const Tensor dffn_pre = reshape(a.dwide, {rows, config_.intermediate});
   const Tensor dqkv = reshape(a.dwide, {rows, 3 * h});
+  // Layer recomputation: refill the shared layer buffers (hidden[l + 1] is rewritten with the
+  // same values; nothing reads it any more). The last layer's are still those of its forward.
+  if (a.plan.layer_recompute && l + 1 < config_.layers) encoder_layer_forward(l);
 
   // FFN block: dy -> d(FFN out) in dtmp, and dL/dh1 (the residual branch) into dy itself.
   backend_.residual_layernorm_backward(a.layout, dy, s.ffn_ln_in, s.ffn_ln_mean, s.ffn_ln_rstd,
                                        w.ffn_ln, dropout(DropoutSite::ffn_output, layer), a.dtmp,
                                        dy, g.ffn_out_b, g.ffn_ln);
-  LinearBackwardOptions through_gelu;
-  through_gelu.x_gelu_pre = s.ffn_pre;  // dx of W2 is written as d(FFN pre)
-  backend_.linear_backward(s.ffn_act, w.ffn_out_w, a.dtmp, dffn_pre, g.ffn_out_w, Tensor(),
-                           through_gelu);
+  mlp_backward(l, a.dtmp, dy);
   LinearBackwardOptions accumulate;
-  accumulate.dx_accumulate = true;  // dL/dh1 = residual share + FFN share
-  backend_.linear_backward(s.h1, w.ffn_in_w, dffn_pre, dy, g.ffn_in_w, g.ffn_in_b, accumulate);
+  accumulate.dx_accumulate = true;
 
   // Attention block: dL/dh1 -> d(attention out) in dtmp, residual share into dx.
   backend_.residual_layernorm_backward(a.layout, dy, s.attn_ln_in, s.attn_ln_mean,

@@ -32,11 +32,46 @@
 
 namespace packbert {
 
+// Activation recomputation (BertOptions::recompute).
+enum class Recompute {
+  none,   // every layer keeps what its backward reads
+  mlp,    // the MLP intermediate [rows, 4H] is not kept: recomputed per chunk in backward
+  layer,  // only each layer's input is kept; the layer's forward reruns before its backward
+};
+const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
+
 struct BertOptions {
-  // Masked tokens per decoder call (0: all at once). The logits workspace is chunk x vocab
-  // floats (2432 masked tokens x 30528 = 297 MB in one piece); chunking bounds it. The result
-  // does not depend on the chunking beyond float rounding.
+  // Masked tokens per decoder call (0: all at once, or ceil(masked / M) under MST). The logits
+  // workspace is chunk x vocab floats (2432 masked tokens x 30528 = 297 MB in one piece);
+  // chunking bounds it. The result does not depend on the chunking beyond float rounding.
+  // An explicit value wins over the one MST derives.
   int64_t mlm_chunk_rows = 0;
+  // Mini-sequence Transformer (MST, Luo et al. 2024): M >= 1 chunks of token rows for the MLP
+  // and of masked tokens for the MLM decoder. M > 1 means the MLP intermediate is never kept:
+  // the forward runs dense-GELU-dense per chunk of ceil(rows / M) rows, the backward recomputes
+  // each chunk's intermediate before taking its gradient, so at most one chunk's [chunk, 4H]
+  // intermediate exists at any time. 0 = auto: the smallest M in 1, 2, 4, .., 64 whose arena
+  // fits activation_budget_bytes for the batch at hand (64 if none does).
+  int64_t mst_chunks = 1;
+  size_t activation_budget_bytes = 0;  // for mst_chunks = 0
+  // How recompute combines with M: mlp with M = 1 recomputes the MLP intermediate in one
+  // chunk of all rows (M > 1 implies mlp); layer keeps only the layer inputs and recomputes
+  // each layer, whose MLP then runs in M chunks (M = 1: the layer's intermediate lives, once,
+  // in the one set of layer buffers).
+  Recompute recompute = Recompute::none;
+};
+
+// Activation memory (the arena) of a Bert, by kind of buffer (model/arena.h ActivationKind).
+// The numbers are the carve of the arena, so they hold for every backend.
+struct ActivationReport {
+  size_t peak_bytes = 0;            // high-water mark over all forward() calls so far
+  ActivationBytes peak_by_kind{};   // its split (the step that set it)
+  size_t step_bytes = 0;            // the last forward()
+  ActivationBytes step_by_kind{};
+  size_t capacity = 0;              // bytes allocated (>= peak, with growth headroom)
+  int64_t mst_chunks = 1;           // M of the last forward (auto resolved)
+  int64_t mlp_chunk_rows = 0;       // rows per MLP chunk (0: intermediate kept per layer)
+  int64_t mlm_chunk_rows = 0;       // masked rows per decoder call (0: all)
 };
 
 // Inspection of the heads' logits in a forward pass without gradients (evaluation, checkpoint
@@ -71,6 +106,8 @@ struct ForwardResult {
   int64_t sequences = 0;
 };
 
+struct ActivationPlan;  // model/activations.h
+
 class Bert {
  public:
   // params, grads: f32 [table.total()] on the backend's device, owned by the caller (grads may
@@ -96,8 +133,11 @@ class Bert {
   // Sizes the arena for the largest micro-batch expected so that the step loop never
   // allocates; forward() grows it anyway when a batch needs more.
   void reserve(const BatchShape& shape, bool gradients = true);
-  // Arena bytes a batch of this shape needs.
+  // Arena bytes a batch of this shape needs (with the M that forward() would use for it).
   size_t activation_bytes(const BatchShape& shape, bool gradients = true) const;
+  // The M forward() uses for a batch of this shape (mst_chunks, or auto from the budget).
+  int64_t mst_chunks_for(const BatchShape& shape, bool gradients = true) const;
+  ActivationReport activation_report() const;
   size_t arena_high_water() const { return arena_.high_water(); }
   size_t arena_capacity() const { return arena_.capacity(); }
   int64_t arena_allocations() const { return arena_.allocations(); }
@@ -108,10 +148,14 @@ class Bert {
   struct Activations;  // model/activations.h
 
  private:
+  ActivationPlan plan(const BatchShape& shape, bool gradients, int64_t mst_chunks) const;
+  size_t plan_bytes(const BatchShape& shape, const ActivationPlan& plan) const;
   Dropout dropout(DropoutSite site, uint32_t layer) const;
   void check_batch(const Batch& batch, int64_t global_masked, int64_t global_samples) const;
   void encoder_layer_forward(int64_t l);
   void encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);
+  void mlp_forward(int64_t l);
+  void mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1);
   void heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options);
 
   BertConfig config_;
@@ -126,6 +170,7 @@ class Bert {
   std::vector<std::pair<int, int>> ready_groups_;
   Arena arena_;
   std::unique_ptr<Activations> act_;
+  int64_t last_mst_chunks_ = 1;
   // The step in flight (dropout keys, and whether backward() may run).
   uint32_t step_ = 0;
   uint64_t seed_ = 0;

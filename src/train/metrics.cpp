@@ -86,7 +86,7 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
                    100.0 * r.padding_fraction, r.imbalance, r.data_wait_s);
   s += fmt::format(" | rss {}", format_bytes(r.peak_rss_bytes));
   if (r.activation_peak_bytes > 0)
-    s += fmt::format(" | act peak {}", format_bytes(r.activation_peak_bytes));
+    s += fmt::format(" | act {}", format_bytes(r.activation_peak_bytes));
   if (r.mst_chunks > 1) s += fmt::format(" (mst {})", r.mst_chunks);
   if (r.skipped_steps > 0) s += fmt::format(" | skipped {}", r.skipped_steps);
   s += fmt::format(" | eta {}", format_duration(r.eta_s));

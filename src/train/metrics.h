@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,7 +41,11 @@ struct ProgressRecord {
   double eta_s = 0;             // to max_steps at the current rate; < 0 = unknown
   double elapsed_s = 0;         // since training started
   int64_t peak_rss_bytes = 0;   // this process (rank 0), peak_rss_bytes()
-  int64_t activation_bytes = 0; // activation arena high-water mark; 0 = not measured
+  int64_t activation_peak_bytes = 0;  // activation arena high-water mark; 0 = not measured
+  // Its split by kind of buffer (model/arena.h ActivationKind names, in that order; sums to
+  // activation_peak_bytes); empty = not measured.
+  std::vector<std::pair<std::string, int64_t>> activation_bytes_by_kind;
+  int64_t mst_chunks = 0;       // mini-sequence chunks M of the last step; 0 = not known
   int64_t skipped_steps = 0;    // non-finite steps skipped since the run started
 };
 

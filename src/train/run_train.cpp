@@ -54,6 +54,11 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   TrainerOptions o;
   o.config = model;
   o.bert.mlm_chunk_rows = c.model.mlm_chunk_rows;
+  o.bert.mst_chunks = c.model.mst_chunks;
+  o.bert.activation_budget_bytes = static_cast<size_t>(c.model.activation_budget_mb) << 20;
+  o.bert.recompute = c.model.recompute == "layer" ? Recompute::layer
+                     : c.model.recompute == "mlp" ? Recompute::mlp
+                                                  : Recompute::none;
   o.layout = c.train.layout;
   o.max_seq_len = c.train.max_seq_len;
   o.max_seqs_per_pack = c.train.max_seqs_per_pack;
@@ -371,7 +376,13 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
       r.eta_s = r.step_time_s * static_cast<double>(c.train.max_steps - st.step);
       r.elapsed_s = seconds_since(run_t0);
       r.peak_rss_bytes = peak_rss_bytes();
-      r.activation_bytes = static_cast<int64_t>(trainer.activation_high_water());
+      const ActivationReport act = trainer.activation_report();
+      r.activation_peak_bytes = static_cast<int64_t>(act.peak_bytes);
+      for (int k = 0; k < kActivationKinds; ++k)
+        r.activation_bytes_by_kind.emplace_back(
+            activation_kind_name(static_cast<ActivationKind>(k)),
+            static_cast<int64_t>(act.peak_by_kind[k]));
+      r.mst_chunks = act.mst_chunks;
       r.skipped_steps = st.skipped_steps;
       if (root) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
       metrics.write(to_json(r));

@@ -26,7 +26,8 @@ bool TrainConfig::Model::operator==(const Model& o) const {
   return preset == o.preset && layers == o.layers && hidden == o.hidden && heads == o.heads &&
          intermediate == o.intermediate && max_position_embeddings == o.max_position_embeddings &&
          hidden_dropout == o.hidden_dropout && attention_dropout == o.attention_dropout &&
-         mlm_chunk_rows == o.mlm_chunk_rows;
+         mlm_chunk_rows == o.mlm_chunk_rows && mst_chunks == o.mst_chunks &&
+         activation_budget_mb == o.activation_budget_mb && recompute == o.recompute;
 }
 bool TrainConfig::Train::operator==(const Train& o) const {
   return max_steps == o.max_steps && global_batch_size == o.global_batch_size &&
@@ -306,6 +307,10 @@ const std::vector<std::string>& last_step_names() {
   static const std::vector<std::string> n = {"partial", "drop"};
   return n;
 }
+const std::vector<std::string>& recompute_names() {
+  static const std::vector<std::string> n = {"none", "mlp", "layer"};
+  return n;
+}
 const std::vector<std::string>& division_names() {
   static const std::vector<std::string> n = {"closed", "open"};
   return n;
@@ -396,6 +401,17 @@ std::vector<KeyDef> make_keys() {
                         "dropout on attention probabilities, in [0, 1)", true));
   k.push_back(int_key("model.mlm_chunk_rows", &C::model, &M::mlm_chunk_rows,
                       "masked tokens per MLM-head chunk (mini-sequence, saves memory); 0 = all at once"));
+  k.push_back(int_key("model.mst_chunks", &C::model, &M::mst_chunks,
+                      "mini-sequence chunks M: the MLP runs over M token chunks (its intermediate "
+                      "recomputed in backward), the MLM head over M masked-token chunks "
+                      "(model.mlm_chunk_rows wins if set); 1 = off; 0 = auto: the smallest of "
+                      "1, 2, 4, .., 64 that fits model.activation_budget_mb"));
+  k.push_back(int_key("model.activation_budget_mb", &C::model, &M::activation_budget_mb,
+                      "activation arena budget in MiB per rank for model.mst_chunks = 0"));
+  k.push_back(choice_key("model.recompute", &C::model, &M::recompute, recompute_names(),
+                         "activation recomputation: none; mlp (MLP intermediate recomputed in "
+                         "backward, implied by mst_chunks > 1); layer (only layer inputs kept, "
+                         "each layer recomputed before its backward)"));
   // [train]
   k.push_back(int_key("train.max_steps", &C::train, &T::max_steps,
                       "optimizer steps of the run (also where the LR reaches end_lr)"));
@@ -709,6 +725,12 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              "model.attention_dropout ({}) must be in [0, 1)", m.attention_dropout);
   PB_REQUIRE(m.mlm_chunk_rows >= 0, "model.mlm_chunk_rows ({}) must be >= 0 (0 = all at once)",
              m.mlm_chunk_rows);
+  PB_REQUIRE(m.mst_chunks >= 0, "model.mst_chunks ({}) must be >= 1, or 0 for auto",
+             m.mst_chunks);
+  PB_REQUIRE(m.activation_budget_mb >= 0, "model.activation_budget_mb ({}) must be >= 0",
+             m.activation_budget_mb);
+  PB_REQUIRE(m.mst_chunks != 0 || m.activation_budget_mb > 0,
+             "model.mst_chunks = 0 (auto) needs model.activation_budget_mb > 0");
   try {
     validate(model_config(c));
   } catch (const Error& e) {

@@ -41,6 +41,9 @@ struct TrainConfig {
     double hidden_dropout = 0.1;
     double attention_dropout = 0.1;
     int64_t mlm_chunk_rows = 0;  // MLM head rows per chunk (mini-sequence); 0 = all at once
+    int64_t mst_chunks = 1;      // MST chunks M of the MLP and MLM head; 0 = auto (budget)
+    int64_t activation_budget_mb = 0;  // MiB of activation arena for mst_chunks = 0
+    std::string recompute = "none";    // none | mlp | layer (BertOptions::recompute)
     bool operator==(const Model&) const;
   } model;
 

@@ -107,6 +107,7 @@ class Trainer {
   int64_t lamb_steps_done() const { return lamb_->steps_done(); }
   // The activation arena's high-water mark so far (bytes).
   size_t activation_high_water() const { return bert_->arena_high_water(); }
+  ActivationReport activation_report() const { return bert_->activation_report(); }
 
   const ParamTable& table() const { return table_; }
   const std::vector<float>& params() const { return params_; }

@@ -89,6 +89,9 @@ TEST(TrainConfig, Defaults) {
   EXPECT_EQ(c.train.layout, BatchLayout::unpadded);
   EXPECT_EQ(c.train.last_step, LastStepPolicy::kPartial);
   EXPECT_EQ(c.train.max_nonfinite_steps, 5);
+  EXPECT_EQ(c.model.mst_chunks, 1);  // MST off
+  EXPECT_EQ(c.model.activation_budget_mb, 0);
+  EXPECT_EQ(c.model.recompute, "none");
   EXPECT_EQ(c.checkpoint.keep, 3);
   EXPECT_EQ(c.eval.max_samples, 10000);
   EXPECT_TRUE(c.eval.at_end);
@@ -306,12 +309,35 @@ TEST(TrainConfig, ValidationNamesTheKey) {
   check({"checkpoint.resume=auto"}, 1, "checkpoint.resume");
   check({"data.prefetch_steps=0"}, 1, "data.prefetch_steps");
   check({"log.every_steps=0"}, 1, "log.every_steps");
+  check({"model.mst_chunks=-1"}, 1, "model.mst_chunks (-1) must be >= 1, or 0 for auto");
+  check({"model.mst_chunks=0"}, 1,
+        "model.mst_chunks = 0 (auto) needs model.activation_budget_mb > 0");
+  check({"model.activation_budget_mb=-5"}, 1, "model.activation_budget_mb (-5)");
+  check({"model.max_position_embeddings=65537", "train.max_seq_len=128"}, 1,
+        "max_position_embeddings 65537 > 65536 (dropout key range)");
 
   // The same batch is fine on fewer ranks, and for evaluation.
   const TrainConfig c =
       load_train_config("", {"train.global_batch_size=8", "train.gradient_accumulation_steps=4"});
   validate_train_config(c, 2, ConfigPurpose::train, false);
   validate_train_config(c, 4, ConfigPurpose::eval, false);
+}
+
+TEST(TrainConfig, MstRecomputeAndLongSequences) {
+  const TrainConfig c = load_train_config(
+      "", {"model.preset=large", "model.max_position_embeddings=16384", "train.max_seq_len=16384",
+           "train.max_predictions_per_seq=2500", "model.mst_chunks=0",
+           "model.activation_budget_mb=20000", "model.recompute=layer"});
+  EXPECT_EQ(c.model.mst_chunks, 0);
+  EXPECT_EQ(c.model.activation_budget_mb, 20000);
+  EXPECT_EQ(c.model.recompute, "layer");
+  EXPECT_EQ(model_config(c).max_position_embeddings, 16384);
+  validate_train_config(c, 1, ConfigPurpose::train, false);
+  for (const char* r : {"none", "mlp", "layer"})
+    EXPECT_EQ(load_train_config("", {std::string("model.recompute=") + r}).model.recompute, r);
+  const std::string e = error_of([] { load_train_config("", {"model.recompute=all"}); });
+  EXPECT_NE(e.find("model.recompute"), std::string::npos) << e;
+  EXPECT_NE(e.find("none | mlp | layer"), std::string::npos) << e;
 }
 
 TEST(TrainConfig, ValidationChecksPaths) {
@@ -378,7 +404,8 @@ TEST(TrainConfig, TomlRoundTrip) {
   TempDir tmp;
   const TrainConfig c = load_train_config(
       "", {"model.preset=tiny", "model.hidden=192", "model.heads=3", "model.hidden_dropout=0.05",
-           "model.mlm_chunk_rows=4096", "train.max_steps=7038", "train.global_batch_size=65536",
+           "model.mlm_chunk_rows=4096", "model.mst_chunks=4", "model.recompute=mlp",
+           "model.activation_budget_mb=2048", "train.max_steps=7038", "train.global_batch_size=65536",
            "train.gradient_accumulation_steps=64", "train.seed=12345", "train.layout=padded",
            "train.max_seq_len=128", "train.max_seqs_per_pack=0",
            "train.max_predictions_per_seq=20", "train.last_step=drop", "train.dropout=false",
