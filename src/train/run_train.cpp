@@ -69,6 +69,7 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   o.lamb = lamb_options(c);
   o.lamb.check_finite = true;
   o.lamb.skip_nonfinite = true;  // counted here, fatal after train.max_nonfinite_steps in a row
+  o.device = c.train.device == "cuda" ? Device::cuda : Device::cpu;
   return o;
 }
 

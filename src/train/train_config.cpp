@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "device.h"
 
 namespace packbert {
 
@@ -35,7 +36,8 @@ bool TrainConfig::Train::operator==(const Train& o) const {
          layout == o.layout && max_seq_len == o.max_seq_len &&
          max_seqs_per_pack == o.max_seqs_per_pack &&
          max_predictions_per_seq == o.max_predictions_per_seq && last_step == o.last_step &&
-         dropout == o.dropout && max_nonfinite_steps == o.max_nonfinite_steps;
+         dropout == o.dropout && max_nonfinite_steps == o.max_nonfinite_steps &&
+         device == o.device;
 }
 bool TrainConfig::Optim::operator==(const Optim& o) const {
   return lr == o.lr && end_lr == o.end_lr && warmup_steps == o.warmup_steps &&
@@ -303,6 +305,10 @@ const std::vector<std::string>& layout_names() {
   static const std::vector<std::string> n = {"unpadded", "packed", "padded"};
   return n;
 }
+const std::vector<std::string>& device_names() {
+  static const std::vector<std::string> n = {"cpu", "cuda"};
+  return n;
+}
 const std::vector<std::string>& last_step_names() {
   static const std::vector<std::string> n = {"partial", "drop"};
   return n;
@@ -459,6 +465,16 @@ std::vector<KeyDef> make_keys() {
                        "apply dropout (false: deterministic training, for checks)"));
   k.push_back(int_key("train.max_nonfinite_steps", &C::train, &T::max_nonfinite_steps,
                       "non-finite steps are skipped; abort after this many in a row"));
+  {
+    KeyDef d;
+    d.info = {"train.device", enum_type(device_names()), "",
+              "where the step runs: cpu, or cuda (fp32 CUDA backend; each rank uses the first "
+              "GPU it sees: launch scripts give each rank its own)"};
+    d.string_like = true;
+    d.set = [](C& c, const Value& v) { return set_choice(c.train.device, v, device_names()); };
+    d.get = [](const C& c) { return toml_string(c.train.device); };
+    k.push_back(d);
+  }
   // [optim]
   k.push_back(float_key("optim.lr", &C::optim, &O::lr, "peak learning rate (LAMB)"));
   k.push_back(float_key("optim.end_lr", &C::optim, &O::end_lr, "learning rate at train.max_steps"));
@@ -710,6 +726,9 @@ TrainConfig load_train_config(const std::string& toml_path,
 void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose purpose,
                            bool check_paths) {
   PB_REQUIRE(world_size >= 1, "world size {} must be >= 1", world_size);
+  PB_REQUIRE(c.train.device != "cuda" || cuda_built(),
+             "train.device = \"cuda\", but this build has no CUDA backend (configure with "
+             "-DPACKBERT_CUDA=ON)");
   const auto& m = c.model;
   PB_REQUIRE(m.layers >= 1, "model.layers ({}) must be >= 1", m.layers);
   PB_REQUIRE(m.hidden >= 1, "model.hidden ({}) must be >= 1", m.hidden);

@@ -59,6 +59,7 @@ struct TrainConfig {
     LastStepPolicy last_step = LastStepPolicy::kPartial;
     bool dropout = true;
     int max_nonfinite_steps = 5;      // skip non-finite steps; abort after this many in a row
+    std::string device = "cpu";       // cpu | cuda (one GPU per rank: device 0 of those visible)
     bool operator==(const Train&) const;
   } train;
 

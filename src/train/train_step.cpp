@@ -4,8 +4,29 @@
 #include <cmath>
 
 #include "core/error.h"
+#ifdef PACKBERT_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace packbert {
+
+// The device buffers of a CUDA trainer: parameters, gradients and LAMB's state, freed with it.
+struct Trainer::DeviceState {
+  std::vector<void*> allocations;
+  Tensor params, grads;
+  LambDeviceBuffers lamb;
+#ifdef PACKBERT_HAVE_CUDA
+  Tensor take(DType dtype, std::initializer_list<int64_t> dims) {
+    Tensor shape(nullptr, dtype, dims, Device::cuda);
+    void* p = cuda_alloc(std::max<size_t>(shape.bytes(), 1));
+    allocations.push_back(p);
+    return Tensor(p, dtype, dims, Device::cuda);
+  }
+  ~DeviceState() {
+    for (void* p : allocations) cuda_free(p);
+  }
+#endif
+};
 
 namespace {
 
@@ -30,20 +51,63 @@ std::vector<GradSpan> grad_spans(const ParamTable& table) {
 
 Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
     : options_(options),
-      backend_(make_cpu_backend()),
       table_(options.config),
       params_(static_cast<size_t>(table_.total())),
       grads_(static_cast<size_t>(table_.total()), 0.f) {
   // Every rank initialises from the same seed: the parameters start bitwise identical, and the
   // identical reduced gradients keep them so (no broadcast needed).
   init_parameters(table_, InitOptions{options_.init_seed}, params_.data());
-  const Tensor params = view(params_.data(), {table_.total()});
-  const Tensor grads = view(grads_.data(), {table_.total()});
-  bert_ = std::make_unique<Bert>(options_.config, *backend_, params, grads, options_.bert);
-  lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), table_.total(),
-                                 LrSchedule(options_.lr), options_.lamb);
-  allreduce_ = std::make_unique<GradAllreduce>(comm, grads_.data(), table_.total(),
-                                               grad_spans(table_), options_.bucket_bytes);
+  const int64_t n = table_.total();
+  const auto num_tensors = static_cast<int64_t>(table_.tensors().size());
+  if (options_.device == Device::cpu) {
+    backend_ = make_cpu_backend();
+    bert_ = std::make_unique<Bert>(options_.config, *backend_, params_view(), grads_view(),
+                                   options_.bert);
+    lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), n, LrSchedule(options_.lr),
+                                   options_.lamb);
+  } else {
+#ifdef PACKBERT_HAVE_CUDA
+    CudaBackendOptions co;
+    co.validate_indices = false;  // the batch and the table were checked on the host
+    co.validate_pointers = false;
+    backend_ = make_cuda_backend(options_.cuda_device, co);
+    dev_ = std::make_unique<DeviceState>();
+    dev_->params = dev_->take(DType::f32, {n});
+    dev_->grads = dev_->take(DType::f32, {n});
+    dev_->lamb.m = dev_->take(DType::f32, {n});
+    dev_->lamb.v = dev_->take(DType::f32, {n});
+    dev_->lamb.table = dev_->take(DType::i64, {num_tensors, 3});
+    dev_->lamb.grad_norm = dev_->take(DType::f32, {1});
+    dev_->lamb.tensor_norms = dev_->take(DType::f32, {2 * num_tensors});
+    backend_->copy(dev_->params, view(params_.data(), {n}));
+    backend_->zero(dev_->grads);
+    bert_ = std::make_unique<Bert>(options_.config, *backend_, params_view(), grads_view(),
+                                   options_.bert, cuda_alloc, cuda_free);
+    lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), n, LrSchedule(options_.lr),
+                                   options_.lamb, &dev_->lamb);
+#else
+    PB_THROW("trainer: device cuda asked for, but this build has no CUDA backend "
+             "(configure with -DPACKBERT_CUDA=ON)");
+#endif
+  }
+  allreduce_ = std::make_unique<GradAllreduce>(comm, grads_.data(), n, grad_spans(table_),
+                                               options_.bucket_bytes);
+}
+
+Tensor Trainer::params_view() const {
+  return dev_ ? dev_->params : view(params_.data(), {table_.total()});
+}
+
+Tensor Trainer::grads_view() const {
+  return dev_ ? dev_->grads : view(const_cast<float*>(grads_.data()), {table_.total()});
+}
+
+const std::vector<float>& Trainer::params() const {
+  if (dev_ && params_stale_) {
+    backend_->copy(view(params_.data(), {table_.total()}), dev_->params);
+    params_stale_ = false;
+  }
+  return params_;
 }
 
 Trainer::~Trainer() = default;
@@ -75,7 +139,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     // Only the last micro-step's gradients are final; arming the round there makes its
     // backward start the buckets as the layers finish (earlier micro-steps' ready() calls are
     // ignored outside a round).
-    const bool last = m + 1 == micro_steps;
+    // (On a device the gradients are reduced from a host copy after the backward instead.)
+    const bool last = m + 1 == micro_steps && !dev_;
     if (last) ar.begin();
     bert_->backward(last ? ready : GradientReady{});
     local[0] += r.loss;
@@ -91,11 +156,18 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
 
   StepMetrics out;
   out.step = batch.step;
+  if (dev_) {
+    // Staged through the host: every tensor is final once the backward is done.
+    backend_->copy(view(grads_.data(), {table_.total()}), dev_->grads);
+    ar.begin();
+    for (int t = 0; t < static_cast<int>(table_.tensors().size()); ++t) ar.ready_tensor(t);
+  }
   out.allreduce = ar.finish();  // grads now hold the sum over ranks: the global gradient
+  if (dev_) backend_->copy(dev_->grads, view(grads_.data(), {table_.total()}));
   if (inspect_grads) inspect_grads(grads_.data(), table_.total());
 
-  const LambStepInfo info = lamb_->step(view(params_.data(), {table_.total()}),
-                                        view(grads_.data(), {table_.total()}));
+  const LambStepInfo info = lamb_->step(params_view(), grads_view());
+  params_stale_ = dev_ != nullptr;
   out.lr = info.lr;
   out.grad_norm = info.grad_norm;
   out.skipped = info.skipped;
@@ -149,6 +221,8 @@ EvalSums Trainer::evaluate(const Batch& batch) {
 
 void Trainer::load_params(const float* params) {
   std::copy(params, params + table_.total(), params_.begin());
+  if (dev_) backend_->copy(dev_->params, view(params_.data(), {table_.total()}));
+  params_stale_ = false;
 }
 
 void Trainer::load_state(const float* params, const float* m, const float* v,
@@ -157,6 +231,7 @@ void Trainer::load_state(const float* params, const float* m, const float* v,
   lamb_->load_moments(m, v);
   lamb_->set_steps_done(lamb_steps_done);
   std::fill(grads_.begin(), grads_.end(), 0.f);
+  if (dev_) backend_->zero(dev_->grads);
 }
 
 }  // namespace packbert

@@ -47,6 +47,13 @@ struct TrainerOptions {
   LrScheduleConfig lr;
   LambOptions lamb;
   size_t bucket_bytes = size_t{25} << 20;  // all-reduce bucket target (dist/grad_allreduce.h)
+  // Where the step runs: Device::cpu (the reference) or Device::cuda (builds with the CUDA
+  // backend; fp32, see kernels/cuda/cuda_backend.h). On CUDA the rank uses GPU
+  // cuda_device, the parameters, gradients, moments and activations live there, and the
+  // gradient all-reduce goes through a host copy after the backward (NCCL with buckets
+  // overlapped with the backward is a later step of the CUDA backend).
+  Device device = Device::cpu;
+  int cuda_device = 0;
 };
 
 // Sums of an evaluation forward over one batch (no dropout, no gradients).
@@ -110,7 +117,8 @@ class Trainer {
   ActivationReport activation_report() const { return bert_->activation_report(); }
 
   const ParamTable& table() const { return table_; }
-  const std::vector<float>& params() const { return params_; }
+  // Host copy of the parameters (downloaded from the device first when the step runs there).
+  const std::vector<float>& params() const;
   int rank() const { return allreduce_->rank(); }
   int world_size() const { return allreduce_->size(); }
   const TrainerOptions& options() const { return options_; }
@@ -119,8 +127,16 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<Backend> backend_;
   ParamTable table_;
-  std::vector<float> params_;  // fp32 master weights = the model's weights (CPU backend)
+  // CPU: the fp32 master weights = the model's weights, and the gradients. CUDA: host mirrors
+  // of the device buffers (params_ refreshed by params() when stale, grads_ the staging buffer
+  // of the all-reduce).
+  mutable std::vector<float> params_;
   std::vector<float> grads_;   // accumulated over micro-steps, zeroed by Lamb::step
+  struct DeviceState;          // CUDA: device buffers (train_step.cpp)
+  std::unique_ptr<DeviceState> dev_;
+  mutable bool params_stale_ = false;
+  Tensor params_view() const;  // where the weights live (host or device)
+  Tensor grads_view() const;
   std::unique_ptr<Bert> bert_;
   std::unique_ptr<Lamb> lamb_;
   std::unique_ptr<GradAllreduce> allreduce_;

@@ -263,6 +263,10 @@ TEST(TrainConfig, OverrideErrorsNameTheOverrideAndKey) {
   e = error_of([] { load_train_config("", {"train.layout=sideways"}); });
   EXPECT_NE(e.find("train.layout"), std::string::npos) << e;
 
+  e = error_of([] { load_train_config("", {"train.device=tpu"}); });
+  EXPECT_NE(e.find("train.device"), std::string::npos) << e;
+  EXPECT_NE(e.find("cpu | cuda"), std::string::npos) << e;
+
   e = error_of([] { load_train_config("", {"train.gradient_accumulation_steps=3000000000"}); });
   EXPECT_NE(e.find("train.gradient_accumulation_steps"), std::string::npos) << e;
   EXPECT_NE(e.find("out of range"), std::string::npos) << e;

@@ -1,0 +1,106 @@
+// gpu label: the whole optimizer step (train/train_step.h: forward, backward, the all-reduce
+// staged through the host, LAMB on the device) with train.device = cuda against the CPU
+// trainer: three steps on one batch of two micro-steps with dropout on. The losses of every
+// step and the parameter updates of the three steps must agree.
+//
+// Tolerances: the loss to 1e-4 relative per step (the model test's bound; fp32 on both sides,
+// other summation orders). The update (parameters after minus before) to rel L2 1e-3 per
+// tensor: LAMB divides by sqrt(v) and by the update norm, which amplifies relative gradient
+// differences on tensors whose gradient is tiny; the key bias (true gradient 0) is skipped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+#include <random>
+
+#include "device.h"
+
+#ifdef PACKBERT_HAVE_CUDA
+#include "cuda_test_util.h"
+#include "train/train_step.h"
+#include "test_util.h"
+
+namespace packbert::test {
+namespace {
+
+constexpr int kMaxSeqLen = 64;
+
+StepBatch two_micro_batches(std::mt19937_64& rng) {
+  StepBatch b;
+  b.micro_batches.resize(2);
+  for (int i = 0; i < 10; ++i) {
+    Sample s = random_sample(rng, 5, kMaxSeqLen, 10);
+    s.id = i;
+    b.global_samples += 1;
+    b.global_masked_tokens += s.num_masked();
+    b.global_tokens += s.length();
+    b.micro_batches[static_cast<size_t>(i % 2)].samples.push_back(std::move(s));
+  }
+  return b;
+}
+
+TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
+  PB_REQUIRE_CUDA_DEVICE();
+  std::mt19937_64 rng(test_seed());
+  StepBatch batch = two_micro_batches(rng);
+  TrainerOptions o;
+  o.config = bert_preset("tiny");
+  o.layout = BatchLayout::unpadded;
+  o.max_seq_len = kMaxSeqLen;
+  o.init_seed = rng();
+  o.dropout_seed = rng();
+  o.lr.base_lr = 1e-2;
+  o.lr.max_steps = 10;
+  o.lr.num_warmup_steps = 1;
+  Trainer cpu(MPI_COMM_WORLD, o);
+  o.device = Device::cuda;
+  Trainer gpu(MPI_COMM_WORLD, o);
+  ASSERT_EQ(cpu.params(), gpu.params()) << "the same seed must give the same initial weights";
+  const std::vector<float> before = cpu.params();
+  for (int64_t s = 0; s < 3; ++s) {
+    batch.step = s;
+    const StepMetrics a = cpu.step(batch), b = gpu.step(batch);
+    const double err = std::abs(b.loss - a.loss) / std::abs(a.loss);
+    std::printf("[trainer-error] step %lld: loss cpu %.6f cuda %.6f (rel %.2e), grad norm %.5f "
+                "vs %.5f\n",
+                static_cast<long long>(s), a.loss, b.loss, err, a.grad_norm, b.grad_norm);
+    ASSERT_TRUE(std::isfinite(b.loss));
+    EXPECT_LE(err, 1e-4) << "step " << s;
+    EXPECT_EQ(b.skipped, false);
+  }
+  const std::vector<float>& pc = cpu.params();
+  const std::vector<float>& pg = gpu.params();
+  for (const ParamTensor& t : cpu.table().tensors()) {
+    if (t.name.find("attention.self.key.bias") != std::string::npos) continue;
+    double num = 0, den = 0;
+    for (int64_t i = t.offset; i < t.offset + t.size; ++i) {
+      const auto k = static_cast<size_t>(i);
+      const double uc = static_cast<double>(pc[k]) - before[k];
+      const double ug = static_cast<double>(pg[k]) - before[k];
+      num += (uc - ug) * (uc - ug);
+      den += uc * uc;
+    }
+    EXPECT_LE(std::sqrt(num / std::max(den, 1e-300)), 1e-3) << t.name;
+  }
+  // The optimizer state comes back to the host for checkpoints.
+  const auto n = static_cast<size_t>(cpu.table().total());
+  std::vector<float> mc(n), vc(n), mg(n), vg(n);
+  cpu.save_optimizer_state(mc.data(), vc.data());
+  gpu.save_optimizer_state(mg.data(), vg.data());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) num += (mc[i] - mg[i]) * (mc[i] - mg[i]), den += mc[i] * mc[i];
+  EXPECT_LE(std::sqrt(num / den), 1e-3) << "first moments";
+  EXPECT_EQ(gpu.lamb_steps_done(), 3);
+}
+
+}  // namespace
+}  // namespace packbert::test
+
+#else  // no CUDA in this build
+
+TEST(CudaTrainer, Skipped) {
+  std::cout << "skipped: no CUDA device (" << packbert::describe_devices() << ")" << std::endl;
+  GTEST_SKIP() << "skipped: no CUDA device";
+}
+
+#endif
