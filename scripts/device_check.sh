@@ -20,7 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-GPU_TARGETS="test_device test_cuda_ops test_cuda_model bench_gpu_ops"
+GPU_TARGETS="test_device test_cuda_ops test_cuda_model test_cuda_trainer bench_gpu_ops bench_mst"
 
 # ---- packing (no GPU needed) ------------------------------------------------------------------
 if [ "${1:-}" = "--bundle" ]; then
@@ -101,8 +101,8 @@ fi
 # ---- gpu tests ------------------------------------------------------------------------------
 rc=0
 # Time limits (seconds) keep the worst case under 8 minutes; a normal run takes 1-2.
-declare -A LIMIT=([test_device]=30 [test_cuda_ops]=120 [test_cuda_model]=90)
-for t in test_device test_cuda_ops test_cuda_model; do
+declare -A LIMIT=([test_device]=30 [test_cuda_ops]=120 [test_cuda_model]=90 [test_cuda_trainer]=60)
+for t in test_device test_cuda_ops test_cuda_model test_cuda_trainer; do
   log="$OUTDIR/$t.log"
   PACKBERT_CUDA_SYNC=1 timeout "${LIMIT[$t]}" "$BIN/$t" --gtest_color=no > "$log" 2>&1
   code=$?
@@ -139,12 +139,18 @@ for b in "$BIN"/bench_gpu_*; do
   name=$(basename "$b")
   if timeout 90 "$b" > "$OUTDIR/$name.txt" 2>&1; then step "$name" "ok"; else step "$name" "FAILED (rc $?)"; fi
 done
+# MST on the GPU: activation peak by kind and step time for M = 1..8 and each recompute mode at
+# 512 / 2048 / 8192 tokens (2 layers of BERT-Large width), and the longest-sequence estimate.
+if [ -x "$BIN/bench_mst" ]; then
+  if timeout 150 "$BIN/bench_mst" --device cuda --lens 512,2048,8192 --reps 2 \
+       > "$OUTDIR/bench_mst.txt" 2>&1; then step "bench_mst (cuda)" "ok"; else step "bench_mst (cuda)" "FAILED (rc $?)"; fi
+fi
 
 echo
 echo "== largest op errors (all in $OUTDIR/errors.txt) =="
 awk '{print $NF, $0}' "$OUTDIR/errors.txt" | sort -g | tail -8 | cut -d' ' -f2-
 if [ -s "$OUTDIR/failures.txt" ]; then echo "== first failures =="; head -30 "$OUTDIR/failures.txt"; fi
-for b in "$OUTDIR"/bench_gpu_*.txt; do [ -f "$b" ] && { echo "== $(basename "$b") =="; tail -40 "$b"; }; done
+for b in "$OUTDIR"/bench_gpu_*.txt "$OUTDIR"/bench_mst.txt; do [ -f "$b" ] && { echo "== $(basename "$b") =="; tail -40 "$b"; }; done
 echo
 step "elapsed" "$((SECONDS - START)) s"
 echo "== summary =="

@@ -1,6 +1,6 @@
 // The activation arena's bytes per kind (model/arena.h ActivationKind) in closed form, derived
 // by hand from what the model must keep -- independent of model/activations.cpp, which carves
-// the arena: test_model_mst asserts that the two agree to the byte, bench_mst_cpu prints the
+// the arena: test_model_mst asserts that the two agree to the byte, bench_mst prints the
 // formula for models too large to run here (24-layer BERT-Large).
 //
 // For a batch of `rows` token rows, `s` sequences and `masked` masked tokens, every buffer

@@ -1,12 +1,16 @@
-// Mini-sequence Transformer (MST) and activation recomputation on the CPU backend: for
+// Mini-sequence Transformer (MST) and activation recomputation on the CPU (default) or CUDA
+// backend (--device cuda, on a GPU machine: scripts/device_check.sh runs it there): for
 // BERT-Large width (H 1024, I 4096, 16 heads, V 30528) at long sequence lengths, the measured
 // activation arena (high-water mark, by kind of buffer) and the step time of forward + backward
 // for M = 1, 2, 4, 8 chunks and each recompute mode. Prints tables; asserts nothing about time.
 //
-//   bench_mst_cpu [--lens 512,2048,8192] [--layers 2] [--chunks 1,2,4,8] [--warmup 1]
-//                 [--reps 1] [--check24 1]     (threads: OMP_NUM_THREADS; time: the fastest
-//                                              of --reps steps after --warmup steps)
-//                 [--mlm-chunk-rows 0]         (BertOptions::mlm_chunk_rows; 0 = from M)
+//   bench_mst [--device cpu|cuda] [--lens 512,2048,8192] [--layers 2] [--chunks 1,2,4,8]
+//             [--warmup 1] [--reps 1] [--check24 1]  (threads: OMP_NUM_THREADS; time: the
+//                                                    fastest of --reps steps after --warmup)
+//             [--mlm-chunk-rows 0]                   (BertOptions::mlm_chunk_rows; 0 = from M)
+//             [--memory-gib G]                       (device memory for the longest-sequence
+//                                                    estimate; default: the GPU's, else 139.8,
+//                                                    an H200)
 //
 // A full 24-layer BERT-Large step is ~1 TFLOP at 512 tokens (hours at 8192 on 2 cores), so the
 // timed runs use --layers (2) layers of BERT-Large width, and each row also gives the 24-layer
@@ -26,9 +30,16 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <memory>
 #include <vector>
 
+#ifdef PACKBERT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_backend.h"
+#endif
 #include "../model/mst_formula.h"
+#include "common/philox.h"
 #include "cpu/cpu_backend.h"
 #include "model/batch.h"
 #include "model/bert.h"
@@ -94,7 +105,13 @@ int main(int argc, char** argv) {
   int warmup = 1, reps = 1;
   bool check24 = true;
   int64_t mlm_chunk_rows = 0;
+  std::string device = "cpu";
+  double memory_gib = 0;
+  bool check24_given = false;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
+    if (!std::strcmp(argv[i], "--memory-gib")) memory_gib = std::atof(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--check24")) check24_given = true;
     if (!std::strcmp(argv[i], "--lens")) lens = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--chunks")) chunk_list = parse_list(argv[i + 1]);
     if (!std::strcmp(argv[i], "--layers")) layers = std::atoll(argv[i + 1]);
@@ -110,18 +127,51 @@ int main(int argc, char** argv) {
   BertConfig large24 = config;
   large24.layers = 24;
 
-  auto be = make_cpu_backend();
   const ParamTable table(config);
   std::vector<float> params(static_cast<size_t>(table.total()));
   std::vector<float> grads(params.size());
   init_parameters(table, InitOptions{1, 0.02f}, params.data());
-  const Tensor pv = view(params.data(), {table.total()});
-  const Tensor gv = view(grads.data(), {table.total()});
-  std::printf("MST / recompute on the CPU backend: BERT-Large width (H %lld, I %lld, %lld heads, "
+  std::unique_ptr<Backend> be;
+  Tensor pv = view(params.data(), {table.total()});
+  Tensor gv = view(grads.data(), {table.total()});
+  Arena::Allocate allocate;
+  Arena::Release release;
+  std::shared_ptr<void> device_params, device_grads;
+  if (device == "cuda") {
+#ifdef PACKBERT_HAVE_CUDA
+    CudaBackendOptions co;
+    co.validate_indices = false;
+    co.validate_pointers = false;
+    be = make_cuda_backend(0, co);
+    const size_t bytes = static_cast<size_t>(table.total()) * sizeof(float);
+    device_params.reset(cuda_alloc(bytes), cuda_free);
+    device_grads.reset(cuda_alloc(bytes), cuda_free);
+    pv = Tensor(device_params.get(), DType::f32, {table.total()}, Device::cuda);
+    gv = Tensor(device_grads.get(), DType::f32, {table.total()}, Device::cuda);
+    be->copy(pv, view(params.data(), {table.total()}));
+    be->zero(gv);
+    allocate = cuda_alloc;
+    release = cuda_free;
+    if (!check24_given) check24 = false;  // the arena formula does not depend on the device
+    if (memory_gib <= 0) {
+      size_t free_b = 0, total_b = 0;
+      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+        memory_gib = static_cast<double>(total_b) / (1 << 30);
+    }
+#else
+    std::printf("skipped: no CUDA device (this build has no CUDA backend)\n");
+    return 0;
+#endif
+  } else {
+    be = make_cpu_backend();
+  }
+  if (memory_gib <= 0) memory_gib = 139.8;  // an H200
+  std::printf("MST / recompute on the %s backend: BERT-Large width (H %lld, I %lld, %lld heads, "
               "V %lld), %lld layers timed, %d warm-up + %d timed step(s) per row, %d threads\n",
-              static_cast<long long>(config.hidden), static_cast<long long>(config.intermediate),
-              static_cast<long long>(config.heads), static_cast<long long>(config.vocab_size),
-              static_cast<long long>(layers), warmup, reps, cpu::num_threads());
+              be->name(), static_cast<long long>(config.hidden),
+              static_cast<long long>(config.intermediate), static_cast<long long>(config.heads),
+              static_cast<long long>(config.vocab_size), static_cast<long long>(layers), warmup,
+              reps, cpu::num_threads());
   std::printf("Memory: MiB of the activation arena (measured high-water, by kind); 'L24' = the "
               "24-layer peak from the formula.\nTime: seconds per forward + backward (the "
               "fastest timed step).\n");
@@ -147,7 +197,7 @@ int main(int argc, char** argv) {
         o.mst_chunks = m;
         o.recompute = r;
         o.mlm_chunk_rows = mlm_chunk_rows;
-        Bert bert(config, *be, pv, gv, o);
+        Bert bert(config, *be, pv, gv, o, allocate, release);  // host arena when empty
         for (int w = 0; w < warmup; ++w) {
           bert.forward(batch, masked, 1, 1, 42);
           bert.backward();
@@ -157,6 +207,9 @@ int main(int argc, char** argv) {
           const auto t0 = Clock::now();
           bert.forward(batch, masked, 1, 1, 42);
           bert.backward();
+#ifdef PACKBERT_HAVE_CUDA
+          cuda_synchronize(*be);
+#endif
           row.seconds =
               std::min(row.seconds, std::chrono::duration<double>(Clock::now() - t0).count());
         }
@@ -257,6 +310,41 @@ int main(int argc, char** argv) {
                   mib(test::total_bytes(want)), ok ? "[equal]" : "[MISMATCH]", fwd);
       std::fflush(stdout);
     }
+  }
+  // The longest BERT-Large sequence (24 layers, batch of one, 15% masked) whose step fits in
+  // the device memory: fp32 parameters, gradients and LAMB's two moments plus the activation
+  // arena of the formula (linear in the length: attention keeps log-sum-exp, not probabilities).
+  {
+    const ParamTable t24(large24);
+    const double fixed = 4.0 * sizeof(float) * static_cast<double>(t24.total());
+    const double budget = memory_gib * double(1 << 30);
+    auto longest = [&](int64_t m, Recompute r) {
+      int64_t lo = 0, hi = 1 << 22;
+      while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        const int64_t masked = std::max<int64_t>(1, (mid * 15 + 50) / 100);
+        const double act = static_cast<double>(test::total_bytes(
+            test::predicted_activation_bytes(large24, mid, 1, masked, m, r)));
+        if (fixed + act <= budget) lo = mid; else hi = mid - 1;
+      }
+      return lo;
+    };
+    const int64_t base = longest(1, Recompute::none), best = longest(8, Recompute::layer);
+    std::printf("\nlongest 24-layer BERT-Large sequence in %.1f GiB (formula; weights, gradients "
+                "and moments %.1f GiB): M=1 none %lld tokens, M=8 mlp %lld, M=8 layer %lld: "
+                "%.1fx longer with MST + recomputation (target >= 4x, %s)\n",
+                memory_gib, fixed / double(1 << 30), static_cast<long long>(base),
+                static_cast<long long>(longest(8, Recompute::mlp)),
+                static_cast<long long>(best),
+                static_cast<double>(best) / static_cast<double>(std::max<int64_t>(base, 1)),
+                device == "cuda" ? "predicted for this GPU, not run at that length"
+                                 : "predicted, not run");
+    if (base >= static_cast<int64_t>(kDropoutMaxPosition))
+      std::printf("  note: the dropout key holds %u positions (kernels/common/philox.h), so a "
+                  "sequence is at most %u tokens today; without MST a 24-layer BERT-Large "
+                  "sequence of that length already fits in %.1f GiB (the attention keeps its "
+                  "log-sum-exp, not the [L, L] probabilities)\n",
+                  kDropoutMaxPosition, kDropoutMaxPosition, memory_gib);
   }
   std::printf("\nformula vs measured arena: %s\n", all_ok ? "equal in every row" : "MISMATCH");
   return all_ok ? 0 : 1;
