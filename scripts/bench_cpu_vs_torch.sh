@@ -126,7 +126,9 @@ else
   echo "note: $bench --print-lengths failed; torch draws its own batch from the same histogram" >&2
 fi
 
-pb_args=(--tokens "$tokens" --reps "$reps")
+# BERT-mini, forward + backward only: what torch_bert_step.py times (bench_model_cpu's default
+# table also runs BERT-base and adds the LAMB update to every step).
+pb_args=(--model mini --no-lamb --tokens "$tokens" --reps "$reps")
 [[ $max_len == both ]] || pb_args+=(--max-len "$max_len")
 export OMP_NUM_THREADS=$threads
 echo "== $(date -u +%FT%TZ), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)," \

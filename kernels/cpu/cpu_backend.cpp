@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cpu/cpu_common.h"
+#include "cpu/cpu_simd.h"
 
 namespace packbert {
 
@@ -95,25 +96,28 @@ void row_dropout_factors(const DropoutStream& s, const SeqLayout& layout, int64_
   }
   const auto sample = static_cast<uint64_t>(layout.sample_id.ptr<int64_t>()[seq]);
   const auto pos = static_cast<uint32_t>(layout.token_pos.ptr<int32_t>()[row]);
-  for (int64_t e0 = 0; e0 < n; e0 += 4) {
-    const Philox4x32 bits = dropout_bits4(s, sample, 0, pos, static_cast<uint32_t>(e0));
-    for (int64_t k = 0; k < 4 && e0 + k < n; ++k) factors[e0 + k] = dropout_factor(s, bits.v[k]);
+  dropout_row(s, sample, 0, pos, n, factors);  // SSE2 Philox, bit for bit dropout_bits4
+}
+
+constexpr int64_t kColumnBlock = 64;
+
+int64_t column_blocks(int64_t cols) { return (cols + kColumnBlock - 1) / kColumnBlock; }
+
+void add_column_sums_block(const float* x, int64_t rows, int64_t cols, int64_t ld, int64_t block,
+                           float* out) {
+  const int64_t c0 = block * kColumnBlock, c1 = std::min(cols, c0 + kColumnBlock);
+  double acc[kColumnBlock] = {};
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ld;
+    for (int64_t c = c0; c < c1; ++c) acc[c - c0] += xr[c];
   }
+  for (int64_t c = c0; c < c1; ++c) out[c] += static_cast<float>(acc[c - c0]);
 }
 
 void add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out) {
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (cols + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
-    double acc[kBlock] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * ld;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += xr[c];
-    }
-    for (int64_t c = c0; c < c1; ++c) out[c] += static_cast<float>(acc[c - c0]);
-  }
+  const int64_t blocks = column_blocks(cols);
+#pragma omp parallel for schedule(static) if (rows * cols >= 16384)
+  for (int64_t b = 0; b < blocks; ++b) add_column_sums_block(x, rows, cols, ld, b, out);
 }
 
 }  // namespace cpu
@@ -155,22 +159,37 @@ double* CpuBackend::reduction_scratch(size_t doubles) {
   return reduction_scratch_.data();
 }
 
+const int32_t* CpuBackend::longest_first(const SeqLayout& layout) {
+  const auto n = static_cast<size_t>(layout.num_seqs);
+  if (seq_order_.size() < n) seq_order_.resize(n);
+  const int32_t* len = layout.seq_len.ptr<int32_t>();
+  for (size_t i = 0; i < n; ++i) seq_order_[i] = static_cast<int32_t>(i);
+  std::stable_sort(seq_order_.begin(), seq_order_.begin() + static_cast<std::ptrdiff_t>(n),
+                   [len](int32_t x, int32_t y) { return len[x] > len[y]; });
+  return seq_order_.data();
+}
+
+int64_t* CpuBackend::lamb_blocks(int64_t num_tensors) {
+  if (lamb_blocks_.size() < static_cast<size_t>(num_tensors + 1))
+    lamb_blocks_.resize(static_cast<size_t>(num_tensors + 1));
+  return lamb_blocks_.data();
+}
+
+float* CpuBackend::lamb_step_sizes(int64_t num_tensors) {
+  if (lamb_step_sizes_.size() < static_cast<size_t>(num_tensors))
+    lamb_step_sizes_.resize(static_cast<size_t>(num_tensors));
+  return lamb_step_sizes_.data();
+}
+
 double CpuBackend::sum_squares(const float* x, int64_t n) {
   // Fixed blocks, each summed in order in double, then the blocks in order: the same bits for
   // any thread count.
-  constexpr int64_t kBlock = 8192;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const int64_t blocks = (n + cpu::kSumBlock - 1) / cpu::kSumBlock;
   double* partial = reduction_scratch(static_cast<size_t>(blocks));
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t i1 = std::min(n, (b + 1) * kBlock);
-    // Four interleaved accumulators: a fixed order that still pipelines.
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
-    int64_t i = b * kBlock;
-    for (; i + 4 <= i1; i += 4)
-      for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(x[i + k]) * x[i + k];
-    for (; i < i1; ++i) s[0] += static_cast<double>(x[i]) * x[i];
-    partial[b] = (s[0] + s[1]) + (s[2] + s[3]);
+    const int64_t i0 = b * cpu::kSumBlock;
+    partial[b] = cpu::block_sum_squares(x + i0, std::min(n, i0 + cpu::kSumBlock) - i0);
   }
   double total = 0.0;
   for (int64_t b = 0; b < blocks; ++b) total += partial[b];

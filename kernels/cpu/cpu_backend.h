@@ -86,9 +86,18 @@ class CpuBackend final : public Backend {
   void reserve_thread_scratch(size_t floats);
   double* reduction_scratch(size_t doubles);
   double sum_squares(const float* x, int64_t n);
+  // The sequences of a layout by decreasing length (ties: by index), the attention ops' task
+  // order; grow-only.
+  const int32_t* longest_first(const SeqLayout& layout);
+  // lamb_step's grow-only tables: the first work item of each tensor, each tensor's step size.
+  int64_t* lamb_blocks(int64_t num_tensors);
+  float* lamb_step_sizes(int64_t num_tensors);
 
   std::vector<std::vector<float>> thread_scratch_;
   std::vector<double> reduction_scratch_;
+  std::vector<int32_t> seq_order_;
+  std::vector<int64_t> lamb_blocks_;
+  std::vector<float> lamb_step_sizes_;
 };
 
 }  // namespace packbert

@@ -1,4 +1,5 @@
 // The optimizer ops: the L2 norm of a flat buffer and LAMB over the flat parameter table.
+#include <algorithm>
 #include <cmath>
 
 #include "common/math.h"
@@ -7,7 +8,9 @@
 
 namespace packbert {
 
+using cpu::block_sum_squares;
 using cpu::expect;
+using cpu::kSumBlock;
 
 void CpuBackend::l2_norm(const Tensor& x, const Tensor& out) {
   const char* op = "l2_norm";
@@ -63,22 +66,69 @@ void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
   float* wnorm = norms_ws.ptr<float>();
   float* unorm = wnorm + num_tensors;
   // Per tensor, like apex: ||w|| before the step, u (into the gradient buffer), ||u||, w -= step.
-  for (int64_t t = 0; t < num_tensors; ++t) {
-    const LambTensor& e = entries[t];
-    const bool decays = e.decay == 1;
-    const float decay = decays ? cfg.weight_decay : 0.f;
-    float* wt = w + e.offset;
-    float* gt = g + e.offset;
-    float* mt = mp + e.offset;
-    float* vt = vp + e.offset;
-    wnorm[t] = static_cast<float>(std::sqrt(sum_squares(wt, e.size)));
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < e.size; ++i) gt[i] = lamb_update(gt[i], wt[i], mt[i], vt[i], c, decay);
-    unorm[t] = static_cast<float>(std::sqrt(sum_squares(gt, e.size)));
-    // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
-    const float step = lamb_step_size(cfg.lr, wnorm[t], unorm[t], decays && cfg.weight_decay != 0.f);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < e.size; ++i) wt[i] -= step * gt[i];
+  // All tensors at once, in one parallel region: the work items are the fixed kSumBlock blocks
+  // of every tensor (the blocks of sum_squares, so each norm is the same fixed-order sum as
+  // sum_squares gives), and the per-tensor norms are finished between the phases. A region per
+  // tensor and phase would be ~4 per tensor (hundreds per step), each a fork/join whose cost
+  // is small on an idle machine but grows to a scheduler tick when other processes share it.
+  int64_t* first = lamb_blocks(num_tensors);  // first[t]: the first item of tensor t
+  first[0] = 0;
+  for (int64_t t = 0; t < num_tensors; ++t)
+    first[t + 1] = first[t] + (entries[t].size + kSumBlock - 1) / kSumBlock;
+  const int64_t items = first[num_tensors];
+  double* partial = reduction_scratch(static_cast<size_t>(items));
+  float* step_size = lamb_step_sizes(num_tensors);
+  // The tensor of each item (binary search of first).
+  auto tensor_of = [&](int64_t item) {
+    return static_cast<int64_t>(std::upper_bound(first, first + num_tensors + 1, item) - first) - 1;
+  };
+  auto finish_norms = [&](float* norms) {
+    for (int64_t t = 0; t < num_tensors; ++t) {
+      double total = 0.0;
+      for (int64_t b = first[t]; b < first[t + 1]; ++b) total += partial[b];
+      norms[t] = static_cast<float>(std::sqrt(total));
+    }
+  };
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t t = tensor_of(item), i0 = (item - first[t]) * kSumBlock;
+      const float* wt = w + entries[t].offset;
+      partial[item] = block_sum_squares(wt + i0, std::min(kSumBlock, entries[t].size - i0));
+    }
+#pragma omp single
+    finish_norms(wnorm);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t t = tensor_of(item), i0 = (item - first[t]) * kSumBlock;
+      const LambTensor& e = entries[t];
+      const float decay = e.decay == 1 ? cfg.weight_decay : 0.f;
+      const int64_t len = std::min(kSumBlock, e.size - i0);
+      float* wt = w + e.offset + i0;
+      float* gt = g + e.offset + i0;
+      float* mt = mp + e.offset + i0;
+      float* vt = vp + e.offset + i0;
+      for (int64_t i = 0; i < len; ++i) gt[i] = lamb_update(gt[i], wt[i], mt[i], vt[i], c, decay);
+      partial[item] = block_sum_squares(gt, len);
+    }
+#pragma omp single
+    {
+      finish_norms(unorm);
+      // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
+      for (int64_t t = 0; t < num_tensors; ++t)
+        step_size[t] = lamb_step_size(cfg.lr, wnorm[t], unorm[t],
+                                      entries[t].decay == 1 && cfg.weight_decay != 0.f);
+    }
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t t = tensor_of(item), i0 = (item - first[t]) * kSumBlock;
+      const int64_t len = std::min(kSumBlock, entries[t].size - i0);
+      const float st = step_size[t];
+      float* wt = w + entries[t].offset + i0;
+      const float* gt = g + entries[t].offset + i0;
+      for (int64_t i = 0; i < len; ++i) wt[i] -= st * gt[i];
+    }
   }
 }
 

@@ -6,11 +6,14 @@
 
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_common.h"
+#include "cpu/cpu_simd.h"
 
 namespace packbert {
 
 using cpu::expect;
 using cpu::expect_optional;
+using cpu::exp_shifted_sum;
+using cpu::row_max;
 
 namespace {
 // The row indices of a gather, each checked to lie in [0, rows).
@@ -33,7 +36,7 @@ void CpuBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor&
   const int32_t* idx = checked_row_index(op, index, rows);
   const float* src = x.ptr<float>();
   float* dst = out.ptr<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (m * h >= 16384)
   for (int64_t i = 0; i < m; ++i) std::copy(src + idx[i] * h, src + (idx[i] + 1) * h, dst + i * h);
 }
 
@@ -77,22 +80,28 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   float* dz = dlogits.defined() ? dlogits.ptr<float>() : nullptr;
   double* row_loss = reduction_scratch(2 * static_cast<size_t>(m));
   double* row_correct = row_loss + m;
-#pragma omp parallel for schedule(static)
+  // Per row: the max (vectorised), the first index holding it, then one pass of float exp
+  // (cpu_simd.h, about 1 ulp) summed in double, written to dlogits when wanted and scaled there.
+#pragma omp parallel for schedule(static) if (m * v >= 16384)
   for (int64_t i = 0; i < m; ++i) {
     const float* zi = z + i * v;
+    const float mx = row_max(zi, v);
     int64_t argmax = 0;
-    for (int64_t c = 1; c < v; ++c)
-      if (zi[c] > zi[argmax]) argmax = c;  // first maximum wins ties
-    const float mx = zi[argmax];
-    double sum = 0.0;
-    for (int64_t c = 0; c < v; ++c) sum += std::exp(static_cast<double>(zi[c] - mx));
+    while (argmax < v && !(zi[argmax] == mx)) ++argmax;  // first maximum wins ties
+    if (argmax == v) {  // NaN in the row: the scalar rule
+      argmax = 0;
+      for (int64_t c = 1; c < v; ++c)
+        if (zi[c] > zi[argmax]) argmax = c;
+    }
+    const float z_label = zi[lab[i]];  // before dlogits (which may alias logits) is written
+    float* di = dz ? dz + i * v : nullptr;
+    const double sum = exp_shifted_sum(zi, mx, v, di);
     const double lse = mx + std::log(sum);
-    row_loss[i] = lse - zi[lab[i]];
+    row_loss[i] = lse - z_label;
     row_correct[i] = argmax == lab[i] ? 1.0 : 0.0;
-    if (dz) {  // dlogits may alias logits: each element is read once, then written
-      float* di = dz + i * v;
-      for (int64_t c = 0; c < v; ++c)
-        di[c] = static_cast<float>(std::exp(static_cast<double>(zi[c]) - lse)) * grad_scale;
+    if (di) {  // di = exp(z - mx) now: (softmax - onehot) * grad_scale
+      const auto f = static_cast<float>(grad_scale / sum);
+      for (int64_t c = 0; c < v; ++c) di[c] *= f;
       di[lab[i]] -= grad_scale;
     }
   }

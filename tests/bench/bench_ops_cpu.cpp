@@ -2,7 +2,8 @@
 // beside this machine's measured cblas_sgemm peak, GB/s for memory-bound ops. Prints a table;
 // asserts nothing about time.
 //
-//   bench_ops_cpu [--tokens 4096] [--reps 3]      (threads: OMP_NUM_THREADS)
+//   bench_ops_cpu [--tokens 4096] [--reps 3] [--model base|mini|...]   (threads: OMP_NUM_THREADS)
+// --model takes the layer's sizes from that preset (base: the default).
 #include <cblas.h>
 
 #include <algorithm>
@@ -17,12 +18,12 @@
 
 #include "backend.h"
 #include "cpu/cpu_backend.h"
+#include "model/config.h"
 
 namespace {
 
 using namespace packbert;
 
-constexpr int64_t kHidden = 768, kHeads = 12, kFfn = 3072, kVocab = 30522, kMaxPos = 512;
 
 double seconds(const std::function<void()>& f, int reps) {
   f();  // warm: scratch grows, pages fault in
@@ -52,10 +53,17 @@ struct Row {
 int main(int argc, char** argv) {
   int64_t target_tokens = 4096;
   int reps = 3;
+  std::string model = "base";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--tokens")) target_tokens = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
   }
+  const BertConfig cfg_model = bert_preset(model);
+  const int64_t kHidden = cfg_model.hidden, kHeads = cfg_model.heads, kFfn = cfg_model.intermediate,
+                kVocab = cfg_model.real_vocab_size, kMaxPos = cfg_model.max_position_embeddings;
+  const std::string sh = std::to_string(kHidden), sf = std::to_string(kFfn),
+                    s3 = std::to_string(3 * kHidden), sv = std::to_string(kVocab);
   std::mt19937_64 rng(12345);
 
   // Sequences of 64..512 tokens, unpadded, until the next one would pass the token target.
@@ -134,16 +142,16 @@ int main(int argc, char** argv) {
   auto run = [&](const std::string& op, const std::string& shape, double flops, double bytes,
                  const std::function<void()>& f) { table.push_back({op, shape, seconds(f, reps), flops, bytes}); };
   const std::string tok = std::to_string(t);
-  run("embedding_forward", tok + " x 768", 0, f4 * th * 4, [&] {
+  run("embedding_forward", tok + " x " + sh, 0, f4 * th * 4, [&] {
     be->embedding_forward(l, view(ids.data(), {t}), view(segs.data(), {t}), emb, drop, T(x, {t, h}),
                           T(mean, {t}), T(rstd, {t}));
   });
-  run("embedding_backward", tok + " x 768", 0, f4 * th * 10, [&] {
+  run("embedding_backward", tok + " x " + sh, 0, f4 * th * 10, [&] {
     std::vector<float> d = dy;
     be->embedding_backward(l, view(ids.data(), {t}), view(segs.data(), {t}), emb, drop, T(mean, {t}),
                            T(rstd, {t}), T(d, {t, h}), demb);
   });
-  run("linear_forward qkv +bias", tok + " x 768 -> 2304", 2.0 * t * h * 3 * h, 0, [&] {
+  run("linear_forward qkv +bias", tok + " x " + sh + " -> " + s3, 2.0 * t * h * 3 * h, 0, [&] {
     be->linear_forward(T(x, {t, h}), T(wqkv, {3 * h, h}), T(bqkv, {3 * h}), Epilogue::bias, T(qkv, {t, 3 * h}), Tensor());
   });
   Dropout adrop = drop;
@@ -154,45 +162,45 @@ int main(int argc, char** argv) {
   run("attention_forward p=0", std::to_string(s) + " seqs 64..512", 4.0 * sum_len2 * h, 0, [&] {
     be->attention_forward(l, T(qkv, {t, 3 * h}), kHeads, Dropout(), T(ctx, {t, h}), T(lse, {t, kHeads}));
   });
-  run("linear_forward attn out", tok + " x 768 -> 768", 2.0 * t * h * h, 0, [&] {
+  run("linear_forward attn out", tok + " x " + sh + " -> " + sh, 2.0 * t * h * h, 0, [&] {
     be->linear_forward(T(ctx, {t, h}), T(wo, {h, h}), Tensor(), Epilogue::none, T(proj, {t, h}), Tensor());
   });
-  run("residual_layernorm_forward", tok + " x 768", 0, f4 * th * 4, [&] {
+  run("residual_layernorm_forward", tok + " x " + sh, 0, f4 * th * 4, [&] {
     be->residual_layernorm_forward(l, T(proj, {t, h}), T(beta, {h}), T(x, {t, h}), ln, drop, T(h1, {t, h}),
                                    T(hin, {t, h}), T(mean, {t}), T(rstd, {t}));
   });
-  run("linear_forward ffn1 +bias+gelu", tok + " x 768 -> 3072", 2.0 * t * h * kFfn, 0, [&] {
+  run("linear_forward ffn1 +bias+gelu", tok + " x " + sh + " -> " + sf, 2.0 * t * h * kFfn, 0, [&] {
     be->linear_forward(T(h1, {t, h}), T(w1, {kFfn, h}), T(b1, {kFfn}), Epilogue::bias_gelu,
                        T(act, {t, kFfn}), T(pre, {t, kFfn}));
   });
-  run("linear_forward ffn2", tok + " x 3072 -> 768", 2.0 * t * h * kFfn, 0, [&] {
+  run("linear_forward ffn2", tok + " x " + sf + " -> " + sh, 2.0 * t * h * kFfn, 0, [&] {
     be->linear_forward(T(act, {t, kFfn}), T(w2, {h, kFfn}), Tensor(), Epilogue::none, T(proj, {t, h}), Tensor());
   });
-  run("residual_layernorm_backward", tok + " x 768", 0, f4 * th * 6, [&] {
+  run("residual_layernorm_backward", tok + " x " + sh, 0, f4 * th * 6, [&] {
     be->residual_layernorm_backward(l, T(dy, {t, h}), T(hin, {t, h}), T(mean, {t}), T(rstd, {t}), ln, drop,
                                     T(dx, {t, h}), T(dres, {t, h}), T(dbias, {h}),
                                     LayerNormParams{T(dgamma, {h}), T(dbeta, {h})});
   });
   LinearBackwardOptions fused;
   fused.x_gelu_pre = T(pre, {t, kFfn});
-  run("linear_backward ffn2 (dx*dgelu, dw)", tok + " x 3072 -> 768", 4.0 * t * h * kFfn, 0, [&] {
+  run("linear_backward ffn2 (dx*dgelu, dw)", tok + " x " + sf + " -> " + sh, 4.0 * t * h * kFfn, 0, [&] {
     be->linear_backward(T(act, {t, kFfn}), T(w2, {h, kFfn}), T(dx, {t, h}), T(dact, {t, kFfn}),
                         T(dw2, {h, kFfn}), Tensor(), fused);
   });
   LinearBackwardOptions acc;
   acc.dx_accumulate = true;
-  run("linear_backward ffn1 (dx+=, dw, db)", tok + " x 768 -> 3072", 4.0 * t * h * kFfn, 0, [&] {
+  run("linear_backward ffn1 (dx+=, dw, db)", tok + " x " + sh + " -> " + sf, 4.0 * t * h * kFfn, 0, [&] {
     be->linear_backward(T(h1, {t, h}), T(w1, {kFfn, h}), T(dact, {t, kFfn}), T(dres, {t, h}),
                         T(dw1, {kFfn, h}), T(db1, {kFfn}), acc);
   });
-  run("linear_backward attn out (dx, dw)", tok + " x 768 -> 768", 4.0 * t * h * h, 0, [&] {
+  run("linear_backward attn out (dx, dw)", tok + " x " + sh + " -> " + sh, 4.0 * t * h * h, 0, [&] {
     be->linear_backward(T(ctx, {t, h}), T(wo, {h, h}), T(dx, {t, h}), T(dy, {t, h}), T(dwo, {h, h}), Tensor(), {});
   });
   run("attention_backward p=0.1", std::to_string(s) + " seqs 64..512", 10.0 * sum_len2 * h, 0, [&] {
     be->attention_backward(l, T(qkv, {t, 3 * h}), T(ctx, {t, h}), T(lse, {t, kHeads}), T(dy, {t, h}),
                            kHeads, adrop, T(dqkv, {t, 3 * h}));
   });
-  run("linear_backward qkv (dx+=, dw, db)", tok + " x 768 -> 2304", 4.0 * t * h * 3 * h, 0, [&] {
+  run("linear_backward qkv (dx+=, dw, db)", tok + " x " + sh + " -> " + s3, 4.0 * t * h * 3 * h, 0, [&] {
     be->linear_backward(T(x, {t, h}), T(wqkv, {3 * h, h}), T(dqkv, {t, 3 * h}), T(dres, {t, h}),
                         T(dw3, {3 * h, h}), T(db3, {3 * h}), acc);
   });
@@ -202,7 +210,7 @@ int main(int argc, char** argv) {
   run("gather_rows_backward", std::to_string(m) + " of " + tok, 0, f4 * (th + m * h), [&] {
     be->gather_rows_backward(T(dxm, {m, h}), view(masked.data(), {m}), T(dx, {t, h}));
   });
-  run("mlm_loss fwd+bwd (V=30522)", std::to_string(m) + " x 768", 6.0 * m * kVocab * h, 0, [&] {
+  run("mlm_loss fwd+bwd (V=" + sv + ")", std::to_string(m) + " x " + sh, 6.0 * m * kVocab * h, 0, [&] {
     be->mlm_loss(T(xm, {m, h}), T(word, {kVocab, h}), T(dvocab_b, {kVocab}), view(labels.data(), {m}),
                  1.f / m, T(logits, {m, kVocab}), view(loss.data(), {1}), view(correct.data(), {1}),
                  T(dxm, {m, h}), T(dword, {kVocab, h}), T(dvocab_b, {kVocab}));
@@ -237,8 +245,8 @@ int main(int argc, char** argv) {
   });
 
   peak = std::max(peak, sgemm_peak());
-  std::printf("packbert CPU backend, BERT-base layer: hidden %lld, %lld heads, ffn %lld, vocab %lld\n",
-              static_cast<long long>(h), static_cast<long long>(kHeads), static_cast<long long>(kFfn),
+  std::printf("packbert CPU backend, BERT-%s layer: hidden %lld, %lld heads, ffn %lld, vocab %lld\n",
+              model.c_str(), static_cast<long long>(h), static_cast<long long>(kHeads), static_cast<long long>(kFfn),
               static_cast<long long>(kVocab));
   std::printf("%lld tokens in %lld sequences (64..512), %lld masked; %d threads; best of %d\n",
               static_cast<long long>(t), static_cast<long long>(s), static_cast<long long>(m),

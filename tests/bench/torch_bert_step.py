@@ -27,8 +27,9 @@ the same draw.
 
 Timing: --warmup untimed steps, then the best of --reps steps (the C++ bench: 1 warm-up, best
 of 2). A step is zero_grad(set_to_none) + forward + backward; with --optimizer a second table
-row also times torch.optim.AdamW.step() alone (packbert's bench times no optimizer; torch has
-no LAMB). tokens/s counts real tokens, not padding. Asserts nothing about time.
+row also times torch.optim.AdamW.step() alone (scripts/bench_cpu_vs_torch.sh runs packbert's
+bench with --no-lamb, so both sides time no optimizer; torch has no LAMB). tokens/s counts real
+tokens, not padding. Asserts nothing about time.
 
 Output: a header, then one line per configuration starting with "torch":
     torch  max_len  layout  what  threads  samples  rows  tokens  masked  ms  tokens/s
