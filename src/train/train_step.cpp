@@ -58,7 +58,6 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   // identical reduced gradients keep them so (no broadcast needed).
   init_parameters(table_, InitOptions{options_.init_seed}, params_.data());
   const int64_t n = table_.total();
-  const auto num_tensors = static_cast<int64_t>(table_.tensors().size());
   if (options_.device == Device::cpu) {
     backend_ = make_cpu_backend();
     bert_ = std::make_unique<Bert>(options_.config, *backend_, params_view(), grads_view(),
@@ -71,6 +70,7 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
     co.validate_indices = false;  // the batch and the table were checked on the host
     co.validate_pointers = false;
     backend_ = make_cuda_backend(options_.cuda_device, co);
+    const auto num_tensors = static_cast<int64_t>(table_.tensors().size());
     dev_ = std::make_unique<DeviceState>();
     dev_->params = dev_->take(DType::f32, {n});
     dev_->grads = dev_->take(DType::f32, {n});

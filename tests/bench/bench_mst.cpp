@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   int64_t mlm_chunk_rows = 0;
   std::string device = "cpu";
   double memory_gib = 0;
-  bool check24_given = false;
+  [[maybe_unused]] bool check24_given = false;  // read by the cuda branch
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
     if (!std::strcmp(argv[i], "--memory-gib")) memory_gib = std::atof(argv[i + 1]);
