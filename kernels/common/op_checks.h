@@ -1,7 +1,6 @@
 // Argument checks shared by every backend, on host arrays. The CPU backend reads its layout in
 // place; a device backend copies the arrays to the host first and runs the very same checks,
-// so both reject the same inputs with the same messages. (kernels/cpu/cpu_common.h has the
-// CPU's own copy of these rules; it can switch to this header without a change in behaviour.)
+// so both reject the same inputs with the same messages.
 #pragma once
 
 #include <cstdint>

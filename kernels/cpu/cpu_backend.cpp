@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/op_checks.h"
 #include "cpu/cpu_common.h"
 #include "cpu/cpu_simd.h"
 
@@ -45,46 +46,16 @@ void check_layout(const char* op, const SeqLayout& l, int64_t rows) {
   expect(op, "layout.sample_id", l.sample_id, DType::i64, {s});
   expect(op, "layout.token_seq", l.token_seq, DType::i32, {rows});
   expect(op, "layout.token_pos", l.token_pos, DType::i32, {rows});
-  const int32_t* start = l.seq_start.ptr<int32_t>();
-  const int32_t* len = l.seq_len.ptr<int32_t>();
-  const int64_t* sample = l.sample_id.ptr<int64_t>();
-  const int32_t* tseq = l.token_seq.ptr<int32_t>();
-  const int32_t* tpos = l.token_pos.ptr<int32_t>();
-  int64_t covered = 0;
-  for (int64_t i = 0; i < s; ++i) {
-    PB_REQUIRE(len[i] >= 1 && len[i] <= l.max_len && start[i] >= 0 && start[i] + len[i] <= rows,
-               "{}: sequence {} at row {} with length {} does not fit {} rows (max_len {})", op,
-               i, start[i], len[i], rows, l.max_len);
-    PB_REQUIRE(sample[i] >= 0 && static_cast<uint64_t>(sample[i]) < kDropoutMaxSampleId,
-               "{}: sequence {} has sample id {} outside [0, 2^44)", op, i, sample[i]);
-    for (int32_t p = 0; p < len[i]; ++p) {
-      const int64_t r = start[i] + p;
-      PB_REQUIRE(tseq[r] == i && tpos[r] == p,
-                 "{}: row {} has token_seq {} / token_pos {}, sequence {} expects {} / {}", op, r,
-                 tseq[r], tpos[r], i, i, p);
-    }
-    covered += len[i];
-  }
-  int64_t padding = 0;
-  for (int64_t r = 0; r < rows; ++r) padding += tseq[r] < 0;
-  PB_REQUIRE(covered + padding == rows,
-             "{}: {} rows name a sequence that does not contain them (sequences overlap?)", op,
-             rows - covered - padding);
+  checks::check_layout_arrays(op, l,
+                              {l.seq_start.ptr<int32_t>(), l.seq_len.ptr<int32_t>(),
+                               l.sample_id.ptr<int64_t>(), l.token_seq.ptr<int32_t>(),
+                               l.token_pos.ptr<int32_t>()},
+                              rows);
 }
 
 DropoutStream dropout_stream(const char* op, const Dropout& d, int64_t elements, int64_t heads,
                              int64_t max_position) {
-  PB_REQUIRE(d.p >= 0.f && d.p < 1.f, "{}: dropout p = {} outside [0, 1)", op, d.p);
-  if (d.p == 0.f) return DropoutStream{};
-  const auto site = static_cast<uint32_t>(d.site);
-  PB_REQUIRE(d.layer < kDropoutMaxLayer && site < kDropoutMaxSite,
-             "{}: dropout layer {} / site {} outside the key ranges ({} / {})", op, d.layer, site,
-             kDropoutMaxLayer, kDropoutMaxSite);
-  PB_REQUIRE(elements <= kDropoutMaxElement && heads <= kDropoutMaxHead &&
-                 max_position <= kDropoutMaxPosition,
-             "{}: {} elements, {} heads, {} positions exceed the dropout key ranges", op,
-             elements, heads, max_position);
-  return make_dropout_stream(d.p, d.seed, d.step, d.layer, site);
+  return checks::checked_dropout_stream(op, d, elements, heads, max_position);
 }
 
 void row_dropout_factors(const DropoutStream& s, const SeqLayout& layout, int64_t row, int64_t n,

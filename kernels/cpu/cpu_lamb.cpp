@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/math.h"
+#include "common/op_checks.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_common.h"
 
@@ -33,22 +34,10 @@ void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
   expect(op, "v", v, DType::f32, {n});
   expect(op, "global_grad_norm", global_grad_norm, DType::f32, {1});
   expect(op, "norms_ws", norms_ws, DType::f32, {2 * num_tensors});
-  PB_REQUIRE(cfg.step >= 1 && cfg.beta1 >= 0.f && cfg.beta1 < 1.f && cfg.beta2 >= 0.f &&
-                 cfg.beta2 < 1.f && cfg.max_grad_norm > 0.f,
-             "{}: step {} (from 1), beta1 {} and beta2 {} in [0, 1), max_grad_norm {} > 0", op,
-             cfg.step, cfg.beta1, cfg.beta2, cfg.max_grad_norm);
+  checks::check_lamb_config(op, cfg);
   static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
   const auto* entries = static_cast<const LambTensor*>(table.data);
-  int64_t end = 0;
-  for (int64_t t = 0; t < num_tensors; ++t) {
-    const LambTensor& e = entries[t];
-    PB_REQUIRE(e.offset >= end && e.size >= 0 && e.offset + e.size <= n &&
-                   (e.decay == 0 || e.decay == 1),
-               "{}: table row {} (offset {}, size {}, decay {}) overlaps the previous row, leaves "
-               "the {} elements or has a decay flag other than 0/1 (rows ascend by offset)",
-               op, t, e.offset, e.size, e.decay, n);
-    end = e.offset + e.size;
-  }
+  checks::check_lamb_table(op, entries, num_tensors, n);
 
   LambCoeffs c;
   c.beta1 = cfg.beta1;
