@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "common/op_args.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_kernels.h"
 
@@ -125,6 +126,10 @@ class CudaBackend final : public Backend {
   void expect_optional(const char* op, const char* name, const Tensor& t, DType dtype,
                        std::initializer_list<int64_t> dims);
   void check_pointer(const char* op, const char* name, const Tensor& t);
+  // The per-tensor check this backend adds to the shared argument checks (common/op_args.h).
+  checks::OpArgs::Extra pointer_check() {
+    return [this](const char* op, const char* name, const Tensor& t) { check_pointer(op, name, t); };
+  }
   // Shapes and devices of the layout's tensors; with validate_indices also their contents.
   cuda::DeviceLayout device_layout(const char* op, const SeqLayout& layout, int64_t rows);
   template <typename T>

@@ -1,6 +1,7 @@
 // CudaBackend's token-wise layer ops (embedding, bias + dropout + residual + LayerNorm) and
 // attention: the CPU backend's checks, then the kernels of layernorm_kernels.cu and
 // attention_kernels.cu.
+#include "common/op_args.h"
 #include "common/op_checks.h"
 #include "cuda/cuda_backend_impl.h"
 
@@ -17,18 +18,9 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
                                     const Dropout& dropout, const Tensor& out,
                                     const Tensor& ln_mean, const Tensor& ln_rstd) {
   const char* op = "embedding_forward";
-  const int64_t rows = layout.rows;
-  expect(op, "word", p.word, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t vocab = p.word.dim(0), h = p.word.dim(1);
-  expect(op, "position", p.position, DType::f32, {kAnyDim, h});
-  expect(op, "token_type", p.token_type, DType::f32, {kAnyDim, h});
-  expect(op, "ln_gamma", p.ln_gamma, DType::f32, {h});
-  expect(op, "ln_beta", p.ln_beta, DType::f32, {h});
-  expect(op, "input_ids", input_ids, DType::i32, {rows});
-  expect(op, "segment_ids", segment_ids, DType::i32, {rows});
-  expect(op, "out", out, DType::f32, {rows, h});
-  expect(op, "ln_mean", ln_mean, DType::f32, {rows});
-  expect(op, "ln_rstd", ln_rstd, DType::f32, {rows});
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [rows, vocab, h] = checks::embedding_forward_args(args, layout, input_ids, segment_ids,
+                                                               p, out, ln_mean, ln_rstd);
   require_grid(op, rows);
   begin(op);
   const cuda::DeviceLayout dl = device_layout(op, layout, rows);
@@ -61,22 +53,9 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
                                      const Tensor& ln_rstd, const Tensor& dout,
                                      const EmbeddingParams& grads) {
   const char* op = "embedding_backward";
-  const int64_t rows = layout.rows;
-  expect(op, "word", p.word, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t h = p.word.dim(1);
-  expect(op, "position", p.position, DType::f32, {kAnyDim, h});
-  expect(op, "token_type", p.token_type, DType::f32, {kAnyDim, h});
-  expect(op, "ln_gamma", p.ln_gamma, DType::f32, {h});
-  expect(op, "input_ids", input_ids, DType::i32, {rows});
-  expect(op, "segment_ids", segment_ids, DType::i32, {rows});
-  expect(op, "ln_mean", ln_mean, DType::f32, {rows});
-  expect(op, "ln_rstd", ln_rstd, DType::f32, {rows});
-  expect(op, "dout", dout, DType::f32, {rows, h});
-  expect_optional(op, "grads.word", grads.word, DType::f32, {p.word.dim(0), h});
-  expect_optional(op, "grads.position", grads.position, DType::f32, {p.position.dim(0), h});
-  expect_optional(op, "grads.token_type", grads.token_type, DType::f32, {p.token_type.dim(0), h});
-  expect_optional(op, "grads.ln_gamma", grads.ln_gamma, DType::f32, {h});
-  expect_optional(op, "grads.ln_beta", grads.ln_beta, DType::f32, {h});
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [rows, h] = checks::embedding_backward_args(args, layout, input_ids, segment_ids, p,
+                                                        ln_mean, ln_rstd, dout, grads);
   require_grid(op, rows);
   PB_REQUIRE((rows + cuda::kColumnChunk - 1) / cuda::kColumnChunk <= 65535,
              "{}: {} rows exceed the column-sum grid", op, rows);
@@ -105,17 +84,9 @@ void CudaBackend::residual_layernorm_forward(const SeqLayout& layout, const Tens
                                              const Tensor& out, const Tensor& ln_in,
                                              const Tensor& ln_mean, const Tensor& ln_rstd) {
   const char* op = "residual_layernorm_forward";
-  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t rows = x.dim(0), h = x.dim(1);
-  expect_optional(op, "bias", bias, DType::f32, {h});
-  expect_optional(op, "residual", residual, DType::f32, {rows, h});
-  expect(op, "ln.gamma", ln.gamma, DType::f32, {h});
-  expect(op, "ln.beta", ln.beta, DType::f32, {h});
-  expect(op, "out", out, DType::f32, {rows, h});
-  expect(op, "ln_in", ln_in, DType::f32, {rows, h});
-  expect(op, "ln_mean", ln_mean, DType::f32, {rows});
-  expect(op, "ln_rstd", ln_rstd, DType::f32, {rows});
-  PB_REQUIRE(out.data != ln_in.data && out.data != x.data, "{}: out may not alias x or ln_in", op);
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [rows, h] = checks::residual_layernorm_forward_args(args, x, bias, residual, ln, out,
+                                                                 ln_in, ln_mean, ln_rstd);
   require_grid(op, rows);
   begin(op);
   const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
@@ -139,18 +110,9 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
                                               const Tensor& dresidual, const Tensor& dbias,
                                               const LayerNormParams& dln) {
   const char* op = "residual_layernorm_backward";
-  expect(op, "dout", dout, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t rows = dout.dim(0), h = dout.dim(1);
-  expect(op, "ln_in", ln_in, DType::f32, {rows, h});
-  expect(op, "ln_mean", ln_mean, DType::f32, {rows});
-  expect(op, "ln_rstd", ln_rstd, DType::f32, {rows});
-  expect(op, "ln.gamma", ln.gamma, DType::f32, {h});
-  expect(op, "dx", dx, DType::f32, {rows, h});
-  expect_optional(op, "dresidual", dresidual, DType::f32, {rows, h});
-  expect_optional(op, "dbias", dbias, DType::f32, {h});
-  expect_optional(op, "dln.gamma", dln.gamma, DType::f32, {h});
-  expect_optional(op, "dln.beta", dln.beta, DType::f32, {h});
-  PB_REQUIRE(dx.data != dout.data, "{}: dx may not alias dout (dresidual may)", op);
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [rows, h] = checks::residual_layernorm_backward_args(
+      args, dout, ln_in, ln_mean, ln_rstd, ln, dx, dresidual, dbias, dln);
   require_grid(op, rows);
   PB_REQUIRE((rows + cuda::kColumnChunk - 1) / cuda::kColumnChunk <= 65535,
              "{}: {} rows exceed the column-sum grid", op, rows);

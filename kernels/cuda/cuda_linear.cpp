@@ -25,6 +25,7 @@
 #include <cstring>
 #include <functional>
 
+#include "common/op_args.h"
 #include "cuda/cuda_backend_impl.h"
 
 namespace packbert {
@@ -161,21 +162,10 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                  Epilogue epilogue, const Tensor& out, const Tensor& pre) {
   const char* op = "linear_forward";
-  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
-  expect(op, "w", w, DType::f32, {kAnyDim, x.dim(1)});
-  const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
-  expect(op, "out", out, DType::f32, {n, m});
-  if (epilogue == Epilogue::none) {
-    PB_REQUIRE(!bias.defined(), "{}: bias given with Epilogue::none", op);
-  } else {
-    expect(op, "bias", bias, DType::f32, {m});
-  }
-  if (epilogue == Epilogue::bias_gelu) {
-    expect(op, "pre", pre, DType::f32, {n, m});
-    PB_REQUIRE(pre.data != out.data, "{}: pre may not alias out", op);
-  } else {
-    PB_REQUIRE(!pre.defined(), "{}: pre is only written by Epilogue::bias_gelu", op);
-  }
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [n, k, m] = checks::linear_forward_args(args, x, w, bias, epilogue, out, pre);
+  PB_REQUIRE(epilogue != Epilogue::bias_gelu || pre.data != out.data, "{}: pre may not alias out",
+             op);
   if (n == 0 || m == 0) return;
   begin(op);
   // With GELU the GEMM writes the pre-activation buffer, which backward needs anyway.
@@ -218,19 +208,8 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
                                   const Tensor& dx, const Tensor& dw, const Tensor& db,
                                   const LinearBackwardOptions& opt) {
   const char* op = "linear_backward";
-  expect(op, "w", w, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t m = w.dim(0), k = w.dim(1);
-  expect(op, "dout", dout, DType::f32, {kAnyDim, m});
-  const int64_t n = dout.dim(0);
-  PB_REQUIRE(x.defined() || !dw.defined(), "{}: dw needs the forward input x", op);
-  expect_optional(op, "x", x, DType::f32, {n, k});
-  expect_optional(op, "dx", dx, DType::f32, {n, k});
-  expect_optional(op, "dw", dw, DType::f32, {m, k});
-  expect_optional(op, "db", db, DType::f32, {m});
-  expect_optional(op, "options.out_gelu_pre", opt.out_gelu_pre, DType::f32, {n, m});
-  expect_optional(op, "options.x_gelu_pre", opt.x_gelu_pre, DType::f32, {n, k});
-  PB_REQUIRE(!opt.x_gelu_pre.defined() || (dx.defined() && !opt.dx_accumulate),
-             "{}: options.x_gelu_pre needs dx and excludes dx_accumulate", op);
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [n, k, m] = checks::linear_backward_args(args, x, w, dout, dx, dw, db, opt);
   if (n == 0) return;
   begin(op);
 

@@ -1,0 +1,180 @@
+// The argument part of the op contracts of kernels/backend.h, shared by every backend: dtypes,
+// extents, which optional tensors go together, aliasing. A backend passes an OpArgs that knows
+// its device (and any check of its own, such as the CUDA backend's pointer check), so both
+// backends reject the same calls with the same messages. Contents (indices, layouts) are
+// checked by common/op_checks.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <utility>
+
+#include "backend.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace packbert::checks {
+
+class OpArgs {
+ public:
+  using Extra = std::function<void(const char* op, const char* name, const Tensor& t)>;
+  OpArgs(const char* op, Device device, Extra extra = {})
+      : op(op), device_(device), extra_(std::move(extra)) {}
+
+  // A required tensor with this dtype and dims (kAnyDim = any) on the backend's device.
+  void operator()(const char* name, const Tensor& t, DType dtype,
+                  std::initializer_list<int64_t> dims) const {
+    check_tensor(op, name, t, dtype, dims);
+    check_device(op, name, t, device_);
+    if (extra_) extra_(op, name, t);
+  }
+  // The same when t is defined; a "none" view passes.
+  void optional(const char* name, const Tensor& t, DType dtype,
+                std::initializer_list<int64_t> dims) const {
+    if (t.defined()) (*this)(name, t, dtype, dims);
+  }
+
+  const char* op;
+
+ private:
+  Device device_;
+  Extra extra_;
+};
+
+struct EmbeddingDims {
+  int64_t rows = 0, vocab = 0, h = 0;
+};
+struct RowDims {
+  int64_t rows = 0, h = 0;
+};
+
+inline EmbeddingDims embedding_forward_args(const OpArgs& a, const SeqLayout& layout,
+                                            const Tensor& input_ids, const Tensor& segment_ids,
+                                            const EmbeddingParams& p, const Tensor& out,
+                                            const Tensor& ln_mean, const Tensor& ln_rstd) {
+  const int64_t rows = layout.rows;
+  a("word", p.word, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t vocab = p.word.dim(0), h = p.word.dim(1);
+  a("position", p.position, DType::f32, {kAnyDim, h});
+  a("token_type", p.token_type, DType::f32, {kAnyDim, h});
+  a("ln_gamma", p.ln_gamma, DType::f32, {h});
+  a("ln_beta", p.ln_beta, DType::f32, {h});
+  a("input_ids", input_ids, DType::i32, {rows});
+  a("segment_ids", segment_ids, DType::i32, {rows});
+  a("out", out, DType::f32, {rows, h});
+  a("ln_mean", ln_mean, DType::f32, {rows});
+  a("ln_rstd", ln_rstd, DType::f32, {rows});
+  return {rows, vocab, h};
+}
+
+inline RowDims embedding_backward_args(const OpArgs& a, const SeqLayout& layout,
+                                             const Tensor& input_ids, const Tensor& segment_ids,
+                                             const EmbeddingParams& p, const Tensor& ln_mean,
+                                             const Tensor& ln_rstd, const Tensor& dout,
+                                             const EmbeddingParams& grads) {
+  const int64_t rows = layout.rows;
+  a("word", p.word, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t h = p.word.dim(1);
+  a("position", p.position, DType::f32, {kAnyDim, h});
+  a("token_type", p.token_type, DType::f32, {kAnyDim, h});
+  a("ln_gamma", p.ln_gamma, DType::f32, {h});
+  a("input_ids", input_ids, DType::i32, {rows});
+  a("segment_ids", segment_ids, DType::i32, {rows});
+  a("ln_mean", ln_mean, DType::f32, {rows});
+  a("ln_rstd", ln_rstd, DType::f32, {rows});
+  a("dout", dout, DType::f32, {rows, h});
+  a.optional("grads.word", grads.word, DType::f32, {p.word.dim(0), h});
+  a.optional("grads.position", grads.position, DType::f32, {p.position.dim(0), h});
+  a.optional("grads.token_type", grads.token_type, DType::f32, {p.token_type.dim(0), h});
+  a.optional("grads.ln_gamma", grads.ln_gamma, DType::f32, {h});
+  a.optional("grads.ln_beta", grads.ln_beta, DType::f32, {h});
+  return {rows, h};
+}
+
+inline RowDims residual_layernorm_forward_args(const OpArgs& a, const Tensor& x,
+                                               const Tensor& bias, const Tensor& residual,
+                                               const LayerNormParams& ln, const Tensor& out,
+                                               const Tensor& ln_in, const Tensor& ln_mean,
+                                               const Tensor& ln_rstd) {
+  a("x", x, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t rows = x.dim(0), h = x.dim(1);
+  a.optional("bias", bias, DType::f32, {h});
+  a.optional("residual", residual, DType::f32, {rows, h});
+  a("ln.gamma", ln.gamma, DType::f32, {h});
+  a("ln.beta", ln.beta, DType::f32, {h});
+  a("out", out, DType::f32, {rows, h});
+  a("ln_in", ln_in, DType::f32, {rows, h});
+  a("ln_mean", ln_mean, DType::f32, {rows});
+  a("ln_rstd", ln_rstd, DType::f32, {rows});
+  PB_REQUIRE(out.data != ln_in.data && out.data != x.data, "{}: out may not alias x or ln_in",
+             a.op);
+  return {rows, h};
+}
+
+inline RowDims residual_layernorm_backward_args(const OpArgs& a, const Tensor& dout,
+                                                const Tensor& ln_in, const Tensor& ln_mean,
+                                                const Tensor& ln_rstd, const LayerNormParams& ln,
+                                                const Tensor& dx, const Tensor& dresidual,
+                                                const Tensor& dbias,
+                                                const LayerNormParams& dln) {
+  a("dout", dout, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t rows = dout.dim(0), h = dout.dim(1);
+  a("ln_in", ln_in, DType::f32, {rows, h});
+  a("ln_mean", ln_mean, DType::f32, {rows});
+  a("ln_rstd", ln_rstd, DType::f32, {rows});
+  a("ln.gamma", ln.gamma, DType::f32, {h});
+  a("dx", dx, DType::f32, {rows, h});
+  a.optional("dresidual", dresidual, DType::f32, {rows, h});
+  a.optional("dbias", dbias, DType::f32, {h});
+  a.optional("dln.gamma", dln.gamma, DType::f32, {h});
+  a.optional("dln.beta", dln.beta, DType::f32, {h});
+  PB_REQUIRE(dx.data != dout.data, "{}: dx may not alias dout (dresidual may)", a.op);
+  return {rows, h};
+}
+
+// out [n, m] = x [n, k] w [m, k]^T (+ epilogue).
+struct GemmDims {
+  int64_t n = 0, k = 0, m = 0;
+};
+
+inline GemmDims linear_forward_args(const OpArgs& a, const Tensor& x, const Tensor& w,
+                                    const Tensor& bias, Epilogue epilogue, const Tensor& out,
+                                    const Tensor& pre) {
+  a("x", x, DType::f32, {kAnyDim, kAnyDim});
+  a("w", w, DType::f32, {kAnyDim, x.dim(1)});
+  const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  a("out", out, DType::f32, {n, m});
+  if (epilogue == Epilogue::none) {
+    PB_REQUIRE(!bias.defined(), "{}: bias given with Epilogue::none", a.op);
+  } else {
+    a("bias", bias, DType::f32, {m});
+  }
+  if (epilogue == Epilogue::bias_gelu) {
+    a("pre", pre, DType::f32, {n, m});
+  } else {
+    PB_REQUIRE(!pre.defined(), "{}: pre is only written by Epilogue::bias_gelu", a.op);
+  }
+  return {n, k, m};
+}
+
+inline GemmDims linear_backward_args(const OpArgs& a, const Tensor& x, const Tensor& w,
+                                     const Tensor& dout, const Tensor& dx, const Tensor& dw,
+                                     const Tensor& db, const LinearBackwardOptions& opt) {
+  a("w", w, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t m = w.dim(0), k = w.dim(1);
+  a("dout", dout, DType::f32, {kAnyDim, m});
+  const int64_t n = dout.dim(0);
+  PB_REQUIRE(x.defined() || !dw.defined(), "{}: dw needs the forward input x", a.op);
+  a.optional("x", x, DType::f32, {n, k});
+  a.optional("dx", dx, DType::f32, {n, k});
+  a.optional("dw", dw, DType::f32, {m, k});
+  a.optional("db", db, DType::f32, {m});
+  a.optional("options.out_gelu_pre", opt.out_gelu_pre, DType::f32, {n, m});
+  a.optional("options.x_gelu_pre", opt.x_gelu_pre, DType::f32, {n, k});
+  PB_REQUIRE(!opt.x_gelu_pre.defined() || (dx.defined() && !opt.dx_accumulate),
+             "{}: options.x_gelu_pre needs dx and excludes dx_accumulate", a.op);
+  return {n, k, m};
+}
+
+}  // namespace packbert::checks
