@@ -177,4 +177,59 @@ inline GemmDims linear_backward_args(const OpArgs& a, const Tensor& x, const Ten
   return {n, k, m};
 }
 
+// gather_rows (out = x[index]) and its backward (dx from dout): x / dx [rows, h], index i32 [m],
+// out / dout [m, h]. `table` names x or dx, `rows_out` out or dout.
+struct GatherDims {
+  int64_t rows = 0, h = 0, m = 0;
+};
+
+inline GatherDims gather_rows_args(const OpArgs& a, const char* table_name, const Tensor& table,
+                                   const Tensor& index, const char* rows_name,
+                                   const Tensor& rows_out) {
+  a(table_name, table, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t rows = table.dim(0), h = table.dim(1);
+  a("index", index, DType::i32, {kAnyDim});
+  const int64_t m = index.dim(0);
+  a(rows_name, rows_out, DType::f32, {m, h});
+  return {rows, h, m};
+}
+
+// logits [m, v], labels [m], loss_sum f32 [1], num_correct i32 [1], dlogits [m, v] optional.
+struct SoftmaxDims {
+  int64_t m = 0, v = 0;
+};
+
+inline SoftmaxDims softmax_cross_entropy_args(const OpArgs& a, const Tensor& logits,
+                                              const Tensor& labels, const Tensor& loss_sum,
+                                              const Tensor& num_correct, const Tensor& dlogits) {
+  a("logits", logits, DType::f32, {kAnyDim, kAnyDim});
+  const int64_t m = logits.dim(0), v = logits.dim(1);
+  a("labels", labels, DType::i32, {m});
+  a("loss_sum", loss_sum, DType::f32, {1});
+  a("num_correct", num_correct, DType::i32, {1});
+  a.optional("dlogits", dlogits, DType::f32, {m, v});
+  PB_REQUIRE(v >= 1, "{}: {} classes", a.op, v);
+  return {m, v};
+}
+
+// The MLM decoder and loss of one chunk as a composition of a backend's own ops (the contract of
+// Backend::mlm_loss): logits = x w^T + b into logits_ws, softmax cross-entropy (its gradient in
+// place when dx is given), then the decoder's backward.
+inline void mlm_loss_by_ops(Backend& be, const OpArgs& a, const Tensor& x, const Tensor& w,
+                            const Tensor& b, const Tensor& labels, float grad_scale,
+                            const Tensor& logits_ws, const Tensor& loss_sum,
+                            const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                            const Tensor& db) {
+  a("x", x, DType::f32, {kAnyDim, kAnyDim});
+  a("w", w, DType::f32, {kAnyDim, x.dim(1)});
+  const int64_t m = x.dim(0), v = w.dim(0);
+  a("logits_ws", logits_ws, DType::f32, {m, v});
+  PB_REQUIRE(dx.defined() || (!dw.defined() && !db.defined()),
+             "{}: dw / db without dx (forward-only calls pass none for all three)", a.op);
+  be.linear_forward(x, w, b, Epilogue::bias, logits_ws, Tensor());
+  be.softmax_cross_entropy(logits_ws, labels, grad_scale, loss_sum, num_correct,
+                           dx.defined() ? logits_ws : Tensor());
+  if (dx.defined()) be.linear_backward(x, w, logits_ws, dx, dw, db, {});
+}
+
 }  // namespace packbert::checks

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/op_args.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_common.h"
 #include "cpu/cpu_simd.h"
@@ -28,11 +29,8 @@ const int32_t* checked_row_index(const char* op, const Tensor& index, int64_t ro
 
 void CpuBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
   const char* op = "gather_rows";
-  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t rows = x.dim(0), h = x.dim(1);
-  expect(op, "index", index, DType::i32, {kAnyDim});
-  const int64_t m = index.dim(0);
-  expect(op, "out", out, DType::f32, {m, h});
+  const auto [rows, h, m] =
+      checks::gather_rows_args(checks::OpArgs(op, Device::cpu), "x", x, index, "out", out);
   const int32_t* idx = checked_row_index(op, index, rows);
   const float* src = x.ptr<float>();
   float* dst = out.ptr<float>();
@@ -42,11 +40,8 @@ void CpuBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor&
 
 void CpuBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) {
   const char* op = "gather_rows_backward";
-  expect(op, "dx", dx, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t rows = dx.dim(0), h = dx.dim(1);
-  expect(op, "index", index, DType::i32, {kAnyDim});
-  const int64_t m = index.dim(0);
-  expect(op, "dout", dout, DType::f32, {m, h});
+  const auto [rows, h, m] =
+      checks::gather_rows_args(checks::OpArgs(op, Device::cpu), "dx", dx, index, "dout", dout);
   const int32_t* idx = checked_row_index(op, index, rows);
   zero(dx);
   const float* src = dout.ptr<float>();
@@ -65,13 +60,8 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
                                        float grad_scale, const Tensor& loss_sum,
                                        const Tensor& num_correct, const Tensor& dlogits) {
   const char* op = "softmax_cross_entropy";
-  expect(op, "logits", logits, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t m = logits.dim(0), v = logits.dim(1);
-  expect(op, "labels", labels, DType::i32, {m});
-  expect(op, "loss_sum", loss_sum, DType::f32, {1});
-  expect(op, "num_correct", num_correct, DType::i32, {1});
-  expect_optional(op, "dlogits", dlogits, DType::f32, {m, v});
-  PB_REQUIRE(v >= 1, "{}: {} classes", op, v);
+  const auto [m, v] = checks::softmax_cross_entropy_args(checks::OpArgs(op, Device::cpu), logits,
+                                                         labels, loss_sum, num_correct, dlogits);
   const int32_t* lab = labels.ptr<int32_t>();
   for (int64_t i = 0; i < m; ++i)
     PB_REQUIRE(lab[i] >= 0 && lab[i] < v, "{}: labels[{}] = {} outside [0, {})", op, i, lab[i], v);
@@ -118,17 +108,8 @@ void CpuBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, con
                           float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                           const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                           const Tensor& db) {
-  const char* op = "mlm_loss";
-  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
-  expect(op, "w", w, DType::f32, {kAnyDim, x.dim(1)});
-  const int64_t m = x.dim(0), v = w.dim(0);
-  expect(op, "logits_ws", logits_ws, DType::f32, {m, v});
-  PB_REQUIRE(dx.defined() || (!dw.defined() && !db.defined()),
-             "{}: dw / db without dx (forward-only calls pass none for all three)", op);
-  linear_forward(x, w, b, Epilogue::bias, logits_ws, Tensor());
-  softmax_cross_entropy(logits_ws, labels, grad_scale, loss_sum, num_correct,
-                        dx.defined() ? logits_ws : Tensor());
-  if (dx.defined()) linear_backward(x, w, logits_ws, dx, dw, db, {});
+  checks::mlm_loss_by_ops(*this, checks::OpArgs("mlm_loss", Device::cpu), x, w, b, labels,
+                          grad_scale, logits_ws, loss_sum, num_correct, dx, dw, db);
 }
 
 void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/op_args.h"
 #include "common/op_checks.h"
 #include "cuda/cuda_backend_impl.h"
 
@@ -245,11 +246,8 @@ void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
 // ---- masked positions ------------------------------------------------------------------------
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
   const char* op = "gather_rows";
-  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t rows = x.dim(0), h = x.dim(1);
-  expect(op, "index", index, DType::i32, {kAnyDim});
-  const int64_t m = index.dim(0);
-  expect(op, "out", out, DType::f32, {m, h});
+  const auto [rows, h, m] = checks::gather_rows_args(
+      checks::OpArgs(op, Device::cuda, pointer_check()), "x", x, index, "out", out);
   begin(op);
   check_indices(op, "index", index, rows);
   if (m * h > 0)
@@ -261,11 +259,8 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor
 
 void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) {
   const char* op = "gather_rows_backward";
-  expect(op, "dx", dx, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t rows = dx.dim(0), h = dx.dim(1);
-  expect(op, "index", index, DType::i32, {kAnyDim});
-  const int64_t m = index.dim(0);
-  expect(op, "dout", dout, DType::f32, {m, h});
+  const auto [rows, h, m] = checks::gather_rows_args(
+      checks::OpArgs(op, Device::cuda, pointer_check()), "dx", dx, index, "dout", dout);
   begin(op);
   check_indices(op, "index", index, rows);
   if (dx.bytes()) PB_CUDA_OP(op, cudaMemsetAsync(dx.data, 0, dx.bytes(), stream_));
@@ -281,13 +276,9 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
                                         float grad_scale, const Tensor& loss_sum,
                                         const Tensor& num_correct, const Tensor& dlogits) {
   const char* op = "softmax_cross_entropy";
-  expect(op, "logits", logits, DType::f32, {kAnyDim, kAnyDim});
-  const int64_t m = logits.dim(0), v = logits.dim(1);
-  expect(op, "labels", labels, DType::i32, {m});
-  expect(op, "loss_sum", loss_sum, DType::f32, {1});
-  expect(op, "num_correct", num_correct, DType::i32, {1});
-  expect_optional(op, "dlogits", dlogits, DType::f32, {m, v});
-  PB_REQUIRE(v >= 1, "{}: {} classes", op, v);
+  const auto [m, v] =
+      checks::softmax_cross_entropy_args(checks::OpArgs(op, Device::cuda, pointer_check()), logits,
+                                         labels, loss_sum, num_correct, dlogits);
   PB_REQUIRE(m <= 0x7fffffff, "{}: {} rows exceed the grid", op, m);
   begin(op);
   check_indices(op, "labels", labels, v);

@@ -287,17 +287,8 @@ void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, co
                            float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                            const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                            const Tensor& db) {
-  const char* op = "mlm_loss";
-  expect(op, "x", x, DType::f32, {kAnyDim, kAnyDim});
-  expect(op, "w", w, DType::f32, {kAnyDim, x.dim(1)});
-  const int64_t m = x.dim(0), v = w.dim(0);
-  expect(op, "logits_ws", logits_ws, DType::f32, {m, v});
-  PB_REQUIRE(dx.defined() || (!dw.defined() && !db.defined()),
-             "{}: dw / db without dx (forward-only calls pass none for all three)", op);
-  linear_forward(x, w, b, Epilogue::bias, logits_ws, Tensor());
-  softmax_cross_entropy(logits_ws, labels, grad_scale, loss_sum, num_correct,
-                        dx.defined() ? logits_ws : Tensor());
-  if (dx.defined()) linear_backward(x, w, logits_ws, dx, dw, db, {});
+  checks::mlm_loss_by_ops(*this, checks::OpArgs("mlm_loss", Device::cuda, pointer_check()), x, w, b,
+                          labels, grad_scale, logits_ws, loss_sum, num_correct, dx, dw, db);
 }
 
 void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
