@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "backend.h"
+#include "common/op_checks.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -230,6 +231,51 @@ inline void mlm_loss_by_ops(Backend& be, const OpArgs& a, const Tensor& x, const
   be.softmax_cross_entropy(logits_ws, labels, grad_scale, loss_sum, num_correct,
                            dx.defined() ? logits_ws : Tensor());
   if (dx.defined()) be.linear_backward(x, w, logits_ws, dx, dw, db, {});
+}
+
+// nsp_loss: x [rows, h] with rows = layout.rows; returns h and the sequence count.
+struct NspDims {
+  int64_t h = 0, s = 0;
+};
+
+inline NspDims nsp_loss_args(const OpArgs& a, const SeqLayout& layout, const Tensor& x,
+                             const PoolerParams& params, const Tensor& workspace,
+                             const Tensor& dx, const PoolerParams& grads) {
+  a("x", x, DType::f32, {layout.rows, kAnyDim});
+  const int64_t h = x.dim(1), s = layout.num_seqs;
+  a("params.dense_w", params.dense_w, DType::f32, {h, h});
+  a("params.dense_b", params.dense_b, DType::f32, {h});
+  a("params.cls_w", params.cls_w, DType::f32, {2, h});
+  a("params.cls_b", params.cls_b, DType::f32, {2});
+  a("workspace", workspace, DType::f32, {nsp_workspace_elems(s, h)});
+  a.optional("dx", dx, DType::f32, {layout.rows, h});
+  PB_REQUIRE(dx.defined() || (!grads.dense_w.defined() && !grads.dense_b.defined() &&
+                              !grads.cls_w.defined() && !grads.cls_b.defined()),
+             "{}: parameter gradients without dx", a.op);
+  return {h, s};
+}
+
+// lamb_step: table i64 [T, 3], the flat buffers [n], the norms workspace [2T]; the config's
+// ranges (the table's contents are check_lamb_table's, where the table is on the host).
+struct LambDims {
+  int64_t num_tensors = 0, n = 0;
+};
+
+inline LambDims lamb_step_args(const OpArgs& a, const Tensor& table, const LambConfig& cfg,
+                               const Tensor& global_grad_norm, const Tensor& params,
+                               const Tensor& grads, const Tensor& m, const Tensor& v,
+                               const Tensor& norms_ws) {
+  a("table", table, DType::i64, {kAnyDim, 3});
+  const int64_t num_tensors = table.dim(0);
+  a("params", params, DType::f32, {kAnyDim});
+  const int64_t n = params.dim(0);
+  a("grads", grads, DType::f32, {n});
+  a("m", m, DType::f32, {n});
+  a("v", v, DType::f32, {n});
+  a("global_grad_norm", global_grad_norm, DType::f32, {1});
+  a("norms_ws", norms_ws, DType::f32, {2 * num_tensors});
+  check_lamb_config(a.op, cfg);
+  return {num_tensors, n};
 }
 
 }  // namespace packbert::checks

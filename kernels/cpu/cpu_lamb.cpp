@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/math.h"
+#include "common/op_args.h"
 #include "common/op_checks.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_common.h"
@@ -25,16 +26,9 @@ void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                            const Tensor& grads, const Tensor& m, const Tensor& v,
                            const Tensor& norms_ws) {
   const char* op = "lamb_step";
-  expect(op, "table", table, DType::i64, {kAnyDim, 3});
-  const int64_t num_tensors = table.dim(0);
-  expect(op, "params", params, DType::f32, {kAnyDim});
-  const int64_t n = params.dim(0);
-  expect(op, "grads", grads, DType::f32, {n});
-  expect(op, "m", m, DType::f32, {n});
-  expect(op, "v", v, DType::f32, {n});
-  expect(op, "global_grad_norm", global_grad_norm, DType::f32, {1});
-  expect(op, "norms_ws", norms_ws, DType::f32, {2 * num_tensors});
-  checks::check_lamb_config(op, cfg);
+  const auto [num_tensors, n] = checks::lamb_step_args(checks::OpArgs(op, Device::cpu), table, cfg,
+                                                       global_grad_norm, params, grads, m, v,
+                                                       norms_ws);
   static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);

@@ -117,17 +117,8 @@ void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Pooler
                           const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                           const PoolerParams& grads) {
   const char* op = "nsp_loss";
-  expect(op, "x", x, DType::f32, {layout.rows, kAnyDim});
-  const int64_t h = x.dim(1), s = layout.num_seqs;
-  expect(op, "params.dense_w", params.dense_w, DType::f32, {h, h});
-  expect(op, "params.dense_b", params.dense_b, DType::f32, {h});
-  expect(op, "params.cls_w", params.cls_w, DType::f32, {2, h});
-  expect(op, "params.cls_b", params.cls_b, DType::f32, {2});
-  expect(op, "workspace", workspace, DType::f32, {nsp_workspace_elems(s, h)});
-  expect_optional(op, "dx", dx, DType::f32, {layout.rows, h});
-  PB_REQUIRE(dx.defined() || (!grads.dense_w.defined() && !grads.dense_b.defined() &&
-                              !grads.cls_w.defined() && !grads.cls_b.defined()),
-             "{}: parameter gradients without dx", op);
+  const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cpu), layout, x, params,
+                                            workspace, dx, grads);
   cpu::check_layout(op, layout, layout.rows);
 
   float* ws = workspace.ptr<float>();

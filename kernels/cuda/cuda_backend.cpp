@@ -313,16 +313,9 @@ void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                             const Tensor& grads, const Tensor& m, const Tensor& v,
                             const Tensor& norms_ws) {
   const char* op = "lamb_step";
-  expect(op, "table", table, DType::i64, {kAnyDim, 3});
-  const int64_t num_tensors = table.dim(0);
-  expect(op, "params", params, DType::f32, {kAnyDim});
-  const int64_t n = params.dim(0);
-  expect(op, "grads", grads, DType::f32, {n});
-  expect(op, "m", m, DType::f32, {n});
-  expect(op, "v", v, DType::f32, {n});
-  expect(op, "global_grad_norm", global_grad_norm, DType::f32, {1});
-  expect(op, "norms_ws", norms_ws, DType::f32, {2 * num_tensors});
-  checks::check_lamb_config(op, cfg);
+  const auto [num_tensors, n] =
+      checks::lamb_step_args(checks::OpArgs(op, Device::cuda, pointer_check()), table, cfg,
+                             global_grad_norm, params, grads, m, v, norms_ws);
   begin(op);
   // The table drives the launch (chunk list), so it is read on the host every call.
   // TODO(cuda step 2): cache the work list per table (it is the same every step).
