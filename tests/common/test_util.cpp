@@ -73,6 +73,21 @@ Sample random_sample(std::mt19937_64& rng, int min_len, int max_len, int max_pre
   return s;
 }
 
+StepBatch random_step_batch(std::mt19937_64& rng, int n, int micro_steps, int min_len,
+                            int max_len, int max_predictions) {
+  StepBatch b;
+  b.micro_batches.resize(static_cast<size_t>(micro_steps));
+  for (int i = 0; i < n; ++i) {
+    Sample s = random_sample(rng, min_len, max_len, max_predictions);
+    s.id = i;
+    b.global_samples += 1;
+    b.global_masked_tokens += s.num_masked();
+    b.global_tokens += s.length();
+    b.micro_batches[static_cast<size_t>(i % micro_steps)].samples.push_back(std::move(s));
+  }
+  return b;
+}
+
 int run_command(const std::string& cmd, std::string* output) {
   std::string full = cmd + " 2>&1";
   FILE* p = popen(full.c_str(), "r");

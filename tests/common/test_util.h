@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/loader.h"
 #include "data/sample.h"
 
 namespace packbert::test {
@@ -34,6 +35,12 @@ uint64_t test_seed();
 // up to max_predictions masked positions (never [CLS]/[SEP]), ids in [999, vocab_size).
 Sample random_sample(std::mt19937_64& rng, int min_len, int max_len, int max_predictions,
                      int64_t vocab_size = 30522);
+
+// One rank's whole optimizer step without a loader: n random samples (ids 0..n-1, as
+// random_sample draws them) dealt round-robin into micro_steps micro-batches, with the global
+// counts set (step 0; the model packs the micro-batches itself when the layout needs it).
+StepBatch random_step_batch(std::mt19937_64& rng, int n, int micro_steps, int min_len,
+                            int max_len, int max_predictions);
 
 // Runs a shell command, returns its exit status; its stdout+stderr go to *output if given.
 int run_command(const std::string& cmd, std::string* output = nullptr);

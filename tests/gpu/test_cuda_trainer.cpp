@@ -25,24 +25,10 @@ namespace {
 
 constexpr int kMaxSeqLen = 64;
 
-StepBatch two_micro_batches(std::mt19937_64& rng) {
-  StepBatch b;
-  b.micro_batches.resize(2);
-  for (int i = 0; i < 10; ++i) {
-    Sample s = random_sample(rng, 5, kMaxSeqLen, 10);
-    s.id = i;
-    b.global_samples += 1;
-    b.global_masked_tokens += s.num_masked();
-    b.global_tokens += s.length();
-    b.micro_batches[static_cast<size_t>(i % 2)].samples.push_back(std::move(s));
-  }
-  return b;
-}
-
 TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
   PB_REQUIRE_CUDA_DEVICE();
   std::mt19937_64 rng(test_seed());
-  StepBatch batch = two_micro_batches(rng);
+  StepBatch batch = random_step_batch(rng, 10, 2, 5, kMaxSeqLen, 10);
   TrainerOptions o;
   o.config = bert_preset("tiny");
   o.layout = BatchLayout::unpadded;

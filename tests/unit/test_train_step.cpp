@@ -19,27 +19,13 @@ namespace {
 
 constexpr int kMaxSeqLen = 64;
 
-// 8 random samples (ids 0..7) in 2 micro-batches, packed by the batch itself.
-StepBatch fixed_batch(std::mt19937_64& rng) {
-  StepBatch b;
-  b.micro_batches.resize(2);
-  for (int i = 0; i < 8; ++i) {
-    Sample s = random_sample(rng, 16, kMaxSeqLen, 10);
-    s.id = i;
-    b.global_samples += 1;
-    b.global_masked_tokens += s.num_masked();
-    b.global_tokens += s.length();
-    b.micro_batches[static_cast<size_t>(i % 2)].samples.push_back(std::move(s));
-  }
-  return b;
-}
-
 TEST(TrainStep, LossFallsOnAFixedBatch) {
   // One thread: the tiny model gains nothing from more, and ctest runs tests side by side on
   // few cores, where OpenMP barriers of oversubscribed threads cost more than the work.
   cpu::set_num_threads(1);
   std::mt19937_64 rng(test_seed());
-  StepBatch batch = fixed_batch(rng);
+  // 8 random samples in 2 micro-batches, packed by the batch itself.
+  StepBatch batch = random_step_batch(rng, 8, 2, 16, kMaxSeqLen, 10);
   ASSERT_GT(batch.global_masked_tokens, 0);
 
   TrainerOptions o;
