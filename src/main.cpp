@@ -242,7 +242,16 @@ int run(int argc, char** argv, Mpi& mpi) {
     PB_REQUIRE(!pack.histogram_file.empty() || !pack.data_dir.empty(),
                "pack: give --histogram FILE or --data DIR");
     return run_pack_command(pack, std::cout, read_sample_lengths);
-  } else if (app.got_subcommand("train")) {
+  } else if (app.got_subcommand("train") || app.got_subcommand("eval")) {
+    // The file before the subcommand configures prepare / inspect / pack only; its [model],
+    // [train], ... sections would be dropped without a word.
+    PB_REQUIRE(app.get_option("--config")->count() == 0,
+               "{}: the --config before the subcommand is for prepare, inspect and pack; give "
+               "the training config after it: packbert {} --config FILE.toml",
+               app.got_subcommand("train") ? "train" : "eval",
+               app.got_subcommand("train") ? "train" : "eval");
+  }
+  if (app.got_subcommand("train")) {
     std::vector<std::string> overrides = config_overrides(*train_cmd);
     if (!train_args.resume.empty()) overrides.push_back("checkpoint.resume=" + train_args.resume);
     if (!train_args.init_checkpoint.empty())
