@@ -64,6 +64,8 @@ inline DropoutStream checked_dropout_stream(const char* op, const Dropout& d, in
                  max_position <= kDropoutMaxPosition,
              "{}: {} elements, {} heads, {} positions exceed the dropout key ranges", op,
              elements, heads, max_position);
+  PB_REQUIRE(d.step < kDropoutMaxStep, "{}: dropout step {} outside the key range (< {})", op,
+             d.step, kDropoutMaxStep);
   return make_dropout_stream(d.p, d.seed, d.step, d.layer, site);
 }
 

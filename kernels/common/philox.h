@@ -58,16 +58,21 @@ PB_HD float philox_uniform(uint32_t bits) {
 // unpadded layouts, and any rank assignment, drop the same elements (DESIGN.md, Equivalence).
 //
 //   key     = seed (64 bits)
-//   ctr[0]  = element / 4 (bits 0..15) | position (bits 16..31)
+//   ctr[0]  = element / 4 bits 0..15 (bits 0..15) | position bits 0..15 (bits 16..31)
 //   ctr[1]  = layer (bits 0..7) | site (8..11) | head (12..19) | sample id bits 32..43 (20..31)
 //   ctr[2]  = sample id bits 0..31
-//   ctr[3]  = step
+//   ctr[3]  = step (bits 0..23) | position bits 16..19 (24..27) | element / 4 bits 16..19
+//             (28..31)
 // One Philox call gives the bits of 4 consecutive elements (element % 4 picks the word). Each
 // field has a range (the limits below, checked on the host) so distinct tuples never share a
 // counter. For attention probabilities: position = query position, element = key position,
-// head = the head; for hidden states head = 0 and element = the hidden index.
-constexpr uint32_t kDropoutMaxPosition = 1u << 16;
-constexpr uint32_t kDropoutMaxElement = 1u << 18;
+// head = the head; for hidden states head = 0 and element = the hidden index. The high bits of
+// position and element (sequences beyond 65536 tokens, for long-sequence MST runs) sit above
+// the step, so every position < 2^16 / element < 2^18 / step < 2^24 has the counter it had
+// before those fields were widened: masks of ordinary runs did not change.
+constexpr uint32_t kDropoutMaxPosition = 1u << 20;
+constexpr uint32_t kDropoutMaxElement = 1u << 22;
+constexpr uint32_t kDropoutMaxStep = 1u << 24;
 constexpr uint32_t kDropoutMaxHead = 1u << 8;
 constexpr uint32_t kDropoutMaxLayer = 1u << 8;
 constexpr uint32_t kDropoutMaxSite = 1u << 4;
@@ -100,13 +105,20 @@ inline DropoutStream make_dropout_stream(float p, uint64_t seed, uint32_t step, 
 
 PB_HD bool dropout_enabled(const DropoutStream& s) { return s.threshold != 0; }
 
+// The Philox counter of elements [4 * (element / 4), +4) of one (sample, head, position).
+PB_HD Philox4x32 dropout_counter(const DropoutStream& s, uint64_t sample_id, uint32_t head,
+                                 uint32_t position, uint32_t element) {
+  const uint32_t word = element >> 2;
+  return Philox4x32{{(word & 0xFFFFu) | (position << 16),
+                     s.layer_site | (head << 12) | (static_cast<uint32_t>(sample_id >> 32) << 20),
+                     static_cast<uint32_t>(sample_id),
+                     s.step | ((position >> 16) << 24) | ((word >> 16) << 28)}};
+}
+
 // The 4 words for elements [4 * (element / 4), +4) of one (sample, head, position).
 PB_HD Philox4x32 dropout_bits4(const DropoutStream& s, uint64_t sample_id, uint32_t head,
                                uint32_t position, uint32_t element) {
-  const Philox4x32 ctr{{(element >> 2) | (position << 16),
-                        s.layer_site | (head << 12) | (static_cast<uint32_t>(sample_id >> 32) << 20),
-                        static_cast<uint32_t>(sample_id), s.step}};
-  return philox4x32_10(ctr, s.key0, s.key1);
+  return philox4x32_10(dropout_counter(s, sample_id, head, position, element), s.key0, s.key1);
 }
 
 PB_HD bool dropout_keep_bits(const DropoutStream& s, uint32_t bits) { return bits >= s.threshold; }

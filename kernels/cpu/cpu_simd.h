@@ -146,17 +146,19 @@ inline void dropout_row(const DropoutStream& ds, uint64_t sample, uint32_t head,
                         int64_t len, float* factors) {
   const __m128i m0 = _mm_set1_epi32(static_cast<int32_t>(philox_detail::kM0));
   const __m128i m1 = _mm_set1_epi32(static_cast<int32_t>(philox_detail::kM1));
-  // Counter words 1..3 are the same for every key of the row (see dropout_bits4).
-  const auto ctr1 = static_cast<int32_t>(ds.layer_site | (head << 12) |
-                                         (static_cast<uint32_t>(sample >> 32) << 20));
-  const auto ctr2 = static_cast<int32_t>(static_cast<uint32_t>(sample));
-  const auto ctr3 = static_cast<int32_t>(ds.step);
+  // Counter words 1 and 2 are the same for every key of the row, word 3 for every group of 16
+  // keys (its element bits change every 2^18 keys; see dropout_counter).
+  const Philox4x32 row_ctr = dropout_counter(ds, sample, head, qpos, 0);
+  const auto ctr1 = static_cast<int32_t>(row_ctr.v[1]);
+  const auto ctr2 = static_cast<int32_t>(row_ctr.v[2]);
   // Unsigned bits >= threshold, as a signed compare after flipping the sign bits.
   const __m128i sign = _mm_set1_epi32(INT32_MIN);
   const __m128i thr = _mm_xor_si128(_mm_set1_epi32(static_cast<int32_t>(ds.threshold)), sign);
   const __m128 scale = _mm_set1_ps(ds.scale);
   for (int64_t j0 = 0; j0 < len; j0 += 16) {
-    const auto c0 = static_cast<int32_t>((static_cast<uint32_t>(j0) >> 2) | (qpos << 16));
+    const Philox4x32 ctr = dropout_counter(ds, sample, head, qpos, static_cast<uint32_t>(j0));
+    const auto c0 = static_cast<int32_t>(ctr.v[0]);
+    const auto ctr3 = static_cast<int32_t>(ctr.v[3]);
     __m128i v0 = _mm_add_epi32(_mm_set1_epi32(c0), _mm_set_epi32(3, 2, 1, 0));
     __m128i v1 = _mm_set1_epi32(ctr1), v2 = _mm_set1_epi32(ctr2), v3 = _mm_set1_epi32(ctr3);
     uint32_t k0 = ds.key0, k1 = ds.key1;

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/philox.h"
 #include "core/error.h"
 #include "device.h"
 
@@ -758,6 +759,9 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
 
   const auto& t = c.train;
   PB_REQUIRE(t.max_steps >= 1, "train.max_steps ({}) must be >= 1", t.max_steps);
+  PB_REQUIRE(t.max_steps < int64_t{kDropoutMaxStep},
+             "train.max_steps ({}) must be < {} (the dropout key's step range)", t.max_steps,
+             kDropoutMaxStep);
   PB_REQUIRE(t.global_batch_size >= 1, "train.global_batch_size ({}) must be >= 1",
              t.global_batch_size);
   PB_REQUIRE(t.gradient_accumulation_steps >= 1,

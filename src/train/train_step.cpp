@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/philox.h"
 #include "core/error.h"
 #ifdef PACKBERT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
@@ -114,9 +115,11 @@ Trainer::~Trainer() = default;
 
 StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect_grads) {
   PB_REQUIRE(batch.global_samples > 0, "train step {}: the global batch is empty", batch.step);
-  // The dropout key holds 32 bits of step; the loader's step count starts at 0 and grows by 1.
-  PB_REQUIRE(batch.step >= 0 && batch.step <= int64_t{0xffffffff},
-             "train step {}: outside the dropout key's 32-bit step", batch.step);
+  // The dropout key holds 24 bits of step (common/philox.h); the loader's step count starts at
+  // 0 and grows by 1, and the config refuses max_steps beyond the range before any work.
+  PB_REQUIRE(batch.step >= 0 && batch.step < int64_t{kDropoutMaxStep},
+             "train step {}: outside the dropout key's step range (< {})", batch.step,
+             kDropoutMaxStep);
   const auto dropout_step = static_cast<uint32_t>(batch.step);
   ForwardOptions fwd;
   fwd.dropout = options_.dropout;

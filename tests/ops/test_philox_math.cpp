@@ -2,11 +2,13 @@
 // (GELU, Welford LayerNorm statistics, LAMB update) against double-precision formulas.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <set>
 
 #include "common/math.h"
 #include "common/philox.h"
+#include "cpu/cpu_simd.h"
 #include "ops_test_util.h"
 
 namespace packbert::test {
@@ -112,6 +114,62 @@ TEST(Dropout, CountersDistinctAcrossPositionsAndElements) {
       const Philox4x32 b = dropout_bits4(s, 1, 0, pos, e);
       EXPECT_TRUE(seen.insert({b.v[0], b.v[1]}).second) << pos << " " << e;
     }
+}
+
+// The counter layout of common/philox.h. Positions below 2^16, elements below 2^18 and steps
+// below 2^24 keep the layout the key had before position and element were widened (element / 4
+// | position << 16, then layer/site/head/sample-high, sample-low, step), so those masks are
+// unchanged; the high bits land above the step.
+TEST(Dropout, CounterLayoutKeepsNarrowFieldsAndPlacesHighBits) {
+  const DropoutStream s = make_dropout_stream(0.1f, 0x1234567890abcdefull, 777, 5, 2);
+  const uint64_t sample = (uint64_t{0xabc} << 32) | 0xdeadbeefu;
+  const Philox4x32 narrow = dropout_counter(s, sample, 9, 0xfffe, (1u << 18) - 4);
+  EXPECT_EQ(narrow.v[0], 0xffffu | (0xfffeu << 16));
+  EXPECT_EQ(narrow.v[1], 5u | (2u << 8) | (9u << 12) | (0xabcu << 20));
+  EXPECT_EQ(narrow.v[2], 0xdeadbeefu);
+  EXPECT_EQ(narrow.v[3], 777u);
+  const Philox4x32 wide = dropout_counter(s, sample, 9, 0x9abcd, 0x3fffff);
+  EXPECT_EQ(wide.v[0], 0xffffu | (0xabcdu << 16));
+  EXPECT_EQ(wide.v[3], 777u | (0x9u << 24) | (0xfu << 28));
+  EXPECT_LE(kDropoutMaxStep, 1u << 24);
+  EXPECT_LE(kDropoutMaxPosition, 1u << 20);
+  EXPECT_LE(kDropoutMaxElement, 1u << 22);
+}
+
+// Across the whole widened ranges, distinct (step, position, element word) never share a counter.
+TEST(Dropout, CountersDistinctAcrossWidenedRanges) {
+  const std::vector<uint32_t> steps = {0, 1, 0xffff, 0x10000, kDropoutMaxStep - 1};
+  const std::vector<uint32_t> positions = {0, 1, 0xffff, 0x10000, 0x10001, 0x7ffff,
+                                           kDropoutMaxPosition - 1};
+  const std::vector<uint32_t> elements = {0, 4, 0x3fffc, 0x40000, 0x40004, 0x1ffffc,
+                                          kDropoutMaxElement - 4};
+  std::set<std::array<uint32_t, 4>> seen;
+  for (uint32_t st : steps)
+    for (uint32_t pos : positions)
+      for (uint32_t e : elements) {
+        const DropoutStream s = make_dropout_stream(0.1f, 42, st, 3, 1);
+        const Philox4x32 c = dropout_counter(s, 7, 0, pos, e);
+        EXPECT_TRUE(seen.insert({c.v[0], c.v[1], c.v[2], c.v[3]}).second)
+            << "step " << st << " position " << pos << " element " << e;
+      }
+}
+
+// The CPU backend's 4-wide Philox row (cpu/cpu_simd.h) equals dropout_keep element for element,
+// also for positions past 2^16 and rows crossing the element bits' 2^18 boundary.
+TEST(Dropout, SimdRowMatchesDefinitionForLongSequences) {
+  const DropoutStream s = make_dropout_stream(0.25f, 99, 12, 1, 3);
+  const int64_t len = (int64_t{1} << 18) + 37;
+  std::vector<float> f(static_cast<size_t>(len));
+  for (uint32_t pos : {5u, 70000u, kDropoutMaxPosition - 1}) {
+    cpu::dropout_row(s, 123456789, 7, pos, len, f.data());
+    int64_t bad = 0;
+    for (int64_t j = 0; j < len; ++j) {
+      const float want = dropout_keep(s, 123456789, 7, pos, static_cast<uint32_t>(j)) ? s.scale
+                                                                                      : 0.f;
+      bad += f[static_cast<size_t>(j)] != want;
+    }
+    EXPECT_EQ(bad, 0) << "position " << pos;
+  }
 }
 
 TEST(Math, GeluMatchesDouble) {

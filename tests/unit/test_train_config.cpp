@@ -317,8 +317,10 @@ TEST(TrainConfig, ValidationNamesTheKey) {
   check({"model.mst_chunks=0"}, 1,
         "model.mst_chunks = 0 (auto) needs model.activation_budget_mb > 0");
   check({"model.activation_budget_mb=-5"}, 1, "model.activation_budget_mb (-5)");
-  check({"model.max_position_embeddings=65537", "train.max_seq_len=128"}, 1,
-        "max_position_embeddings 65537 > 65536 (dropout key range)");
+  check({"model.max_position_embeddings=1048577", "train.max_seq_len=128"}, 1,
+        "max_position_embeddings 1048577 > 1048576 (dropout key range)");
+  check({"train.max_steps=16777216"}, 1,
+        "train.max_steps (16777216) must be < 16777216 (the dropout key's step range)");
 
   // The same batch is fine on fewer ranks, and for evaluation.
   const TrainConfig c =
