@@ -12,7 +12,18 @@
 // - Activation gradients are written (=); parameter gradients are accumulated (+=), which lets
 //   the tied word embedding gather both of its gradients and lets micro-steps accumulate.
 // - "none" (a default Tensor) marks an optional argument that is not given.
-// - float tensors are f32 on the CPU backend; the CUDA backend also takes bf16 activations.
+// - Precision (mixed precision, BertOptions::precision): every float tensor is f32, except
+//   those an op's "lowp:" line names, which may also be bf16 or f16 (each tensor on its own;
+//   the model passes one dtype for all of them). Low precision is storage only: every op
+//   computes in fp32 and rounds what it writes to nearest even; an output the op accumulates
+//   into is read, added in fp32 and rounded. Never low precision: LayerNorm means / rstds,
+//   attention lse, loss sums, biases and LayerNorm parameters, parameter gradients (dw, db and
+//   the rest: gradients accumulate in fp32), workspaces, and everything of the optimizer except
+//   lamb_step's params_lowp. A call that gives one of those in bf16 / f16 is an error naming
+//   the argument. Both backends take every combination the lowp lines allow: the CPU backend
+//   emulates it exactly (widen, fp32 op, round; common/lowp_adapter.h), the CUDA backend runs
+//   the GEMMs natively (cuBLASLt, fp32 accumulation) and the other ops through the same
+//   adapter or native kernels. Tolerance of low precision against fp32: DESIGN.md, Testing.
 // - Dropout never depends on where a token sits: see Dropout and kernels/common/philox.h.
 // - A Backend object is used by one host thread at a time (it keeps scratch); ops run in call
 //   order (on CUDA: in stream order, so a result is on the host only after copy()).
@@ -126,6 +137,10 @@ struct LambConfig {
   float weight_decay = 0.01f;
   float max_grad_norm = 1.0f;
   int64_t step = 1;  // 1-based, for bias correction
+  // The gradients (and global_grad_norm) are those of a loss multiplied by this (fp16 loss
+  // scaling): the op divides it out before clipping and the moments. 1: the plain step, bit for
+  // bit; a power of two keeps the division exact.
+  float grad_scale = 1.0f;
 };
 
 // The i64 [n, 3] view of a LAMB table (the table lives where the backend runs).
@@ -154,12 +169,14 @@ class Backend {
   // out = dropout(LayerNorm(word[input_ids] + position[token_pos] + token_type[segment_ids])).
   // input_ids, segment_ids: i32 [rows] (padding rows: any valid id, e.g. 0). out: [rows, H].
   // Saves ln_mean, ln_rstd: f32 [rows] (the sum is re-gathered in backward). Site: embedding.
+  // lowp: out; word, position, token_type (the model passes its fp32 tables).
   virtual void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
                                  const Tensor& segment_ids, const EmbeddingParams& params,
                                  const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,
                                  const Tensor& ln_rstd) = 0;
   // Gradients += for all five tensors of grads (each may be none). dout [rows, H] is used as
   // scratch and overwritten. Padding rows add nothing. Scatter-adds in a fixed row order.
+  // lowp: dout; word, position, token_type. The gradients are f32.
   virtual void embedding_backward(const SeqLayout& layout, const Tensor& input_ids,
                                   const Tensor& segment_ids, const EmbeddingParams& params,
                                   const Dropout& dropout, const Tensor& ln_mean,
@@ -170,11 +187,16 @@ class Backend {
   // out = x * w^T (+ bias) (then gelu), PyTorch nn.Linear: x [N, K], w [M, K] (out_features x
   // in_features), bias [M], out [N, M], all row-major; fp32 accumulation. For bias_gelu,
   // pre [N, M] keeps x * w^T + bias for backward.
+  // lowp: x, w, out, pre; bias is f32. pre = round(x w^T + bias), out = round(gelu(.)) of the
+  // fp32 pre-activation on the CPU, of the rounded one on CUDA (a difference of one rounding of
+  // the argument, inside the precision's tolerance).
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                               Epilogue epilogue, const Tensor& out, const Tensor& pre) = 0;
   // Given dout [N, M]: dx = dout * w [N, K] (written, or see options), dw += dout^T * x [M, K],
   // db += column sums of dout [M]. dx, dw, db are each optional; x is needed only for dw.
   // Saves nothing; dout is read-only unless options.out_gelu_pre is given.
+  // lowp: x, w, dout, dx, options.out_gelu_pre, options.x_gelu_pre; dw and db are f32 (the
+  // weight gradients read low-precision operands and accumulate in fp32).
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout,
                                const Tensor& dx, const Tensor& dw, const Tensor& db,
                                const LinearBackwardOptions& options = {}) = 0;
@@ -185,6 +207,8 @@ class Backend {
   // (may alias x, which is then overwritten) and ln_mean, ln_rstd f32 [rows]; out aliases
   // neither. layout supplies the dropout keys and may be empty when dropout.p == 0 (the MLM
   // transform's plain LayerNorm: no bias, no residual, p = 0). Padding rows are never dropped.
+  // lowp: x, residual, out, ln_in (h is formed in fp32, then stored rounded in ln_in, and the
+  // statistics are those of the fp32 h).
   virtual void residual_layernorm_forward(const SeqLayout& layout, const Tensor& x,
                                           const Tensor& bias, const Tensor& residual,
                                           const LayerNormParams& ln, const Dropout& dropout,
@@ -194,6 +218,7 @@ class Backend {
   // dresidual = dh (written, optional; may alias dout), dx = dropout'(dh) (written, required),
   // dbias += column sums of dx, dln.gamma += sums of dout * xhat, dln.beta += sums of dout
   // (each optional). The same layout and dropout as the forward.
+  // lowp: dout, ln_in, dx, dresidual.
   virtual void residual_layernorm_backward(const SeqLayout& layout, const Tensor& dout,
                                            const Tensor& ln_in, const Tensor& ln_mean,
                                            const Tensor& ln_rstd, const LayerNormParams& ln,
@@ -209,6 +234,7 @@ class Backend {
   // backend's attention_backward reads it, so a backend may order it differently within the
   // same size, e.g. [heads, rows] as FlashAttention does). Rows of no sequence get out = 0 and
   // lse = 0. Site: attention_probs (position = query, element = key).
+  // lowp: qkv, out (lse is f32).
   virtual void attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
                                  const Dropout& dropout, const Tensor& out, const Tensor& lse) = 0;
   // dqkv [rows, 3H] written (zero in rows of no sequence), from dout [rows, H], the forward's
@@ -216,12 +242,14 @@ class Backend {
   // of no sequence are what keep padding out of the weight gradients in the padded layout.
   // CPU: two min(128, max_len) x max_len score blocks per thread (about 0.5 MiB at 512), kept by
   // the backend.
+  // lowp: qkv, out, dout, dqkv (lse is f32).
   virtual void attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
                                   const Tensor& lse, const Tensor& dout, int num_heads,
                                   const Dropout& dropout, const Tensor& dqkv) = 0;
 
   // ---- masked positions ----------------------------------------------------------------
   // out[i] = x[index[i]]: x [rows, H], index i32 [M] (rows of the masked positions), out [M, H].
+  // lowp: x, out (and dout, dx of the backward).
   virtual void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) = 0;
   // dx = 0, then dx[index[i]] += dout[i] in order of i. dx [rows, H] is written whole.
   virtual void gather_rows_backward(const Tensor& dout, const Tensor& index,
@@ -232,6 +260,7 @@ class Backend {
   // logits [m, V], labels i32 [m] in [0, V). loss_sum f32 [1] += sum of row losses (unscaled);
   // num_correct i32 [1] += correct rows. dlogits [m, V] (optional, may alias logits) =
   // (softmax - onehot(label)) * grad_scale.
+  // lowp: logits, dlogits (loss_sum is f32).
   virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                                      float grad_scale, const Tensor& loss_sum,
                                      const Tensor& num_correct, const Tensor& dlogits) = 0;
@@ -241,6 +270,7 @@ class Backend {
   // embeddings), b [V]; logits_ws [m, V] is the workspace. loss_sum, num_correct as above;
   // grad_scale = 1 / global masked-token count. If dx [m, H] is given: dx written, dw += and
   // db += (both optional); if dx is none, forward only.
+  // lowp: x, w, dx; b, logits_ws, dw, db are f32 (the logits never leave fp32).
   virtual void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
                         float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                         const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
@@ -253,6 +283,7 @@ class Backend {
   // hooks; with dx that memory holds their gradient). If dx [rows, H] is given, the
   // gradient is ADDED into dx's [CLS] rows (after gather_rows_backward wrote dx) and the
   // defined tensors of grads accumulate (+=).
+  // lowp: x, dx, params.dense_w, params.cls_w; the biases, workspace and grads are f32.
   virtual void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
                         const Tensor& labels, float grad_scale, const Tensor& workspace,
                         const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
@@ -270,10 +301,21 @@ class Backend {
   // params, m, v are updated in place; grads is overwritten with u (as apex does, saving a
   // buffer); norms_ws f32 [2T] receives ||w|| (before the step) and ||u|| per tensor. Table
   // rows ascend by offset without overlap; elements outside every row are left alone.
+  // params_lowp (optional) bf16 / f16 [n]: the low-precision copy of the weights that mixed
+  // precision's GEMMs read, written in the same pass: round-to-nearest-even of each updated
+  // master weight (elements outside every row are left alone). Without it the op is the fp32
+  // step, bit for bit.
   virtual void lamb_step(const Tensor& table, const LambConfig& config,
                          const Tensor& global_grad_norm, const Tensor& params,
                          const Tensor& grads, const Tensor& m, const Tensor& v,
-                         const Tensor& norms_ws) = 0;
+                         const Tensor& norms_ws, const Tensor& params_lowp = Tensor()) = 0;
+
+  // ---- precision -------------------------------------------------------------------------
+  // dst = src in another float dtype, same element count, no overlap: f32 -> bf16 / f16 rounds
+  // to nearest even (NaN kept, overflow to infinity), bf16 / f16 -> f32 is exact; equal dtypes
+  // copy. The model fills its low-precision weight copy with it (after initialisation or a
+  // checkpoint load; afterwards lamb_step keeps it current).
+  virtual void convert(const Tensor& dst, const Tensor& src) = 0;
 };
 
 // The reference backend (fp32, BLAS + OpenMP).

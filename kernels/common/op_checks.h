@@ -93,6 +93,8 @@ inline void check_lamb_table(const char* op, const LambTensor* rows, int64_t num
 }
 
 inline void check_lamb_config(const char* op, const LambConfig& cfg) {
+  PB_REQUIRE(cfg.grad_scale > 0.f && cfg.grad_scale <= 3.0e38f,
+             "{}: grad_scale {} must be positive and finite", op, cfg.grad_scale);
   PB_REQUIRE(cfg.step >= 1 && cfg.beta1 >= 0.f && cfg.beta1 < 1.f && cfg.beta2 >= 0.f &&
                  cfg.beta2 < 1.f && cfg.max_grad_norm > 0.f,
              "{}: step {} (from 1), beta1 {} and beta2 {} in [0, 1), max_grad_norm {} > 0", op,

@@ -39,6 +39,7 @@
 #include <cmath>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/cpu_lowp.h"
 #include "cpu/cpu_common.h"
 #include "cpu/cpu_simd.h"
 
@@ -116,6 +117,8 @@ size_t attention_scratch(const SeqLayout& layout) {
 
 void CpuBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
                                    const Dropout& dropout, const Tensor& out, const Tensor& lse) {
+  if (lowp::any({&qkv, &out, &lse}))
+    return lowp::attention_forward(*this, lowp_, layout, qkv, num_heads, dropout, out, lse);
   const char* op = "attention_forward";
   const AttnShape a = attention_shape(op, layout, qkv, num_heads);
   expect(op, "out", out, DType::f32, {a.rows, a.hidden});
@@ -184,6 +187,9 @@ void CpuBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, i
 void CpuBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
                                     const Tensor& lse, const Tensor& dout, int num_heads,
                                     const Dropout& dropout, const Tensor& dqkv) {
+  if (lowp::any({&qkv, &out, &lse, &dout, &dqkv}))
+    return lowp::attention_backward(*this, lowp_, layout, qkv, out, lse, dout, num_heads, dropout,
+                                    dqkv);
   const char* op = "attention_backward";
   const AttnShape a = attention_shape(op, layout, qkv, num_heads);
   expect(op, "out", out, DType::f32, {a.rows, a.hidden});

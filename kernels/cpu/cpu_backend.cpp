@@ -111,6 +111,21 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
   std::memcpy(dst.data, src.data, src.bytes());
 }
 
+void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
+  PB_REQUIRE(dst.defined() && src.defined(), "convert: dst {} / src {} missing", dst.str(),
+             src.str());
+  check_device("convert", "dst", dst, Device::cpu);
+  check_device("convert", "src", src, Device::cpu);
+  auto is_float = [](DType t) { return t == DType::f32 || lowp::is_lowp(t); };
+  PB_REQUIRE(is_float(dst.dtype) && is_float(src.dtype) && dst.numel() == src.numel(),
+             "convert: dst {} and src {} must be float tensors (f32, bf16, f16) of one size",
+             dst.str(), src.str());
+  const auto* s = static_cast<const char*>(src.data);
+  const auto* d = static_cast<const char*>(dst.data);
+  PB_REQUIRE(d + dst.bytes() <= s || s + src.bytes() <= d, "convert: dst and src overlap");
+  cpu::convert(dst.data, dst.dtype, src.data, src.dtype, src.numel());
+}
+
 float* CpuBackend::thread_scratch(int thread, size_t floats) {
   PB_CHECK(thread < static_cast<int>(thread_scratch_.size()) &&
                thread_scratch_[thread].size() >= floats,

@@ -1,4 +1,6 @@
-// The reference backend: fp32, OpenBLAS for GEMMs, OpenMP loops for the rest. It is the
+// The reference backend: fp32, OpenBLAS for GEMMs, OpenMP loops for the rest. bf16 / f16
+// tensors (mixed precision) are emulated: widened, run through the fp32 op, rounded back to
+// nearest even (cpu_lowp.h), so the CPU also specifies what low-precision storage computes. It is the
 // executable specification the CUDA backend is tested against, so clarity and determinism come
 // before speed: every reduction runs in a fixed order that does not depend on the thread count
 // (row-wise sums inside one row, column sums over rows in row order, long sums in fixed blocks).
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "cpu/cpu_lowp.h"
 
 namespace packbert {
 
@@ -75,7 +78,8 @@ class CpuBackend final : public Backend {
   void l2_norm(const Tensor& x, const Tensor& out) override;
   void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
                  const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                 const Tensor& norms_ws) override;
+                 const Tensor& norms_ws, const Tensor& params_lowp = Tensor()) override;
+  void convert(const Tensor& dst, const Tensor& src) override;
 
  private:
   // Grow-only scratch, the documented exception to "the caller provides every buffer": one
@@ -98,6 +102,8 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> seq_order_;
   std::vector<int64_t> lamb_blocks_;
   std::vector<float> lamb_step_sizes_;
+  // Ops called with bf16 / f16 tensors run through this (cpu_lowp.h).
+  cpu::LowpStaging lowp_;
 };
 
 }  // namespace packbert

@@ -7,6 +7,7 @@
 #include "common/op_checks.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_common.h"
+#include "cpu/cpu_lowp.h"
 
 namespace packbert {
 
@@ -24,11 +25,16 @@ void CpuBackend::l2_norm(const Tensor& x, const Tensor& out) {
 void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                            const Tensor& global_grad_norm, const Tensor& params,
                            const Tensor& grads, const Tensor& m, const Tensor& v,
-                           const Tensor& norms_ws) {
+                           const Tensor& norms_ws, const Tensor& params_lowp) {
   const char* op = "lamb_step";
   const auto [num_tensors, n] = checks::lamb_step_args(checks::OpArgs(op, Device::cpu), table, cfg,
                                                        global_grad_norm, params, grads, m, v,
                                                        norms_ws);
+  if (params_lowp.defined()) {
+    PB_REQUIRE(params_lowp.dtype == DType::bf16 || params_lowp.dtype == DType::f16,
+               "{}: params_lowp is {}, expected bf16 or f16", op, params_lowp.str());
+    cpu::expect(op, "params_lowp", params_lowp, params_lowp.dtype, {n});
+  }
   static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
@@ -40,7 +46,11 @@ void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
   c.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta1), cfg.step));
   c.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta2), cfg.step));
   c.eps = cfg.eps;
-  c.clip_divisor = lamb_clip_divisor(global_grad_norm.ptr<float>()[0], cfg.max_grad_norm);
+  // The loss scale folds into the clip divisor: u reads grad / (clip * scale). With scale 1
+  // both operations are exact, so the fp32 step is unchanged bit for bit.
+  c.clip_divisor = lamb_clip_divisor(global_grad_norm.ptr<float>()[0] / cfg.grad_scale,
+                                     cfg.max_grad_norm) *
+                   cfg.grad_scale;
 
   float* w = params.ptr<float>();
   float* g = grads.ptr<float>();
@@ -111,6 +121,10 @@ void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
       float* wt = w + entries[t].offset + i0;
       const float* gt = g + entries[t].offset + i0;
       for (int64_t i = 0; i < len; ++i) wt[i] -= st * gt[i];
+      // The low-precision copy in the same pass, while the block is in cache.
+      if (params_lowp.defined())
+        cpu::convert(static_cast<uint16_t*>(params_lowp.data) + entries[t].offset + i0,
+                     params_lowp.dtype, wt, DType::f32, len);
     }
   }
 }

@@ -11,6 +11,7 @@
 #include "common/math.h"
 #include "common/op_args.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/cpu_lowp.h"
 #include "cpu/cpu_common.h"
 
 namespace packbert {
@@ -74,6 +75,10 @@ void CpuBackend::embedding_forward(const SeqLayout& layout, const Tensor& input_
                                    const Tensor& segment_ids, const EmbeddingParams& p,
                                    const Dropout& dropout, const Tensor& out,
                                    const Tensor& ln_mean, const Tensor& ln_rstd) {
+  if (lowp::any({&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &out, &ln_mean,
+                 &ln_rstd}))
+    return lowp::embedding_forward(*this, lowp_, layout, input_ids, segment_ids, p, dropout, out,
+                                   ln_mean, ln_rstd);
   const char* op = "embedding_forward";
   const checks::OpArgs args(op, Device::cpu);
   const auto [rows, vocab, h] = checks::embedding_forward_args(args, layout, input_ids, segment_ids,
@@ -121,6 +126,11 @@ void CpuBackend::embedding_backward(const SeqLayout& layout, const Tensor& input
                                     const Dropout& dropout, const Tensor& ln_mean,
                                     const Tensor& ln_rstd, const Tensor& dout,
                                     const EmbeddingParams& grads) {
+  if (lowp::any({&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &ln_mean,
+                 &ln_rstd, &dout, &grads.word, &grads.position, &grads.token_type,
+                 &grads.ln_gamma, &grads.ln_beta}))
+    return lowp::embedding_backward(*this, lowp_, layout, input_ids, segment_ids, p, dropout,
+                                    ln_mean, ln_rstd, dout, grads);
   const char* op = "embedding_backward";
   const checks::OpArgs args(op, Device::cpu);
   const auto [rows, h] = checks::embedding_backward_args(args, layout, input_ids, segment_ids, p,
@@ -205,6 +215,9 @@ void CpuBackend::residual_layernorm_forward(const SeqLayout& layout, const Tenso
                                             const LayerNormParams& ln, const Dropout& dropout,
                                             const Tensor& out, const Tensor& ln_in,
                                             const Tensor& ln_mean, const Tensor& ln_rstd) {
+  if (lowp::any({&x, &bias, &residual, &ln.gamma, &ln.beta, &out, &ln_in, &ln_mean, &ln_rstd}))
+    return lowp::residual_layernorm_forward(*this, lowp_, layout, x, bias, residual, ln, dropout,
+                                            out, ln_in, ln_mean, ln_rstd);
   const char* op = "residual_layernorm_forward";
   const checks::OpArgs args(op, Device::cpu);
   const auto [rows, h] = checks::residual_layernorm_forward_args(args, x, bias, residual, ln, out,
@@ -249,6 +262,10 @@ void CpuBackend::residual_layernorm_backward(const SeqLayout& layout, const Tens
                                              const Dropout& dropout, const Tensor& dx,
                                              const Tensor& dresidual, const Tensor& dbias,
                                              const LayerNormParams& dln) {
+  if (lowp::any({&dout, &ln_in, &ln_mean, &ln_rstd, &ln.gamma, &ln.beta, &dx, &dresidual,
+                 &dbias, &dln.gamma, &dln.beta}))
+    return lowp::residual_layernorm_backward(*this, lowp_, layout, dout, ln_in, ln_mean, ln_rstd,
+                                             ln, dropout, dx, dresidual, dbias, dln);
   const char* op = "residual_layernorm_backward";
   const checks::OpArgs args(op, Device::cpu);
   const auto [rows, h] = checks::residual_layernorm_backward_args(

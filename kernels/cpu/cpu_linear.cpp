@@ -12,6 +12,7 @@
 #include "common/math.h"
 #include "common/op_args.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/cpu_lowp.h"
 #include "cpu/cpu_common.h"
 #include "cpu/cpu_simd.h"
 
@@ -124,6 +125,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                 Epilogue epilogue, const Tensor& out, const Tensor& pre) {
+  if (lowp::any({&x, &w, &bias, &out, &pre}))
+    return lowp::linear_forward(*this, lowp_, x, w, bias, epilogue, out, pre);
   const char* op = "linear_forward";
   const checks::OpArgs args(op, Device::cpu);
   const auto [n, k, m] = checks::linear_forward_args(args, x, w, bias, epilogue, out, pre);
@@ -161,6 +164,8 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
 void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout,
                                  const Tensor& dx, const Tensor& dw, const Tensor& db,
                                  const LinearBackwardOptions& opt) {
+  if (lowp::any({&x, &w, &dout, &dx, &dw, &db, &opt.out_gelu_pre, &opt.x_gelu_pre}))
+    return lowp::linear_backward(*this, lowp_, x, w, dout, dx, dw, db, opt);
   const char* op = "linear_backward";
   const checks::OpArgs args(op, Device::cpu);
   const auto [n, k, m] = checks::linear_backward_args(args, x, w, dout, dx, dw, db, opt);

@@ -6,6 +6,7 @@
 
 #include "common/op_args.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/cpu_lowp.h"
 #include "cpu/cpu_common.h"
 #include "cpu/cpu_simd.h"
 
@@ -28,6 +29,7 @@ const int32_t* checked_row_index(const char* op, const Tensor& index, int64_t ro
 }  // namespace
 
 void CpuBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
+  if (lowp::any({&x, &out})) return lowp::gather_rows(*this, lowp_, x, index, out);
   const char* op = "gather_rows";
   const auto [rows, h, m] =
       checks::gather_rows_args(checks::OpArgs(op, Device::cpu), "x", x, index, "out", out);
@@ -39,6 +41,7 @@ void CpuBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor&
 }
 
 void CpuBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) {
+  if (lowp::any({&dout, &dx})) return lowp::gather_rows_backward(*this, lowp_, dout, index, dx);
   const char* op = "gather_rows_backward";
   const auto [rows, h, m] =
       checks::gather_rows_args(checks::OpArgs(op, Device::cpu), "dx", dx, index, "dout", dout);
@@ -59,6 +62,9 @@ void CpuBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, c
 void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                                        float grad_scale, const Tensor& loss_sum,
                                        const Tensor& num_correct, const Tensor& dlogits) {
+  if (lowp::any({&logits, &loss_sum, &dlogits}))
+    return lowp::softmax_cross_entropy(*this, lowp_, logits, labels, grad_scale, loss_sum,
+                                       num_correct, dlogits);
   const char* op = "softmax_cross_entropy";
   const auto [m, v] = checks::softmax_cross_entropy_args(checks::OpArgs(op, Device::cpu), logits,
                                                          labels, loss_sum, num_correct, dlogits);
@@ -108,6 +114,9 @@ void CpuBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, con
                           float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                           const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                           const Tensor& db) {
+  if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db}))
+    return lowp::mlm_loss(*this, lowp_, x, w, b, labels, grad_scale, logits_ws, loss_sum,
+                          num_correct, dx, dw, db);
   checks::mlm_loss_by_ops(*this, checks::OpArgs("mlm_loss", Device::cpu), x, w, b, labels,
                           grad_scale, logits_ws, loss_sum, num_correct, dx, dw, db);
 }
@@ -116,6 +125,11 @@ void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Pooler
                           const Tensor& labels, float grad_scale, const Tensor& workspace,
                           const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                           const PoolerParams& grads) {
+  if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b,
+                 &workspace, &loss_sum, &dx, &grads.dense_w, &grads.dense_b, &grads.cls_w,
+                 &grads.cls_b}))
+    return lowp::nsp_loss(*this, lowp_, layout, x, params, labels, grad_scale, workspace,
+                          loss_sum, num_correct, dx, grads);
   const char* op = "nsp_loss";
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cpu), layout, x, params,
                                             workspace, dx, grads);

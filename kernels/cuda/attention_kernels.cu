@@ -1,18 +1,18 @@
 // Variable-length multi-head attention, fp32, the first (correctness) step of the CUDA backend.
 //
+// Launches take a work list (fmha.h): the backend sorts the sequences into length buckets
+// (common/fmha_plan.h) and launches each bucket as its own grid, sized by that bucket's longest
+// sequence, on its own stream; blocks past a sequence's end inside a bucket exit at once.
+// bf16 / fp16 activations take the tensor-core kernels of fmha_mma.cu instead.
+//
 // TODO(cuda attention, later steps of the CUDA backend issue -- not done here):
-//  1. Tensor cores: bf16/fp16 Q K^T and P V with mma.sync (sm_80) / wgmma (sm_90), fp32
-//     accumulation; bf16 activations (the Backend contract allows them on CUDA).
-//  2. FlashAttention-2 tiling: 64-128 query rows per block, K/V tiles double-buffered with
-//     cp.async (sm_80) / TMA (sm_90); head dim 128 (this step stops at 64, kAttentionMaxHeadDim).
-//  3. Length bucketing and grouped launches: sequences sorted by length into buckets, one launch
-//     per bucket on several streams (work lists are host C++ with unit tests, DESIGN.md), so
-//     short sequences do not pay for the longest; today the grid is num_seqs x ceil(max_len/16)
-//     and blocks past a short sequence's end exit at once.
-//  4. A single fused backward (dQ via atomics or a dQ accumulation pass) instead of two
+//  1. FlashAttention-2 tiling for fp32 too (64-128 query rows per block, K/V tiles double-
+//     buffered with cp.async / TMA); head dim 128 (this kernel stops at 64,
+//     kAttentionMaxHeadDim).
+//  2. A single fused backward (dQ via atomics or a dQ accumulation pass) instead of two
 //     kernels that both recompute P; the dropout mask bits computed once per tile and shared.
-//  5. Sequences longer than 512 for the MST work are supported by this code (any length up to
-//     the dropout key's 2^20 positions) but untuned: the tile loop is serial per block.
+//  3. Sequences longer than 512 for the MST work are supported by this code (any length up to
+//     the dropout key's 2^16 positions) but untuned: the tile loop is serial per block.
 //
 // Kernels (lse is [rows, heads], as the CPU backend's):
 //   forward   block = 4 warps x 4 query rows of one (sequence, head); K/V tiles of 32 keys in
@@ -28,6 +28,7 @@
 // lanes by shuffles.
 #include "cuda/cuda_kernels.h"
 #include "cuda/device_util.cuh"
+#include "cuda/fmha.h"
 
 namespace packbert::cuda {
 namespace {
@@ -43,11 +44,12 @@ constexpr int kThreads = kWarps * 32;
 
 struct AttnArgs {
   DeviceLayout l;
+  const int32_t* seqs;  // the work list (fmha.h): block row i serves sequence seqs[i]
   const float* qkv;
   int64_t hidden;  // H; qkv rows are 3H wide
   int d;           // head dim (<= kD)
   int heads;
-  int blocks_per_seq;  // ceil(max_len / kBlockRows)
+  int blocks_per_seq;  // ceil(work max_len / kBlockRows)
   float scale;
   DropoutStream ds;
 };
@@ -103,8 +105,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a,
   __shared__ float Qs[kBlockRows * kS];
   __shared__ float Ks[kTile * kS];
   __shared__ float Vs[kTile * kS];
-  const int seq = blockIdx.x / a.blocks_per_seq;
-  const int q0 = (blockIdx.x - seq * a.blocks_per_seq) * kBlockRows;
+  const int item = blockIdx.x / a.blocks_per_seq;
+  const int seq = a.seqs ? a.seqs[item] : item;
+  const int q0 = (blockIdx.x - item * a.blocks_per_seq) * kBlockRows;
   const int head = blockIdx.y;
   const int len = a.l.seq_len[seq];
   if (q0 >= len) return;  // the whole block
@@ -185,8 +188,9 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, cons
   __shared__ float dOs[kBlockRows * kS];
   __shared__ float Ks[kTile * kS];
   __shared__ float Vs[kTile * kS];
-  const int seq = blockIdx.x / a.blocks_per_seq;
-  const int q0 = (blockIdx.x - seq * a.blocks_per_seq) * kBlockRows;
+  const int item = blockIdx.x / a.blocks_per_seq;
+  const int seq = a.seqs ? a.seqs[item] : item;
+  const int q0 = (blockIdx.x - item * a.blocks_per_seq) * kBlockRows;
   const int head = blockIdx.y;
   const int len = a.l.seq_len[seq];
   if (q0 >= len) return;
@@ -253,8 +257,9 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
   __shared__ float dOs[kTile * kS];
   __shared__ float lse_s[kTile];
   __shared__ float delta_s[kTile];
-  const int seq = blockIdx.x / a.blocks_per_seq;
-  const int kb0 = (blockIdx.x - seq * a.blocks_per_seq) * kBlockRows;
+  const int item = blockIdx.x / a.blocks_per_seq;
+  const int seq = a.seqs ? a.seqs[item] : item;
+  const int kb0 = (blockIdx.x - item * a.blocks_per_seq) * kBlockRows;
   const int head = blockIdx.y;
   const int len = a.l.seq_len[seq];
   if (kb0 >= len) return;
@@ -334,65 +339,71 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
   }
 }
 
-// Rows of no sequence: width floats of a [rows, width] buffer set to 0.
-__global__ void zero_padding_rows_kernel(const int32_t* token_seq, int64_t rows, int64_t width,
-                                         float* x) {
-  const int64_t n = rows * width;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    if (token_seq[i / width] < 0) x[i] = 0.0f;
-}
-
-AttnArgs make_args(const DeviceLayout& l, const float* qkv, int64_t hidden, int heads,
-                   const DropoutStream& ds) {
+AttnArgs make_args(const DeviceLayout& l, const AttnWork& w, const float* qkv, int64_t hidden,
+                   int heads, const DropoutStream& ds) {
   AttnArgs a;
   a.l = l;
+  a.seqs = w.seqs;
   a.qkv = qkv;
   a.hidden = hidden;
   a.heads = heads;
   a.d = static_cast<int>(hidden / heads);
-  a.blocks_per_seq = (l.max_len + kBlockRows - 1) / kBlockRows;
+  a.blocks_per_seq = (w.max_len + kBlockRows - 1) / kBlockRows;
   a.scale = static_cast<float>(1.0 / sqrt(static_cast<double>(a.d)));
   a.ds = ds;
   return a;
 }
 
+dim3 work_grid(const AttnWork& w, const AttnArgs& a) {
+  return dim3(static_cast<unsigned>(int64_t{w.count} * a.blocks_per_seq),
+              static_cast<unsigned>(a.heads));
+}
+
 }  // namespace
 
+static_assert(kAttentionF32Tile == kBlockRows, "fmha.h states the fp32 kernels' tile");
+
+cudaError_t attention_forward_work(const DeviceLayout& l, const AttnWork& w, const float* qkv,
+                                   int64_t hidden, int heads, const DropoutStream& ds, float* out,
+                                   float* lse, cudaStream_t s) {
+  if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
+  const AttnArgs a = make_args(l, w, qkv, hidden, heads, ds);
+  attention_forward_kernel<<<work_grid(w, a), kThreads, 0, s>>>(a, out, lse);
+  return launched();
+}
+
+cudaError_t attention_backward_work(const DeviceLayout& l, const AttnWork& w, const float* qkv,
+                                    const float* out, const float* lse, const float* dout,
+                                    int64_t hidden, int heads, const DropoutStream& ds,
+                                    float* dqkv, cudaStream_t s) {
+  if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
+  const AttnArgs a = make_args(l, w, qkv, hidden, heads, ds);
+  attention_dq_kernel<<<work_grid(w, a), kThreads, 0, s>>>(a, out, lse, dout, dqkv);
+  const cudaError_t e = launched();
+  if (e != cudaSuccess) return e;
+  attention_dkv_kernel<<<work_grid(w, a), kThreads, 0, s>>>(a, out, lse, dout, dqkv);
+  return launched();
+}
+
+// The whole layout as one work list on one stream (the interface of cuda_kernels.h).
 cudaError_t attention_forward(const DeviceLayout& l, const float* qkv, int64_t hidden, int heads,
                               const DropoutStream& ds, float* out, float* lse, cudaStream_t s) {
   if (l.rows == 0) return cudaSuccess;
-  zero_padding_rows_kernel<<<grid_for(l.rows * hidden, 256), 256, 0, s>>>(l.token_seq, l.rows,
-                                                                          hidden, out);
-  cudaError_t e = launched();
+  cudaError_t e = fmha_zero_padding_rows(l, out, hidden, 4, s);
   if (e != cudaSuccess) return e;
-  zero_padding_rows_kernel<<<grid_for(l.rows * heads, 256), 256, 0, s>>>(l.token_seq, l.rows,
-                                                                         heads, lse);
-  if ((e = launched()) != cudaSuccess) return e;
-  if (l.num_seqs == 0 || l.max_len == 0) return cudaSuccess;
-  const AttnArgs a = make_args(l, qkv, hidden, heads, ds);
-  const dim3 grid(static_cast<unsigned>(int64_t{l.num_seqs} * a.blocks_per_seq),
-                  static_cast<unsigned>(heads));
-  attention_forward_kernel<<<grid, kThreads, 0, s>>>(a, out, lse);
-  return launched();
+  if ((e = fmha_zero_padding_rows(l, lse, heads, 4, s)) != cudaSuccess) return e;
+  return attention_forward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, hidden, heads,
+                                ds, out, lse, s);
 }
 
 cudaError_t attention_backward(const DeviceLayout& l, const float* qkv, const float* out,
                                const float* lse, const float* dout, int64_t hidden, int heads,
                                const DropoutStream& ds, float* dqkv, cudaStream_t s) {
   if (l.rows == 0) return cudaSuccess;
-  zero_padding_rows_kernel<<<grid_for(l.rows * 3 * hidden, 256), 256, 0, s>>>(
-      l.token_seq, l.rows, 3 * hidden, dqkv);
-  cudaError_t e = launched();
+  const cudaError_t e = fmha_zero_padding_rows(l, dqkv, 3 * hidden, 4, s);
   if (e != cudaSuccess) return e;
-  if (l.num_seqs == 0 || l.max_len == 0) return cudaSuccess;
-  const AttnArgs a = make_args(l, qkv, hidden, heads, ds);
-  const dim3 grid(static_cast<unsigned>(int64_t{l.num_seqs} * a.blocks_per_seq),
-                  static_cast<unsigned>(heads));
-  attention_dq_kernel<<<grid, kThreads, 0, s>>>(a, out, lse, dout, dqkv);
-  if ((e = launched()) != cudaSuccess) return e;
-  attention_dkv_kernel<<<grid, kThreads, 0, s>>>(a, out, lse, dout, dqkv);
-  return launched();
+  return attention_backward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, out, lse,
+                                 dout, hidden, heads, ds, dqkv, s);
 }
 
 }  // namespace packbert::cuda

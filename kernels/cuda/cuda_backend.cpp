@@ -47,6 +47,12 @@ void cuda_synchronize(Backend& backend) {
   if (auto* b = dynamic_cast<CudaBackend*>(&backend)) b->synchronize("cuda_synchronize");
 }
 
+cudaStream_t cuda_stream(Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  PB_REQUIRE(b != nullptr, "cuda_stream: the {} backend has no CUDA stream", backend.name());
+  return b->stream();
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(device, options);
 }
@@ -72,12 +78,14 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)
   PB_CUBLASLT_OP(op, cublasLtCreate(&lt_));
   PB_CUDA_OP(op, cudaMalloc(&workspace_, kWorkspaceBytes));
   workspace_bytes_ = kWorkspaceBytes;
+  fmha_ = std::make_unique<cuda::FmhaStreams>();
 }
 
 CudaBackend::~CudaBackend() {
   // Destructors never throw: errors here follow an earlier fault that was already reported.
   cudaSetDevice(device_);
   if (stream_) cudaStreamSynchronize(stream_);
+  fmha_.reset();
   cudaFree(workspace_);
   cudaFree(scratch_d_);
   cudaFree(scratch_f_);
@@ -206,6 +214,62 @@ void* CudaBackend::scratch_bytes(const char* op, size_t n) {
   return grow(op, scratch_b_, scratch_b_bytes_, n ? n : 1);
 }
 
+// ---- low precision ---------------------------------------------------------------------------
+cuda::FloatFormat float_format(const char* op, const char* name, const Tensor& t) {
+  switch (t.dtype) {
+    case DType::f32: return cuda::FloatFormat::f32;
+    case DType::bf16: return cuda::FloatFormat::bf16;
+    case DType::f16: return cuda::FloatFormat::f16;
+    default: break;
+  }
+  PB_THROW("{}: {} is {}, expected a float tensor (f32, bf16 or f16)", op, name, t.str());
+}
+
+CudaLowpStaging::~CudaLowpStaging() {
+  for (void* p : slots_) (void)cudaFree(p);
+}
+
+float* CudaLowpStaging::scratch(int slot, int64_t n) {
+  const char* op = "low-precision staging";
+  PB_CHECK(slot >= 0 && slot < lowp::kMaxStaged, "staging slot {}", slot);
+  const auto i = static_cast<size_t>(slot);
+  return static_cast<float*>(
+      grow(op, slots_[i], bytes_[i], static_cast<size_t>(n > 0 ? n : 1) * sizeof(float)));
+}
+
+void CudaLowpStaging::widen(const Tensor& dst, const Tensor& src) {
+  const char* op = "low-precision staging (widen)";
+  PB_CHECK(dst.numel() == src.numel(), "widen {} into {}", src.str(), dst.str());
+  PB_CUDA_OP(op, cuda::convert(src.data, float_format(op, "src", src), dst.data,
+                               float_format(op, "dst", dst), src.numel(), stream_));
+}
+
+void CudaLowpStaging::narrow(const Tensor& dst, const Tensor& src) {
+  const char* op = "low-precision staging (narrow)";
+  PB_CHECK(dst.numel() == src.numel(), "narrow {} into {}", src.str(), dst.str());
+  PB_CUDA_OP(op, cuda::convert(src.data, float_format(op, "src", src), dst.data,
+                               float_format(op, "dst", dst), src.numel(), stream_));
+}
+
+void CudaBackend::convert(const Tensor& dst, const Tensor& src) {
+  const char* op = "convert";
+  PB_REQUIRE(dst.defined() && src.defined(), "{}: dst {} / src {} missing", op, dst.str(),
+             src.str());
+  check_device(op, "dst", dst, Device::cuda);
+  check_device(op, "src", src, Device::cuda);
+  check_pointer(op, "dst", dst);
+  check_pointer(op, "src", src);
+  const cuda::FloatFormat df = float_format(op, "dst", dst), sf = float_format(op, "src", src);
+  PB_REQUIRE(dst.numel() == src.numel(), "{}: dst {} and src {} differ in size", op, dst.str(),
+             src.str());
+  const auto* s = static_cast<const char*>(src.data);
+  const auto* d = static_cast<const char*>(dst.data);
+  PB_REQUIRE(d + dst.bytes() <= s || s + src.bytes() <= d, "{}: dst and src overlap", op);
+  begin(op);
+  launched(op, "convert", cuda::convert(src.data, sf, dst.data, df, src.numel(), stream_));
+  end(op);
+}
+
 // ---- zero / copy -----------------------------------------------------------------------------
 void CudaBackend::zero(const Tensor& t) {
   const char* op = "zero";
@@ -245,6 +309,7 @@ void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
 
 // ---- masked positions ------------------------------------------------------------------------
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
+  if (lowp::any({&x, &out})) return lowp::gather_rows(*this, lowp_, x, index, out);
   const char* op = "gather_rows";
   const auto [rows, h, m] = checks::gather_rows_args(
       checks::OpArgs(op, Device::cuda, pointer_check()), "x", x, index, "out", out);
@@ -258,6 +323,7 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor
 }
 
 void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) {
+  if (lowp::any({&dout, &dx})) return lowp::gather_rows_backward(*this, lowp_, dout, index, dx);
   const char* op = "gather_rows_backward";
   const auto [rows, h, m] = checks::gather_rows_args(
       checks::OpArgs(op, Device::cuda, pointer_check()), "dx", dx, index, "dout", dout);
@@ -275,6 +341,9 @@ void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, 
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                                         float grad_scale, const Tensor& loss_sum,
                                         const Tensor& num_correct, const Tensor& dlogits) {
+  if (lowp::any({&logits, &loss_sum, &dlogits}))
+    return lowp::softmax_cross_entropy(*this, lowp_, logits, labels, grad_scale, loss_sum,
+                                       num_correct, dlogits);
   const char* op = "softmax_cross_entropy";
   const auto [m, v] =
       checks::softmax_cross_entropy_args(checks::OpArgs(op, Device::cuda, pointer_check()), logits,
@@ -311,11 +380,18 @@ void CudaBackend::l2_norm(const Tensor& x, const Tensor& out) {
 void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                             const Tensor& global_grad_norm, const Tensor& params,
                             const Tensor& grads, const Tensor& m, const Tensor& v,
-                            const Tensor& norms_ws) {
+                            const Tensor& norms_ws, const Tensor& params_lowp) {
   const char* op = "lamb_step";
   const auto [num_tensors, n] =
       checks::lamb_step_args(checks::OpArgs(op, Device::cuda, pointer_check()), table, cfg,
                              global_grad_norm, params, grads, m, v, norms_ws);
+  cuda::FloatFormat lowp_format = cuda::FloatFormat::f32;
+  if (params_lowp.defined()) {
+    PB_REQUIRE(lowp::is_lowp(params_lowp.dtype), "{}: params_lowp is {}, expected bf16 or f16",
+               op, params_lowp.str());
+    expect(op, "params_lowp", params_lowp, params_lowp.dtype, {n});
+    lowp_format = float_format(op, "params_lowp", params_lowp);
+  }
   begin(op);
   // The table drives the launch (chunk list), so it is read on the host every call.
   // TODO(cuda step 2): cache the work list per table (it is the same every step).
@@ -360,6 +436,7 @@ void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
   a.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta2), cfg.step));
   a.eps = cfg.eps;
   a.max_grad_norm = cfg.max_grad_norm;
+  a.grad_scale = cfg.grad_scale;
   double* partial = scratch_doubles(op, static_cast<size_t>(num_chunks));
   launched(op, "lamb_step",
            cuda::lamb_step(reinterpret_cast<const cuda::LambChunk*>(ws), num_chunks,
@@ -367,7 +444,9 @@ void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                            num_tensors, a, global_grad_norm.ptr<float>(),
                            n ? params.ptr<float>() : nullptr, n ? grads.ptr<float>() : nullptr,
                            n ? m.ptr<float>() : nullptr, n ? v.ptr<float>() : nullptr,
-                           norms_ws.ptr<float>(), partial, stream_));
+                           norms_ws.ptr<float>(), partial,
+                           n && params_lowp.defined() ? params_lowp.data : nullptr, lowp_format,
+                           stream_));
   // The host work list must outlive the uploads (pageable copies are staged before return,
   // but keep it simple and safe): wait here. TODO(cuda step 2): cached device work list.
   PB_CUDA_OP(op, cudaStreamSynchronize(stream_));

@@ -3,6 +3,8 @@
 // simple deterministic kernels. Built only with PACKBERT_HAVE_CUDA.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <memory>
 
@@ -39,5 +41,10 @@ void cuda_free(void* p);
 
 // Waits for all work of this backend (a CUDA backend's stream); no-op for other backends.
 void cuda_synchronize(Backend& backend);
+
+// The stream a CUDA backend runs every op on, in issue order: work of others that must order
+// with the backend's (the NCCL gradient all-reduce, dist/nccl_allreduce.h) records and waits for
+// events on it. Throws packbert::Error for any other backend.
+cudaStream_t cuda_stream(Backend& backend);
 
 }  // namespace packbert

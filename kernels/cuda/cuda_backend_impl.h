@@ -4,15 +4,19 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "backend.h"
+#include "common/lowp_adapter.h"
 #include "common/op_args.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/fmha.h"
 
 // Every CUDA runtime call is checked; the error names the op, the call and file:line.
 #define PB_CUDA_OP(op, call)                                                                 \
@@ -36,19 +40,45 @@ namespace packbert {
 
 // One cuBLASLt matmul in column-major terms: D = alpha op(A) op(B) + beta C with C = D
 // (m x n, ld ldc), alpha = 1. A is stored (transa ? k x m : m x k), B (transb ? n x k : k x n).
+// Types: fp32 throughout, or A and B both bf16 / f16 with C = D of that type or fp32 (the
+// weight gradients); the compute type is always fp32 and a bias (vector) is always fp32.
 struct GemmCall {
   bool transa = false, transb = false;
   int64_t m = 0, n = 0, k = 0;
-  const float* a = nullptr;
+  const void* a = nullptr;
   int64_t lda = 0;
-  const float* b = nullptr;
+  const void* b = nullptr;
   int64_t ldb = 0;
-  float* c = nullptr;
+  void* c = nullptr;
   int64_t ldc = 0;
+  cudaDataType_t ab_type = CUDA_R_32F;  // A and B
+  cudaDataType_t c_type = CUDA_R_32F;   // C and D
   float beta = 0.f;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // BIAS: the bias (read); BGRADB: the bias gradient (written, not added)
 };
+
+// The memory and conversions of the low-precision adapter (common/lowp_adapter.h) on a
+// device: grow-only fp32 slots and the convert kernel on the backend's stream. The ops without
+// a native bf16 / f16 kernel yet run through it (widen, fp32 kernel, round back).
+class CudaLowpStaging final : public lowp::Staging {
+ public:
+  explicit CudaLowpStaging(const cudaStream_t& stream) : stream_(stream) {}
+  ~CudaLowpStaging() override;
+  CudaLowpStaging(const CudaLowpStaging&) = delete;
+  CudaLowpStaging& operator=(const CudaLowpStaging&) = delete;
+  float* scratch(int slot, int64_t n) override;
+  void widen(const Tensor& dst, const Tensor& src) override;
+  void narrow(const Tensor& dst, const Tensor& src) override;
+
+ private:
+  const cudaStream_t& stream_;
+  std::array<void*, lowp::kMaxStaged> slots_{};
+  std::array<size_t, lowp::kMaxStaged> bytes_{};
+};
+
+// The kernels' name for a float dtype (f32, bf16, f16; Error naming op and argument otherwise).
+cuda::FloatFormat float_format(const char* op, const char* name, const Tensor& t);
 
 class CudaBackend final : public Backend {
  public:
@@ -60,6 +90,7 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   Device device() const override { return Device::cuda; }
   void synchronize(const char* op);
+  cudaStream_t stream() const { return stream_; }  // every op runs on it (cuda_stream())
 
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
@@ -114,7 +145,8 @@ class CudaBackend final : public Backend {
   void l2_norm(const Tensor& x, const Tensor& out) override;
   void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
                  const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                 const Tensor& norms_ws) override;
+                 const Tensor& norms_ws, const Tensor& params_lowp = Tensor()) override;
+  void convert(const Tensor& dst, const Tensor& src) override;
 
  private:
   // ---- helpers (cuda_backend.cpp) ----
@@ -147,9 +179,17 @@ class CudaBackend final : public Backend {
   // falls back to DEFAULT plus a kernel). The heuristic's choice is cached per shape.
   bool gemm(const char* op, const GemmCall& g);
 
+  // linear_forward / linear_backward with bf16 / f16 operands through cuBLASLt (true when
+  // they ran; false: a combination the native path does not take, for the adapter).
+  bool linear_forward_lowp(const Tensor& x, const Tensor& w, const Tensor& bias,
+                           Epilogue epilogue, const Tensor& out, const Tensor& pre);
+  bool linear_backward_lowp(const Tensor& x, const Tensor& w, const Tensor& dout,
+                            const Tensor& dx, const Tensor& dw, const Tensor& db,
+                            const LinearBackwardOptions& options);
+
   struct GemmKey {
     int64_t m, n, k, lda, ldb, ldc;
-    int32_t transa, transb, epilogue, beta_zero;
+    int32_t transa, transb, epilogue, beta_zero, ab_type, c_type;
     uint32_t align_a, align_b, align_c, align_bias;
     bool operator==(const GemmKey& o) const;
   };
@@ -177,6 +217,10 @@ class CudaBackend final : public Backend {
   // LAMB's host-side work list (kept so that asynchronous uploads read live memory).
   std::vector<cuda::LambChunk> lamb_chunks_;
   std::vector<cuda::LambTensorRange> lamb_ranges_;
+  // Ops called with bf16 / f16 tensors and no native path run through this.
+  CudaLowpStaging lowp_{stream_};
+  // Attention's auxiliary streams, events and work list (grouped launch, cuda/fmha.h).
+  std::unique_ptr<cuda::FmhaStreams> fmha_;
 };
 
 }  // namespace packbert

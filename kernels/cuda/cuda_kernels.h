@@ -28,7 +28,20 @@ struct DeviceLayout {
   int32_t max_len = 0;
 };
 
+// The storage formats of float buffers (core/tensor.h's DType is not visible to the .cu files;
+// the host side maps it with float_format()).
+enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
+
 // ---- elementwise and reductions (misc_kernels.cu) ----------------------------------------
+// dst = src in another format, n elements: widening exact, narrowing to nearest even
+// (common/lowp_convert.h, the functions the CPU backend uses).
+cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
+                    int64_t n, cudaStream_t s);
+// gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
+cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n,
+                              cudaStream_t s);
+cudaError_t gelu_backward_inplace_lowp(void* g, const void* pre, FloatFormat f, int64_t n,
+                                       cudaStream_t s);
 // out = gelu(pre), n elements (the erf GELU of common/math.h).
 cudaError_t gelu_forward(const float* pre, float* out, int64_t n, cudaStream_t s);
 // g *= gelu_grad(pre), n elements.
@@ -84,12 +97,15 @@ struct LambTensorRange {
 };
 struct LambArgs {
   float lr, beta1, beta2, beta3, bias_correction1, bias_correction2, eps, max_grad_norm;
+  float grad_scale;  // LambConfig::grad_scale (folded into the clip divisor)
 };
-// norms_ws: [2T] (||w|| then ||u||); partial: doubles, one per chunk.
+// norms_ws: [2T] (||w|| then ||u||); partial: doubles, one per chunk. params_lowp (may be null):
+// the low-precision weight copy, written round(w) in the update's pass.
 cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
                       int64_t num_tensors, const LambArgs& args, const float* global_grad_norm,
                       float* params, float* grads, float* m, float* v, float* norms_ws,
-                      double* partial, cudaStream_t s);
+                      double* partial, void* params_lowp, FloatFormat lowp_format,
+                      cudaStream_t s);
 
 // ---- LayerNorm family (layernorm_kernels.cu) ----------------------------------------------
 // backend.h's kLayerNormEps (the .cu files do not include backend.h; cuda_backend.cpp

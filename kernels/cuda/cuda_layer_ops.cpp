@@ -4,6 +4,7 @@
 #include "common/op_args.h"
 #include "common/op_checks.h"
 #include "cuda/cuda_backend_impl.h"
+#include "cuda/fmha_plan.h"
 
 namespace packbert {
 
@@ -17,6 +18,11 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
                                     const Tensor& segment_ids, const EmbeddingParams& p,
                                     const Dropout& dropout, const Tensor& out,
                                     const Tensor& ln_mean, const Tensor& ln_rstd) {
+  // No native low-precision kernel yet: the adapter (widen, fp32 kernel, round back).
+  if (lowp::any({&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &out, &ln_mean,
+                 &ln_rstd}))
+    return lowp::embedding_forward(*this, lowp_, layout, input_ids, segment_ids, p, dropout, out,
+                                   ln_mean, ln_rstd);
   const char* op = "embedding_forward";
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [rows, vocab, h] = checks::embedding_forward_args(args, layout, input_ids, segment_ids,
@@ -52,6 +58,12 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
                                      const Dropout& dropout, const Tensor& ln_mean,
                                      const Tensor& ln_rstd, const Tensor& dout,
                                      const EmbeddingParams& grads) {
+  // No native low-precision kernel yet: the adapter (widen, fp32 kernel, round back).
+  if (lowp::any({&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &ln_mean,
+                 &ln_rstd, &dout, &grads.word, &grads.position, &grads.token_type,
+                 &grads.ln_gamma, &grads.ln_beta}))
+    return lowp::embedding_backward(*this, lowp_, layout, input_ids, segment_ids, p, dropout,
+                                    ln_mean, ln_rstd, dout, grads);
   const char* op = "embedding_backward";
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [rows, h] = checks::embedding_backward_args(args, layout, input_ids, segment_ids, p,
@@ -83,6 +95,10 @@ void CudaBackend::residual_layernorm_forward(const SeqLayout& layout, const Tens
                                              const LayerNormParams& ln, const Dropout& dropout,
                                              const Tensor& out, const Tensor& ln_in,
                                              const Tensor& ln_mean, const Tensor& ln_rstd) {
+  // No native low-precision kernel yet: the adapter (widen, fp32 kernel, round back).
+  if (lowp::any({&x, &bias, &residual, &ln.gamma, &ln.beta, &out, &ln_in, &ln_mean, &ln_rstd}))
+    return lowp::residual_layernorm_forward(*this, lowp_, layout, x, bias, residual, ln, dropout,
+                                            out, ln_in, ln_mean, ln_rstd);
   const char* op = "residual_layernorm_forward";
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [rows, h] = checks::residual_layernorm_forward_args(args, x, bias, residual, ln, out,
@@ -109,6 +125,11 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
                                               const Dropout& dropout, const Tensor& dx,
                                               const Tensor& dresidual, const Tensor& dbias,
                                               const LayerNormParams& dln) {
+  // No native low-precision kernel yet: the adapter (widen, fp32 kernel, round back).
+  if (lowp::any({&dout, &ln_in, &ln_mean, &ln_rstd, &ln.gamma, &ln.beta, &dx, &dresidual,
+                 &dbias, &dln.gamma, &dln.beta}))
+    return lowp::residual_layernorm_backward(*this, lowp_, layout, dout, ln_in, ln_mean, ln_rstd,
+                                             ln, dropout, dx, dresidual, dbias, dln);
   const char* op = "residual_layernorm_backward";
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [rows, h] = checks::residual_layernorm_backward_args(
@@ -156,21 +177,60 @@ AttnShape attention_shape(const char* op, const SeqLayout& layout, const Tensor&
 }
 }  // namespace
 
+// Dispatch (the contract's "lowp: qkv, out[, dout, dqkv]"; lse is always f32):
+// - every float tensor f32: the fp32 kernels (attention_kernels.cu);
+// - qkv, out (and dout, dqkv) all in one 16-bit dtype, 16-byte aligned, with head dim 64: the
+//   tensor-core kernels (fmha_mma.cu), same lse layout;
+// - any other combination the contract allows (each tensor on its own, another head dim, an
+//   unaligned view): widened through the low-precision adapter onto the fp32 kernels.
+// Both kernel families run through the grouped launch: the sequences sorted into length
+// buckets (common/fmha_plan.h), one grid per bucket on fmha_'s streams, joined before return.
 void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
                                     const Dropout& dropout, const Tensor& out, const Tensor& lse) {
   const char* op = "attention_forward";
-  const AttnShape a = attention_shape(op, layout, qkv, num_heads);
-  expect(op, "qkv", qkv, DType::f32, {a.rows, 3 * a.hidden});
-  expect(op, "out", out, DType::f32, {a.rows, a.hidden});
-  expect(op, "lse", lse, DType::f32, {a.rows, a.heads});
+  const bool fp32 = !lowp::any({&qkv, &out, &lse});
+  const bool native = !fp32 && cuda::fmha_native(qkv, num_heads, {&out});
+  if (!fp32 && !native)
+    return lowp::attention_forward(*this, lowp_, layout, qkv, num_heads, dropout, out, lse);
+  int64_t rows = 0, hidden = 0, heads = 0;
+  if (fp32) {
+    const AttnShape a = attention_shape(op, layout, qkv, num_heads);
+    rows = a.rows, hidden = a.hidden, heads = a.heads;
+  } else {
+    const cuda::FmhaShape a = cuda::fmha_attention_shape(op, layout, qkv, num_heads);
+    rows = a.rows, hidden = a.hidden, heads = a.heads;
+  }
+  expect(op, "qkv", qkv, qkv.dtype, {rows, 3 * hidden});
+  expect(op, "out", out, qkv.dtype, {rows, hidden});
+  expect(op, "lse", lse, DType::f32, {rows, heads});
   begin(op);
-  const cuda::DeviceLayout dl = device_layout(op, layout, a.rows);
+  cuda::DeviceLayout dl;
+  {
+    // The layout's arrays come to the host once, in fmha_host_lengths: the grouped launch
+    // needs the lengths, and validation reads the same copy.
+    const cuda::ScopedClear once(options_.validate_indices);
+    dl = device_layout(op, layout, rows);
+  }
+  const std::vector<int32_t> lens =
+      cuda::fmha_host_lengths(op, layout, options_.validate_indices, stream_);
   const DropoutStream ds =
-      checks::checked_dropout_stream(op, dropout, layout.max_len, a.heads, layout.max_len);
-  if (a.rows == 0) return end(op);
-  launched(op, "attention_forward",
-           cuda::attention_forward(dl, qkv.ptr<float>(), a.hidden, num_heads, ds,
-                                   out.ptr<float>(), lse.ptr<float>(), stream_));
+      checks::checked_dropout_stream(op, dropout, layout.max_len, heads, layout.max_len);
+  if (rows == 0) return end(op);
+  launched(op, "fmha_zero_padding_rows",
+           cuda::fmha_zero_padding_rows(dl, out.data, hidden, native ? 2 : 4, stream_));
+  launched(op, "fmha_zero_padding_rows",
+           cuda::fmha_zero_padding_rows(dl, lse.data, heads, 4, stream_));
+  const FmhaPlan plan = plan_fmha(lens.data(), layout.num_seqs);
+  cuda::fmha_check_grid(op, plan, native ? cuda::kFmhaTile : cuda::kAttentionF32Tile);
+  if (!plan.buckets.empty()) {
+    const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);
+    fmha_->run(op, plan, stream_, [&](const cuda::AttnWork& w, cudaStream_t s) {
+      return native ? cuda::fmha_forward_work(type, dl, w, qkv.data, hidden, num_heads, ds,
+                                              out.data, lse.ptr<float>(), s)
+                    : cuda::attention_forward_work(dl, w, qkv.ptr<float>(), hidden, num_heads,
+                                                   ds, out.ptr<float>(), lse.ptr<float>(), s);
+    });
+  }
   end(op);
 }
 
@@ -178,21 +238,50 @@ void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
                                      const Tensor& out, const Tensor& lse, const Tensor& dout,
                                      int num_heads, const Dropout& dropout, const Tensor& dqkv) {
   const char* op = "attention_backward";
-  const AttnShape a = attention_shape(op, layout, qkv, num_heads);
-  expect(op, "qkv", qkv, DType::f32, {a.rows, 3 * a.hidden});
-  expect(op, "out", out, DType::f32, {a.rows, a.hidden});
-  expect(op, "lse", lse, DType::f32, {a.rows, a.heads});
-  expect(op, "dout", dout, DType::f32, {a.rows, a.hidden});
-  expect(op, "dqkv", dqkv, DType::f32, {a.rows, 3 * a.hidden});
+  const bool fp32 = !lowp::any({&qkv, &out, &lse, &dout, &dqkv});
+  const bool native = !fp32 && cuda::fmha_native(qkv, num_heads, {&out, &dout, &dqkv});
+  if (!fp32 && !native)
+    return lowp::attention_backward(*this, lowp_, layout, qkv, out, lse, dout, num_heads,
+                                    dropout, dqkv);
+  int64_t rows = 0, hidden = 0, heads = 0;
+  if (fp32) {
+    const AttnShape a = attention_shape(op, layout, qkv, num_heads);
+    rows = a.rows, hidden = a.hidden, heads = a.heads;
+  } else {
+    const cuda::FmhaShape a = cuda::fmha_attention_shape(op, layout, qkv, num_heads);
+    rows = a.rows, hidden = a.hidden, heads = a.heads;
+  }
+  expect(op, "qkv", qkv, qkv.dtype, {rows, 3 * hidden});
+  expect(op, "out", out, qkv.dtype, {rows, hidden});
+  expect(op, "lse", lse, DType::f32, {rows, heads});
+  expect(op, "dout", dout, qkv.dtype, {rows, hidden});
+  expect(op, "dqkv", dqkv, qkv.dtype, {rows, 3 * hidden});
   begin(op);
-  const cuda::DeviceLayout dl = device_layout(op, layout, a.rows);
+  cuda::DeviceLayout dl;
+  {
+    const cuda::ScopedClear once(options_.validate_indices);  // see attention_forward
+    dl = device_layout(op, layout, rows);
+  }
+  const std::vector<int32_t> lens =
+      cuda::fmha_host_lengths(op, layout, options_.validate_indices, stream_);
   const DropoutStream ds =
-      checks::checked_dropout_stream(op, dropout, layout.max_len, a.heads, layout.max_len);
-  if (a.rows == 0) return end(op);
-  launched(op, "attention_backward",
-           cuda::attention_backward(dl, qkv.ptr<float>(), out.ptr<float>(), lse.ptr<float>(),
-                                    dout.ptr<float>(), a.hidden, num_heads, ds,
-                                    dqkv.ptr<float>(), stream_));
+      checks::checked_dropout_stream(op, dropout, layout.max_len, heads, layout.max_len);
+  if (rows == 0) return end(op);
+  launched(op, "fmha_zero_padding_rows",
+           cuda::fmha_zero_padding_rows(dl, dqkv.data, 3 * hidden, native ? 2 : 4, stream_));
+  const FmhaPlan plan = plan_fmha(lens.data(), layout.num_seqs);
+  cuda::fmha_check_grid(op, plan, native ? cuda::kFmhaTile : cuda::kAttentionF32Tile);
+  if (!plan.buckets.empty()) {
+    const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);
+    fmha_->run(op, plan, stream_, [&](const cuda::AttnWork& w, cudaStream_t s) {
+      return native ? cuda::fmha_backward_work(type, dl, w, qkv.data, out.data,
+                                               lse.ptr<float>(), dout.data, hidden, num_heads,
+                                               ds, dqkv.data, s)
+                    : cuda::attention_backward_work(dl, w, qkv.ptr<float>(), out.ptr<float>(),
+                                                    lse.ptr<float>(), dout.ptr<float>(), hidden,
+                                                    num_heads, ds, dqkv.ptr<float>(), s);
+    });
+  }
   end(op);
 }
 

@@ -1,6 +1,7 @@
 // Linear layers through cuBLASLt (fp32 in, fp32 out, CUBLAS_COMPUTE_32F: true fp32 arithmetic,
-// no TF32, so the ops tests can compare with the CPU at ~1e-6), and the two heads that are
-// GEMMs plus a loss (MLM decoder, pooler + NSP).
+// no TF32, so the ops tests can compare with the CPU at ~1e-6; with mixed precision bf16 / f16
+// operands, still fp32 compute, see "linear layers in bf16 / f16" below), and the two heads
+// that are GEMMs plus a loss (MLM decoder, pooler + NSP).
 //
 // Row-major to cuBLASLt's column-major: a row-major [r, c] buffer is a column-major c x r
 // matrix with ld = c. So for out [N, M] = x [N, K] w^T (w [M, K]):
@@ -81,6 +82,8 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
   key.transb = g.transb;
   key.epilogue = static_cast<int32_t>(g.epilogue);
   key.beta_zero = g.beta == 0.f;
+  key.ab_type = static_cast<int32_t>(g.ab_type);
+  key.c_type = static_cast<int32_t>(g.c_type);
   key.align_a = alignment(g.a);
   key.align_b = alignment(g.b);
   key.align_c = alignment(g.c);
@@ -107,9 +110,9 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
   const uint64_t a_cols = static_cast<uint64_t>(g.transa ? g.m : g.k);
   const uint64_t b_rows = static_cast<uint64_t>(g.transb ? g.n : g.k);
   const uint64_t b_cols = static_cast<uint64_t>(g.transb ? g.k : g.n);
-  PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.a, CUDA_R_32F, a_rows, a_cols, g.lda));
-  PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.b, CUDA_R_32F, b_rows, b_cols, g.ldb));
-  PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, static_cast<uint64_t>(g.m),
+  PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.a, g.ab_type, a_rows, a_cols, g.lda));
+  PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.b, g.ab_type, b_rows, b_cols, g.ldb));
+  PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.c, g.c_type, static_cast<uint64_t>(g.m),
                                                 static_cast<uint64_t>(g.n), g.ldc));
 
   auto it = plans_.find(key);
@@ -137,16 +140,19 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
       plan.algo = result.algo;
     } else if (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
       PB_CUBLASLT_OP(op, st);  // names the status when the query itself failed
-      PB_THROW("{}: cuBLASLt has no fp32 algorithm for m={} n={} k={} (ld {} {} {}, transa {} "
-               "transb {})", op, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.transa, g.transb);
+      PB_THROW("{}: cuBLASLt has no algorithm for m={} n={} k={} (ld {} {} {}, transa {} "
+               "transb {}, A/B type {}, C/D type {}, fp32 compute)", op, g.m, g.n, g.k, g.lda,
+               g.ldb, g.ldc, g.transa, g.transb, static_cast<int>(g.ab_type),
+               static_cast<int>(g.c_type));
     } else {
       // Any refusal of an epilogue (no algorithm, NOT_SUPPORTED, INVALID_VALUE for a
       // combination it does not take) falls back to DEFAULT + a kernel; said once per shape so
       // that the device check shows which epilogues are in use.
       fmt::print(stderr,
                  "packbert cuda: {}: cuBLASLt epilogue {} unavailable for m={} n={} k={} "
-                 "(status {}); using a kernel instead\n",
-                 op, static_cast<int>(g.epilogue), g.m, g.n, g.k, cublasLtGetStatusName(st));
+                 "(A/B type {}, C/D type {}; status {}); using a kernel instead\n",
+                 op, static_cast<int>(g.epilogue), g.m, g.n, g.k, static_cast<int>(g.ab_type),
+                 static_cast<int>(g.c_type), cublasLtGetStatusName(st));
     }
     it = plans_.emplace(key, plan).first;
   }
@@ -161,6 +167,10 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
 // ---- linear layers -------------------------------------------------------------------------
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                  Epilogue epilogue, const Tensor& out, const Tensor& pre) {
+  if (lowp::any({&x, &w, &bias, &out, &pre})) {
+    if (linear_forward_lowp(x, w, bias, epilogue, out, pre)) return;
+    return lowp::linear_forward(*this, lowp_, x, w, bias, epilogue, out, pre);
+  }
   const char* op = "linear_forward";
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [n, k, m] = checks::linear_forward_args(args, x, w, bias, epilogue, out, pre);
@@ -207,6 +217,10 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout,
                                   const Tensor& dx, const Tensor& dw, const Tensor& db,
                                   const LinearBackwardOptions& opt) {
+  if (lowp::any({&x, &w, &dout, &dx, &dw, &db, &opt.out_gelu_pre, &opt.x_gelu_pre})) {
+    if (linear_backward_lowp(x, w, dout, dx, dw, db, opt)) return;
+    return lowp::linear_backward(*this, lowp_, x, w, dout, dx, dw, db, opt);
+  }
   const char* op = "linear_backward";
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [n, k, m] = checks::linear_backward_args(args, x, w, dout, dx, dw, db, opt);
@@ -282,11 +296,198 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   end(op);
 }
 
+// ---- linear layers in bf16 / f16 -------------------------------------------------------------
+// x, w (and dout) of one low-precision type T, fp32 compute; activations written in T, weight
+// and bias gradients in fp32 (C/D fp32 with T operands), the bias read in fp32. The epilogues
+// are the fp32 path's: BIAS (bias type fp32) and BGRADB (fp32 bias gradient) when cuBLASLt
+// offers them for these types, else the GEMM writes fp32 scratch and the fp32 kernels finish.
+// GELU runs on the rounded pre-activation (the CPU emulation takes it of the fp32 value before
+// rounding: the two differ by a rounding of the argument, inside the precision's tolerance).
+namespace {
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
+}
+// The same view read as f32: the shared shape checks of op_args.h, with dtypes checked here.
+Tensor shape_of(Tensor t) {
+  if (t.defined()) t.dtype = DType::f32;
+  return t;
+}
+}  // namespace
+
+bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      Epilogue epilogue, const Tensor& out, const Tensor& pre) {
+  const char* op = "linear_forward";
+  const DType t = x.dtype;
+  if (!lowp::is_lowp(t) || w.dtype != t || out.dtype != t || (pre.defined() && pre.dtype != t) ||
+      (bias.defined() && bias.dtype != DType::f32))
+    return false;
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [n, k, m] = checks::linear_forward_args(args, shape_of(x), shape_of(w), bias,
+                                                     epilogue, shape_of(out), shape_of(pre));
+  PB_REQUIRE(epilogue != Epilogue::bias_gelu || pre.data != out.data, "{}: pre may not alias out",
+             op);
+  if (n == 0 || m == 0) return true;
+  begin(op);
+  const cuda::FloatFormat f = float_format(op, "out", out);
+  void* c = epilogue == Epilogue::bias_gelu ? pre.data : out.data;
+  const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
+  if (k == 0) {
+    PB_CUDA_OP(op, cudaMemsetAsync(c, 0, static_cast<size_t>(n * m) * dtype_size(t), stream_));
+    if (b) {  // bias only: through fp32 scratch
+      float* tmp = scratch_floats(op, static_cast<size_t>(n * m));
+      PB_CUDA_OP(op, cudaMemsetAsync(tmp, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
+      launched(op, "add_bias_rows", cuda::add_bias_rows(tmp, b, n, m, stream_));
+      launched(op, "convert", cuda::convert(tmp, cuda::FloatFormat::f32, c, f, n * m, stream_));
+    }
+  } else {
+    GemmCall g;
+    g.transa = true;
+    g.transb = false;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = w.data;
+    g.lda = k;
+    g.b = x.data;
+    g.ldb = k;
+    g.c = c;
+    g.ldc = m;
+    g.ab_type = cuda_type(t);
+    g.c_type = cuda_type(t);
+    bool done = false;
+    if (b) {
+      g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+      g.bias = const_cast<float*>(b);
+      done = gemm(op, g);
+    }
+    if (!done && !b) {
+      g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+      g.bias = nullptr;
+      gemm(op, g);
+    } else if (!done) {  // no BIAS epilogue for these types: fp32 scratch, bias, round
+      float* tmp = scratch_floats(op, static_cast<size_t>(n * m));
+      g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+      g.bias = nullptr;
+      g.c = tmp;
+      g.c_type = CUDA_R_32F;
+      gemm(op, g);
+      launched(op, "add_bias_rows", cuda::add_bias_rows(tmp, b, n, m, stream_));
+      launched(op, "convert", cuda::convert(tmp, cuda::FloatFormat::f32, c, f, n * m, stream_));
+    }
+  }
+  if (epilogue == Epilogue::bias_gelu)
+    launched(op, "gelu_forward_lowp", cuda::gelu_forward_lowp(c, out.data, f, n * m, stream_));
+  end(op);
+  return true;
+}
+
+bool CudaBackend::linear_backward_lowp(const Tensor& x, const Tensor& w, const Tensor& dout,
+                                       const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                       const LinearBackwardOptions& opt) {
+  const char* op = "linear_backward";
+  const DType t = dout.dtype;
+  auto is_t = [t](const Tensor& v) { return !v.defined() || v.dtype == t; };
+  auto is_f32 = [](const Tensor& v) { return !v.defined() || v.dtype == DType::f32; };
+  if (!lowp::is_lowp(t) || w.dtype != t || !is_t(x) || !is_t(dx) || !is_t(opt.out_gelu_pre) ||
+      !is_t(opt.x_gelu_pre) || !is_f32(dw) || !is_f32(db))
+    return false;
+  LinearBackwardOptions shapes = opt;
+  shapes.out_gelu_pre = shape_of(opt.out_gelu_pre);
+  shapes.x_gelu_pre = shape_of(opt.x_gelu_pre);
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [n, k, m] = checks::linear_backward_args(args, shape_of(x), shape_of(w),
+                                                      shape_of(dout), shape_of(dx), dw, db,
+                                                      shapes);
+  if (n == 0) return true;
+  begin(op);
+  const cuda::FloatFormat f = float_format(op, "dout", dout);
+  void* g = dout.data;
+  if (opt.out_gelu_pre.defined())
+    launched(op, "gelu_backward_inplace_lowp",
+             cuda::gelu_backward_inplace_lowp(g, opt.out_gelu_pre.data, f, n * m, stream_));
+  bool db_done = !db.defined() || m == 0;
+  if (dw.defined() && m > 0 && k > 0) {
+    GemmCall c;
+    c.transa = false;
+    c.transb = true;
+    c.m = k;
+    c.n = m;
+    c.k = n;
+    c.a = x.data;
+    c.lda = k;
+    c.b = g;
+    c.ldb = m;
+    c.c = dw.data;
+    c.ldc = k;
+    c.beta = 1.0f;
+    c.ab_type = cuda_type(t);
+    c.c_type = CUDA_R_32F;  // weight gradients accumulate in fp32
+    bool ran = false;
+    if (!db_done) {
+      float* db_tmp = scratch_floats(op, static_cast<size_t>(m));
+      c.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+      c.bias = db_tmp;
+      ran = gemm(op, c);
+      if (ran) {
+        launched(op, "add_inplace", cuda::add_inplace(db.ptr<float>(), db_tmp, m, stream_));
+        db_done = true;
+      }
+    }
+    if (!ran) {
+      c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+      c.bias = nullptr;
+      gemm(op, c);
+    }
+  }
+  if (!db_done) {  // column sums of the widened dout, in fixed order as the fp32 path
+    float* gf = scratch_floats(op, static_cast<size_t>(n * m));
+    launched(op, "convert", cuda::convert(g, f, gf, cuda::FloatFormat::f32, n * m, stream_));
+    double* partial = scratch_doubles(op, static_cast<size_t>(cuda::column_sum_partials(n, m)));
+    launched(op, "add_column_sums",
+             cuda::add_column_sums(gf, n, m, m, partial, db.ptr<float>(), stream_));
+  }
+  if (dx.defined() && k > 0) {
+    if (m == 0) {
+      if (!opt.dx_accumulate)
+        PB_CUDA_OP(op, cudaMemsetAsync(dx.data, 0, static_cast<size_t>(n * k) * dtype_size(t),
+                                       stream_));
+    } else {
+      GemmCall c;
+      c.transa = false;
+      c.transb = false;
+      c.m = k;
+      c.n = n;
+      c.k = m;
+      c.a = w.data;
+      c.lda = k;
+      c.b = g;
+      c.ldb = m;
+      c.c = dx.data;
+      c.ldc = k;
+      c.beta = opt.dx_accumulate ? 1.0f : 0.0f;  // dx += in fp32, rounded once
+      c.ab_type = cuda_type(t);
+      c.c_type = cuda_type(t);
+      gemm(op, c);
+      if (opt.x_gelu_pre.defined())
+        launched(op, "gelu_backward_inplace_lowp",
+                 cuda::gelu_backward_inplace_lowp(dx.data, opt.x_gelu_pre.data, f, n * k,
+                                                  stream_));
+    }
+  }
+  end(op);
+  return true;
+}
+
 // ---- heads -----------------------------------------------------------------------------------
 void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
                            float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                            const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                            const Tensor& db) {
+  // TODO(cuda bf16 step 2): the decoder GEMMs natively on the bf16 word embeddings (logits in
+  // fp32); the adapter widens the [V, H] weight copy per chunk.
+  if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db}))
+    return lowp::mlm_loss(*this, lowp_, x, w, b, labels, grad_scale, logits_ws, loss_sum,
+                          num_correct, dx, dw, db);
   checks::mlm_loss_by_ops(*this, checks::OpArgs("mlm_loss", Device::cuda, pointer_check()), x, w, b,
                           labels, grad_scale, logits_ws, loss_sum, num_correct, dx, dw, db);
 }
@@ -295,6 +496,11 @@ void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Poole
                            const Tensor& labels, float grad_scale, const Tensor& workspace,
                            const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                            const PoolerParams& grads) {
+  if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b,
+                 &workspace, &loss_sum, &dx, &grads.dense_w, &grads.dense_b, &grads.cls_w,
+                 &grads.cls_b}))
+    return lowp::nsp_loss(*this, lowp_, layout, x, params, labels, grad_scale, workspace,
+                          loss_sum, num_correct, dx, grads);
   const char* op = "nsp_loss";
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()),
                                             layout, x, params, workspace, dx, grads);

@@ -1,5 +1,6 @@
-// Elementwise epilogues, deterministic column sums, gathers, softmax cross-entropy, the L2 norm
-// and LAMB. Simple grid-stride or block-per-row kernels; every reduction in a fixed order.
+// Elementwise epilogues, deterministic column sums, gathers, softmax cross-entropy, the L2 norm,
+// LAMB, and the float-format conversions of mixed precision. Simple grid-stride or block-per-row kernels; every reduction in a fixed order.
+#include "common/lowp_convert.h"
 #include "cuda/cuda_kernels.h"
 #include "cuda/device_util.cuh"
 
@@ -203,7 +204,8 @@ __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRang
   c.bias_correction1 = a.bias_correction1;
   c.bias_correction2 = a.bias_correction2;
   c.eps = a.eps;
-  c.clip_divisor = lamb_clip_divisor(global_grad_norm[0], a.max_grad_norm);
+  c.clip_divisor =
+      lamb_clip_divisor(global_grad_norm[0] / a.grad_scale, a.max_grad_norm) * a.grad_scale;
   const float decay = tensors[ch.tensor].decay;
   double s = 0.0;
   for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
@@ -215,17 +217,77 @@ __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRang
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+// The value of element i of a buffer in one of the float formats, and its store (rounded to
+// nearest even by common/lowp_convert.h, the CPU's very functions).
+__device__ __forceinline__ float load_as_float(const void* p, FloatFormat f, int64_t i) {
+  if (f == FloatFormat::f32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return f == FloatFormat::bf16 ? lowp::bf16_to_float(h) : lowp::f16_to_float(h);
+}
+__device__ __forceinline__ void store_from_float(void* p, FloatFormat f, int64_t i, float v) {
+  if (f == FloatFormat::f32) {
+    static_cast<float*>(p)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p)[i] =
+        f == FloatFormat::bf16 ? lowp::float_to_bf16(v) : lowp::float_to_f16(v);
+  }
+}
+
 __global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
                                   float lr, int64_t num_tensors, const float* norms, float* w,
-                                  const float* u) {
+                                  const float* u, void* w_lowp, FloatFormat lowp_format) {
   const LambChunk ch = chunks[blockIdx.x];
   const LambTensorRange t = tensors[ch.tensor];
   const float step = lamb_step_size(lr, norms[ch.tensor], norms[num_tensors + ch.tensor],
                                     t.adapt != 0);
-  for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) w[i] -= step * u[i];
+  for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
+    const float nw = w[i] - step * u[i];
+    w[i] = nw;
+    if (w_lowp) store_from_float(w_lowp, lowp_format, i, nw);
+  }
+}
+
+__global__ void convert_kernel(const void* src, FloatFormat sf, void* dst, FloatFormat df,
+                               int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    store_from_float(dst, df, i, load_as_float(src, sf, i));
+}
+
+__global__ void gelu_forward_lowp_kernel(const void* pre, void* out, FloatFormat f, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    store_from_float(out, f, i, gelu(load_as_float(pre, f, i)));
+}
+
+__global__ void gelu_backward_lowp_kernel(void* g, const void* pre, FloatFormat f, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    store_from_float(g, f, i, load_as_float(g, f, i) * gelu_grad(load_as_float(pre, f, i)));
 }
 
 }  // namespace
+
+cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
+                    int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  convert_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(src, src_format, dst, dst_format, n);
+  return launched();
+}
+
+cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n,
+                              cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  gelu_forward_lowp_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, f, n);
+  return launched();
+}
+
+cudaError_t gelu_backward_inplace_lowp(void* g, const void* pre, FloatFormat f, int64_t n,
+                                       cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  gelu_backward_lowp_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, f, n);
+  return launched();
+}
 
 cudaError_t gelu_forward(const float* pre, float* out, int64_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
@@ -319,7 +381,8 @@ cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cuda
 cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
                       int64_t num_tensors, const LambArgs& a, const float* global_grad_norm,
                       float* params, float* grads, float* m, float* v, float* norms_ws,
-                      double* partial, cudaStream_t s) {
+                      double* partial, void* params_lowp, FloatFormat lowp_format,
+                      cudaStream_t s) {
   if (num_tensors == 0) return cudaSuccess;
   const unsigned tgrid = grid_for(num_tensors, 128);
   const auto cgrid = static_cast<unsigned>(num_chunks);
@@ -342,7 +405,7 @@ cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTen
   if ((e = launched()) != cudaSuccess) return e;
   if (num_chunks > 0) {
     lamb_apply_kernel<<<cgrid, kThreads, 0, s>>>(chunks, tensors, a.lr, num_tensors, norms_ws,
-                                                 params, grads);
+                                                 params, grads, params_lowp, lowp_format);
     if ((e = launched()) != cudaSuccess) return e;
   }
   return cudaSuccess;

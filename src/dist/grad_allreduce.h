@@ -2,16 +2,11 @@
 // into buckets that are summed across ranks with non-blocking MPI_Iallreduce while the backward
 // pass is still computing the earlier layers (DESIGN.md, Distribution).
 //
-// Buckets. The buffer's span (first tensor's offset to last tensor's end) is cut into pieces of
-// bucket_bytes, starting from its END: the backward produces the gradients of the last
-// parameters (MLM head, top encoder layers) first, so bucket 0 holds the end of the buffer and
-// is the first one complete. A bucket boundary may fall inside a tensor (the word embeddings
-// alone are ~94 MB in BERT-base); a bucket starts once every tensor overlapping it is ready.
-//
-// Order. MPI requires every rank to start collectives on one communicator in the same order.
-// Buckets therefore start strictly in bucket order (0, 1, 2, ...): a bucket whose tensors are all
-// ready still waits for its predecessors. So the result is right even if ranks mark tensors ready
-// in different orders, and ready() never deadlocks.
+// Buckets and their order are dist/bucket_scheduler.h's: this file is its MPI transport. Bucket
+// 0 holds the end of the buffer (the backward finishes the last parameters first), a bucket
+// starts once every tensor overlapping it is ready, and buckets start strictly in bucket order,
+// so every rank issues the same sequence of MPI_Iallreduce calls on the communicator whatever
+// order its tensors become ready in.
 //
 // Progress. OpenMPI has no progress thread for non-blocking collectives (libnbc advances only
 // inside MPI calls), so ready() and progress() call MPI_Testsome on the started buckets: each
@@ -36,38 +31,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "dist/bucket_scheduler.h"
+
 namespace packbert {
-
-// One tensor of the flat gradient buffer (a row of the parameter table).
-struct GradSpan {
-  int64_t offset = 0;  // first element
-  int64_t size = 0;    // elements
-};
-
-// A contiguous piece of the buffer reduced by one MPI_Iallreduce.
-struct GradBucket {
-  int64_t offset = 0;
-  int64_t size = 0;          // elements (fits an MPI int count)
-  int first_tensor = 0;      // tensors overlapping it, as indices into the sorted table:
-  int last_tensor = -1;      // [first_tensor, last_tensor]; empty for a gap-only bucket
-};
-
-// The bucket plan (pure arithmetic, no MPI): tensors sorted by offset, non-overlapping, inside
-// [0, num_elems). Buckets cover [first offset, last end) in pieces of bucket_bytes / 4 elements
-// (at least 1), bucket 0 at the end. Throws Error on a bad table.
-std::vector<GradBucket> plan_grad_buckets(const std::vector<GradSpan>& sorted_tensors,
-                                          int64_t num_elems, size_t bucket_bytes);
-
-// What happened in one round (begin() .. finish()).
-struct GradAllreduceStats {
-  int buckets = 0;
-  int started_before_finish = 0;    // started by ready() (the rest start in finish())
-  int completed_before_finish = 0;  // seen complete by MPI_Test before finish() was called:
-                                    // communication hidden behind compute
-  double finish_wait_s = 0;         // time finish() spent waiting (exposed communication)
-};
 
 class GradAllreduce {
  public:
@@ -86,15 +55,15 @@ class GradAllreduce {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  const std::vector<GradBucket>& buckets() const { return sched_.buckets(); }
   // Buckets of the current round started so far (in order: 0 .. buckets_started() - 1).
-  int buckets_started() const { return next_to_start_; }
+  int buckets_started() const { return sched_.buckets_started(); }
 
   // Arms a round: call before the backward whose gradients are final (the last micro-step of a
   // global batch). ready() calls outside a round are ignored, so the model may call ready()
   // on every micro-step and let the trainer decide which one reduces.
   void begin();
-  bool in_round() const { return in_round_; }
+  bool in_round() const { return sched_.in_round(); }
 
   // The gradient of tensor i (index into the table as given to the constructor) is final: no
   // op will write it again in this round. Throws Error if it was already marked in this round.
@@ -112,29 +81,13 @@ class GradAllreduce {
   void allreduce_sum(double* data, int count);
 
  private:
-  void start_ready_buckets();
-  void test_started();
-  int tensor_index(int64_t offset, int64_t size) const;
+  class MpiTransport;  // the scheduler's transport: MPI_Iallreduce / MPI_Testsome (the .cpp)
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  float* grads_;
-  int64_t num_elems_;
-  std::vector<GradSpan> tensors_;       // sorted by offset
-  std::vector<int> sorted_index_;       // constructor's index -> sorted index
-  std::vector<int> original_index_;     // sorted index -> constructor's index
-  std::vector<GradBucket> buckets_;
-  std::vector<int> tensor_first_bucket_, tensor_last_bucket_;  // buckets each tensor overlaps
-
-  // Per round.
-  bool in_round_ = false;
-  std::vector<char> tensor_ready_;
-  std::vector<int> bucket_pending_;     // tensors of the bucket not ready yet
-  std::vector<MPI_Request> requests_;   // MPI_REQUEST_NULL once complete (or never started)
-  std::vector<int> completed_indices_;  // MPI_Testsome scratch
-  int next_to_start_ = 0;
-  int completed_ = 0;
+  GradBucketScheduler sched_;
+  std::unique_ptr<MpiTransport> transport_;  // null on one rank: no MPI call at all
 };
 
 }  // namespace packbert

@@ -8,6 +8,7 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
                        const ActivationPlan& plan, Bert::Activations& a) {
   using K = ActivationKind;
   const DType f32 = DType::f32, i32 = DType::i32;
+  const DType act = plan.act;  // token-wise activations and their gradients
   const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
   const int64_t h = config.hidden, inter = config.intermediate;
   const int64_t chunk = plan.mlm_chunk_rows > 0 ? std::min(plan.mlm_chunk_rows, m) : m;
@@ -40,41 +41,41 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   a.emb_ln_rstd = c.take(K::layernorm, f32, {rows});
   auto carve_layer = [&] {
     LayerActivations la;
-    la.qkv = c.take(K::attention, f32, {rows, 3 * h});
-    la.ctx = c.take(K::attention, f32, {rows, h});
+    la.qkv = c.take(K::attention, act, {rows, 3 * h});
+    la.ctx = c.take(K::attention, act, {rows, h});
     la.lse = c.take(K::attention, f32, {rows, config.heads});
-    la.attn_ln_in = c.take(K::layernorm, f32, {rows, h});
+    la.attn_ln_in = c.take(K::layernorm, act, {rows, h});
     la.attn_ln_mean = c.take(K::layernorm, f32, {rows});
     la.attn_ln_rstd = c.take(K::layernorm, f32, {rows});
-    la.h1 = c.take(K::hidden, f32, {rows, h});
+    la.h1 = c.take(K::hidden, act, {rows, h});
     if (mlp_chunk == 0) {
-      la.ffn_pre = c.take(K::mlp, f32, {rows, inter});
-      la.ffn_act = c.take(K::mlp, f32, {rows, inter});
+      la.ffn_pre = c.take(K::mlp, act, {rows, inter});
+      la.ffn_act = c.take(K::mlp, act, {rows, inter});
     }
-    la.ffn_ln_in = c.take(K::layernorm, f32, {rows, h});
+    la.ffn_ln_in = c.take(K::layernorm, act, {rows, h});
     la.ffn_ln_mean = c.take(K::layernorm, f32, {rows});
     la.ffn_ln_rstd = c.take(K::layernorm, f32, {rows});
     return la;
   };
   a.hidden.clear();
   a.layers.clear();
-  a.hidden.push_back(c.take(K::hidden, f32, {rows, h}));
+  a.hidden.push_back(c.take(K::hidden, act, {rows, h}));
   for (int64_t l = 0; l < config.layers; ++l) {
     if (!plan.layer_recompute) a.layers.push_back(carve_layer());
-    a.hidden.push_back(c.take(K::hidden, f32, {rows, h}));
+    a.hidden.push_back(c.take(K::hidden, act, {rows, h}));
   }
   if (plan.layer_recompute) a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
   a.mlp_pre = a.mlp_act = Tensor();
   if (mlp_chunk > 0) {
-    a.mlp_pre = c.take(K::mlp, f32, {mlp_chunk, inter});
-    a.mlp_act = c.take(K::mlp, f32, {mlp_chunk, inter});
+    a.mlp_pre = c.take(K::mlp, act, {mlp_chunk, inter});
+    a.mlp_act = c.take(K::mlp, act, {mlp_chunk, inter});
   }
-  a.mlm_x = c.take(K::heads, f32, {m, h});
-  a.mlm_pre = c.take(K::heads, f32, {m, h});
-  a.mlm_act = c.take(K::heads, f32, {m, h});
+  a.mlm_x = c.take(K::heads, act, {m, h});
+  a.mlm_pre = c.take(K::heads, act, {m, h});
+  a.mlm_act = c.take(K::heads, act, {m, h});
   a.mlm_ln_mean = c.take(K::heads, f32, {m});
   a.mlm_ln_rstd = c.take(K::heads, f32, {m});
-  a.mlm_out = c.take(K::heads, f32, {m, h});
+  a.mlm_out = c.take(K::heads, act, {m, h});
   a.logits = c.take(K::mlm_logits, f32, {chunk, config.vocab_size});
   a.nsp_ws = c.take(K::heads, f32, {nsp_workspace_elems(s, h)});
   a.mlm_loss_sum = c.take(K::heads, f32, {1});
@@ -85,18 +86,18 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   a.mlm_dout = a.mlm_dact = a.mlm_dx = Tensor();
   a.dhidden[0] = a.dhidden[1] = a.dtmp = a.dctx = a.dwide = a.mlp_dpre = Tensor();
   if (!gradients) return;
-  a.mlm_dout = c.take(K::heads, f32, {m, h});
-  a.mlm_dact = c.take(K::heads, f32, {m, h});
-  a.mlm_dx = c.take(K::heads, f32, {m, h});
-  a.dhidden[0] = c.take(K::grad_scratch, f32, {rows, h});
-  a.dhidden[1] = c.take(K::grad_scratch, f32, {rows, h});
-  a.dtmp = c.take(K::grad_scratch, f32, {rows, h});
-  a.dctx = c.take(K::grad_scratch, f32, {rows, h});
+  a.mlm_dout = c.take(K::heads, act, {m, h});
+  a.mlm_dact = c.take(K::heads, act, {m, h});
+  a.mlm_dx = c.take(K::heads, act, {m, h});
+  a.dhidden[0] = c.take(K::grad_scratch, act, {rows, h});
+  a.dhidden[1] = c.take(K::grad_scratch, act, {rows, h});
+  a.dtmp = c.take(K::grad_scratch, act, {rows, h});
+  a.dctx = c.take(K::grad_scratch, act, {rows, h});
   if (mlp_chunk > 0) {
-    a.dwide = c.take(K::grad_scratch, f32, {rows, 3 * h});
-    a.mlp_dpre = c.take(K::mlp, f32, {mlp_chunk, inter});
+    a.dwide = c.take(K::grad_scratch, act, {rows, 3 * h});
+    a.mlp_dpre = c.take(K::mlp, act, {mlp_chunk, inter});
   } else {
-    a.dwide = c.take(K::grad_scratch, f32, {rows, std::max(inter, 3 * h)});
+    a.dwide = c.take(K::grad_scratch, act, {rows, std::max(inter, 3 * h)});
   }
 }
 

@@ -39,6 +39,9 @@ struct ActivationPlan {
   // buffers (layers[l] are views of the same memory), refilled by recomputing layer l's
   // forward before its backward.
   bool layer_recompute = false;
+  // Storage type of the token-wise activations and their gradients (BertOptions::precision);
+  // LayerNorm statistics, lse, logits, NSP workspace and loss scalars are always f32.
+  DType act = DType::f32;
 };
 
 struct Bert::Activations {

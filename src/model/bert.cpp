@@ -4,6 +4,8 @@
 #include "model/bert.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "model/activations.h"
@@ -39,8 +41,8 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
       backend_(backend),
       options_(options),
       table_(config),
-      arena_(allocate ? Arena(backend.device(), std::move(allocate), std::move(release))
-                      : Arena(backend.device())),
+      lowp_memory_(nullptr, [](void*) {}),
+      arena_(allocate ? Arena(backend.device(), allocate, release) : Arena(backend.device())),
       act_(std::make_unique<Activations>()) {
   PB_REQUIRE(options.mlm_chunk_rows >= 0, "model: mlm_chunk_rows {} must be >= 0",
              options.mlm_chunk_rows);
@@ -50,6 +52,42 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
              "model: mst_chunks = 0 (auto) needs an activation budget (activation_budget_bytes)");
   check_device("Bert", "params", params, backend.device());
   weights_ = bind_weights(table_, params);
+  gemm_weights_ = weights_;
+  params_ = params;
+  if (options.precision != Precision::fp32) {
+    // The GEMMs' weight copy: the whole table in the low-precision type (one conversion pass
+    // and one LAMB pass over a flat buffer; the fp32 views of it are simply never read).
+    const DType t = precision_dtype(options.precision);
+    const int64_t n = table_.total();
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(t);
+    if (allocate) {
+      lowp_memory_ = std::unique_ptr<void, Arena::Release>(allocate(bytes), release);
+    } else {
+      PB_REQUIRE(backend.device() == Device::cpu,
+                 "model: the {} backend needs a device allocator for the {} weight copy",
+                 backend.name(), precision_name(options.precision));
+      lowp_memory_ = std::unique_ptr<void, Arena::Release>(
+          std::aligned_alloc(Carver::kAlign,
+                             (bytes + Carver::kAlign - 1) / Carver::kAlign * Carver::kAlign),
+          [](void* p) { std::free(p); });
+    }
+    PB_REQUIRE(lowp_memory_, "model: cannot allocate the {} weight copy ({:.1f} MiB)",
+               precision_name(options.precision), static_cast<double>(bytes) / (1 << 20));
+    params_lowp_ = Tensor(lowp_memory_.get(), t, {n}, backend.device());
+    const BertWeights low = bind_weights(table_, params_lowp_);
+    for (size_t l = 0; l < low.layers.size(); ++l) {
+      LayerWeights& g = gemm_weights_.layers[l];
+      g.qkv_w = low.layers[l].qkv_w;
+      g.attn_out_w = low.layers[l].attn_out_w;
+      g.ffn_in_w = low.layers[l].ffn_in_w;
+      g.ffn_out_w = low.layers[l].ffn_out_w;
+    }
+    gemm_weights_.embeddings.word = low.embeddings.word;  // the tied decoder reads it (mlm_loss)
+    gemm_weights_.mlm_dense_w = low.mlm_dense_w;
+    gemm_weights_.pooler_nsp.dense_w = low.pooler_nsp.dense_w;
+    gemm_weights_.pooler_nsp.cls_w = low.pooler_nsp.cls_w;
+    refresh_lowp_params();
+  }
   if (grads.defined()) {
     check_device("Bert", "grads", grads, backend.device());
     grads_ = bind_weights(table_, grads);
@@ -72,6 +110,29 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
 
 Bert::~Bert() = default;
 
+void Bert::refresh_lowp_params() {
+  if (params_lowp_.defined()) backend_.convert(params_lowp_, params_);
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
+
+Precision parse_precision(const std::string& s) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    if (s == precision_name(p)) return p;
+  PB_THROW("model: precision '{}' is not one of fp32, bf16, fp16", s);
+}
+
+DType precision_dtype(Precision p) {
+  return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
+}
+
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::none: return "none";
@@ -90,6 +151,7 @@ ActivationPlan Bert::plan(const BatchShape& shape, bool gradients, int64_t m) co
   ActivationPlan p;
   p.gradients = gradients;
   p.layer_recompute = options_.recompute == Recompute::layer;
+  p.act = precision_dtype(options_.precision);
   if (m > 1 || options_.recompute == Recompute::mlp)
     p.mlp_chunk_rows = std::max<int64_t>(1, ceil_div(shape.rows, m));
   p.mlm_chunk_rows = options_.mlm_chunk_rows > 0 ? options_.mlm_chunk_rows
@@ -184,6 +246,8 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
              "model: forward with gradients on a model built without a gradient buffer");
   PB_REQUIRE(!options.gradients || (!options.mlm_logits && !options.nsp_logits),
              "model: logits hooks need a forward without gradients");
+  PB_REQUIRE(options.loss_scale > 0.f && std::isfinite(options.loss_scale),
+             "model: loss_scale {} must be a positive finite number", options.loss_scale);
   backward_pending_ = false;
   check_batch(batch, global_masked, global_samples);
   ForwardResult result;
@@ -239,7 +303,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
 //   y  = LN(h1 + dropout(gelu(h1 W1^T + b1) W2^T + b2))
 void Bert::encoder_layer_forward(int64_t l) {
   Activations& a = *act_;
-  const LayerWeights& w = weights_.layers[l];
+  const LayerWeights& w = gemm_weights_.layers[l];
   LayerActivations& s = a.layers[l];
   const Tensor& x = a.hidden[l];
   const auto layer = static_cast<uint32_t>(l);
@@ -261,7 +325,7 @@ void Bert::encoder_layer_forward(int64_t l) {
 // chunk by chunk of rows through the one chunk buffer, whose contents are then dropped.
 void Bert::mlp_forward(int64_t l) {
   Activations& a = *act_;
-  const LayerWeights& w = weights_.layers[l];
+  const LayerWeights& w = gemm_weights_.layers[l];
   const LayerActivations& s = a.layers[l];
   const int64_t chunk = a.plan.mlp_chunk_rows;
   if (chunk == 0) {
@@ -286,7 +350,7 @@ void Bert::mlp_forward(int64_t l) {
 // rows as the forward, so the same values), its gradient taken in mlp_dpre, then dropped.
 void Bert::mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
   Activations& a = *act_;
-  const LayerWeights& w = weights_.layers[l];
+  const LayerWeights& w = gemm_weights_.layers[l];
   LayerWeights& g = grads_.layers[l];
   const LayerActivations& s = a.layers[l];
   const int64_t rows = a.shape.rows, chunk = a.plan.mlp_chunk_rows;
@@ -332,16 +396,16 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
   if (m > 0) {
     // transform: LayerNorm(gelu(x Wt^T + bt)), then the decoder (tied word embeddings).
     backend_.gather_rows(y, a.masked_rows, a.mlm_x);
-    backend_.linear_forward(a.mlm_x, weights_.mlm_dense_w, weights_.mlm_dense_b,
+    backend_.linear_forward(a.mlm_x, gemm_weights_.mlm_dense_w, weights_.mlm_dense_b,
                             Epilogue::bias_gelu, a.mlm_act, a.mlm_pre);
     backend_.residual_layernorm_forward(SeqLayout{}, a.mlm_act, Tensor(), Tensor(),
                                         weights_.mlm_ln, Dropout{}, a.mlm_out, a.mlm_act,
                                         a.mlm_ln_mean, a.mlm_ln_rstd);
-    const auto scale = static_cast<float>(1.0 / static_cast<double>(global_masked));
+    const auto scale = static_cast<float>(options.loss_scale / static_cast<double>(global_masked));
     const int64_t chunk = a.logits.dim(0);
     for (int64_t first = 0; first < m; first += chunk) {
       const int64_t n = std::min(chunk, m - first);
-      backend_.mlm_loss(rows_of(a.mlm_out, first, n), weights_.embeddings.word,
+      backend_.mlm_loss(rows_of(a.mlm_out, first, n), gemm_weights_.embeddings.word,
                         weights_.mlm_bias, rows_of(a.masked_labels, first, n), scale,
                         rows_of(a.logits, 0, n), a.mlm_loss_sum, a.mlm_correct,
                         grad ? rows_of(a.mlm_dout, first, n) : Tensor(),
@@ -359,7 +423,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
                                            Tensor(), Tensor(), grads_.mlm_ln);
       LinearBackwardOptions gelu;
       gelu.out_gelu_pre = a.mlm_pre;  // mlm_dact becomes d(pre) in place
-      backend_.linear_backward(a.mlm_x, weights_.mlm_dense_w, a.mlm_dact, a.mlm_dx,
+      backend_.linear_backward(a.mlm_x, gemm_weights_.mlm_dense_w, a.mlm_dact, a.mlm_dx,
                                grads_.mlm_dense_w, grads_.mlm_dense_b, gelu);
       backend_.gather_rows_backward(a.mlm_dx, a.masked_rows, a.dhidden[0]);
     }
@@ -367,8 +431,9 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
     backend_.zero(a.dhidden[0]);
   }
 
-  backend_.nsp_loss(a.layout, y, weights_.pooler_nsp, a.nsp_labels,
-                    static_cast<float>(1.0 / static_cast<double>(global_samples)), a.nsp_ws,
+  backend_.nsp_loss(a.layout, y, gemm_weights_.pooler_nsp, a.nsp_labels,
+                    static_cast<float>(options.loss_scale / static_cast<double>(global_samples)),
+                    a.nsp_ws,
                     a.nsp_loss_sum, a.nsp_correct, grad ? a.dhidden[0] : Tensor(),
                     grad ? grads_.pooler_nsp : PoolerParams{});
   if (options.nsp_logits) {
@@ -416,7 +481,7 @@ void Bert::backward(const GradientReady& ready) {
 // dy = dL/d(hidden[l + 1]) (overwritten: it carries dL/dh1 midway) -> dx = dL/d(hidden[l]).
 void Bert::encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx) {
   Activations& a = *act_;
-  const LayerWeights& w = weights_.layers[l];
+  const LayerWeights& w = gemm_weights_.layers[l];
   LayerWeights& g = grads_.layers[l];
   const LayerActivations& s = a.layers[l];
   const auto layer = static_cast<uint32_t>(l);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend.h"
@@ -39,6 +40,16 @@ enum class Recompute {
   layer,  // only each layer's input is kept; the layer's forward reruns before its backward
 };
 const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
+
+// Mixed precision (BertOptions::precision): the storage type of the token-wise activations
+// and of the weight copy the GEMMs read. fp32 is the reference; bf16 and fp16 keep fp32 master
+// weights (the flat parameter buffer), fp32 LayerNorm statistics, lse, logits and losses, and
+// accumulate every parameter gradient in fp32 (kernels/backend.h, Precision). fp16's narrow
+// range needs loss scaling (optim/loss_scaler.h; ForwardOptions::loss_scale).
+enum class Precision { fp32, bf16, fp16 };
+const char* precision_name(Precision p);           // "fp32", "bf16", "fp16"
+Precision parse_precision(const std::string& s);   // the names above; Error otherwise
+DType precision_dtype(Precision p);                // f32, bf16, f16
 
 struct BertOptions {
   // Masked tokens per decoder call (0: all at once, or ceil(masked / M) under MST). The logits
@@ -59,6 +70,14 @@ struct BertOptions {
   // each layer, whose MLP then runs in M chunks (M = 1: the layer's intermediate lives, once,
   // in the one set of layer buffers).
   Recompute recompute = Recompute::none;
+  // How a step computes, not what the model is: the weights, the checkpoint and the loss are
+  // those of the fp32 model whatever the precision (a checkpoint written in one precision
+  // resumes in another), which is why this is an option of the run and not of BertConfig.
+  // bf16 / fp16: activations (hidden states, QKV, attention context, MLP, the heads' token
+  // buffers and every activation gradient) are stored in that type, the GEMMs read a copy of
+  // the weight matrices in that type (lowp_params(), refreshed by LAMB in its update pass),
+  // biases and LayerNorm parameters are read in fp32. The arena shrinks accordingly.
+  Precision precision = Precision::fp32;
 };
 
 // Activation memory (the arena) of a Bert, by kind of buffer (model/arena.h ActivationKind).
@@ -84,6 +103,10 @@ using NspLogitsHook = std::function<void(const std::vector<float>& logits, int64
 struct ForwardOptions {
   bool dropout = true;    // the config's dropout rates; false for evaluation
   bool gradients = true;  // backward() follows (the heads' gradients are computed here)
+  // The loss's gradient is multiplied by this (fp16 loss scaling, optim/loss_scaler.h): every
+  // gradient this step adds is scaled by it (the optimizer divides it out); the loss and the
+  // metrics returned are not. 1 for fp32 / bf16.
+  float loss_scale = 1.f;
   MlmLogitsHook mlm_logits;  // only with gradients off (with gradients the logits buffer
   NspLogitsHook nsp_logits;  // becomes their gradient in place)
 };
@@ -144,6 +167,14 @@ class Bert {
 
   const BertConfig& config() const { return config_; }
   const ParamTable& table() const { return table_; }
+  const BertOptions& options() const { return options_; }
+
+  // The low-precision copy of the parameters that the GEMMs read (bf16 / f16 [table.total()]
+  // on the backend's device, owned by the model; none for fp32). Pass it to Lamb::step, which
+  // rewrites it from the master weights in its update pass. Whoever changes the master weights
+  // any other way (initialisation, checkpoint load, a test) calls refresh_lowp_params().
+  const Tensor& lowp_params() const { return params_lowp_; }
+  void refresh_lowp_params();
 
   struct Activations;  // model/activations.h
 
@@ -162,8 +193,16 @@ class Bert {
   Backend& backend_;
   BertOptions options_;
   ParamTable table_;
-  BertWeights weights_;
+  BertWeights weights_;       // fp32 master weights
+  // What the ops read: weights_ with every GEMM weight matrix (encoder, MLM transform and
+  // decoder, pooler, NSP classifier) a view of params_lowp_ under bf16 / fp16. The embedding
+  // lookups, biases and LayerNorm parameters stay fp32.
+  BertWeights gemm_weights_;
   BertWeights grads_;
+  Tensor params_;             // the master weights, for refresh_lowp_params()
+  Tensor params_lowp_;
+  // params_lowp_'s allocation (the device allocator's, or host memory), freed with the model.
+  std::unique_ptr<void, Arena::Release> lowp_memory_;
   bool has_grads_ = false;
   // Tensor index ranges [first, last) in the order backward() finishes them: heads, layer
   // L-1 .. layer 0, embeddings.

@@ -79,12 +79,13 @@ std::vector<LambTensor> ParamTable::lamb_rows() const {
 }
 
 Tensor tensor_view(const Tensor& flat, const ParamTensor& t) {
-  PB_CHECK(flat.dtype == DType::f32 && t.offset + t.size <= flat.numel(),
+  PB_CHECK((flat.dtype == DType::f32 || flat.dtype == DType::bf16 || flat.dtype == DType::f16) &&
+               t.offset + t.size <= flat.numel(),
            "parameter {} [{} + {}] outside the flat buffer {}", t.name, t.offset, t.size,
            flat.str());
   PB_CHECK(t.shape.size() <= static_cast<size_t>(Tensor::kMaxDims), "{}: too many dims", t.name);
   Tensor v = flat;
-  v.data = static_cast<float*>(flat.data) + t.offset;
+  v.data = static_cast<char*>(flat.data) + t.offset * static_cast<int64_t>(dtype_size(flat.dtype));
   v.ndim = static_cast<int>(t.shape.size());
   for (int d = 0; d < Tensor::kMaxDims; ++d) v.shape[d] = d < v.ndim ? t.shape[d] : 0;
   return v;
@@ -101,14 +102,17 @@ Tensor fused_view(const ParamTable& table, const Tensor& flat, const std::string
   PB_CHECK(k.offset == q.offset + q.size && v.offset == k.offset + k.size,
            "{}query/key/value{} are not adjacent", prefix, suffix);
   Tensor t = tensor_view(flat, q);
-  const Tensor shaped(t.data, DType::f32, dims, flat.device);
+  const Tensor shaped(t.data, flat.dtype, dims, flat.device);
   return shaped;
 }
 
 }  // namespace
 
 BertWeights bind_weights(const ParamTable& table, const Tensor& flat) {
-  PB_REQUIRE(flat.defined() && flat.dtype == DType::f32 && flat.numel() == table.total(),
+  PB_REQUIRE(flat.defined() &&
+                 (flat.dtype == DType::f32 || flat.dtype == DType::bf16 ||
+                  flat.dtype == DType::f16) &&
+                 flat.numel() == table.total(),
              "bind_weights: flat buffer {} does not hold the {} floats of the parameter table",
              flat.str(), table.total());
   const int64_t h = table.config().hidden;

@@ -77,7 +77,8 @@ struct BertWeights {
   Tensor mlm_bias;          // [V] cls.predictions.bias; the decoder weight is embeddings.word
 };
 
-// flat: f32 [table.total()] on any device (views only, nothing is read).
+// flat: f32 [table.total()] on any device (views only, nothing is read); or the bf16 / f16 copy
+// of the weights that mixed precision's GEMMs read (BertOptions::precision), laid out the same.
 BertWeights bind_weights(const ParamTable& table, const Tensor& flat);
 
 // The view of one table entry with its own shape.

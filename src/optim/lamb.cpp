@@ -97,12 +97,21 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
   if (num_tensors > 0) backend_.copy(table_, host_table);
 }
 
-LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads) {
+LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp,
+                        float grad_scale) {
   const char* op = "Lamb::step";
   check_tensor(op, "params", params, DType::f32, {num_elems_});
   check_tensor(op, "grads", grads, DType::f32, {num_elems_});
   check_device(op, "params", params, backend_.device());
   check_device(op, "grads", grads, backend_.device());
+  if (params_lowp.defined()) {
+    PB_REQUIRE(params_lowp.dtype == DType::bf16 || params_lowp.dtype == DType::f16,
+               "{}: params_lowp is {}, expected bf16 or f16", op, params_lowp.str());
+    check_tensor(op, "params_lowp", params_lowp, params_lowp.dtype, {num_elems_});
+    check_device(op, "params_lowp", params_lowp, backend_.device());
+  }
+  PB_REQUIRE(grad_scale > 0.f && std::isfinite(grad_scale),
+             "{}: grad_scale {} must be positive and finite", op, grad_scale);
 
   LambStepInfo info;
   info.step = steps_done_ + 1;
@@ -113,6 +122,7 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads) {
   backend_.l2_norm(grads, grad_norm_);
   if (options_.check_finite) {
     backend_.copy(view(&info.grad_norm, {1}), grad_norm_);
+    info.grad_norm /= grad_scale;  // exact for the power-of-two loss scales
     if (!std::isfinite(info.grad_norm) && options_.skip_nonfinite) {
       backend_.zero(grads);
       info.skipped = true;
@@ -132,7 +142,8 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads) {
   cfg.weight_decay = options_.weight_decay;
   cfg.max_grad_norm = options_.max_grad_norm;
   cfg.step = info.step;
-  backend_.lamb_step(table_, cfg, grad_norm_, params, grads, m_, v_, norms_);
+  cfg.grad_scale = grad_scale;
+  backend_.lamb_step(table_, cfg, grad_norm_, params, grads, m_, v_, norms_, params_lowp);
   // lamb_step left the update direction in grads; the next accumulation starts from zero.
   backend_.zero(grads);
   steps_done_ = info.step;

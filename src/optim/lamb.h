@@ -86,7 +86,13 @@ class Lamb {
   // grads f32 [num_elems] on the backend's device. Afterwards grads is zero (the whole buffer,
   // gaps included), ready for the next step's accumulation. Elements outside every table row
   // must be zero in grads: they count in the norm.
-  LambStepInfo step(const Tensor& params, const Tensor& grads);
+  // Mixed precision: params_lowp (bf16 / f16 [num_elems], optional) is the GEMMs' weight copy,
+  // rewritten as round(params) in the update's own pass (left alone by a skipped step).
+  // grad_scale: grads hold the gradient of the loss times this (fp16 loss scaling); the update
+  // divides it out, and LambStepInfo::grad_norm is the unscaled norm. 1 for fp32 / bf16: the
+  // plain step, bit for bit.
+  LambStepInfo step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp = {},
+                    float grad_scale = 1.0f);
 
   // ---- state, for checkpoints ----------------------------------------------------------------
   int64_t steps_done() const { return steps_done_; }

@@ -28,6 +28,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["nsp_accuracy"] = r.nsp_accuracy;
   j["lr"] = r.lr;
   j["grad_norm"] = r.grad_norm;
+  j["loss_scale"] = r.loss_scale;
   j["samples_per_s"] = r.samples_per_s;
   j["tokens_per_s"] = r.tokens_per_s;
   j["padding_fraction"] = r.padding_fraction;
@@ -81,6 +82,7 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
                               r.step, max_steps, r.samples, r.loss, r.mlm_loss, r.nsp_loss,
                               r.mlm_accuracy, r.lr);
   if (r.grad_norm >= 0) s += fmt::format(" | gnorm {:.3f}", r.grad_norm);
+  if (r.loss_scale != 1) s += fmt::format(" | scale {}", r.loss_scale);
   s += fmt::format(" | {} samples/s | {} tok/s | pad {:.1f}% | imb {:.2f} | wait {:.3f}s",
                    format_rate(r.samples_per_s), format_rate(r.tokens_per_s),
                    100.0 * r.padding_fraction, r.imbalance, r.data_wait_s);

@@ -31,6 +31,7 @@ struct ProgressRecord {
   double nsp_accuracy = 0;
   double lr = 0;
   double grad_norm = 0;
+  double loss_scale = 1;  // fp16: the loss scale of the last step (1 for fp32 / bf16)
   // Over the interval since the previous record.
   double samples_per_s = 0;
   double tokens_per_s = 0;

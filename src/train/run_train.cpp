@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "core/log.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "device.h"
 #include "dist/mpi_check.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -50,6 +52,18 @@ uint64_t derive_seed(uint64_t seed, uint64_t salt) {
   return z ^ (z >> 31);
 }
 
+// The rank's index on its node, from the launcher's environment (OpenMPI, MPICH / Intel MPI,
+// Slurm); 0 when none says.
+int local_rank_from_env() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name)) {
+      char* end = nullptr;
+      const long r = std::strtol(v, &end, 10);
+      if (end != v && *end == '\0' && r >= 0) return static_cast<int>(r);
+    }
+  return 0;
+}
+
 TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   TrainerOptions o;
   o.config = model;
@@ -69,7 +83,18 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   o.lamb = lamb_options(c);
   o.lamb.check_finite = true;
   o.lamb.skip_nonfinite = true;  // counted here, fatal after train.max_nonfinite_steps in a row
+  o.bert.precision = parse_precision(c.train.precision);
+  o.loss_scaler.init_scale = static_cast<float>(c.train.loss_scale_init);
+  o.loss_scaler.growth_interval = c.train.loss_scale_growth_interval;
   o.device = c.train.device == "cuda" ? Device::cuda : Device::cpu;
+  o.gpu_allreduce = c.train.gpu_allreduce == "host" ? GpuAllreduce::host : GpuAllreduce::nccl;
+  // One GPU per rank: a launcher that shows each rank only its own GPU (scripts/
+  // run_mlperf_8gpu.sh) leaves one device; a plain mpirun on a node shows them all, and local
+  // rank r takes GPU r (mod the count).
+  if (o.device == Device::cuda) {
+    const int gpus = cuda_device_count();
+    o.cuda_device = gpus > 1 ? local_rank_from_env() % gpus : 0;
+  }
   return o;
 }
 
@@ -136,6 +161,14 @@ StartState load_start_state(const TrainConfig& c, Trainer& trainer) {
       st.tokens = state.at("tokens").get<int64_t>();
       st.skipped_steps = state.at("skipped_steps").get<int64_t>();
       st.loader = loader_position_from_json(state.at("loader").dump());
+      // fp16's loss scale is training state; a checkpoint of another precision has none and
+      // the scaler starts from train.loss_scale_init.
+      if (c.train.precision == "fp16" && state.contains("loss_scale")) {
+        LossScalerState ls;
+        ls.scale = state.at("loss_scale").at("scale").get<float>();
+        ls.clean_steps = state.at("loss_scale").at("clean_steps").get<int64_t>();
+        trainer.set_loss_scaler_state(ls);
+      }
     } catch (const nlohmann::json::exception& e) {
       PB_THROW("{}/trainer_state.json: {}", resume, e.what());
     }
@@ -153,12 +186,16 @@ StartState load_start_state(const TrainConfig& c, Trainer& trainer) {
 
 std::string trainer_state_json(const TrainConfig& c, int64_t step, int64_t samples,
                                int64_t tokens, int64_t skipped, const LoaderPosition& pos,
-                               int world_size) {
+                               int world_size, const Trainer& trainer) {
   nlohmann::json j;
   j["step"] = step;
   j["samples"] = samples;
   j["tokens"] = tokens;
   j["skipped_steps"] = skipped;
+  if (c.train.precision == "fp16") {
+    const LossScalerState ls = trainer.loss_scaler_state();
+    j["loss_scale"] = {{"scale", ls.scale}, {"clean_steps", ls.clean_steps}};
+  }
   j["loader"] = nlohmann::json::parse(loader_position_to_json(pos));
   // Every random stream is counter-based: these seeds (with the step and the sample ids) are
   // the whole RNG state.
@@ -213,7 +250,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
   const BertConfig model = model_config(c);
   const SampleRules rules = sample_rules(c, model);
-  Trainer trainer(comm, trainer_options(c, model));
+  const TrainerOptions trainer_opts = trainer_options(c, model);
+  Trainer trainer(comm, trainer_opts);
   StartState st = load_start_state(c, trainer);
   spdlog::info("model {} ({:.1f}M parameters), {}", describe(model), trainer.table().total() / 1e6,
                st.from.empty() ? std::string("initialised from train.seed")
@@ -291,7 +329,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
       w.step = step;
       w.lamb_steps_done = trainer.lamb_steps_done();
       w.trainer_state_json = trainer_state_json(c, step, st.samples, st.tokens,
-                                                st.skipped_steps, loader.position(), world);
+                                                st.skipped_steps, loader.position(), world,
+                                                trainer);
       const std::string dir = write_checkpoint(c.checkpoint.dir, w, c.checkpoint.keep);
       spdlog::info("checkpoint {} written in {:.2f} s", dir, seconds_since(t0));
     }
@@ -319,7 +358,17 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     st.step = batch.step + 1;
     st.samples += m.samples;
     st.tokens += m.tokens;
-    if (m.skipped || !std::isfinite(m.loss)) {
+    // fp16: a gradient that overflows at a finite loss is the loss scaler probing its range
+    // (the step is skipped and the scale halves); it counts as skipped, not as divergence,
+    // until the scale has reached its floor.
+    const bool scale_overflow = c.train.precision == "fp16" && m.skipped &&
+                                std::isfinite(m.loss) &&
+                                m.loss_scale > trainer_opts.loss_scaler.min_scale;
+    if (scale_overflow) {
+      ++st.skipped_steps;
+      spdlog::info("step {}: fp16 gradient overflow at loss scale {}; the update was skipped and "
+                   "the scale halved", st.step, m.loss_scale);
+    } else if (m.skipped || !std::isfinite(m.loss)) {
       ++st.skipped_steps;
       ++nonfinite_in_row;
       spdlog::warn("step {}: non-finite {} (loss {}, gradient norm {}); the update was skipped "
@@ -366,6 +415,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
       r.nsp_accuracy = iv.nsp_ok / static_cast<double>(iv.samples);
       r.lr = m.lr;
       r.grad_norm = m.grad_norm;
+      r.loss_scale = m.loss_scale;
       r.samples_per_s = static_cast<double>(iv.samples) / dt;
       r.tokens_per_s = static_cast<double>(iv.tokens) / dt;
       r.padding_fraction = iv.rows > 0 ? 1.0 - static_cast<double>(iv.tokens) /

@@ -38,7 +38,9 @@ bool TrainConfig::Train::operator==(const Train& o) const {
          max_seqs_per_pack == o.max_seqs_per_pack &&
          max_predictions_per_seq == o.max_predictions_per_seq && last_step == o.last_step &&
          dropout == o.dropout && max_nonfinite_steps == o.max_nonfinite_steps &&
-         device == o.device;
+         device == o.device && precision == o.precision && gpu_allreduce == o.gpu_allreduce &&
+         loss_scale_init == o.loss_scale_init &&
+         loss_scale_growth_interval == o.loss_scale_growth_interval;
 }
 bool TrainConfig::Optim::operator==(const Optim& o) const {
   return lr == o.lr && end_lr == o.end_lr && warmup_steps == o.warmup_steps &&
@@ -310,6 +312,14 @@ const std::vector<std::string>& device_names() {
   static const std::vector<std::string> n = {"cpu", "cuda"};
   return n;
 }
+const std::vector<std::string>& precision_names() {
+  static const std::vector<std::string> n = {"fp32", "bf16", "fp16"};
+  return n;
+}
+const std::vector<std::string>& gpu_allreduce_names() {
+  static const std::vector<std::string> n = {"nccl", "host"};
+  return n;
+}
 const std::vector<std::string>& last_step_names() {
   static const std::vector<std::string> n = {"partial", "drop"};
   return n;
@@ -469,13 +479,29 @@ std::vector<KeyDef> make_keys() {
   {
     KeyDef d;
     d.info = {"train.device", enum_type(device_names()), "",
-              "where the step runs: cpu, or cuda (fp32 CUDA backend; each rank uses the first "
-              "GPU it sees: launch scripts give each rank its own)"};
+              "where the step runs: cpu, or cuda (one GPU per rank: local rank r takes GPU r "
+              "of those it sees; launch scripts show each rank only its own)"};
     d.string_like = true;
     d.set = [](C& c, const Value& v) { return set_choice(c.train.device, v, device_names()); };
     d.get = [](const C& c) { return toml_string(c.train.device); };
     k.push_back(d);
   }
+  k.push_back(choice_key("train.precision", &C::train, &T::precision, precision_names(),
+                         "storage of activations and of the GEMMs' weight copy: fp32; bf16 or "
+                         "fp16 with fp32 master weights, LayerNorm statistics, losses and "
+                         "gradient sums (fp16 adds dynamic loss scaling; on the CPU backend the "
+                         "low precision is emulated, for testing)"));
+  k.push_back(choice_key("train.gpu_allreduce", &C::train, &T::gpu_allreduce,
+                         gpu_allreduce_names(),
+                         "device = cuda, several ranks: nccl (gradient buckets all-reduced on a "
+                         "communication stream during the backward) or host (after the backward, "
+                         "through host memory and MPI: slower, a fallback)"));
+  k.push_back(float_key("train.loss_scale_init", &C::train, &T::loss_scale_init,
+                        "precision = fp16: the first loss scale, a power of two in [1, 2^24]"));
+  k.push_back(int_key("train.loss_scale_growth_interval", &C::train,
+                      &T::loss_scale_growth_interval,
+                      "precision = fp16: finite steps in a row before the loss scale doubles "
+                      "(an overflow skips the step and halves it)"));
   // [optim]
   k.push_back(float_key("optim.lr", &C::optim, &O::lr, "peak learning rate (LAMB)"));
   k.push_back(float_key("optim.end_lr", &C::optim, &O::end_lr, "learning rate at train.max_steps"));
@@ -727,7 +753,7 @@ TrainConfig load_train_config(const std::string& toml_path,
 void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose purpose,
                            bool check_paths) {
   PB_REQUIRE(world_size >= 1, "world size {} must be >= 1", world_size);
-  PB_REQUIRE(c.train.device != "cuda" || cuda_built(),
+  PB_REQUIRE(!check_paths || c.train.device != "cuda" || cuda_built(),
              "train.device = \"cuda\", but this build has no CUDA backend (configure with "
              "-DPACKBERT_CUDA=ON)");
   const auto& m = c.model;
@@ -785,6 +811,13 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
   PB_REQUIRE(t.max_predictions_per_seq >= 1 && t.max_predictions_per_seq <= t.max_seq_len,
              "train.max_predictions_per_seq ({}) must be in [1, train.max_seq_len ({})]",
              t.max_predictions_per_seq, t.max_seq_len);
+  {
+    const double li = t.loss_scale_init;
+    PB_REQUIRE(li >= 1.0 && li <= 16777216.0 && std::exp2(std::round(std::log2(li))) == li,
+               "train.loss_scale_init ({}) must be a power of two in [1, 16777216]", li);
+    PB_REQUIRE(t.loss_scale_growth_interval >= 1,
+               "train.loss_scale_growth_interval ({}) must be >= 1", t.loss_scale_growth_interval);
+  }
   PB_REQUIRE(t.max_nonfinite_steps >= 0, "train.max_nonfinite_steps ({}) must be >= 0",
              t.max_nonfinite_steps);
 

@@ -59,7 +59,11 @@ struct TrainConfig {
     LastStepPolicy last_step = LastStepPolicy::kPartial;
     bool dropout = true;
     int max_nonfinite_steps = 5;      // skip non-finite steps; abort after this many in a row
-    std::string device = "cpu";       // cpu | cuda (one GPU per rank: device 0 of those visible)
+    std::string device = "cpu";       // cpu | cuda (one GPU per rank: local rank r takes GPU r)
+    std::string precision = "fp32";   // fp32 | bf16 | fp16 (BertOptions::precision)
+    std::string gpu_allreduce = "nccl";  // nccl | host (TrainerOptions::gpu_allreduce)
+    double loss_scale_init = 65536.0;    // fp16: first loss scale (a power of two)
+    int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
     bool operator==(const Train&) const;
   } train;
 
@@ -141,7 +145,8 @@ enum class ConfigPurpose { train, eval };
 // max_seq_len <= max_position_embeddings, eval ranges, finite lr >= 0, the LR schedule's own
 // rules (LrSchedule), ... And with world_size: global_batch_size >= world_size *
 // gradient_accumulation_steps (every micro-step of every rank can get a sample).
-// With check_paths, for Purpose::train: data.train_dir and data.vocab must exist; data.eval_dir
+// With check_paths (the checks that depend on this machine): train.device = "cuda" needs a
+// build with the CUDA backend; for Purpose::train, data.train_dir and data.vocab must exist; data.eval_dir
 // must exist when evaluation is on (eval_enabled(): switch it off with eval.at_end=false,
 // eval.every_samples=0, eval.target_accuracy=0); checkpoint.init_checkpoint and a resume path
 // other than "auto" must exist; resume "auto" needs checkpoint.dir. For Purpose::eval:

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "common/philox.h"
 #include "core/error.h"
 #ifdef PACKBERT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
+#include "dist/nccl_allreduce.h"
 #endif
 
 namespace packbert {
@@ -17,6 +19,7 @@ struct Trainer::DeviceState {
   Tensor params, grads;
   LambDeviceBuffers lamb;
 #ifdef PACKBERT_HAVE_CUDA
+  std::unique_ptr<NcclAllreduce> nccl;  // gpu_allreduce = nccl: the backward drives it
   Tensor take(DType dtype, std::initializer_list<int64_t> dims) {
     Tensor shape(nullptr, dtype, dims, Device::cuda);
     void* p = cuda_alloc(std::max<size_t>(shape.bytes(), 1));
@@ -24,6 +27,7 @@ struct Trainer::DeviceState {
     return Tensor(p, dtype, dims, Device::cuda);
   }
   ~DeviceState() {
+    nccl.reset();  // before the gradient buffer it reduces is freed
     for (void* p : allocations) cuda_free(p);
   }
 #endif
@@ -59,6 +63,12 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   // identical reduced gradients keep them so (no broadcast needed).
   init_parameters(table_, InitOptions{options_.init_seed}, params_.data());
   const int64_t n = table_.total();
+  if (options_.bert.precision == Precision::fp16) {
+    // Overflow is expected under loss scaling: it skips the step and lowers the scale.
+    options_.lamb.check_finite = true;
+    options_.lamb.skip_nonfinite = true;
+    scaler_ = std::make_unique<LossScaler>(options_.loss_scaler);
+  }
   if (options_.device == Device::cpu) {
     backend_ = make_cpu_backend();
     bert_ = std::make_unique<Bert>(options_.config, *backend_, params_view(), grads_view(),
@@ -93,6 +103,13 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   }
   allreduce_ = std::make_unique<GradAllreduce>(comm, grads_.data(), n, grad_spans(table_),
                                                options_.bucket_bytes);
+#ifdef PACKBERT_HAVE_CUDA
+  // After GradAllreduce on every rank alike (both constructors are collective over comm).
+  if (dev_ && options_.gpu_allreduce == GpuAllreduce::nccl)
+    dev_->nccl = std::make_unique<NcclAllreduce>(
+        comm, options_.cuda_device, cuda_stream(*backend_), static_cast<float*>(dev_->grads.data),
+        n, grad_spans(table_), options_.bucket_bytes);
+#endif
 }
 
 Tensor Trainer::params_view() const {
@@ -123,6 +140,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   const auto dropout_step = static_cast<uint32_t>(batch.step);
   ForwardOptions fwd;
   fwd.dropout = options_.dropout;
+  const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  fwd.loss_scale = loss_scale;
 
   // Local sums of this rank's micro-steps, all-reduced after the gradients (a blocking
   // collective must not run inside the all-reduce round).
@@ -131,7 +150,21 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   const size_t micro_steps = batch.micro_batches.size();
   PB_REQUIRE(micro_steps > 0, "train step {}: no micro-batches", batch.step);
   GradAllreduce& ar = *allreduce_;
-  const GradientReady ready = [&ar](int tensor) { ar.ready_tensor(tensor); };
+  // The all-reduce the backward drives, bucket by bucket: GradAllreduce over the host buffer on
+  // the CPU, NcclAllreduce over the device buffer on CUDA; none when the device gradient is
+  // staged through the host after the backward (gpu_allreduce = host).
+  GradientReady ready;
+  std::function<void()> begin_round;
+  if (!dev_) {
+    ready = [&ar](int tensor) { ar.ready_tensor(tensor); };
+    begin_round = [&ar] { ar.begin(); };
+  }
+#ifdef PACKBERT_HAVE_CUDA
+  if (NcclAllreduce* nccl = dev_ ? dev_->nccl.get() : nullptr) {
+    ready = [nccl](int tensor) { nccl->ready_tensor(tensor); };
+    begin_round = [nccl] { nccl->begin(); };
+  }
+#endif
 
   for (size_t m = 0; m < micro_steps; ++m) {
     const LoaderMicroBatch& mb = batch.micro_batches[m];
@@ -142,9 +175,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     // Only the last micro-step's gradients are final; arming the round there makes its
     // backward start the buckets as the layers finish (earlier micro-steps' ready() calls are
     // ignored outside a round).
-    // (On a device the gradients are reduced from a host copy after the backward instead.)
-    const bool last = m + 1 == micro_steps && !dev_;
-    if (last) ar.begin();
+    const bool last = m + 1 == micro_steps && ready;
+    if (last) begin_round();
     bert_->backward(last ? ready : GradientReady{});
     local[0] += r.loss;
     local[1] += r.mlm_loss_sum;
@@ -159,17 +191,31 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
 
   StepMetrics out;
   out.step = batch.step;
-  if (dev_) {
+  const Tensor host_grads = view(grads_.data(), {table_.total()});
+  if (!dev_) {
+    out.allreduce = ar.finish();  // grads now hold the sum over ranks: the global gradient
+  } else if (!ready) {
     // Staged through the host: every tensor is final once the backward is done.
-    backend_->copy(view(grads_.data(), {table_.total()}), dev_->grads);
+    backend_->copy(host_grads, dev_->grads);
     ar.begin();
     for (int t = 0; t < static_cast<int>(table_.tensors().size()); ++t) ar.ready_tensor(t);
+    out.allreduce = ar.finish();
+    backend_->copy(dev_->grads, host_grads);
+  } else {
+#ifdef PACKBERT_HAVE_CUDA
+    // The compute stream waits for the last bucket; LAMB, issued next on it, sees the sum.
+    out.allreduce = dev_->nccl->finish();
+    if (inspect_grads) backend_->copy(host_grads, dev_->grads);
+#endif
   }
-  out.allreduce = ar.finish();  // grads now hold the sum over ranks: the global gradient
-  if (dev_) backend_->copy(dev_->grads, view(grads_.data(), {table_.total()}));
   if (inspect_grads) inspect_grads(grads_.data(), table_.total());
 
-  const LambStepInfo info = lamb_->step(params_view(), grads_view());
+  // Mixed precision: LAMB also rewrites the GEMMs' low-precision weight copy, and divides the
+  // loss scale out of the gradients.
+  const LambStepInfo info = lamb_->step(params_view(), grads_view(), bert_->lowp_params(),
+                                        loss_scale);
+  out.loss_scale = loss_scale;
+  if (scaler_) scaler_->update(!info.skipped);
   params_stale_ = dev_ != nullptr;
   out.lr = info.lr;
   out.grad_norm = info.grad_norm;
@@ -226,6 +272,7 @@ void Trainer::load_params(const float* params) {
   std::copy(params, params + table_.total(), params_.begin());
   if (dev_) backend_->copy(dev_->params, view(params_.data(), {table_.total()}));
   params_stale_ = false;
+  bert_->refresh_lowp_params();
 }
 
 void Trainer::load_state(const float* params, const float* m, const float* v,
@@ -235,6 +282,16 @@ void Trainer::load_state(const float* params, const float* m, const float* v,
   lamb_->set_steps_done(lamb_steps_done);
   std::fill(grads_.begin(), grads_.end(), 0.f);
   if (dev_) backend_->zero(dev_->grads);
+}
+
+LossScalerState Trainer::loss_scaler_state() const {
+  return scaler_ ? scaler_->state() : LossScalerState{};
+}
+
+void Trainer::set_loss_scaler_state(const LossScalerState& state) {
+  PB_REQUIRE(scaler_, "trainer: a loss-scaler state given to a {} run (fp16 only)",
+             precision_name(options_.bert.precision));
+  scaler_->set_state(state);
 }
 
 }  // namespace packbert

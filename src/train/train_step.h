@@ -5,7 +5,8 @@
 //     Bert::forward(global counts, step)     loss already scaled by the step's global counts
 //     Bert::backward(ready hook)             gradients += into the flat buffer; on the last
 //                                            micro-step each finished tensor starts its bucket's
-//                                            all-reduce (dist/grad_allreduce.h)
+//                                            all-reduce (dist/grad_allreduce.h; on CUDA
+//                                            dist/nccl_allreduce.h)
 //   GradAllreduce::finish()                  every rank now holds the global batch's gradient
 //   (optional inspection of that gradient)   tests dump it here: Lamb::step zeroes it
 //   Lamb::step                               global norm, clipping, trust ratio; grads := 0
@@ -31,9 +32,18 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "optim/lamb.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 
 namespace packbert {
+
+// How a CUDA trainer sums the gradient over ranks. nccl: buckets of the device buffer summed by
+// NCCL on a communication stream while the backward runs (dist/nccl_allreduce.h; on one rank no
+// NCCL call at all, and no copy either); it needs a GPU per rank, so the ranks of one host must
+// be given different cuda_device values (the local rank). host: after the backward the whole
+// gradient goes to the host, through GradAllreduce's MPI buckets, and back (slow, but the path
+// the NCCL one is compared with, and a fallback where NCCL cannot run).
+enum class GpuAllreduce { nccl, host };
 
 struct TrainerOptions {
   BertConfig config;
@@ -46,14 +56,17 @@ struct TrainerOptions {
   bool dropout = true;
   LrScheduleConfig lr;
   LambOptions lamb;
+  // fp16 only (bert.precision): dynamic loss scaling. fp16 steps always run with LAMB's
+  // check_finite and skip_nonfinite on: an overflow skips the step and halves the scale.
+  LossScalerOptions loss_scaler;
   size_t bucket_bytes = size_t{25} << 20;  // all-reduce bucket target (dist/grad_allreduce.h)
   // Where the step runs: Device::cpu (the reference) or Device::cuda (builds with the CUDA
   // backend; fp32, see kernels/cuda/cuda_backend.h). On CUDA the rank uses GPU
   // cuda_device, the parameters, gradients, moments and activations live there, and the
-  // gradient all-reduce goes through a host copy after the backward (NCCL with buckets
-  // overlapped with the backward is a later step of the CUDA backend).
+  // gradient all-reduce is gpu_allreduce's.
   Device device = Device::cpu;
   int cuda_device = 0;
+  GpuAllreduce gpu_allreduce = GpuAllreduce::nccl;
 };
 
 // Sums of an evaluation forward over one batch (no dropout, no gradients).
@@ -80,6 +93,7 @@ struct StepMetrics {
   double lr = 0;               // the rate of this update
   float grad_norm = -1.f;      // global gradient norm before clipping
   bool skipped = false;        // non-finite gradient: no update (LambOptions::skip_nonfinite)
+  float loss_scale = 1.f;      // fp16: the scale this step ran with (1 for fp32 / bf16)
   int64_t tokens = 0;          // real tokens of the global batch
   int64_t rows = 0;            // rows the model computed over, padding included (all ranks)
   GradAllreduceStats allreduce;
@@ -112,6 +126,10 @@ class Trainer {
   void load_state(const float* params, const float* m, const float* v, int64_t lamb_steps_done);
   void load_params(const float* params);  // weights only (--init-checkpoint)
   int64_t lamb_steps_done() const { return lamb_->steps_done(); }
+  // fp16's loss scale and clean-step count (optim/loss_scaler.h): part of the state an exact
+  // resume restores (the default state for fp32 / bf16, where setting it is an error).
+  LossScalerState loss_scaler_state() const;
+  void set_loss_scaler_state(const LossScalerState& state);
   // The activation arena's high-water mark so far (bytes).
   size_t activation_high_water() const { return bert_->arena_high_water(); }
   ActivationReport activation_report() const { return bert_->activation_report(); }
@@ -139,6 +157,7 @@ class Trainer {
   Tensor grads_view() const;
   std::unique_ptr<Bert> bert_;
   std::unique_ptr<Lamb> lamb_;
+  std::unique_ptr<LossScaler> scaler_;  // fp16 only
   std::unique_ptr<GradAllreduce> allreduce_;
 };
 

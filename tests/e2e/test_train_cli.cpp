@@ -202,6 +202,36 @@ TEST_F(TrainCli, SigkilledRunResumesWithBitIdenticalLosses) {
   EXPECT_EQ(after.back().at("step").get<int64_t>(), 12);
 }
 
+// fp16 on the CPU backend (emulated storage precision): the loss scale and its count of clean
+// steps are training state. With growth every 2 steps the scale changes all through the run, so
+// a resume that restarted the scaler would show a different scale (and different numbers).
+TEST_F(TrainCli, Fp16ResumeRestoresTheLossScale) {
+  const std::string args =
+      "--train.precision=fp16 --train.loss_scale_init=1024 --train.loss_scale_growth_interval=2 "
+      "--checkpoint.keep=4 --eval.at_end=false --eval.every_samples=0";
+  const std::string ref = run_dir("fp16_ref");
+  ASSERT_EQ(run_command(train_cmd(ref, args)), 0) << read_file(ref + "/log.txt");
+  const auto want = read_records(ref + "/metrics.jsonl", "train");
+  ASSERT_EQ(want.size(), 12u);
+  EXPECT_GT(want.back().at("loss_scale").get<double>(), 1024.0);  // it did grow
+  const std::string ckpt = ref + "/ckpt/step_00000006";
+  ASSERT_NE(read_file(ckpt + "/trainer_state.json").find("\"loss_scale\""), std::string::npos);
+
+  // A second run resumes from the reference's checkpoint of step 6 and trains to step 12.
+  const std::string dir = run_dir("fp16_resumed");
+  ASSERT_EQ(run_command(train_cmd(dir, args + " --resume " + ckpt)), 0)
+      << read_file(dir + "/log.txt");
+  const auto after = read_records(dir + "/metrics.jsonl", "train");
+  ASSERT_EQ(after.size(), 6u);
+  for (const auto& r : after) {
+    const int64_t step = r.at("step").get<int64_t>();
+    ASSERT_GE(step, 7);
+    const auto& w = want[static_cast<size_t>(step - 1)];
+    for (const char* key : {"loss", "mlm_loss", "nsp_loss", "grad_norm", "loss_scale"})
+      EXPECT_EQ(r.at(key).get<double>(), w.at(key).get<double>()) << key << " at step " << step;
+  }
+}
+
 TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
   const std::string dir = run_dir("term");
   const std::string args = "--train.max_steps=100000 --checkpoint.every_steps=0 "

@@ -68,6 +68,7 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_DOUBLE_EQ(j.at("nsp_accuracy").get<double>(), 0.55);
   EXPECT_DOUBLE_EQ(j.at("lr").get<double>(), 3.5e-4);
   EXPECT_DOUBLE_EQ(j.at("grad_norm").get<double>(), 1.25);
+  EXPECT_DOUBLE_EQ(j.at("loss_scale").get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(j.at("samples_per_s").get<double>(), 812.3);
   EXPECT_DOUBLE_EQ(j.at("tokens_per_s").get<double>(), 103900);
   EXPECT_DOUBLE_EQ(j.at("padding_fraction").get<double>(), 0.125);
@@ -82,7 +83,7 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_TRUE(j.at("activation_bytes_by_kind").empty());
   EXPECT_EQ(j.at("mst_chunks"), 0);
   EXPECT_EQ(j.at("skipped_steps"), 2);
-  EXPECT_EQ(j.size(), 25u);
+  EXPECT_EQ(j.size(), 26u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
@@ -121,6 +122,10 @@ TEST(Metrics, ProgressLine) {
   EXPECT_EQ(t.find("skipped"), std::string::npos) << t;
   EXPECT_EQ(t.find("gnorm"), std::string::npos) << t;
   EXPECT_NE(t.find("eta ?"), std::string::npos) << t;
+  EXPECT_EQ(t.find("scale"), std::string::npos) << t;  // fp32 / bf16: no loss scale
+  q.loss_scale = 32768;
+  const std::string u = format_progress_line(q, 1000);
+  EXPECT_NE(u.find("| scale 32768"), std::string::npos) << u;
 }
 
 TEST(Metrics, Formatting) {

@@ -1,0 +1,677 @@
+// Variable-length multi-head attention on tensor cores: bf16 or fp16 q/k/v/out/dout/dqkv, fp32
+// accumulation and softmax statistics, head dim 64, FlashAttention-2 tiling.
+//
+// Products: mma.sync.aligned.m16n8k16 (row.col, f32 accumulators) as inline PTX, operands
+// loaded with plain 32-bit shared/global loads (no ldmatrix), so the only layout facts the code
+// relies on are the PTX ISA's fragment layouts of m16n8k16 for 16-bit types. With
+// g = lane / 4 and t = lane % 4:
+//   A (16 x 16, row): a0 = (row g,   k 2t, 2t+1)   a1 = (row g+8, k 2t, 2t+1)
+//                     a2 = (row g,   k 2t+8, +9)   a3 = (row g+8, k 2t+8, +9)
+//   B (16 x 8, col):  b0 = (k 2t, 2t+1; col g)      b1 = (k 2t+8, 2t+9; col g)
+//   C (16 x 8, f32):  c0, c1 = (row g, cols 2t, 2t+1)   c2, c3 = (row g+8, cols 2t, 2t+1)
+// (the lower 16 bits of a register hold the lower k). So two C tiles side by side (16 x 16) are
+// exactly the A fragment of the next product: P never leaves registers.
+//
+// Shared memory tiles are row-major [64 rows][72] (stride 72 = 36 words: the 8 row groups of a
+// fragment load land in distinct banks). A B operand whose k runs along the tile's rows (V in
+// P V, K in dS K, Q and dO in the dK / dV products) is built from two 16-bit loads (rows 2t and
+// 2t + 1, column g), also conflict-free at this stride; no transposed copy is kept.
+//
+// Kernels (block = 4 warps, each warp 16 rows of a 64-row tile of one (sequence, head)):
+//   forward  query tile; Q fragments in registers; loops over K/V tiles of 64 keys in shared
+//            memory: S = Q K^T, online softmax (running max and sum per row, in log2 units;
+//            the sum is kept per thread and reduced once at the end), O += (P * dropout) V;
+//            out = O / l, lse = (m + log2 l) ln 2 in fp32 [rows, heads] (the fp32 kernel's order).
+//   dQ       query tile; Q and dO fragments in registers, D = dO . O per row; per K/V tile:
+//            S = Q K^T, dP = dO V^T, P = exp(S - lse), dS = P (f dP - D); dQ += dS K.
+//   dK, dV   key tile; K and V fragments in registers; per Q/dO tile (64 queries in shared
+//            memory with their lse and D): S^T = K Q^T, dP^T = V dO^T, dV += (P f)^T dO,
+//            dK += dS^T Q.
+// No atomics; every sum runs in a fixed order (tiles in order, fixed shuffle trees), so results
+// are the same from run to run. P and dS are rounded to the 16-bit type before their products,
+// as FlashAttention does.
+//
+// Dropout: the mask of (query i, key j) is word j % 4 of dropout_bits4(sample, head, i, j),
+// exactly the fp32 kernel's and the CPU's (common/philox.h). One Philox call gives 4 keys of
+// one query; the lanes that share a call's words exchange them by shuffles (row-major tiles:
+// lane pairs t, t^1; key-major tiles: the 4 lanes of equal t and g / 4), so every word is
+// computed once per tile.
+//
+// Lengths: any (up to the dropout key's 2^16 positions); rows past a sequence's end are loaded
+// as zeros, masked, and never written. Tuned for <= 512 (BERT); K/V tiles are not yet
+// double-buffered (cp.async / TMA would overlap the next tile's load with this tile's math).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstring>
+
+#include "cuda/device_util.cuh"
+#include "cuda/fmha.h"
+
+namespace packbert::cuda {
+namespace {
+
+constexpr int kD = kFmhaHeadDim;    // 64
+constexpr int kTile = kFmhaTile;    // rows of a tile (queries or keys)
+constexpr int kWarps = kTile / 16;  // one m16 slab per warp
+constexpr int kThreads = kWarps * 32;
+constexpr int kStride = kD + 8;     // shared row stride in elements (see the header)
+constexpr int kDChunks = kD / 16;   // k16 chunks along d
+constexpr int kDTiles = kD / 8;     // n8 tiles along d
+constexpr int kRowTiles = kTile / 8;  // n8 tiles along a 64-row tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kTile == 64 && kD == 64, "the fragment bookkeeping assumes 64 x 64 tiles");
+
+// ---- the element type ----------------------------------------------------------------------
+template <typename T>
+struct Elem;
+
+template <>
+struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the lower 16 bits
+    uint32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+  }
+  static __device__ __forceinline__ float to_float(uint16_t bits) {
+    return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct Elem<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    uint32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+  }
+  static __device__ __forceinline__ float to_float(uint16_t bits) {
+    return __half2float(__ushort_as_half(bits));
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+struct FmhaArgs {
+  DeviceLayout l;
+  const int32_t* seqs;   // the work list (fmha.h)
+  const uint16_t* qkv;   // [rows, 3 hidden]
+  const uint16_t* out;   // [rows, hidden] (backward)
+  const uint16_t* dout;  // [rows, hidden] (backward)
+  const float* lse;      // [rows, heads] (backward)
+  int64_t hidden;
+  int heads;
+  int blocks_per_seq;    // ceil(work max_len / kTile)
+  float scale;           // 1 / sqrt(d)
+  DropoutStream ds;
+};
+
+// The (sequence, first row of the tile) of this block.
+struct BlockWork {
+  int seq, row0, len;
+  int64_t start;
+};
+
+__device__ __forceinline__ BlockWork block_work(const FmhaArgs& a) {
+  const int item = blockIdx.x / a.blocks_per_seq;
+  BlockWork w;
+  w.seq = a.seqs ? a.seqs[item] : item;
+  w.row0 = (blockIdx.x - item * a.blocks_per_seq) * kTile;
+  w.len = a.l.seq_len[w.seq];
+  w.start = a.l.seq_start[w.seq];
+  return w;
+}
+
+// Rows [first, first + kTile) of a [len, >= kD] matrix (row stride ld elements) into a shared
+// tile, 16 bytes per load; rows at or past len are zeros (never read past the sequence).
+__device__ __forceinline__ void load_tile(const uint16_t* base, int64_t ld, int first, int len,
+                                          uint16_t* dst) {
+  for (int idx = threadIdx.x; idx < kTile * (kD / 8); idx += kThreads) {
+    const int r = idx / (kD / 8), c = (idx % (kD / 8)) * 8, i = first + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (i < len) v = *reinterpret_cast<const uint4*>(base + static_cast<int64_t>(i) * ld + c);
+    *reinterpret_cast<uint4*>(dst + r * kStride + c) = v;
+  }
+}
+
+// Two adjacent elements (col, col + 1) of a shared tile row as one register.
+__device__ __forceinline__ uint32_t sword(const uint16_t* tile, int row, int col) {
+  return *reinterpret_cast<const uint32_t*>(tile + row * kStride + col);
+}
+// Elements (row, col) and (row + 1, col) of a shared tile as one register (lower: row).
+__device__ __forceinline__ uint32_t spair(const uint16_t* tile, int row, int col) {
+  return static_cast<uint32_t>(tile[row * kStride + col]) |
+         (static_cast<uint32_t>(tile[(row + 1) * kStride + col]) << 16);
+}
+// Two adjacent elements of row i of a global matrix (0 past the sequence).
+__device__ __forceinline__ uint32_t gword(const uint16_t* base, int64_t ld, int i, int len,
+                                          int col) {
+  return i < len ? *reinterpret_cast<const uint32_t*>(base + static_cast<int64_t>(i) * ld + col)
+                 : 0u;
+}
+
+// A fragments (all kDChunks chunks along d) of rows i0 = slab + g and i0 + 8 of a global matrix.
+__device__ __forceinline__ void load_a_rows(const uint16_t* base, int64_t ld, int i0, int len,
+                                            int t, uint32_t (&f)[kDChunks][4]) {
+  #pragma unroll
+  for (int kc = 0; kc < kDChunks; ++kc) {
+    f[kc][0] = gword(base, ld, i0, len, kc * 16 + 2 * t);
+    f[kc][1] = gword(base, ld, i0 + 8, len, kc * 16 + 2 * t);
+    f[kc][2] = gword(base, ld, i0, len, kc * 16 + 8 + 2 * t);
+    f[kc][3] = gword(base, ld, i0 + 8, len, kc * 16 + 8 + 2 * t);
+  }
+}
+
+// The A fragment of k16 chunk kc of a 16 x 64 score-shaped accumulator (C tiles 2kc, 2kc+1).
+template <typename T>
+__device__ __forceinline__ void c_to_a(const float (&c)[kRowTiles][4], int kc, uint32_t (&a)[4]) {
+  a[0] = Elem<T>::pack(c[2 * kc][0], c[2 * kc][1]);
+  a[1] = Elem<T>::pack(c[2 * kc][2], c[2 * kc][3]);
+  a[2] = Elem<T>::pack(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+  a[3] = Elem<T>::pack(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+}
+
+__device__ __forceinline__ uint32_t word_of(const Philox4x32& b, int i) {
+  return i == 0 ? b.v[0] : i == 1 ? b.v[1] : i == 2 ? b.v[2] : b.v[3];
+}
+
+// Dropout factors of one C tile whose rows are queries qa (elements 0, 1) and qb (2, 3) and whose
+// columns are keys kb + 2t, kb + 2t + 1 (kb a multiple of 8). Keys 2t, 2t+1 of lanes t and t^1
+// share the Philox call of key group kb + 4 (t / 2): the even lane computes row qa's call, the
+// odd lane row qb's, and each passes the partner the two words it needs. All lanes must call.
+__device__ __forceinline__ void dropout_query_rows(const DropoutStream& ds, uint64_t sample,
+                                                   int head, int qa, int qb, int kb, int t,
+                                                   float (&f)[4]) {
+  const bool odd = t & 1;
+  const Philox4x32 w = dropout_bits4(ds, sample, static_cast<uint32_t>(head),
+                                     static_cast<uint32_t>(odd ? qb : qa),
+                                     static_cast<uint32_t>(kb + 4 * (t >> 1)));
+  const uint32_t r0 = __shfl_xor_sync(kFullMask, odd ? w.v[0] : w.v[2], 1);
+  const uint32_t r1 = __shfl_xor_sync(kFullMask, odd ? w.v[1] : w.v[3], 1);
+  f[0] = dropout_factor(ds, odd ? r0 : w.v[0]);   // (qa, key 2t)
+  f[1] = dropout_factor(ds, odd ? r1 : w.v[1]);   // (qa, key 2t + 1)
+  f[2] = dropout_factor(ds, odd ? w.v[2] : r0);   // (qb, key 2t)
+  f[3] = dropout_factor(ds, odd ? w.v[3] : r1);   // (qb, key 2t + 1)
+}
+
+// Dropout factors of one C tile whose rows are keys kbase + g (elements 0, 1) and kbase + g + 8
+// (2, 3) and whose columns are queries qc, qc + 1 (kbase a multiple of 16). The 4 lanes of equal
+// t and g / 4 need 4 calls: (query qc + (c & 1), the key group of row g (c < 2) or g + 8), and
+// call c is exactly element c of the tile. Lane w = g % 4 computes call w; the words are then
+// transposed among the 4 lanes (round k: lane w reads call (w + k) % 4, whose lane sends word
+// (c - k) % 4 = w), so lane w ends with word w of each call: its key is group + w. All lanes
+// must call.
+__device__ __forceinline__ void dropout_key_rows(const DropoutStream& ds, uint64_t sample,
+                                                 int head, int kbase, int qc, int lane,
+                                                 float (&f)[4]) {
+  const int g = lane >> 2, w = g & 3;
+  const int group = kbase + (g & ~3) + ((w >> 1) ? 8 : 0);
+  const Philox4x32 bits = dropout_bits4(ds, sample, static_cast<uint32_t>(head),
+                                        static_cast<uint32_t>(qc + (w & 1)),
+                                        static_cast<uint32_t>(group));
+  uint32_t got[4] = {0u, 0u, 0u, 0u};
+  #pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int c = (w + k) & 3;
+    const uint32_t v = __shfl_sync(kFullMask, word_of(bits, (w - k) & 3), (lane & ~12) | (c << 2));
+    got[0] = c == 0 ? v : got[0];
+    got[1] = c == 1 ? v : got[1];
+    got[2] = c == 2 ? v : got[2];
+    got[3] = c == 3 ? v : got[3];
+  }
+  #pragma unroll
+  for (int e = 0; e < 4; ++e) f[e] = dropout_factor(ds, got[e]);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kFullMask, v, 1);
+  return v + __shfl_xor_sync(kFullMask, v, 2);
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint16_t* out,
+                                                                float* lse) {
+  __shared__ __align__(16) uint16_t Ks[kTile * kStride];
+  __shared__ __align__(16) uint16_t Vs[kTile * kStride];
+  const BlockWork bw = block_work(a);
+  if (bw.row0 >= bw.len) return;  // the whole block
+  const int len = bw.len, head = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t ld = 3 * a.hidden;
+  const uint16_t* qbase = a.qkv + bw.start * ld + static_cast<int64_t>(head) * kD;
+  const uint16_t* kbase = qbase + a.hidden;
+  const uint16_t* vbase = qbase + 2 * a.hidden;
+  const bool drop = dropout_enabled(a.ds);
+  const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
+  const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;  // this thread's two query rows
+
+  uint32_t qf[kDChunks][4];
+  load_a_rows(qbase, ld, qa, len, t, qf);
+  const float c = a.scale * kLog2e;  // scores in log2 units
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[kDTiles][4];
+  #pragma unroll
+  for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+  for (int k0 = 0; k0 < len; k0 += kTile) {
+    __syncthreads();  // the previous tile is consumed
+    load_tile(kbase, ld, k0, len, Ks);
+    load_tile(vbase, ld, k0, len, Vs);
+    __syncthreads();
+    float s[kRowTiles][4];
+    #pragma unroll
+    for (int n = 0; n < kRowTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    #pragma unroll
+    for (int kc = 0; kc < kDChunks; ++kc)
+      #pragma unroll
+      for (int n = 0; n < kRowTiles; ++n)
+        Elem<T>::mma(s[n], qf[kc], sword(Ks, n * 8 + g, kc * 16 + 2 * t),
+                     sword(Ks, n * 8 + g, kc * 16 + 8 + 2 * t));
+    // Scale and mask (keys past the end: -inf), then the running max of each row. Key k0 is
+    // always valid, so the new max is finite and exp2(-inf - max) = 0 masks.
+    float mx[2] = {-INFINITY, -INFINITY};
+    #pragma unroll
+    for (int n = 0; n < kRowTiles; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + n * 8 + 2 * t + (e & 1);
+        s[n][e] = key < len ? s[n][e] * c : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+      }
+    float alpha[2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float mnew = fmaxf(m[i], quad_max(mx[i]));
+      alpha[i] = exp2f(m[i] - mnew);  // 0 on the first tile (m = -inf)
+      m[i] = mnew;
+    }
+    float rs[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int n = 0; n < kRowTiles; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[n][e] - m[e >> 1]);
+        s[n][e] = p;
+        rs[e >> 1] += p;  // the softmax sum: before dropout, as the fp32 kernel and the CPU
+      }
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];  // per-thread partial sums
+    #pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    if (drop) {
+      #pragma unroll
+      for (int n = 0; n < kRowTiles; ++n) {
+        float f[4];
+        dropout_query_rows(a.ds, sample, head, qa, qb, k0 + n * 8, t, f);
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] *= f[e];
+      }
+    }
+    // O += P V: P's C tiles are the A fragments; V's k (keys) runs along the tile's rows.
+    #pragma unroll
+    for (int kc = 0; kc < kRowTiles / 2; ++kc) {
+      uint32_t pa[4];
+      c_to_a<T>(s, kc, pa);
+      #pragma unroll
+      for (int n = 0; n < kDTiles; ++n)
+        Elem<T>::mma(o[n], pa, spair(Vs, kc * 16 + 2 * t, n * 8 + g),
+                     spair(Vs, kc * 16 + 8 + 2 * t, n * 8 + g));
+    }
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int qi = i ? qb : qa;
+    if (qi >= len) continue;
+    const int64_t row = bw.start + qi;
+    const float inv = 1.0f / l[i];
+    uint16_t* orow = out + row * a.hidden + static_cast<int64_t>(head) * kD;
+    #pragma unroll
+    for (int n = 0; n < kDTiles; ++n)
+      *reinterpret_cast<uint32_t*>(orow + n * 8 + 2 * t) =
+          Elem<T>::pack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (t == 0) lse[row * a.heads + head] = m[i] * kLn2 + logf(l[i]);
+  }
+}
+
+// D of rows qa, qb: dO . O over the d columns of this thread's A fragments of dO, summed over
+// the 4 lanes of the row (which together hold all 64 columns).
+template <typename T>
+__device__ __forceinline__ void rows_delta(const uint16_t* obase, int64_t ld, int qa, int len,
+                                           int t, const uint32_t (&dof)[kDChunks][4],
+                                           float (&d)[2]) {
+  float part[2] = {0.f, 0.f};
+  #pragma unroll
+  for (int kc = 0; kc < kDChunks; ++kc)
+    #pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = (r & 1) ? qa + 8 : qa;
+      const int col = kc * 16 + ((r & 2) ? 8 : 0) + 2 * t;
+      const uint32_t ow = gword(obase, ld, i, len, col);
+      const uint32_t dw = dof[kc][r];
+      part[r & 1] += Elem<T>::to_float(static_cast<uint16_t>(ow & 0xffffu)) *
+                         Elem<T>::to_float(static_cast<uint16_t>(dw & 0xffffu)) +
+                     Elem<T>::to_float(static_cast<uint16_t>(ow >> 16)) *
+                         Elem<T>::to_float(static_cast<uint16_t>(dw >> 16));
+    }
+  d[0] = quad_sum(part[0]);
+  d[1] = quad_sum(part[1]);
+}
+
+// ---- backward: dQ -----------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t* dqkv) {
+  __shared__ __align__(16) uint16_t Ks[kTile * kStride];
+  __shared__ __align__(16) uint16_t Vs[kTile * kStride];
+  const BlockWork bw = block_work(a);
+  if (bw.row0 >= bw.len) return;
+  const int len = bw.len, head = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t ld = 3 * a.hidden;
+  const int64_t hoff = static_cast<int64_t>(head) * kD;
+  const uint16_t* qbase = a.qkv + bw.start * ld + hoff;
+  const uint16_t* kbase = qbase + a.hidden;
+  const uint16_t* vbase = qbase + 2 * a.hidden;
+  const uint16_t* obase = a.out + bw.start * a.hidden + hoff;
+  const uint16_t* dobase = a.dout + bw.start * a.hidden + hoff;
+  const bool drop = dropout_enabled(a.ds);
+  const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
+  const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;
+
+  uint32_t qf[kDChunks][4], dof[kDChunks][4];
+  load_a_rows(qbase, ld, qa, len, t, qf);
+  load_a_rows(dobase, a.hidden, qa, len, t, dof);
+  float delta[2];
+  rows_delta<T>(obase, a.hidden, qa, len, t, dof, delta);
+  float lse2[2];
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int qi = i ? qb : qa;
+    lse2[i] = qi < len ? a.lse[(bw.start + qi) * a.heads + head] * kLog2e : 0.f;
+  }
+  const float c = a.scale * kLog2e;
+  float dq[kDTiles][4];
+  #pragma unroll
+  for (int n = 0; n < kDTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+
+  for (int k0 = 0; k0 < len; k0 += kTile) {
+    __syncthreads();
+    load_tile(kbase, ld, k0, len, Ks);
+    load_tile(vbase, ld, k0, len, Vs);
+    __syncthreads();
+    float s[kRowTiles][4], dp[kRowTiles][4];
+    #pragma unroll
+    for (int n = 0; n < kRowTiles; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+    #pragma unroll
+    for (int kc = 0; kc < kDChunks; ++kc)
+      #pragma unroll
+      for (int n = 0; n < kRowTiles; ++n) {
+        Elem<T>::mma(s[n], qf[kc], sword(Ks, n * 8 + g, kc * 16 + 2 * t),
+                     sword(Ks, n * 8 + g, kc * 16 + 8 + 2 * t));
+        Elem<T>::mma(dp[n], dof[kc], sword(Vs, n * 8 + g, kc * 16 + 2 * t),
+                     sword(Vs, n * 8 + g, kc * 16 + 8 + 2 * t));
+      }
+    #pragma unroll
+    for (int n = 0; n < kRowTiles; ++n) {
+      float f[4] = {1.f, 1.f, 1.f, 1.f};
+      if (drop) dropout_query_rows(a.ds, sample, head, qa, qb, k0 + n * 8, t, f);
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + n * 8 + 2 * t + (e & 1);
+        const float p = key < len ? exp2f(s[n][e] * c - lse2[e >> 1]) : 0.f;
+        s[n][e] = p * (f[e] * dp[n][e] - delta[e >> 1]);  // dS
+      }
+    }
+    // dQ += dS K: K's k (keys) runs along the tile's rows.
+    #pragma unroll
+    for (int kc = 0; kc < kRowTiles / 2; ++kc) {
+      uint32_t da[4];
+      c_to_a<T>(s, kc, da);
+      #pragma unroll
+      for (int n = 0; n < kDTiles; ++n)
+        Elem<T>::mma(dq[n], da, spair(Ks, kc * 16 + 2 * t, n * 8 + g),
+                     spair(Ks, kc * 16 + 8 + 2 * t, n * 8 + g));
+    }
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int qi = i ? qb : qa;
+    if (qi >= len) continue;
+    uint16_t* drow = dqkv + (bw.start + qi) * ld + hoff;
+    #pragma unroll
+    for (int n = 0; n < kDTiles; ++n)
+      *reinterpret_cast<uint32_t*>(drow + n * 8 + 2 * t) =
+          Elem<T>::pack(dq[n][2 * i] * a.scale, dq[n][2 * i + 1] * a.scale);
+  }
+}
+
+// ---- backward: dK, dV -------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t* dqkv) {
+  __shared__ __align__(16) uint16_t Qs[kTile * kStride];
+  __shared__ __align__(16) uint16_t dOs[kTile * kStride];
+  __shared__ float lse_s[kTile];  // lse of the tile's queries, log2 units (0 past the end)
+  __shared__ float delta_s[kTile];
+  const BlockWork bw = block_work(a);
+  if (bw.row0 >= bw.len) return;
+  const int len = bw.len, head = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t ld = 3 * a.hidden;
+  const int64_t hoff = static_cast<int64_t>(head) * kD;
+  const uint16_t* qbase = a.qkv + bw.start * ld + hoff;
+  const uint16_t* kbase = qbase + a.hidden;
+  const uint16_t* vbase = qbase + 2 * a.hidden;
+  const uint16_t* obase = a.out + bw.start * a.hidden + hoff;
+  const uint16_t* dobase = a.dout + bw.start * a.hidden + hoff;
+  const bool drop = dropout_enabled(a.ds);
+  const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
+  const int kslab = bw.row0 + warp * 16;  // this warp's 16 keys
+  const int ka = kslab + g, kb = ka + 8;  // this thread's two key rows
+
+  uint32_t kf[kDChunks][4], vf[kDChunks][4];
+  load_a_rows(kbase, ld, ka, len, t, kf);
+  load_a_rows(vbase, ld, ka, len, t, vf);
+  const float c = a.scale * kLog2e;
+  float dk[kDTiles][4], dv[kDTiles][4];
+  #pragma unroll
+  for (int n = 0; n < kDTiles; ++n)
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+
+  for (int q0 = 0; q0 < len; q0 += kTile) {
+    __syncthreads();
+    load_tile(qbase, ld, q0, len, Qs);
+    load_tile(dobase, a.hidden, q0, len, dOs);
+    __syncthreads();
+    // D and lse of the tile's queries: warp w does queries 16w .. 16w + 15, lane = 2 columns.
+    for (int j = 0; j < 16; ++j) {
+      const int qt = warp * 16 + j, qi = q0 + qt;
+      float part = 0.f;
+      if (qi < len) {
+        const uint32_t ow = gword(obase, a.hidden, qi, len, 2 * lane);
+        const uint32_t dw = sword(dOs, qt, 2 * lane);
+        part = Elem<T>::to_float(static_cast<uint16_t>(ow & 0xffffu)) *
+                   Elem<T>::to_float(static_cast<uint16_t>(dw & 0xffffu)) +
+               Elem<T>::to_float(static_cast<uint16_t>(ow >> 16)) *
+                   Elem<T>::to_float(static_cast<uint16_t>(dw >> 16));
+      }
+      part = warp_sum(part);
+      if (lane == 0) {
+        delta_s[qt] = qi < len ? part : 0.f;
+        lse_s[qt] = qi < len ? a.lse[(bw.start + qi) * a.heads + head] * kLog2e : 0.f;
+      }
+    }
+    __syncthreads();
+    float st[kRowTiles][4], dpt[kRowTiles][4];  // S^T and dP^T: rows keys, columns queries
+    #pragma unroll
+    for (int n = 0; n < kRowTiles; ++n)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+    #pragma unroll
+    for (int kc = 0; kc < kDChunks; ++kc)
+      #pragma unroll
+      for (int n = 0; n < kRowTiles; ++n) {
+        Elem<T>::mma(st[n], kf[kc], sword(Qs, n * 8 + g, kc * 16 + 2 * t),
+                     sword(Qs, n * 8 + g, kc * 16 + 8 + 2 * t));
+        Elem<T>::mma(dpt[n], vf[kc], sword(dOs, n * 8 + g, kc * 16 + 2 * t),
+                     sword(dOs, n * 8 + g, kc * 16 + 8 + 2 * t));
+      }
+    #pragma unroll
+    for (int n = 0; n < kRowTiles; ++n) {
+      float f[4] = {1.f, 1.f, 1.f, 1.f};
+      if (drop) dropout_key_rows(a.ds, sample, head, kslab, q0 + n * 8 + 2 * t, lane, f);
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qt = n * 8 + 2 * t + (e & 1);
+        const float p = q0 + qt < len ? exp2f(st[n][e] * c - lse_s[qt]) : 0.f;
+        st[n][e] = p * f[e];                                 // (P f)^T
+        dpt[n][e] = p * (f[e] * dpt[n][e] - delta_s[qt]);   // dS^T
+      }
+    }
+    // dV += (P f)^T dO, dK += dS^T Q: the queries (k) run along the tiles' rows.
+    #pragma unroll
+    for (int kc = 0; kc < kRowTiles / 2; ++kc) {
+      uint32_t pa[4], da[4];
+      c_to_a<T>(st, kc, pa);
+      c_to_a<T>(dpt, kc, da);
+      #pragma unroll
+      for (int n = 0; n < kDTiles; ++n) {
+        Elem<T>::mma(dv[n], pa, spair(dOs, kc * 16 + 2 * t, n * 8 + g),
+                     spair(dOs, kc * 16 + 8 + 2 * t, n * 8 + g));
+        Elem<T>::mma(dk[n], da, spair(Qs, kc * 16 + 2 * t, n * 8 + g),
+                     spair(Qs, kc * 16 + 8 + 2 * t, n * 8 + g));
+      }
+    }
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int ki = i ? kb : ka;
+    if (ki >= len) continue;
+    uint16_t* drow = dqkv + (bw.start + ki) * ld + hoff;
+    #pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      *reinterpret_cast<uint32_t*>(drow + a.hidden + n * 8 + 2 * t) =
+          Elem<T>::pack(dk[n][2 * i] * a.scale, dk[n][2 * i + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(drow + 2 * a.hidden + n * 8 + 2 * t) =
+          Elem<T>::pack(dv[n][2 * i], dv[n][2 * i + 1]);
+    }
+  }
+}
+
+// Rows of no sequence: width elements of a [rows, width] buffer set to 0.
+template <typename W>
+__global__ void zero_padding_rows_kernel(const int32_t* token_seq, int64_t rows, int64_t width,
+                                         W* x) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    if (token_seq[i / width] < 0) x[i] = W(0);
+}
+
+FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* qkv, int64_t hidden,
+                   int heads, const DropoutStream& ds) {
+  FmhaArgs a;
+  a.l = l;
+  a.seqs = w.seqs;
+  a.qkv = static_cast<const uint16_t*>(qkv);
+  a.out = nullptr;
+  a.dout = nullptr;
+  a.lse = nullptr;
+  a.hidden = hidden;
+  a.heads = heads;
+  a.blocks_per_seq = (w.max_len + kTile - 1) / kTile;
+  a.scale = static_cast<float>(1.0 / sqrt(static_cast<double>(kD)));
+  a.ds = ds;
+  return a;
+}
+
+dim3 work_grid(const AttnWork& w, const FmhaArgs& a) {
+  return dim3(static_cast<unsigned>(int64_t{w.count} * a.blocks_per_seq),
+              static_cast<unsigned>(a.heads));
+}
+
+template <typename T>
+cudaError_t forward_t(const FmhaArgs& a, const AttnWork& w, void* out, float* lse,
+                      cudaStream_t s) {
+  fmha_forward_kernel<T><<<work_grid(w, a), kThreads, 0, s>>>(a, static_cast<uint16_t*>(out),
+                                                              lse);
+  return launched();
+}
+
+template <typename T>
+cudaError_t backward_t(const FmhaArgs& a, const AttnWork& w, void* dqkv, cudaStream_t s) {
+  fmha_dq_kernel<T><<<work_grid(w, a), kThreads, 0, s>>>(a, static_cast<uint16_t*>(dqkv));
+  const cudaError_t e = launched();
+  if (e != cudaSuccess) return e;
+  fmha_dkv_kernel<T><<<work_grid(w, a), kThreads, 0, s>>>(a, static_cast<uint16_t*>(dqkv));
+  return launched();
+}
+
+}  // namespace
+
+cudaError_t fmha_zero_padding_rows(const DeviceLayout& l, void* x, int64_t width, int elem_bytes,
+                                   cudaStream_t s) {
+  if (l.rows == 0 || width == 0) return cudaSuccess;
+  const unsigned grid = grid_for(l.rows * width, 256);
+  if (elem_bytes == 2)
+    zero_padding_rows_kernel<uint16_t><<<grid, 256, 0, s>>>(l.token_seq, l.rows, width,
+                                                            static_cast<uint16_t*>(x));
+  else if (elem_bytes == 4)
+    zero_padding_rows_kernel<uint32_t><<<grid, 256, 0, s>>>(l.token_seq, l.rows, width,
+                                                            static_cast<uint32_t*>(x));
+  else
+    return cudaErrorInvalidValue;
+  return launched();
+}
+
+cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
+                              const void* qkv, int64_t hidden, int heads,
+                              const DropoutStream& ds, void* out, float* lse, cudaStream_t s) {
+  if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
+  const FmhaArgs a = make_args(l, w, qkv, hidden, heads, ds);
+  return t == FmhaType::bf16 ? forward_t<__nv_bfloat16>(a, w, out, lse, s)
+                             : forward_t<__half>(a, w, out, lse, s);
+}
+
+cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
+                               const void* qkv, const void* out, const float* lse,
+                               const void* dout, int64_t hidden, int heads,
+                               const DropoutStream& ds, void* dqkv, cudaStream_t s) {
+  if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
+  FmhaArgs a = make_args(l, w, qkv, hidden, heads, ds);
+  a.out = static_cast<const uint16_t*>(out);
+  a.dout = static_cast<const uint16_t*>(dout);
+  a.lse = lse;
+  return t == FmhaType::bf16 ? backward_t<__nv_bfloat16>(a, w, dqkv, s)
+                             : backward_t<__half>(a, w, dqkv, s);
+}
+
+}  // namespace packbert::cuda

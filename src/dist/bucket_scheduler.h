@@ -1,0 +1,132 @@
+// The bucket scheduling of the gradient all-reduce, apart from the transport that moves the
+// bytes: the same tested bookkeeping drives MPI on the CPU backend (dist/grad_allreduce.h) and
+// NCCL on the CUDA backend (dist/nccl_allreduce.h).
+//
+// Buckets. The buffer's span (first tensor's offset to last tensor's end) is cut into pieces of
+// bucket_bytes, starting from its END: the backward produces the gradients of the last
+// parameters (MLM head, top encoder layers) first, so bucket 0 holds the end of the buffer and
+// is the first one complete. A bucket boundary may fall inside a tensor (the word embeddings
+// alone are ~94 MB in BERT-base); a bucket starts once every tensor overlapping it is ready.
+//
+// Order. MPI and NCCL both require every rank to start collectives on one communicator in the
+// same order. Buckets therefore start strictly in bucket order (0, 1, 2, ...): a bucket whose
+// tensors are all ready still waits for its predecessors. So the result is right even if ranks
+// mark tensors ready in different orders, and ready() never deadlocks.
+//
+// Rounds. begin() arms a round; ready_tensor()/ready() mark the tensors whose gradient is final
+// and start every bucket that has become startable; finish() checks that every tensor was marked
+// (an Error names the first missing one), starts the rest and has the transport complete them.
+// ready() outside a round is checked against the table and otherwise ignored, so the model may
+// announce tensors on every micro-step and let the trainer decide which one reduces.
+//
+// Without a transport (one rank) a started bucket counts as complete at once and nothing else
+// happens: the bookkeeping still runs, so a model that forgets or repeats a tensor fails in a
+// single-process run too. Pure host C++ (no MPI, no CUDA): tests/unit/test_bucket_scheduler.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace packbert {
+
+// One tensor of the flat gradient buffer (a row of the parameter table).
+struct GradSpan {
+  int64_t offset = 0;  // first element
+  int64_t size = 0;    // elements
+};
+
+// A contiguous piece of the buffer reduced by one collective.
+struct GradBucket {
+  int64_t offset = 0;
+  int64_t size = 0;          // elements (fits an int count, MPI's and NCCL's alike)
+  int first_tensor = 0;      // tensors overlapping it, as indices into the sorted table:
+  int last_tensor = -1;      // [first_tensor, last_tensor]; empty for a gap-only bucket
+};
+
+// The bucket plan (pure arithmetic): tensors sorted by offset, non-overlapping, inside
+// [0, num_elems). Buckets cover [first offset, last end) in pieces of bucket_bytes / 4 elements
+// (at least 1), bucket 0 at the end. Throws Error on a bad table.
+std::vector<GradBucket> plan_grad_buckets(const std::vector<GradSpan>& sorted_tensors,
+                                          int64_t num_elems, size_t bucket_bytes);
+
+// What happened in one round (begin() .. finish()).
+struct GradAllreduceStats {
+  int buckets = 0;
+  int started_before_finish = 0;    // started by ready() (the rest start in finish())
+  int completed_before_finish = 0;  // seen complete by the transport before finish() was
+                                    // called: communication hidden behind compute
+  double finish_wait_s = 0;         // time finish() spent waiting (exposed communication; on
+                                    // the GPU the host does not wait, the compute stream does)
+};
+
+// How the buckets' bytes move. The scheduler calls start(k) exactly once per bucket and round,
+// for k = 0, 1, 2, ... in order, and complete_all() once at the end of the round, after the
+// last start().
+class GradBucketTransport {
+ public:
+  virtual ~GradBucketTransport() = default;
+  // A round begins (no bucket started yet).
+  virtual void begin_round() {}
+  // Starts the sum over ranks of buckets[k] (its tensors' gradients are final).
+  virtual void start(int k, const GradBucket& bucket) = 0;
+  // Without blocking: lets started buckets progress and returns how many of the buckets started
+  // in this round are known complete (never decreasing within a round).
+  virtual int test() = 0;
+  // Every bucket of the round is complete for whoever reads the buffer next (the host for MPI,
+  // the compute stream for NCCL).
+  virtual void complete_all() = 0;
+};
+
+class GradBucketScheduler {
+ public:
+  // tensors: the table in any order (ready_tensor(i) takes the caller's index i). label prefixes
+  // every error message ("grad all-reduce", "nccl all-reduce").
+  GradBucketScheduler(std::vector<GradSpan> tensors, int64_t num_elems, size_t bucket_bytes,
+                      std::string label);
+
+  // nullptr (the default): one rank, a started bucket is complete at once. Not owned; set it
+  // between rounds only.
+  void set_transport(GradBucketTransport* transport);
+
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  int num_tensors() const { return static_cast<int>(tensors_.size()); }
+  // Buckets of the current (or last) round started / known complete so far.
+  int buckets_started() const { return next_to_start_; }
+  int buckets_completed() const { return completed_; }
+
+  void begin();
+  bool in_round() const { return in_round_; }
+  // The gradient of tensor i is final. Throws Error if i is out of range or i was already marked
+  // in this round (naming the tensor).
+  void ready_tensor(int i);
+  // The same, naming the tensor by its table row (offset and size must match one exactly).
+  void ready(int64_t offset, int64_t size);
+  // Lets the transport move the started buckets along.
+  void progress();
+  // Starts whatever has not started and completes the round (see GradBucketTransport).
+  GradAllreduceStats finish();
+
+ private:
+  void start_ready_buckets();
+  void test_started();
+  int tensor_index(int64_t offset, int64_t size) const;
+
+  std::string label_;
+  GradBucketTransport* transport_ = nullptr;
+  std::vector<GradSpan> tensors_;       // sorted by offset
+  std::vector<int> sorted_index_;       // constructor's index -> sorted index
+  std::vector<int> original_index_;     // sorted index -> constructor's index
+  std::vector<GradBucket> buckets_;
+  std::vector<int> tensor_first_bucket_, tensor_last_bucket_;  // buckets each tensor overlaps
+
+  // Per round.
+  bool in_round_ = false;
+  std::vector<char> tensor_ready_;
+  std::vector<int> bucket_pending_;  // tensors of the bucket not ready yet
+  int next_to_start_ = 0;
+  int completed_ = 0;
+};
+
+}  // namespace packbert

@@ -1,0 +1,299 @@
+#include "dist/nccl_allreduce.h"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "core/error.h"
+#include "dist/mpi_check.h"
+
+namespace packbert {
+
+namespace {
+
+// "cudaEventRecord(ready_[k], compute_)" -> "cudaEventRecord": the name is what a reader needs.
+std::string call_name(const char* call) {
+  const std::string s(call);
+  return s.substr(0, s.find('('));
+}
+
+// "<host>/<PCI bus id>": names a GPU across processes (device numbers are per process).
+std::string gpu_identity(int device) {
+  char host[MPI_MAX_PROCESSOR_NAME] = {0};
+  int len = 0;
+  PB_MPI_CHECK(MPI_Get_processor_name(host, &len));
+  char bus[64] = {0};
+  const cudaError_t e = cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof(bus)), device);
+  PB_REQUIRE(e == cudaSuccess, "nccl all-reduce: cudaDeviceGetPCIBusId of GPU {} failed: {} ({})",
+             device, cudaGetErrorString(e), cudaGetErrorName(e));
+  return std::string(host, static_cast<size_t>(len)) + "/" + bus;
+}
+
+}  // namespace
+
+// Checked calls inside the transport: a failure aborts the communicator, then throws.
+#define PB_NCCL_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
+#define PB_NCCL_NCCL(call) check_nccl((call), #call, __FILE__, __LINE__)
+
+// The scheduler's transport on the GPU: per bucket a ready event on the compute stream, a wait
+// and an ncclAllReduce on the communication stream, a done event (see the header).
+class NcclAllreduce::Transport final : public GradBucketTransport {
+ public:
+  Transport(int device, cudaStream_t compute, float* grads, size_t num_buckets)
+      : device_(device), compute_(compute), grads_(grads) {
+    try {
+      create(num_buckets);
+    } catch (...) {
+      release();  // no destructor runs for a constructor that throws
+      throw;
+    }
+  }
+
+  // Collective over the ranks: joins the communicator of the given id.
+  void init_comm(const ncclUniqueId& id, int nranks, int rank) {
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    PB_NCCL_NCCL(ncclCommInitRank(&comm_, nranks, id, rank));
+  }
+
+  // A communicator of this rank alone (NcclAllreduceOptions::nccl_on_one_rank).
+  void init_alone() {
+    ncclUniqueId id{};
+    PB_NCCL_NCCL(ncclGetUniqueId(&id));
+    init_comm(id, 1, 0);
+  }
+
+  ~Transport() override {
+    (void)cudaSetDevice(device_);
+    if (comm_) {
+      // Never wait here: a started bucket not yet complete may be waiting for a peer that died.
+      // After a complete step every bucket is done (the optimizer that followed finish() has
+      // been waited for), so a clean shutdown destroys the communicator; anything else aborts.
+      const bool clean = !failed_ && !in_round_ && std::uncaught_exceptions() == 0 &&
+                         (started_ == 0 || cudaEventQuery(done_[started_ - 1]) == cudaSuccess);
+      if (clean) {
+        (void)ncclCommDestroy(comm_);
+      } else {
+        (void)ncclCommAbort(comm_);
+      }
+      comm_ = nullptr;
+    }
+    release();
+  }
+
+  void begin_round() override {
+    PB_REQUIRE(!failed_, "nccl all-reduce: the communicator was aborted after an earlier error");
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    started_ = 0;
+    completed_ = 0;
+    in_round_ = true;
+  }
+
+  void start(int k, const GradBucket& b) override {
+    const auto i = static_cast<size_t>(k);
+    float* data = grads_ + b.offset;
+    // Every write to this bucket has been launched on the compute stream: the event marks them.
+    PB_NCCL_CUDA(cudaEventRecord(ready_[i], compute_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[i], 0));
+    PB_NCCL_NCCL(ncclAllReduce(data, data, static_cast<size_t>(b.size), ncclFloat, ncclSum, comm_,
+                               comm_stream_));
+    PB_NCCL_CUDA(cudaEventRecord(done_[i], comm_stream_));
+    started_ = k + 1;
+  }
+
+  int test() override {
+    while (completed_ < started_) {
+      const cudaError_t q = cudaEventQuery(done_[static_cast<size_t>(completed_)]);
+      if (q == cudaErrorNotReady) break;  // not an error: still running
+      PB_NCCL_CUDA(q);
+      ++completed_;
+    }
+    if (completed_ < started_) check_async();
+    return completed_;
+  }
+
+  void complete_all() override {
+    // The communication stream runs the buckets in order: its last done event implies all.
+    if (started_ > 0)
+      PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[static_cast<size_t>(started_ - 1)], 0));
+    check_async();
+    in_round_ = false;
+  }
+
+ private:
+  // The constructor's work: the device current, the buffer checked, the stream and events.
+  void create(size_t num_buckets) {
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    if (grads_) {
+      cudaPointerAttributes attr{};
+      PB_NCCL_CUDA(cudaPointerGetAttributes(&attr, grads_));
+      PB_REQUIRE(attr.type == cudaMemoryTypeDevice && attr.device == device_,
+                 "nccl all-reduce: the gradient buffer is not memory of GPU {} (type {}, device "
+                 "{})",
+                 device_, static_cast<int>(attr.type), attr.device);
+    }
+    PB_NCCL_CUDA(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    ready_.reserve(num_buckets);
+    done_.reserve(num_buckets);
+    for (size_t k = 0; k < num_buckets; ++k) {
+      for (std::vector<cudaEvent_t>* events : {&ready_, &done_}) {
+        cudaEvent_t e = nullptr;
+        PB_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        events->push_back(e);
+      }
+    }
+  }
+
+  // A failure of a peer or of the network shows here, not at the call that issued the work.
+  void check_async() {
+    ncclResult_t async = ncclSuccess;
+    PB_NCCL_NCCL(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess && async != ncclInProgress)
+      check_nccl(async, "ncclCommGetAsyncError", __FILE__, __LINE__);
+  }
+
+  // Frees the events and the stream (never throws).
+  void release() {
+    for (cudaEvent_t e : ready_) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : done_) (void)cudaEventDestroy(e);
+    ready_.clear();
+    done_.clear();
+    if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
+    comm_stream_ = nullptr;
+  }
+
+  void abort_comm() {
+    failed_ = true;
+    if (comm_) {
+      (void)ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+  }
+
+  void check_cuda(cudaError_t e, const char* call, const char* file, int line) {
+    if (e == cudaSuccess) return;
+    abort_comm();
+    PB_THROW("nccl all-reduce: {}:{}: {} failed: {} ({})", file, line, call_name(call),
+             cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+
+  void check_nccl(ncclResult_t r, const char* call, const char* file, int line) {
+    if (r == ncclSuccess) return;
+    // The communicator's own description of the last failure, when it has one.
+    const char* detail = comm_ ? ncclGetLastError(comm_) : nullptr;
+    const std::string more = detail && *detail ? std::string(" (") + detail + ")" : "";
+    abort_comm();
+    PB_THROW("nccl all-reduce: {}:{}: {} failed: {}{} (NCCL error {})", file, line,
+             call_name(call), ncclGetErrorString(r), more, static_cast<int>(r));
+  }
+
+  int device_;
+  cudaStream_t compute_;
+  float* grads_;
+  cudaStream_t comm_stream_ = nullptr;
+  std::vector<cudaEvent_t> ready_, done_;  // per bucket
+  ncclComm_t comm_ = nullptr;
+  bool failed_ = false;
+  bool in_round_ = false;
+  int started_ = 0;
+  int completed_ = 0;
+};
+
+#undef PB_NCCL_CUDA
+#undef PB_NCCL_NCCL
+
+NcclAllreduce::NcclAllreduce(MPI_Comm parent, int cuda_device, cudaStream_t compute, float* grads,
+                             int64_t num_elems, std::vector<GradSpan> tensors,
+                             size_t bucket_bytes, const NcclAllreduceOptions& options)
+    : sched_(std::move(tensors), num_elems, bucket_bytes, "nccl all-reduce") {
+  PB_REQUIRE(grads != nullptr || num_elems == 0, "nccl all-reduce: no gradient buffer");
+  PB_REQUIRE(cuda_device >= 0, "nccl all-reduce: CUDA device {}", cuda_device);
+  // Without MPI (tests, a bare run) this is world size 1: no MPI, CUDA or NCCL call is made.
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Finalized(&finalized);
+  if (initialized && !finalized) PB_MPI_CHECK(MPI_Comm_size(parent, &size_));
+  if (size_ == 1) {
+    if (!options.nccl_on_one_rank) return;
+    transport_ = std::make_unique<Transport>(cuda_device, compute, grads, sched_.buckets().size());
+    transport_->init_alone();
+    sched_.set_transport(transport_.get());
+    return;
+  }
+
+  // The bootstrap's own communicator (its collectives match no one else's), freed on return.
+  struct BootComm {
+    MPI_Comm comm = MPI_COMM_NULL;
+    ~BootComm() {
+      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
+  } boot;
+  PB_MPI_CHECK(MPI_Comm_dup(parent, &boot.comm));
+  PB_MPI_CHECK(MPI_Comm_set_errhandler(boot.comm, MPI_ERRORS_RETURN));
+  PB_MPI_CHECK(MPI_Comm_rank(boot.comm, &rank_));
+  // Every step below that can fail on one rank alone is followed by an agreement, so that the
+  // others throw too instead of waiting in NCCL for it.
+  const auto agree = [&](const std::string& local_error, const char* what) {
+    int ok = local_error.empty() ? 1 : 0, all_ok = 0;
+    PB_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, boot.comm));
+    if (!ok) PB_THROW("{}", local_error);
+    PB_REQUIRE(all_ok, "nccl all-reduce: rank {}: another rank failed to {} (its log names the "
+               "error)", rank_, what);
+  };
+
+  std::string error, gpu;
+  try {
+    transport_ = std::make_unique<Transport>(cuda_device, compute, grads, sched_.buckets().size());
+    gpu = gpu_identity(cuda_device);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "set up its GPU");
+
+  // NCCL needs a GPU of its own for every rank; two ranks on one GPU would fail inside
+  // ncclCommInitRank with a less telling message. Every rank sees the same table and so throws
+  // the same error.
+  constexpr size_t kIdLen = MPI_MAX_PROCESSOR_NAME + 64;
+  std::vector<char> mine(kIdLen, 0), all(kIdLen * static_cast<size_t>(size_), 0);
+  std::copy_n(gpu.begin(), std::min(gpu.size(), kIdLen - 1), mine.begin());
+  PB_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(kIdLen), MPI_CHAR, all.data(),
+                             static_cast<int>(kIdLen), MPI_CHAR, boot.comm));
+  for (int a = 0; a < size_; ++a) {
+    const std::string ga(&all[static_cast<size_t>(a) * kIdLen]);
+    for (int b = a + 1; b < size_; ++b) {
+      PB_REQUIRE(ga != std::string(&all[static_cast<size_t>(b) * kIdLen]),
+                 "nccl all-reduce: ranks {} and {} both use GPU {}: NCCL needs one GPU per rank "
+                 "(pick the GPU by local rank, or reduce through the host)",
+                 a, b, ga);
+    }
+  }
+
+  ncclUniqueId id{};
+  if (rank_ == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+      error = fmt::format("nccl all-reduce: ncclGetUniqueId failed: {} (NCCL error {})",
+                          ncclGetErrorString(r), static_cast<int>(r));
+  }
+  agree(error, "create the NCCL unique id");
+  PB_MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, boot.comm));
+
+  try {
+    transport_->init_comm(id, size_, rank_);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "join the NCCL communicator");
+  sched_.set_transport(transport_.get());
+}
+
+NcclAllreduce::~NcclAllreduce() = default;
+
+void NcclAllreduce::begin() { sched_.begin(); }
+void NcclAllreduce::ready_tensor(int i) { sched_.ready_tensor(i); }
+void NcclAllreduce::ready(int64_t offset, int64_t size) { sched_.ready(offset, size); }
+void NcclAllreduce::progress() { sched_.progress(); }
+GradAllreduceStats NcclAllreduce::finish() { return sched_.finish(); }
+
+}  // namespace packbert
