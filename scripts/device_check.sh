@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One prepared check on a machine with a CUDA GPU: the `gpu` tests (every CUDA op against the CPU
-# backend, the whole tiny model) and the GPU benchmarks, with a short summary table at the end.
-# Meant to finish well under 8 minutes on an H200.
+# backend, the tensor-core attention, the whole tiny model in fp32 / bf16 / fp16, the trainer,
+# the NCCL path) and the GPU benchmarks (ops, attention against PyTorch's flash SDPA, the
+# BERT-Large step against Hugging Face, MST), with a short summary table at the end. Meant to
+# finish in under 8 minutes on an H200: benchmarks that would start after 7 minutes are skipped.
 #
 #   scripts/device_check.sh --bundle [DIR]   HERE (no GPU needed): build build-gpu with CUDA
 #                                            (sm_80 + sm_90; PACKBERT_BUNDLE_BUILD and
@@ -20,7 +22,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-GPU_TARGETS="test_device test_cuda_ops test_cuda_model test_cuda_trainer bench_gpu_ops bench_mst"
+GPU_TESTS="test_device test_cuda_ops test_cuda_fmha test_cuda_model test_cuda_precision test_cuda_trainer test_nccl_allreduce"
+GPU_TARGETS="$GPU_TESTS bench_gpu_ops bench_fmha_gpu bench_gpu_step bench_mst"
 
 # ---- packing (no GPU needed) ------------------------------------------------------------------
 if [ "${1:-}" = "--bundle" ]; then
@@ -101,8 +104,10 @@ fi
 # ---- gpu tests ------------------------------------------------------------------------------
 rc=0
 # Time limits (seconds) keep the worst case under 8 minutes; a normal run takes 1-2.
-declare -A LIMIT=([test_device]=30 [test_cuda_ops]=120 [test_cuda_model]=90 [test_cuda_trainer]=60)
-for t in test_device test_cuda_ops test_cuda_model test_cuda_trainer; do
+declare -A LIMIT=([test_device]=30 [test_cuda_ops]=120 [test_cuda_fmha]=60 [test_cuda_model]=90
+                 [test_cuda_precision]=60 [test_cuda_trainer]=60 [test_nccl_allreduce]=30)
+for t in $GPU_TESTS; do
+  [ -x "$BIN/$t" ] || { step "$t" "MISSING binary"; rc=1; continue; }
   log="$OUTDIR/$t.log"
   PACKBERT_CUDA_SYNC=1 timeout "${LIMIT[$t]}" "$BIN/$t" --gtest_color=no > "$log" 2>&1
   code=$?
@@ -134,23 +139,42 @@ grep -h '^\[ops-error\]\|^\[model-error\]' "$OUTDIR"/test_cuda_*.log > "$OUTDIR/
 grep -h -B1 -A4 'Failure$' "$OUTDIR"/test_*.log | head -60 > "$OUTDIR/failures.txt"
 
 # ---- benchmarks -----------------------------------------------------------------------------
-for b in "$BIN"/bench_gpu_*; do
-  [ -x "$b" ] || continue
-  name=$(basename "$b")
-  if timeout 90 "$b" > "$OUTDIR/$name.txt" 2>&1; then step "$name" "ok"; else step "$name" "FAILED (rc $?)"; fi
-done
+# Each runs only while the whole check is inside 7 minutes (the rest are listed as skipped).
+bench() {  # bench NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  if [ $((SECONDS - START)) -gt 420 ]; then step "$name" "skipped (time)"; return; fi
+  if timeout "$limit" "$@" > "$OUTDIR/$name.txt" 2>&1; then step "$name" "ok"
+  else step "$name" "FAILED (rc $?)"; fi
+}
+PY=python3; command -v "$PY" > /dev/null || PY=true
+# The BERT-Large step (bf16, as many samples as fit, lengths from the Wikipedia histogram), then
+# Hugging Face on exactly those samples padded to 512.
+bench bench_gpu_step 150 "$BIN/bench_gpu_step" --precision bf16 --steps 3 --warmup 1 \
+  --lengths-out "$OUTDIR/lengths.txt"
+[ -s "$OUTDIR/lengths.txt" ] && bench bench_hf_gpu 150 "$PY" scripts/bench_hf_gpu.py "$OUTDIR/lengths.txt" --steps 3 --warmup 1
+# Our attention against PyTorch's flash SDPA, BERT-Large heads at fixed length 512.
+bench bench_fmha_gpu 60 "$BIN/bench_fmha_gpu"
+bench bench_flash_sdpa 60 "$PY" scripts/bench_flash_sdpa.py
+bench bench_gpu_ops 60 "$BIN/bench_gpu_ops"
 # MST on the GPU: activation peak by kind and step time for M = 1..8 and each recompute mode at
 # 512 / 2048 / 8192 tokens (2 layers of BERT-Large width), and the longest-sequence estimate.
-if [ -x "$BIN/bench_mst" ]; then
-  if timeout 150 "$BIN/bench_mst" --device cuda --lens 512,2048,8192 --reps 2 \
-       > "$OUTDIR/bench_mst.txt" 2>&1; then step "bench_mst (cuda)" "ok"; else step "bench_mst (cuda)" "FAILED (rc $?)"; fi
-fi
+bench bench_mst 120 "$BIN/bench_mst" --device cuda --lens 512,2048,8192 --reps 2
+
+# The headline numbers against the targets (BERT-Large phase 2, bf16, one H200).
+ours=$(awk '$1 == "unpadded" && $4 ~ /^[0-9.]+$/ {print $4; exit}' "$OUTDIR/bench_gpu_step.txt" 2>/dev/null)
+hf=$(awk '$1 == "hf-padded" {print $5; exit}' "$OUTDIR/bench_hf_gpu.txt" 2>/dev/null)
+lamb=$(sed -n 's/^LAMB step over .*: \([0-9.]*\) ms.*/\1/p' "$OUTDIR/bench_gpu_step.txt" 2>/dev/null)
+[ -n "$ours" ] && step "samples/s (ours)" "$ours (target >= 1100)"
+[ -n "$hf" ] && step "samples/s (HF+SDPA)" "$hf$( [ -n "$ours" ] && awk -v a="$ours" -v b="$hf" 'BEGIN{printf "  ours/HF %.2fx (target >= 2.5x)", a/b}')"
+[ -n "$lamb" ] && step "LAMB step" "$lamb ms (target <= 3 ms)"
 
 echo
 echo "== largest op errors (all in $OUTDIR/errors.txt) =="
 awk '{print $NF, $0}' "$OUTDIR/errors.txt" | sort -g | tail -8 | cut -d' ' -f2-
 if [ -s "$OUTDIR/failures.txt" ]; then echo "== first failures =="; head -30 "$OUTDIR/failures.txt"; fi
-for b in "$OUTDIR"/bench_gpu_*.txt "$OUTDIR"/bench_mst.txt; do [ -f "$b" ] && { echo "== $(basename "$b") =="; tail -40 "$b"; }; done
+for b in bench_gpu_step bench_hf_gpu bench_fmha_gpu bench_flash_sdpa bench_gpu_ops bench_mst; do
+  [ -f "$OUTDIR/$b.txt" ] && { echo "== $b =="; tail -40 "$OUTDIR/$b.txt"; }
+done
 echo
 step "elapsed" "$((SECONDS - START)) s"
 echo "== summary =="

@@ -49,48 +49,12 @@
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/params.h"
+#include "bench_util.h"
+#include "op_timer.h"
 
 namespace {
 
 using namespace packbert;
-
-Sample make_sample(std::mt19937_64& rng, int64_t id, int len, int max_predictions, int64_t vocab) {
-  Sample s;
-  s.id = id;
-  std::uniform_int_distribution<int32_t> tok(999, static_cast<int32_t>(vocab - 1));
-  const int len_a = std::max(1, len / 2);
-  for (int i = 0; i < len; ++i) {
-    s.input_ids.push_back(i == 0 ? 101 : tok(rng));
-    s.segment_ids.push_back(i > len_a ? 1 : 0);
-  }
-  const int masked = std::min(max_predictions, std::max(1, (len * 15 + 50) / 100));
-  std::vector<int32_t> pos;
-  for (int i = 1; i < len; ++i) pos.push_back(i);
-  std::shuffle(pos.begin(), pos.end(), rng);
-  pos.resize(std::min<size_t>(pos.size(), static_cast<size_t>(masked)));
-  std::sort(pos.begin(), pos.end());
-  for (int32_t p : pos) {
-    s.masked_lm_positions.push_back(p);
-    s.masked_lm_ids.push_back(tok(rng));
-  }
-  s.next_sentence_label = static_cast<int8_t>(rng() & 1);
-  return s;
-}
-
-// Samples with lengths drawn from the histogram (clipped to max_len) up to ~`tokens` tokens.
-std::vector<Sample> draw(std::mt19937_64& rng, const LengthHistogram& h, int max_len,
-                         int64_t tokens, int64_t vocab) {
-  std::discrete_distribution<int> length(h.counts.begin(), h.counts.end());
-  std::vector<Sample> out;
-  int64_t total = 0;
-  const int max_predictions = max_len <= 128 ? 20 : 76;
-  while (total < tokens) {
-    const int len = std::clamp(length(rng), 2, max_len);
-    out.push_back(make_sample(rng, static_cast<int64_t>(out.size()), len, max_predictions, vocab));
-    total += len;
-  }
-  return out;
-}
 
 // CPU seconds of the whole process (all threads), spin-waits included.
 double process_cpu_seconds() {
@@ -101,17 +65,6 @@ double process_cpu_seconds() {
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::vector<std::string> split_models(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
 }
 
 }  // namespace
@@ -127,8 +80,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--print-lengths")) print_lengths = true;
     if (!std::strcmp(argv[i], "--no-lamb")) with_lamb = false;
   }
-  std::string hist_path =
-      std::string(PACKBERT_REPO_DATA) + "/../tests/data/wikipedia-seqlen-histogram-512.txt";
+  std::string hist_path = bench::default_histogram_path(PACKBERT_REPO_DATA);
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps_given = std::max(1, std::atoi(argv[i + 1]));
@@ -140,8 +92,11 @@ int main(int argc, char** argv) {
   const auto t_start = std::chrono::steady_clock::now();
   try {
     const LengthHistogram hist = load_histogram(hist_path);
-    auto be = make_cpu_backend();
-    for (const std::string& model : split_models(models)) {
+    auto cpu_be = make_cpu_backend();
+    // Every op is timed by kind (op_timer.h; two clock reads per op, nothing else changes).
+    bench::TimedBackend timed_be(*cpu_be, {});
+    Backend* be = &timed_be;
+    for (const std::string& model : bench::split_commas(models)) {
       const BertConfig config = bert_preset(model);
       const int reps = reps_given > 0 ? reps_given : (model == "mini" || model == "tiny" ? 2 : 1);
       const ParamTable table(config);
@@ -185,7 +140,8 @@ int main(int argc, char** argv) {
       std::mt19937_64 rng(7);  // per model: every model times the same batches
       for (int max_len : {128, 512}) {
         // Draw even when skipped, so the 512 batch is the same with or without --max-len 512.
-        const auto samples = draw(rng, hist, max_len, tokens, config.real_vocab_size);
+        const auto samples =
+            bench::draw_samples(rng, hist, max_len, tokens, 0, config.real_vocab_size);
         if (print_lengths) {
           for (const Sample& smp : samples)
             std::printf("%d %d %d\n", max_len, smp.length(), smp.num_masked());
@@ -199,16 +155,20 @@ int main(int argc, char** argv) {
         std::unique_ptr<Bert> berts[3];
         double best[3] = {1e30, 1e30, 1e30}, best_cpu[3] = {1e30, 1e30, 1e30},
                arena[3] = {0, 0, 0};
+        bench::TimedBackend::Seconds split[3] = {};  // of each layout's fastest step
         uint32_t step_no = 0;
         auto step = [&](int i) {
           const Batch& b = batches[i];
+          timed_be.reset();
           const auto t0 = std::chrono::steady_clock::now();
           const double c0 = process_cpu_seconds();
           berts[i]->forward(b, b.num_masked(), b.num_seqs(), step_no++, 1);
           berts[i]->backward();
           if (with_lamb) lamb_step();
           best_cpu[i] = std::min(best_cpu[i], process_cpu_seconds() - c0);
-          return since(t0);
+          const double t = since(t0);
+          if (t < best[i]) split[i] = timed_be.seconds();
+          return t;
         };
         auto start = [&](int i) {  // build and warm up (arena, scratch, page faults)
           berts[i] = std::make_unique<Bert>(config, *be, pv, gv);
@@ -242,6 +202,22 @@ int main(int argc, char** argv) {
                       static_cast<long long>(b.rows), static_cast<long long>(b.num_tokens()),
                       static_cast<long long>(b.num_masked()), best[i] * 1e3, rate[i], arena[i],
                       rate[i] / rate[0], together ? "interl." : "blocks", best_cpu[i] * 1e3);
+        }
+        // Where the fastest step of each layout spent its time. Attention runs over the real
+        // lengths in every layout, and the MLM decoder, NSP and LAMB do not see the layout: only
+        // the GEMM and LayerNorm rows scale with the padded rows.
+        std::printf("%7d  split ms  ", max_len);
+        for (size_t k = 0; k < split[0].size(); ++k)
+          std::printf("%17s", bench::op_kind_name(static_cast<bench::OpKind>(k)));
+        std::printf("%12s\n", "other");
+        for (int i = 0; i < 3; ++i) {
+          std::printf("%7d  %-8s  ", max_len, batch_layout_name(layouts[i]));
+          double sum = 0;
+          for (double sec : split[i]) {
+            std::printf("%17.1f", sec * 1e3);
+            sum += sec;
+          }
+          std::printf("%12.1f\n", (best[i] - sum) * 1e3);
         }
         const double ratio = rate[2] / rate[0];
         const double ideal =
