@@ -9,9 +9,10 @@
 #                                            (sm_80 + sm_90; PACKBERT_BUNDLE_BUILD and
 #                                            PACKBERT_BUNDLE_ARCHS override) and pack the gpu test and bench
 #                                            binaries with the shared libraries a bare GPU
-#                                            machine lacks into DIR (default .device-bundle,
-#                                            git-ignored through .git/info/exclude); name DIR in
-#                                            the device tool's `carry`.
+#                                            machine lacks into DIR/bundle.tar.xz (default DIR
+#                                            .device-bundle, git-ignored through
+#                                            .git/info/exclude; ~9 MB); name DIR in the device
+#                                            tool's `carry`.
 #   scripts/device_check.sh [OUTDIR]         ON THE GPU MACHINE: run them (logs in OUTDIR,
 #                                            default $OUT or out/device_check).
 #
@@ -52,7 +53,11 @@ if [ "${1:-}" = "--bundle" ]; then
         *) cp -L "$path" "$DIR/lib/$name" && strip --strip-unneeded "$DIR/lib/$name" 2>/dev/null ;;
       esac
     done
-  du -sh "$DIR"; ls "$DIR/bin" "$DIR/lib"
+  ls "$DIR/bin" "$DIR/lib"
+  # One xz archive: the device tool carries at most 64 MiB, and OpenBLAS alone is 36 MB raw
+  # (about 9 MB for everything compressed). The check unpacks it on the GPU machine.
+  tar -C "$DIR" -cJf "$DIR/bundle.tar.xz" bin lib && rm -rf "$DIR/bin" "$DIR/lib" || exit 1
+  du -sh "$DIR"
   exit 0
 fi
 
@@ -69,6 +74,9 @@ step "gpu" "$(head -1 "$OUTDIR/gpu.txt")"
 START=$SECONDS
 
 BUNDLE=${PACKBERT_DEVICE_BUNDLE:-.device-bundle}
+if [ -f "$BUNDLE/bundle.tar.xz" ] && [ ! -d "$BUNDLE/bin" ]; then
+  tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz" || { step "binaries" "FAILED to unpack $BUNDLE"; exit 1; }
+fi
 if [ -d "$BUNDLE/bin" ]; then
   BIN="$ROOT/$BUNDLE/bin"
   # CUDA's libraries (cuBLASLt) from the machine: the toolkit, else the CUDA wheels PyTorch

@@ -41,6 +41,7 @@
 #include "../model/mst_formula.h"
 #include "common/philox.h"
 #include "cpu/cpu_backend.h"
+#include "device.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/params.h"
@@ -139,6 +140,10 @@ int main(int argc, char** argv) {
   std::shared_ptr<void> device_params, device_grads;
   if (device == "cuda") {
 #ifdef PACKBERT_HAVE_CUDA
+    if (cuda_device_count() == 0) {
+      std::printf("skipped: %s\n", describe_devices().c_str());  // "no CUDA device (why)"
+      return 0;
+    }
     CudaBackendOptions co;
     co.validate_indices = false;
     co.validate_pointers = false;
