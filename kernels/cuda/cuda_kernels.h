@@ -145,6 +145,51 @@ cudaError_t residual_layernorm_backward(const DeviceLayout& l, const float* dout
                                         float* dgamma, float* dbeta, double* partial,
                                         cudaStream_t s);
 
+// The same four ops with bf16 / f16 storage (backend.h's "lowp:" tensors), in one pass: load,
+// the fp32 math of the functions above, store rounded to nearest even. The host dispatch sends
+// only the combinations the model uses: the op's low-precision tensors all in one format f
+// (bf16 or f16; the embedding tables f32 or f), every other float tensor f32; anything else
+// returns cudaErrorInvalidValue.
+struct EmbeddingLowpPtrs {
+  const void* word;
+  const void* position;
+  const void* token_type;
+  FloatFormat tables;  // of all three: f32 or the op's low-precision format
+  const float* gamma;
+  const float* beta;
+  const int32_t* input_ids;
+  const int32_t* segment_ids;
+};
+cudaError_t embedding_forward_lowp(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
+                                   const DropoutStream& ds, void* out, FloatFormat out_format,
+                                   float* mean, float* rstd, cudaStream_t s);
+// dout (format dout_format) is read, not overwritten: d [rows, h] fp32 is the scratch that takes
+// the gradient wrt the embedding sum.
+cudaError_t embedding_backward_lowp(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
+                                    const DropoutStream& ds, const float* mean, const float* rstd,
+                                    const void* dout, FloatFormat dout_format, float* d,
+                                    float* dword, float* dpos, float* dtype, float* dgamma,
+                                    float* dbeta, double* partial, cudaStream_t s);
+// x, residual, out, ln_in in format f. The row's fp32 h stays in shared memory between the
+// statistics and the normalisation, so h is at most kLowpLayerNormMaxHidden (the 48 KiB a block
+// gets without opting in, less the reduction's 384 bytes).
+constexpr int64_t kLowpLayerNormMaxHidden = 12160;
+cudaError_t residual_layernorm_forward_lowp(const DeviceLayout& l, FloatFormat f, const void* x,
+                                            const float* bias, const void* residual,
+                                            const float* gamma, const float* beta,
+                                            const DropoutStream& ds, int64_t rows, int64_t h,
+                                            void* out, void* ln_in, float* mean, float* rstd,
+                                            cudaStream_t s);
+// dout, ln_in, dx, dresidual in format f. dx32: fp32 [rows, h] scratch, required with dbias
+// (the bias gradient sums the unrounded dx).
+cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat f,
+                                             const void* dout, const void* ln_in,
+                                             const float* mean, const float* rstd,
+                                             const float* gamma, const DropoutStream& ds,
+                                             int64_t rows, int64_t h, void* dx, void* dresidual,
+                                             float* dx32, float* dbias, float* dgamma,
+                                             float* dbeta, double* partial, cudaStream_t s);
+
 // ---- attention (attention_kernels.cu) ------------------------------------------------------
 constexpr int kAttentionMaxHeadDim = 64;  // this step's kernels; see the TODO list there
 cudaError_t attention_forward(const DeviceLayout& l, const float* qkv, int64_t hidden, int heads,

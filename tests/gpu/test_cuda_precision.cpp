@@ -3,10 +3,13 @@
 //   bit for bit the host converters (common/lowp_convert.h, the CPU emulation's);
 // - lamb_step's low-precision copy on the device equals round(master) and the master weights
 //   equal the fp32 step's;
-// - the tiny model's bf16 step (native cuBLASLt GEMMs in bf16 with fp32 accumulation, the
-//   adapter elsewhere, the attention engineer's kernels for attention) against the CPU
-//   backend's bf16 emulation: the loss to 1e-2 relative, every gradient by relative L2; and the
-//   padded layout against the unpadded one on the GPU.
+// - the tiny model's bf16 step (native cuBLASLt GEMMs in bf16 with fp32 accumulation, native
+//   LayerNorm and embedding kernels, the attention engineer's kernels for attention, the
+//   adapter elsewhere) against the CPU backend's bf16 emulation: the loss to 1e-2 relative,
+//   every gradient by relative L2; and the padded layout against the unpadded one on the GPU;
+// - the native bf16 / f16 kernels of embedding_forward / backward and residual_layernorm_forward
+//   / backward against the CPU's emulation, element by element (tolerance derived below), and
+//   that they take no fp32 staging (the adapter's).
 //
 // Tolerance: 3e-2 per tensor, the bf16-vs-fp32 bound of tests/model/test_model_precision.cpp.
 // Both sides store bf16 but round at different points: cuBLASLt sums in other orders (a 1-ulp
@@ -330,6 +333,429 @@ TEST(CudaPrecision, TinyBertBf16MatchesCpuEmulation) {
                               "cuda bf16 padded vs unpadded", gs);
     }
   }
+}
+
+// ---- native bf16 / f16 LayerNorm and embedding kernels -----------------------------------------
+// embedding_forward / backward and residual_layernorm_forward / backward with their "lowp:"
+// tensors in bf16 or f16 (the combinations the model passes: those tensors in one dtype, the
+// embedding tables f32 or in that dtype) against the CPU backend's emulation (widen, fp32 op,
+// round) on the same 16-bit inputs.
+//
+// Tolerance. Both sides compute the same fp32 expressions per element and differ only in the
+// order of the row reductions (Welford merges, double sums of the backward, column sums), which
+// moves the fp32 value before the final rounding by a few fp32 ulps of the row's scale (~2e-7
+// relative; FMA contraction on the GPU adds half an fp32 ulp). Rounding to 16 bits then gives
+// the same bits unless that fp32 value sits that close to a rounding midpoint: probability
+// ~2e-7 / 2^-8 = 5e-5 per bf16 element, 4e-4 per f16 element, a few times more for elements
+// that are small against their row (cancellation in LayerNorm's output and dx: the error is
+// relative to the row, the ulp to the element). So per element: |gpu - cpu| <= 2 ulps of the
+// format at |cpu| (a flipped rounding is 1 ulp), plus 1e-5 of the tensor's rms for elements
+// near zero; and at least 98% of the elements bit for bit (the estimate gives > 99.5% for f16).
+// The fp32 outputs (statistics, parameter gradients) are fp32 against fp32 in another order:
+// test_cuda_ops's kTol (1e-5).
+//
+// The native path is asserted by the memory it does not use: the adapter widens every
+// low-precision tensor into a grow-only fp32 staging buffer of [rows, H] on first use, the native
+// forward kernels allocate nothing and the native LayerNorm backward one fp32 [rows, H] buffer
+// (dx for dbias). A fresh backend's first calls on a large shape are measured with
+// cudaMemGetInfo (NativeKernelsNeedNoStaging). embedding_backward stages one [rows, H] buffer
+// either way (dout widened, or the fp32 gradient scratch), so it is not told apart there; it
+// dispatches on the same predicate as the forward.
+
+constexpr double kFp32Tol = 1e-5;
+constexpr double kMinExact = 0.98;
+constexpr uint16_t kNaN16 = 0x7FC1;  // a NaN as bf16 and as f16
+
+uint16_t round16(DType t, float x) {
+  return t == DType::bf16 ? lowp::float_to_bf16(x) : lowp::float_to_f16(x);
+}
+float widen16(DType t, uint16_t b) {
+  return t == DType::bf16 ? lowp::bf16_to_float(b) : lowp::f16_to_float(b);
+}
+std::vector<uint16_t> round16(DType t, const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = round16(t, v[i]);
+  return b;
+}
+Tensor view16(std::vector<uint16_t>& v, DType t, std::initializer_list<int64_t> dims) {
+  return Tensor(v.data(), t, dims, Device::cpu);
+}
+
+// One unit in the last place of the format at |x|.
+double ulp16(DType t, double x) {
+  const int mant = t == DType::bf16 ? 7 : 10;
+  int e = 0;
+  std::frexp(x == 0.0 ? 1e-30 : std::abs(x), &e);  // |x| = m 2^e, m in [0.5, 1)
+  const double u = std::ldexp(1.0, e - 1 - mant);
+  return t == DType::f16 ? std::max(u, std::ldexp(1.0, -24)) : u;
+}
+
+// A bf16 / f16 device buffer between NaN guards, NaN-filled (written outputs) or set.
+class Guarded16 {
+ public:
+  static constexpr size_t kGuard = 64;
+  Guarded16(DType t, std::vector<int64_t> dims) : t_(t), dims_(std::move(dims)) {
+    n_ = 1;
+    for (int64_t d : dims_) n_ *= static_cast<size_t>(d);
+    base_ = static_cast<uint16_t*>(cuda_alloc((n_ + 2 * kGuard) * 2));
+    const std::vector<uint16_t> pattern(n_ + 2 * kGuard, kNaN16);
+    cuda_ok(cudaMemcpy(base_, pattern.data(), pattern.size() * 2, cudaMemcpyHostToDevice),
+            "Guarded16 fill");
+  }
+  Guarded16(DType t, std::vector<int64_t> dims, const std::vector<uint16_t>& bits)
+      : Guarded16(t, std::move(dims)) {
+    EXPECT_EQ(bits.size(), n_);
+    cuda_ok(cudaMemcpy(base_ + kGuard, bits.data(), n_ * 2, cudaMemcpyHostToDevice),
+            "Guarded16 set");
+  }
+  ~Guarded16() { cuda_free(base_); }
+  Guarded16(const Guarded16&) = delete;
+  Guarded16& operator=(const Guarded16&) = delete;
+  Tensor tensor() const {
+    Tensor v(base_ + kGuard, t_, {}, Device::cuda);
+    v.ndim = static_cast<int>(dims_.size());
+    for (size_t i = 0; i < dims_.size(); ++i) v.shape[i] = dims_[i];
+    return v;
+  }
+  std::vector<uint16_t> bits() const { return read16(base_ + kGuard, n_); }
+  bool guards_intact() const {
+    for (const uint16_t* p : {base_, base_ + kGuard + n_})
+      for (uint16_t b : read16(p, kGuard))
+        if (b != kNaN16) return false;
+    return true;
+  }
+
+ private:
+  DType t_;
+  std::vector<int64_t> dims_;
+  size_t n_ = 0;
+  uint16_t* base_ = nullptr;
+};
+
+// The 16-bit output `got` (device) against the emulation's `want`: guards, every element written
+// and finite, per-element ulps, the fraction of exact matches (see the tolerance above).
+void expect_lowp_match(const std::string& what, DType t, const Guarded16& got,
+                       const std::vector<uint16_t>& want) {
+  EXPECT_TRUE(got.guards_intact()) << what << ": write outside the buffer";
+  const std::vector<uint16_t> g = got.bits();
+  ASSERT_EQ(g.size(), want.size()) << what;
+  double ss = 0;
+  for (uint16_t w : want) ss += static_cast<double>(widen16(t, w)) * widen16(t, w);
+  const double floor = 1e-5 * std::sqrt(ss / static_cast<double>(std::max<size_t>(want.size(), 1)));
+  size_t exact = 0, bad = 0, non_finite = 0;
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double a = widen16(t, g[i]), b = widen16(t, want[i]);
+    if (!std::isfinite(a) || !std::isfinite(b)) {  // NaN never passes
+      ++non_finite;
+      continue;
+    }
+    exact += g[i] == want[i];
+    const double ulps = std::abs(a - b) / ulp16(t, b);
+    worst = std::max(worst, ulps);
+    if (std::abs(a - b) > 2 * ulp16(t, b) + floor) {
+      if (bad++ < 5)
+        ADD_FAILURE() << what << ": element " << i << " is " << a << ", the emulation's " << b;
+    }
+  }
+  const double frac = g.empty() ? 1.0 : static_cast<double>(exact) / static_cast<double>(g.size());
+  std::printf("[lowp-error] %-62s exact %.5f worst %.1f ulp\n", what.c_str(), frac, worst);
+  EXPECT_EQ(non_finite, 0u) << what << ": unwritten or non-finite elements (either side)";
+  EXPECT_EQ(bad, 0u) << what;
+  EXPECT_GE(frac, kMinExact) << what;
+}
+
+void expect_fp32_close(const std::string& what, const std::vector<float>& got,
+                       const std::vector<float>& want) {
+  const double e = rel_l2(got.data(), want.data(), static_cast<int64_t>(want.size()));
+  std::printf("[lowp-error] %-62s rel %.2e\n", what.c_str(), e);
+  EXPECT_LE(e, kFp32Tol) << what;
+}
+
+Dropout lowp_dropout(bool on, uint64_t seed, DropoutSite site, uint32_t layer) {
+  Dropout d;
+  d.p = on ? 0.1f : 0.f;
+  d.seed = seed;
+  d.step = 4321;
+  d.layer = layer;
+  d.site = site;
+  return d;
+}
+
+TEST(CudaPrecision, ResidualLayerNormLowpMatchesCpuEmulation) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  CudaBackendOptions co;
+  co.sync_each_op = true;
+  auto gpu = make_cuda_backend(0, co);
+  auto rng = make_rng(601);
+  // bits: 1 bias, 2 residual, 4 dropout, 8 ln_in aliases x, 16 dresidual aliases dout,
+  // 32 parameter gradients (dbias, dgamma, dbeta), 64 no dresidual, 128 the MLM transform's
+  // call (no layout, nothing but x)
+  const int variants[] = {1 | 2 | 4 | 32,  1 | 2 | 8 | 16 | 32, 2 | 4 | 8, 1 | 4 | 64 | 32,
+                          1 | 2 | 4 | 16, 0,                   128 | 8 | 32 | 64};
+  for (DType t : {DType::bf16, DType::f16})
+    for (int var : variants)
+      for (int64_t h : {int64_t{130}, int64_t{768}}) {
+        const std::vector<int32_t> lens = {1, 33, 12, 64, 7};
+        const HostLayout l = padded(lens, random_sample_ids(rng, lens.size()), 64);
+        const int64_t rows = l.rows;
+        const bool drop = var & 4, alias_in = var & 8, alias_res = var & 16, pg = var & 32,
+                   no_res = var & 64, plain = var & 128;
+        const std::string what = fmt::format("residual_layernorm {} var {} h {}", dtype_name(t),
+                                             var, h);
+        const Dropout d = lowp_dropout(drop, rng(), DropoutSite::attention_output, 3);
+        std::vector<uint16_t> x = round16(t, random_floats(rng, rows * h, 2.f));
+        std::vector<uint16_t> res = round16(t, random_floats(rng, rows * h, 2.f));
+        auto bias = random_floats(rng, h), gamma = random_floats(rng, h),
+             beta = random_floats(rng, h);
+        // CPU emulation.
+        std::vector<uint16_t> hx = x, out(rows * h), ln_in(rows * h);
+        std::vector<float> mean(rows), rstd(rows);
+        DevLayout dl(l);
+        const SeqLayout hl = plain ? SeqLayout{} : l.view();
+        const SeqLayout gl = plain ? SeqLayout{} : dl.view();
+        cpu->residual_layernorm_forward(
+            hl, view16(hx, t, {rows, h}), var & 1 ? view(bias.data(), {h}) : Tensor(),
+            var & 2 ? view16(res, t, {rows, h}) : Tensor(),
+            {view(gamma.data(), {h}), view(beta.data(), {h})}, d, view16(out, t, {rows, h}),
+            alias_in ? view16(hx, t, {rows, h}) : view16(ln_in, t, {rows, h}),
+            view(mean.data(), {rows}), view(rstd.data(), {rows}));
+        if (alias_in) ln_in = hx;
+        // Device.
+        Guarded16 gx(t, {rows, h}, x), gres(t, {rows, h}, res), gout(t, {rows, h}),
+            gln(t, {rows, h});
+        DevBuf<float> gbias({h}, bias), ggamma({h}, gamma), gbeta({h}, beta), gmean({rows}),
+            grstd({rows});
+        gpu->residual_layernorm_forward(
+            gl, gx.tensor(), var & 1 ? gbias.tensor() : Tensor(),
+            var & 2 ? gres.tensor() : Tensor(), {ggamma.tensor(), gbeta.tensor()}, d,
+            gout.tensor(), alias_in ? gx.tensor() : gln.tensor(), gmean.tensor(),
+            grstd.tensor());
+        cuda_synchronize(*gpu);
+        expect_lowp_match(what + " out", t, gout, out);
+        expect_lowp_match(what + " ln_in", t, alias_in ? gx : gln, ln_in);
+        EXPECT_DEV_OUTPUT_OK(gmean);
+        EXPECT_DEV_OUTPUT_OK(grstd);
+        expect_fp32_close(what + " mean", gmean.values(), mean);
+        expect_fp32_close(what + " rstd", grstd.values(), rstd);
+
+        // Backward from the emulation's saved ln_in, mean, rstd (only the backward compared).
+        std::vector<uint16_t> dy = round16(t, random_floats(rng, rows * h));
+        const auto gg0 = random_floats(rng, h), gb0 = random_floats(rng, h),
+                   gbias0 = random_floats(rng, h);
+        std::vector<uint16_t> hdy = dy, hdx(rows * h), hdres(rows * h);
+        std::vector<float> cg = gg0, cb = gb0, cbias = gbias0;
+        const Tensor hres = no_res ? Tensor()
+                            : alias_res ? view16(hdy, t, {rows, h})
+                                        : view16(hdres, t, {rows, h});
+        cpu->residual_layernorm_backward(
+            hl, view16(hdy, t, {rows, h}), view16(ln_in, t, {rows, h}), view(mean.data(), {rows}),
+            view(rstd.data(), {rows}), {view(gamma.data(), {h}), Tensor()}, d,
+            view16(hdx, t, {rows, h}), hres, pg ? view(cbias.data(), {h}) : Tensor(),
+            {pg ? view(cg.data(), {h}) : Tensor(), pg ? view(cb.data(), {h}) : Tensor()});
+        if (alias_res) hdres = hdy;
+        Guarded16 gdy(t, {rows, h}, dy), glnin(t, {rows, h}, ln_in), gdx(t, {rows, h}),
+            gdres(t, {rows, h});
+        DevBuf<float> gmean2({rows}, mean), grstd2({rows}, rstd), ggg({h}, gg0), ggb({h}, gb0),
+            ggbias({h}, gbias0);
+        const Tensor dres = no_res ? Tensor() : alias_res ? gdy.tensor() : gdres.tensor();
+        gpu->residual_layernorm_backward(
+            gl, gdy.tensor(), glnin.tensor(), gmean2.tensor(), grstd2.tensor(),
+            {ggamma.tensor(), Tensor()}, d, gdx.tensor(), dres, pg ? ggbias.tensor() : Tensor(),
+            {pg ? ggg.tensor() : Tensor(), pg ? ggb.tensor() : Tensor()});
+        cuda_synchronize(*gpu);
+        expect_lowp_match(what + " dx", t, gdx, hdx);
+        if (!no_res) expect_lowp_match(what + " dresidual", t, alias_res ? gdy : gdres, hdres);
+        if (!alias_res) {
+          EXPECT_EQ(gdy.bits(), dy) << what << ": dout changed";
+        }
+        EXPECT_EQ(glnin.bits(), ln_in) << what << ": ln_in changed";
+        if (pg) {
+          expect_fp32_close(what + " dbias", ggbias.values(), cbias);
+          expect_fp32_close(what + " dgamma", ggg.values(), cg);
+          expect_fp32_close(what + " dbeta", ggb.values(), cb);
+        }
+        EXPECT_TRUE(ggbias.guards_intact() && ggg.guards_intact() && ggb.guards_intact()) << what;
+      }
+}
+
+TEST(CudaPrecision, EmbeddingLowpMatchesCpuEmulation) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  CudaBackendOptions co;
+  co.sync_each_op = true;
+  auto gpu = make_cuda_backend(0, co);
+  auto rng = make_rng(602);
+  const int64_t vocab = 50, positions = 64, types = 2;
+  for (DType t : {DType::bf16, DType::f16})
+    for (int trial = 0; trial < 8; ++trial) {
+      // trial bits: 1 dropout, 2 tables in t (else f32, as the model passes them), 4 unpadded
+      // layout (else padded), and trial 3 / 6 leave out some parameter gradients.
+      const bool drop = trial & 1, lowp_tables = trial & 2, unpad = trial & 4;
+      const int64_t h = trial % 3 == 0 ? 130 : 256;
+      const std::vector<int32_t> lens = {1, 17, 64, 3, 9};
+      const auto ids = random_sample_ids(rng, lens.size());
+      const HostLayout l = unpad ? unpadded(lens, ids) : padded(lens, ids, 64);
+      const int64_t rows = l.rows;
+      const DType tt = lowp_tables ? t : DType::f32;
+      const std::string what = fmt::format("embedding {} tables {} trial {} h {}", dtype_name(t),
+                                           dtype_name(tt), trial, h);
+      const Dropout d = lowp_dropout(drop, rng(), DropoutSite::embedding, 0);
+      // Tables: f32 values exactly representable in t, so both table dtypes see the same values.
+      auto table = [&](int64_t n) {
+        std::vector<float> v = random_floats(rng, n);
+        for (float& x : v) x = widen16(t, round16(t, x));
+        return v;
+      };
+      std::vector<float> word = table(vocab * h), pos = table(positions * h),
+                         type = table(types * h);
+      std::vector<uint16_t> word16 = round16(t, word), pos16 = round16(t, pos),
+                            type16 = round16(t, type);
+      auto gamma = random_floats(rng, h), beta = random_floats(rng, h);
+      auto tok = random_ints(rng, rows, 0, vocab - 1), seg = random_ints(rng, rows, 0, types - 1);
+      auto tab = [&](std::vector<float>& f, std::vector<uint16_t>& b, int64_t n) {
+        return lowp_tables ? view16(b, t, {n, h}) : view(f.data(), {n, h});
+      };
+      const EmbeddingParams hp{tab(word, word16, vocab), tab(pos, pos16, positions),
+                               tab(type, type16, types), view(gamma.data(), {h}),
+                               view(beta.data(), {h})};
+      std::vector<uint16_t> out(rows * h);
+      std::vector<float> mean(rows), rstd(rows);
+      cpu->embedding_forward(l.view(), view(tok.data(), {rows}), view(seg.data(), {rows}), hp, d,
+                             view16(out, t, {rows, h}), view(mean.data(), {rows}),
+                             view(rstd.data(), {rows}));
+      DevLayout dl(l);
+      DevBuf<float> gword({vocab, h}, word), gpos({positions, h}, pos), gtype({types, h}, type),
+          ggamma({h}, gamma), gbeta({h}, beta), gmean({rows}), grstd({rows});
+      Guarded16 gword16(t, {vocab, h}, word16), gpos16(t, {positions, h}, pos16),
+          gtype16(t, {types, h}, type16), gout(t, {rows, h});
+      DevBuf<int32_t> gtok({rows}, tok), gseg({rows}, seg);
+      const EmbeddingParams gp{lowp_tables ? gword16.tensor() : gword.tensor(),
+                               lowp_tables ? gpos16.tensor() : gpos.tensor(),
+                               lowp_tables ? gtype16.tensor() : gtype.tensor(), ggamma.tensor(),
+                               gbeta.tensor()};
+      gpu->embedding_forward(dl.view(), gtok.tensor(), gseg.tensor(), gp, d, gout.tensor(),
+                             gmean.tensor(), grstd.tensor());
+      cuda_synchronize(*gpu);
+      expect_lowp_match(what + " out", t, gout, out);
+      EXPECT_DEV_OUTPUT_OK(gmean);
+      EXPECT_DEV_OUTPUT_OK(grstd);
+      expect_fp32_close(what + " mean", gmean.values(), mean);
+      expect_fp32_close(what + " rstd", grstd.values(), rstd);
+
+      // Backward from the emulation's statistics; the gradients (f32) accumulate.
+      const bool some = trial == 3 || trial == 6;
+      std::vector<uint16_t> dy = round16(t, random_floats(rng, rows * h)), hdy = dy;
+      const auto gw0 = random_floats(rng, vocab * h), gp0 = random_floats(rng, positions * h),
+                 gt0 = random_floats(rng, types * h), gg0 = random_floats(rng, h),
+                 gb0 = random_floats(rng, h);
+      std::vector<float> gw = gw0, gpv = gp0, gt = gt0, gg = gg0, gb = gb0;
+      const EmbeddingParams hg{view(gw.data(), {vocab, h}),
+                               some ? Tensor() : view(gpv.data(), {positions, h}),
+                               view(gt.data(), {types, h}),
+                               some ? Tensor() : view(gg.data(), {h}), view(gb.data(), {h})};
+      cpu->embedding_backward(l.view(), view(tok.data(), {rows}), view(seg.data(), {rows}), hp, d,
+                              view(mean.data(), {rows}), view(rstd.data(), {rows}),
+                              view16(hdy, t, {rows, h}), hg);
+      Guarded16 gdy(t, {rows, h}, dy);
+      DevBuf<float> gmean2({rows}, mean), grstd2({rows}, rstd), ggw({vocab, h}, gw0),
+          ggp({positions, h}, gp0), ggt({types, h}, gt0), ggg({h}, gg0), ggb({h}, gb0);
+      const EmbeddingParams gg_{ggw.tensor(), some ? Tensor() : ggp.tensor(), ggt.tensor(),
+                                some ? Tensor() : ggg.tensor(), ggb.tensor()};
+      gpu->embedding_backward(dl.view(), gtok.tensor(), gseg.tensor(), gp, d, gmean2.tensor(),
+                              grstd2.tensor(), gdy.tensor(), gg_);
+      cuda_synchronize(*gpu);
+      EXPECT_TRUE(gdy.guards_intact()) << what << ": dout written outside the buffer";
+      expect_fp32_close(what + " dword", ggw.values(), gw);
+      expect_fp32_close(what + " dtype", ggt.values(), gt);
+      expect_fp32_close(what + " dbeta", ggb.values(), gb);
+      if (!some) {
+        expect_fp32_close(what + " dpos", ggp.values(), gpv);
+        expect_fp32_close(what + " dgamma", ggg.values(), gg);
+      } else {
+        EXPECT_EQ(ggp.values(), gp0) << what << ": dpos written though not given";
+        EXPECT_EQ(ggg.values(), gg0) << what << ": dgamma written though not given";
+      }
+      EXPECT_TRUE(ggw.guards_intact() && ggp.guards_intact() && ggt.guards_intact() &&
+                  ggg.guards_intact() && ggb.guards_intact())
+          << what;
+    }
+}
+
+// See the comment above expect_lowp_match: the adapter would stage every 16-bit tensor in fp32.
+TEST(CudaPrecision, NativeKernelsNeedNoStaging) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto rng = make_rng(603);
+  const DType t = DType::bf16;
+  const int64_t rows = 4096, h = 1024, vocab = 64, positions = 64;
+  const double copy = static_cast<double>(rows * h) * sizeof(float);  // one fp32 [rows, H]
+  std::vector<int32_t> lens(64, 64);
+  const HostLayout l = unpadded(lens, random_sample_ids(rng, lens.size()));
+  DevLayout dl(l);
+  Guarded16 x(t, {rows, h}, round16(t, random_floats(rng, rows * h))), out(t, {rows, h}),
+      ln_in(t, {rows, h}), dx(t, {rows, h});
+  DevBuf<float> bias({h}, random_floats(rng, h)), gamma({h}, random_floats(rng, h)),
+      beta({h}, random_floats(rng, h)), mean({rows}), rstd({rows}),
+      dbias({h}, random_floats(rng, h)), word({vocab, h}, random_floats(rng, vocab * h)),
+      pos({positions, h}, random_floats(rng, positions * h)),
+      type({2, h}, random_floats(rng, 2 * h));
+  DevBuf<int32_t> tok({rows}, random_ints(rng, rows, 0, vocab - 1)),
+      seg({rows}, random_ints(rng, rows, 0, 1));
+  const Dropout d = lowp_dropout(true, rng(), DropoutSite::ffn_output, 1);
+  const EmbeddingParams ep{word.tensor(), pos.tensor(), type.tensor(), gamma.tensor(),
+                           beta.tensor()};
+  auto used = [] {
+    size_t free_b = 0, total_b = 0;
+    cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return static_cast<double>(total_b - free_b);
+  };
+  {
+    // Loads the kernels (lazy module loading allocates device memory of its own) on a small shape.
+    auto warm = make_cuda_backend(0, CudaBackendOptions{});
+    std::vector<int32_t> small = {3};
+    const HostLayout sl = unpadded(small, random_sample_ids(rng, 1));
+    DevLayout sdl(sl);
+    Guarded16 sx(t, {3, h}, round16(t, random_floats(rng, 3 * h))), so(t, {3, h}), sln(t, {3, h}),
+        sdx(t, {3, h});
+    DevBuf<float> sm({3}), sr({3});
+    DevBuf<int32_t> st({3}, {1, 2, 3}), ss({3}, {0, 1, 0});
+    warm->residual_layernorm_forward(sdl.view(), sx.tensor(), bias.tensor(), Tensor(),
+                                     {gamma.tensor(), beta.tensor()}, d, so.tensor(), sln.tensor(),
+                                     sm.tensor(), sr.tensor());
+    warm->residual_layernorm_backward(sdl.view(), so.tensor(), sln.tensor(), sm.tensor(),
+                                      sr.tensor(), {gamma.tensor(), Tensor()}, d, sdx.tensor(),
+                                      Tensor(), dbias.tensor(), {});
+    warm->embedding_forward(sdl.view(), st.tensor(), ss.tensor(), ep, d, so.tensor(), sm.tensor(),
+                            sr.tensor());
+    cuda_synchronize(*warm);
+  }
+  auto gpu = make_cuda_backend(0, CudaBackendOptions{});
+  cuda_synchronize(*gpu);
+  double before = used();
+  gpu->residual_layernorm_forward(dl.view(), x.tensor(), bias.tensor(), Tensor(),
+                                  {gamma.tensor(), beta.tensor()}, d, out.tensor(),
+                                  ln_in.tensor(), mean.tensor(), rstd.tensor());
+  cuda_synchronize(*gpu);
+  double grew = used() - before;
+  std::printf("[lowp-error] residual_layernorm_forward staging %.1f MiB\n", grew / 1048576.0);
+  EXPECT_LT(grew, 0.5 * copy) << "residual_layernorm_forward staged its bf16 tensors";
+  before = used();
+  gpu->residual_layernorm_backward(dl.view(), out.tensor(), ln_in.tensor(), mean.tensor(),
+                                   rstd.tensor(), {gamma.tensor(), Tensor()}, d, dx.tensor(),
+                                   Tensor(), dbias.tensor(), {});
+  cuda_synchronize(*gpu);
+  grew = used() - before;
+  std::printf("[lowp-error] residual_layernorm_backward staging %.1f MiB\n", grew / 1048576.0);
+  EXPECT_LT(grew, 1.5 * copy) << "residual_layernorm_backward staged its bf16 tensors";
+  before = used();
+  gpu->embedding_forward(dl.view(), tok.tensor(), seg.tensor(), ep, d, out.tensor(),
+                         mean.tensor(), rstd.tensor());
+  cuda_synchronize(*gpu);
+  grew = used() - before;
+  std::printf("[lowp-error] embedding_forward staging %.1f MiB\n", grew / 1048576.0);
+  EXPECT_LT(grew, 0.5 * copy) << "embedding_forward staged its bf16 output";
+  EXPECT_TRUE(out.guards_intact() && ln_in.guards_intact() && dx.guards_intact());
 }
 
 }  // namespace
