@@ -68,6 +68,11 @@ struct SeqLayout {
   Tensor token_seq;      // i32 [rows]: sequence of each row, -1 for padding
   Tensor token_pos;      // i32 [rows]: position inside its sequence (0 for padding); this is
                          // also the position-embedding index, so positions restart per sequence
+  // Optional: a host copy of seq_len (num_seqs values, equal to it), when the caller has one
+  // (the model keeps its batch's). A device backend then plans its attention launches without
+  // reading seq_len back, which would wait for the stream; with index validation on it checks
+  // the copy against seq_len.
+  const int32_t* host_seq_len = nullptr;
 };
 
 enum class DropoutSite : uint32_t {

@@ -155,6 +155,8 @@ std::vector<T> copy_to_host(const char* op, const Tensor& t, cudaStream_t s) {
 std::vector<int32_t> fmha_host_lengths(const char* op, const SeqLayout& l, bool validate,
                                        cudaStream_t s) {
   if (l.num_seqs == 0 && !validate) return {};
+  if (l.host_seq_len != nullptr && !validate)  // the caller's copy: no read-back, no wait
+    return std::vector<int32_t>(l.host_seq_len, l.host_seq_len + l.num_seqs);
   std::vector<int32_t> len = copy_to_host<int32_t>(op, l.seq_len, s);
   if (validate) {
     const auto start = copy_to_host<int32_t>(op, l.seq_start, s);
@@ -164,6 +166,11 @@ std::vector<int32_t> fmha_host_lengths(const char* op, const SeqLayout& l, bool 
     FmhaStreams::check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(s));
     checks::check_layout_arrays(
         op, l, {start.data(), len.data(), sample.data(), tseq.data(), tpos.data()}, l.rows);
+    if (l.host_seq_len != nullptr)
+      for (int32_t i = 0; i < l.num_seqs; ++i)
+        PB_REQUIRE(l.host_seq_len[i] == len[static_cast<size_t>(i)],
+                   "{}: layout host_seq_len[{}] = {} but seq_len[{}] = {}", op, i,
+                   l.host_seq_len[i], i, len[static_cast<size_t>(i)]);
   } else {
     FmhaStreams::check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(s));
   }

@@ -33,9 +33,10 @@ FmhaShape fmha_attention_shape(const char* op, const SeqLayout& layout, const Te
 // Each bucket's grid (count x ceil(max_len / tile) blocks) fits CUDA's grid.
 void fmha_check_grid(const char* op, const FmhaPlan& plan, int tile);
 
-// The layout's seq_len on the host (copied on stream s, which is then synchronised); with
-// validate also its other arrays, checked by common/op_checks.h exactly as device_layout would:
-// one host copy of the layout per op.
+// The layout's seq_len on the host: the caller's layout.host_seq_len when given (no copy, no
+// wait), else copied on stream s, which is then synchronised. With validate the arrays are
+// always copied and checked by common/op_checks.h exactly as device_layout would (one host copy
+// of the layout per op), and host_seq_len, when given, must equal seq_len.
 std::vector<int32_t> fmha_host_lengths(const char* op, const SeqLayout& layout, bool validate,
                                        cudaStream_t s);
 

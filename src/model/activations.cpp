@@ -116,6 +116,9 @@ void upload_batch(Backend& be, const Batch& b, Bert::Activations& a) {
   put(a.nsp_labels, b.nsp_labels);
   put(a.masked_rows, b.masked_rows);
   put(a.masked_labels, b.masked_labels);
+  // Kept on the host too, so that a device backend plans attention without a read-back.
+  a.host_seq_len = b.seq_len;
+  a.layout.host_seq_len = a.host_seq_len.empty() ? nullptr : a.host_seq_len.data();
 }
 
 }  // namespace packbert

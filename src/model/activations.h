@@ -57,6 +57,7 @@ struct Bert::Activations {
   Tensor nsp_labels;                      // i32 [seqs]
   Tensor masked_rows, masked_labels;      // i32 [masked]
   SeqLayout layout;                       // over the tensors above
+  std::vector<int32_t> host_seq_len;      // the batch's seq_len on the host (layout.host_seq_len)
 
   // Forward.
   Tensor emb_ln_mean, emb_ln_rstd;        // [rows]

@@ -42,6 +42,7 @@ SeqLayout Batch::host_layout() const {
   l.sample_id = view(sample_id.data(), {s});
   l.token_seq = view(token_seq.data(), {rows});
   l.token_pos = view(token_pos.data(), {rows});
+  l.host_seq_len = seq_len.empty() ? nullptr : seq_len.data();
   return l;
 }
 

@@ -335,6 +335,42 @@ TEST(CudaFmha, WithoutIndexValidation) {
   lowp_case(b, rng, DType::bf16, packed(kMixed, ids, 512), 2, 0.1f, "no validation");
 }
 
+// SeqLayout::host_seq_len: without validation the plan comes from the caller's copy (no
+// read-back) and the results are the same bits; with validation a copy that disagrees with
+// seq_len is an error naming it.
+TEST(CudaFmha, HostLengthsGiveTheSameBitsAndAreChecked) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto rng = make_rng(106);
+  const auto ids = random_sample_ids(rng, kMixed.size());
+  const HostLayout l = unpadded(kMixed, ids);
+  const int heads = 2;
+  const int64_t rows = l.rows, hidden = int64_t{heads} * 64;
+  const Dropout d = make_dropout(0.1f, rng());
+  const std::vector<uint16_t> qkv16 =
+      round16(DType::bf16, random_floats(rng, rows * 3 * hidden, 2.f));
+  DevLayout dl(l);
+  Dev16 dq(DType::bf16, {rows, 3 * hidden}, qkv16);
+  Dev16 out_a(DType::bf16, {rows, hidden}), out_b(DType::bf16, {rows, hidden});
+  DevBuf<float> lse_a({rows, heads}), lse_b({rows, heads});
+  Backends fast(false);
+  SeqLayout with_host = dl.view();
+  with_host.host_seq_len = l.seq_len.data();
+  fast.gpu->attention_forward(dl.view(), dq.tensor(), heads, d, out_a.tensor(), lse_a.tensor());
+  fast.gpu->attention_forward(with_host, dq.tensor(), heads, d, out_b.tensor(), lse_b.tensor());
+  EXPECT_EQ(out_a.bits(), out_b.bits());
+  EXPECT_EQ(lse_a.values(), lse_b.values());
+
+  Backends checked(true);
+  std::vector<int32_t> wrong = l.seq_len;
+  wrong[3] += 1;
+  SeqLayout bad = dl.view();
+  bad.host_seq_len = wrong.data();
+  const std::string e = error_of([&] {
+    checked.gpu->attention_forward(bad, dq.tensor(), heads, d, out_b.tensor(), lse_b.tensor());
+  });
+  EXPECT_NE(e.find("host_seq_len[3]"), std::string::npos) << e;
+}
+
 // The fp32 kernels through the grouped launch: the tolerances of test_cuda_ops.cpp.
 void f32_case(Backends& b, std::mt19937_64& rng, const HostLayout& l, int64_t hidden, int heads,
               float p, const std::string& name) {
