@@ -2,6 +2,7 @@
 // model expects them, and bad samples or packs are errors naming the sample.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "model_test_util.h"
@@ -59,7 +60,16 @@ TEST(ModelBatch, EveryLayoutHoldsTheSamples) {
       EXPECT_EQ(b.rows, 9 * 40);
     } else {
       EXPECT_EQ(b.rows % 40, 0);
-      EXPECT_LT(b.rows, 9 * 40);
+      // Packing saves a row of 40 exactly when some two sequences fit in one: then the two
+      // shortest do, and the packer (longest first, each into the first pack with room) puts
+      // the shorter beside the longer. Random lengths in 5..40 all above 20 (0.5% of draws)
+      // leave nothing to pack.
+      std::vector<int> sorted = lengths;
+      std::sort(sorted.begin(), sorted.end());
+      if (sorted[0] + sorted[1] <= 40)
+        EXPECT_LT(b.rows, 9 * 40);
+      else
+        EXPECT_EQ(b.rows, 9 * 40);
     }
     int64_t padding = 0;
     for (int64_t r = 0; r < b.rows; ++r)
