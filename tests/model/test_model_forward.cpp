@@ -11,9 +11,12 @@ namespace {
 
 TEST(ModelForward, LossAtInitIsLogVocabPlusLog2) {
   // With weights ~ N(0, 0.02) the logits are nearly equal: MLM ~ ln V (plus var(logit) / 2 ~
-  // 0.02^2 * H / 2 = 0.026 for the tiny model), NSP ~ ln 2. The tolerances are ~5 standard
-  // deviations of the batch means (the label logits, ~N(0, 0.23^2), averaged over ~150 masked
-  // tokens; NSP losses ln 2 +- ~0.025 over 16 samples).
+  // 0.02^2 * H / 2 = 0.026 for the tiny model), NSP ~ ln 2. MLM: the label logits, ~N(0,
+  // 0.23^2), averaged over ~150 masked tokens (300 seeds: mean - ln V in -0.03 .. 0.07). NSP:
+  // the pooled [CLS] vectors of a batch are nearly the same at init (same token, same
+  // position), so the two-class logit difference d is shared by the batch and the mean loss
+  // moves by (label imbalance) * d / 2, a product of two random variables with a heavy tail
+  // (300 seeds: rms 0.0095, 99th percentile 0.039, max 0.056); 0.15 is ~16 rms.
   auto rng = model_rng(31);
   auto be = make_cpu_backend();
   HostModel m(bert_preset("tiny"), rng());
@@ -31,8 +34,8 @@ TEST(ModelForward, LossAtInitIsLogVocabPlusLog2) {
   std::printf("init loss %.4f = mlm %.4f (ln V %.4f) + nsp %.4f (ln 2 %.4f)\n", r.loss, mlm, ln_v,
               nsp, std::log(2.0));
   EXPECT_NEAR(mlm, ln_v + 0.026, 0.1);
-  EXPECT_NEAR(nsp, std::log(2.0), 0.03);
-  EXPECT_NEAR(r.loss, ln_v + 0.026 + std::log(2.0), 0.13);
+  EXPECT_NEAR(nsp, std::log(2.0), 0.15);
+  EXPECT_NEAR(r.loss, ln_v + 0.026 + std::log(2.0), 0.25);
   EXPECT_EQ(r.masked_tokens, b.num_masked());
   EXPECT_EQ(r.sequences, 16);
   EXPECT_LE(r.mlm_correct, r.masked_tokens);
