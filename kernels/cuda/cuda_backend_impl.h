@@ -178,6 +178,15 @@ class CudaBackend final : public Backend {
   // Runs the matmul; false when cuBLASLt has no algorithm for this epilogue (the caller then
   // falls back to DEFAULT plus a kernel). The heuristic's choice is cached per shape.
   bool gemm(const char* op, const GemmCall& g);
+  // The two GEMMs of linear_backward, shared by the fp32 and low-precision paths (operands of
+  // type ab). dw [m, k] += g^T x in fp32, with BGRADB writing the bias gradient into db when
+  // db is given and cuBLASLt has the epilogue: true when db got its share (else the caller
+  // sums the columns). dx [n, k] = (or +=) g w, written in c_type.
+  bool weight_grad_gemm(const char* op, const void* x, const void* g, float* dw, float* db,
+                        int64_t n, int64_t k, int64_t m, cudaDataType_t ab);
+  void input_grad_gemm(const char* op, const void* w, const void* g, void* dx, int64_t n,
+                       int64_t k, int64_t m, bool accumulate, cudaDataType_t ab,
+                       cudaDataType_t c_type);
 
   // linear_forward / linear_backward with bf16 / f16 operands through cuBLASLt (true when
   // they ran; false: a combination the native path does not take, for the adapter).

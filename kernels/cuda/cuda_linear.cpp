@@ -214,6 +214,62 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   end(op);
 }
 
+bool CudaBackend::weight_grad_gemm(const char* op, const void* x, const void* g, float* dw,
+                                   float* db, int64_t n, int64_t k, int64_t m,
+                                   cudaDataType_t ab) {
+  // Column-major: dw^T [k x m] += x^T [k x n] * g [n x m]; fp32 output, accumulated.
+  GemmCall c;
+  c.transa = false;
+  c.transb = true;
+  c.m = k;
+  c.n = m;
+  c.k = n;
+  c.a = x;
+  c.lda = k;
+  c.b = g;
+  c.ldb = m;
+  c.c = dw;
+  c.ldc = k;
+  c.beta = 1.0f;
+  c.ab_type = ab;
+  c.c_type = CUDA_R_32F;
+  if (db != nullptr) {
+    float* db_tmp = scratch_floats(op, static_cast<size_t>(m));
+    c.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    c.bias = db_tmp;
+    if (gemm(op, c)) {
+      launched(op, "add_inplace", cuda::add_inplace(db, db_tmp, m, stream_));
+      return true;
+    }
+  }
+  c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // no db wanted, or BGRADB had no algorithm
+  c.bias = nullptr;
+  gemm(op, c);
+  return false;
+}
+
+void CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, void* dx,
+                                  int64_t n, int64_t k, int64_t m, bool accumulate,
+                                  cudaDataType_t ab, cudaDataType_t c_type) {
+  // Column-major: dx^T [k x n] (+)= w^T [k x m] * g^T [m x n].
+  GemmCall c;
+  c.transa = false;
+  c.transb = false;
+  c.m = k;
+  c.n = n;
+  c.k = m;
+  c.a = w;
+  c.lda = k;
+  c.b = g;
+  c.ldb = m;
+  c.c = dx;
+  c.ldc = k;
+  c.beta = accumulate ? 1.0f : 0.0f;
+  c.ab_type = ab;
+  c.c_type = c_type;
+  gemm(op, c);
+}
+
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout,
                                   const Tensor& dx, const Tensor& dw, const Tensor& db,
                                   const LinearBackwardOptions& opt) {
@@ -232,37 +288,10 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
     launched(op, "gelu_backward_inplace",
              cuda::gelu_backward_inplace(g, opt.out_gelu_pre.ptr<float>(), n * m, stream_));
   bool db_done = !db.defined() || m == 0;
-  if (dw.defined() && m > 0 && k > 0) {
-    GemmCall c;
-    c.transa = false;
-    c.transb = true;
-    c.m = k;
-    c.n = m;
-    c.k = n;
-    c.a = x.ptr<float>();
-    c.lda = k;
-    c.b = g;
-    c.ldb = m;
-    c.c = dw.ptr<float>();
-    c.ldc = k;
-    c.beta = 1.0f;
-    bool ran = false;
-    if (!db_done) {
-      float* db_tmp = scratch_floats(op, static_cast<size_t>(m));
-      c.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-      c.bias = db_tmp;
-      ran = gemm(op, c);
-      if (ran) {
-        launched(op, "add_inplace", cuda::add_inplace(db.ptr<float>(), db_tmp, m, stream_));
-        db_done = true;
-      }
-    }
-    if (!ran) {  // no db wanted, or BGRADB had no algorithm for this shape
-      c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-      c.bias = nullptr;
-      gemm(op, c);
-    }
-  }
+  if (dw.defined() && m > 0 && k > 0)
+    db_done = weight_grad_gemm(op, x.data, g, dw.ptr<float>(),
+                               db_done ? nullptr : db.ptr<float>(), n, k, m, CUDA_R_32F) ||
+              db_done;
   if (!db_done) {
     double* partial = scratch_doubles(op, static_cast<size_t>(cuda::column_sum_partials(n, m)));
     launched(op, "add_column_sums",
@@ -274,20 +303,7 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
       if (!opt.dx_accumulate)
         PB_CUDA_OP(op, cudaMemsetAsync(d, 0, static_cast<size_t>(n * k) * sizeof(float), stream_));
     } else {
-      GemmCall c;
-      c.transa = false;
-      c.transb = false;
-      c.m = k;
-      c.n = n;
-      c.k = m;
-      c.a = w.ptr<float>();
-      c.lda = k;
-      c.b = g;
-      c.ldb = m;
-      c.c = d;
-      c.ldc = k;
-      c.beta = opt.dx_accumulate ? 1.0f : 0.0f;
-      gemm(op, c);
+      input_grad_gemm(op, w.data, g, d, n, k, m, opt.dx_accumulate, CUDA_R_32F, CUDA_R_32F);
       if (opt.x_gelu_pre.defined())
         launched(op, "gelu_backward_inplace",
                  cuda::gelu_backward_inplace(d, opt.x_gelu_pre.ptr<float>(), n * k, stream_));
@@ -406,39 +422,10 @@ bool CudaBackend::linear_backward_lowp(const Tensor& x, const Tensor& w, const T
     launched(op, "gelu_backward_inplace_lowp",
              cuda::gelu_backward_inplace_lowp(g, opt.out_gelu_pre.data, f, n * m, stream_));
   bool db_done = !db.defined() || m == 0;
-  if (dw.defined() && m > 0 && k > 0) {
-    GemmCall c;
-    c.transa = false;
-    c.transb = true;
-    c.m = k;
-    c.n = m;
-    c.k = n;
-    c.a = x.data;
-    c.lda = k;
-    c.b = g;
-    c.ldb = m;
-    c.c = dw.data;
-    c.ldc = k;
-    c.beta = 1.0f;
-    c.ab_type = cuda_type(t);
-    c.c_type = CUDA_R_32F;  // weight gradients accumulate in fp32
-    bool ran = false;
-    if (!db_done) {
-      float* db_tmp = scratch_floats(op, static_cast<size_t>(m));
-      c.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-      c.bias = db_tmp;
-      ran = gemm(op, c);
-      if (ran) {
-        launched(op, "add_inplace", cuda::add_inplace(db.ptr<float>(), db_tmp, m, stream_));
-        db_done = true;
-      }
-    }
-    if (!ran) {
-      c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-      c.bias = nullptr;
-      gemm(op, c);
-    }
-  }
+  if (dw.defined() && m > 0 && k > 0)  // weight gradients accumulate in fp32
+    db_done = weight_grad_gemm(op, x.data, g, dw.ptr<float>(),
+                               db_done ? nullptr : db.ptr<float>(), n, k, m, cuda_type(t)) ||
+              db_done;
   if (!db_done) {  // column sums of the widened dout, in fixed order as the fp32 path
     float* gf = scratch_floats(op, static_cast<size_t>(n * m));
     launched(op, "convert", cuda::convert(g, f, gf, cuda::FloatFormat::f32, n * m, stream_));
@@ -451,23 +438,9 @@ bool CudaBackend::linear_backward_lowp(const Tensor& x, const Tensor& w, const T
       if (!opt.dx_accumulate)
         PB_CUDA_OP(op, cudaMemsetAsync(dx.data, 0, static_cast<size_t>(n * k) * dtype_size(t),
                                        stream_));
-    } else {
-      GemmCall c;
-      c.transa = false;
-      c.transb = false;
-      c.m = k;
-      c.n = n;
-      c.k = m;
-      c.a = w.data;
-      c.lda = k;
-      c.b = g;
-      c.ldb = m;
-      c.c = dx.data;
-      c.ldc = k;
-      c.beta = opt.dx_accumulate ? 1.0f : 0.0f;  // dx += in fp32, rounded once
-      c.ab_type = cuda_type(t);
-      c.c_type = cuda_type(t);
-      gemm(op, c);
+    } else {  // dx += in fp32, rounded once
+      input_grad_gemm(op, w.data, g, dx.data, n, k, m, opt.dx_accumulate, cuda_type(t),
+                      cuda_type(t));
       if (opt.x_gelu_pre.defined())
         launched(op, "gelu_backward_inplace_lowp",
                  cuda::gelu_backward_inplace_lowp(dx.data, opt.x_gelu_pre.data, f, n * k,
