@@ -14,13 +14,18 @@
 //     far above its noise, with Richardson extrapolation, (4 r(h/2) - r(h)) / 3, cancelling
 //     the h^2 term;
 //   - the perturbation actually applied (float(w + h) - w), not h.
-// Two checks per tensor: the directional derivative along the tensor's own gradient (a strong
-// signal: it is ||g||) within 1e-3 relative (measured worst 1.9e-4 over 100 seeds), and single
-// coordinates (the two largest |g| and two random ones) within 2e-3 of the tensor's largest
-// |g| plus 1e-2 of their own value (measured worst 0.13 of that bound over 100 seeds).
+// Two checks per tensor: the directional derivative along the tensor's own gradient (usually a
+// strong signal: it is ||g||) within 1e-3 relative, and single coordinates (the two largest |g|
+// and two random ones) within 2e-3 of the tensor's largest |g| plus 1e-2 of their own value.
+// Both tolerances add the fp32 rounding noise of the quotient (3 ulp of the loss over the step):
+// a gradient that nearly cancels, such as the NSP bias's over a batch whose NSP errors balance
+// (||g|| ~ 1e-4), changes the loss by less than its noise over any step that stays in the Taylor
+// region. Measured worst over 300 seeds: 0.15 of the directional bound, 0.11 of the coordinate
+// one.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "common/philox.h"
 #include "model_test_util.h"
@@ -108,6 +113,12 @@ TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) {
     return std::clamp(1e-3 * l0 / slope, 1e-2, max_step);
   };
 
+  // Rounding noise of an extrapolated derivative along a unit direction with step h: each loss
+  // evaluation is off by at most ~one fp32 ulp of the loss (measured: a few hundredths of it),
+  // and (4 r(h/2) - r(h)) / 3 multiplies that error over h by (4 * 2 + 1) / 3 = 3.
+  const double eps32 = std::numeric_limits<float>::epsilon();
+  auto noise = [&](double h) { return 3 * eps32 * l0 / h; };
+
   double worst_dir = 0, worst_coord = 0;
   std::string worst_dir_name, worst_coord_name;
   for (const ParamTensor& t : m.table.tensors()) {
@@ -128,9 +139,12 @@ TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) {
     std::vector<double> d(t.size);
     const double len = step_for(norm, std::min(0.2, 0.05 * std::sqrt(static_cast<double>(t.size))));
     for (int64_t k = 0; k < t.size; ++k) d[k] = len * g[k] / norm;
-    const double dir_err = std::abs(fd_ratio(t.offset, d) - 1);
+    // The tolerance: 1e-3 plus the rounding noise of the quotient. When the step cap stops the
+    // predicted change ||g|| len far below 1e-3 of the loss (a gradient that nearly cancels,
+    // such as the NSP bias's over a balanced batch), noise dominates the ratio.
+    const double dir_err = std::abs(fd_ratio(t.offset, d) - 1) / (1e-3 + noise(len) / norm);
     if (dir_err > worst_dir) worst_dir = dir_err, worst_dir_name = t.name;
-    EXPECT_LE(dir_err, 1e-3) << t.name << " directional";
+    EXPECT_LE(dir_err, 1.0) << t.name << " directional";
 
     // Coordinates: the two largest |g| and two random ones.
     std::vector<int64_t> coords(t.size);
@@ -143,21 +157,25 @@ TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) {
       // The derivative itself: g[k] * ratio (a zero gradient has nothing to compare: its
       // finite difference must vanish too, checked through a unit prediction).
       double fd;
+      const double h = g[k] != 0 ? step_for(std::abs(g[k]), 0.05) : 1e-2;
       if (g[k] != 0) {
-        fd = g[k] * fd_ratio(t.offset + k, {step_for(std::abs(g[k]), 0.05)});
+        fd = g[k] * fd_ratio(t.offset + k, {h});
       } else {
         double p;
-        fd = half_difference(t.offset + k, {1e-2}, &p) / 1e-2;
+        fd = half_difference(t.offset + k, {h}, &p) / h;
       }
-      const double err = std::abs(fd - g[k]) / (2e-3 * gmax + 1e-2 * std::abs(g[k]));
+      const double err =
+          std::abs(fd - g[k]) / (2e-3 * gmax + 1e-2 * std::abs(g[k]) + noise(h));
       if (err > worst_coord) worst_coord = err, worst_coord_name = t.name;
       EXPECT_LE(err, 1.0) << t.name << "[" << k << "]: fd " << fd << " analytic " << g[k];
     }
   }
   cpu::set_num_threads(threads);
-  std::printf("[model-error] FD directional: worst |fd/analytic - 1| %.2e (%s)\n", worst_dir,
+  std::printf("[model-error] FD directional: worst |fd/analytic - 1| / (1e-3 + noise) %.2e (%s)\n",
+              worst_dir,
               worst_dir_name.c_str());
-  std::printf("[model-error] FD coordinates: worst |fd - g| / (2e-3 max|g| + 1e-2 |g|) %.2e (%s)\n",
+  std::printf(
+      "[model-error] FD coordinates: worst |fd - g| / (2e-3 max|g| + 1e-2 |g| + noise) %.2e (%s)\n",
               worst_coord, worst_coord_name.c_str());
 }
 
