@@ -93,16 +93,31 @@ struct Dropout {
   DropoutSite site = DropoutSite::embedding;
 };
 
-// Linear epilogues: what is applied to x * w^T before it is written.
-enum class Epilogue { none, bias, bias_gelu };
+// The two GELUs BERT checkpoints are trained with: the exact x Phi(x) (erf; Hugging Face's
+// "gelu", the default) and the tanh approximation of Google's original BERT and NVIDIA's MLPerf
+// implementation (Hugging Face's "gelu_new"), which cuBLASLt's GELU epilogues compute. Formulas:
+// kernels/common/math.h.
+enum class Gelu { erf, tanh };
+
+// Linear epilogues: what is applied to x * w^T before it is written. bias_gelu is the erf GELU,
+// bias_gelu_tanh the tanh approximation.
+enum class Epilogue { none, bias, bias_gelu, bias_gelu_tanh };
+
+inline bool has_gelu(Epilogue e) { return e == Epilogue::bias_gelu || e == Epilogue::bias_gelu_tanh; }
+inline Gelu gelu_of(Epilogue e) { return e == Epilogue::bias_gelu_tanh ? Gelu::tanh : Gelu::erf; }
+inline Epilogue bias_gelu_epilogue(Gelu g) {
+  return g == Gelu::tanh ? Epilogue::bias_gelu_tanh : Epilogue::bias_gelu;
+}
 
 struct LinearBackwardOptions {
-  // The forward used Epilogue::bias_gelu with this pre-activation [N, M]: dout is the gradient
+  // The forward used a GELU epilogue with this pre-activation [N, M]: dout is the gradient
   // wrt gelu(pre) and is turned into the gradient wrt pre IN PLACE before anything else.
   Tensor out_gelu_pre;
   // The input x was gelu(x_gelu_pre) [N, K] (FFN2 after FFN1): dx is written as the gradient
   // wrt x_gelu_pre, i.e. (dout * w) * gelu'(x_gelu_pre) -- the dGELU fused into the dx GEMM.
   Tensor x_gelu_pre;
+  // Which GELU the two pre-activations above went through.
+  Gelu gelu = Gelu::erf;
   // dx += instead of dx = (where a residual branch already wrote its share).
   bool dx_accumulate = false;
 };
@@ -190,8 +205,8 @@ class Backend {
 
   // ---- linear layers (GEMM + epilogue) ----------------------------------------------------
   // out = x * w^T (+ bias) (then gelu), PyTorch nn.Linear: x [N, K], w [M, K] (out_features x
-  // in_features), bias [M], out [N, M], all row-major; fp32 accumulation. For bias_gelu,
-  // pre [N, M] keeps x * w^T + bias for backward.
+  // in_features), bias [M], out [N, M], all row-major; fp32 accumulation. For bias_gelu and
+  // bias_gelu_tanh, pre [N, M] keeps x * w^T + bias for backward.
   // lowp: x, w, out, pre; bias is f32. pre = round(x w^T + bias), out = round(gelu(.)) of the
   // fp32 pre-activation on the CPU, of the rounded one on CUDA (a difference of one rounding of
   // the argument, inside the precision's tolerance).

@@ -163,8 +163,12 @@ def main():
                 "intermediate_size", "max_position_embeddings", "type_vocab_size"):
         if not isinstance(cfg.get(key), int):
             fail(f"{cfg_path}: field '{key}' missing or not an integer")
-    if cfg.get("hidden_act", "gelu") != "gelu":
-        fail(f"{cfg_path}: hidden_act {cfg['hidden_act']!r} is not supported (only 'gelu')")
+    # "gelu" is the exact erf GELU; "gelu_new" and "gelu_pytorch_tanh" the tanh approximation
+    # (packbert's model.hidden_act = "gelu_tanh").
+    act = cfg.get("hidden_act", "gelu")
+    if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+        fail(f"{cfg_path}: hidden_act {act!r} is not supported "
+             "(only 'gelu', 'gelu_new' or 'gelu_pytorch_tanh')")
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         fail(f"{cfg_path}: position_embedding_type {cfg['position_embedding_type']!r} is not "
              "supported (only 'absolute')")
@@ -234,7 +238,7 @@ def main():
         "num_hidden_layers": cfg["num_hidden_layers"],
         "num_attention_heads": cfg["num_attention_heads"],
         "intermediate_size": cfg["intermediate_size"],
-        "hidden_act": "gelu",
+        "hidden_act": "gelu" if act == "gelu" else "gelu_new",
         "hidden_dropout_prob": cfg.get("hidden_dropout_prob", 0.1),
         "attention_probs_dropout_prob": cfg.get("attention_probs_dropout_prob", 0.1),
         "max_position_embeddings": cfg["max_position_embeddings"],

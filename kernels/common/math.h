@@ -9,7 +9,7 @@
 
 namespace packbert {
 
-// ---- GELU (the erf form BERT uses, not the tanh approximation) ----------------------------
+// ---- GELU, exact erf form (Hugging Face's "gelu", the default) ----------------------------
 PB_HD float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
 // d gelu / dx = Phi(x) + x * phi(x).
@@ -17,6 +17,20 @@ PB_HD float gelu_grad(float x) {
   const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
   const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
   return cdf + x * pdf;
+}
+
+// ---- GELU, tanh approximation (Google's BERT, NVIDIA's MLPerf BERT, cuBLASLt's epilogue) -----
+//   gelu_tanh(x) = x / 2 (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+PB_HD float gelu_tanh(float x) {
+  const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// d gelu_tanh / dx = (1 + t) / 2 + x / 2 (1 - t^2) sqrt(2 / pi) (1 + 3 * 0.044715 x^2).
+PB_HD float gelu_tanh_grad(float x) {
+  const float t = tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) +
+         0.5f * x * (1.0f - t * t) * 0.79788456080286536f * (1.0f + 0.134145f * x * x);
 }
 
 // ---- LayerNorm ------------------------------------------------------------------------------

@@ -151,10 +151,10 @@ inline GemmDims linear_forward_args(const OpArgs& a, const Tensor& x, const Tens
   } else {
     a("bias", bias, DType::f32, {m});
   }
-  if (epilogue == Epilogue::bias_gelu) {
+  if (has_gelu(epilogue)) {
     a("pre", pre, DType::f32, {n, m});
   } else {
-    PB_REQUIRE(!pre.defined(), "{}: pre is only written by Epilogue::bias_gelu", a.op);
+    PB_REQUIRE(!pre.defined(), "{}: pre is only written by the GELU epilogues", a.op);
   }
   return {n, k, m};
 }

@@ -123,6 +123,24 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 
 }  // namespace cpu
 
+namespace {
+
+void apply_gelu(bool tanh_form, const float* x, float* y, int64_t n) {
+  if (tanh_form)
+    cpu::gelu_tanh_to(x, y, n);
+  else
+    cpu::gelu_to(x, y, n);
+}
+
+void mul_gelu_grad(bool tanh_form, float* g, const float* pre, int64_t n) {
+  if (tanh_form)
+    cpu::mul_gelu_tanh_grad(g, pre, n);
+  else
+    cpu::mul_gelu_grad(g, pre, n);
+}
+
+}  // namespace
+
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                 Epilogue epilogue, const Tensor& out, const Tensor& pre) {
   if (lowp::any({&x, &w, &bias, &out, &pre}))
@@ -133,16 +151,17 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
   if (n == 0 || m == 0) return;
 
   // With GELU the GEMM writes the pre-activation buffer, which backward needs anyway.
-  float* c = epilogue == Epilogue::bias_gelu ? pre.ptr<float>() : out.ptr<float>();
+  const bool with_gelu = has_gelu(epilogue);
+  const bool tanh_form = gelu_of(epilogue) == Gelu::tanh;
+  float* c = with_gelu ? pre.ptr<float>() : out.ptr<float>();
   const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
   float* y = out.ptr<float>();
-  const bool with_gelu = epilogue == Epilogue::bias_gelu;
   auto finish = [&](const GemmTiles::Block& q) {  // bias (+ GELU) on one tile
     if (!b) return;
     for (int64_t r = q.r0; r < q.r1; ++r) {
       float* cr = c + r * m;
       for (int64_t j = q.c0; j < q.c1; ++j) cr[j] += b[j];
-      if (with_gelu) cpu::gelu_to(cr + q.c0, y + r * m + q.c0, q.c1 - q.c0);
+      if (with_gelu) apply_gelu(tanh_form, cr + q.c0, y + r * m + q.c0, q.c1 - q.c0);
     }
   };
   if (k == 0) {
@@ -172,10 +191,11 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
   if (n == 0) return;
 
   float* g = dout.ptr<float>();
+  const bool tanh_form = opt.gelu == Gelu::tanh;
   if (opt.out_gelu_pre.defined()) {
     const float* pre = opt.out_gelu_pre.ptr<float>();
 #pragma omp parallel for schedule(static) if (n * m >= 16384)
-    for (int64_t r = 0; r < n; ++r) cpu::mul_gelu_grad(g + r * m, pre + r * m, m);
+    for (int64_t r = 0; r < n; ++r) mul_gelu_grad(tanh_form, g + r * m, pre + r * m, m);
   }
   float* d = dx.defined() && k > 0 ? dx.ptr<float>() : nullptr;
   if (d && m == 0) {
@@ -203,7 +223,7 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
       const GemmTiles::Block q = gx.run(t - gw.tiles);
       if (xpre)
         for (int64_t r = q.r0; r < q.r1; ++r)
-          cpu::mul_gelu_grad(d + r * k + q.c0, xpre + r * k + q.c0, q.c1 - q.c0);
+          mul_gelu_grad(tanh_form, d + r * k + q.c0, xpre + r * k + q.c0, q.c1 - q.c0);
     } else {
       cpu::add_column_sums_block(g, n, m, m, t - gw.tiles - gx.tiles, dbp);
     }

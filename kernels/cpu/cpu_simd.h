@@ -11,6 +11,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "common/math.h"
 #include "common/philox.h"
 
 namespace packbert::cpu {
@@ -220,6 +221,7 @@ constexpr float kErfcPoly[9] = {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886
                                 -1.26551223f};  // Horner from 0.17087277
 constexpr float kErfcLead = 0.17087277f;
 constexpr float kSqrtHalf = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
 
 #if defined(__SSE2__)
 inline __m128 one_plus_erf4(__m128 z) {
@@ -256,6 +258,37 @@ inline __m128 gelu_grad4(__m128 x) {
   return _mm_add_ps(cdf, _mm_mul_ps(x, pdf));
 }
 
+// tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2 |u|) <= 1 (exp4's domain); absolute
+// error a few ulp of 1, which is what GELU's 1 + tanh and 1 - tanh^2 see.
+inline __m128 tanh4(__m128 u) {
+  const __m128 sign = _mm_and_ps(u, _mm_set1_ps(-0.f));
+  const __m128 a = _mm_andnot_ps(_mm_set1_ps(-0.f), u);
+  const __m128 e = exp4(_mm_mul_ps(_mm_set1_ps(-2.f), a));
+  const __m128 one = _mm_set1_ps(1.f);
+  return _mm_or_ps(sign, _mm_div_ps(_mm_sub_ps(one, e), _mm_add_ps(one, e)));
+}
+
+// The tanh GELU and its derivative (kernels/common/math.h gelu_tanh, gelu_tanh_grad).
+inline __m128 gelu_tanh_arg4(__m128 x) {
+  const __m128 x3 = _mm_mul_ps(_mm_mul_ps(x, x), x);
+  return _mm_mul_ps(_mm_set1_ps(kSqrt2OverPi), _mm_add_ps(x, _mm_mul_ps(_mm_set1_ps(0.044715f), x3)));
+}
+
+inline __m128 gelu_tanh4(__m128 x) {
+  const __m128 t = tanh4(gelu_tanh_arg4(x));
+  return _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(0.5f), x), _mm_add_ps(_mm_set1_ps(1.f), t));
+}
+
+inline __m128 gelu_tanh_grad4(__m128 x) {
+  const __m128 half = _mm_set1_ps(0.5f), one = _mm_set1_ps(1.f);
+  const __m128 t = tanh4(gelu_tanh_arg4(x));
+  const __m128 du = _mm_mul_ps(_mm_set1_ps(kSqrt2OverPi),
+                               _mm_add_ps(one, _mm_mul_ps(_mm_set1_ps(0.134145f), _mm_mul_ps(x, x))));
+  const __m128 sech2 = _mm_sub_ps(one, _mm_mul_ps(t, t));
+  return _mm_add_ps(_mm_mul_ps(half, _mm_add_ps(one, t)),
+                    _mm_mul_ps(_mm_mul_ps(half, x), _mm_mul_ps(sech2, du)));
+}
+
 // Applies f4 to n floats of x, 4 at a time; the tail is padded (with 0) and goes through the same
 // 4-lane code, so an element's value never depends on its index or alignment.
 template <typename F4, typename Store>
@@ -269,9 +302,10 @@ inline void map4(const float* x, int64_t n, F4 f4, Store store) {
   }
 }
 
-// y[j] = gelu(x[j]) (y may alias x).
-inline void gelu_to(const float* x, float* y, int64_t n) {
-  map4(x, n, gelu4, [y](int64_t j, __m128 v, int64_t cnt) {
+// y[j] = f4(x[j]) (y may alias x).
+template <typename F4>
+inline void map4_to(const float* x, float* y, int64_t n, F4 f4) {
+  map4(x, n, f4, [y](int64_t j, __m128 v, int64_t cnt) {
     if (cnt == 4) {
       _mm_storeu_ps(y + j, v);
     } else {
@@ -282,9 +316,10 @@ inline void gelu_to(const float* x, float* y, int64_t n) {
   });
 }
 
-// g[j] *= gelu'(pre[j]).
-inline void mul_gelu_grad(float* g, const float* pre, int64_t n) {
-  map4(pre, n, gelu_grad4, [g](int64_t j, __m128 v, int64_t cnt) {
+// g[j] *= f4(pre[j]).
+template <typename F4>
+inline void map4_mul(float* g, const float* pre, int64_t n, F4 f4) {
+  map4(pre, n, f4, [g](int64_t j, __m128 v, int64_t cnt) {
     if (cnt == 4) {
       _mm_storeu_ps(g + j, _mm_mul_ps(_mm_loadu_ps(g + j), v));
     } else {
@@ -293,6 +328,14 @@ inline void mul_gelu_grad(float* g, const float* pre, int64_t n) {
       for (int64_t i = 0; i < cnt; ++i) g[j + i] *= t[i];
     }
   });
+}
+
+// y[j] = gelu(x[j]) (y may alias x); g[j] *= gelu'(pre[j]); the same for the tanh form.
+inline void gelu_to(const float* x, float* y, int64_t n) { map4_to(x, y, n, gelu4); }
+inline void mul_gelu_grad(float* g, const float* pre, int64_t n) { map4_mul(g, pre, n, gelu_grad4); }
+inline void gelu_tanh_to(const float* x, float* y, int64_t n) { map4_to(x, y, n, gelu_tanh4); }
+inline void mul_gelu_tanh_grad(float* g, const float* pre, int64_t n) {
+  map4_mul(g, pre, n, gelu_tanh_grad4);
 }
 #else
 inline float one_plus_erf(float z) {
@@ -322,6 +365,14 @@ inline void mul_gelu_grad(float* g, const float* pre, int64_t n) {
     exp_shifted(&e, 0.f, 1);
     g[j] *= 0.5f * one_plus_erf(x * kSqrtHalf) + x * (kInvSqrt2Pi * e);
   }
+}
+
+inline void gelu_tanh_to(const float* x, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = gelu_tanh(x[j]);
+}
+
+inline void mul_gelu_tanh_grad(float* g, const float* pre, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) g[j] *= gelu_tanh_grad(pre[j]);
 }
 #endif
 

@@ -56,6 +56,9 @@ struct GemmCall {
   float beta = 0.f;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // BIAS: the bias (read); BGRADB: the bias gradient (written, not added)
+  // GELU_AUX_BIAS: the pre-activation (written); DGELU: the pre-activation (read). Same type,
+  // shape and leading dimension as D.
+  void* aux = nullptr;
 };
 
 // The memory and conversions of the low-precision adapter (common/lowp_adapter.h) on a
@@ -182,11 +185,19 @@ class CudaBackend final : public Backend {
   // type ab). dw [m, k] += g^T x in fp32, with BGRADB writing the bias gradient into db when
   // db is given and cuBLASLt has the epilogue: true when db got its share (else the caller
   // sums the columns). dx [n, k] = (or +=) g w, written in c_type.
+  // With tanh_gelu_pre, dx is the gradient wrt that pre-activation through the tanh GELU,
+  // fused as the DGELU epilogue: true when it was (else the caller runs the kernel).
   bool weight_grad_gemm(const char* op, const void* x, const void* g, float* dw, float* db,
                         int64_t n, int64_t k, int64_t m, cudaDataType_t ab);
-  void input_grad_gemm(const char* op, const void* w, const void* g, void* dx, int64_t n,
+  bool input_grad_gemm(const char* op, const void* w, const void* g, void* dx, int64_t n,
                        int64_t k, int64_t m, bool accumulate, cudaDataType_t ab,
-                       cudaDataType_t c_type);
+                       cudaDataType_t c_type, const void* tanh_gelu_pre = nullptr);
+  // The forward GEMM out [n, m] = x [n, k] w^T, operands and output of one type.
+  static GemmCall forward_gemm_call(const void* x, const void* w, void* out, int64_t n,
+                                    int64_t k, int64_t m, cudaDataType_t type);
+  // g (from forward_gemm_call, c = the pre-activation) as GELU_AUX_BIAS: out = gelu_tanh(x w^T
+  // + bias), pre = x w^T + bias. False when cuBLASLt does not take it (the caller falls back).
+  bool gelu_aux_gemm(const char* op, GemmCall g, void* out, const float* bias);
 
   // linear_forward / linear_backward with bf16 / f16 operands through cuBLASLt (true when
   // they ran; false: a combination the native path does not take, for the adapter).
@@ -199,7 +210,7 @@ class CudaBackend final : public Backend {
   struct GemmKey {
     int64_t m, n, k, lda, ldb, ldc;
     int32_t transa, transb, epilogue, beta_zero, ab_type, c_type;
-    uint32_t align_a, align_b, align_c, align_bias;
+    uint32_t align_a, align_b, align_c, align_bias, align_aux;
     bool operator==(const GemmKey& o) const;
   };
   struct GemmKeyHash {

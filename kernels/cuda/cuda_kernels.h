@@ -38,14 +38,16 @@ enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
 cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
                     int64_t n, cudaStream_t s);
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
-cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n,
+cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,
                               cudaStream_t s);
 cudaError_t gelu_backward_inplace_lowp(void* g, const void* pre, FloatFormat f, int64_t n,
-                                       cudaStream_t s);
-// out = gelu(pre), n elements (the erf GELU of common/math.h).
-cudaError_t gelu_forward(const float* pre, float* out, int64_t n, cudaStream_t s);
-// g *= gelu_grad(pre), n elements.
-cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, cudaStream_t s);
+                                       bool tanh_form, cudaStream_t s);
+// out = gelu(pre), n elements: the erf GELU of common/math.h, or with tanh_form its tanh
+// approximation (gelu_tanh).
+cudaError_t gelu_forward(const float* pre, float* out, int64_t n, bool tanh_form, cudaStream_t s);
+// g *= gelu'(pre), n elements, of the same form.
+cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, bool tanh_form,
+                                  cudaStream_t s);
 // c[r, :] += bias for rows x cols (the fallback when cuBLASLt's BIAS epilogue is unavailable).
 cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols,
                           cudaStream_t s);

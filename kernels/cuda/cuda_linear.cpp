@@ -13,13 +13,15 @@
 //   BGRADB   dw GEMM's bias gradient: B's columns after op (M) reduced over k (N tokens) --
 //            exactly db. It WRITES the gradient, the contract ADDS it, so it goes to scratch
 //            and a kernel adds it to db.
-//   not used: GELU_AUX_BIAS / DGELU(_BGRAD). cuBLASLt's GELU is the tanh approximation (the
-//            form PyTorch's _addmm_activation documents for its cuBLASLt path), while BERT and
-//            common/math.h use the exact erf form; they differ by up to ~1e-3, far over the
-//            1e-5 fp32 tolerance. So bias_gelu = BIAS epilogue into `pre` + gelu kernel, and
-//            the dGELU of dx / dout is a kernel (gelu_backward_inplace). (The aux matrix would
-//            also need ld % 8 == 0.) TODO(cuda bf16 step): measure whether the tanh form is
-//            acceptable at bf16 tolerance and use GELU_AUX_BIAS / DGELU there.
+//   GELU_AUX_BIAS  forward of Epilogue::bias_gelu_tanh: D = gelu(AB + bias) with AB + bias
+//            written to the aux matrix (`pre`, same shape and ld as D).
+//   DGELU    dx GEMM of a layer whose input went through the tanh GELU (options.x_gelu_pre):
+//            D = (AB) * gelu'(aux). Its bias gradient (DGELU_BGRAD) is not used: it would belong
+//            to the previous layer's call, whose weight-gradient GEMM produces it through BGRADB.
+//   cuBLASLt's GELU is the tanh approximation (the form PyTorch's _addmm_activation documents
+//   for its cuBLASLt path; XLA fuses only the approximate GELU into it), so the exact erf form
+//   (Epilogue::bias_gelu, the default) stays BIAS into `pre` + the gelu kernel, and its dGELU a
+//   kernel. The aux matrix needs ld % 8 == 0; other shapes take the kernels too.
 // When the heuristic offers no algorithm for an epilogue (e.g. an alignment it cannot serve),
 // the GEMM runs with DEFAULT and a kernel does the epilogue; the choice is cached per shape.
 #include <cstdio>
@@ -88,6 +90,7 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
   key.align_b = alignment(g.b);
   key.align_c = alignment(g.c);
   key.align_bias = g.bias ? alignment(g.bias) : 0;
+  key.align_aux = g.aux ? alignment(g.aux) : 0;
 
   LtDescs d;
   PB_CUBLASLT_OP(op, cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -105,6 +108,13 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
     const cudaDataType_t bt = CUDA_R_32F;
     PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                       &bt, sizeof(bt)));
+  }
+  if (g.aux) {  // the aux matrix has D's type (the default), shape and leading dimension
+    PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(
+                           d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
+    const int64_t aux_ld = g.ldc;
+    PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                      &aux_ld, sizeof(aux_ld)));
   }
   const uint64_t a_rows = static_cast<uint64_t>(g.transa ? g.k : g.m);
   const uint64_t a_cols = static_cast<uint64_t>(g.transa ? g.m : g.k);
@@ -174,29 +184,21 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   const char* op = "linear_forward";
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [n, k, m] = checks::linear_forward_args(args, x, w, bias, epilogue, out, pre);
-  PB_REQUIRE(epilogue != Epilogue::bias_gelu || pre.data != out.data, "{}: pre may not alias out",
-             op);
+  PB_REQUIRE(!has_gelu(epilogue) || pre.data != out.data, "{}: pre may not alias out", op);
   if (n == 0 || m == 0) return;
   begin(op);
   // With GELU the GEMM writes the pre-activation buffer, which backward needs anyway.
-  float* c = epilogue == Epilogue::bias_gelu ? pre.ptr<float>() : out.ptr<float>();
+  float* c = has_gelu(epilogue) ? pre.ptr<float>() : out.ptr<float>();
   const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
   bool bias_done = false;
   if (k == 0) {
     PB_CUDA_OP(op, cudaMemsetAsync(c, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
   } else {
-    GemmCall g;
-    g.transa = true;
-    g.transb = false;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.a = w.ptr<float>();
-    g.lda = k;
-    g.b = x.ptr<float>();
-    g.ldb = k;
-    g.c = c;
-    g.ldc = m;
+    GemmCall g = forward_gemm_call(x.data, w.data, c, n, k, m, CUDA_R_32F);
+    if (epilogue == Epilogue::bias_gelu_tanh && gelu_aux_gemm(op, g, out.data, b)) {
+      end(op);
+      return;
+    }
     if (b) {
       g.epilogue = CUBLASLT_EPILOGUE_BIAS;
       g.bias = const_cast<float*>(b);
@@ -209,9 +211,40 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
     }
   }
   if (b && !bias_done) launched(op, "add_bias_rows", cuda::add_bias_rows(c, b, n, m, stream_));
-  if (epilogue == Epilogue::bias_gelu)
-    launched(op, "gelu_forward", cuda::gelu_forward(c, out.ptr<float>(), n * m, stream_));
+  if (has_gelu(epilogue))
+    launched(op, "gelu_forward",
+             cuda::gelu_forward(c, out.ptr<float>(), n * m, gelu_of(epilogue) == Gelu::tanh,
+                                stream_));
   end(op);
+}
+
+GemmCall CudaBackend::forward_gemm_call(const void* x, const void* w, void* out, int64_t n,
+                                        int64_t k, int64_t m, cudaDataType_t type) {
+  // Column-major: out^T [m x n] = w^T [m x k] (w stored k x m, transposed) * x^T [k x n].
+  GemmCall g;
+  g.transa = true;
+  g.transb = false;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = w;
+  g.lda = k;
+  g.b = x;
+  g.ldb = k;
+  g.c = out;
+  g.ldc = m;
+  g.ab_type = type;
+  g.c_type = type;
+  return g;
+}
+
+bool CudaBackend::gelu_aux_gemm(const char* op, GemmCall g, void* out, const float* bias) {
+  if (g.ldc % 8 != 0) return false;  // the aux matrix's leading dimension
+  g.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  g.aux = g.c;  // the pre-activation
+  g.c = out;
+  g.bias = const_cast<float*>(bias);
+  return gemm(op, g);
 }
 
 bool CudaBackend::weight_grad_gemm(const char* op, const void* x, const void* g, float* dw,
@@ -248,9 +281,10 @@ bool CudaBackend::weight_grad_gemm(const char* op, const void* x, const void* g,
   return false;
 }
 
-void CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, void* dx,
+bool CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, void* dx,
                                   int64_t n, int64_t k, int64_t m, bool accumulate,
-                                  cudaDataType_t ab, cudaDataType_t c_type) {
+                                  cudaDataType_t ab, cudaDataType_t c_type,
+                                  const void* tanh_gelu_pre) {
   // Column-major: dx^T [k x n] (+)= w^T [k x m] * g^T [m x n].
   GemmCall c;
   c.transa = false;
@@ -267,7 +301,15 @@ void CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, 
   c.beta = accumulate ? 1.0f : 0.0f;
   c.ab_type = ab;
   c.c_type = c_type;
+  if (tanh_gelu_pre && k % 8 == 0) {  // the aux matrix's leading dimension is k
+    c.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    c.aux = const_cast<void*>(tanh_gelu_pre);
+    if (gemm(op, c)) return true;
+    c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    c.aux = nullptr;
+  }
   gemm(op, c);
+  return false;
 }
 
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout,
@@ -284,9 +326,11 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   begin(op);
 
   float* g = dout.ptr<float>();
+  const bool tanh_form = opt.gelu == Gelu::tanh;
   if (opt.out_gelu_pre.defined())
     launched(op, "gelu_backward_inplace",
-             cuda::gelu_backward_inplace(g, opt.out_gelu_pre.ptr<float>(), n * m, stream_));
+             cuda::gelu_backward_inplace(g, opt.out_gelu_pre.ptr<float>(), n * m, tanh_form,
+                                         stream_));
   bool db_done = !db.defined() || m == 0;
   if (dw.defined() && m > 0 && k > 0)
     db_done = weight_grad_gemm(op, x.data, g, dw.ptr<float>(),
@@ -303,10 +347,13 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
       if (!opt.dx_accumulate)
         PB_CUDA_OP(op, cudaMemsetAsync(d, 0, static_cast<size_t>(n * k) * sizeof(float), stream_));
     } else {
-      input_grad_gemm(op, w.data, g, d, n, k, m, opt.dx_accumulate, CUDA_R_32F, CUDA_R_32F);
-      if (opt.x_gelu_pre.defined())
+      const bool fused = input_grad_gemm(op, w.data, g, d, n, k, m, opt.dx_accumulate,
+                                         CUDA_R_32F, CUDA_R_32F,
+                                         tanh_form ? opt.x_gelu_pre.data : nullptr);
+      if (opt.x_gelu_pre.defined() && !fused)
         launched(op, "gelu_backward_inplace",
-                 cuda::gelu_backward_inplace(d, opt.x_gelu_pre.ptr<float>(), n * k, stream_));
+                 cuda::gelu_backward_inplace(d, opt.x_gelu_pre.ptr<float>(), n * k, tanh_form,
+                                             stream_));
     }
   }
   end(op);
@@ -340,12 +387,11 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [n, k, m] = checks::linear_forward_args(args, shape_of(x), shape_of(w), bias,
                                                      epilogue, shape_of(out), shape_of(pre));
-  PB_REQUIRE(epilogue != Epilogue::bias_gelu || pre.data != out.data, "{}: pre may not alias out",
-             op);
+  PB_REQUIRE(!has_gelu(epilogue) || pre.data != out.data, "{}: pre may not alias out", op);
   if (n == 0 || m == 0) return true;
   begin(op);
   const cuda::FloatFormat f = float_format(op, "out", out);
-  void* c = epilogue == Epilogue::bias_gelu ? pre.data : out.data;
+  void* c = has_gelu(epilogue) ? pre.data : out.data;
   const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
   if (k == 0) {
     PB_CUDA_OP(op, cudaMemsetAsync(c, 0, static_cast<size_t>(n * m) * dtype_size(t), stream_));
@@ -356,20 +402,11 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
       launched(op, "convert", cuda::convert(tmp, cuda::FloatFormat::f32, c, f, n * m, stream_));
     }
   } else {
-    GemmCall g;
-    g.transa = true;
-    g.transb = false;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.a = w.data;
-    g.lda = k;
-    g.b = x.data;
-    g.ldb = k;
-    g.c = c;
-    g.ldc = m;
-    g.ab_type = cuda_type(t);
-    g.c_type = cuda_type(t);
+    GemmCall g = forward_gemm_call(x.data, w.data, c, n, k, m, cuda_type(t));
+    if (epilogue == Epilogue::bias_gelu_tanh && gelu_aux_gemm(op, g, out.data, b)) {
+      end(op);
+      return true;
+    }
     bool done = false;
     if (b) {
       g.epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -391,8 +428,10 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
       launched(op, "convert", cuda::convert(tmp, cuda::FloatFormat::f32, c, f, n * m, stream_));
     }
   }
-  if (epilogue == Epilogue::bias_gelu)
-    launched(op, "gelu_forward_lowp", cuda::gelu_forward_lowp(c, out.data, f, n * m, stream_));
+  if (has_gelu(epilogue))
+    launched(op, "gelu_forward_lowp",
+             cuda::gelu_forward_lowp(c, out.data, f, n * m, gelu_of(epilogue) == Gelu::tanh,
+                                     stream_));
   end(op);
   return true;
 }
@@ -418,9 +457,11 @@ bool CudaBackend::linear_backward_lowp(const Tensor& x, const Tensor& w, const T
   begin(op);
   const cuda::FloatFormat f = float_format(op, "dout", dout);
   void* g = dout.data;
+  const bool tanh_form = opt.gelu == Gelu::tanh;
   if (opt.out_gelu_pre.defined())
     launched(op, "gelu_backward_inplace_lowp",
-             cuda::gelu_backward_inplace_lowp(g, opt.out_gelu_pre.data, f, n * m, stream_));
+             cuda::gelu_backward_inplace_lowp(g, opt.out_gelu_pre.data, f, n * m, tanh_form,
+                                              stream_));
   bool db_done = !db.defined() || m == 0;
   if (dw.defined() && m > 0 && k > 0)  // weight gradients accumulate in fp32
     db_done = weight_grad_gemm(op, x.data, g, dw.ptr<float>(),
@@ -439,12 +480,13 @@ bool CudaBackend::linear_backward_lowp(const Tensor& x, const Tensor& w, const T
         PB_CUDA_OP(op, cudaMemsetAsync(dx.data, 0, static_cast<size_t>(n * k) * dtype_size(t),
                                        stream_));
     } else {  // dx += in fp32, rounded once
-      input_grad_gemm(op, w.data, g, dx.data, n, k, m, opt.dx_accumulate, cuda_type(t),
-                      cuda_type(t));
-      if (opt.x_gelu_pre.defined())
+      const bool fused = input_grad_gemm(op, w.data, g, dx.data, n, k, m, opt.dx_accumulate,
+                                         cuda_type(t), cuda_type(t),
+                                         tanh_form ? opt.x_gelu_pre.data : nullptr);
+      if (opt.x_gelu_pre.defined() && !fused)
         launched(op, "gelu_backward_inplace_lowp",
                  cuda::gelu_backward_inplace_lowp(dx.data, opt.x_gelu_pre.data, f, n * k,
-                                                  stream_));
+                                                  tanh_form, stream_));
     }
   }
   end(op);

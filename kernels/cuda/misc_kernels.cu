@@ -9,16 +9,28 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The GELU of the form chosen at compile time (common/math.h).
+template <bool Tanh>
+__device__ float gelu_of(float x) {
+  return Tanh ? gelu_tanh(x) : gelu(x);
+}
+template <bool Tanh>
+__device__ float gelu_grad_of(float x) {
+  return Tanh ? gelu_tanh_grad(x) : gelu_grad(x);
+}
+
+template <bool Tanh>
 __global__ void gelu_forward_kernel(const float* pre, float* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = gelu(pre[i]);
+    out[i] = gelu_of<Tanh>(pre[i]);
 }
 
+template <bool Tanh>
 __global__ void gelu_backward_kernel(float* g, const float* pre, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    g[i] *= gelu_grad(pre[i]);
+    g[i] *= gelu_grad_of<Tanh>(pre[i]);
 }
 
 __global__ void add_bias_rows_kernel(float* c, const float* bias, int64_t rows, int64_t cols) {
@@ -254,16 +266,19 @@ __global__ void convert_kernel(const void* src, FloatFormat sf, void* dst, Float
     store_from_float(dst, df, i, load_as_float(src, sf, i));
 }
 
+template <bool Tanh>
 __global__ void gelu_forward_lowp_kernel(const void* pre, void* out, FloatFormat f, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    store_from_float(out, f, i, gelu(load_as_float(pre, f, i)));
+    store_from_float(out, f, i, gelu_of<Tanh>(load_as_float(pre, f, i)));
 }
 
+template <bool Tanh>
 __global__ void gelu_backward_lowp_kernel(void* g, const void* pre, FloatFormat f, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    store_from_float(g, f, i, load_as_float(g, f, i) * gelu_grad(load_as_float(pre, f, i)));
+    store_from_float(g, f, i,
+                     load_as_float(g, f, i) * gelu_grad_of<Tanh>(load_as_float(pre, f, i)));
 }
 
 }  // namespace
@@ -275,29 +290,42 @@ cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFor
   return launched();
 }
 
-cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n,
+cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,
                               cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  gelu_forward_lowp_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, f, n);
+  if (tanh_form)
+    gelu_forward_lowp_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, f, n);
+  else
+    gelu_forward_lowp_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, f, n);
   return launched();
 }
 
 cudaError_t gelu_backward_inplace_lowp(void* g, const void* pre, FloatFormat f, int64_t n,
-                                       cudaStream_t s) {
+                                       bool tanh_form, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  gelu_backward_lowp_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, f, n);
+  if (tanh_form)
+    gelu_backward_lowp_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, f, n);
+  else
+    gelu_backward_lowp_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, f, n);
   return launched();
 }
 
-cudaError_t gelu_forward(const float* pre, float* out, int64_t n, cudaStream_t s) {
+cudaError_t gelu_forward(const float* pre, float* out, int64_t n, bool tanh_form, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  gelu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, n);
+  if (tanh_form)
+    gelu_forward_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, n);
+  else
+    gelu_forward_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, n);
   return launched();
 }
 
-cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, cudaStream_t s) {
+cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, bool tanh_form,
+                                  cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  gelu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, n);
+  if (tanh_form)
+    gelu_backward_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, n);
+  else
+    gelu_backward_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, n);
   return launched();
 }
 

@@ -329,7 +329,7 @@ void Bert::mlp_forward(int64_t l) {
   const LayerActivations& s = a.layers[l];
   const int64_t chunk = a.plan.mlp_chunk_rows;
   if (chunk == 0) {
-    backend_.linear_forward(s.h1, w.ffn_in_w, w.ffn_in_b, Epilogue::bias_gelu, s.ffn_act,
+    backend_.linear_forward(s.h1, w.ffn_in_w, w.ffn_in_b, bias_gelu_epilogue(config_.hidden_act), s.ffn_act,
                             s.ffn_pre);
     backend_.linear_forward(s.ffn_act, w.ffn_out_w, Tensor(), Epilogue::none, s.ffn_ln_in,
                             Tensor());
@@ -339,7 +339,7 @@ void Bert::mlp_forward(int64_t l) {
     const int64_t n = std::min(chunk, a.shape.rows - first);
     const Tensor pre = rows_of(a.mlp_pre, 0, n), act = rows_of(a.mlp_act, 0, n);
     backend_.linear_forward(rows_of(s.h1, first, n), w.ffn_in_w, w.ffn_in_b,
-                            Epilogue::bias_gelu, act, pre);
+                            bias_gelu_epilogue(config_.hidden_act), act, pre);
     backend_.linear_forward(act, w.ffn_out_w, Tensor(), Epilogue::none,
                             rows_of(s.ffn_ln_in, first, n), Tensor());
   }
@@ -359,6 +359,7 @@ void Bert::mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
   if (chunk == 0) {
     const Tensor dffn_pre = reshape(a.dwide, {rows, config_.intermediate});
     LinearBackwardOptions through_gelu;
+    through_gelu.gelu = config_.hidden_act;
     through_gelu.x_gelu_pre = s.ffn_pre;  // dx of W2 is written as d(FFN pre)
     backend_.linear_backward(s.ffn_act, w.ffn_out_w, dout, dffn_pre, g.ffn_out_w, Tensor(),
                              through_gelu);
@@ -370,8 +371,9 @@ void Bert::mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
     const int64_t n = std::min(chunk, rows - first);
     const Tensor pre = rows_of(a.mlp_pre, 0, n), act = rows_of(a.mlp_act, 0, n);
     const Tensor dpre = rows_of(a.mlp_dpre, 0, n), h1 = rows_of(s.h1, first, n);
-    backend_.linear_forward(h1, w.ffn_in_w, w.ffn_in_b, Epilogue::bias_gelu, act, pre);
+    backend_.linear_forward(h1, w.ffn_in_w, w.ffn_in_b, bias_gelu_epilogue(config_.hidden_act), act, pre);
     LinearBackwardOptions through_gelu;
+    through_gelu.gelu = config_.hidden_act;
     through_gelu.x_gelu_pre = pre;
     backend_.linear_backward(act, w.ffn_out_w, rows_of(dout, first, n), dpre, g.ffn_out_w,
                              Tensor(), through_gelu);
@@ -397,7 +399,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
     // transform: LayerNorm(gelu(x Wt^T + bt)), then the decoder (tied word embeddings).
     backend_.gather_rows(y, a.masked_rows, a.mlm_x);
     backend_.linear_forward(a.mlm_x, gemm_weights_.mlm_dense_w, weights_.mlm_dense_b,
-                            Epilogue::bias_gelu, a.mlm_act, a.mlm_pre);
+                            bias_gelu_epilogue(config_.hidden_act), a.mlm_act, a.mlm_pre);
     backend_.residual_layernorm_forward(SeqLayout{}, a.mlm_act, Tensor(), Tensor(),
                                         weights_.mlm_ln, Dropout{}, a.mlm_out, a.mlm_act,
                                         a.mlm_ln_mean, a.mlm_ln_rstd);
@@ -422,6 +424,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
                                            a.mlm_ln_rstd, weights_.mlm_ln, Dropout{}, a.mlm_dact,
                                            Tensor(), Tensor(), grads_.mlm_ln);
       LinearBackwardOptions gelu;
+      gelu.gelu = config_.hidden_act;
       gelu.out_gelu_pre = a.mlm_pre;  // mlm_dact becomes d(pre) in place
       backend_.linear_backward(a.mlm_x, gemm_weights_.mlm_dense_w, a.mlm_dact, a.mlm_dx,
                                grads_.mlm_dense_w, grads_.mlm_dense_b, gelu);

@@ -85,8 +85,9 @@ void validate(const BertConfig& c) {
 }
 
 std::string describe(const BertConfig& c) {
-  return fmt::format("L={} H={} A={} I={} V={} ({}) P={}", c.layers, c.hidden, c.heads,
-                     c.intermediate, c.vocab_size, c.real_vocab_size, c.max_position_embeddings);
+  return fmt::format("L={} H={} A={} I={} V={} ({}) P={}{}", c.layers, c.hidden, c.heads,
+                     c.intermediate, c.vocab_size, c.real_vocab_size, c.max_position_embeddings,
+                     c.hidden_act == Gelu::tanh ? " gelu_tanh" : "");
 }
 
 }  // namespace packbert

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"  // Gelu
+
 namespace packbert {
 
 // The vocabulary of bert-base/large-uncased (tokenizer and data).
@@ -32,6 +34,9 @@ struct BertConfig {
   float hidden_dropout = 0.1f;     // embedding output, attention output, FFN output
   float attention_dropout = 0.1f;  // attention probabilities
   float layer_norm_eps = 1e-12f;   // fixed by the backend (kLayerNormEps); checked, not free
+  // The GELU of the MLP and the MLM transform: erf (Hugging Face "gelu") or the tanh
+  // approximation (Hugging Face "gelu_new"; Google's BERT and NVIDIA's MLPerf BERT).
+  Gelu hidden_act = Gelu::erf;
 
   int64_t head_dim() const { return hidden / heads; }
 };

@@ -130,7 +130,7 @@ nlohmann::ordered_json hf_config_json(const BertConfig& c) {
   j["num_hidden_layers"] = c.layers;
   j["num_attention_heads"] = c.heads;
   j["intermediate_size"] = c.intermediate;
-  j["hidden_act"] = "gelu";
+  j["hidden_act"] = c.hidden_act == Gelu::tanh ? "gelu_new" : "gelu";
   j["hidden_dropout_prob"] = json_float(c.hidden_dropout);
   j["attention_probs_dropout_prob"] = json_float(c.attention_dropout);
   j["max_position_embeddings"] = c.max_position_embeddings;
@@ -171,6 +171,10 @@ std::vector<FieldDiff> config_diffs(const BertConfig& a, const BertConfig& b, bo
   if (dropout) {
     f32("hidden_dropout_prob", a.hidden_dropout, b.hidden_dropout);
     f32("attention_probs_dropout_prob", a.attention_dropout, b.attention_dropout);
+    // Resuming keeps the GELU; a weights-only start may change it (Google's TF checkpoints,
+    // trained with the tanh form, say "gelu", which Hugging Face reads as erf).
+    auto act = [](Gelu g) { return std::string(g == Gelu::tanh ? "gelu_new" : "gelu"); };
+    if (a.hidden_act != b.hidden_act) d.push_back({"hidden_act", act(a.hidden_act), act(b.hidden_act)});
   }
   return d;
 }
@@ -280,10 +284,19 @@ BertConfig read_hf_config(const std::string& path) {
                required_value);
   };
   if (j.contains("model_type")) string_field("model_type", "bert");
-  string_field("hidden_act", "gelu");
   string_field("position_embedding_type", "absolute");
 
   BertConfig c;
+  // Hugging Face's names of the two GELUs (gelu_new and gelu_pytorch_tanh compute the same
+  // tanh approximation).
+  if (j.contains("hidden_act") && !j["hidden_act"].is_null()) {
+    const std::string act = j["hidden_act"].is_string() ? j["hidden_act"].get<std::string>() : "";
+    PB_REQUIRE(act == "gelu" || act == "gelu_new" || act == "gelu_pytorch_tanh",
+               "{}: field 'hidden_act' = {} is not supported (only \"gelu\", \"gelu_new\" or "
+               "\"gelu_pytorch_tanh\")",
+               path, j["hidden_act"].dump());
+    c.hidden_act = act == "gelu" ? Gelu::erf : Gelu::tanh;
+  }
   c.vocab_size = int_field("vocab_size", true, 0);
   c.hidden = int_field("hidden_size", true, 0);
   c.layers = int_field("num_hidden_layers", true, 0);

@@ -40,7 +40,8 @@ void write_hf_config(const std::string& path, const BertConfig& config);
 // Reads a Hugging Face BERT config.json (ours, or one saved by transformers / Google's
 // bert_config.json). real_vocab_size: "packbert_real_vocab_size", else min(vocab_size, 30522).
 // Missing dropout rates / layer_norm_eps take BERT's defaults (0.1, 1e-12). Error naming the
-// path and the field when a required field is missing or wrong (hidden_act other than "gelu",
+// path and the field when a required field is missing or wrong (hidden_act other than "gelu"
+// (erf), "gelu_new" or "gelu_pytorch_tanh" (the tanh approximation; written as "gelu_new"),
 // position_embedding_type other than "absolute", a config validate() refuses).
 BertConfig read_hf_config(const std::string& path);
 

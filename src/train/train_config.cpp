@@ -29,7 +29,8 @@ bool TrainConfig::Model::operator==(const Model& o) const {
          intermediate == o.intermediate && max_position_embeddings == o.max_position_embeddings &&
          hidden_dropout == o.hidden_dropout && attention_dropout == o.attention_dropout &&
          mlm_chunk_rows == o.mlm_chunk_rows && mst_chunks == o.mst_chunks &&
-         activation_budget_mb == o.activation_budget_mb && recompute == o.recompute;
+         activation_budget_mb == o.activation_budget_mb && recompute == o.recompute &&
+         hidden_act == o.hidden_act;
 }
 bool TrainConfig::Train::operator==(const Train& o) const {
   return max_steps == o.max_steps && global_batch_size == o.global_batch_size &&
@@ -324,6 +325,11 @@ const std::vector<std::string>& last_step_names() {
   static const std::vector<std::string> n = {"partial", "drop"};
   return n;
 }
+const std::vector<std::string>& hidden_act_names() {
+  static const std::vector<std::string> n = {"gelu", "gelu_tanh"};
+  return n;
+}
+
 const std::vector<std::string>& recompute_names() {
   static const std::vector<std::string> n = {"none", "mlp", "layer"};
   return n;
@@ -416,6 +422,11 @@ std::vector<KeyDef> make_keys() {
                         "dropout after embeddings, attention output and FFN, in [0, 1)", true));
   k.push_back(float_key("model.attention_dropout", &C::model, &M::attention_dropout,
                         "dropout on attention probabilities, in [0, 1)", true));
+  k.push_back(choice_key("model.hidden_act", &C::model, &M::hidden_act, hidden_act_names(),
+                         "GELU of the MLP and MLM transform: gelu (exact, erf; Hugging Face "
+                         "\"gelu\") or gelu_tanh (the tanh approximation of Google's BERT and "
+                         "NVIDIA's MLPerf BERT; Hugging Face \"gelu_new\"; fused into cuBLASLt's "
+                         "GELU epilogues on CUDA)"));
   k.push_back(int_key("model.mlm_chunk_rows", &C::model, &M::mlm_chunk_rows,
                       "masked tokens per MLM-head chunk (mini-sequence, saves memory); 0 = all at once"));
   k.push_back(int_key("model.mst_chunks", &C::model, &M::mst_chunks,
@@ -939,6 +950,7 @@ BertConfig model_config(const TrainConfig& c) {
   b.max_position_embeddings = c.model.max_position_embeddings;
   b.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
   b.attention_dropout = static_cast<float>(c.model.attention_dropout);
+  b.hidden_act = c.model.hidden_act == "gelu_tanh" ? Gelu::tanh : Gelu::erf;
   return b;
 }
 

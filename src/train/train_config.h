@@ -44,6 +44,7 @@ struct TrainConfig {
     int64_t mst_chunks = 1;      // MST chunks M of the MLP and MLM head; 0 = auto (budget)
     int64_t activation_budget_mb = 0;  // MiB of activation arena for mst_chunks = 0
     std::string recompute = "none";    // none | mlp | layer (BertOptions::recompute)
+    std::string hidden_act = "gelu";   // gelu (erf) | gelu_tanh (BertConfig::hidden_act)
     bool operator==(const Model&) const;
   } model;
 

@@ -7,6 +7,8 @@
 // "skipped: no CUDA device" and exits 0.
 //
 //   bench_gpu_step [--model large] [--max-len 512] [--precision bf16|fp16|fp32]
+//                  [--gelu erf|tanh]      (model.hidden_act: tanh, the MLPerf model, runs in
+//                                          cuBLASLt's GELU epilogues)
 //                  [--batch N]            (samples per step; 0 = the most that fit, from the
 //                                          arena formula and the free memory, at most 4096)
 //                  [--memory-fraction 0.85] (share of the free memory the arena may take)
@@ -117,6 +119,7 @@ double measure_gemm_peak(Backend& be, DType t) {
 
 int run(int argc, char** argv) {
   std::string model = "large", precision_name_arg = "bf16", layouts_arg = "unpadded,padded";
+  std::string gelu = "erf";
   std::string lengths_out, hist_path = bench::default_histogram_path(PACKBERT_REPO_DATA);
   int max_len = 512, steps = 5, warmup = 2;
   int64_t batch_given = 0;
@@ -132,12 +135,15 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--layouts")) layouts_arg = argv[i + 1];
     if (!std::strcmp(argv[i], "--lengths-out")) lengths_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--histogram")) hist_path = argv[i + 1];
+    if (!std::strcmp(argv[i], "--gelu")) gelu = argv[i + 1];
   }
+  PB_REQUIRE(gelu == "erf" || gelu == "tanh", "--gelu {}: expected erf or tanh", gelu);
   const Precision precision = parse_precision(precision_name_arg);
   const DType act = precision_dtype(precision);
 
   BertConfig config = bert_preset(model);
   config.max_position_embeddings = std::max<int64_t>(config.max_position_embeddings, max_len);
+  config.hidden_act = gelu == "tanh" ? Gelu::tanh : Gelu::erf;
   CudaBackendOptions co;
   co.validate_indices = false;  // the step loop as the trainer runs it
   co.validate_pointers = false;

@@ -12,7 +12,8 @@
    bitwise the weights of step 1 (hf_roundtrip_tool compare).
 4. A random HF model with vocab_size 30522 (not a multiple of 8), saved as model.safetensors and
    converted (padded to 30528): our logits from the converted checkpoint match HF's over the
-   30522 real entries, and the padded entries are -10000.
+   30522 real entries, and the padded entries are -10000. The same with hidden_act "gelu_new"
+   (our model.hidden_act = "gelu_tanh").
 
 Exit 77 (ctest: skipped) when this python lacks torch or transformers.
 """
@@ -156,6 +157,32 @@ def main():
         pad_ok = pad.shape[1] == 6 and bool(np.all(pad == -10000.0))
         print(f"our logits of the 6 padded entries are exactly -10000: {pad_ok}")
         ok &= pad_ok
+
+        # 4b: the same weights under hidden_act "gelu_new" (the tanh GELU): the converter keeps
+        # it, our model.hidden_act = "gelu_tanh" reads it, and the logits match HF's, closer
+        # than HF's tanh-GELU logits are to its erf ones.
+        erf_mlm, _ = hf_logits(hf, work)
+        cfg_tanh = BertConfig(**{**cfg.to_dict(), "hidden_act": "gelu_new"})
+        hf_tanh = BertForPreTraining(cfg_tanh)
+        hf_tanh.load_state_dict(hf.state_dict())
+        dir6, dir7 = os.path.join(work, "hf_tanh"), os.path.join(work, "hf_tanh_converted")
+        hf_tanh.save_pretrained(dir6)
+        print(run([sys.executable, convert, dir6, dir7]).strip())
+        with open(os.path.join(dir7, "config.json")) as f:
+            act = json.load(f)["hidden_act"]
+        print(f"converted config.json hidden_act: {act}")
+        ok &= act == "gelu_new"
+        print(run([tool, "logits", dir7, work, "tanh"]).strip())
+        hf_mlm, hf_nsp = hf_logits(hf_tanh, work)
+        our_mlm, our_nsp = ours(work, "tanh", 30528)
+        ok &= compare("MLM logits, tanh GELU (ours vs HF gelu_new)", our_mlm[:, :30522], hf_mlm)
+        ok &= compare("NSP logits, tanh GELU (ours vs HF gelu_new)", our_nsp, hf_nsp)
+        scale = float(np.max(np.abs(hf_mlm)))
+        err = float(np.max(np.abs(our_mlm[:, :30522] - hf_mlm))) / scale
+        apart = float(np.max(np.abs(hf_mlm - erf_mlm))) / scale
+        print(f"HF gelu_new vs gelu logits: ratio {apart:.3e}, {apart / err:.0f} times our error "
+              "against gelu_new (must exceed 20: the comparison tells the two GELUs apart)")
+        ok &= apart > 20 * err
 
         # 5: the converter on old-style names (LayerNorm gamma/beta, a "module." prefix, a
         # persistent position_ids buffer, the tied decoder duplicates present) gives bitwise

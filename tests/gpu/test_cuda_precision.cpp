@@ -197,16 +197,18 @@ TEST(CudaPrecision, LinearOpsMatchCpuEmulation) {
       Lowp16 x(t, randn(rng, n * k), {n, k}), w(t, randn(rng, m * k, 0.2f), {m, k});
       std::vector<float> bias = randn(rng, m);
       DevBuf<float> dbias({m}, bias);
-      for (Epilogue ep : {Epilogue::none, Epilogue::bias, Epilogue::bias_gelu}) {
+      for (Epilogue ep :
+           {Epilogue::none, Epilogue::bias, Epilogue::bias_gelu, Epilogue::bias_gelu_tanh}) {
         Lowp16 out(t, std::vector<float>(n * m), {n, m}), pre(t, std::vector<float>(n * m), {n, m});
-        const bool gelu = ep == Epilogue::bias_gelu;
+        const bool gelu = has_gelu(ep);
         const Tensor b = ep == Epilogue::none ? Tensor() : view(bias.data(), {m});
         const Tensor bd = ep == Epilogue::none ? Tensor() : dbias.tensor();
         cpu->linear_forward(x.cpu(), w.cpu(), b, ep, out.cpu(), gelu ? pre.cpu() : Tensor());
         gpu->linear_forward(x.gpu(), w.gpu(), bd, ep, out.gpu(), gelu ? pre.gpu() : Tensor());
         cuda_synchronize(*gpu);
         check(out.gpu_values(), out.cpu_values(),
-              tag + " forward epilogue " + std::to_string(static_cast<int>(ep)));
+              tag + " forward epilogue " + std::to_string(static_cast<int>(ep)) +
+                  (ep == Epilogue::bias_gelu_tanh && m % 8 == 0 ? " (GELU_AUX_BIAS)" : ""));
         if (!gelu) continue;
         check(pre.gpu_values(), pre.cpu_values(), tag + " forward pre");
         // Backward through the GELU of this forward, dx accumulated, dw and db in fp32.
@@ -215,6 +217,7 @@ TEST(CudaPrecision, LinearOpsMatchCpuEmulation) {
         std::vector<float> dw = dw0, db = db0;
         DevBuf<float> ddw({m, k}, dw0), ddb({m}, db0);
         LinearBackwardOptions oc, og;
+        oc.gelu = og.gelu = gelu_of(ep);
         oc.out_gelu_pre = pre.cpu();
         oc.dx_accumulate = true;
         og.out_gelu_pre = pre.gpu();
@@ -234,6 +237,7 @@ TEST(CudaPrecision, LinearOpsMatchCpuEmulation) {
         // shapes allow: reuse x as the pre-activation of itself).
         Lowp16 dx2(t, std::vector<float>(n * k), {n, k});
         LinearBackwardOptions xc, xg;
+        xc.gelu = xg.gelu = gelu_of(ep);  // tanh: the DGELU epilogue where k % 8 == 0
         xc.x_gelu_pre = x.cpu();
         xg.x_gelu_pre = x.gpu();
         Lowp16 dout2(t, randn(rng, n * m, 1e-2f), {n, m});

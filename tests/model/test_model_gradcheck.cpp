@@ -45,14 +45,16 @@ BertConfig micro_config() {
   return c;
 }
 
-TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) {
+void check_every_tensor(Gelu form) {
   // ~1500 forwards of a model whose ops take microseconds: one thread, since an OpenMP barrier
   // per op would cost more than the op (and much more on a loaded machine).
   const int threads = cpu::num_threads();
   cpu::set_num_threads(1);
   auto rng = model_rng(41);
   auto be = make_cpu_backend();
-  HostModel m(micro_config(), rng(), 0.25f);
+  BertConfig config = micro_config();
+  config.hidden_act = form;
+  HostModel m(config, rng(), 0.25f);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (const ParamTensor& t : m.table.tensors()) {
     if (!t.no_decay) continue;
@@ -73,6 +75,14 @@ TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) {
   auto loss = [&] { return bert.forward(b, gm, gs, step, seed, loss_only).loss; };
   const double l0 = loss();
   EXPECT_NEAR(l0, analytic.result.loss, 1e-6 * l0);
+  {  // the form reaches the model: the other GELU on the same weights gives another loss (the
+     // forward is deterministic, so an ignored form would give the same bits; the two differ
+     // by ~1e-5 of the loss here)
+    BertConfig other = m.config;
+    other.hidden_act = form == Gelu::tanh ? Gelu::erf : Gelu::tanh;
+    Bert b2(other, *be, m.params_view(), Tensor());
+    EXPECT_NE(b2.forward(b, gm, gs, step, seed, loss_only).loss, l0);
+  }
 
   // (L(w + d) - L(w - d)) / 2 for a perturbation d over [first, first + n), with the applied
   // perturbations' first-order prediction g . (w+ - w-) / 2 returned in *predicted.
@@ -171,12 +181,20 @@ TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) {
     }
   }
   cpu::set_num_threads(threads);
+  std::printf("[model-error] %s GELU\n", form == Gelu::tanh ? "tanh" : "erf");
   std::printf("[model-error] FD directional: worst |fd/analytic - 1| / (1e-3 + noise) %.2e (%s)\n",
               worst_dir,
               worst_dir_name.c_str());
   std::printf(
       "[model-error] FD coordinates: worst |fd - g| / (2e-3 max|g| + 1e-2 |g| + noise) %.2e (%s)\n",
               worst_coord, worst_coord_name.c_str());
+}
+
+TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) { check_every_tensor(Gelu::erf); }
+
+// The tanh GELU (model.hidden_act = "gelu_tanh") through the MLP and the MLM transform.
+TEST(ModelGradcheck, TanhGeluEveryTensorMatchesFiniteDifferences) {
+  check_every_tensor(Gelu::tanh);
 }
 
 }  // namespace

@@ -15,6 +15,10 @@ namespace packbert::test::ref {
 using Vec = std::vector<double>;
 
 inline double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+inline double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+inline double gelu(double x, Gelu form) { return form == Gelu::tanh ? gelu_tanh(x) : gelu(x); }
 
 // Dropout multiplier of element e of a token (head 0), from the shared mask definition.
 inline double dropout_factor(const DropoutStream& s, const HostLayout& l, int64_t row, int64_t e) {

@@ -12,7 +12,10 @@ namespace {
 using ref::Vec;
 
 const char* name(Epilogue e) {
-  return e == Epilogue::none ? "none" : e == Epilogue::bias ? "bias" : "bias_gelu";
+  return e == Epilogue::none        ? "none"
+         : e == Epilogue::bias      ? "bias"
+         : e == Epilogue::bias_gelu ? "bias_gelu"
+                                    : "bias_gelu_tanh";
 }
 
 // The double forward of each epilogue: y = act(x w^T + b).
@@ -20,8 +23,8 @@ Vec forward_ref(const Vec& x, const Vec& w, const Vec& b, Epilogue e, int64_t n,
                 int64_t m, Vec* pre = nullptr) {
   Vec y = ref::linear(x, w, e == Epilogue::none ? nullptr : &b, n, k, m);
   if (pre) *pre = y;
-  if (e == Epilogue::bias_gelu)
-    for (auto& v : y) v = ref::gelu(v);
+  if (has_gelu(e))
+    for (auto& v : y) v = ref::gelu(v, gelu_of(e));
   return y;
 }
 
@@ -33,9 +36,10 @@ TEST(Linear, ForwardMatchesDouble) {
     const int64_t n = s[0], k = s[1], m = s[2];
     const auto x = random_floats(rng, n * k), w = random_floats(rng, m * k, 0.2f),
                b = random_floats(rng, m);
-    for (Epilogue e : {Epilogue::none, Epilogue::bias, Epilogue::bias_gelu}) {
+    for (Epilogue e :
+         {Epilogue::none, Epilogue::bias, Epilogue::bias_gelu, Epilogue::bias_gelu_tanh}) {
       Guarded<float> out({n, m}), pre({n, m});
-      const bool gelu = e == Epilogue::bias_gelu;
+      const bool gelu = has_gelu(e);
       be->linear_forward(view(x.data(), {n, k}), view(w.data(), {m, k}),
                          e == Epilogue::none ? Tensor() : view(b.data(), {m}), e, out.tensor(),
                          gelu ? pre.tensor() : Tensor());
@@ -58,6 +62,7 @@ struct BackwardCase {
   Epilogue epilogue;
   bool x_is_gelu;      // x = gelu(xp): dx must come out wrt xp (options.x_gelu_pre)
   bool dx_accumulate;  // dx += onto random values
+  Gelu form = Gelu::erf;  // the GELU of x_is_gelu and options.gelu (the epilogue's, if any)
 };
 
 void check_backward(const BackwardCase& c, int64_t n, int64_t k, int64_t m, uint64_t salt) {
@@ -67,8 +72,9 @@ void check_backward(const BackwardCase& c, int64_t n, int64_t k, int64_t m, uint
              b = random_floats(rng, m), r = random_floats(rng, n * m);
   std::vector<float> x = xp;
   if (c.x_is_gelu)
-    for (auto& v : x) v = gelu(v);
-  const bool gelu_out = c.epilogue == Epilogue::bias_gelu;
+    for (auto& v : x) v = c.form == Gelu::tanh ? gelu_tanh(v) : gelu(v);
+  const bool gelu_out = has_gelu(c.epilogue);
+  ASSERT_TRUE(!gelu_out || gelu_of(c.epilogue) == c.form);
   const bool has_bias = c.epilogue != Epilogue::none;
 
   // Forward (keeps pre for the gelu epilogue), then backward with dout = r.
@@ -82,6 +88,7 @@ void check_backward(const BackwardCase& c, int64_t n, int64_t k, int64_t m, uint
   Guarded<float> dx = c.dx_accumulate ? Guarded<float>({n, k}, dx0) : Guarded<float>({n, k});
   Guarded<float> dw({m, k}, dw0), db({m}, db0);
   LinearBackwardOptions opt;
+  opt.gelu = c.form;
   if (gelu_out) opt.out_gelu_pre = view(pre.data(), {n, m});
   if (c.x_is_gelu) opt.x_gelu_pre = view(xp.data(), {n, k});
   opt.dx_accumulate = c.dx_accumulate;
@@ -94,11 +101,13 @@ void check_backward(const BackwardCase& c, int64_t n, int64_t k, int64_t m, uint
   auto loss = [&](const Vec& xin, const Vec& win, const Vec& bin) {
     Vec xx = xin;
     if (c.x_is_gelu)
-      for (auto& v : xx) v = ref::gelu(v);
+      for (auto& v : xx) v = ref::gelu(v, c.form);
     return dot_d(rd, forward_ref(xx, win, bin, c.epilogue, n, k, m));
   };
   const std::string what = fmt::format("linear_backward {}{}{} {}x{}x{}", name(c.epilogue),
-                                       c.x_is_gelu ? " +x_gelu_pre" : "",
+                                       c.x_is_gelu ? c.form == Gelu::tanh ? " +x_gelu_pre (tanh)"
+                                                                          : " +x_gelu_pre"
+                                                   : "",
                                        c.dx_accumulate ? " +accumulate" : "", n, k, m);
   Vec gx = fd_gradient([&](const Vec& v) { return loss(v, wv, bv); }, xv, all_coords(xv.size()));
   if (c.dx_accumulate)
@@ -132,6 +141,10 @@ TEST(Linear, BackwardMatchesFiniteDifferences) {
   uint64_t salt = 100;
   for (const auto& c : cases) check_backward(c, 9, 7, 5, salt++);
   check_backward({Epilogue::bias_gelu, false, false}, 33, 17, 24, salt++);
+  // The tanh GELU: out of the epilogue, through x, and both (FFN2 of a tanh model).
+  check_backward({Epilogue::bias_gelu_tanh, false, false, Gelu::tanh}, 9, 7, 5, salt++);
+  check_backward({Epilogue::bias, true, false, Gelu::tanh}, 9, 7, 5, salt++);
+  check_backward({Epilogue::bias_gelu_tanh, true, false, Gelu::tanh}, 33, 17, 24, salt++);
 }
 
 TEST(Linear, OptionalGradientsAreSkipped) {

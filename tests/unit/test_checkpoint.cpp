@@ -158,6 +158,19 @@ TEST(Checkpoint, HfConfigReadsGoogleStyleConfigs) {
   EXPECT_EQ(describe(back), describe(mini));
   EXPECT_EQ(back.hidden_dropout, 0.15f);
   EXPECT_EQ(back.attention_dropout, 0.f);
+  EXPECT_EQ(back.hidden_act, Gelu::erf);
+  // The tanh GELU is written under Hugging Face's name for it, and both of its names read back.
+  mini.hidden_act = Gelu::tanh;
+  write_hf_config(dir.file("tanh.json"), mini);
+  EXPECT_EQ(nlohmann::json::parse(test::read_file(dir.file("tanh.json")))["hidden_act"],
+            "gelu_new");
+  EXPECT_EQ(read_hf_config(dir.file("tanh.json")).hidden_act, Gelu::tanh);
+  EXPECT_EQ(describe(read_hf_config(dir.file("tanh.json"))), describe(mini));
+  std::ofstream(dir.file("pytorch_tanh.json"))
+      << R"({"vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 1,
+             "intermediate_size": 8, "max_position_embeddings": 8, "type_vocab_size": 2,
+             "hidden_act": "gelu_pytorch_tanh"})";
+  EXPECT_EQ(read_hf_config(dir.file("pytorch_tanh.json")).hidden_act, Gelu::tanh);
   // Errors name the file and the field.
   std::ofstream(dir.file("act.json"))
       << R"({"vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 1,

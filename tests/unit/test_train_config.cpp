@@ -346,6 +346,17 @@ TEST(TrainConfig, MstRecomputeAndLongSequences) {
   EXPECT_NE(e.find("none | mlp | layer"), std::string::npos) << e;
 }
 
+TEST(TrainConfig, HiddenActChoosesTheGelu) {
+  EXPECT_EQ(model_config(load_train_config("", {})).hidden_act, Gelu::erf);
+  const TrainConfig t = load_train_config("", {"model.hidden_act=gelu_tanh"});
+  EXPECT_EQ(t.model.hidden_act, "gelu_tanh");
+  EXPECT_EQ(model_config(t).hidden_act, Gelu::tanh);
+  EXPECT_FALSE(t == load_train_config("", {}));  // resuming under the other GELU is refused
+  const std::string e = error_of([] { load_train_config("", {"model.hidden_act=relu"}); });
+  EXPECT_NE(e.find("model.hidden_act"), std::string::npos) << e;
+  EXPECT_NE(e.find("gelu | gelu_tanh"), std::string::npos) << e;
+}
+
 TEST(TrainConfig, ValidationChecksPaths) {
   TempDir tmp;
   fs::create_directories(tmp.path() / "shards");
