@@ -61,6 +61,28 @@ struct GemmCall {
   void* aux = nullptr;
 };
 
+// The column-major GEMM C [m x n] = op(A) op(B) (op = transpose where asked): A and B of type
+// ab, C of type c, beta 0, no epilogue.
+inline GemmCall gemm_call(bool transa, bool transb, int64_t m, int64_t n, int64_t k,
+                          const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
+                          int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type) {
+  GemmCall g;
+  g.transa = transa;
+  g.transb = transb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  g.ab_type = ab;
+  g.c_type = c_type;
+  return g;
+}
+
 // The memory and conversions of the low-precision adapter (common/lowp_adapter.h) on a
 // device: grow-only fp32 slots and the convert kernel on the backend's stream. The ops without
 // a native bf16 / f16 kernel yet run through it (widen, fp32 kernel, round back).

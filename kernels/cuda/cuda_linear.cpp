@@ -221,21 +221,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
 GemmCall CudaBackend::forward_gemm_call(const void* x, const void* w, void* out, int64_t n,
                                         int64_t k, int64_t m, cudaDataType_t type) {
   // Column-major: out^T [m x n] = w^T [m x k] (w stored k x m, transposed) * x^T [k x n].
-  GemmCall g;
-  g.transa = true;
-  g.transb = false;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = w;
-  g.lda = k;
-  g.b = x;
-  g.ldb = k;
-  g.c = out;
-  g.ldc = m;
-  g.ab_type = type;
-  g.c_type = type;
-  return g;
+  return gemm_call(true, false, m, n, k, w, k, x, k, out, m, type, type);
 }
 
 bool CudaBackend::gelu_aux_gemm(const char* op, GemmCall g, void* out, const float* bias) {
@@ -251,21 +237,8 @@ bool CudaBackend::weight_grad_gemm(const char* op, const void* x, const void* g,
                                    float* db, int64_t n, int64_t k, int64_t m,
                                    cudaDataType_t ab) {
   // Column-major: dw^T [k x m] += x^T [k x n] * g [n x m]; fp32 output, accumulated.
-  GemmCall c;
-  c.transa = false;
-  c.transb = true;
-  c.m = k;
-  c.n = m;
-  c.k = n;
-  c.a = x;
-  c.lda = k;
-  c.b = g;
-  c.ldb = m;
-  c.c = dw;
-  c.ldc = k;
+  GemmCall c = gemm_call(false, true, k, m, n, x, k, g, m, dw, k, ab, CUDA_R_32F);
   c.beta = 1.0f;
-  c.ab_type = ab;
-  c.c_type = CUDA_R_32F;
   if (db != nullptr) {
     float* db_tmp = scratch_floats(op, static_cast<size_t>(m));
     c.epilogue = CUBLASLT_EPILOGUE_BGRADB;
@@ -286,21 +259,8 @@ bool CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, 
                                   cudaDataType_t ab, cudaDataType_t c_type,
                                   const void* tanh_gelu_pre) {
   // Column-major: dx^T [k x n] (+)= w^T [k x m] * g^T [m x n].
-  GemmCall c;
-  c.transa = false;
-  c.transb = false;
-  c.m = k;
-  c.n = n;
-  c.k = m;
-  c.a = w;
-  c.lda = k;
-  c.b = g;
-  c.ldb = m;
-  c.c = dx;
-  c.ldc = k;
+  GemmCall c = gemm_call(false, false, k, n, m, w, k, g, m, dx, k, ab, c_type);
   c.beta = accumulate ? 1.0f : 0.0f;
-  c.ab_type = ab;
-  c.c_type = c_type;
   if (tanh_gelu_pre && k % 8 == 0) {  // the aux matrix's leading dimension is k
     c.epilogue = CUBLASLT_EPILOGUE_DGELU;
     c.aux = const_cast<void*>(tanh_gelu_pre);
