@@ -290,7 +290,8 @@ class Backend {
   // embeddings), b [V]; logits_ws [m, V] is the workspace. loss_sum, num_correct as above;
   // grad_scale = 1 / global masked-token count. If dx [m, H] is given: dx written, dw += and
   // db += (both optional); if dx is none, forward only.
-  // lowp: x, w, dx; b, logits_ws, dw, db are f32 (the logits never leave fp32).
+  // lowp: x, w, dx; b, logits_ws, dw, db are f32 (the logits never leave fp32; CUDA rounds
+  // their gradient to the operands' type for the two backward GEMMs, the CPU does not).
   virtual void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
                         float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                         const Tensor& num_correct, const Tensor& dx, const Tensor& dw,

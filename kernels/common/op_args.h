@@ -216,17 +216,30 @@ inline SoftmaxDims softmax_cross_entropy_args(const OpArgs& a, const Tensor& log
 // The MLM decoder and loss of one chunk as a composition of a backend's own ops (the contract of
 // Backend::mlm_loss): logits = x w^T + b into logits_ws, softmax cross-entropy (its gradient in
 // place when dx is given), then the decoder's backward.
-inline void mlm_loss_by_ops(Backend& be, const OpArgs& a, const Tensor& x, const Tensor& w,
-                            const Tensor& b, const Tensor& labels, float grad_scale,
-                            const Tensor& logits_ws, const Tensor& loss_sum,
-                            const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
-                            const Tensor& db) {
+// mlm_loss's shapes beyond the ops it is made of: x [m, h], w [v, h], logits_ws [m, v]; dw and
+// db only with dx. (The ops check the rest: b, labels, loss_sum, num_correct, dx, dw, db.)
+struct MlmDims {
+  int64_t m = 0, h = 0, v = 0;
+};
+
+inline MlmDims mlm_loss_args(const OpArgs& a, const Tensor& x, const Tensor& w,
+                             const Tensor& logits_ws, const Tensor& dx, const Tensor& dw,
+                             const Tensor& db) {
   a("x", x, DType::f32, {kAnyDim, kAnyDim});
   a("w", w, DType::f32, {kAnyDim, x.dim(1)});
   const int64_t m = x.dim(0), v = w.dim(0);
   a("logits_ws", logits_ws, DType::f32, {m, v});
   PB_REQUIRE(dx.defined() || (!dw.defined() && !db.defined()),
              "{}: dw / db without dx (forward-only calls pass none for all three)", a.op);
+  return {m, x.dim(1), v};
+}
+
+inline void mlm_loss_by_ops(Backend& be, const OpArgs& a, const Tensor& x, const Tensor& w,
+                            const Tensor& b, const Tensor& labels, float grad_scale,
+                            const Tensor& logits_ws, const Tensor& loss_sum,
+                            const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                            const Tensor& db) {
+  mlm_loss_args(a, x, w, logits_ws, dx, dw, db);
   be.linear_forward(x, w, b, Epilogue::bias, logits_ws, Tensor());
   be.softmax_cross_entropy(logits_ws, labels, grad_scale, loss_sum, num_correct,
                            dx.defined() ? logits_ws : Tensor());

@@ -228,6 +228,12 @@ class CudaBackend final : public Backend {
   bool linear_backward_lowp(const Tensor& x, const Tensor& w, const Tensor& dout,
                             const Tensor& dx, const Tensor& dw, const Tensor& db,
                             const LinearBackwardOptions& options);
+  // mlm_loss with x, w (and dx) bf16 / f16: the decoder GEMMs on the low-precision operands
+  // (cuda_linear.cpp); false for a combination it does not take (the adapter's then).
+  bool mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
+                     float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                     const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                     const Tensor& db);
 
   struct GemmKey {
     int64_t m, n, k, lda, ldb, ldc;

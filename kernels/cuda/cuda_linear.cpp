@@ -24,6 +24,7 @@
 //   kernel. The aux matrix needs ld % 8 == 0; other shapes take the kernels too.
 // When the heuristic offers no algorithm for an epilogue (e.g. an alignment it cannot serve),
 // the GEMM runs with DEFAULT and a kernel does the epilogue; the choice is cached per shape.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -458,13 +459,90 @@ void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, co
                            float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                            const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                            const Tensor& db) {
-  // TODO(cuda bf16 step 2): the decoder GEMMs natively on the bf16 word embeddings (logits in
-  // fp32); the adapter widens the [V, H] weight copy per chunk.
-  if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db}))
+  if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db})) {
+    if (mlm_loss_lowp(x, w, b, labels, grad_scale, logits_ws, loss_sum, num_correct, dx, dw, db))
+      return;
     return lowp::mlm_loss(*this, lowp_, x, w, b, labels, grad_scale, logits_ws, loss_sum,
                           num_correct, dx, dw, db);
+  }
   checks::mlm_loss_by_ops(*this, checks::OpArgs("mlm_loss", Device::cuda, pointer_check()), x, w, b,
                           labels, grad_scale, logits_ws, loss_sum, num_correct, dx, dw, db);
+}
+
+// The MLM decoder in bf16 / f16: logits (fp32) = x w^T + b from the low-precision x and word
+// embeddings (fp32 accumulation, the BIAS epilogue with the fp32 bias), the fp32 softmax
+// cross-entropy turning them into their gradient in place, then the two backward GEMMs on that
+// gradient rounded to the operands' type -- cuBLASLt takes A and B of one type -- in blocks of
+// rows whose rounded copy fits kMlmBackwardBlockBytes of scratch: dw += g^T x (fp32, with db
+// through BGRADB, else column sums of the fp32 gradient), dx = g w. The CPU emulation keeps the
+// gradient in fp32: the two differ by that one rounding (2^-9 relative in bf16, per element).
+namespace {
+constexpr int64_t kMlmBackwardBlockBytes = int64_t{64} << 20;
+}  // namespace
+
+bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b,
+                                const Tensor& labels, float grad_scale, const Tensor& logits_ws,
+                                const Tensor& loss_sum, const Tensor& num_correct,
+                                const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  const char* op = "mlm_loss";
+  const DType t = x.dtype;
+  auto is_f32 = [](const Tensor& v) { return !v.defined() || v.dtype == DType::f32; };
+  if (!lowp::is_lowp(t) || w.dtype != t || (dx.defined() && dx.dtype != t) || !is_f32(b) ||
+      !is_f32(logits_ws) || !is_f32(loss_sum) || !is_f32(dw) || !is_f32(db))
+    return false;
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [m, h, v] =
+      checks::mlm_loss_args(args, shape_of(x), shape_of(w), logits_ws, dx, dw, db);
+  if (h == 0 || v == 0) return false;  // degenerate shapes: the adapter's general path
+  args("b", b, DType::f32, {v});
+  args.optional("dx", shape_of(dx), DType::f32, {m, h});
+  args.optional("dw", dw, DType::f32, {v, h});
+  args.optional("db", db, DType::f32, {v});
+  begin(op);
+  float* logits = logits_ws.ptr<float>();
+  const cudaDataType_t type = cuda_type(t);
+  if (m > 0) {
+    GemmCall g = forward_gemm_call(x.data, w.data, logits, m, h, v, type);
+    g.c_type = CUDA_R_32F;
+    g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    g.bias = const_cast<float*>(b.ptr<float>());
+    if (!gemm(op, g)) {
+      g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+      g.bias = nullptr;
+      gemm(op, g);
+      launched(op, "add_bias_rows", cuda::add_bias_rows(logits, b.ptr<float>(), m, v, stream_));
+    }
+  }
+  softmax_cross_entropy(logits_ws, labels, grad_scale, loss_sum, num_correct,
+                        dx.defined() ? logits_ws : Tensor());
+  if (!dx.defined() || m == 0) {
+    end(op);
+    return true;
+  }
+  const cuda::FloatFormat f = float_format(op, "x", x);
+  const auto es = static_cast<int64_t>(dtype_size(t));
+  const int64_t block = std::max<int64_t>(1, std::min(m, kMlmBackwardBlockBytes / (v * es)));
+  void* g16 = scratch_bytes(op, static_cast<size_t>(block * v * es));
+  const char* xb = static_cast<const char*>(x.data);
+  char* dxb = static_cast<char*>(dx.data);
+  for (int64_t r0 = 0; r0 < m; r0 += block) {
+    const int64_t n = std::min(block, m - r0);
+    const float* gf = logits + r0 * v;
+    launched(op, "convert", cuda::convert(gf, cuda::FloatFormat::f32, g16, f, n * v, stream_));
+    bool db_done = !db.defined();
+    if (dw.defined())
+      db_done = weight_grad_gemm(op, xb + r0 * h * es, g16, dw.ptr<float>(),
+                                 db_done ? nullptr : db.ptr<float>(), n, h, v, type) ||
+                db_done;
+    if (!db_done) {
+      double* partial = scratch_doubles(op, static_cast<size_t>(cuda::column_sum_partials(n, v)));
+      launched(op, "add_column_sums",
+               cuda::add_column_sums(gf, n, v, v, partial, db.ptr<float>(), stream_));
+    }
+    input_grad_gemm(op, w.data, g16, dxb + r0 * h * es, n, h, v, false, type, type);
+  }
+  end(op);
+  return true;
 }
 
 void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,

@@ -9,7 +9,8 @@
 //   every gradient by relative L2; and the padded layout against the unpadded one on the GPU;
 // - the native bf16 / f16 kernels of embedding_forward / backward and residual_layernorm_forward
 //   / backward against the CPU's emulation, element by element (tolerance derived below), and
-//   that they take no fp32 staging (the adapter's).
+//   that they take no fp32 staging (the adapter's);
+// - the native bf16 / f16 MLM decoder (mlm_loss) against the CPU's emulation.
 //
 // Tolerance: 3e-2 per tensor, the bf16-vs-fp32 bound of tests/model/test_model_precision.cpp.
 // Both sides store bf16 but round at different points: cuBLASLt sums in other orders (a 1-ulp
@@ -291,6 +292,87 @@ StepOutput run_cuda_step(Backend& gpu, HostModel& m, const Batch& batch, int64_t
   EXPECT_EQ(params.values(), m.params) << "the model changed its parameters";
   out.grads = grads.values();
   return out;
+}
+
+// The MLM decoder on bf16 / f16 operands (the native path: decoder GEMMs on the low-precision
+// word embeddings, logits in fp32, the backward in row blocks of 64 MiB of rounded logits
+// gradient) against the CPU's emulation (widen, fp32 op, round). The logits come from the same
+// rounded operands in fp32 on both sides: the forward-only logits to 1e-5 and the loss sum to
+// 1e-4. The gradients differ by CUDA's rounding of the logits gradient before the two GEMMs
+// (2^-9 relative per element in bf16) and dx's own rounding: 1e-2, as the linear ops. Shapes:
+// small ones, one with dx and db but no dw (the column-sum path), and 2300 masked tokens over
+// the BERT vocabulary, which takes three blocks.
+TEST(CudaPrecision, MlmLossLowpMatchesCpuEmulation) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  CudaBackendOptions co;
+  co.sync_each_op = true;
+  auto gpu = make_cuda_backend(0, co);
+  std::mt19937_64 rng(test_seed());
+  auto check = [&](const std::vector<float>& g, const std::vector<float>& c, double tol,
+                   const std::string& what) {
+    const double e = rel_l2(g.data(), c.data(), static_cast<int64_t>(c.size()));
+    std::printf("[lowp-error] %s %.2e\n", what.c_str(), e);
+    EXPECT_LE(e, tol) << what;
+  };
+  struct Case {
+    int64_t m, h, v;
+    bool dw, db;
+  };
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (const Case c : {Case{37, 64, 96, true, true}, Case{19, 128, 1000, true, false},
+                         Case{64, 64, 512, false, true}, Case{2300, 64, 30528, true, true}}) {
+      const int64_t m = c.m, h = c.h, v = c.v;
+      const std::string tag = fmt::format("mlm_loss {} m{} h{} v{}{}{}", dtype_name(t), m, h, v,
+                                          c.dw ? " dw" : "", c.db ? " db" : "");
+      // Logits of order 1.6: a softmax neither uniform nor one-hot.
+      Lowp16 x(t, randn(rng, m * h), {m, h}), w(t, randn(rng, v * h, 0.2f), {v, h});
+      const std::vector<float> bias = randn(rng, v);
+      const std::vector<int32_t> labels = random_ints(rng, m, 0, static_cast<int32_t>(v - 1));
+      DevBuf<float> dbias({v}, bias);
+      DevBuf<int32_t> dlabels({m}, labels);
+      const float scale = 1.f / static_cast<float>(m);
+      for (const bool backward : {false, true}) {
+        std::vector<float> logits(m * v), loss = {0.5f};
+        std::vector<int32_t> correct = {3};
+        DevBuf<float> dlogits({m, v}), dloss({1}, loss);
+        DevBuf<int32_t> dcorrect({1}, correct);
+        Lowp16 dx(t, std::vector<float>(m * h), {m, h});
+        const std::vector<float> dw0 = randn(rng, v * h, 1e-3f), db0 = randn(rng, v, 1e-3f);
+        std::vector<float> dw = dw0, db = db0;
+        DevBuf<float> ddw({v, h}, dw0), ddb({v}, db0);
+        const bool want_dw = backward && c.dw, want_db = backward && c.db;
+        cpu->mlm_loss(x.cpu(), w.cpu(), view(bias.data(), {v}), view(labels.data(), {m}), scale,
+                      view(logits.data(), {m, v}), view(loss.data(), {1}),
+                      view(correct.data(), {1}), backward ? dx.cpu() : Tensor(),
+                      want_dw ? view(dw.data(), {v, h}) : Tensor(),
+                      want_db ? view(db.data(), {v}) : Tensor());
+        gpu->mlm_loss(x.gpu(), w.gpu(), dbias.tensor(), dlabels.tensor(), scale, dlogits.tensor(),
+                      dloss.tensor(), dcorrect.tensor(), backward ? dx.gpu() : Tensor(),
+                      want_dw ? ddw.tensor() : Tensor(), want_db ? ddb.tensor() : Tensor());
+        cuda_synchronize(*gpu);
+        const std::string what = tag + (backward ? " backward" : " forward");
+        const double lc = loss[0] - 0.5, lg = static_cast<double>(dloss.values()[0]) - 0.5;
+        std::printf("[lowp-error] %s loss %.6f vs %.6f\n", what.c_str(), lg, lc);
+        EXPECT_NEAR(lg, lc, 1e-4 * std::abs(lc)) << what;
+        EXPECT_NEAR(dcorrect.values()[0], correct[0], 2) << what;  // near-ties may flip
+        if (!backward) {
+          check(dlogits.values(), logits, 1e-5, what + " logits");
+          continue;
+        }
+        check(dx.gpu_values(), dx.cpu_values(), 1e-2, what + " dx");
+        auto increments = [](std::vector<float> a, const std::vector<float>& a0) {
+          for (size_t i = 0; i < a.size(); ++i) a[i] -= a0[i];
+          return a;
+        };
+        if (want_dw) check(increments(ddw.values(), dw0), increments(dw, dw0), 1e-2, what + " dw");
+        else EXPECT_EQ(ddw.values(), dw0) << what << ": dw not given, yet changed";
+        if (want_db) check(increments(ddb.values(), db0), increments(db, db0), 1e-2, what + " db");
+        else EXPECT_EQ(ddb.values(), db0) << what << ": db not given, yet changed";
+        EXPECT_TRUE(ddw.guards_intact() && ddb.guards_intact() && dlogits.guards_intact()) << what;
+      }
+    }
+  }
 }
 
 TEST(CudaPrecision, TinyBertBf16MatchesCpuEmulation) {
