@@ -308,32 +308,56 @@ void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
 }
 
 // ---- masked positions ------------------------------------------------------------------------
+// The gather and its backward move rows of one float format: bf16 / f16 natively (the forward
+// is a bit copy, the backward adds in fp32 and rounds after each add -- for distinct indices,
+// the usual case, exactly the CPU emulation's single rounding of 0 + dout). Mixed formats go
+// through the adapter.
+namespace {
+// x and out (or dout and dx) of one float format: the format; else none (the adapter's case).
+bool same_float_format(const Tensor& a, const Tensor& b) {
+  return a.dtype == b.dtype &&
+         (a.dtype == DType::f32 || a.dtype == DType::bf16 || a.dtype == DType::f16);
+}
+// The same view read as f32, for the shape checks shared with the CPU.
+Tensor as_f32(Tensor t) {
+  if (t.defined()) t.dtype = DType::f32;
+  return t;
+}
+}  // namespace
+
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
-  if (lowp::any({&x, &out})) return lowp::gather_rows(*this, lowp_, x, index, out);
+  if (lowp::any({&x, &out}) && !same_float_format(x, out))
+    return lowp::gather_rows(*this, lowp_, x, index, out);
   const char* op = "gather_rows";
   const auto [rows, h, m] = checks::gather_rows_args(
-      checks::OpArgs(op, Device::cuda, pointer_check()), "x", x, index, "out", out);
+      checks::OpArgs(op, Device::cuda, pointer_check()), "x", as_f32(x), index, "out", as_f32(out));
   begin(op);
   check_indices(op, "index", index, rows);
   if (m * h > 0)
     launched(op, "gather_rows",
-             cuda::gather_rows(x.ptr<float>(), index.ptr<int32_t>(), out.ptr<float>(), m, h,
-                               stream_));
+             cuda::gather_rows(x.data, index.ptr<int32_t>(), out.data, float_format(op, "x", x),
+                               m, h, stream_));
   end(op);
 }
 
 void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) {
-  if (lowp::any({&dout, &dx})) return lowp::gather_rows_backward(*this, lowp_, dout, index, dx);
+  if (lowp::any({&dout, &dx}) && !same_float_format(dout, dx))
+    return lowp::gather_rows_backward(*this, lowp_, dout, index, dx);
   const char* op = "gather_rows_backward";
-  const auto [rows, h, m] = checks::gather_rows_args(
-      checks::OpArgs(op, Device::cuda, pointer_check()), "dx", dx, index, "dout", dout);
+  const auto [rows, h, m] =
+      checks::gather_rows_args(checks::OpArgs(op, Device::cuda, pointer_check()), "dx",
+                               as_f32(dx), index, "dout", as_f32(dout));
   begin(op);
   check_indices(op, "index", index, rows);
   if (dx.bytes()) PB_CUDA_OP(op, cudaMemsetAsync(dx.data, 0, dx.bytes(), stream_));
-  if (m * h > 0)
+  if (m * h > 0) {
+    auto* scratch = static_cast<uint32_t*>(
+        scratch_bytes(op, static_cast<size_t>(rows + 1) * sizeof(uint32_t)));
     launched(op, "scatter_add_rows_ordered",
-             cuda::scatter_add_rows_ordered(dout.ptr<float>(), index.ptr<int32_t>(),
-                                            dx.ptr<float>(), m, h, stream_));
+             cuda::scatter_add_rows_ordered(dout.data, index.ptr<int32_t>(), dx.data,
+                                            float_format(op, "dx", dx), m, h, rows, scratch,
+                                            stream_));
+  }
   end(op);
 }
 

@@ -65,12 +65,15 @@ cudaError_t add_inplace(float* dst, const float* src, int64_t n, cudaStream_t s)
 // x = tanh(x); dp *= 1 - p^2.
 cudaError_t tanh_inplace(float* x, int64_t n, cudaStream_t s);
 cudaError_t tanh_backward_inplace(float* dp, const float* p, int64_t n, cudaStream_t s);
-// out[i, :] = x[index[i], :] (h columns).
-cudaError_t gather_rows(const float* x, const int32_t* index, float* out, int64_t m, int64_t h,
-                        cudaStream_t s);
-// dx[index[i], :] += dout[i, :] for i in order (one thread per column walks i in order).
-cudaError_t scatter_add_rows_ordered(const float* dout, const int32_t* index, float* dx,
-                                     int64_t m, int64_t h, cudaStream_t s);
+// out[i, :] = x[index[i], :] (h columns), x and out in format f (bf16 / f16: a bit copy).
+cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFormat f, int64_t m,
+                        int64_t h, cudaStream_t s);
+// dx[index[i], :] += dout[i, :] for i in order, dx [rows, h] and dout in format f (each add in
+// fp32, rounded to f). Rows hit once are added in parallel; only when an index repeats does one
+// thread per column walk the later contributors in order. scratch: rows + 1 uint32.
+cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, void* dx,
+                                     FloatFormat f, int64_t m, int64_t h, int64_t rows,
+                                     uint32_t* scratch, cudaStream_t s);
 // Softmax cross-entropy over m rows of v logits. Per row (one block): first argmax, lse, loss;
 // dlogits (may alias logits, may be null) = (softmax - onehot) * grad_scale. Row losses and
 // correct flags go to row_loss / row_correct (m doubles each), then one block adds their sums

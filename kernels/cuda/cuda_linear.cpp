@@ -226,7 +226,9 @@ GemmCall CudaBackend::forward_gemm_call(const void* x, const void* w, void* out,
 }
 
 bool CudaBackend::gelu_aux_gemm(const char* op, GemmCall g, void* out, const float* bias) {
-  if (g.ldc % 8 != 0) return false;  // the aux matrix's leading dimension
+  // The aux matrix: leading dimension a multiple of 8, 16-byte aligned (the heuristic is not
+  // told its alignment, so a view that breaks it takes the kernels).
+  if (g.ldc % 8 != 0 || alignment(g.c) < 16) return false;
   g.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   g.aux = g.c;  // the pre-activation
   g.c = out;
@@ -262,7 +264,8 @@ bool CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, 
   // Column-major: dx^T [k x n] (+)= w^T [k x m] * g^T [m x n].
   GemmCall c = gemm_call(false, false, k, n, m, w, k, g, m, dx, k, ab, c_type);
   c.beta = accumulate ? 1.0f : 0.0f;
-  if (tanh_gelu_pre && k % 8 == 0) {  // the aux matrix's leading dimension is k
+  // The aux matrix's leading dimension is k; as in gelu_aux_gemm, ld % 8 and 16-byte alignment.
+  if (tanh_gelu_pre && k % 8 == 0 && alignment(tanh_gelu_pre) >= 16) {
     c.epilogue = CUBLASLT_EPILOGUE_DGELU;
     c.aux = const_cast<void*>(tanh_gelu_pre);
     if (gemm(op, c)) return true;
@@ -583,9 +586,12 @@ void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Poole
            cuda::tanh_backward_inplace(dpooled.ptr<float>(), pooled.ptr<float>(), s * h, stream_));
   linear_backward(cls, params.dense_w, dpooled, dcls, grads.dense_w, grads.dense_b, {});
   // dx[seq_start[i]] += dcls[i]; the starts are distinct (a valid layout).
+  auto* scratch = static_cast<uint32_t*>(
+      scratch_bytes(op, static_cast<size_t>(layout.rows + 1) * sizeof(uint32_t)));
   launched(op, "scatter_add_rows_ordered",
-           cuda::scatter_add_rows_ordered(dcls.ptr<float>(), layout.seq_start.ptr<int32_t>(),
-                                          dx.ptr<float>(), s, h, stream_));
+           cuda::scatter_add_rows_ordered(dcls.data, layout.seq_start.ptr<int32_t>(), dx.data,
+                                          cuda::FloatFormat::f32, s, h, layout.rows, scratch,
+                                          stream_));
   end(op);
 }
 

@@ -80,23 +80,6 @@ __global__ void column_finish_kernel(const double* partial, int64_t chunks, int6
   out[c] += static_cast<float>(acc);
 }
 
-__global__ void gather_rows_kernel(const float* x, const int32_t* index, float* out, int64_t m,
-                                   int64_t h) {
-  const int64_t n = m * h;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / h, c = i - row * h;
-    out[i] = x[static_cast<int64_t>(index[row]) * h + c];
-  }
-}
-
-// One thread per column walks the rows in order: repeated indices add up in a fixed order.
-__global__ void scatter_add_ordered_kernel(const float* dout, const int32_t* index, float* dx,
-                                           int64_t m, int64_t h) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= h) return;
-  for (int64_t i = 0; i < m; ++i) dx[static_cast<int64_t>(index[i]) * h + c] += dout[i * h + c];
-}
 
 // One block per row; three passes over the row (argmax, sum of exp, gradient).
 __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, int64_t v,
@@ -245,6 +228,62 @@ __device__ __forceinline__ void store_from_float(void* p, FloatFormat f, int64_t
   }
 }
 
+// out[i, :] = x[index[i], :], elements of T (float, or the 16 bits of bf16 / f16: a copy).
+template <typename T>
+__global__ void gather_rows_kernel(const T* x, const int32_t* index, T* out, int64_t m,
+                                   int64_t h) {
+  const int64_t n = m * h;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / h, c = i - row * h;
+    out[i] = x[static_cast<int64_t>(index[row]) * h + c];
+  }
+}
+
+// The ordered scatter-add dx[index[i]] += dout[i] in three steps, so that the usual case --
+// every target row hit once -- runs in parallel and repeated rows still add in order of i:
+// first[r] = the smallest i with index[i] == r (atomicMin: the same whatever the timing);
+// every element of a first contributor is added in parallel (each target element once); then,
+// only if some row repeats (repeated != 0), one thread per column adds the later contributors
+// walking i in order.
+__global__ void scatter_first_kernel(const int32_t* index, uint32_t* first, int64_t m) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m;
+       i += int64_t{gridDim.x} * blockDim.x)
+    atomicMin(first + index[i], static_cast<uint32_t>(i));
+}
+
+__global__ void scatter_repeated_kernel(const int32_t* index, const uint32_t* first,
+                                        uint32_t* repeated, int64_t m) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m;
+       i += int64_t{gridDim.x} * blockDim.x)
+    if (first[index[i]] != static_cast<uint32_t>(i)) *repeated = 1;  // any writer writes 1
+}
+
+__global__ void scatter_add_first_kernel(const void* dout, const int32_t* index,
+                                         const uint32_t* first, void* dx, FloatFormat f,
+                                         int64_t m, int64_t h) {
+  const int64_t n = m * h;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e / h, c = e - i * h;
+    const int64_t r = index[i];
+    if (first[r] != static_cast<uint32_t>(i)) continue;
+    store_from_float(dx, f, r * h + c, load_as_float(dx, f, r * h + c) + load_as_float(dout, f, e));
+  }
+}
+
+__global__ void scatter_add_rest_kernel(const void* dout, const int32_t* index,
+                                        const uint32_t* first, const uint32_t* repeated, void* dx,
+                                        FloatFormat f, int64_t m, int64_t h) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= h || *repeated == 0) return;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t r = index[i];
+    if (first[r] == static_cast<uint32_t>(i)) continue;
+    store_from_float(dx, f, r * h + c, load_as_float(dx, f, r * h + c) + load_as_float(dout, f, i * h + c));
+  }
+}
+
 __global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
                                   float lr, int64_t num_tensors, const float* norms, float* w,
                                   const float* u, void* w_lowp, FloatFormat lowp_format) {
@@ -367,17 +406,33 @@ cudaError_t tanh_backward_inplace(float* dp, const float* p, int64_t n, cudaStre
   return launched();
 }
 
-cudaError_t gather_rows(const float* x, const int32_t* index, float* out, int64_t m, int64_t h,
-                        cudaStream_t s) {
+cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFormat f, int64_t m,
+                        int64_t h, cudaStream_t s) {
   if (m * h == 0) return cudaSuccess;
-  gather_rows_kernel<<<grid_for(m * h, kThreads), kThreads, 0, s>>>(x, index, out, m, h);
+  if (f == FloatFormat::f32)
+    gather_rows_kernel<<<grid_for(m * h, kThreads), kThreads, 0, s>>>(
+        static_cast<const float*>(x), index, static_cast<float*>(out), m, h);
+  else
+    gather_rows_kernel<<<grid_for(m * h, kThreads), kThreads, 0, s>>>(
+        static_cast<const uint16_t*>(x), index, static_cast<uint16_t*>(out), m, h);
   return launched();
 }
 
-cudaError_t scatter_add_rows_ordered(const float* dout, const int32_t* index, float* dx,
-                                     int64_t m, int64_t h, cudaStream_t s) {
+cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, void* dx,
+                                     FloatFormat f, int64_t m, int64_t h, int64_t rows,
+                                     uint32_t* scratch, cudaStream_t s) {
   if (m * h == 0) return cudaSuccess;
-  scatter_add_ordered_kernel<<<grid_for(h, 128), 128, 0, s>>>(dout, index, dx, m, h);
+  uint32_t* first = scratch;
+  uint32_t* repeated = scratch + rows;
+  cudaError_t e = cudaMemsetAsync(first, 0xff, static_cast<size_t>(rows) * sizeof(uint32_t), s);
+  if (e == cudaSuccess) e = cudaMemsetAsync(repeated, 0, sizeof(uint32_t), s);
+  if (e != cudaSuccess) return e;
+  scatter_first_kernel<<<grid_for(m, kThreads), kThreads, 0, s>>>(index, first, m);
+  scatter_repeated_kernel<<<grid_for(m, kThreads), kThreads, 0, s>>>(index, first, repeated, m);
+  scatter_add_first_kernel<<<grid_for(m * h, kThreads), kThreads, 0, s>>>(dout, index, first, dx,
+                                                                          f, m, h);
+  scatter_add_rest_kernel<<<grid_for(h, 128), 128, 0, s>>>(dout, index, first, repeated, dx, f,
+                                                           m, h);
   return launched();
 }
 

@@ -10,7 +10,8 @@
 // - the native bf16 / f16 kernels of embedding_forward / backward and residual_layernorm_forward
 //   / backward against the CPU's emulation, element by element (tolerance derived below), and
 //   that they take no fp32 staging (the adapter's);
-// - the native bf16 / f16 MLM decoder (mlm_loss) against the CPU's emulation.
+// - the native bf16 / f16 MLM decoder (mlm_loss) and row gather / scatter against the CPU's
+//   emulation.
 //
 // Tolerance: 3e-2 per tensor, the bf16-vs-fp32 bound of tests/model/test_model_precision.cpp.
 // Both sides store bf16 but round at different points: cuBLASLt sums in other orders (a 1-ulp
@@ -370,6 +371,45 @@ TEST(CudaPrecision, MlmLossLowpMatchesCpuEmulation) {
         if (want_db) check(increments(ddb.values(), db0), increments(db, db0), 1e-2, what + " db");
         else EXPECT_EQ(ddb.values(), db0) << what << ": db not given, yet changed";
         EXPECT_TRUE(ddw.guards_intact() && ddb.guards_intact() && dlogits.guards_intact()) << what;
+      }
+    }
+  }
+}
+
+// gather_rows in bf16 / f16 is a bit copy, as the emulation's widen-copy-round; its backward
+// adds in fp32 and rounds after each add, the emulation once at the end: the same bits where
+// every row is hit once (the model's masked positions), within one ulp per repeat otherwise.
+TEST(CudaPrecision, GatherRowsLowpMatchesCpuEmulation) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  auto gpu = make_cuda_backend(0, CudaBackendOptions{});
+  std::mt19937_64 rng(test_seed());
+  const int64_t rows = 300, h = 72, m = 120;
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (const bool repeats : {false, true}) {
+      std::vector<int32_t> idx(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) idx[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+      std::shuffle(idx.begin(), idx.end(), rng);
+      idx.resize(static_cast<size_t>(m));
+      if (repeats) idx[5] = idx[9] = idx[40] = idx[2];
+      const std::string what = std::string(dtype_name(t)) + (repeats ? " repeated" : " distinct");
+      DevBuf<int32_t> didx({m}, idx);
+      Lowp16 x(t, randn(rng, rows * h), {rows, h}), out(t, std::vector<float>(m * h), {m, h});
+      cpu->gather_rows(x.cpu(), view(idx.data(), {m}), out.cpu());
+      gpu->gather_rows(x.gpu(), didx.tensor(), out.gpu());
+      cuda_synchronize(*gpu);
+      EXPECT_EQ(read16(out.dev, out.host.size()), out.host) << what << ": gather";
+      Lowp16 dout(t, randn(rng, m * h), {m, h}), dx(t, randn(rng, rows * h), {rows, h});
+      cpu->gather_rows_backward(dout.cpu(), view(idx.data(), {m}), dx.cpu());
+      gpu->gather_rows_backward(dout.gpu(), didx.tensor(), dx.gpu());
+      cuda_synchronize(*gpu);
+      if (!repeats) {
+        EXPECT_EQ(read16(dx.dev, dx.host.size()), dx.host) << what << ": backward";
+      } else {
+        const std::vector<float> g = dx.gpu_values(), c = dx.cpu_values();
+        const double e = rel_l2(g.data(), c.data(), static_cast<int64_t>(c.size()));
+        std::printf("[lowp-error] gather_rows_backward %s %.2e\n", what.c_str(), e);
+        EXPECT_LE(e, 1e-2) << what << ": backward";
       }
     }
   }
