@@ -128,12 +128,25 @@ struct EmbeddingPtrs {
 cudaError_t embedding_forward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,
                               const DropoutStream& ds, float* out, float* mean, float* rstd,
                               cudaStream_t s);
-// dout is scratch (overwritten with the gradient wrt the embedding sum); grads may be null.
+// dout is scratch (overwritten with the gradient wrt the embedding sum: the d that
+// embedding_scatter then adds into the tables); dgamma / dbeta may be null.
 // partial: doubles, at least 2 * column_sum_partials(rows, h).
 cudaError_t embedding_backward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,
                                const DropoutStream& ds, const float* mean, const float* rstd,
-                               float* dout, float* dword, float* dpos, float* dtype,
-                               float* dgamma, float* dbeta, double* partial, cudaStream_t s);
+                               float* dout, float* dgamma, float* dbeta, double* partial,
+                               cudaStream_t s);
+// The tables' gradients from d [rows, h] (embedding_scatter.cu): dword[input_ids[r]],
+// dpos[token_pos[r]], dtype[segment_ids[r]] += d[r] over the real rows; null tables are
+// skipped. Parallel over table rows, in a fixed order: a table element hit by at most 256 rows
+// adds them in row order (the CPU's sum, bit for bit); one hit more often (the [MASK] token, a
+// token type) adds in-order sums of 256-row pieces, in order. scratch: at least
+// embedding_scatter_scratch_bytes(rows, h, vocab + positions + types) bytes (0: a CUDA error).
+size_t embedding_scatter_scratch_bytes(int64_t rows, int64_t h, int64_t key_limit);
+cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
+                              const int32_t* segment_ids, int64_t h, const float* d,
+                              float* dword, int64_t vocab, float* dpos, int64_t positions,
+                              float* dtype, int64_t types, void* scratch, size_t scratch_bytes,
+                              cudaStream_t stream);
 // h = dropout(x + bias) + residual; out = LN(h) * gamma + beta. bias / residual may be null;
 // ln_in may alias x. l is only read when dropout is enabled.
 cudaError_t residual_layernorm_forward(const DeviceLayout& l, const float* x, const float* bias,
@@ -173,8 +186,7 @@ cudaError_t embedding_forward_lowp(const DeviceLayout& l, const EmbeddingLowpPtr
 cudaError_t embedding_backward_lowp(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
                                     const DropoutStream& ds, const float* mean, const float* rstd,
                                     const void* dout, FloatFormat dout_format, float* d,
-                                    float* dword, float* dpos, float* dtype, float* dgamma,
-                                    float* dbeta, double* partial, cudaStream_t s);
+                                    float* dgamma, float* dbeta, double* partial, cudaStream_t s);
 // x, residual, out, ln_in in format f. The row's fp32 h stays in shared memory between the
 // statistics and the normalisation, so h is at most kLowpLayerNormMaxHidden (the 48 KiB a block
 // gets without opting in, less the reduction's 384 bytes).

@@ -156,6 +156,18 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
   if (rows == 0 || h == 0) return end(op);
   auto ptr = [](const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
   double* partial = scratch_doubles(op, 2 * static_cast<size_t>(cuda::column_sum_partials(rows, h)));
+  // Then the tables' gradients from d, the gradient wrt the embedding sum (cuda_kernels.h).
+  auto scatter = [&](const float* d) {
+    if (!grads.word.defined() && !grads.position.defined() && !grads.token_type.defined()) return;
+    const int64_t vocab = p.word.dim(0), positions = p.position.dim(0), types = p.token_type.dim(0);
+    const size_t bytes = cuda::embedding_scatter_scratch_bytes(rows, h, vocab + positions + types);
+    PB_REQUIRE(bytes > 0, "{}: sizing the table scatter of {} rows failed", op, rows);
+    launched(op, "embedding_scatter",
+             cuda::embedding_scatter(dl, input_ids.ptr<int32_t>(), segment_ids.ptr<int32_t>(), h,
+                                     d, ptr(grads.word), vocab, ptr(grads.position), positions,
+                                     ptr(grads.token_type), types, scratch_bytes(op, bytes),
+                                     bytes, stream_));
+  };
   if (native) {
     // The gradient wrt the embedding sum is formed in fp32 scratch (the emulation's too): a
     // low-precision dout cannot hold it unrounded, and the op may leave dout alone.
@@ -167,9 +179,9 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
     launched(op, "embedding_backward_lowp",
              cuda::embedding_backward_lowp(
                  dl, ep, h, ds, ln_mean.ptr<float>(), ln_rstd.ptr<float>(), dout.data,
-                 float_format(op, "dout", dout), d, ptr(grads.word), ptr(grads.position),
-                 ptr(grads.token_type), ptr(grads.ln_gamma), ptr(grads.ln_beta), partial,
-                 stream_));
+                 float_format(op, "dout", dout), d, ptr(grads.ln_gamma), ptr(grads.ln_beta),
+                 partial, stream_));
+    scatter(d);
     return end(op);
   }
   const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),       p.position.ptr<float>(),
@@ -178,9 +190,9 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
                                segment_ids.ptr<int32_t>()};
   launched(op, "embedding_backward",
            cuda::embedding_backward(dl, ep, h, ds, ln_mean.ptr<float>(), ln_rstd.ptr<float>(),
-                                    dout.ptr<float>(), ptr(grads.word), ptr(grads.position),
-                                    ptr(grads.token_type), ptr(grads.ln_gamma),
-                                    ptr(grads.ln_beta), partial, stream_));
+                                    dout.ptr<float>(), ptr(grads.ln_gamma), ptr(grads.ln_beta),
+                                    partial, stream_));
+  scatter(dout.ptr<float>());
   end(op);
 }
 

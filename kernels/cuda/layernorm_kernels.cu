@@ -221,23 +221,6 @@ __global__ void embedding_ln_dx_kernel(DeviceLayout l, Input input, const float*
   }
 }
 
-// Scatter-add into the three tables, one thread per column walking the rows in order (the
-// CPU's order). TODO(cuda step 2): sort rows by id once per batch and reduce segments in
-// parallel; this kernel has only `h` threads.
-__global__ void embedding_scatter_kernel(DeviceLayout l, const int32_t* input_ids,
-                                         const int32_t* segment_ids, int64_t h, const float* d,
-                                         float* dword, float* dpos, float* dtype) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= h) return;
-  for (int64_t r = 0; r < l.rows; ++r) {
-    if (l.token_seq[r] < 0) continue;
-    const float v = d[r * h + c];
-    if (dword) dword[static_cast<int64_t>(input_ids[r]) * h + c] += v;
-    if (dpos) dpos[static_cast<int64_t>(l.token_pos[r]) * h + c] += v;
-    if (dtype) dtype[static_cast<int64_t>(segment_ids[r]) * h + c] += v;
-  }
-}
-
 // T: the storage of x, residual, out and ln_in. The fp32 instantiation re-reads h from ln_in;
 // the others keep the fp32 h in dynamic shared memory (h floats per block), since ln_in holds it
 // rounded (and may alias x, so h cannot be formed again).
@@ -356,7 +339,7 @@ template <typename Tab, typename D>
 cudaError_t embedding_backward_typed(const DeviceLayout& l, const EmbeddingSum<Tab>& sum,
                                      const float* gamma, int64_t h, const DropoutStream& ds,
                                      const float* mean, const float* rstd, const D* dout,
-                                     float* d, float* dword, float* dpos, float* dtype,
+                                     float* d,
                                      float* dgamma, float* dbeta, double* partial,
                                      cudaStream_t s) {
   if (l.rows == 0) return cudaSuccess;
@@ -368,10 +351,6 @@ cudaError_t embedding_backward_typed(const DeviceLayout& l, const EmbeddingSum<T
                             dgamma, dbeta, partial, s);
   if (e != cudaSuccess) return e;
   embedding_ln_dx_kernel<<<rows, kRowThreads, 0, s>>>(l, sum, gamma, mean, rstd, h, d);
-  if ((e = launched()) != cudaSuccess) return e;
-  if (!dword && !dpos && !dtype) return cudaSuccess;
-  embedding_scatter_kernel<<<grid_for(h, 128), 128, 0, s>>>(l, sum.input_ids, sum.segment_ids, h,
-                                                            d, dword, dpos, dtype);
   return launched();
 }
 
@@ -431,16 +410,16 @@ template <typename D>
 cudaError_t embedding_backward_lowp_as(const DeviceLayout& l, const EmbeddingLowpPtrs& p,
                                        int64_t h, const DropoutStream& ds, const float* mean,
                                        const float* rstd, const void* dout, float* d,
-                                       float* dword, float* dpos, float* dtype, float* dgamma,
-                                       float* dbeta, double* partial, cudaStream_t s) {
+                                       float* dgamma, float* dbeta, double* partial,
+                                       cudaStream_t s) {
   const auto* dy = static_cast<const D*>(dout);
   if (p.tables == FloatFormat::f32)
     return embedding_backward_typed<float, D>(
         l, embedding_sum<float>(l, p.word, p.position, p.token_type, p.input_ids, p.segment_ids, h),
-        p.gamma, h, ds, mean, rstd, dy, d, dword, dpos, dtype, dgamma, dbeta, partial, s);
+        p.gamma, h, ds, mean, rstd, dy, d, dgamma, dbeta, partial, s);
   return embedding_backward_typed<D, D>(
       l, embedding_sum<D>(l, p.word, p.position, p.token_type, p.input_ids, p.segment_ids, h),
-      p.gamma, h, ds, mean, rstd, dy, d, dword, dpos, dtype, dgamma, dbeta, partial, s);
+      p.gamma, h, ds, mean, rstd, dy, d, dgamma, dbeta, partial, s);
 }
 
 // The tables are f32 or of the low-precision format itself (the host dispatch guarantees it).
@@ -460,11 +439,11 @@ cudaError_t embedding_forward(const DeviceLayout& l, const EmbeddingPtrs& p, int
 
 cudaError_t embedding_backward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,
                                const DropoutStream& ds, const float* mean, const float* rstd,
-                               float* dout, float* dword, float* dpos, float* dtype,
-                               float* dgamma, float* dbeta, double* partial, cudaStream_t s) {
+                               float* dout, float* dgamma, float* dbeta, double* partial,
+                               cudaStream_t s) {
   return embedding_backward_typed<float, float>(
       l, embedding_sum<float>(l, p.word, p.position, p.token_type, p.input_ids, p.segment_ids, h),
-      p.gamma, h, ds, mean, rstd, dout, dout, dword, dpos, dtype, dgamma, dbeta, partial, s);
+      p.gamma, h, ds, mean, rstd, dout, dout, dgamma, dbeta, partial, s);
 }
 
 cudaError_t residual_layernorm_forward(const DeviceLayout& l, const float* x, const float* bias,
@@ -499,14 +478,13 @@ cudaError_t embedding_forward_lowp(const DeviceLayout& l, const EmbeddingLowpPtr
 cudaError_t embedding_backward_lowp(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
                                     const DropoutStream& ds, const float* mean, const float* rstd,
                                     const void* dout, FloatFormat dout_format, float* d,
-                                    float* dword, float* dpos, float* dtype, float* dgamma,
-                                    float* dbeta, double* partial, cudaStream_t s) {
+                                    float* dgamma, float* dbeta, double* partial, cudaStream_t s) {
   if (!tables_ok(p.tables, dout_format)) return cudaErrorInvalidValue;
   return dout_format == FloatFormat::bf16
-             ? embedding_backward_lowp_as<__nv_bfloat16>(l, p, h, ds, mean, rstd, dout, d, dword,
-                                                         dpos, dtype, dgamma, dbeta, partial, s)
-             : embedding_backward_lowp_as<__half>(l, p, h, ds, mean, rstd, dout, d, dword, dpos,
-                                                  dtype, dgamma, dbeta, partial, s);
+             ? embedding_backward_lowp_as<__nv_bfloat16>(l, p, h, ds, mean, rstd, dout, d, dgamma,
+                                                         dbeta, partial, s)
+             : embedding_backward_lowp_as<__half>(l, p, h, ds, mean, rstd, dout, d, dgamma, dbeta,
+                                                  partial, s);
 }
 
 cudaError_t residual_layernorm_forward_lowp(const DeviceLayout& l, FloatFormat f, const void* x,

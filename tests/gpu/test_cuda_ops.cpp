@@ -21,6 +21,7 @@
 #include "device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
 #include "cuda_test_util.h"
 
 namespace packbert::test {
@@ -377,6 +378,91 @@ TEST(CudaOps, GatherRowsBackwardOrderAtScale) {
     EXPECT_DEV_OUTPUT_OK(ddx);
     EXPECT_EQ(ddx.values(), dx) << (repeats ? "repeated rows" : "distinct rows");
   }
+}
+
+// The embedding tables' scatter (cuda::embedding_scatter) at a batch's scale, against the host
+// loop in row order (the CPU backend's): a table element hit by at most 256 rows adds them in
+// row order on the GPU too -- the same bits; the [MASK]-like word hit by ~1,200 rows and the two
+// token types (~1,500 each) add 256-row pieces in order -- within fp32 rounding of another
+// grouping. Padding rows add nothing; tables not given are skipped.
+TEST(CudaOps, EmbeddingScatterOrderAtScale) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto rng = make_rng(21);
+  const int64_t h = 70, vocab = 1000, positions = 512, types = 2, hot = 7;
+  std::vector<int32_t> lens(12);
+  for (auto& n : lens) n = static_cast<int32_t>(1 + rng() % 512);
+  const HostLayout l = padded(lens, random_sample_ids(rng, lens.size()), 512);
+  const int64_t rows = l.rows;
+  auto tok = random_ints(rng, rows, 0, vocab - 1), seg = random_ints(rng, rows, 0, types - 1);
+  for (auto& t : tok)
+    if (rng() % 5 < 2) t = hot;
+  const auto d = random_floats(rng, rows * h);
+  const auto w0 = random_floats(rng, vocab * h), p0 = random_floats(rng, positions * h),
+             t0 = random_floats(rng, types * h);
+  std::vector<float> w = w0, p = p0, t = t0;
+  std::vector<int64_t> hits(static_cast<size_t>(vocab), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (l.token_seq[r] < 0) continue;
+    ++hits[static_cast<size_t>(tok[r])];
+    for (int64_t c = 0; c < h; ++c) {
+      w[tok[r] * h + c] += d[r * h + c];
+      p[l.token_pos[r] * h + c] += d[r * h + c];
+      t[seg[r] * h + c] += d[r * h + c];
+    }
+  }
+  DevLayout dl(l);
+  const SeqLayout sl = dl.view();
+  cuda::DeviceLayout layout;
+  layout.seq_start = sl.seq_start.ptr<int32_t>();
+  layout.seq_len = sl.seq_len.ptr<int32_t>();
+  layout.sample_id = sl.sample_id.ptr<int64_t>();
+  layout.token_seq = sl.token_seq.ptr<int32_t>();
+  layout.token_pos = sl.token_pos.ptr<int32_t>();
+  layout.rows = rows;
+  layout.num_seqs = sl.num_seqs;
+  layout.max_len = sl.max_len;
+  DevBuf<int32_t> dtok({rows}, tok), dseg({rows}, seg);
+  DevBuf<float> dd({rows, h}, d), dw({vocab, h}, w0), dp({positions, h}, p0), dt({types, h}, t0);
+  const size_t bytes = cuda::embedding_scatter_scratch_bytes(rows, h, vocab + positions + types);
+  ASSERT_GT(bytes, 0u);
+  void* scratch = cuda_alloc(bytes);
+  cuda_ok(cuda::embedding_scatter(layout, dtok.tensor().ptr<int32_t>(),
+                                  dseg.tensor().ptr<int32_t>(), h, dd.tensor().ptr<float>(),
+                                  dw.tensor().ptr<float>(), vocab, dp.tensor().ptr<float>(),
+                                  positions, dt.tensor().ptr<float>(), types, scratch, bytes,
+                                  nullptr),
+          "embedding_scatter");
+  cuda_ok(cudaDeviceSynchronize(), "embedding_scatter");
+  std::printf("[ops-error] embedding_scatter: %lld rows, word %lld hit %lld times\n",
+              static_cast<long long>(rows), static_cast<long long>(hot),
+              static_cast<long long>(hits[static_cast<size_t>(hot)]));
+  ASSERT_GT(hits[static_cast<size_t>(hot)], 256) << "the test needs a word cut into pieces";
+  const std::vector<float> gw = dw.values(), gp = dp.values(), gt = dt.values();
+  EXPECT_EQ(gp, p) << "positions: each hit <= 12 times, added in row order";
+  int64_t differ = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (hits[static_cast<size_t>(v)] > 256) continue;
+    for (int64_t c = 0; c < h; ++c) differ += gw[v * h + c] != w[v * h + c];
+  }
+  EXPECT_EQ(differ, 0) << "words hit <= 256 times: row order, the same bits";
+  auto rows_of = [h](const std::vector<float>& a, int64_t r) {
+    return std::vector<double>(a.begin() + r * h, a.begin() + (r + 1) * h);
+  };
+  expect_close("embedding_scatter hot word (pieces)", rows_of(gw, hot), rows_of(w, hot), 1e-6);
+  expect_close("embedding_scatter token types (pieces)", dbl(gt), dbl(t), 1e-6);
+  // Only the word table given: the others stay as they were.
+  dw.set(w0);
+  dp.set(p0);
+  cuda_ok(cuda::embedding_scatter(layout, dtok.tensor().ptr<int32_t>(),
+                                  dseg.tensor().ptr<int32_t>(), h, dd.tensor().ptr<float>(),
+                                  dw.tensor().ptr<float>(), vocab, nullptr, positions, nullptr,
+                                  types, scratch, bytes, nullptr),
+          "embedding_scatter");
+  cuda_ok(cudaDeviceSynchronize(), "embedding_scatter");
+  EXPECT_EQ(dp.values(), p0);
+  expect_close("embedding_scatter word table alone", dw.doubles(), dbl(w), 1e-6);
+  EXPECT_TRUE(dw.guards_intact() && dp.guards_intact() && dt.guards_intact());
+  cuda_free(scratch);
 }
 
 TEST(CudaOps, SoftmaxCrossEntropy) {
