@@ -173,6 +173,14 @@ std::vector<float> randn(std::mt19937_64& rng, size_t n, float s = 1.f) {
   return v;
 }
 
+// rel L2 of a device result against the CPU's emulation, printed and bounded.
+void expect_rel_l2(const std::vector<float>& gpu, const std::vector<float>& cpu, double tol,
+                   const std::string& what) {
+  const double e = rel_l2(gpu.data(), cpu.data(), static_cast<int64_t>(cpu.size()));
+  std::printf("[lowp-error] %s %.2e\n", what.c_str(), e);
+  EXPECT_LE(e, tol) << what;
+}
+
 // The native cuBLASLt path of linear_forward / linear_backward against the CPU's emulation.
 // Low-precision outputs may differ by a flipped rounding where the fp32 sums differ in order
 // (one bf16 ulp is 4e-3 relative, on few elements); the fp32 dw / db differ because CUDA rounds
@@ -184,11 +192,8 @@ TEST(CudaPrecision, LinearOpsMatchCpuEmulation) {
   co.sync_each_op = true;
   auto gpu = make_cuda_backend(0, co);
   std::mt19937_64 rng(test_seed());
-  constexpr double kTol = 1e-2;
-  auto check = [&](const std::vector<float>& g, const std::vector<float>& c, const std::string& what) {
-    const double e = rel_l2(g.data(), c.data(), static_cast<int64_t>(c.size()));
-    std::printf("[model-error] %s %.2e\n", what.c_str(), e);
-    EXPECT_LE(e, kTol) << what;
+  auto check = [](const std::vector<float>& g, const std::vector<float>& c, const std::string& what) {
+    expect_rel_l2(g, c, 1e-2, what);
   };
   struct Shape { int64_t n, k, m; };
   for (DType t : {DType::bf16, DType::f16}) {
@@ -310,12 +315,7 @@ TEST(CudaPrecision, MlmLossLowpMatchesCpuEmulation) {
   co.sync_each_op = true;
   auto gpu = make_cuda_backend(0, co);
   std::mt19937_64 rng(test_seed());
-  auto check = [&](const std::vector<float>& g, const std::vector<float>& c, double tol,
-                   const std::string& what) {
-    const double e = rel_l2(g.data(), c.data(), static_cast<int64_t>(c.size()));
-    std::printf("[lowp-error] %s %.2e\n", what.c_str(), e);
-    EXPECT_LE(e, tol) << what;
-  };
+  const auto& check = expect_rel_l2;
   struct Case {
     int64_t m, h, v;
     bool dw, db;
@@ -406,10 +406,7 @@ TEST(CudaPrecision, GatherRowsLowpMatchesCpuEmulation) {
       if (!repeats) {
         EXPECT_EQ(read16(dx.dev, dx.host.size()), dx.host) << what << ": backward";
       } else {
-        const std::vector<float> g = dx.gpu_values(), c = dx.cpu_values();
-        const double e = rel_l2(g.data(), c.data(), static_cast<int64_t>(c.size()));
-        std::printf("[lowp-error] gather_rows_backward %s %.2e\n", what.c_str(), e);
-        EXPECT_LE(e, 1e-2) << what << ": backward";
+        expect_rel_l2(dx.gpu_values(), dx.cpu_values(), 1e-2, "gather_rows_backward " + what);
       }
     }
   }
