@@ -23,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-GPU_TESTS="test_device test_cuda_ops test_cuda_fmha test_cuda_model test_cuda_precision test_cuda_trainer test_nccl_allreduce"
+GPU_TESTS="test_device test_cuda_ops test_cuda_fmha test_cuda_model test_cuda_precision test_cuda_lowp_ops test_cuda_trainer test_nccl_allreduce"
 GPU_TARGETS="$GPU_TESTS bench_gpu_ops bench_fmha_gpu bench_gpu_step bench_mst"
 
 # ---- packing (no GPU needed) ------------------------------------------------------------------
@@ -112,8 +112,9 @@ fi
 # ---- gpu tests ------------------------------------------------------------------------------
 rc=0
 # Time limits (seconds) keep the worst case under 8 minutes; a normal run takes 1-2.
-declare -A LIMIT=([test_device]=30 [test_cuda_ops]=120 [test_cuda_fmha]=60 [test_cuda_model]=90
-                 [test_cuda_precision]=60 [test_cuda_trainer]=60 [test_nccl_allreduce]=30)
+declare -A LIMIT=([test_device]=30 [test_cuda_ops]=110 [test_cuda_fmha]=60 [test_cuda_model]=90
+                 [test_cuda_precision]=40 [test_cuda_lowp_ops]=50 [test_cuda_trainer]=60
+                 [test_nccl_allreduce]=30)
 for t in $GPU_TESTS; do
   [ -x "$BIN/$t" ] || { step "$t" "MISSING binary"; rc=1; continue; }
   log="$OUTDIR/$t.log"
