@@ -60,6 +60,13 @@ struct Lowp16 {
   }
 };
 
+// A CUDA backend on device 0 that synchronises after every op (an error names its op).
+inline auto make_synced_cuda_backend() {
+  CudaBackendOptions co;
+  co.sync_each_op = true;
+  return make_cuda_backend(0, co);
+}
+
 inline std::vector<float> randn(std::mt19937_64& rng, size_t n, float s = 1.f) {
   std::normal_distribution<float> nd(0.f, s);
   std::vector<float> v(n);

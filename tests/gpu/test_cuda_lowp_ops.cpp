@@ -31,9 +31,7 @@ namespace {
 TEST(CudaLowpOps, LinearOpsMatchCpuEmulation) {
   PB_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();
-  CudaBackendOptions co;
-  co.sync_each_op = true;
-  auto gpu = make_cuda_backend(0, co);
+  auto gpu = make_synced_cuda_backend();
   std::mt19937_64 rng(test_seed());
   auto check = [](const std::vector<float>& g, const std::vector<float>& c, const std::string& what) {
     expect_rel_l2(g, c, 1e-2, what);
@@ -111,9 +109,7 @@ TEST(CudaLowpOps, LinearOpsMatchCpuEmulation) {
 TEST(CudaLowpOps, MlmLossLowpMatchesCpuEmulation) {
   PB_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();
-  CudaBackendOptions co;
-  co.sync_each_op = true;
-  auto gpu = make_cuda_backend(0, co);
+  auto gpu = make_synced_cuda_backend();
   std::mt19937_64 rng(test_seed());
   const auto& check = expect_rel_l2;
   struct Case {
@@ -241,9 +237,7 @@ TEST(CudaLowpOps, GatherRowsLowpMatchesCpuEmulation) {
 TEST(CudaLowpOps, ResidualLayerNormLowpMatchesCpuEmulation) {
   PB_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();
-  CudaBackendOptions co;
-  co.sync_each_op = true;
-  auto gpu = make_cuda_backend(0, co);
+  auto gpu = make_synced_cuda_backend();
   auto rng = make_rng(601);
   // bits: 1 bias, 2 residual, 4 dropout, 8 ln_in aliases x, 16 dresidual aliases dout,
   // 32 parameter gradients (dbias, dgamma, dbeta), 64 no dresidual, 128 the MLM transform's
@@ -339,9 +333,7 @@ TEST(CudaLowpOps, ResidualLayerNormLowpMatchesCpuEmulation) {
 TEST(CudaLowpOps, EmbeddingLowpMatchesCpuEmulation) {
   PB_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();
-  CudaBackendOptions co;
-  co.sync_each_op = true;
-  auto gpu = make_cuda_backend(0, co);
+  auto gpu = make_synced_cuda_backend();
   auto rng = make_rng(602);
   const int64_t vocab = 50, positions = 64, types = 2;
   for (DType t : {DType::bf16, DType::f16})
