@@ -189,6 +189,16 @@ class CudaBackend final : public Backend {
   }
   // Shapes and devices of the layout's tensors; with validate_indices also their contents.
   cuda::DeviceLayout device_layout(const char* op, const SeqLayout& layout, int64_t rows);
+  // What attention_forward and attention_backward set up alike once their tensors are checked
+  // (cuda_layer_ops.cpp): the device layout, the sequence lengths on the host (for the grouped
+  // launch; read once, validation included) and the dropout stream.
+  struct AttnLaunch {
+    cuda::DeviceLayout dl;
+    std::vector<int32_t> lens;
+    DropoutStream ds;
+  };
+  AttnLaunch attention_launch(const char* op, const SeqLayout& layout, int64_t rows,
+                              int64_t heads, const Dropout& dropout);
   template <typename T>
   std::vector<T> to_host(const char* op, const Tensor& t);
   void check_indices(const char* op, const char* name, const Tensor& index, int64_t bound);

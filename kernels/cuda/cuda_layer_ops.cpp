@@ -349,7 +349,31 @@ AttnShape attention_shape(const char* op, const SeqLayout& layout, const Tensor&
   PB_REQUIRE(blocks <= 0x7fffffff, "{}: {} blocks exceed the grid", op, blocks);
   return AttnShape{layout.rows, hidden, num_heads, d};
 }
+
+// rows, hidden and heads of qkv for the kernel family that runs it (fp32 or tensor-core).
+AttnShape attention_dims(const char* op, const SeqLayout& layout, const Tensor& qkv,
+                         int num_heads, bool fp32) {
+  if (fp32) return attention_shape(op, layout, qkv, num_heads);
+  const cuda::FmhaShape a = cuda::fmha_attention_shape(op, layout, qkv, num_heads);
+  return AttnShape{a.rows, a.hidden, a.heads, a.hidden / a.heads};
+}
 }  // namespace
+
+CudaBackend::AttnLaunch CudaBackend::attention_launch(const char* op, const SeqLayout& layout,
+                                                      int64_t rows, int64_t heads,
+                                                      const Dropout& dropout) {
+  begin(op);
+  AttnLaunch a;
+  {
+    // The layout's arrays come to the host once, in fmha_host_lengths: the grouped launch
+    // needs the lengths, and validation reads the same copy.
+    const cuda::ScopedClear once(options_.validate_indices);
+    a.dl = device_layout(op, layout, rows);
+  }
+  a.lens = cuda::fmha_host_lengths(op, layout, options_.validate_indices, stream_);
+  a.ds = checks::checked_dropout_stream(op, dropout, layout.max_len, heads, layout.max_len);
+  return a;
+}
 
 // Dispatch (the contract's "lowp: qkv, out[, dout, dqkv]"; lse is always f32):
 // - every float tensor f32: the fp32 kernels (attention_kernels.cu);
@@ -366,35 +390,20 @@ void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, 
   const bool native = !fp32 && cuda::fmha_native(qkv, num_heads, {&out});
   if (!fp32 && !native)
     return lowp::attention_forward(*this, lowp_, layout, qkv, num_heads, dropout, out, lse);
-  int64_t rows = 0, hidden = 0, heads = 0;
-  if (fp32) {
-    const AttnShape a = attention_shape(op, layout, qkv, num_heads);
-    rows = a.rows, hidden = a.hidden, heads = a.heads;
-  } else {
-    const cuda::FmhaShape a = cuda::fmha_attention_shape(op, layout, qkv, num_heads);
-    rows = a.rows, hidden = a.hidden, heads = a.heads;
-  }
+  const AttnShape shape = attention_dims(op, layout, qkv, num_heads, fp32);
+  const int64_t rows = shape.rows, hidden = shape.hidden, heads = shape.heads;
   expect(op, "qkv", qkv, qkv.dtype, {rows, 3 * hidden});
   expect(op, "out", out, qkv.dtype, {rows, hidden});
   expect(op, "lse", lse, DType::f32, {rows, heads});
-  begin(op);
-  cuda::DeviceLayout dl;
-  {
-    // The layout's arrays come to the host once, in fmha_host_lengths: the grouped launch
-    // needs the lengths, and validation reads the same copy.
-    const cuda::ScopedClear once(options_.validate_indices);
-    dl = device_layout(op, layout, rows);
-  }
-  const std::vector<int32_t> lens =
-      cuda::fmha_host_lengths(op, layout, options_.validate_indices, stream_);
-  const DropoutStream ds =
-      checks::checked_dropout_stream(op, dropout, layout.max_len, heads, layout.max_len);
+  const AttnLaunch launch = attention_launch(op, layout, rows, heads, dropout);
+  const cuda::DeviceLayout& dl = launch.dl;
+  const DropoutStream& ds = launch.ds;
   if (rows == 0) return end(op);
   launched(op, "fmha_zero_padding_rows",
            cuda::fmha_zero_padding_rows(dl, out.data, hidden, native ? 2 : 4, stream_));
   launched(op, "fmha_zero_padding_rows",
            cuda::fmha_zero_padding_rows(dl, lse.data, heads, 4, stream_));
-  const FmhaPlan plan = plan_fmha(lens.data(), layout.num_seqs);
+  const FmhaPlan plan = plan_fmha(launch.lens.data(), layout.num_seqs);
   cuda::fmha_check_grid(op, plan, native ? cuda::kFmhaTile : cuda::kAttentionF32Tile);
   if (!plan.buckets.empty()) {
     const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);
@@ -417,33 +426,20 @@ void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
   if (!fp32 && !native)
     return lowp::attention_backward(*this, lowp_, layout, qkv, out, lse, dout, num_heads,
                                     dropout, dqkv);
-  int64_t rows = 0, hidden = 0, heads = 0;
-  if (fp32) {
-    const AttnShape a = attention_shape(op, layout, qkv, num_heads);
-    rows = a.rows, hidden = a.hidden, heads = a.heads;
-  } else {
-    const cuda::FmhaShape a = cuda::fmha_attention_shape(op, layout, qkv, num_heads);
-    rows = a.rows, hidden = a.hidden, heads = a.heads;
-  }
+  const AttnShape shape = attention_dims(op, layout, qkv, num_heads, fp32);
+  const int64_t rows = shape.rows, hidden = shape.hidden, heads = shape.heads;
   expect(op, "qkv", qkv, qkv.dtype, {rows, 3 * hidden});
   expect(op, "out", out, qkv.dtype, {rows, hidden});
   expect(op, "lse", lse, DType::f32, {rows, heads});
   expect(op, "dout", dout, qkv.dtype, {rows, hidden});
   expect(op, "dqkv", dqkv, qkv.dtype, {rows, 3 * hidden});
-  begin(op);
-  cuda::DeviceLayout dl;
-  {
-    const cuda::ScopedClear once(options_.validate_indices);  // see attention_forward
-    dl = device_layout(op, layout, rows);
-  }
-  const std::vector<int32_t> lens =
-      cuda::fmha_host_lengths(op, layout, options_.validate_indices, stream_);
-  const DropoutStream ds =
-      checks::checked_dropout_stream(op, dropout, layout.max_len, heads, layout.max_len);
+  const AttnLaunch launch = attention_launch(op, layout, rows, heads, dropout);
+  const cuda::DeviceLayout& dl = launch.dl;
+  const DropoutStream& ds = launch.ds;
   if (rows == 0) return end(op);
   launched(op, "fmha_zero_padding_rows",
            cuda::fmha_zero_padding_rows(dl, dqkv.data, 3 * hidden, native ? 2 : 4, stream_));
-  const FmhaPlan plan = plan_fmha(lens.data(), layout.num_seqs);
+  const FmhaPlan plan = plan_fmha(launch.lens.data(), layout.num_seqs);
   cuda::fmha_check_grid(op, plan, native ? cuda::kFmhaTile : cuda::kAttentionF32Tile);
   if (!plan.buckets.empty()) {
     const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);
