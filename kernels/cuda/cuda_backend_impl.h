@@ -53,6 +53,7 @@ struct GemmCall {
   int64_t ldc = 0;
   cudaDataType_t ab_type = CUDA_R_32F;  // A and B
   cudaDataType_t c_type = CUDA_R_32F;   // C and D
+  float alpha = 1.f;  // D = alpha op(A) op(B) + beta C
   float beta = 0.f;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // BIAS: the bias (read); BGRADB: the bias gradient (written, not added)
@@ -219,11 +220,14 @@ class CudaBackend final : public Backend {
   // sums the columns). dx [n, k] = (or +=) g w, written in c_type.
   // With tanh_gelu_pre, dx is the gradient wrt that pre-activation through the tanh GELU,
   // fused as the DGELU epilogue: true when it was (else the caller runs the kernel).
+  // alpha scales both products (g stored scaled, as the f16 MLM decoder's); db is then not
+  // fused (BGRADB would sum the scaled g), so pass db only with alpha 1.
   bool weight_grad_gemm(const char* op, const void* x, const void* g, float* dw, float* db,
-                        int64_t n, int64_t k, int64_t m, cudaDataType_t ab);
+                        int64_t n, int64_t k, int64_t m, cudaDataType_t ab, float alpha = 1.f);
   bool input_grad_gemm(const char* op, const void* w, const void* g, void* dx, int64_t n,
                        int64_t k, int64_t m, bool accumulate, cudaDataType_t ab,
-                       cudaDataType_t c_type, const void* tanh_gelu_pre = nullptr);
+                       cudaDataType_t c_type, const void* tanh_gelu_pre = nullptr,
+                       float alpha = 1.f);
   // The forward GEMM out [n, m] = x [n, k] w^T, operands and output of one type.
   static GemmCall forward_gemm_call(const void* x, const void* w, void* out, int64_t n,
                                     int64_t k, int64_t m, cudaDataType_t type);

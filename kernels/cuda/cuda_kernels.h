@@ -33,10 +33,11 @@ struct DeviceLayout {
 enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
 
 // ---- elementwise and reductions (misc_kernels.cu) ----------------------------------------
-// dst = src in another format, n elements: widening exact, narrowing to nearest even
-// (common/lowp_convert.h, the functions the CPU backend uses).
+// dst = src * scale in another format, n elements: widening exact, narrowing to nearest even
+// (common/lowp_convert.h, the functions the CPU backend uses); the product is in fp32, exact
+// for a power-of-two scale.
 cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
-                    int64_t n, cudaStream_t s);
+                    int64_t n, cudaStream_t s, float scale = 1.f);
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
 cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,
                               cudaStream_t s);

@@ -25,6 +25,7 @@
 // When the heuristic offers no algorithm for an epilogue (e.g. an alignment it cannot serve),
 // the GEMM runs with DEFAULT and a kernel does the epilogue; the choice is cached per shape.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -168,8 +169,7 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
     it = plans_.emplace(key, plan).first;
   }
   if (!it->second.supported) return false;
-  const float alpha = 1.0f;
-  PB_CUBLASLT_OP(op, cublasLtMatmul(lt_, d.op, &alpha, g.a, d.a, g.b, d.b, &g.beta, g.c, d.c,
+  PB_CUBLASLT_OP(op, cublasLtMatmul(lt_, d.op, &g.alpha, g.a, d.a, g.b, d.b, &g.beta, g.c, d.c,
                                     g.c, d.c, &it->second.algo, workspace_, workspace_bytes_,
                                     stream_));
   return true;
@@ -238,11 +238,12 @@ bool CudaBackend::gelu_aux_gemm(const char* op, GemmCall g, void* out, const flo
 
 bool CudaBackend::weight_grad_gemm(const char* op, const void* x, const void* g, float* dw,
                                    float* db, int64_t n, int64_t k, int64_t m,
-                                   cudaDataType_t ab) {
-  // Column-major: dw^T [k x m] += x^T [k x n] * g [n x m]; fp32 output, accumulated.
+                                   cudaDataType_t ab, float alpha) {
+  // Column-major: dw^T [k x m] += alpha x^T [k x n] * g [n x m]; fp32 output, accumulated.
   GemmCall c = gemm_call(false, true, k, m, n, x, k, g, m, dw, k, ab, CUDA_R_32F);
+  c.alpha = alpha;
   c.beta = 1.0f;
-  if (db != nullptr) {
+  if (db != nullptr && alpha == 1.0f) {
     float* db_tmp = scratch_floats(op, static_cast<size_t>(m));
     c.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     c.bias = db_tmp;
@@ -260,9 +261,10 @@ bool CudaBackend::weight_grad_gemm(const char* op, const void* x, const void* g,
 bool CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, void* dx,
                                   int64_t n, int64_t k, int64_t m, bool accumulate,
                                   cudaDataType_t ab, cudaDataType_t c_type,
-                                  const void* tanh_gelu_pre) {
-  // Column-major: dx^T [k x n] (+)= w^T [k x m] * g^T [m x n].
+                                  const void* tanh_gelu_pre, float alpha) {
+  // Column-major: dx^T [k x n] (+)= alpha w^T [k x m] * g^T [m x n].
   GemmCall c = gemm_call(false, false, k, n, m, w, k, g, m, dx, k, ab, c_type);
+  c.alpha = alpha;
   c.beta = accumulate ? 1.0f : 0.0f;
   // The aux matrix's leading dimension is k; as in gelu_aux_gemm, ld % 8 and 16-byte alignment.
   if (tanh_gelu_pre && k % 8 == 0 && alignment(tanh_gelu_pre) >= 16) {
@@ -479,6 +481,11 @@ void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, co
 // rows whose rounded copy fits kMlmBackwardBlockBytes of scratch: dw += g^T x (fp32, with db
 // through BGRADB, else column sums of the fp32 gradient), dx = g w. The CPU emulation keeps the
 // gradient in fp32: the two differ by that one rounding (2^-9 relative in bf16, per element).
+// In f16 the gradient (softmax - onehot) * grad_scale lies far below f16's normal range (about
+// 1.4e-8 per element at vocab 30528 and 1 / 2300 masked tokens: under the smallest subnormal,
+// so it flushed to zero and db lost 7%): it is rounded times 2^e, a power of two putting its
+// largest possible magnitude, |grad_scale|, just under 2^10, and the GEMMs take alpha = 2^-e
+// (both exact); db is then summed from the fp32 gradient.
 namespace {
 constexpr int64_t kMlmBackwardBlockBytes = int64_t{64} << 20;
 }  // namespace
@@ -528,21 +535,27 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
   void* g16 = scratch_bytes(op, static_cast<size_t>(block * v * es));
   const char* xb = static_cast<const char*>(x.data);
   char* dxb = static_cast<char*>(dx.data);
+  float up = 1.f;
+  if (t == DType::f16 && grad_scale != 0.f && std::isfinite(grad_scale))
+    up = std::ldexp(1.f, 9 - std::ilogb(grad_scale));  // |g| <= |grad_scale| < 2^(ilogb + 1)
+  const float down = 1.f / up;                         // exact: a power of two
   for (int64_t r0 = 0; r0 < m; r0 += block) {
     const int64_t n = std::min(block, m - r0);
     const float* gf = logits + r0 * v;
-    launched(op, "convert", cuda::convert(gf, cuda::FloatFormat::f32, g16, f, n * v, stream_));
+    launched(op, "convert",
+             cuda::convert(gf, cuda::FloatFormat::f32, g16, f, n * v, stream_, up));
     bool db_done = !db.defined();
     if (dw.defined())
       db_done = weight_grad_gemm(op, xb + r0 * h * es, g16, dw.ptr<float>(),
-                                 db_done ? nullptr : db.ptr<float>(), n, h, v, type) ||
+                                 db_done ? nullptr : db.ptr<float>(), n, h, v, type, down) ||
                 db_done;
     if (!db_done) {
       double* partial = scratch_doubles(op, static_cast<size_t>(cuda::column_sum_partials(n, v)));
       launched(op, "add_column_sums",
                cuda::add_column_sums(gf, n, v, v, partial, db.ptr<float>(), stream_));
     }
-    input_grad_gemm(op, w.data, g16, dxb + r0 * h * es, n, h, v, false, type, type);
+    input_grad_gemm(op, w.data, g16, dxb + r0 * h * es, n, h, v, false, type, type, nullptr,
+                    down);
   }
   end(op);
   return true;

@@ -299,10 +299,13 @@ __global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange
 }
 
 __global__ void convert_kernel(const void* src, FloatFormat sf, void* dst, FloatFormat df,
-                               int64_t n) {
+                               int64_t n, float scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    store_from_float(dst, df, i, load_as_float(src, sf, i));
+  {
+    const float x = load_as_float(src, sf, i);
+    store_from_float(dst, df, i, scale == 1.f ? x : x * scale);  // NaN payloads kept at 1
+  }
 }
 
 template <bool Tanh>
@@ -323,9 +326,10 @@ __global__ void gelu_backward_lowp_kernel(void* g, const void* pre, FloatFormat 
 }  // namespace
 
 cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
-                    int64_t n, cudaStream_t s) {
+                    int64_t n, cudaStream_t s, float scale) {
   if (n == 0) return cudaSuccess;
-  convert_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(src, src_format, dst, dst_format, n);
+  convert_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(src, src_format, dst, dst_format, n,
+                                                            scale);
   return launched();
 }
 
