@@ -448,8 +448,11 @@ TEST(CudaOps, EmbeddingScatterOrderAtScale) {
   auto rows_of = [h](const std::vector<float>& a, int64_t r) {
     return std::vector<double>(a.begin() + r * h, a.begin() + (r + 1) * h);
   };
-  expect_close("embedding_scatter hot word (pieces)", rows_of(gw, hot), rows_of(w, hot), 1e-6);
-  expect_close("embedding_scatter token types (pieces)", dbl(gt), dbl(t), 1e-6);
+  // Pieces and the CPU's one running sum are two fp32 summation orders of ~1500 (a token
+  // type) or ~1200 (the hot word) terms: each is off the exact sum by about sqrt(n) 2^-24
+  // ~ 2e-6 relative (1.06e-6 measured between them on an H200 for the types).
+  expect_close("embedding_scatter hot word (pieces)", rows_of(gw, hot), rows_of(w, hot), 1e-5);
+  expect_close("embedding_scatter token types (pieces)", dbl(gt), dbl(t), 1e-5);
   // Only the word table given: the others stay as they were.
   dw.set(w0);
   dp.set(p0);
@@ -460,7 +463,7 @@ TEST(CudaOps, EmbeddingScatterOrderAtScale) {
           "embedding_scatter");
   cuda_ok(cudaDeviceSynchronize(), "embedding_scatter");
   EXPECT_EQ(dp.values(), p0);
-  expect_close("embedding_scatter word table alone", dw.doubles(), dbl(w), 1e-6);
+  expect_close("embedding_scatter word table alone", dw.doubles(), dbl(w), 1e-5);
   EXPECT_TRUE(dw.guards_intact() && dp.guards_intact() && dt.guards_intact());
   cuda_free(scratch);
 }
