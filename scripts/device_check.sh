@@ -121,8 +121,9 @@ for t in $GPU_TESTS; do
   PACKBERT_CUDA_SYNC=1 timeout "${LIMIT[$t]}" "$BIN/$t" --gtest_color=no > "$log" 2>&1
   code=$?
   passed=$(grep -c '^\[       OK \]' "$log")
-  failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log")
-  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$log")
+  # Each test's own line (with its time), not gtest's closing list, which names it again.
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z].* ([0-9]* ms)$' "$log")
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].* ([0-9]* ms)$' "$log")
   [ "$code" -ne 0 ] && rc=1
   if [ "$passed" -eq 0 ] && grep -q "skipped: no CUDA device" "$log"; then
     step "$t" "SKIPPED: no device seen (rc $code)"; rc=1
@@ -139,7 +140,7 @@ done
 if ! grep -q '^\[  PASSED  \]' "$OUTDIR/test_cuda_ops.log" || grep -q '^\[  FAILED  \]' "$OUTDIR/test_cuda_ops.log"; then
   PACKBERT_CUDA_SYNC=1 PACKBERT_CUDA_NO_EPILOGUES=1 timeout 60 "$BIN/test_cuda_ops" --gtest_color=no \
     > "$OUTDIR/test_cuda_ops_no_epilogues.log" 2>&1
-  step "  without epilogues" "$(grep -c '^\[       OK \]' "$OUTDIR/test_cuda_ops_no_epilogues.log") passed, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$OUTDIR/test_cuda_ops_no_epilogues.log") failed"
+  step "  without epilogues" "$(grep -c '^\[       OK \]' "$OUTDIR/test_cuda_ops_no_epilogues.log") passed, $(grep -c '^\[  FAILED  \] [A-Za-z].* ([0-9]* ms)$' "$OUTDIR/test_cuda_ops_no_epilogues.log") failed"
   if command -v compute-sanitizer > /dev/null; then
     timeout 90 compute-sanitizer --tool memcheck --print-limit 20 "$BIN/test_cuda_ops" --gtest_color=no \
       --gtest_filter='CudaOps.Attention:CudaOps.ResidualLayerNorm:CudaOps.Embedding*:CudaOps.Lamb*:CudaOps.Softmax*' \
