@@ -368,7 +368,7 @@ cudaError_t attention_forward_work(const DeviceLayout& l, const AttnWork& w, con
                                    float* lse, cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
   const AttnArgs a = make_args(l, w, qkv, hidden, heads, ds);
-  attention_forward_kernel<<<work_grid(w, a), kThreads, 0, s>>>(a, out, lse);
+  PB_LAUNCH(work_grid(w, a), kThreads, 0, s, attention_forward_kernel)(a, out, lse);
   return launched();
 }
 
@@ -378,10 +378,10 @@ cudaError_t attention_backward_work(const DeviceLayout& l, const AttnWork& w, co
                                     float* dqkv, cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
   const AttnArgs a = make_args(l, w, qkv, hidden, heads, ds);
-  attention_dq_kernel<<<work_grid(w, a), kThreads, 0, s>>>(a, out, lse, dout, dqkv);
+  PB_LAUNCH(work_grid(w, a), kThreads, 0, s, attention_dq_kernel)(a, out, lse, dout, dqkv);
   const cudaError_t e = launched();
   if (e != cudaSuccess) return e;
-  attention_dkv_kernel<<<work_grid(w, a), kThreads, 0, s>>>(a, out, lse, dout, dqkv);
+  PB_LAUNCH(work_grid(w, a), kThreads, 0, s, attention_dkv_kernel)(a, out, lse, dout, dqkv);
   return launched();
 }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "cuda/device_seams.cuh"
 
 // Every CUDA runtime call is checked; failure names the call, file and line.
 #define PB_CUDA_CHECK(call)                                                                    \
@@ -58,7 +59,7 @@ void saxpy(int n, float a, const float* x_host, const float* y_host, float* out_
   PB_CUDA_CHECK(cudaMalloc(&out, bytes));
   PB_CUDA_CHECK(cudaMemcpy(x, x_host, bytes, cudaMemcpyHostToDevice));
   PB_CUDA_CHECK(cudaMemcpy(y, y_host, bytes, cudaMemcpyHostToDevice));
-  saxpy_kernel<<<(n + 255) / 256, 256>>>(n, a, x, y, out);
+  PB_LAUNCH((n + 255) / 256, 256, 0, 0, saxpy_kernel)(n, a, x, y, out);
   PB_CUDA_CHECK(cudaGetLastError());
   PB_CUDA_CHECK(cudaMemcpy(out_host, out, bytes, cudaMemcpyDeviceToHost));
   PB_CUDA_CHECK(cudaFree(x));

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/math.h"
+#include "cuda/device_seams.cuh"
 
 namespace packbert::cuda {
 
@@ -65,7 +66,7 @@ __device__ __forceinline__ Welford block_welford(Welford w, float* scratch) {
     scratch[32 + warp] = w.mean;
     scratch[64 + warp] = w.m2;
   }
-  __syncthreads();
+  if (!PB_MUTANT(Mutant::layernorm_barrier)) __syncthreads();
   Welford r;
   for (int i = 0; i < warps; ++i) {
     Welford p;

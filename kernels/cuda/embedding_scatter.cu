@@ -218,7 +218,7 @@ cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
   void* temp = at<char>(scratch, s.temp);
   const int items = static_cast<int>(n);
 
-  make_pairs_kernel<<<grid_for(l.rows, 256), 256, 0, stream>>>(
+  PB_LAUNCH(grid_for(l.rows, 256), 256, 0, stream, make_pairs_kernel)(
       l, input_ids, segment_ids, dword != nullptr, dpos != nullptr, dtype != nullptr,
       static_cast<uint32_t>(vocab), static_cast<uint32_t>(positions), limit, keys_in, rows_in);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -235,8 +235,8 @@ cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
   temp_bytes = s.temp_bytes;
   e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, counts, offsets, items, stream);
   if (e != cudaSuccess) return e;
-  count_pieces_kernel<<<grid_for(n, 256), 256, 0, stream>>>(unique, counts, num_runs, limit,
-                                                             pieces, n);
+  PB_LAUNCH(grid_for(n, 256), 256, 0, stream, count_pieces_kernel)(
+      unique, counts, num_runs, limit, pieces, n);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   temp_bytes = s.temp_bytes;
   e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, pieces, piece_offsets, items, stream);
@@ -245,15 +245,14 @@ cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
   const dim3 block(kColumns);
   const auto col_blocks = static_cast<unsigned>((h + kColumns - 1) / kColumns);
   const dim3 piece_grid(col_blocks, static_cast<unsigned>(std::min(max_pieces(n), kMaxGridY)));
-  piece_sums_kernel<<<piece_grid, block, 0, stream>>>(rows_out, offsets, counts, pieces,
-                                                      piece_offsets, num_runs, d, h, sums);
+  PB_LAUNCH(piece_grid, block, 0, stream, piece_sums_kernel)(
+      rows_out, offsets, counts, pieces, piece_offsets, num_runs, d, h, sums);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const int64_t max_runs = std::min<int64_t>(n, int64_t{limit} + 1);
   const dim3 run_grid(col_blocks, static_cast<unsigned>(std::min(max_runs, kMaxGridY)));
-  add_runs_kernel<<<run_grid, block, 0, stream>>>(unique, rows_out, offsets, counts, pieces,
-                                                  piece_offsets, num_runs, d, sums, h, dword,
-                                                  dpos, dtype, static_cast<uint32_t>(vocab),
-                                                  static_cast<uint32_t>(positions), limit);
+  PB_LAUNCH(run_grid, block, 0, stream, add_runs_kernel)(
+      unique, rows_out, offsets, counts, pieces, piece_offsets, num_runs, d, sums, h, dword, dpos,
+      dtype, static_cast<uint32_t>(vocab), static_cast<uint32_t>(positions), limit);
   return cudaGetLastError();
 }
 

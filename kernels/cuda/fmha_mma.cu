@@ -1,7 +1,7 @@
 // Variable-length multi-head attention on tensor cores: bf16 or fp16 q/k/v/out/dout/dqkv, fp32
 // accumulation and softmax statistics, head dim 64, FlashAttention-2 tiling.
 //
-// Products: mma.sync.aligned.m16n8k16 (row.col, f32 accumulators) as inline PTX, operands
+// Products: mma.sync.aligned.m16n8k16 (row.col, f32 accumulators; device_seams.cuh), operands
 // loaded with plain 32-bit shared/global loads (no ldmatrix), so the only layout facts the code
 // relies on are the PTX ISA's fragment layouts of m16n8k16 for 16-bit types. With
 // g = lane / 4 and t = lane % 4:
@@ -80,10 +80,7 @@ struct Elem<__nv_bfloat16> {
   }
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_m16n8k16_bf16(c, a, b0, b1);
   }
 };
 
@@ -100,10 +97,7 @@ struct Elem<__half> {
   }
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_m16n8k16_f16(c, a, b0, b1);
   }
 };
 
@@ -155,8 +149,9 @@ __device__ __forceinline__ uint32_t sword(const uint16_t* tile, int row, int col
 }
 // Elements (row, col) and (row + 1, col) of a shared tile as one register (lower: row).
 __device__ __forceinline__ uint32_t spair(const uint16_t* tile, int row, int col) {
-  return static_cast<uint32_t>(tile[row * kStride + col]) |
-         (static_cast<uint32_t>(tile[(row + 1) * kStride + col]) << 16);
+  const uint32_t lo = tile[row * kStride + col], hi = tile[(row + 1) * kStride + col];
+  if (PB_MUTANT(Mutant::fmha_b_halves)) return hi | (lo << 16);
+  return lo | (hi << 16);
 }
 // Two adjacent elements of row i of a global matrix (0 past the sequence).
 __device__ __forceinline__ uint32_t gword(const uint16_t* base, int64_t ld, int i, int len,
@@ -174,6 +169,11 @@ __device__ __forceinline__ void load_a_rows(const uint16_t* base, int64_t ld, in
     f[kc][1] = gword(base, ld, i0 + 8, len, kc * 16 + 2 * t);
     f[kc][2] = gword(base, ld, i0, len, kc * 16 + 8 + 2 * t);
     f[kc][3] = gword(base, ld, i0 + 8, len, kc * 16 + 8 + 2 * t);
+    if (PB_MUTANT(Mutant::fmha_a1_a2)) {
+      const uint32_t a1 = f[kc][1];
+      f[kc][1] = f[kc][2];
+      f[kc][2] = a1;
+    }
   }
 }
 
@@ -235,7 +235,8 @@ __device__ __forceinline__ void dropout_key_rows(const DropoutStream& ds, uint64
     got[3] = c == 3 ? v : got[3];
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) f[e] = dropout_factor(ds, got[e]);
+  for (int e = 0; e < 4; ++e)
+    f[e] = dropout_factor(ds, got[PB_MUTANT(Mutant::fmha_dkv_dropout_words) ? (e + 1) & 3 : e]);
 }
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
   for (int k0 = 0; k0 < len; k0 += kTile) {
-    __syncthreads();  // the previous tile is consumed
+    if (!PB_MUTANT(Mutant::fmha_barrier)) __syncthreads();  // the previous tile is consumed
     load_tile(kbase, ld, k0, len, Ks);
     load_tile(vbase, ld, k0, len, Vs);
     __syncthreads();
@@ -621,17 +622,17 @@ dim3 work_grid(const AttnWork& w, const FmhaArgs& a) {
 template <typename T>
 cudaError_t forward_t(const FmhaArgs& a, const AttnWork& w, void* out, float* lse,
                       cudaStream_t s) {
-  fmha_forward_kernel<T><<<work_grid(w, a), kThreads, 0, s>>>(a, static_cast<uint16_t*>(out),
-                                                              lse);
+  PB_LAUNCH(work_grid(w, a), kThreads, 0, s, fmha_forward_kernel<T>)(
+      a, static_cast<uint16_t*>(out), lse);
   return launched();
 }
 
 template <typename T>
 cudaError_t backward_t(const FmhaArgs& a, const AttnWork& w, void* dqkv, cudaStream_t s) {
-  fmha_dq_kernel<T><<<work_grid(w, a), kThreads, 0, s>>>(a, static_cast<uint16_t*>(dqkv));
+  PB_LAUNCH(work_grid(w, a), kThreads, 0, s, fmha_dq_kernel<T>)(a, static_cast<uint16_t*>(dqkv));
   const cudaError_t e = launched();
   if (e != cudaSuccess) return e;
-  fmha_dkv_kernel<T><<<work_grid(w, a), kThreads, 0, s>>>(a, static_cast<uint16_t*>(dqkv));
+  PB_LAUNCH(work_grid(w, a), kThreads, 0, s, fmha_dkv_kernel<T>)(a, static_cast<uint16_t*>(dqkv));
   return launched();
 }
 
@@ -642,11 +643,11 @@ cudaError_t fmha_zero_padding_rows(const DeviceLayout& l, void* x, int64_t width
   if (l.rows == 0 || width == 0) return cudaSuccess;
   const unsigned grid = grid_for(l.rows * width, 256);
   if (elem_bytes == 2)
-    zero_padding_rows_kernel<uint16_t><<<grid, 256, 0, s>>>(l.token_seq, l.rows, width,
-                                                            static_cast<uint16_t*>(x));
+    PB_LAUNCH(grid, 256, 0, s, zero_padding_rows_kernel<uint16_t>)(
+        l.token_seq, l.rows, width, static_cast<uint16_t*>(x));
   else if (elem_bytes == 4)
-    zero_padding_rows_kernel<uint32_t><<<grid, 256, 0, s>>>(l.token_seq, l.rows, width,
-                                                            static_cast<uint32_t*>(x));
+    PB_LAUNCH(grid, 256, 0, s, zero_padding_rows_kernel<uint32_t>)(
+        l.token_seq, l.rows, width, static_cast<uint32_t*>(x));
   else
     return cudaErrorInvalidValue;
   return launched();

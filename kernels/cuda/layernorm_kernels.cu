@@ -230,7 +230,7 @@ __global__ void residual_ln_forward_kernel(DeviceLayout l, const T* x, const flo
                                            const float* beta, DropoutStream ds, int64_t h,
                                            T* out, T* ln_in, float* mean, float* rstd) {
   __shared__ float scratch[96];
-  extern __shared__ float staged[];  // low precision only: the row's fp32 h
+  PB_EXTERN_SHARED(float, staged);  // low precision only: the row's fp32 h
   const int64_t row = blockIdx.x, o = row * h;
   const RowKey key = row_key(l, ds, row);
   const int64_t groups = (h + 3) / 4;
@@ -314,11 +314,11 @@ cudaError_t layernorm_param_grads(const D* dy, Input input, const float* mean,
   double* pg = partial;
   double* pb = partial + chunks * h;
   const dim3 grid(static_cast<unsigned>((h + 127) / 128), static_cast<unsigned>(chunks));
-  ln_param_partials_kernel<<<grid, 128, 0, s>>>(dy, input, mean, rstd, token_seq, rows, h, pg,
-                                                 pb);
+  PB_LAUNCH(grid, 128, 0, s, ln_param_partials_kernel)(
+      dy, input, mean, rstd, token_seq, rows, h, pg, pb);
   cudaError_t e = launched();
   if (e != cudaSuccess) return e;
-  ln_param_finish_kernel<<<grid.x, 128, 0, s>>>(pg, pb, chunks, h, dgamma, dbeta);
+  PB_LAUNCH(grid.x, 128, 0, s, ln_param_finish_kernel)(pg, pb, chunks, h, dgamma, dbeta);
   return launched();
 }
 
@@ -329,7 +329,7 @@ cudaError_t embedding_forward_typed(const DeviceLayout& l, const EmbeddingSum<Ta
                                     const DropoutStream& ds, void* out, float* mean, float* rstd,
                                     cudaStream_t s) {
   if (l.rows == 0) return cudaSuccess;
-  embedding_forward_kernel<Tab, Out><<<static_cast<unsigned>(l.rows), kRowThreads, 0, s>>>(
+  PB_LAUNCH(static_cast<unsigned>(l.rows), kRowThreads, 0, s, embedding_forward_kernel<Tab, Out>)(
       l, sum, gamma, beta, h, ds, static_cast<Out*>(out), mean, rstd);
   return launched();
 }
@@ -344,13 +344,13 @@ cudaError_t embedding_backward_typed(const DeviceLayout& l, const EmbeddingSum<T
                                      cudaStream_t s) {
   if (l.rows == 0) return cudaSuccess;
   const auto rows = static_cast<unsigned>(l.rows);
-  embedding_dropout_backward_kernel<D><<<rows, kRowThreads, 0, s>>>(l, h, ds, dout, d);
+  PB_LAUNCH(rows, kRowThreads, 0, s, embedding_dropout_backward_kernel<D>)(l, h, ds, dout, d);
   cudaError_t e = launched();
   if (e != cudaSuccess) return e;
   e = layernorm_param_grads(static_cast<const float*>(d), sum, mean, rstd, l.token_seq, l.rows, h,
                             dgamma, dbeta, partial, s);
   if (e != cudaSuccess) return e;
-  embedding_ln_dx_kernel<<<rows, kRowThreads, 0, s>>>(l, sum, gamma, mean, rstd, h, d);
+  PB_LAUNCH(rows, kRowThreads, 0, s, embedding_ln_dx_kernel)(l, sum, gamma, mean, rstd, h, d);
   return launched();
 }
 
@@ -363,7 +363,7 @@ cudaError_t residual_layernorm_forward_typed(const DeviceLayout& l, const void* 
                                              cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   const size_t shared = kIsF32<T> ? 0 : static_cast<size_t>(h) * sizeof(float);
-  residual_ln_forward_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, shared, s>>>(
+  PB_LAUNCH(static_cast<unsigned>(rows), kRowThreads, shared, s, residual_ln_forward_kernel<T>)(
       l, static_cast<const T*>(x), bias, static_cast<const T*>(residual), gamma, beta, ds, h,
       static_cast<T*>(out), static_cast<T*>(ln_in), mean, rstd);
   return launched();
@@ -385,7 +385,7 @@ cudaError_t residual_layernorm_backward_typed(const DeviceLayout& l, const void*
   if (e != cudaSuccess) return e;
   // fp32: dbias sums dx itself; low precision: the fp32 copy dx32.
   float* sums = kIsF32<T> ? static_cast<float*>(dx) : dx32;
-  residual_ln_backward_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(
+  PB_LAUNCH(static_cast<unsigned>(rows), kRowThreads, 0, s, residual_ln_backward_kernel<T>)(
       l, dy, static_cast<const T*>(ln_in), mean, rstd, gamma, ds, h, static_cast<T*>(dx),
       static_cast<T*>(dresidual), !kIsF32<T> && dbias ? dx32 : nullptr);
   if ((e = launched()) != cudaSuccess) return e;

@@ -256,7 +256,8 @@ __global__ void scatter_repeated_kernel(const int32_t* index, const uint32_t* fi
                                         uint32_t* repeated, int64_t m) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m;
        i += int64_t{gridDim.x} * blockDim.x)
-    if (first[index[i]] != static_cast<uint32_t>(i)) *repeated = 1;  // any writer writes 1
+    if (first[index[i]] != static_cast<uint32_t>(i))
+      atomicExch(repeated, 1u);  // many threads may flag it: atomic, not a data race
 }
 
 __global__ void scatter_add_first_kernel(const void* dout, const int32_t* index,
@@ -328,8 +329,8 @@ __global__ void gelu_backward_lowp_kernel(void* g, const void* pre, FloatFormat 
 cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
                     int64_t n, cudaStream_t s, float scale) {
   if (n == 0) return cudaSuccess;
-  convert_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(src, src_format, dst, dst_format, n,
-                                                            scale);
+  PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, convert_kernel)(
+      src, src_format, dst, dst_format, n, scale);
   return launched();
 }
 
@@ -337,9 +338,11 @@ cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t
                               cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (tanh_form)
-    gelu_forward_lowp_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, f, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_forward_lowp_kernel<true>)(
+        pre, out, f, n);
   else
-    gelu_forward_lowp_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, f, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_forward_lowp_kernel<false>)(
+        pre, out, f, n);
   return launched();
 }
 
@@ -347,18 +350,19 @@ cudaError_t gelu_backward_inplace_lowp(void* g, const void* pre, FloatFormat f, 
                                        bool tanh_form, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (tanh_form)
-    gelu_backward_lowp_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, f, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_backward_lowp_kernel<true>)(g, pre, f, n);
   else
-    gelu_backward_lowp_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, f, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_backward_lowp_kernel<false>)(
+        g, pre, f, n);
   return launched();
 }
 
 cudaError_t gelu_forward(const float* pre, float* out, int64_t n, bool tanh_form, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (tanh_form)
-    gelu_forward_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_forward_kernel<true>)(pre, out, n);
   else
-    gelu_forward_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(pre, out, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_forward_kernel<false>)(pre, out, n);
   return launched();
 }
 
@@ -366,16 +370,17 @@ cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, bool ta
                                   cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (tanh_form)
-    gelu_backward_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_backward_kernel<true>)(g, pre, n);
   else
-    gelu_backward_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(g, pre, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_backward_kernel<false>)(g, pre, n);
   return launched();
 }
 
 cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols,
                           cudaStream_t s) {
   if (rows * cols == 0) return cudaSuccess;
-  add_bias_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, s>>>(c, bias, rows, cols);
+  PB_LAUNCH(grid_for(rows * cols, kThreads), kThreads, 0, s, add_bias_rows_kernel)(
+      c, bias, rows, cols);
   return launched();
 }
 
@@ -385,28 +390,28 @@ cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t 
   const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
   const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
                   static_cast<unsigned>(chunks));
-  column_partials_kernel<<<grid, kThreads, 0, s>>>(x, rows, cols, ld, partial);
+  PB_LAUNCH(grid, kThreads, 0, s, column_partials_kernel)(x, rows, cols, ld, partial);
   cudaError_t e = launched();
   if (e != cudaSuccess) return e;
-  column_finish_kernel<<<grid.x, kThreads, 0, s>>>(partial, chunks, cols, out);
+  PB_LAUNCH(grid.x, kThreads, 0, s, column_finish_kernel)(partial, chunks, cols, out);
   return launched();
 }
 
 cudaError_t add_inplace(float* dst, const float* src, int64_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  add_inplace_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, src, n);
+  PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, add_inplace_kernel)(dst, src, n);
   return launched();
 }
 
 cudaError_t tanh_inplace(float* x, int64_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  tanh_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, n);
+  PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, tanh_kernel)(x, n);
   return launched();
 }
 
 cudaError_t tanh_backward_inplace(float* dp, const float* p, int64_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  tanh_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(dp, p, n);
+  PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, tanh_backward_kernel)(dp, p, n);
   return launched();
 }
 
@@ -414,10 +419,10 @@ cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFor
                         int64_t h, cudaStream_t s) {
   if (m * h == 0) return cudaSuccess;
   if (f == FloatFormat::f32)
-    gather_rows_kernel<<<grid_for(m * h, kThreads), kThreads, 0, s>>>(
+    PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, gather_rows_kernel)(
         static_cast<const float*>(x), index, static_cast<float*>(out), m, h);
   else
-    gather_rows_kernel<<<grid_for(m * h, kThreads), kThreads, 0, s>>>(
+    PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, gather_rows_kernel)(
         static_cast<const uint16_t*>(x), index, static_cast<uint16_t*>(out), m, h);
   return launched();
 }
@@ -431,12 +436,13 @@ cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, voi
   cudaError_t e = cudaMemsetAsync(first, 0xff, static_cast<size_t>(rows) * sizeof(uint32_t), s);
   if (e == cudaSuccess) e = cudaMemsetAsync(repeated, 0, sizeof(uint32_t), s);
   if (e != cudaSuccess) return e;
-  scatter_first_kernel<<<grid_for(m, kThreads), kThreads, 0, s>>>(index, first, m);
-  scatter_repeated_kernel<<<grid_for(m, kThreads), kThreads, 0, s>>>(index, first, repeated, m);
-  scatter_add_first_kernel<<<grid_for(m * h, kThreads), kThreads, 0, s>>>(dout, index, first, dx,
-                                                                          f, m, h);
-  scatter_add_rest_kernel<<<grid_for(h, 128), 128, 0, s>>>(dout, index, first, repeated, dx, f,
-                                                           m, h);
+  PB_LAUNCH(grid_for(m, kThreads), kThreads, 0, s, scatter_first_kernel)(index, first, m);
+  PB_LAUNCH(grid_for(m, kThreads), kThreads, 0, s, scatter_repeated_kernel)(
+      index, first, repeated, m);
+  PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, scatter_add_first_kernel)(
+      dout, index, first, dx, f, m, h);
+  PB_LAUNCH(grid_for(h, 128), 128, 0, s, scatter_add_rest_kernel)(
+      dout, index, first, repeated, dx, f, m, h);
   return launched();
 }
 
@@ -445,23 +451,23 @@ cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, in
                                   double* row_correct, float* loss_sum, int32_t* num_correct,
                                   cudaStream_t s) {
   if (m == 0) return cudaSuccess;
-  softmax_xent_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
+  PB_LAUNCH(static_cast<unsigned>(m), kThreads, 0, s, softmax_xent_kernel)(
       logits, labels, v, grad_scale, dlogits, row_loss, row_correct);
   cudaError_t e = launched();
   if (e != cudaSuccess) return e;
-  softmax_xent_finish_kernel<<<1, kThreads, 0, s>>>(row_loss, row_correct, m, loss_sum,
-                                                    num_correct);
+  PB_LAUNCH(1, kThreads, 0, s, softmax_xent_finish_kernel)(
+      row_loss, row_correct, m, loss_sum, num_correct);
   return launched();
 }
 
 cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cudaStream_t s) {
   const int64_t k = l2_norm_partials(n);
   if (k > 0) {
-    sum_squares_chunks_kernel<<<static_cast<unsigned>(k), kThreads, 0, s>>>(x, n, partial);
+    PB_LAUNCH(static_cast<unsigned>(k), kThreads, 0, s, sum_squares_chunks_kernel)(x, n, partial);
     cudaError_t e = launched();
     if (e != cudaSuccess) return e;
   }
-  sqrt_of_sum_kernel<<<1, kThreads, 0, s>>>(partial, k, out);
+  PB_LAUNCH(1, kThreads, 0, s, sqrt_of_sum_kernel)(partial, k, out);
   return launched();
 }
 
@@ -476,23 +482,23 @@ cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTen
   cudaError_t e;
   // ||w|| per tensor (before the step).
   if (num_chunks > 0) {
-    lamb_sumsq_kernel<<<cgrid, kThreads, 0, s>>>(chunks, params, partial);
+    PB_LAUNCH(cgrid, kThreads, 0, s, lamb_sumsq_kernel)(chunks, params, partial);
     if ((e = launched()) != cudaSuccess) return e;
   }
-  lamb_tensor_norm_kernel<<<tgrid, 128, 0, s>>>(tensors, num_tensors, partial, norms_ws);
+  PB_LAUNCH(tgrid, 128, 0, s, lamb_tensor_norm_kernel)(tensors, num_tensors, partial, norms_ws);
   if ((e = launched()) != cudaSuccess) return e;
   // u into the gradient buffer, m and v in place, ||u|| per tensor.
   if (num_chunks > 0) {
-    lamb_update_kernel<<<cgrid, kThreads, 0, s>>>(chunks, tensors, a, global_grad_norm, params,
-                                                  grads, m, v, partial);
+    PB_LAUNCH(cgrid, kThreads, 0, s, lamb_update_kernel)(
+        chunks, tensors, a, global_grad_norm, params, grads, m, v, partial);
     if ((e = launched()) != cudaSuccess) return e;
   }
-  lamb_tensor_norm_kernel<<<tgrid, 128, 0, s>>>(tensors, num_tensors, partial,
-                                                norms_ws + num_tensors);
+  PB_LAUNCH(tgrid, 128, 0, s, lamb_tensor_norm_kernel)(
+      tensors, num_tensors, partial, norms_ws + num_tensors);
   if ((e = launched()) != cudaSuccess) return e;
   if (num_chunks > 0) {
-    lamb_apply_kernel<<<cgrid, kThreads, 0, s>>>(chunks, tensors, a.lr, num_tensors, norms_ws,
-                                                 params, grads, params_lowp, lowp_format);
+    PB_LAUNCH(cgrid, kThreads, 0, s, lamb_apply_kernel)(
+        chunks, tensors, a.lr, num_tensors, norms_ws, params, grads, params_lowp, lowp_format);
     if ((e = launched()) != cudaSuccess) return e;
   }
   return cudaSuccess;
