@@ -12,6 +12,7 @@ APT_PACKAGES=(
   libcli11-dev                        # command line + TOML config files
   libopenblas-dev                     # CPU GEMMs
   libgtest-dev googletest             # tests
+  libboost-context-dev                # fibers of the emulated CUDA build (one per CUDA thread)
   libutf8proc-dev                     # Unicode categories and NFD for the BERT tokenizer
   zlib1g-dev                          # gzip corpora
   nlohmann-json3-dev                  # JSON output (packbert pack --json), header-only

@@ -1,0 +1,61 @@
+// The emulated device's host side, shared by the runtime API (runtime.cpp), the kernel
+// scheduler (scheduler.cpp) and the emulated libraries (cublaslt.cpp, the cub headers).
+//
+// Streams are queues of work run lazily, as late as CUDA allows: when the host waits for them
+// (a stream, event or device synchronisation, a synchronous copy, cudaFree), when another
+// stream's work waits for one of their events, or when the legacy default stream runs (it waits
+// for every blocking stream). Work on the legacy stream runs at once. So streams run in issue
+// order and events are honoured, and host code that reads a result before waiting for it, or a
+// stream that does not wait for another's event, sees the data as it was.
+//
+// A fault (a kernel's deadlock or disagreeing warp, a library call on memory that is not the
+// device's, ...) is sticky, as on a GPU: it is printed once to stderr with what failed, every
+// later call returns cudaErrorLaunchFailure, and queued work no longer runs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace packbert::emu {
+
+// Runs `work` on `stream` in stream order (at once on the legacy default stream). `what` names
+// it in error messages. Returns the sticky error, if any, else cudaSuccess.
+cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()> work);
+
+// True when [p, p + bytes) lies inside one live device allocation (cudaMalloc), or inside
+// pinned host memory (cudaMallocHost: device-accessible, as with unified addressing).
+bool device_range(const void* p, size_t bytes);
+bool device_pointer(const void* p);  // p inside (or one past the end of) a device allocation
+
+// Records a fault (see above). Safe to call from stream work and from kernel threads.
+void fault(const std::string& message);
+bool faulted();
+
+// Sets the calling host thread's last error (cudaGetLastError).
+void set_last_error(cudaError_t e);
+
+// A kernel launch: the scheduler runs `run` once per CUDA thread of every block.
+struct KernelCall {
+  virtual ~KernelCall() = default;
+  virtual void run() const = 0;
+};
+struct Launch {
+  std::string name;
+  dim3 grid, block;
+  size_t shared_bytes = 0;
+  std::shared_ptr<const KernelCall> call;
+};
+
+// Checks the configuration (CUDA's limits; dynamic shared memory up to 48 KiB, the default
+// without an opt-in) and enqueues the launch; a bad configuration is the launch's error
+// (cudaGetLastError), not a fault.
+void launch(cudaStream_t stream, Launch l);
+
+// Runs every block of a launch (scheduler.cpp). Called by stream work, one launch at a time.
+void run_kernel(const Launch& l);
+
+}  // namespace packbert::emu
