@@ -18,6 +18,16 @@
 
 namespace packbert::test {
 
+// The emulated CUDA build (PACKBERT_CUDA=EMULATED) runs these tests on the CPU, one fiber per
+// CUDA thread, where an attention over a 512-token sequence takes tens of seconds: there the
+// tests that would take minutes use shorter sequences that still cover tile tails, several
+// tiles per sequence, both dropouts and every dtype. Tolerances are the same everywhere.
+#ifdef PACKBERT_CUDA_EMULATION
+constexpr bool kEmulated = true;
+#else
+constexpr bool kEmulated = false;
+#endif
+
 // True when a CUDA device is present; otherwise prints the skip line ctest looks for.
 inline bool have_cuda_device() {
   if (cuda_device_count() > 0) return true;

@@ -276,8 +276,10 @@ void lowp_case(Backends& b, std::mt19937_64& rng, DType dt, const HostLayout& l,
 }
 
 // Lengths of every kind: 1, 2, odd, each bucket bound and one past it, tile edges (63, 64, 65).
-const std::vector<int32_t> kMixed = {1, 2, 3, 17, 63, 64, 65, 127, 128, 129, 200, 255, 256,
-                                     257, 301, 383, 384, 385, 450, 511, 512};
+const std::vector<int32_t> kMixed =
+    kEmulated ? std::vector<int32_t>{1, 3, 17, 63, 64, 65, 127, 129, 200}
+              : std::vector<int32_t>{1,   2,   3,   17,  63,  64,  65,  127, 128, 129, 200,
+                                     255, 256, 257, 301, 383, 384, 385, 450, 511, 512};
 
 TEST(CudaFmha, MixedLengthsUnpadded) {
   PB_REQUIRE_CUDA_DEVICE();
@@ -294,11 +296,13 @@ TEST(CudaFmha, PaddedAndPackedLayouts) {
   PB_REQUIRE_CUDA_DEVICE();
   Backends b;
   auto rng = make_rng(102);
-  const std::vector<int32_t> lens = {5, 130, 1, 512, 77, 260, 31};
+  const std::vector<int32_t> lens = kEmulated ? std::vector<int32_t>{5, 130, 1, 200, 77, 31}
+                                              : std::vector<int32_t>{5, 130, 1, 512, 77, 260, 31};
+  const int32_t max_len = kEmulated ? 256 : 512;
   for (DType dt : {DType::bf16, DType::f16}) {
     const auto ids = random_sample_ids(rng, lens.size());
-    lowp_case(b, rng, dt, padded(lens, ids, 512), 3, 0.1f, "padded");
-    lowp_case(b, rng, dt, packed(lens, ids, 512), 4, 0.f, "packed");
+    lowp_case(b, rng, dt, padded(lens, ids, max_len), 3, 0.1f, "padded");
+    lowp_case(b, rng, dt, packed(lens, ids, max_len), 4, 0.f, "packed");
   }
 }
 
@@ -306,7 +310,8 @@ TEST(CudaFmha, ManyHeadsAndHighDropout) {
   PB_REQUIRE_CUDA_DEVICE();
   Backends b;
   auto rng = make_rng(103);
-  const std::vector<int32_t> lens = {512, 384, 96, 1, 45};
+  const std::vector<int32_t> lens = kEmulated ? std::vector<int32_t>{130, 96, 1, 45}
+                                              : std::vector<int32_t>{512, 384, 96, 1, 45};
   for (DType dt : {DType::bf16, DType::f16}) {
     const auto ids = random_sample_ids(rng, lens.size());
     lowp_case(b, rng, dt, unpadded(lens, ids), 16, 0.1f, "BERT-Large heads");
@@ -319,9 +324,17 @@ TEST(CudaFmha, SingleTokenAndLongSequences) {
   Backends b;
   auto rng = make_rng(104);
   for (DType dt : {DType::bf16, DType::f16}) {
-    lowp_case(b, rng, dt, unpadded({1}, random_sample_ids(rng, 1)), 1, 0.1f, "one token");
+    // Without dropout: the dq and dk of a lone one-token sequence are 0 in exact arithmetic, and
+    // with dropout both kernels return the rounding of the dropout scale in P f (rounded to 16
+    // bits for the P V product; 1.6e-3 relative in bf16 at p = 0.1), which the floor below cannot
+    // absorb when nothing else sets the gradient's scale: 0.34-0.62 of it in bf16 over four seeds,
+    // the same digits on an H200 and in the emulated build. The long case keeps a one-token
+    // sequence with dropout, among long ones.
+    lowp_case(b, rng, dt, unpadded({1}, random_sample_ids(rng, 1)), 1, 0.f, "one token");
     // Longer than 512: correct, not tuned (its own bucket).
-    lowp_case(b, rng, dt, unpadded({777, 1, 600}, random_sample_ids(rng, 3)), 2, 0.1f, "long");
+    const std::vector<int32_t> lens = kEmulated ? std::vector<int32_t>{520, 1}
+                                                : std::vector<int32_t>{777, 1, 600};
+    lowp_case(b, rng, dt, unpadded(lens, random_sample_ids(rng, lens.size())), 2, 0.1f, "long");
   }
 }
 
@@ -405,7 +418,8 @@ TEST(CudaFmha, Fp32GroupedLaunch) {
     f32_case(b, rng, unpadded(kMixed, ids), 128, 2, p, "unpadded");  // head dim 64
     f32_case(b, rng, padded(kMixed, ids, 512), 96, 3, p, "padded");  // head dim 32
   }
-  f32_case(b, rng, unpadded({700, 2}, random_sample_ids(rng, 2)), 64, 2, 0.1f, "long");
+  f32_case(b, rng, unpadded({kEmulated ? 520 : 700, 2}, random_sample_ids(rng, 2)), 64, 2, 0.1f,
+           "long");
 }
 
 TEST(CudaFmha, DtypeDispatch) {

@@ -322,7 +322,8 @@ TEST(CudaOps, Attention) {
     attention_case(b, rng, packed(lens, ids, 128), 40, 2, p, "packed");  // head dim 20
     attention_case(b, rng, unpadded({1}, {ids[0]}), 64, 4, p, "one token");
   }
-  const std::vector<int32_t> long_lens = {512, 300, 1};
+  const std::vector<int32_t> long_lens = kEmulated ? std::vector<int32_t>{300, 1}
+                                                   : std::vector<int32_t>{512, 300, 1};
   const auto ids = random_sample_ids(rng, long_lens.size());
   attention_case(b, rng, unpadded(long_lens, ids), 128, 2, 0.1f, "long");
 }

@@ -39,7 +39,13 @@ TEST(GpuDevice, KernelLaunchMatchesCpu) {
   for (int i = 0; i < n; ++i) x[i] = u(rng), y[i] = u(rng);
   const float a = u(rng);
   packbert::cuda::saxpy(n, a, x.data(), y.data(), out.data());
-  for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], std::fma(a, x[i], y[i])) << "element " << i;
+  // nvcc fuses a * x + y into one FMA (one rounding); the emulated build's host compiler keeps
+  // the multiply and the add (two). Either is the kernel having run.
+  for (int i = 0; i < n; ++i) {
+    const float fused = std::fma(a, x[i], y[i]), separate = a * x[i] + y[i];
+    ASSERT_TRUE(out[i] == fused || out[i] == separate)
+        << "element " << i << ": " << out[i] << ", not " << fused << " (fused) or " << separate;
+  }
 }
 #endif
 
