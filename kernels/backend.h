@@ -342,4 +342,15 @@ class Backend {
 // The reference backend (fp32, BLAS + OpenMP).
 std::unique_ptr<Backend> make_cpu_backend();
 
+struct BackendOptions {
+  int cuda_device = 0;  // Device::cuda: which GPU
+  // Device::cuda: copy each op's index arrays to the host and check them, and check that every
+  // tensor is device memory (a stream synchronisation per op). Off where the caller checked its
+  // batches and tables on the host (the trainer). The CPU backend always checks.
+  bool validate = true;
+};
+// The backend of a device (kernels/backends.cpp, the one place that names them): an Error for
+// Device::cuda in a build without the CUDA backend, or without that GPU.
+std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& options = {});
+
 }  // namespace packbert

@@ -12,7 +12,7 @@
 //  2. A single fused backward (dQ via atomics or a dQ accumulation pass) instead of two
 //     kernels that both recompute P; the dropout mask bits computed once per tile and shared.
 //  3. Sequences longer than 512 for the MST work are supported by this code (any length up to
-//     the dropout key's 2^16 positions) but untuned: the tile loop is serial per block.
+//     the dropout key's 2^20 positions) but untuned: the tile loop is serial per block.
 //
 // Kernels (lse is [rows, heads], as the CPU backend's):
 //   forward   block = 4 warps x 4 query rows of one (sequence, head); K/V tiles of 32 keys in

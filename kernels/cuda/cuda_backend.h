@@ -1,6 +1,7 @@
-// The CUDA backend (fp32, first step of the CUDA backend issue): every op of kernels/backend.h
-// with the CPU backend's semantics, GEMMs through cuBLASLt (fp32 compute, no TF32), the rest in
-// simple deterministic kernels. Built only with PACKBERT_HAVE_CUDA.
+// The CUDA backend: every op of kernels/backend.h with the CPU backend's semantics, in fp32 and
+// bf16 / fp16 storage: GEMMs through cuBLASLt (fp32 compute, no TF32) with fused epilogues,
+// tensor-core attention (fmha_mma.cu), the rest in deterministic kernels. Built with
+// PACKBERT_HAVE_CUDA (a GPU build, or the emulated one: kernels/cuda_emu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,8 +16,8 @@ namespace packbert {
 struct CudaBackendOptions {
   // Copy each op's index arrays (layout, token ids, labels, gather indices, the LAMB table) to
   // the host and check them with kernels/common/op_checks.h, as the CPU backend does. This
-  // synchronises the stream once per op; TODO(cuda step 2): a device-side error flag checked
-  // at copy() time instead, and off in the step loop.
+  // synchronises the stream once per op, so the trainer turns it off (it checks the batch and
+  // the table on the host before they are uploaded).
   bool validate_indices = true;
   // Check with cudaPointerGetAttributes that every Device::cuda tensor really is device memory.
   bool validate_pointers = true;

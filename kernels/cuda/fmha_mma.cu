@@ -37,7 +37,7 @@
 // lane pairs t, t^1; key-major tiles: the 4 lanes of equal t and g / 4), so every word is
 // computed once per tile.
 //
-// Lengths: any (up to the dropout key's 2^16 positions); rows past a sequence's end are loaded
+// Lengths: any (up to the dropout key's 2^20 positions); rows past a sequence's end are loaded
 // as zeros, masked, and never written. Tuned for <= 512 (BERT); K/V tiles are not yet
 // double-buffered (cp.async / TMA would overlap the next tile's load with this tile's math).
 #include <cuda_bf16.h>

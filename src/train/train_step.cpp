@@ -69,18 +69,17 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
     options_.lamb.skip_nonfinite = true;
     scaler_ = std::make_unique<LossScaler>(options_.loss_scaler);
   }
+  BackendOptions backend_options;
+  backend_options.cuda_device = options_.cuda_device;
+  backend_options.validate = false;  // the batch and the table were checked on the host
+  backend_ = make_backend(options_.device, backend_options);
   if (options_.device == Device::cpu) {
-    backend_ = make_cpu_backend();
     bert_ = std::make_unique<Bert>(options_.config, *backend_, params_view(), grads_view(),
                                    options_.bert);
     lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), n, LrSchedule(options_.lr),
                                    options_.lamb);
   } else {
 #ifdef PACKBERT_HAVE_CUDA
-    CudaBackendOptions co;
-    co.validate_indices = false;  // the batch and the table were checked on the host
-    co.validate_pointers = false;
-    backend_ = make_cuda_backend(options_.cuda_device, co);
     const auto num_tensors = static_cast<int64_t>(table_.tensors().size());
     dev_ = std::make_unique<DeviceState>();
     dev_->params = dev_->take(DType::f32, {n});
@@ -96,9 +95,6 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
                                    options_.bert, cuda_alloc, cuda_free);
     lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), n, LrSchedule(options_.lr),
                                    options_.lamb, &dev_->lamb);
-#else
-    PB_THROW("trainer: device cuda asked for, but this build has no CUDA backend "
-             "(configure with -DPACKBERT_CUDA=ON)");
 #endif
   }
   allreduce_ = std::make_unique<GradAllreduce>(comm, grads_.data(), n, grad_spans(table_),

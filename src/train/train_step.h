@@ -61,7 +61,7 @@ struct TrainerOptions {
   LossScalerOptions loss_scaler;
   size_t bucket_bytes = size_t{25} << 20;  // all-reduce bucket target (dist/grad_allreduce.h)
   // Where the step runs: Device::cpu (the reference) or Device::cuda (builds with the CUDA
-  // backend; fp32, see kernels/cuda/cuda_backend.h). On CUDA the rank uses GPU
+  // backend, kernels/cuda/cuda_backend.h; any train.precision). On CUDA the rank uses GPU
   // cuda_device, the parameters, gradients, moments and activations live there, and the
   // gradient all-reduce is gpu_allreduce's.
   Device device = Device::cpu;
@@ -103,7 +103,7 @@ struct StepMetrics {
 // f32 [table.total()]); read-only by contract.
 using ReducedGradHook = std::function<void(const float* grads, int64_t n)>;
 
-// Owns everything one rank needs for data-parallel training on the CPU backend: the backend,
+// Owns everything one rank needs for data-parallel training on either backend: the backend,
 // the flat parameter and gradient buffers, the model, LAMB and the gradient all-reduce.
 // Collective over comm (the all-reduce duplicates it): construct and call step() on every rank.
 class Trainer {

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The include edges the layering forbids, checked on the sources (kernels/backends.cpp is the one
+# place that names both backends):
+#   - kernels/cpu includes nothing of the CUDA backend, CUDA, NCCL or cuBLAS;
+#   - kernels/cuda includes nothing of the CPU backend (shared code lives in kernels/common).
+# Prints each offending line and exits 1 if there is any.
+#   check_includes.sh SOURCE_DIR
+set -uo pipefail
+root=${1:?usage: check_includes.sh SOURCE_DIR}
+bad=0
+check() {  # check DIR REGEX WHY
+  local hits
+  hits=$(grep -rnE "^[[:space:]]*#[[:space:]]*include[[:space:]]*[<\"]($2)" "$root/$1" || true)
+  if [ -n "$hits" ]; then
+    echo "$1 must not include $3:"
+    echo "$hits"
+    bad=1
+  fi
+}
+check kernels/cpu 'cuda/|cuda_|cuda\.h|nccl|cublas|cub/' "the CUDA backend, CUDA, NCCL or cuBLAS"
+check kernels/cuda 'cpu/' "the CPU backend"
+[ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other"
+exit $bad
