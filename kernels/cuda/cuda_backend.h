@@ -44,7 +44,7 @@ void cuda_free(void* p);
 void cuda_synchronize(Backend& backend);
 
 // The stream a CUDA backend runs every op on, in issue order: work of others that must order
-// with the backend's (the NCCL gradient all-reduce, dist/nccl_allreduce.h) records and waits for
+// with the backend's (the NCCL gradient all-reduce, comm/nccl_allreduce.h) records and waits for
 // events on it. Throws packbert::Error for any other backend.
 cudaStream_t cuda_stream(Backend& backend);
 

@@ -112,7 +112,7 @@ struct ForwardOptions {
 };
 
 // Called by backward() with the index (into ParamTable::tensors()) of each tensor whose gradient
-// no op of this micro-step writes again: the hook for the bucketed all-reduce (dist/
+// no op of this micro-step writes again: the hook for the bucketed all-reduce (comm/
 // grad_allreduce.h ready_tensor), which overlaps communication with the rest of the backward.
 // Order: the heads (whose gradients forward() produced) first, then each encoder layer from the
 // last to the first, then the embeddings (the word embeddings last of all: the tied decoder and

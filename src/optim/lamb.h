@@ -8,7 +8,7 @@
 // Where it sits in a training step (DESIGN.md, data flow):
 //   for each micro-step: forward, backward  (parameter gradients accumulate, +=, into grads;
 //                                            the loss is already scaled by the global counts)
-//   the last micro-step's backward all-reduces grads (dist/grad_allreduce.h), so every rank
+//   the last micro-step's backward all-reduces grads (comm/grad_allreduce.h), so every rank
 //   holds the gradient of the whole global batch and the norm below is the global norm
 //   lamb.step(params, grads)                 (grads is zero again afterwards)
 #pragma once

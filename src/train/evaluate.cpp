@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "data/shard.h"
-#include "dist/mpi_check.h"
+#include "comm/mpi_check.h"
 
 namespace packbert {
 

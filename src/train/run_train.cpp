@@ -23,7 +23,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "device.h"
-#include "dist/mpi_check.h"
+#include "comm/mpi_check.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #ifdef PACKBERT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
-#include "dist/nccl_allreduce.h"
+#include "comm/nccl_allreduce.h"
 #endif
 
 namespace packbert {

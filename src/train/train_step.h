@@ -5,8 +5,8 @@
 //     Bert::forward(global counts, step)     loss already scaled by the step's global counts
 //     Bert::backward(ready hook)             gradients += into the flat buffer; on the last
 //                                            micro-step each finished tensor starts its bucket's
-//                                            all-reduce (dist/grad_allreduce.h; on CUDA
-//                                            dist/nccl_allreduce.h)
+//                                            all-reduce (comm/grad_allreduce.h; on CUDA
+//                                            comm/nccl_allreduce.h)
 //   GradAllreduce::finish()                  every rank now holds the global batch's gradient
 //   (optional inspection of that gradient)   tests dump it here: Lamb::step zeroes it
 //   Lamb::step                               global norm, clipping, trust ratio; grads := 0
@@ -26,7 +26,7 @@
 
 #include "backend.h"
 #include "data/loader.h"
-#include "dist/grad_allreduce.h"
+#include "comm/grad_allreduce.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/config.h"
@@ -38,7 +38,7 @@
 namespace packbert {
 
 // How a CUDA trainer sums the gradient over ranks. nccl: buckets of the device buffer summed by
-// NCCL on a communication stream while the backward runs (dist/nccl_allreduce.h; on one rank no
+// NCCL on a communication stream while the backward runs (comm/nccl_allreduce.h; on one rank no
 // NCCL call at all, and no copy either); it needs a GPU per rank, so the ranks of one host must
 // be given different cuda_device values (the local rank). host: after the backward the whole
 // gradient goes to the host, through GradAllreduce's MPI buckets, and back (slow, but the path
@@ -59,7 +59,7 @@ struct TrainerOptions {
   // fp16 only (bert.precision): dynamic loss scaling. fp16 steps always run with LAMB's
   // check_finite and skip_nonfinite on: an overflow skips the step and halves the scale.
   LossScalerOptions loss_scaler;
-  size_t bucket_bytes = size_t{25} << 20;  // all-reduce bucket target (dist/grad_allreduce.h)
+  size_t bucket_bytes = size_t{25} << 20;  // all-reduce bucket target (comm/grad_allreduce.h)
   // Where the step runs: Device::cpu (the reference) or Device::cuda (builds with the CUDA
   // backend, kernels/cuda/cuda_backend.h; any train.precision). On CUDA the rank uses GPU
   // cuda_device, the parameters, gradients, moments and activations live there, and the

@@ -1,4 +1,4 @@
-// Bandwidth of the bucketed gradient all-reduce (src/dist/grad_allreduce.h) on a BERT-base sized
+// Bandwidth of the bucketed gradient all-reduce (src/comm/grad_allreduce.h) on a BERT-base sized
 // gradient buffer (the Hugging Face BertForPreTraining table, ~110M floats), for several bucket
 // sizes, against one blocking MPI_Allreduce of the whole buffer. Prints tables; asserts nothing.
 //
@@ -25,7 +25,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "dist/grad_allreduce.h"
+#include "comm/grad_allreduce.h"
 
 namespace packbert {
 namespace {

@@ -1,4 +1,4 @@
-// gpu label: the NCCL gradient all-reduce (dist/nccl_allreduce.h).
+// gpu label: the NCCL gradient all-reduce (comm/nccl_allreduce.h).
 //
 //   - One rank without MPI: no NCCL call, the device buffer untouched, the bookkeeping and its
 //     errors as on the CPU.
@@ -35,7 +35,7 @@
 #include <mpi.h>
 
 #include "cuda_test_util.h"
-#include "dist/nccl_allreduce.h"
+#include "comm/nccl_allreduce.h"
 #include "test_util.h"
 #include "train/train_step.h"
 

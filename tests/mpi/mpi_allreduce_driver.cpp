@@ -1,4 +1,4 @@
-// Multi-rank test of the bucketed gradient all-reduce (src/dist/grad_allreduce.h), run under
+// Multi-rank test of the bucketed gradient all-reduce (src/comm/grad_allreduce.h), run under
 // mpirun with 1-4 ranks by ctest (label mpi). Exits non-zero on the first failed check.
 //
 // Every rank fills the gradient buffer with its own random values (seeded by the seed and its
@@ -35,8 +35,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "dist/grad_allreduce.h"
-#include "dist/mpi_check.h"
+#include "comm/grad_allreduce.h"
+#include "comm/mpi_check.h"
 
 namespace packbert {
 namespace {

@@ -1,4 +1,4 @@
-// The gradient all-reduce's bucket scheduling (dist/bucket_scheduler.h) against a fake transport
+// The gradient all-reduce's bucket scheduling (comm/bucket_scheduler.h) against a fake transport
 // that records every call: the scheduling MPI runs on the CPU and NCCL on the GPU, checked here
 // without either. The bucket plan's arithmetic is tests/unit/test_grad_buckets.cpp.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/bucket_scheduler.h"
+#include "comm/bucket_scheduler.h"
 #include "test_util.h"
 
 namespace packbert::test {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/grad_allreduce.h"
+#include "comm/grad_allreduce.h"
 #include "test_util.h"
 
 namespace packbert::test {

@@ -1,4 +1,4 @@
-#include "dist/grad_allreduce.h"
+#include "comm/grad_allreduce.h"
 
 #include <algorithm>
 #include <climits>
@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "dist/mpi_check.h"
+#include "comm/mpi_check.h"
 
 namespace packbert {
 

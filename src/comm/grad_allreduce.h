@@ -2,7 +2,7 @@
 // into buckets that are summed across ranks with non-blocking MPI_Iallreduce while the backward
 // pass is still computing the earlier layers (DESIGN.md, Distribution).
 //
-// Buckets and their order are dist/bucket_scheduler.h's: this file is its MPI transport. Bucket
+// Buckets and their order are comm/bucket_scheduler.h's: this file is its MPI transport. Bucket
 // 0 holds the end of the buffer (the backward finishes the last parameters first), a bucket
 // starts once every tensor overlapping it is ready, and buckets start strictly in bucket order,
 // so every rank issues the same sequence of MPI_Iallreduce calls on the communicator whatever
@@ -34,7 +34,7 @@
 #include <memory>
 #include <vector>
 
-#include "dist/bucket_scheduler.h"
+#include "comm/bucket_scheduler.h"
 
 namespace packbert {
 

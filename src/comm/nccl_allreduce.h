@@ -1,5 +1,5 @@
 // Data-parallel gradient all-reduce over NCCL for the CUDA backend (DESIGN.md, Distribution): the
-// flat device gradient buffer is cut into the same buckets as on the CPU (dist/bucket_scheduler.h:
+// flat device gradient buffer is cut into the same buckets as on the CPU (comm/bucket_scheduler.h:
 // bucket 0 at the end of the buffer, started strictly in order once every tensor overlapping it
 // is ready), and each bucket is summed on a communication stream while the compute stream runs
 // the backward of the earlier layers. Built only with PACKBERT_HAVE_CUDA.
@@ -54,7 +54,7 @@
 #include <memory>
 #include <vector>
 
-#include "dist/bucket_scheduler.h"
+#include "comm/bucket_scheduler.h"
 
 namespace packbert {
 

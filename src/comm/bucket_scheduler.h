@@ -1,6 +1,6 @@
 // The bucket scheduling of the gradient all-reduce, apart from the transport that moves the
-// bytes: the same tested bookkeeping drives MPI on the CPU backend (dist/grad_allreduce.h) and
-// NCCL on the CUDA backend (dist/nccl_allreduce.h).
+// bytes: the same tested bookkeeping drives MPI on the CPU backend (comm/grad_allreduce.h) and
+// NCCL on the CUDA backend (comm/nccl_allreduce.h).
 //
 // Buckets. The buffer's span (first tensor's offset to last tensor's end) is cut into pieces of
 // bucket_bytes, starting from its END: the backward produces the gradients of the last

@@ -1,4 +1,4 @@
-#include "dist/bucket_scheduler.h"
+#include "comm/bucket_scheduler.h"
 
 #include <algorithm>
 #include <chrono>

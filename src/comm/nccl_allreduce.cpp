@@ -1,4 +1,4 @@
-#include "dist/nccl_allreduce.h"
+#include "comm/nccl_allreduce.h"
 
 #include <algorithm>
 #include <exception>
@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "dist/mpi_check.h"
+#include "comm/mpi_check.h"
 
 namespace packbert {
 
