@@ -46,8 +46,11 @@
 //   linear_backward(x, Wqkv, dqkv -> dx += (dx_accumulate); dWqkv, dbqkv)
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -163,9 +166,9 @@ struct LambConfig {
   float grad_scale = 1.0f;
 };
 
-// The i64 [n, 3] view of a LAMB table (the table lives where the backend runs).
-inline Tensor lamb_table(const LambTensor* rows, int64_t n, Device device = Device::cpu) {
-  return Tensor(const_cast<LambTensor*>(rows), DType::i64, {n, 3}, device);
+// The i64 [n, 3] view of a LAMB table (host memory, see lamb_step).
+inline Tensor lamb_table(const LambTensor* rows, int64_t n) {
+  return Tensor(const_cast<LambTensor*>(rows), DType::i64, {n, 3}, Device::cpu);
 }
 
 // Floats of the workspace nsp_loss needs.
@@ -173,11 +176,61 @@ inline int64_t nsp_workspace_elems(int64_t num_seqs, int64_t hidden) {
   return num_seqs * (4 * hidden + 2);
 }
 
+class Backend;
+
+// Memory of a backend's device, owned by the backend that made it (Backend::alloc) and given
+// back to it when this object goes: the model and the optimizer hold their parameters, moments
+// and activations in these and never name a device allocator (as ggml's backend buffers).
+// Move-only; a default one holds nothing. It must not outlive its backend.
+class BackendBuffer {
+ public:
+  BackendBuffer() = default;
+  // The memory `data` of `bytes` from owner->allocate_memory, seen as `view` (u8 [bytes] when
+  // none is given).
+  BackendBuffer(Backend* owner, void* data, size_t bytes, const Tensor& view = Tensor());
+  ~BackendBuffer() { reset(); }
+  BackendBuffer(BackendBuffer&& o) noexcept { *this = std::move(o); }
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept;
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+  void reset();  // gives the memory back (never throws)
+  void* data() const { return view_.data; }
+  size_t bytes() const { return bytes_; }
+  // The view it was made with (Backend::alloc(dtype, dims)), on the backend's device.
+  const Tensor& tensor() const { return view_; }
+  // Another typed view of the buffer's first bytes (Error when it does not fit).
+  Tensor tensor(DType dtype, std::initializer_list<int64_t> dims) const;
+
+ private:
+  Backend* owner_ = nullptr;
+  size_t bytes_ = 0;
+  Tensor view_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual Device device() const = 0;
+
+  // ---- memory and ordering -----------------------------------------------------------------
+  // `bytes` of this backend's device memory, 256-byte aligned; an Error naming the size when
+  // there is not enough. 0 bytes: nullptr. Give it back with free_memory (never throws;
+  // nullptr: nothing). Callers use alloc(), which pairs the two.
+  virtual void* allocate_memory(size_t bytes) = 0;
+  virtual void free_memory(void* p) = 0;
+  BackendBuffer alloc(size_t bytes);
+  // A buffer holding one tensor of that shape (its tensor() is the view).
+  BackendBuffer alloc(DType dtype, std::initializer_list<int64_t> dims);
+  // The host waits for every op issued so far (the CPU backend's ops are done when they
+  // return: nothing to wait for).
+  virtual void synchronize() {}
+  // The native handle of the queue the ops run in, in issue order: a CUDA backend's
+  // cudaStream_t; nullptr for the CPU backend. For code that orders device work of its own with
+  // the ops (the NCCL gradient transport, src/comm/nccl_transport.h); the model and the
+  // optimizer never need it.
+  virtual void* native_stream() const { return nullptr; }
 
   // t = 0 (any dtype).
   virtual void zero(const Tensor& t) = 0;
@@ -316,7 +369,10 @@ class Backend {
   virtual void l2_norm(const Tensor& x, const Tensor& out) = 0;
   // One LAMB step (apex FusedLAMB: adam_w_mode, grad averaging, bias correction) over the flat
   // f32 buffers params (fp32 master weights), grads, m, v, all [n]. table i64 [T, 3] of
-  // LambTensor rows. global_grad_norm f32 [1] (the all-reduced gradient norm): gradients are
+  // LambTensor rows, in HOST memory on every backend (it shapes the launch, as host_seq_len
+  // does attention's): a device backend derives its work list from it once and keeps that on
+  // the device while the rows and the weight decay stay the same, so a step reads nothing back
+  // and waits for nothing. global_grad_norm f32 [1] (the all-reduced gradient norm): gradients are
   // divided by max(1, norm / max_grad_norm). Per tensor: u = m^/(sqrt(v^)+eps) + wd*w (wd only
   // for decay tensors), w -= lr * (decay tensor and wd != 0 and both norms > 0 ? ||w||/||u|| : 1).
   // params, m, v are updated in place; grads is overwritten with u (as apex does, saving a

@@ -278,7 +278,8 @@ inline LambDims lamb_step_args(const OpArgs& a, const Tensor& table, const LambC
                                const Tensor& global_grad_norm, const Tensor& params,
                                const Tensor& grads, const Tensor& m, const Tensor& v,
                                const Tensor& norms_ws) {
-  a("table", table, DType::i64, {kAnyDim, 3});
+  // The table is host memory on every backend (backend.h, lamb_step).
+  OpArgs(a.op, Device::cpu)("table", table, DType::i64, {kAnyDim, 3});
   const int64_t num_tensors = table.dim(0);
   a("params", params, DType::f32, {kAnyDim});
   const int64_t n = params.dim(0);

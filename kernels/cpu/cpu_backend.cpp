@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/op_checks.h"
@@ -92,6 +93,17 @@ void add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld, flo
 }
 
 }  // namespace cpu
+
+void* CpuBackend::allocate_memory(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  constexpr size_t kAlign = 256;
+  void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  PB_REQUIRE(p != nullptr, "cpu backend: allocating {:.1f} MiB failed",
+             static_cast<double>(bytes) / (1 << 20));
+  return p;
+}
+
+void CpuBackend::free_memory(void* p) { std::free(p); }
 
 void CpuBackend::zero(const Tensor& t) {
   PB_REQUIRE(t.defined(), "zero: t is missing");

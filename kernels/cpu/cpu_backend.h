@@ -25,6 +25,9 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   Device device() const override { return Device::cpu; }
 
+  void* allocate_memory(size_t bytes) override;
+  void free_memory(void* p) override;
+
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
 

@@ -1,5 +1,6 @@
 // CudaBackend: construction, argument checks, copies, scratch, the device allocator, and the
 // ops that are a kernel or two (gathers, softmax cross-entropy, L2 norm, LAMB).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -47,12 +48,6 @@ void cuda_synchronize(Backend& backend) {
   if (auto* b = dynamic_cast<CudaBackend*>(&backend)) b->synchronize("cuda_synchronize");
 }
 
-cudaStream_t cuda_stream(Backend& backend) {
-  auto* b = dynamic_cast<CudaBackend*>(&backend);
-  PB_REQUIRE(b != nullptr, "cuda_stream: the {} backend has no CUDA stream", backend.name());
-  return b->stream();
-}
-
 std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(device, options);
 }
@@ -90,8 +85,20 @@ CudaBackend::~CudaBackend() {
   cudaFree(scratch_d_);
   cudaFree(scratch_f_);
   cudaFree(scratch_b_);
+  cudaFree(lamb_work_);
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
+}
+
+void* CudaBackend::allocate_memory(size_t bytes) {
+  begin("allocate_memory");  // on this backend's GPU
+  return cuda_alloc(bytes);
+}
+
+void CudaBackend::free_memory(void* p) {
+  if (!p) return;
+  (void)cudaSetDevice(device_);
+  cuda_free(p);
 }
 
 void CudaBackend::begin(const char* op) { PB_CUDA_OP(op, cudaSetDevice(device_)); }
@@ -417,38 +424,59 @@ void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
     lowp_format = float_format(op, "params_lowp", params_lowp);
   }
   begin(op);
-  // The table drives the launch (chunk list), so it is read on the host every call.
-  // TODO(cuda step 2): cache the work list per table (it is the same every step).
-  const auto rows = to_host<int64_t>(op, table);
-  const auto* entries = reinterpret_cast<const LambTensor*>(rows.data());
+  const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
   if (num_tensors == 0) return end(op);
-
-  lamb_chunks_.clear();
-  lamb_ranges_.clear();
-  for (int64_t t = 0; t < num_tensors; ++t) {
-    const LambTensor& e = entries[t];
-    cuda::LambTensorRange r;
-    r.first_chunk = static_cast<int64_t>(lamb_chunks_.size());
-    for (int64_t b = e.offset; b < e.offset + e.size; b += cuda::kNormChunk)
-      lamb_chunks_.push_back({t, b, std::min(e.offset + e.size, b + cuda::kNormChunk)});
-    r.chunks = static_cast<int64_t>(lamb_chunks_.size()) - r.first_chunk;
-    r.decay = e.decay == 1 ? cfg.weight_decay : 0.f;
-    // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
-    r.adapt = e.decay == 1 && cfg.weight_decay != 0.f;
-    lamb_ranges_.push_back(r);
+  const bool same_work = lamb_work_ && cfg.weight_decay == lamb_weight_decay_ &&
+                         lamb_rows_.size() == static_cast<size_t>(num_tensors) &&
+                         std::equal(lamb_rows_.begin(), lamb_rows_.end(), entries,
+                                    [](const LambTensor& x, const LambTensor& y) {
+                                      return x.offset == y.offset && x.size == y.size &&
+                                             x.decay == y.decay;
+                                    });
+  if (!same_work) {
+    // A new table (the first step): the chunk list and the per-tensor ranges, uploaded once.
+    std::vector<cuda::LambChunk> chunks;
+    std::vector<cuda::LambTensorRange> ranges;
+    for (int64_t t = 0; t < num_tensors; ++t) {
+      const LambTensor& e = entries[t];
+      cuda::LambTensorRange r;
+      r.first_chunk = static_cast<int64_t>(chunks.size());
+      for (int64_t b = e.offset; b < e.offset + e.size; b += cuda::kNormChunk)
+        chunks.push_back({t, b, std::min(e.offset + e.size, b + cuda::kNormChunk)});
+      r.chunks = static_cast<int64_t>(chunks.size()) - r.first_chunk;
+      r.decay = e.decay == 1 ? cfg.weight_decay : 0.f;
+      // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
+      r.adapt = e.decay == 1 && cfg.weight_decay != 0.f;
+      ranges.push_back(r);
+    }
+    PB_REQUIRE(chunks.size() <= 0x7fffffff, "{}: {} chunks exceed the grid", op, chunks.size());
+    const size_t chunk_bytes = chunks.size() * sizeof(cuda::LambChunk);
+    const size_t range_at = (chunk_bytes + 255) / 256 * 256;
+    const size_t bytes = range_at + ranges.size() * sizeof(cuda::LambTensorRange);
+    // The previous list may still be read by a launch in flight: wait before replacing it.
+    PB_CUDA_OP(op, cudaStreamSynchronize(stream_));
+    if (bytes > lamb_work_bytes_) {
+      PB_CUDA_OP(op, cudaFree(lamb_work_));
+      lamb_work_ = nullptr;
+      lamb_work_bytes_ = 0;
+      PB_CUDA_OP(op, cudaMalloc(&lamb_work_, bytes));
+      lamb_work_bytes_ = bytes;
+    }
+    char* w = static_cast<char*>(lamb_work_);
+    if (chunk_bytes)
+      PB_CUDA_OP(op, cudaMemcpy(w, chunks.data(), chunk_bytes, cudaMemcpyHostToDevice));
+    PB_CUDA_OP(op, cudaMemcpy(w + range_at, ranges.data(),
+                              ranges.size() * sizeof(cuda::LambTensorRange),
+                              cudaMemcpyHostToDevice));
+    lamb_rows_.assign(entries, entries + num_tensors);
+    lamb_weight_decay_ = cfg.weight_decay;
+    lamb_range_at_ = range_at;
+    lamb_num_chunks_ = static_cast<int64_t>(chunks.size());
   }
-  const int64_t num_chunks = static_cast<int64_t>(lamb_chunks_.size());
-  PB_REQUIRE(num_chunks <= 0x7fffffff, "{}: {} chunks exceed the grid", op, num_chunks);
-  const size_t chunk_bytes = lamb_chunks_.size() * sizeof(cuda::LambChunk);
-  const size_t range_bytes = lamb_ranges_.size() * sizeof(cuda::LambTensorRange);
-  const size_t range_at = (chunk_bytes + 255) / 256 * 256;
-  char* ws = static_cast<char*>(scratch_bytes(op, range_at + range_bytes));
-  if (chunk_bytes)
-    PB_CUDA_OP(op, cudaMemcpyAsync(ws, lamb_chunks_.data(), chunk_bytes, cudaMemcpyHostToDevice,
-                                   stream_));
-  PB_CUDA_OP(op, cudaMemcpyAsync(ws + range_at, lamb_ranges_.data(), range_bytes,
-                                 cudaMemcpyHostToDevice, stream_));
+  const int64_t num_chunks = lamb_num_chunks_;
+  const char* ws = static_cast<const char*>(lamb_work_);
+  const size_t range_at = lamb_range_at_;
 
   cuda::LambArgs a;
   a.lr = cfg.lr;
@@ -471,9 +499,6 @@ void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                            norms_ws.ptr<float>(), partial,
                            n && params_lowp.defined() ? params_lowp.data : nullptr, lowp_format,
                            stream_));
-  // The host work list must outlive the uploads (pageable copies are staged before return,
-  // but keep it simple and safe): wait here. TODO(cuda step 2): cached device work list.
-  PB_CUDA_OP(op, cudaStreamSynchronize(stream_));
   end(op);
 }
 

@@ -34,18 +34,14 @@ struct CudaBackendOptions {
 // Throws packbert::Error when there is no such device (or no driver).
 std::unique_ptr<Backend> make_cuda_backend(int device = 0, const CudaBackendOptions& options = {});
 
-// Device memory for Arena::Allocate / Arena::Release (src/model/arena.h) and for tests:
+// The backend's allocator (Backend::allocate_memory makes its GPU current first), and for tests:
 // cudaMalloc on the current device (256-byte aligned), throwing packbert::Error naming the size
 // when it fails; cuda_alloc(0) returns nullptr; cuda_free(nullptr) does nothing.
 void* cuda_alloc(size_t bytes);
 void cuda_free(void* p);
 
-// Waits for all work of this backend (a CUDA backend's stream); no-op for other backends.
+// Waits for all work of this backend (a CUDA backend's stream); no-op for other backends (tests;
+// elsewhere Backend::synchronize).
 void cuda_synchronize(Backend& backend);
-
-// The stream a CUDA backend runs every op on, in issue order: work of others that must order
-// with the backend's (the NCCL gradient all-reduce, comm/nccl_allreduce.h) records and waits for
-// events on it. Throws packbert::Error for any other backend.
-cudaStream_t cuda_stream(Backend& backend);
 
 }  // namespace packbert

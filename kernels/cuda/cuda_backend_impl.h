@@ -115,8 +115,12 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   Device device() const override { return Device::cuda; }
+  void* allocate_memory(size_t bytes) override;
+  void free_memory(void* p) override;
+  void synchronize() override { synchronize("synchronize"); }
+  void* native_stream() const override { return stream_; }
   void synchronize(const char* op);
-  cudaStream_t stream() const { return stream_; }  // every op runs on it (cuda_stream())
+  cudaStream_t stream() const { return stream_; }  // every op runs on it (native_stream())
 
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
@@ -276,9 +280,14 @@ class CudaBackend final : public Backend {
   size_t scratch_f_bytes_ = 0;
   void* scratch_b_ = nullptr;
   size_t scratch_b_bytes_ = 0;
-  // LAMB's host-side work list (kept so that asynchronous uploads read live memory).
-  std::vector<cuda::LambChunk> lamb_chunks_;
-  std::vector<cuda::LambTensorRange> lamb_ranges_;
+  // LAMB's work list, derived from the table on the host and uploaded once: it stays valid while
+  // the rows and the weight decay it was made from (kept here to compare) stay the same.
+  std::vector<LambTensor> lamb_rows_;
+  float lamb_weight_decay_ = 0.f;
+  void* lamb_work_ = nullptr;  // chunks, then (at lamb_range_at_) the tensor ranges
+  size_t lamb_work_bytes_ = 0;
+  size_t lamb_range_at_ = 0;
+  int64_t lamb_num_chunks_ = 0;
   // Ops called with bf16 / f16 tensors and no native path run through this.
   CudaLowpStaging lowp_{stream_};
   // Attention's auxiliary streams, events and work list (grouped launch, cuda/fmha.h).

@@ -31,3 +31,11 @@ ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp
                            cudaStream_t) {
   return ncclInvalidUsage;
 }
+ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                               ncclComm_t, cudaStream_t) {
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                           cudaStream_t) {
+  return ncclInvalidUsage;
+}

@@ -101,7 +101,7 @@ void GradBucketScheduler::set_transport(GradBucketTransport* transport) {
   transport_ = transport;
 }
 
-void GradBucketScheduler::begin() {
+void GradBucketScheduler::begin(GradCollective collective) {
   PB_REQUIRE(!in_round_, "{}: begin() while a round is in flight (finish() first)", label_);
   std::fill(tensor_ready_.begin(), tensor_ready_.end(), 0);
   std::fill(bucket_pending_.begin(), bucket_pending_.end(), 0);
@@ -109,7 +109,7 @@ void GradBucketScheduler::begin() {
     for (int k = tensor_first_bucket_[i]; k <= tensor_last_bucket_[i]; ++k) ++bucket_pending_[k];
   next_to_start_ = 0;
   completed_ = 0;
-  if (transport_) transport_->begin_round();
+  if (transport_) transport_->begin_round(collective);
   in_round_ = true;
   start_ready_buckets();  // buckets of gaps only have nothing to wait for
 }
@@ -164,7 +164,7 @@ void GradBucketScheduler::test_started() {
   completed_ = std::max(completed_, std::min(transport_->test(), next_to_start_));
 }
 
-GradAllreduceStats GradBucketScheduler::finish() {
+GradReduceStats GradBucketScheduler::finish() {
   PB_REQUIRE(in_round_, "{}: finish() without begin()", label_);
   for (size_t j = 0; j < tensors_.size(); ++j) {
     if (tensor_ready_[j]) continue;
@@ -173,7 +173,7 @@ GradAllreduceStats GradBucketScheduler::finish() {
              "round",
              label_, i, tensors_[j].offset, tensors_[j].size);
   }
-  GradAllreduceStats stats;
+  GradReduceStats stats;
   stats.buckets = static_cast<int>(buckets_.size());
   test_started();
   stats.started_before_finish = next_to_start_;

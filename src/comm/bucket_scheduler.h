@@ -1,6 +1,6 @@
-// The bucket scheduling of the gradient all-reduce, apart from the transport that moves the
-// bytes: the same tested bookkeeping drives MPI on the CPU backend (comm/grad_allreduce.h) and
-// NCCL on the CUDA backend (comm/nccl_allreduce.h).
+// The bucket scheduling of the gradient reducer (comm/grad_reducer.h), apart from the transport
+// that moves the bytes: the same tested bookkeeping drives MPI (host memory) and NCCL (device
+// memory, comm/nccl_transport.h).
 //
 // Buckets. The buffer's span (first tensor's offset to last tensor's end) is cut into pieces of
 // bucket_bytes, starting from its END: the backward produces the gradients of the last
@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace packbert {
 
 // One tensor of the flat gradient buffer (a row of the parameter table).
@@ -52,7 +54,7 @@ std::vector<GradBucket> plan_grad_buckets(const std::vector<GradSpan>& sorted_te
                                           int64_t num_elems, size_t bucket_bytes);
 
 // What happened in one round (begin() .. finish()).
-struct GradAllreduceStats {
+struct GradReduceStats {
   int buckets = 0;
   int started_before_finish = 0;    // started by ready() (the rest start in finish())
   int completed_before_finish = 0;  // seen complete by the transport before finish() was
@@ -61,6 +63,9 @@ struct GradAllreduceStats {
                                     // the GPU the host does not wait, the compute stream does)
 };
 
+// What a round does to each bucket (GradReducer explains the shards).
+enum class GradCollective { allreduce, reduce_scatter };
+
 // How the buckets' bytes move. The scheduler calls start(k) exactly once per bucket and round,
 // for k = 0, 1, 2, ... in order, and complete_all() once at the end of the round, after the
 // last start().
@@ -68,7 +73,7 @@ class GradBucketTransport {
  public:
   virtual ~GradBucketTransport() = default;
   // A round begins (no bucket started yet).
-  virtual void begin_round() {}
+  virtual void begin_round(GradCollective collective) = 0;
   // Starts the sum over ranks of buckets[k] (its tensors' gradients are final).
   virtual void start(int k, const GradBucket& bucket) = 0;
   // Without blocking: lets started buckets progress and returns how many of the buckets started
@@ -77,12 +82,15 @@ class GradBucketTransport {
   // Every bucket of the round is complete for whoever reads the buffer next (the host for MPI,
   // the compute stream for NCCL).
   virtual void complete_all() = 0;
+  // Outside a round: the shards of every bucket of buffer (laid out as the gradient) from their
+  // owners to every rank (GradReducer::all_gather).
+  virtual void all_gather(const std::vector<GradBucket>& buckets, const Tensor& buffer) = 0;
 };
 
 class GradBucketScheduler {
  public:
   // tensors: the table in any order (ready_tensor(i) takes the caller's index i). label prefixes
-  // every error message ("grad all-reduce", "nccl all-reduce").
+  // every error message ("grad reducer").
   GradBucketScheduler(std::vector<GradSpan> tensors, int64_t num_elems, size_t bucket_bytes,
                       std::string label);
 
@@ -96,7 +104,7 @@ class GradBucketScheduler {
   int buckets_started() const { return next_to_start_; }
   int buckets_completed() const { return completed_; }
 
-  void begin();
+  void begin(GradCollective collective = GradCollective::allreduce);
   bool in_round() const { return in_round_; }
   // The gradient of tensor i is final. Throws Error if i is out of range or i was already marked
   // in this round (naming the tensor).
@@ -106,7 +114,7 @@ class GradBucketScheduler {
   // Lets the transport move the started buckets along.
   void progress();
   // Starts whatever has not started and completes the round (see GradBucketTransport).
-  GradAllreduceStats finish();
+  GradReduceStats finish();
 
  private:
   void start_ready_buckets();

@@ -1,39 +1,22 @@
 #include "model/arena.h"
 
-#include <cstdlib>
-
 #include "core/error.h"
 
 namespace packbert {
 
-Arena::Arena(Device device) : device_(device) {
-  PB_REQUIRE(device == Device::cpu,
-             "arena: {} memory needs an allocator (Arena(device, allocate, release))",
-             device_name(device));
-  allocate_ = [](size_t bytes) { return std::aligned_alloc(Carver::kAlign, bytes); };
-  release_ = [](void* p) { std::free(p); };
-}
-
-Arena::Arena(Device device, Allocate allocate, Release release)
-    : device_(device), allocate_(std::move(allocate)), release_(std::move(release)) {
-  PB_REQUIRE(allocate_ && release_, "arena: allocate and release must both be given");
-}
-
-Arena::~Arena() {
-  if (data_) release_(data_);
-}
-
 void Arena::reserve(size_t bytes) {
   if (bytes <= capacity_) return;
-  if (data_) release_(data_);
-  data_ = nullptr;
+  buffer_.reset();
   capacity_ = 0;
   // A multiple of the alignment (aligned_alloc's rule); a little headroom so that batches a
   // few tokens longer than the largest so far do not reallocate every time.
   const size_t want = (bytes + bytes / 16 + Carver::kAlign - 1) / Carver::kAlign * Carver::kAlign;
-  data_ = allocate_(want);
-  PB_REQUIRE(data_, "arena: cannot allocate {:.1f} MiB of {} memory for activations",
-             static_cast<double>(want) / (1 << 20), device_name(device_));
+  try {
+    buffer_ = backend_.alloc(want);
+  } catch (const Error& e) {
+    PB_THROW("arena: cannot allocate {:.1f} MiB of {} memory for activations: {}",
+             static_cast<double>(want) / (1 << 20), device_name(device()), e.what());
+  }
   capacity_ = want;
   ++allocations_;
 }

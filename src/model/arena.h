@@ -7,9 +7,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <initializer_list>
 
+#include "backend.h"
 #include "core/tensor.h"
 
 namespace packbert {
@@ -34,14 +34,8 @@ using ActivationBytes = std::array<size_t, kActivationKinds>;
 
 class Arena {
  public:
-  using Allocate = std::function<void*(size_t bytes)>;
-  using Release = std::function<void(void*)>;
-
-  // Host memory (Device::cpu). A device arena is given its allocator: backend.h has no
-  // allocation op yet, so whoever owns the device (the trainer) passes cudaMalloc / cudaFree.
-  explicit Arena(Device device = Device::cpu);
-  Arena(Device device, Allocate allocate, Release release);
-  ~Arena();
+  // Memory of the backend's device, through Backend::alloc.
+  explicit Arena(Backend& backend) : backend_(backend) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
@@ -51,8 +45,8 @@ class Arena {
   // high-water mark and the report.
   void note_use(size_t bytes, const ActivationBytes& by_kind = {});
 
-  void* data() const { return data_; }
-  Device device() const { return device_; }
+  void* data() const { return buffer_.data(); }
+  Device device() const { return backend_.device(); }
   size_t capacity() const { return capacity_; }
   size_t high_water() const { return high_water_; }
   size_t last_use() const { return last_use_; }
@@ -61,10 +55,8 @@ class Arena {
   int64_t allocations() const { return allocations_; }  // how often reserve() had to allocate
 
  private:
-  Device device_;
-  Allocate allocate_;
-  Release release_;
-  void* data_ = nullptr;
+  Backend& backend_;
+  BackendBuffer buffer_;
   size_t capacity_ = 0;
   size_t high_water_ = 0;
   size_t last_use_ = 0;

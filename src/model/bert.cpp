@@ -33,16 +33,11 @@ Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
 
 Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
            const BertOptions& options)
-    : Bert(config, backend, params, grads, options, nullptr, nullptr) {}
-
-Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
-           const BertOptions& options, Arena::Allocate allocate, Arena::Release release)
     : config_(config),
       backend_(backend),
       options_(options),
       table_(config),
-      lowp_memory_(nullptr, [](void*) {}),
-      arena_(allocate ? Arena(backend.device(), allocate, release) : Arena(backend.device())),
+      arena_(backend),
       act_(std::make_unique<Activations>()) {
   PB_REQUIRE(options.mlm_chunk_rows >= 0, "model: mlm_chunk_rows {} must be >= 0",
              options.mlm_chunk_rows);
@@ -59,21 +54,8 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
     // and one LAMB pass over a flat buffer; the fp32 views of it are simply never read).
     const DType t = precision_dtype(options.precision);
     const int64_t n = table_.total();
-    const size_t bytes = static_cast<size_t>(n) * dtype_size(t);
-    if (allocate) {
-      lowp_memory_ = std::unique_ptr<void, Arena::Release>(allocate(bytes), release);
-    } else {
-      PB_REQUIRE(backend.device() == Device::cpu,
-                 "model: the {} backend needs a device allocator for the {} weight copy",
-                 backend.name(), precision_name(options.precision));
-      lowp_memory_ = std::unique_ptr<void, Arena::Release>(
-          std::aligned_alloc(Carver::kAlign,
-                             (bytes + Carver::kAlign - 1) / Carver::kAlign * Carver::kAlign),
-          [](void* p) { std::free(p); });
-    }
-    PB_REQUIRE(lowp_memory_, "model: cannot allocate the {} weight copy ({:.1f} MiB)",
-               precision_name(options.precision), static_cast<double>(bytes) / (1 << 20));
-    params_lowp_ = Tensor(lowp_memory_.get(), t, {n}, backend.device());
+    lowp_memory_ = backend.alloc(t, {n});
+    params_lowp_ = lowp_memory_.tensor();
     const BertWeights low = bind_weights(table_, params_lowp_);
     for (size_t l = 0; l < low.layers.size(); ++l) {
       LayerWeights& g = gemm_weights_.layers[l];

@@ -112,8 +112,8 @@ struct ForwardOptions {
 };
 
 // Called by backward() with the index (into ParamTable::tensors()) of each tensor whose gradient
-// no op of this micro-step writes again: the hook for the bucketed all-reduce (comm/
-// grad_allreduce.h ready_tensor), which overlaps communication with the rest of the backward.
+// no op of this micro-step writes again: the hook for the bucketed gradient reducer
+// (comm/grad_reducer.h ready_tensor), which overlaps communication with the rest of the backward.
 // Order: the heads (whose gradients forward() produced) first, then each encoder layer from the
 // last to the first, then the embeddings (the word embeddings last of all: the tied decoder and
 // the input lookup both add to them). Every tensor is announced exactly once per backward().
@@ -134,12 +134,10 @@ struct ActivationPlan;  // model/activations.h
 class Bert {
  public:
   // params, grads: f32 [table.total()] on the backend's device, owned by the caller (grads may
-  // be none for an evaluation-only model). The arena allocates host memory on the CPU backend;
-  // pass a device arena allocator for another backend.
+  // be none for an evaluation-only model). The activation arena and the low-precision weight
+  // copy are the backend's memory (Backend::alloc).
   Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
        const BertOptions& options = {});
-  Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
-       const BertOptions& options, Arena::Allocate allocate, Arena::Release release);
   ~Bert();
   Bert(const Bert&) = delete;
   Bert& operator=(const Bert&) = delete;
@@ -201,8 +199,7 @@ class Bert {
   BertWeights grads_;
   Tensor params_;             // the master weights, for refresh_lowp_params()
   Tensor params_lowp_;
-  // params_lowp_'s allocation (the device allocator's, or host memory), freed with the model.
-  std::unique_ptr<void, Arena::Release> lowp_memory_;
+  BackendBuffer lowp_memory_;  // params_lowp_'s memory
   bool has_grads_ = false;
   // Tensor index ranges [first, last) in the order backward() finishes them: heads, layer
   // L-1 .. layer 0, embeddings.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <utility>
 
 #include "core/error.h"
@@ -49,8 +48,7 @@ bool mlperf_no_decay(std::string_view hf_name) {
 }
 
 Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
-           const LrSchedule& schedule, const LambOptions& options,
-           const LambDeviceBuffers* device_buffers)
+           const LrSchedule& schedule, const LambOptions& options)
     : backend_(backend),
       params_(std::move(params)),
       num_elems_(num_elems),
@@ -61,40 +59,17 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
   const auto num_tensors = static_cast<int64_t>(params_.size());
   host_table_.reserve(params_.size());
   for (const LambParam& p : params_) host_table_.push_back({p.offset, p.size, p.no_decay ? 0 : 1});
-  const Tensor host_table = lamb_table(host_table_.data(), num_tensors);
-
-  if (backend_.device() == Device::cpu) {
-    PB_REQUIRE(!device_buffers, "lamb: device buffers given to the cpu backend, which needs none");
-    host_m_.assign(static_cast<size_t>(num_elems_), 0.f);
-    host_v_.assign(static_cast<size_t>(num_elems_), 0.f);
-    host_grad_norm_.assign(1, 0.f);
-    host_norms_.assign(static_cast<size_t>(2 * num_tensors), 0.f);
-    m_ = view(host_m_.data(), {num_elems_});
-    v_ = view(host_v_.data(), {num_elems_});
-    table_ = host_table;
-    grad_norm_ = view(host_grad_norm_.data(), {1});
-    norms_ = view(host_norms_.data(), {2 * num_tensors});
-    return;
-  }
-  PB_REQUIRE(device_buffers, "lamb: the {} backend needs device buffers for m, v and the table",
-             backend_.name());
-  const char* op = "Lamb";
-  const Device dev = backend_.device();
-  const LambDeviceBuffers& b = *device_buffers;
-  auto check = [&](const char* name, const Tensor& t, DType dtype,
-                   std::initializer_list<int64_t> dims) {
-    check_tensor(op, name, t, dtype, dims);
-    check_device(op, name, t, dev);
-  };
-  check("m", b.m, DType::f32, {num_elems_});
-  check("v", b.v, DType::f32, {num_elems_});
-  check("table", b.table, DType::i64, {num_tensors, 3});
-  check("grad_norm", b.grad_norm, DType::f32, {1});
-  check("tensor_norms", b.tensor_norms, DType::f32, {2 * num_tensors});
-  m_ = b.m, v_ = b.v, table_ = b.table, grad_norm_ = b.grad_norm, norms_ = b.tensor_norms;
+  table_ = lamb_table(host_table_.data(), num_tensors);
+  m_buffer_ = backend_.alloc(DType::f32, {num_elems_});
+  v_buffer_ = backend_.alloc(DType::f32, {num_elems_});
+  grad_norm_buffer_ = backend_.alloc(DType::f32, {1});
+  norms_buffer_ = backend_.alloc(DType::f32, {2 * num_tensors});
+  m_ = m_buffer_.tensor();
+  v_ = v_buffer_.tensor();
+  grad_norm_ = grad_norm_buffer_.tensor();
+  norms_ = norms_buffer_.tensor();
   backend_.zero(m_);
   backend_.zero(v_);
-  if (num_tensors > 0) backend_.copy(table_, host_table);
 }
 
 LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp,

@@ -8,7 +8,7 @@
 // Where it sits in a training step (DESIGN.md, data flow):
 //   for each micro-step: forward, backward  (parameter gradients accumulate, +=, into grads;
 //                                            the loss is already scaled by the global counts)
-//   the last micro-step's backward all-reduces grads (comm/grad_allreduce.h), so every rank
+//   the last micro-step's backward all-reduces grads (comm/grad_reducer.h), so every rank
 //   holds the gradient of the whole global batch and the norm below is the global norm
 //   lamb.step(params, grads)                 (grads is zero again afterwards)
 #pragma once
@@ -55,13 +55,6 @@ struct LambOptions {
   bool skip_nonfinite = false;
 };
 
-// Device memory for the optimizer state when the backend is not the CPU one (Lamb cannot
-// allocate device memory itself: the caller's arena does). Sizes: m, v f32 [n]; table i64 [T, 3];
-// grad_norm f32 [1]; tensor_norms f32 [2T].
-struct LambDeviceBuffers {
-  Tensor m, v, table, grad_norm, tensor_norms;
-};
-
 // What one step did (host values).
 struct LambStepInfo {
   int64_t step = 0;        // 1-based index of the update just made
@@ -73,11 +66,10 @@ struct LambStepInfo {
 class Lamb {
  public:
   // params: the parameter table in any order; rows may leave gaps (alignment) but must not
-  // overlap or leave [0, num_elems). Throws Error naming the offending tensor. On the CPU
-  // backend the state is allocated here; any other backend needs device_buffers.
+  // overlap or leave [0, num_elems). Throws Error naming the offending tensor. The state (m, v
+  // and the norms) is the backend's memory; the table stays on the host (Backend::lamb_step).
   Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
-       const LrSchedule& schedule, const LambOptions& options = {},
-       const LambDeviceBuffers* device_buffers = nullptr);
+       const LrSchedule& schedule, const LambOptions& options = {});
 
   Lamb(const Lamb&) = delete;
   Lamb& operator=(const Lamb&) = delete;
@@ -122,10 +114,9 @@ class Lamb {
   int64_t steps_done_ = 0;
 
   std::vector<LambTensor> host_table_;
-  // CPU backend: the state lives in these; otherwise they stay empty and the views point to the
-  // caller's device buffers.
-  std::vector<float> host_m_, host_v_, host_grad_norm_, host_norms_;
-  Tensor m_, v_, table_, grad_norm_, norms_;
+  Tensor table_;  // host_table_ as the op's i64 [T, 3]
+  BackendBuffer m_buffer_, v_buffer_, grad_norm_buffer_, norms_buffer_;
+  Tensor m_, v_, grad_norm_, norms_;  // their views
 };
 
 }  // namespace packbert

@@ -87,7 +87,7 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   o.loss_scaler.init_scale = static_cast<float>(c.train.loss_scale_init);
   o.loss_scaler.growth_interval = c.train.loss_scale_growth_interval;
   o.device = c.train.device == "cuda" ? Device::cuda : Device::cpu;
-  o.gpu_allreduce = c.train.gpu_allreduce == "host" ? GpuAllreduce::host : GpuAllreduce::nccl;
+  o.gpu_transport = c.train.gpu_allreduce == "host" ? GradTransport::mpi : GradTransport::nccl;
   // One GPU per rank: a launcher that shows each rank only its own GPU (scripts/
   // run_mlperf_8gpu.sh) leaves one device; a plain mpirun on a node shows them all, and local
   // rank r takes GPU r (mod the count).

@@ -505,8 +505,8 @@ std::vector<KeyDef> make_keys() {
   k.push_back(choice_key("train.gpu_allreduce", &C::train, &T::gpu_allreduce,
                          gpu_allreduce_names(),
                          "device = cuda, several ranks: nccl (gradient buckets all-reduced on a "
-                         "communication stream during the backward) or host (after the backward, "
-                         "through host memory and MPI: slower, a fallback)"));
+                         "communication stream during the backward) or host (each bucket staged "
+                         "through host memory and summed by MPI: slower, a fallback)"));
   k.push_back(float_key("train.loss_scale_init", &C::train, &T::loss_scale_init,
                         "precision = fp16: the first loss scale, a power of two in [1, 2^24]"));
   k.push_back(int_key("train.loss_scale_growth_interval", &C::train,

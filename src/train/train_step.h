@@ -5,9 +5,8 @@
 //     Bert::forward(global counts, step)     loss already scaled by the step's global counts
 //     Bert::backward(ready hook)             gradients += into the flat buffer; on the last
 //                                            micro-step each finished tensor starts its bucket's
-//                                            all-reduce (comm/grad_allreduce.h; on CUDA
-//                                            comm/nccl_allreduce.h)
-//   GradAllreduce::finish()                  every rank now holds the global batch's gradient
+//                                            reduction (comm/grad_reducer.h: MPI or NCCL)
+//   GradReducer::finish()                    every rank now holds the global batch's gradient
 //   (optional inspection of that gradient)   tests dump it here: Lamb::step zeroes it
 //   Lamb::step                               global norm, clipping, trust ratio; grads := 0
 //   metrics all-reduced                      loss and accuracies of the whole global batch
@@ -26,7 +25,7 @@
 
 #include "backend.h"
 #include "data/loader.h"
-#include "comm/grad_allreduce.h"
+#include "comm/grad_reducer.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/config.h"
@@ -36,14 +35,6 @@
 #include "optim/lr_schedule.h"
 
 namespace packbert {
-
-// How a CUDA trainer sums the gradient over ranks. nccl: buckets of the device buffer summed by
-// NCCL on a communication stream while the backward runs (comm/nccl_allreduce.h; on one rank no
-// NCCL call at all, and no copy either); it needs a GPU per rank, so the ranks of one host must
-// be given different cuda_device values (the local rank). host: after the backward the whole
-// gradient goes to the host, through GradAllreduce's MPI buckets, and back (slow, but the path
-// the NCCL one is compared with, and a fallback where NCCL cannot run).
-enum class GpuAllreduce { nccl, host };
 
 struct TrainerOptions {
   BertConfig config;
@@ -59,14 +50,14 @@ struct TrainerOptions {
   // fp16 only (bert.precision): dynamic loss scaling. fp16 steps always run with LAMB's
   // check_finite and skip_nonfinite on: an overflow skips the step and halves the scale.
   LossScalerOptions loss_scaler;
-  size_t bucket_bytes = size_t{25} << 20;  // all-reduce bucket target (comm/grad_allreduce.h)
+  size_t bucket_bytes = size_t{25} << 20;  // the reducer's bucket target (comm/grad_reducer.h)
   // Where the step runs: Device::cpu (the reference) or Device::cuda (builds with the CUDA
-  // backend, kernels/cuda/cuda_backend.h; any train.precision). On CUDA the rank uses GPU
-  // cuda_device, the parameters, gradients, moments and activations live there, and the
-  // gradient all-reduce is gpu_allreduce's.
+  // backend; any train.precision). The parameters, gradients, moments and activations are the
+  // backend's memory. On CUDA the rank uses GPU cuda_device (ranks of one host need different
+  // ones for NCCL: the local rank), and its gradient travels by gpu_transport.
   Device device = Device::cpu;
   int cuda_device = 0;
-  GpuAllreduce gpu_allreduce = GpuAllreduce::nccl;
+  GradTransport gpu_transport = GradTransport::nccl;
 };
 
 // Sums of an evaluation forward over one batch (no dropout, no gradients).
@@ -96,16 +87,17 @@ struct StepMetrics {
   float loss_scale = 1.f;      // fp16: the scale this step ran with (1 for fp32 / bf16)
   int64_t tokens = 0;          // real tokens of the global batch
   int64_t rows = 0;            // rows the model computed over, padding included (all ranks)
-  GradAllreduceStats allreduce;
+  GradReduceStats allreduce;  // the gradient reduction's round
 };
 
-// Called between GradAllreduce::finish() and Lamb::step with the reduced gradient (host,
+// Called between GradReducer::finish() and Lamb::step with the reduced gradient (a host copy,
 // f32 [table.total()]); read-only by contract.
 using ReducedGradHook = std::function<void(const float* grads, int64_t n)>;
 
 // Owns everything one rank needs for data-parallel training on either backend: the backend,
-// the flat parameter and gradient buffers, the model, LAMB and the gradient all-reduce.
-// Collective over comm (the all-reduce duplicates it): construct and call step() on every rank.
+// the flat parameter and gradient buffers (the backend's memory), the model, LAMB and the
+// gradient reducer. Collective over comm (the reducer duplicates it): construct and call step()
+// on every rank.
 class Trainer {
  public:
   Trainer(MPI_Comm comm, const TrainerOptions& options);
@@ -135,30 +127,26 @@ class Trainer {
   ActivationReport activation_report() const { return bert_->activation_report(); }
 
   const ParamTable& table() const { return table_; }
-  // Host copy of the parameters (downloaded from the device first when the step runs there).
+  // Host copy of the parameters (copied from the backend's buffer when it changed).
   const std::vector<float>& params() const;
-  int rank() const { return allreduce_->rank(); }
-  int world_size() const { return allreduce_->size(); }
+  int rank() const { return reducer_->rank(); }
+  int world_size() const { return reducer_->size(); }
   const TrainerOptions& options() const { return options_; }
 
  private:
   TrainerOptions options_;
   std::unique_ptr<Backend> backend_;
   ParamTable table_;
-  // CPU: the fp32 master weights = the model's weights, and the gradients. CUDA: host mirrors
-  // of the device buffers (params_ refreshed by params() when stale, grads_ the staging buffer
-  // of the all-reduce).
-  mutable std::vector<float> params_;
-  std::vector<float> grads_;   // accumulated over micro-steps, zeroed by Lamb::step
-  struct DeviceState;          // CUDA: device buffers (train_step.cpp)
-  std::unique_ptr<DeviceState> dev_;
-  mutable bool params_stale_ = false;
-  Tensor params_view() const;  // where the weights live (host or device)
-  Tensor grads_view() const;
+  // The fp32 master weights and the gradient (accumulated over micro-steps, zeroed by
+  // Lamb::step), f32 [table.total()] on the backend's device.
+  BackendBuffer params_, grads_;
+  mutable std::vector<float> host_params_;
+  mutable bool host_params_stale_ = true;
+  std::vector<float> host_grads_;  // for ReducedGradHook only
   std::unique_ptr<Bert> bert_;
   std::unique_ptr<Lamb> lamb_;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
-  std::unique_ptr<GradAllreduce> allreduce_;
+  std::unique_ptr<GradReducer> reducer_;
 };
 
 }  // namespace packbert

@@ -1,4 +1,4 @@
-// Bandwidth of the bucketed gradient all-reduce (src/comm/grad_allreduce.h) on a BERT-base sized
+// Bandwidth of the bucketed gradient all-reduce (src/comm/grad_reducer.h) on a BERT-base sized
 // gradient buffer (the Hugging Face BertForPreTraining table, ~110M floats), for several bucket
 // sizes, against one blocking MPI_Allreduce of the whole buffer. Prints tables; asserts nothing.
 //
@@ -25,7 +25,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "comm/grad_allreduce.h"
+#include "backend.h"
+#include "comm/grad_reducer.h"
 
 namespace packbert {
 namespace {
@@ -117,14 +118,16 @@ int run(int argc, char** argv, int rank, int size) {
   struct Row { double mb; int buckets; double comm, step, compute, completed_early; };
   std::vector<Row> rows;
   for (double mb : buckets_mb) {
-    GradAllreduce ar(MPI_COMM_WORLD, grads.data(), n, table,
-                     static_cast<size_t>(mb * 1024 * 1024));
+    const auto backend = make_cpu_backend();
+    GradReducerOptions options;
+    options.bucket_bytes = static_cast<size_t>(mb * 1024 * 1024);
+    GradReducer ar(MPI_COMM_WORLD, *backend, view(grads.data(), {n}), table, options);
     auto comm_only = [&] {
       ar.begin();
       for (size_t i = table.size(); i-- > 0;) ar.ready_tensor(static_cast<int>(i));
       ar.finish();
     };
-    GradAllreduceStats last;
+    GradReduceStats last;
     auto with_compute = [&](bool reduce) {
       if (reduce) ar.begin();
       for (size_t i = table.size(); i-- > 0;) {

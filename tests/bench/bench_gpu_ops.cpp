@@ -318,9 +318,7 @@ int main(int argc, char** argv) {
       add(kHidden, 0);
     }
     const int64_t n = at, nt = static_cast<int64_t>(table.size());
-    std::vector<int64_t> flat;
-    for (const auto& e : table) flat.insert(flat.end(), {e.offset, e.size, e.decay});
-    const Tensor dtable = upload(flat, {nt, 3});
+    const Tensor dtable = lamb_table(table.data(), nt);  // host memory (Backend::lamb_step)
     const Tensor p = random_f32({n}), g = random_f32({n}), mm = random_f32({n}, 0.01f),
                  vv = random_f32({n}, 0.01f, /*positive=*/true);
     const Tensor norms = empty_f32({2 * nt}), gn = random_f32({1}), out = empty_f32({1});

@@ -167,8 +167,7 @@ int run(int argc, char** argv) {
   std::sort(rows.begin(), rows.end(),
             [](const LambTensor& a, const LambTensor& b) { return a.offset < b.offset; });
   const auto nt = static_cast<int64_t>(rows.size());
-  Dev table_dev(rows.size() * sizeof(LambTensor)), norms(2 * nt * 4), grad_norm(4);
-  cuda_be->copy(dev_tensor(table_dev, DType::i64, {nt, 3}), lamb_table(rows.data(), nt));
+  Dev norms(2 * nt * 4), grad_norm(4);
 
   // The batch: as many samples as fit (the unpadded arena from the formula), or --batch.
   const LengthHistogram hist = load_histogram(hist_path);
@@ -178,7 +177,7 @@ int run(int argc, char** argv) {
                           config.real_vocab_size);
   BertOptions bo;
   bo.precision = precision;
-  Bert sizing(config, *cuda_be, pv, gv, bo, cuda_alloc, cuda_free);
+  Bert sizing(config, *cuda_be, pv, gv, bo);
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
   auto fits = [&](int64_t n) {
@@ -225,7 +224,7 @@ int run(int argc, char** argv) {
   auto lamb = [&](Backend& be, const Tensor& lowp) {
     be.l2_norm(gv, dev_tensor(grad_norm, DType::f32, {1}));
     ++lc.step;
-    be.lamb_step(dev_tensor(table_dev, DType::i64, {nt, 3}), lc,
+    be.lamb_step(lamb_table(rows.data(), nt), lc,
                  dev_tensor(grad_norm, DType::f32, {1}), pv, gv,
                  dev_tensor(lamb_m, DType::f32, {np}), dev_tensor(lamb_v, DType::f32, {np}),
                  dev_tensor(norms, DType::f32, {2 * nt}), lowp);
@@ -246,7 +245,7 @@ int run(int argc, char** argv) {
     const Batch batch = make_batch(samples, layout, max_len);
     std::unique_ptr<Bert> bert;
     try {
-      bert = std::make_unique<Bert>(config, timed, pv, gv, bo, cuda_alloc, cuda_free);
+      bert = std::make_unique<Bert>(config, timed, pv, gv, bo);
       bert->reserve(batch.shape());
     } catch (const std::exception& e) {
       std::printf("%-9s %8lld  does not fit: %s\n", lname.c_str(),

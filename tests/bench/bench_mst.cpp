@@ -135,8 +135,6 @@ int main(int argc, char** argv) {
   std::unique_ptr<Backend> be;
   Tensor pv = view(params.data(), {table.total()});
   Tensor gv = view(grads.data(), {table.total()});
-  Arena::Allocate allocate;
-  Arena::Release release;
   std::shared_ptr<void> device_params, device_grads;
   if (device == "cuda") {
 #ifdef PACKBERT_HAVE_CUDA
@@ -155,8 +153,6 @@ int main(int argc, char** argv) {
     gv = Tensor(device_grads.get(), DType::f32, {table.total()}, Device::cuda);
     be->copy(pv, view(params.data(), {table.total()}));
     be->zero(gv);
-    allocate = cuda_alloc;
-    release = cuda_free;
     if (!check24_given) check24 = false;  // the arena formula does not depend on the device
     if (memory_gib <= 0) {
       size_t free_b = 0, total_b = 0;
@@ -203,7 +199,7 @@ int main(int argc, char** argv) {
         o.mst_chunks = m;
         o.recompute = r;
         o.mlm_chunk_rows = mlm_chunk_rows;
-        Bert bert(config, *be, pv, gv, o, allocate, release);  // host arena when empty
+        Bert bert(config, *be, pv, gv, o);
         for (int w = 0; w < warmup; ++w) {
           bert.forward(batch, masked, 1, 1, 42);
           bert.backward();

@@ -62,6 +62,10 @@ class TimedBackend final : public Backend {
 
   const char* name() const override { return inner_.name(); }
   Device device() const override { return inner_.device(); }
+  void* allocate_memory(size_t bytes) override { return inner_.allocate_memory(bytes); }
+  void free_memory(void* p) override { inner_.free_memory(p); }
+  void synchronize() override { inner_.synchronize(); }
+  void* native_stream() const override { return inner_.native_stream(); }
 
   void zero(const Tensor& t) override {
     timed(OpKind::memory, [&] { inner_.zero(t); });

@@ -1,5 +1,5 @@
-// gpu label: the whole model (src/model/bert.h) on the CUDA backend, with a device arena
-// (cuda_alloc / cuda_free), against the CPU backend on the tiny config: one forward + backward
+// gpu label: the whole model (src/model/bert.h) on the CUDA backend, with its arena in the
+// backend's memory (Backend::alloc), against the CPU backend on the tiny config: one forward + backward
 // with dropout on, in the unpadded and padded layouts; the loss and every parameter gradient;
 // with either GELU.
 //
@@ -31,10 +31,10 @@ StepOutput run_cuda_step(Backend& gpu, HostModel& m, const Batch& batch, int64_t
   gpu.zero(grads.tensor());
   StepOutput out;
   {
-    Bert bert(m.config, gpu, params.tensor(), grads.tensor(), BertOptions{}, cuda_alloc, cuda_free);
+    Bert bert(m.config, gpu, params.tensor(), grads.tensor(), BertOptions{});
     out.result = bert.forward(batch, global_masked, global_samples, step, seed);
     bert.backward();
-    cuda_synchronize(gpu);
+    gpu.synchronize();
   }
   EXPECT_TRUE(grads.guards_intact());
   EXPECT_TRUE(params.guards_intact());

@@ -615,10 +615,15 @@ TEST(CudaOps, LambStep) {
   Backends b;
   auto rng = make_rng(12);
   // Tensors with gaps between them (left alone), sizes across the chunk boundary, both flags.
-  const std::vector<LambTensor> rows = {{0, 1000, 1}, {1000, 64, 0}, {1100, 20000, 1},
-                                        {21100, 1, 0},  {21105, 8192, 1}, {29297, 0, 1}};
-  const int64_t n = 29400, t = static_cast<int64_t>(rows.size());
-  for (float gnorm : {0.5f, 7.f}) {
+  const std::vector<LambTensor> first = {{0, 1000, 1}, {1000, 64, 0}, {1100, 20000, 1},
+                                         {21100, 1, 0},  {21105, 8192, 1}, {29297, 0, 1}};
+  // The same rows with the flags flipped: the backend keeps the work list it derived from a
+  // table and must notice a new one (the host table is compared, never read back).
+  std::vector<LambTensor> flipped = first;
+  for (LambTensor& r : flipped) r.decay = 1 - r.decay;
+  const int64_t n = 29400, t = static_cast<int64_t>(first.size());
+  for (const auto& [gnorm, rows] : {std::pair{0.5f, first}, std::pair{7.f, first},
+                                    std::pair{2.f, flipped}, std::pair{3.f, first}}) {
     auto w = random_floats(rng, n), g = random_floats(rng, n), m = random_floats(rng, n, 0.1f);
     auto v = random_floats(rng, n, 0.1f);
     for (auto& x : v) x = std::abs(x);
@@ -628,13 +633,11 @@ TEST(CudaOps, LambStep) {
     std::vector<float> hw = w, hg = g, hm = m, hvv = v, norms(2 * t), gn = {gnorm};
     b.cpu->lamb_step(lamb_table(rows.data(), t), cfg, hv(gn, {1}), hv(hw, {n}), hv(hg, {n}),
                      hv(hm, {n}), hv(hvv, {n}), hv(norms, {2 * t}));
-    std::vector<int64_t> flat;
-    for (const auto& r : rows) flat.insert(flat.end(), {r.offset, r.size, r.decay});
-    DevBuf<int64_t> dtable({t, 3}, flat);
     DevBuf<float> dw({n}, w), dg({n}, g), dm({n}, m), dv({n}, v), dnorms({2 * t}), dgn({1}, {gnorm});
-    b.gpu->lamb_step(dtable.tensor(), cfg, dgn.tensor(), dw.tensor(), dg.tensor(), dm.tensor(),
-                     dv.tensor(), dnorms.tensor());
-    const std::string what = fmt::format("lamb_step global norm {}", gnorm);
+    b.gpu->lamb_step(lamb_table(rows.data(), t), cfg, dgn.tensor(), dw.tensor(), dg.tensor(),
+                     dm.tensor(), dv.tensor(), dnorms.tensor());
+    const std::string what = fmt::format("lamb_step global norm {}{}", gnorm,
+                                         rows[0].decay == first[0].decay ? "" : ", flipped");
     EXPECT_DEV_OUTPUT_OK(dnorms);
     expect_close(what + " params", dw.doubles(), dbl(hw), kTol);
     expect_close(what + " update", dg.doubles(), dbl(hg), kTol);

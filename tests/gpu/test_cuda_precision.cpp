@@ -102,9 +102,8 @@ TEST(CudaPrecision, LambWritesTheRoundedCopy) {
   cfg.lr = 1e-2f;
   cfg.step = 2;
   DevBuf<float> dw({n}, w), dg({n}, g), dm({n}, m), dv({n}, v), dn({6}), dgn({1}, {gn});
-  DevBuf<int64_t> dt({3, 3}, {0, 20000, 1, 20000, 100, 0, 20100, 29900, 1});
   uint16_t* low = static_cast<uint16_t*>(cuda_alloc(n * 2));
-  gpu->lamb_step(dt.tensor(), cfg, dgn.tensor(), dw.tensor(), dg.tensor(), dm.tensor(),
+  gpu->lamb_step(lamb_table(rows.data(), 3), cfg, dgn.tensor(), dw.tensor(), dg.tensor(), dm.tensor(),
                  dv.tensor(), dn.tensor(), Tensor(low, DType::bf16, {n}, Device::cuda));
   cuda_synchronize(*gpu);
   const std::vector<float> gw = dw.values();
@@ -153,7 +152,7 @@ StepOutput run_cuda_step(Backend& gpu, HostModel& m, const Batch& batch, int64_t
   {
     BertOptions o;
     o.precision = p;
-    Bert bert(m.config, gpu, params.tensor(), grads.tensor(), o, cuda_alloc, cuda_free);
+    Bert bert(m.config, gpu, params.tensor(), grads.tensor(), o);
     out.result = bert.forward(batch, gm, gs, step, seed);
     bert.backward();
     cuda_synchronize(gpu);

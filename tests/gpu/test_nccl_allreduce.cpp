@@ -1,4 +1,4 @@
-// gpu label: the NCCL gradient all-reduce (comm/nccl_allreduce.h).
+// gpu label: the gradient reducer's NCCL transport (comm/nccl_transport.h).
 //
 //   - One rank without MPI: no NCCL call, the device buffer untouched, the bookkeeping and its
 //     errors as on the CPU.
@@ -7,7 +7,7 @@
 //     bucket reduced before its event would hold the stale fill), the communication stream,
 //     ncclAllReduce, finish() ordering the compute stream; a destructor with a round in flight
 //     aborts instead of waiting; a host pointer is refused.
-//   - The trainer at one rank: gpu_allreduce = nccl (no host copy) and = host (staged through
+//   - The trainer at one rank: the nccl transport (no host copy) and the mpi one (staged through
 //     the host) give the same gradients and parameters.
 //   - Two ranks under mpirun, one GPU each (skipped with a clear message when the machine has
 //     fewer GPUs: NCCL cannot put two ranks on one GPU): the sum against double, bitwise the same
@@ -35,7 +35,8 @@
 #include <mpi.h>
 
 #include "cuda_test_util.h"
-#include "comm/nccl_allreduce.h"
+#include "backend.h"
+#include "comm/grad_reducer.h"
 #include "test_util.h"
 #include "train/train_step.h"
 
@@ -112,7 +113,7 @@ void CUDART_CB pause_stream(void*) { std::this_thread::sleep_for(std::chrono::mi
 // (it falls behind the host), the write of the tensor's values, then ready_tensor(). lag = false
 // writes without pauses.
 void backward(cudaStream_t stream, float* dev, const Pinned& values, const Table& t,
-              const std::vector<int>& order, NcclAllreduce& ar, bool lag) {
+              const std::vector<int>& order, GradReducer& ar, bool lag) {
   for (int i : order) {
     const GradSpan& s = t.spans[static_cast<size_t>(i)];
     if (lag) cuda_ok(cudaLaunchHostFunc(stream, pause_stream, nullptr), "cudaLaunchHostFunc");
@@ -132,11 +133,30 @@ std::vector<float> read_back(cudaStream_t stream, const float* dev, size_t n) {
   return out.values();
 }
 
+// The reducer orders its work with a backend's stream: the tests write on that stream.
 struct Stream {
-  Stream() { cuda_ok(cudaStreamCreate(&s), "cudaStreamCreate"); }
-  ~Stream() { cudaStreamDestroy(s); }
+  explicit Stream(int device = 0) {
+    BackendOptions o;
+    o.cuda_device = device;
+    backend = make_backend(Device::cuda, o);
+    s = static_cast<cudaStream_t>(backend->native_stream());
+  }
+  std::unique_ptr<Backend> backend;
   cudaStream_t s = nullptr;
 };
+
+Tensor device_view(float* p, int64_t n) { return Tensor(p, DType::f32, {n}, Device::cuda); }
+
+GradReducerOptions reducer_options(size_t bucket_bytes, bool one_rank_nccl = false,
+                                   int device = 0) {
+  GradReducerOptions o;
+  o.bucket_bytes = bucket_bytes;
+  o.nccl_on_one_rank = one_rank_nccl;
+  o.cuda_device = device;
+  return o;
+}
+
+bool uses_nccl(const GradReducer& r) { return std::strcmp(r.transport_name(), "nccl") == 0; }
 
 std::vector<int> reverse_order(size_t n) {
   std::vector<int> o(n);
@@ -152,14 +172,15 @@ TEST(NcclAllreduceOneRank, NoNcclCallAndFullBookkeeping) {
   const std::vector<float> fill = initial_fill(t);
   DevBuf<float> grads({t.n}, fill);
   Stream stream;
-  NcclAllreduce ar(MPI_COMM_WORLD, 0, stream.s, grads.data(), t.n, t.spans, 1000);
+  GradReducer ar(MPI_COMM_WORLD, *stream.backend, device_view(grads.data(), t.n), t.spans,
+                 reducer_options(1000));
   EXPECT_EQ(ar.size(), 1);
   EXPECT_EQ(ar.rank(), 0);
-  EXPECT_FALSE(ar.uses_nccl());
+  EXPECT_FALSE(uses_nccl(ar));
   ar.begin();
   for (int i : reverse_order(t.spans.size())) ar.ready_tensor(i);
   EXPECT_THROW(ar.ready_tensor(0), Error);  // twice
-  const GradAllreduceStats s = ar.finish();
+  const GradReduceStats s = ar.finish();
   EXPECT_EQ(s.buckets, static_cast<int>(ar.buckets().size()));
   EXPECT_EQ(s.started_before_finish, s.buckets);
   // Bitwise: the marker outside the tensors is a NaN, which never compares equal.
@@ -168,7 +189,7 @@ TEST(NcclAllreduceOneRank, NoNcclCallAndFullBookkeeping) {
   ar.begin();
   ar.ready_tensor(3);
   const std::string e = error_of([&] { ar.finish(); });
-  EXPECT_NE(e.find("nccl all-reduce: finish() but tensor 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("grad reducer: finish() but tensor 0"), std::string::npos) << e;
 }
 
 TEST(NcclAllreduceOneRank, CommunicatorOfOneRunsThePath) {
@@ -186,12 +207,11 @@ TEST(NcclAllreduceOneRank, CommunicatorOfOneRunsThePath) {
   const Pinned values(rank_values(t, seed, 0)), fill(initial_fill(t));
   DevBuf<float> grads({t.n});
   Stream stream;
-  NcclAllreduceOptions one;
-  one.nccl_on_one_rank = true;
   for (size_t bucket_bytes : {size_t{4 * 1000 + 12}, size_t{64} << 10, size_t{1} << 20}) {
     SCOPED_TRACE(testing::Message() << "bucket " << bucket_bytes << " bytes");
-    NcclAllreduce ar(MPI_COMM_WORLD, 0, stream.s, grads.data(), t.n, t.spans, bucket_bytes, one);
-    ASSERT_TRUE(ar.uses_nccl());
+    GradReducer ar(MPI_COMM_WORLD, *stream.backend, device_view(grads.data(), t.n), t.spans,
+                   reducer_options(bucket_bytes, true));
+    ASSERT_TRUE(uses_nccl(ar));
     for (int round = 0; round < 3; ++round) {
       cuda_ok(cudaMemcpyAsync(grads.data(), fill.p, fill.n * 4, cudaMemcpyHostToDevice, stream.s),
               "fill");
@@ -199,7 +219,7 @@ TEST(NcclAllreduceOneRank, CommunicatorOfOneRunsThePath) {
       if (round == 2) std::shuffle(order.begin(), order.end(), rng);
       ar.begin();
       backward(stream.s, grads.data(), values, t, order, ar, round < 2);
-      const GradAllreduceStats s = ar.finish();
+      const GradReduceStats s = ar.finish();
       EXPECT_EQ(s.buckets, static_cast<int>(ar.buckets().size()));
       const std::vector<float> got = read_back(stream.s, grads.data(), static_cast<size_t>(t.n));
       ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "round " << round;
@@ -216,7 +236,8 @@ TEST(NcclAllreduceOneRank, CommunicatorOfOneRunsThePath) {
   // Host memory is not a device gradient buffer.
   std::vector<float> host(static_cast<size_t>(t.n));
   const std::string e = error_of([&] {
-    NcclAllreduce bad(MPI_COMM_WORLD, 0, stream.s, host.data(), t.n, t.spans, 1 << 20, one);
+    GradReducer bad(MPI_COMM_WORLD, *stream.backend, device_view(host.data(), t.n), t.spans,
+                    reducer_options(1 << 20, true));
   });
   EXPECT_NE(e.find("is not memory of GPU 0"), std::string::npos) << e;
 }
@@ -245,9 +266,9 @@ TEST(CudaTrainerAllreduce, NcclAndHostPathsAgreeOnOneRank) {
   o.lr.num_warmup_steps = 1;
   o.device = Device::cuda;
   o.bucket_bytes = 64 << 10;  // many buckets
-  o.gpu_allreduce = GpuAllreduce::host;
+  o.gpu_transport = GradTransport::mpi;
   Trainer host(MPI_COMM_WORLD, o);
-  o.gpu_allreduce = GpuAllreduce::nccl;
+  o.gpu_transport = GradTransport::nccl;
   Trainer nccl(MPI_COMM_WORLD, o);
   for (int64_t s = 0; s < 3; ++s) {
     batch.step = s;
@@ -306,12 +327,13 @@ void run_rank() {
   }
   const Pinned values(rank_values(t, seed, rank)), start(fill);
   DevBuf<float> grads({t.n});
-  Stream stream;
+  Stream stream(device);
   for (size_t bucket_bytes : {size_t{4 * 1000 + 12}, size_t{256} << 10, size_t{4} << 20}) {
     SCOPED_TRACE(testing::Message() << "rank " << rank << ", bucket " << bucket_bytes);
-    NcclAllreduce ar(MPI_COMM_WORLD, device, stream.s, grads.data(), t.n, t.spans, bucket_bytes);
+    GradReducer ar(MPI_COMM_WORLD, *stream.backend, device_view(grads.data(), t.n), t.spans,
+                   reducer_options(bucket_bytes, false, device));
     ASSERT_EQ(ar.size(), size);
-    ASSERT_TRUE(ar.uses_nccl());
+    ASSERT_TRUE(uses_nccl(ar));
     std::vector<uint64_t> hashes;
     for (int round = 0; round < 3; ++round) {
       cuda_ok(cudaMemcpyAsync(grads.data(), start.p, start.n * 4, cudaMemcpyHostToDevice,
@@ -321,7 +343,7 @@ void run_rank() {
       if (round == 1) std::shuffle(order.begin(), order.end(), own);  // each rank its own order
       ar.begin();
       backward(stream.s, grads.data(), values, t, order, ar, round < 2);
-      const GradAllreduceStats s = ar.finish();
+      const GradReduceStats s = ar.finish();
       const std::vector<float> got = read_back(stream.s, grads.data(), static_cast<size_t>(t.n));
       double num = 0, den = 0;
       size_t bad = 0, outside_bad = 0;

@@ -1,4 +1,4 @@
-// Multi-rank test of the bucketed gradient all-reduce (src/comm/grad_allreduce.h), run under
+// Multi-rank test of the bucketed gradient reducer (src/comm/grad_reducer.h), run under
 // mpirun with 1-4 ranks by ctest (label mpi). Exits non-zero on the first failed check.
 //
 // Every rank fills the gradient buffer with its own random values (seeded by the seed and its
@@ -11,7 +11,9 @@
 //     tensors' span are never touched;
 //   - bitwise the same in every round (timing and order do not matter) and on every rank;
 //   - --hash-file: rank 0 writes one hash per bucket size, so two runs can be compared bitwise;
-//   - allreduce_sum of doubles; an MPI error surfaces as packbert::Error naming the call.
+//   - allreduce_sum of doubles; an MPI error surfaces as packbert::Error naming the call;
+//   - reduce-scatter: each rank's shard of every bucket holds the sum over ranks; all_gather
+//     then gives every rank the whole sum (f32), and moves 16-bit buffers bit for bit.
 // Prints per bucket size how many buckets had started, and completed, before finish(): the
 // overlap with the simulated compute (reported, never asserted: it depends on timing).
 //
@@ -35,7 +37,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "comm/grad_allreduce.h"
+#include "backend.h"
+#include "comm/grad_reducer.h"
 #include "comm/mpi_check.h"
 
 namespace packbert {
@@ -172,6 +175,74 @@ void check_mpi_errors_become_errors() {
   MPI_Comm_free(&self);
 }
 
+// Reduce-scatter then all-gather over a table whose span and bucket size are multiples of the
+// rank count (as a sharded optimizer aligns them), tensors cut by bucket boundaries.
+void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size) {
+  const int64_t n = int64_t{size} * 50021, bucket_elems = int64_t{size} * 4099;
+  std::vector<GradSpan> spans;
+  for (int64_t at = 0; at < n;) {
+    const int64_t s = std::min<int64_t>(n - at, 1 + static_cast<int64_t>(mix(seed, at) % 9000));
+    spans.push_back({at, s});
+    at += s;
+  }
+  auto values = [&](int r) {
+    std::mt19937_64 rng(mix(seed, 500 + static_cast<uint64_t>(r)));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    std::vector<float> g(static_cast<size_t>(n));
+    for (float& x : g) x = u(rng);
+    return g;
+  };
+  std::vector<double> sum(static_cast<size_t>(n), 0.0), mag(sum.size(), 0.0);
+  for (int r = 0; r < size; ++r) {
+    const auto g = values(r);
+    for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i], mag[i] += std::fabs(g[i]);
+  }
+  std::vector<float> grads = values(rank);
+  GradReducerOptions options;
+  options.bucket_bytes = static_cast<size_t>(bucket_elems) * sizeof(float);
+  GradReducer red(MPI_COMM_WORLD, backend, view(grads.data(), {n}), spans, options);
+  red.begin(GradCollective::reduce_scatter);
+  for (int i = static_cast<int>(spans.size()) - 1; i >= 0; --i) red.ready_tensor(i);
+  red.finish();
+  const auto near = [&](float got, size_t i) {
+    return !std::isnan(got) && std::fabs(got - sum[i]) <= 1e-6 * mag[i];
+  };
+  std::vector<char> mine(static_cast<size_t>(n), 0);
+  int64_t shard_total = 0;
+  for (int k = 0; k < static_cast<int>(red.buckets().size()); ++k) {
+    const GradBucket b = red.buckets()[static_cast<size_t>(k)], s = red.shard(k);
+    CHECK_OR_FAIL(s.size * size == b.size && s.offset == b.offset + rank * s.size,
+                  "rank {}: shard {} (offset {}, size {}) of bucket (offset {}, size {})", rank, k,
+                  s.offset, s.size, b.offset, b.size);
+    shard_total += s.size;
+    for (int64_t i = s.offset; i < s.offset + s.size; ++i) {
+      const auto j = static_cast<size_t>(i);
+      CHECK_OR_FAIL(near(grads[j], j), "rank {}: reduce-scatter element {} is {}, the sum {}",
+                    rank, i, grads[j], sum[j]);
+      mine[j] = 1;
+    }
+  }
+  CHECK_OR_FAIL(shard_total * size == n, "rank {}: shards hold {} of {} elements", rank,
+                shard_total, n / size);
+  // Whatever is outside this rank's shards is overwritten by the gather: poison it.
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (!mine[i]) grads[i] = std::nanf("");
+  red.all_gather(view(grads.data(), {n}));
+  for (size_t i = 0; i < grads.size(); ++i)
+    CHECK_OR_FAIL(near(grads[i], i), "rank {}: all_gather element {} is {}, the sum {}", rank, i,
+                  grads[i], sum[i]);
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  for (size_t i = 0; i < bits.size(); ++i)
+    bits[i] = mine[i] ? static_cast<uint16_t>(mix(seed, i) >> 48) : uint16_t{0xFFFF};
+  red.all_gather(Tensor(bits.data(), DType::bf16, {n}));
+  for (size_t i = 0; i < bits.size(); ++i)
+    CHECK_OR_FAIL(bits[i] == static_cast<uint16_t>(mix(seed, i) >> 48),
+                  "rank {}: bf16 all_gather element {} is {:#06x}", rank, i, bits[i]);
+  if (rank == 0)
+    std::cout << fmt::format("reduce-scatter + all_gather over {} buckets: passed\n",
+                             red.buckets().size());
+}
+
 int run(const Args& args, int rank, int size) {
   uint64_t seed = args.seed;
   if (!args.has_seed) {
@@ -191,9 +262,12 @@ int run(const Args& args, int rank, int size) {
   std::ofstream hashes;
   if (rank == 0 && !args.hash_file.empty()) hashes.open(args.hash_file);
 
+  const auto backend = make_cpu_backend();
   for (size_t bytes : bucket_bytes) {
     std::vector<float> grads(static_cast<size_t>(l.n));
-    GradAllreduce ar(MPI_COMM_WORLD, grads.data(), l.n, l.spans, bytes);
+    GradReducerOptions options;
+    options.bucket_bytes = bytes;
+    GradReducer ar(MPI_COMM_WORLD, *backend, view(grads.data(), {l.n}), l.spans, options);
     CHECK_OR_FAIL(ar.size() == size && ar.rank() == rank, "rank {} of {}", ar.rank(), ar.size());
     // A boundary inside a tensor whenever buckets are smaller than the giants.
     if (bytes < 300007 * 4) {
@@ -221,7 +295,7 @@ int run(const Args& args, int rank, int size) {
         else ar.ready_tensor(i);
       }
       if (round == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // more compute
-      const GradAllreduceStats st = ar.finish();
+      const GradReduceStats st = ar.finish();
       check_sum(l, grads, seed, rank, size, what);
 
       const uint64_t h = hash_floats(grads);
@@ -253,10 +327,14 @@ int run(const Args& args, int rank, int size) {
     }
   }
 
+  check_reduce_scatter(*backend, seed, rank, size);
+
   // Metrics helper: a few doubles summed over ranks.
   {
     std::vector<float> dummy(4);
-    GradAllreduce ar(MPI_COMM_WORLD, dummy.data(), 4, {{0, 4}}, 1024);
+    GradReducerOptions options;
+    options.bucket_bytes = 1024;
+    GradReducer ar(MPI_COMM_WORLD, *backend, view(dummy.data(), {4}), {{0, 4}}, options);
     double m[3] = {1.0 + rank, 0.25 * rank, -2.0};
     ar.allreduce_sum(m, 3);
     const double n = size;

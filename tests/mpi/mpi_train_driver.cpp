@@ -13,7 +13,7 @@
 //     steps, dropout on. Rank 0 writes to OUTDIR:
 //       loss.txt        one line per step: step loss mlm_loss nsp_loss mlm_acc nsp_acc grad_norm
 //       grads_step0.bin the all-reduced gradient of the first step, f32 little-endian, taken
-//                       after GradAllreduce::finish() and before the LAMB update
+//                       after GradReducer::finish() and before the LAMB update
 //       params_final.bin the parameters after the last step, f32 little-endian
 //       table.txt       the parameter table: name offset size (to judge tensor by tensor)
 //     Every rank checks that all ranks hold bitwise the same reduced gradient and, at the end,

@@ -2,7 +2,9 @@
 # The include edges the layering forbids, checked on the sources (kernels/backends.cpp is the one
 # place that names both backends):
 #   - kernels/cpu includes nothing of the CUDA backend, CUDA, NCCL or cuBLAS;
-#   - kernels/cuda includes nothing of the CPU backend (shared code lives in kernels/common).
+#   - kernels/cuda includes nothing of the CPU backend (shared code lives in kernels/common);
+#   - src/model, src/optim and src/train reach devices only through kernels/backend.h: no CUDA,
+#     NCCL or backend header, no PACKBERT_HAVE_CUDA, no CUDA or NCCL call (src/comm owns NCCL).
 # Prints each offending line and exits 1 if there is any.
 #   check_includes.sh SOURCE_DIR
 set -uo pipefail
@@ -19,5 +21,16 @@ check() {  # check DIR REGEX WHY
 }
 check kernels/cpu 'cuda/|cuda_|cuda\.h|nccl|cublas|cub/' "the CUDA backend, CUDA, NCCL or cuBLAS"
 check kernels/cuda 'cpu/' "the CPU backend"
-[ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other"
+device='cuda|nccl|cublas|cub/|cpu/'
+for dir in src/model src/optim src/train; do
+  check "$dir" "$device" "a backend, CUDA, NCCL or cuBLAS"
+  hits=$(grep -rnE 'PACKBERT_HAVE_CUDA|\b(cuda|nccl|cublas)[A-Z][A-Za-z]*[[:space:]]*\(|\bcuda_(alloc|free|stream|synchronize)\b' "$root/$dir" || true)
+  if [ -n "$hits" ]; then
+    echo "$dir must not use CUDA or NCCL (only kernels/backend.h):"
+    echo "$hits"
+    bad=1
+  fi
+done
+[ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other; src/model, src/optim" \
+  "and src/train reach devices through kernels/backend.h only"
 exit $bad

@@ -28,7 +28,10 @@ struct FakeTransport final : GradBucketTransport {
   int done = 0;
   int throw_at_start = -1;       // start(k) of this k throws
 
-  void begin_round() override {
+  GradCollective collective = GradCollective::allreduce;
+
+  void begin_round(GradCollective c) override {
+    collective = c;
     ++rounds;
     starts.clear();
     started_buckets.clear();
@@ -47,6 +50,7 @@ struct FakeTransport final : GradBucketTransport {
     ++complete_calls;
     started_at_complete = static_cast<int>(starts.size());
   }
+  void all_gather(const std::vector<GradBucket>&, const Tensor&) override {}
 };
 
 std::vector<GradSpan> random_table(std::mt19937_64& rng, int count, int64_t& num_elems) {
@@ -132,7 +136,7 @@ TEST(BucketScheduler, StartsStrictlyInOrderWhateverTheReadyOrder) {
         if (HasFatalFailure()) return;
       }
       EXPECT_EQ(sched.buckets_started(), static_cast<int>(sched.buckets().size()));
-      const GradAllreduceStats s = sched.finish();
+      const GradReduceStats s = sched.finish();
       EXPECT_EQ(s.buckets, static_cast<int>(sched.buckets().size()));
       EXPECT_EQ(s.started_before_finish, s.buckets);
       EXPECT_EQ(fake.complete_calls, round + 1);
@@ -228,7 +232,7 @@ TEST(BucketScheduler, CountsWhatCompletedBeforeFinish) {
   EXPECT_EQ(sched.buckets_completed(), 1);
   fake.done = 2;
   sched.ready_tensor(0);
-  const GradAllreduceStats s = sched.finish();
+  const GradReduceStats s = sched.finish();
   EXPECT_EQ(s.buckets, 3);
   EXPECT_EQ(s.started_before_finish, 3);
   EXPECT_EQ(s.completed_before_finish, 2);
@@ -245,7 +249,7 @@ TEST(BucketScheduler, WithoutTransportStartedMeansComplete) {
   EXPECT_EQ(sched.buckets_started(), 4);
   EXPECT_EQ(sched.buckets_completed(), 4);
   sched.ready_tensor(0);
-  const GradAllreduceStats s = sched.finish();
+  const GradReduceStats s = sched.finish();
   EXPECT_EQ(s.buckets, 7);
   EXPECT_EQ(s.started_before_finish, 7);
   EXPECT_EQ(s.completed_before_finish, 7);

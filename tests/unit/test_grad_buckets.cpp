@@ -1,4 +1,4 @@
-// The gradient all-reduce's bucket plan (pure arithmetic) and its bookkeeping on one rank, where
+// The gradient reducer's bucket plan (pure arithmetic) and its bookkeeping on one rank, where
 // no MPI call is made at all (this test never initializes MPI). The multi-rank behaviour is
 // tests/mpi/mpi_allreduce_driver.cpp.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "comm/grad_allreduce.h"
+#include "comm/grad_reducer.h"
 #include "test_util.h"
 
 namespace packbert::test {
@@ -104,15 +104,19 @@ TEST(GradBuckets, RejectsBadTables) {
 // Without MPI the object is world size 1: the buffer is untouched, the bookkeeping still runs
 // (so model bugs show in single-process runs too) and no MPI function is called (MPI is not even
 // initialized in this process; any MPI call but MPI_Initialized would abort).
-TEST(GradAllreduceOneRank, NoOpWithFullBookkeeping) {
+TEST(GradReducerOneRank, NoOpWithFullBookkeeping) {
+  auto backend = make_cpu_backend();
   std::vector<float> grads(1000);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i) + 0.5f;
   const std::vector<float> before = grads;
   // Given out of order: ready_tensor(i) uses the caller's indices.
   const std::vector<GradSpan> spans = {{500, 300}, {0, 100}, {120, 380}, {800, 0}};
-  GradAllreduce ar(MPI_COMM_WORLD, grads.data(), 1000, spans, 256);
+  GradReducerOptions options;
+  options.bucket_bytes = 256;
+  GradReducer ar(MPI_COMM_WORLD, *backend, view(grads.data(), {1000}), spans, options);
   EXPECT_EQ(ar.size(), 1);
   EXPECT_EQ(ar.rank(), 0);
+  EXPECT_STREQ(ar.transport_name(), "none");
   EXPECT_EQ(ar.buckets().size(), 13u);  // ceil(800 / 64)
 
   ar.ready_tensor(0);  // outside a round: ignored
@@ -131,7 +135,7 @@ TEST(GradAllreduceOneRank, NoOpWithFullBookkeeping) {
         << e.what();
   }
   ar.ready_tensor(1);
-  const GradAllreduceStats s = ar.finish();
+  const GradReduceStats s = ar.finish();
   EXPECT_EQ(s.buckets, 13);
   EXPECT_EQ(s.started_before_finish, 13);
   EXPECT_EQ(s.completed_before_finish, 13);
@@ -162,6 +166,28 @@ TEST(GradAllreduceOneRank, NoOpWithFullBookkeeping) {
   ar.allreduce_sum(metrics, 2);
   EXPECT_EQ(metrics[0], 1.5);
   EXPECT_EQ(metrics[1], 2.5);
+
+  // Reduce-scatter on one rank: the whole bucket is the shard, nothing moves; all_gather too.
+  ar.begin(GradCollective::reduce_scatter);
+  for (int i = 0; i < 4; ++i) ar.ready_tensor(i);
+  ar.finish();
+  EXPECT_EQ(ar.shard(0).offset, ar.buckets()[0].offset);
+  EXPECT_EQ(ar.shard(0).size, ar.buckets()[0].size);
+  EXPECT_THROW(ar.shard(13), Error);
+  ar.all_gather(view(grads.data(), {1000}));
+  EXPECT_EQ(grads, before);
+  EXPECT_THROW(ar.all_gather(view(grads.data(), {999})), Error);  // not laid out as the gradient
+}
+
+TEST(GradReducerOneRank, RejectsABufferThatIsNotAFlatF32Gradient) {
+  auto backend = make_cpu_backend();
+  std::vector<float> grads(64);
+  EXPECT_THROW(GradReducer(MPI_COMM_WORLD, *backend, Tensor(), {{0, 64}}), Error);
+  EXPECT_THROW(GradReducer(MPI_COMM_WORLD, *backend, view(grads.data(), {8, 8}), {{0, 64}}),
+               Error);
+  EXPECT_THROW(GradReducer(MPI_COMM_WORLD, *backend,
+                           Tensor(grads.data(), DType::f32, {64}, Device::cuda), {{0, 64}}),
+               Error);  // memory of another device than the backend's
 }
 
 }  // namespace

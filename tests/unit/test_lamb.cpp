@@ -287,8 +287,6 @@ TEST(Lamb, RejectsBadTablesAndBuffers) {
   LambOptions bad;
   bad.beta2 = 1.f;
   EXPECT_THROW(Lamb(*be, {{"a", 0, 4, false}}, 4, s, bad), Error);
-  LambDeviceBuffers buffers;
-  EXPECT_THROW(Lamb(*be, {{"a", 0, 4, false}}, 4, s, {}, &buffers), Error);
   Lamb lamb(*be, {{"a", 0, 4, false}}, 4, s);
   std::vector<float> w(5, 1.f), g(5, 0.1f);
   EXPECT_THROW(lamb.step(view(w.data(), {5}), view(g.data(), {5})), Error);  // wrong size

@@ -1,4 +1,7 @@
-#include "comm/nccl_allreduce.h"
+#include "comm/nccl_transport.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <exception>
@@ -26,7 +29,7 @@ std::string gpu_identity(int device) {
   PB_MPI_CHECK(MPI_Get_processor_name(host, &len));
   char bus[64] = {0};
   const cudaError_t e = cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof(bus)), device);
-  PB_REQUIRE(e == cudaSuccess, "nccl all-reduce: cudaDeviceGetPCIBusId of GPU {} failed: {} ({})",
+  PB_REQUIRE(e == cudaSuccess, "nccl transport: cudaDeviceGetPCIBusId of GPU {} failed: {} ({})",
              device, cudaGetErrorString(e), cudaGetErrorName(e));
   return std::string(host, static_cast<size_t>(len)) + "/" + bus;
 }
@@ -38,10 +41,10 @@ std::string gpu_identity(int device) {
 #define PB_NCCL_NCCL(call) check_nccl((call), #call, __FILE__, __LINE__)
 
 // The scheduler's transport on the GPU: per bucket a ready event on the compute stream, a wait
-// and an ncclAllReduce on the communication stream, a done event (see the header).
-class NcclAllreduce::Transport final : public GradBucketTransport {
+// and the collective on the communication stream, a done event (see the header).
+class NcclTransport final : public GradBucketTransport {
  public:
-  Transport(int device, cudaStream_t compute, float* grads, size_t num_buckets)
+  NcclTransport(int device, cudaStream_t compute, float* grads, size_t num_buckets)
       : device_(device), compute_(compute), grads_(grads) {
     try {
       create(num_buckets);
@@ -55,16 +58,18 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
   void init_comm(const ncclUniqueId& id, int nranks, int rank) {
     PB_NCCL_CUDA(cudaSetDevice(device_));
     PB_NCCL_NCCL(ncclCommInitRank(&comm_, nranks, id, rank));
+    nranks_ = nranks;
+    rank_ = rank;
   }
 
-  // A communicator of this rank alone (NcclAllreduceOptions::nccl_on_one_rank).
+  // A communicator of this rank alone (GradReducerOptions::nccl_on_one_rank).
   void init_alone() {
     ncclUniqueId id{};
     PB_NCCL_NCCL(ncclGetUniqueId(&id));
     init_comm(id, 1, 0);
   }
 
-  ~Transport() override {
+  ~NcclTransport() override {
     (void)cudaSetDevice(device_);
     if (comm_) {
       // Never wait here: a started bucket not yet complete may be waiting for a peer that died.
@@ -82,9 +87,10 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
     release();
   }
 
-  void begin_round() override {
-    PB_REQUIRE(!failed_, "nccl all-reduce: the communicator was aborted after an earlier error");
+  void begin_round(GradCollective collective) override {
+    PB_REQUIRE(!failed_, "nccl transport: the communicator was aborted after an earlier error");
     PB_NCCL_CUDA(cudaSetDevice(device_));
+    collective_ = collective;
     started_ = 0;
     completed_ = 0;
     in_round_ = true;
@@ -96,8 +102,15 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
     // Every write to this bucket has been launched on the compute stream: the event marks them.
     PB_NCCL_CUDA(cudaEventRecord(ready_[i], compute_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[i], 0));
-    PB_NCCL_NCCL(ncclAllReduce(data, data, static_cast<size_t>(b.size), ncclFloat, ncclSum, comm_,
-                               comm_stream_));
+    if (collective_ == GradCollective::allreduce) {
+      PB_NCCL_NCCL(ncclAllReduce(data, data, static_cast<size_t>(b.size), ncclFloat, ncclSum,
+                                 comm_, comm_stream_));
+    } else {
+      // In place: this rank's shard of the bucket receives its sum.
+      const auto count = static_cast<size_t>(b.size / nranks_);
+      PB_NCCL_NCCL(ncclReduceScatter(data, data + static_cast<size_t>(rank_) * count, count,
+                                     ncclFloat, ncclSum, comm_, comm_stream_));
+    }
     PB_NCCL_CUDA(cudaEventRecord(done_[i], comm_stream_));
     started_ = k + 1;
   }
@@ -121,6 +134,36 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
     in_round_ = false;
   }
 
+  void all_gather(const std::vector<GradBucket>& buckets, const Tensor& buffer) override {
+    PB_REQUIRE(!failed_, "nccl transport: the communicator was aborted after an earlier error");
+    ncclDataType_t type = ncclFloat;
+    switch (buffer.dtype) {
+      case DType::f32: type = ncclFloat; break;
+      case DType::bf16: type = ncclBfloat16; break;
+      case DType::f16: type = ncclFloat16; break;
+      default:
+        PB_THROW("nccl transport: all_gather of a {} buffer (f32, bf16 or f16)",
+                 dtype_name(buffer.dtype));
+    }
+    if (buckets.empty()) return;
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    const size_t elem = dtype_size(buffer.dtype);
+    char* base = static_cast<char*>(buffer.data);
+    // One event covers every write to the buffer issued so far; the compute stream then waits
+    // for the last gather (the communication stream runs them in order).
+    PB_NCCL_CUDA(cudaEventRecord(ready_[0], compute_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[0], 0));
+    for (const GradBucket& b : buckets) {
+      const auto count = static_cast<size_t>(b.size / nranks_);
+      char* bucket = base + static_cast<size_t>(b.offset) * elem;
+      PB_NCCL_NCCL(ncclAllGather(bucket + static_cast<size_t>(rank_) * count * elem, bucket, count,
+                                 type, comm_, comm_stream_));
+    }
+    PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
+    check_async();
+  }
+
  private:
   // The constructor's work: the device current, the buffer checked, the stream and events.
   void create(size_t num_buckets) {
@@ -129,11 +172,15 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
       cudaPointerAttributes attr{};
       PB_NCCL_CUDA(cudaPointerGetAttributes(&attr, grads_));
       PB_REQUIRE(attr.type == cudaMemoryTypeDevice && attr.device == device_,
-                 "nccl all-reduce: the gradient buffer is not memory of GPU {} (type {}, device "
+                 "nccl transport: the gradient buffer is not memory of GPU {} (type {}, device "
                  "{})",
                  device_, static_cast<int>(attr.type), attr.device);
     }
-    PB_NCCL_CUDA(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    // The highest priority the device offers (numerically the least): the buckets' kernels are
+    // scheduled ahead of the backward's, so communication overlaps it instead of queueing.
+    int least = 0, greatest = 0;
+    PB_NCCL_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    PB_NCCL_CUDA(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest));
     ready_.reserve(num_buckets);
     done_.reserve(num_buckets);
     for (size_t k = 0; k < num_buckets; ++k) {
@@ -174,7 +221,7 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
   void check_cuda(cudaError_t e, const char* call, const char* file, int line) {
     if (e == cudaSuccess) return;
     abort_comm();
-    PB_THROW("nccl all-reduce: {}:{}: {} failed: {} ({})", file, line, call_name(call),
+    PB_THROW("nccl transport: {}:{}: {} failed: {} ({})", file, line, call_name(call),
              cudaGetErrorString(e), cudaGetErrorName(e));
   }
 
@@ -184,7 +231,7 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
     const char* detail = comm_ ? ncclGetLastError(comm_) : nullptr;
     const std::string more = detail && *detail ? std::string(" (") + detail + ")" : "";
     abort_comm();
-    PB_THROW("nccl all-reduce: {}:{}: {} failed: {}{} (NCCL error {})", file, line,
+    PB_THROW("nccl transport: {}:{}: {} failed: {}{} (NCCL error {})", file, line,
              call_name(call), ncclGetErrorString(r), more, static_cast<int>(r));
   }
 
@@ -194,6 +241,9 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
   cudaStream_t comm_stream_ = nullptr;
   std::vector<cudaEvent_t> ready_, done_;  // per bucket
   ncclComm_t comm_ = nullptr;
+  int nranks_ = 1;
+  int rank_ = 0;
+  GradCollective collective_ = GradCollective::allreduce;
   bool failed_ = false;
   bool in_round_ = false;
   int started_ = 0;
@@ -203,24 +253,21 @@ class NcclAllreduce::Transport final : public GradBucketTransport {
 #undef PB_NCCL_CUDA
 #undef PB_NCCL_NCCL
 
-NcclAllreduce::NcclAllreduce(MPI_Comm parent, int cuda_device, cudaStream_t compute, float* grads,
-                             int64_t num_elems, std::vector<GradSpan> tensors,
-                             size_t bucket_bytes, const NcclAllreduceOptions& options)
-    : sched_(std::move(tensors), num_elems, bucket_bytes, "nccl all-reduce") {
-  PB_REQUIRE(grads != nullptr || num_elems == 0, "nccl all-reduce: no gradient buffer");
-  PB_REQUIRE(cuda_device >= 0, "nccl all-reduce: CUDA device {}", cuda_device);
-  // Without MPI (tests, a bare run) this is world size 1: no MPI, CUDA or NCCL call is made.
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized) MPI_Finalized(&finalized);
-  if (initialized && !finalized) PB_MPI_CHECK(MPI_Comm_size(parent, &size_));
-  if (size_ == 1) {
-    if (!options.nccl_on_one_rank) return;
-    transport_ = std::make_unique<Transport>(cuda_device, compute, grads, sched_.buckets().size());
-    transport_->init_alone();
-    sched_.set_transport(transport_.get());
-    return;
+std::unique_ptr<GradBucketTransport> make_nccl_transport(MPI_Comm parent,
+                                                         const NcclTransportSetup& setup) {
+  PB_REQUIRE(setup.grads != nullptr, "nccl transport: no gradient buffer");
+  PB_REQUIRE(setup.cuda_device >= 0, "nccl transport: CUDA device {}", setup.cuda_device);
+  PB_REQUIRE(setup.stream != nullptr, "nccl transport: the backend has no stream");
+  const auto compute = static_cast<cudaStream_t>(setup.stream);
+  std::unique_ptr<NcclTransport> transport;
+  if (parent == MPI_COMM_NULL) {
+    transport = std::make_unique<NcclTransport>(setup.cuda_device, compute, setup.grads,
+                                                setup.num_buckets);
+    transport->init_alone();
+    return transport;
   }
+  int rank = 0, size = 1;
+  PB_MPI_CHECK(MPI_Comm_size(parent, &size));
 
   // The bootstrap's own communicator (its collectives match no one else's), freed on return.
   struct BootComm {
@@ -231,21 +278,22 @@ NcclAllreduce::NcclAllreduce(MPI_Comm parent, int cuda_device, cudaStream_t comp
   } boot;
   PB_MPI_CHECK(MPI_Comm_dup(parent, &boot.comm));
   PB_MPI_CHECK(MPI_Comm_set_errhandler(boot.comm, MPI_ERRORS_RETURN));
-  PB_MPI_CHECK(MPI_Comm_rank(boot.comm, &rank_));
+  PB_MPI_CHECK(MPI_Comm_rank(boot.comm, &rank));
   // Every step below that can fail on one rank alone is followed by an agreement, so that the
   // others throw too instead of waiting in NCCL for it.
   const auto agree = [&](const std::string& local_error, const char* what) {
     int ok = local_error.empty() ? 1 : 0, all_ok = 0;
     PB_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, boot.comm));
     if (!ok) PB_THROW("{}", local_error);
-    PB_REQUIRE(all_ok, "nccl all-reduce: rank {}: another rank failed to {} (its log names the "
-               "error)", rank_, what);
+    PB_REQUIRE(all_ok, "nccl transport: rank {}: another rank failed to {} (its log names the "
+               "error)", rank, what);
   };
 
   std::string error, gpu;
   try {
-    transport_ = std::make_unique<Transport>(cuda_device, compute, grads, sched_.buckets().size());
-    gpu = gpu_identity(cuda_device);
+    transport = std::make_unique<NcclTransport>(setup.cuda_device, compute, setup.grads,
+                                                setup.num_buckets);
+    gpu = gpu_identity(setup.cuda_device);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -255,45 +303,37 @@ NcclAllreduce::NcclAllreduce(MPI_Comm parent, int cuda_device, cudaStream_t comp
   // ncclCommInitRank with a less telling message. Every rank sees the same table and so throws
   // the same error.
   constexpr size_t kIdLen = MPI_MAX_PROCESSOR_NAME + 64;
-  std::vector<char> mine(kIdLen, 0), all(kIdLen * static_cast<size_t>(size_), 0);
+  std::vector<char> mine(kIdLen, 0), all(kIdLen * static_cast<size_t>(size), 0);
   std::copy_n(gpu.begin(), std::min(gpu.size(), kIdLen - 1), mine.begin());
   PB_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(kIdLen), MPI_CHAR, all.data(),
                              static_cast<int>(kIdLen), MPI_CHAR, boot.comm));
-  for (int a = 0; a < size_; ++a) {
+  for (int a = 0; a < size; ++a) {
     const std::string ga(&all[static_cast<size_t>(a) * kIdLen]);
-    for (int b = a + 1; b < size_; ++b) {
+    for (int b = a + 1; b < size; ++b) {
       PB_REQUIRE(ga != std::string(&all[static_cast<size_t>(b) * kIdLen]),
-                 "nccl all-reduce: ranks {} and {} both use GPU {}: NCCL needs one GPU per rank "
+                 "nccl transport: ranks {} and {} both use GPU {}: NCCL needs one GPU per rank "
                  "(pick the GPU by local rank, or reduce through the host)",
                  a, b, ga);
     }
   }
 
   ncclUniqueId id{};
-  if (rank_ == 0) {
+  if (rank == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
     if (r != ncclSuccess)
-      error = fmt::format("nccl all-reduce: ncclGetUniqueId failed: {} (NCCL error {})",
+      error = fmt::format("nccl transport: ncclGetUniqueId failed: {} (NCCL error {})",
                           ncclGetErrorString(r), static_cast<int>(r));
   }
   agree(error, "create the NCCL unique id");
   PB_MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, boot.comm));
 
   try {
-    transport_->init_comm(id, size_, rank_);
+    transport->init_comm(id, size, rank);
   } catch (const Error& e) {
     error = e.what();
   }
   agree(error, "join the NCCL communicator");
-  sched_.set_transport(transport_.get());
+  return transport;
 }
-
-NcclAllreduce::~NcclAllreduce() = default;
-
-void NcclAllreduce::begin() { sched_.begin(); }
-void NcclAllreduce::ready_tensor(int i) { sched_.ready_tensor(i); }
-void NcclAllreduce::ready(int64_t offset, int64_t size) { sched_.ready(offset, size); }
-void NcclAllreduce::progress() { sched_.progress(); }
-GradAllreduceStats NcclAllreduce::finish() { return sched_.finish(); }
 
 }  // namespace packbert

@@ -1,0 +1,254 @@
+#include "comm/grad_reducer.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "comm/mpi_check.h"
+#include "comm/nccl_transport.h"
+#include "core/error.h"
+
+namespace packbert {
+
+namespace {
+
+MPI_Datatype mpi_type_of(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;  // gathered, never summed: the bits travel
+    default: break;
+  }
+  PB_THROW("grad reducer: all_gather of a {} buffer (f32, bf16 or f16)", dtype_name(t));
+}
+
+Tensor slice(const Tensor& flat, int64_t offset, int64_t size) {
+  return Tensor(static_cast<char*>(flat.data) + offset * static_cast<int64_t>(dtype_size(flat.dtype)),
+                flat.dtype, {size}, flat.device);
+}
+
+// One MPI collective per bucket on host memory; a device buffer is staged through the host.
+class MpiTransport final : public GradBucketTransport {
+ public:
+  MpiTransport(MPI_Comm comm, int rank, int size, Backend& backend, const Tensor& grads,
+               size_t num_buckets)
+      : comm_(comm), rank_(rank), size_(size), backend_(backend), grads_(grads),
+        staged_(grads.device != Device::cpu), requests_(num_buckets, MPI_REQUEST_NULL),
+        completed_indices_(num_buckets, 0) {
+    if (staged_) host_.assign(static_cast<size_t>(grads.numel()), 0.f);
+    host_grads_ = staged_ ? host_.data() : static_cast<float*>(grads.data);
+  }
+
+  void begin_round(GradCollective collective) override {
+    collective_ = collective;
+    // Sized before any request points into it: bucket k's shard sum lands at its offset.
+    if (collective == GradCollective::reduce_scatter)
+      shard_scratch_.resize(static_cast<size_t>(grads_.numel()));
+    std::fill(requests_.begin(), requests_.end(), MPI_REQUEST_NULL);
+    round_buckets_.clear();
+    started_ = 0;
+    completed_ = 0;
+  }
+
+  void start(int k, const GradBucket& b) override {
+    float* h = host_grads_ + b.offset;
+    // The backend's copy waits for the ops that wrote the bucket.
+    if (staged_) backend_.copy(view(h, {b.size}), slice(grads_, b.offset, b.size));
+    MPI_Request* req = &requests_[static_cast<size_t>(k)];
+    if (collective_ == GradCollective::allreduce) {
+      PB_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, h, static_cast<int>(b.size), MPI_FLOAT, MPI_SUM,
+                                  comm_, req));
+    } else {
+      // The sum of this rank's shard lands in scratch (MPI's in-place form would put it at the
+      // bucket's start); complete_all() moves it into place.
+      const int64_t count = b.size / size_;
+      PB_MPI_CHECK(MPI_Ireduce_scatter_block(h, shard_scratch_.data() + b.offset,
+                                             static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_,
+                                             req));
+    }
+    round_buckets_.push_back(b);
+    started_ = k + 1;
+  }
+
+  int test() override {
+    if (completed_ == started_) return completed_;
+    // Testsome over every started request: completed ones are MPI_REQUEST_NULL and ignored. Any
+    // MPI test also runs OpenMPI's progress engine for all of them.
+    int outcount = 0;
+    PB_MPI_CHECK(MPI_Testsome(started_, requests_.data(), &outcount, completed_indices_.data(),
+                              MPI_STATUSES_IGNORE));
+    if (outcount != MPI_UNDEFINED) completed_ += outcount;
+    return completed_;
+  }
+
+  // Test and yield rather than MPI_Waitall: OpenMPI's wait spins a core that the data loader's
+  // thread (and, oversubscribed, another rank) may need, while each test still progresses.
+  void complete_all() override {
+    while (test() < started_) std::this_thread::yield();
+    for (const GradBucket& b : round_buckets_) {
+      int64_t first = b.offset, size = b.size;
+      if (collective_ == GradCollective::reduce_scatter) {
+        size = b.size / size_;
+        first = b.offset + rank_ * size;
+        std::memcpy(host_grads_ + first, shard_scratch_.data() + b.offset,
+                    static_cast<size_t>(size) * sizeof(float));
+      }
+      if (staged_) backend_.copy(slice(grads_, first, size), view(host_grads_ + first, {size}));
+    }
+  }
+
+  void all_gather(const std::vector<GradBucket>& buckets, const Tensor& buffer) override {
+    const MPI_Datatype type = mpi_type_of(buffer.dtype);
+    const size_t elem = dtype_size(buffer.dtype);
+    const bool staged = buffer.device != Device::cpu;
+    if (staged) gather_host_.resize(buffer.bytes());
+    char* host = staged ? gather_host_.data() : static_cast<char*>(buffer.data);
+    std::vector<MPI_Request> reqs(buckets.size(), MPI_REQUEST_NULL);
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      const GradBucket& b = buckets[k];
+      const int64_t count = b.size / size_;
+      if (staged) {
+        const int64_t mine = b.offset + rank_ * count;
+        const Tensor h(host + mine * static_cast<int64_t>(elem), buffer.dtype, {count});
+        backend_.copy(h, slice(buffer, mine, count));
+      }
+      PB_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL,
+                                  host + b.offset * static_cast<int64_t>(elem),
+                                  static_cast<int>(count), type, comm_, &reqs[k]));
+    }
+    int done = 0;
+    while (!done) {
+      PB_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
+                               MPI_STATUSES_IGNORE));
+      if (!done) std::this_thread::yield();
+    }
+    if (staged) {
+      for (const GradBucket& b : buckets)
+        backend_.copy(slice(buffer, b.offset, b.size),
+                      Tensor(host + b.offset * static_cast<int64_t>(elem), buffer.dtype,
+                             {b.size}));
+    }
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_, size_;
+  Backend& backend_;
+  Tensor grads_;
+  bool staged_;
+  std::vector<float> host_;         // staged: the host copy of the gradient
+  float* host_grads_ = nullptr;     // where MPI reads and writes
+  std::vector<float> shard_scratch_;
+  std::vector<char> gather_host_;
+  GradCollective collective_ = GradCollective::allreduce;
+  std::vector<MPI_Request> requests_;   // MPI_REQUEST_NULL once complete (or never started)
+  std::vector<int> completed_indices_;  // MPI_Testsome scratch
+  std::vector<GradBucket> round_buckets_;
+  int started_ = 0;
+  int completed_ = 0;
+};
+
+}  // namespace
+
+GradReducer::GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads,
+                         std::vector<GradSpan> tensors, const GradReducerOptions& options)
+    : num_elems_(grads.defined() ? grads.numel() : 0),
+      sched_(std::move(tensors), num_elems_, options.bucket_bytes, "grad reducer") {
+  PB_REQUIRE(grads.defined() && grads.dtype == DType::f32 && grads.ndim == 1,
+             "grad reducer: the gradient must be a flat f32 buffer, got {}", grads.str());
+  check_device("grad reducer", "grads", grads, backend.device());
+  // Without MPI (unit tests, a bare run) this is world size 1 and no MPI call is ever made.
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Finalized(&finalized);
+  if (initialized && !finalized) PB_MPI_CHECK(MPI_Comm_size(parent, &size_));
+  const bool nccl = grads.device != Device::cpu &&
+                    options.device_transport == GradTransport::nccl;
+  if (size_ > 1) {
+    PB_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+    PB_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    PB_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  }
+  if (nccl && (size_ > 1 || options.nccl_on_one_rank)) {
+    NcclTransportSetup setup;
+    setup.cuda_device = options.cuda_device;
+    setup.stream = backend.native_stream();
+    setup.grads = static_cast<float*>(grads.data);
+    setup.num_buckets = sched_.buckets().size();
+    transport_ = make_nccl_transport(size_ > 1 ? parent : MPI_COMM_NULL, setup);
+    transport_name_ = "nccl";
+  } else if (size_ > 1) {
+    transport_ = std::make_unique<MpiTransport>(comm_, rank_, size_, backend, grads,
+                                                sched_.buckets().size());
+    transport_name_ = grads.device == Device::cpu ? "mpi" : "mpi via host";
+  }
+  sched_.set_transport(transport_.get());
+}
+
+GradReducer::~GradReducer() {
+  const bool pending = sched_.in_round() && sched_.buckets_started() > sched_.buckets_completed();
+  const bool nccl = std::strcmp(transport_name_, "nccl") == 0;
+  if (pending && !nccl) {
+    // A pending non-blocking MPI collective cannot be freed or cancelled (MPI forbids both for
+    // collectives): leave it and the communicator to MPI_Abort.
+    (void)transport_.release();
+    return;
+  }
+  transport_.reset();  // NCCL's aborts its communicator when a round is in flight
+  if (comm_ == MPI_COMM_NULL || pending) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+}
+
+void GradReducer::begin(GradCollective collective) {
+  if (collective == GradCollective::reduce_scatter) {
+    const auto& b = sched_.buckets();
+    for (size_t k = 0; k < b.size(); ++k)
+      PB_REQUIRE(b[k].size % size_ == 0,
+                 "grad reducer: bucket {} (offset {}, {} elements) does not split into {} equal "
+                 "shards (reduce-scatter needs buckets aligned to the rank count)",
+                 k, b[k].offset, b[k].size, size_);
+  }
+  sched_.begin(collective);
+}
+
+void GradReducer::ready_tensor(int i) { sched_.ready_tensor(i); }
+void GradReducer::ready(int64_t offset, int64_t size) { sched_.ready(offset, size); }
+void GradReducer::progress() { sched_.progress(); }
+GradReduceStats GradReducer::finish() { return sched_.finish(); }
+
+GradBucket GradReducer::shard(int k) const {
+  const auto& b = sched_.buckets();
+  PB_REQUIRE(k >= 0 && static_cast<size_t>(k) < b.size(), "grad reducer: shard({}) of {} buckets",
+             k, b.size());
+  GradBucket s = b[static_cast<size_t>(k)];
+  s.size /= size_;
+  s.offset += rank_ * s.size;
+  return s;
+}
+
+void GradReducer::all_gather(const Tensor& buffer) {
+  PB_REQUIRE(!sched_.in_round(), "grad reducer: all_gather() inside a gradient round");
+  PB_REQUIRE(buffer.defined() && buffer.ndim == 1 && buffer.numel() == num_elems_,
+             "grad reducer: all_gather of {}, expected [{}] laid out as the gradient",
+             buffer.str(), num_elems_);
+  const auto& b = sched_.buckets();
+  for (size_t k = 0; k < b.size(); ++k)
+    PB_REQUIRE(b[k].size % size_ == 0,
+               "grad reducer: bucket {} ({} elements) does not split into {} equal shards", k,
+               b[k].size, size_);
+  if (transport_) transport_->all_gather(b, buffer);
+}
+
+void GradReducer::allreduce_sum(double* data, int count) {
+  PB_REQUIRE(!sched_.in_round(), "grad reducer: allreduce_sum() inside a gradient round");
+  PB_REQUIRE(count >= 0 && (data || count == 0), "grad reducer: allreduce_sum of {} values",
+             count);
+  if (size_ == 1 || count == 0) return;
+  PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm_));
+}
+
+}  // namespace packbert

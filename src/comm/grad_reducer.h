@@ -1,0 +1,122 @@
+// The data-parallel gradient reducer: one object sums the flat gradient buffer over ranks,
+// bucket by bucket while the backward still runs (DESIGN.md, Distribution). The bucket plan and
+// its order are comm/bucket_scheduler.h's; the bytes move through one of two transports:
+//
+//   mpi   host memory: one MPI_Iallreduce (or MPI_Ireduce_scatter_block) per bucket, in place,
+//         progressed by MPI_Testsome from ready() and progress() (OpenMPI has no progress
+//         thread for non-blocking collectives). A gradient in device memory is staged through
+//         the host bucket by bucket (the backend's copies): slow, but the path NCCL is compared
+//         with, and a fallback where NCCL cannot run.
+//   nccl  device memory: per bucket an event on the backend's stream, a wait and the collective
+//         on a communication stream of its own, a done event the backend's stream waits for at
+//         finish() (comm/nccl_transport.h). The host never blocks.
+//
+// One rank (or MPI not initialised: unit tests, a bare run) needs no transport: nothing moves and
+// no MPI, CUDA or NCCL call is made, but the bookkeeping runs, so a model that forgets or repeats
+// a tensor fails in a single-process run too (nccl_on_one_rank runs the NCCL path anyway).
+//
+// Collectives. A round (begin() .. finish()) either all-reduces every bucket, or reduce-scatters
+// it: rank r of N then holds the sum over ranks of its shard, the r-th of N equal pieces of each
+// bucket (shard(k)); the rest of the bucket is left unspecified. all_gather() is the way back:
+// each bucket's shards, of any float buffer laid out as the gradient, go from their owners to
+// every rank. A sharded optimizer reduce-scatters the gradient, updates its shards and
+// all-gathers the weights; reduce-scatter needs every bucket size to be a multiple of N (the
+// optimizer aligns its table to that; begin() names a bucket that is not).
+//
+// Determinism. For a fixed rank count and bucket plan, OpenMPI and NCCL pick their algorithm and
+// summation order from the communicator size and message size only: the result is bitwise
+// reproducible run to run and the same on every rank. Across rank counts the order differs:
+// rounding only (tests/mpi/mpi_allreduce_driver checks both for MPI).
+//
+// Errors. MPI runs on a duplicate of the parent communicator (its collectives match no one
+// else's) with MPI_ERRORS_RETURN: a failure is a packbert::Error naming the call. NCCL's are
+// described in comm/nccl_transport.h. The object is used by one thread (the compute thread).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend.h"
+#include "comm/bucket_scheduler.h"
+
+namespace packbert {
+
+// How a device gradient travels (the CPU backend's host gradient always goes through MPI).
+enum class GradTransport { nccl, mpi };
+
+struct GradReducerOptions {
+  // Target bucket size (~25 MB suits a network, NVLink and InfiniBand alike; see
+  // tests/bench/bench_allreduce).
+  size_t bucket_bytes = size_t{25} << 20;
+  GradTransport device_transport = GradTransport::nccl;
+  // NCCL: the GPU of the backend (ranks of one host need different ones: NCCL wants one GPU per
+  // rank, and the bootstrap refuses two ranks on one GPU naming them).
+  int cuda_device = 0;
+  // One rank: run the NCCL path over a communicator of one anyway (tests of the stream, event
+  // and NCCL calls on a machine with one GPU).
+  bool nccl_on_one_rank = false;
+};
+
+class GradReducer {
+ public:
+  // grads: the flat f32 gradient buffer [num_elems] on the backend's device (it must stay
+  // valid; the caller must not write a bucket between its start and finish()). tensors: the
+  // table in any order; ready_tensor(i) takes the index i into it. Collective over parent.
+  GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads,
+              std::vector<GradSpan> tensors, const GradReducerOptions& options = {});
+  // Frees the communicator. If a round is still in flight (an exception unwound the backward),
+  // MPI's communicator and requests are leaked instead and NCCL's is aborted: waiting could
+  // hang on a peer that died, and the top-level handler is about to MPI_Abort anyway.
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // "none" (one rank), "mpi", "mpi via host" (a device gradient staged) or "nccl".
+  const char* transport_name() const { return transport_name_; }
+  const std::vector<GradBucket>& buckets() const { return sched_.buckets(); }
+  int buckets_started() const { return sched_.buckets_started(); }
+
+  // Arms a round for the backward whose gradients are final (the last micro-step of a global
+  // batch). ready() calls outside a round are checked and otherwise ignored, so the model may
+  // announce tensors on every micro-step and let the trainer decide which one reduces.
+  void begin(GradCollective collective = GradCollective::allreduce);
+  bool in_round() const { return sched_.in_round(); }
+  // The gradient of tensor i is final: no op writes it again in this round (Error on a repeat).
+  void ready_tensor(int i);
+  // The same, naming the tensor by its table row (offset and size must match one exactly).
+  void ready(int64_t offset, int64_t size);
+  // Lets the transport move the started buckets along; call it between long ops.
+  void progress();
+  // Starts whatever has not started (every tensor must have been marked ready, else Error naming
+  // the first missing one) and completes the round: with MPI the host buffer holds the result on
+  // return; with NCCL the backend's stream waits for it (work issued next sees it).
+  GradReduceStats finish();
+
+  // This rank's shard of bucket k (reduce-scatter, all_gather): elements [offset, offset + size).
+  GradBucket shard(int k) const;
+  // Each bucket's shards of buffer (f32, bf16 or f16 [num_elems] on the backend's device, laid
+  // out as the gradient) from their owners to every rank, in place. Outside a round; ordered as
+  // finish() (the host for MPI, the backend's stream for NCCL).
+  void all_gather(const Tensor& buffer);
+
+  // In-place blocking sum over ranks of a few host doubles (metrics: loss sums, token counts),
+  // on the reducer's communicator; not inside a round.
+  void allreduce_sum(double* data, int count);
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  int64_t num_elems_ = 0;
+  const char* transport_name_ = "none";
+  MPI_Comm comm_ = MPI_COMM_NULL;  // the duplicate (more than one rank)
+  GradBucketScheduler sched_;
+  std::unique_ptr<GradBucketTransport> transport_;  // null on one rank
+};
+
+}  // namespace packbert
