@@ -2,7 +2,8 @@
 # The include edges the layering forbids, checked on the sources (kernels/backends.cpp is the one
 # place that names both backends):
 #   - kernels/cpu includes nothing of the CUDA backend, CUDA, NCCL or cuBLAS;
-#   - kernels/cuda includes nothing of the CPU backend (shared code lives in kernels/common).
+#   - kernels/cuda includes nothing of the CPU backend (shared code lives in kernels/common);
+#   - src/model includes nothing of the data pipeline (train/batching.h lays samples out).
 # Prints each offending line and exits 1 if there is any.
 #   check_includes.sh SOURCE_DIR
 set -uo pipefail
@@ -19,5 +20,6 @@ check() {  # check DIR REGEX WHY
 }
 check kernels/cpu 'cuda/|cuda_|cuda\.h|nccl|cublas|cub/' "the CUDA backend, CUDA, NCCL or cuBLAS"
 check kernels/cuda 'cpu/' "the CPU backend"
-[ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other"
+check src/model 'data/' "the data pipeline (src/data)"
+[ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other; src/model no data/"
 exit $bad
