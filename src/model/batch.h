@@ -1,5 +1,6 @@
 // Batch: one micro-batch of one rank as the model consumes it, in one of the three layouts of
-// DESIGN.md. Built on the host from the loader's samples; Bert::forward uploads it.
+// DESIGN.md. Built on the host from the loader's samples and packs (train/batching.h's
+// make_batch); Bert::forward uploads it.
 //
 //   unpadded  sequences end to end: rows = tokens (no padding at all)
 //   packed    rows of max_seq_len, each holding one pack (several sequences, positions
@@ -16,7 +17,6 @@
 #include <vector>
 
 #include "backend.h"
-#include "data/sample.h"
 
 namespace packbert {
 
@@ -65,15 +65,5 @@ struct Batch {
   // The SeqLayout of backend.h over this batch's host arrays (valid while the batch lives).
   SeqLayout host_layout() const;
 };
-
-// The batch of `samples` in `layout`. For the packed layout, `packs` lists indices into
-// samples per pack (LoaderMicroBatch::packs); when it is empty the samples are packed here with
-// pack_online() under (max_seq_len, max_seqs_per_pack). Other layouts ignore packs.
-// Throws Error naming the sample (by index and id) on a length outside 1..max_seq_len, a masked
-// position outside the sequence or not ascending, mismatched array sizes, an NSP label other
-// than 0/1, a sample id outside the dropout key's [0, 2^44) or repeated, or packs that do not
-// hold every sample exactly once within max_seq_len tokens.
-Batch make_batch(const std::vector<Sample>& samples, BatchLayout layout, int max_seq_len,
-                 const std::vector<std::vector<int32_t>>& packs = {}, int max_seqs_per_pack = 3);
 
 }  // namespace packbert

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "data/shard.h"
 #include "comm/mpi_check.h"
+#include "train/batching.h"
 
 namespace packbert {
 

@@ -75,7 +75,6 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
                                                   : Recompute::none;
   o.layout = c.train.layout;
   o.max_seq_len = c.train.max_seq_len;
-  o.max_seqs_per_pack = c.train.max_seqs_per_pack;
   o.init_seed = derive_seed(c.train.seed, 1);
   o.dropout_seed = derive_seed(c.train.seed, 2);
   o.dropout = c.train.dropout;

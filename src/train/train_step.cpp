@@ -6,6 +6,7 @@
 
 #include "common/philox.h"
 #include "core/error.h"
+#include "train/batching.h"
 
 namespace packbert {
 
@@ -99,8 +100,7 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
 
   for (size_t m = 0; m < micro_steps; ++m) {
     const LoaderMicroBatch& mb = batch.micro_batches[m];
-    const Batch b = make_batch(mb.samples, options_.layout, options_.max_seq_len, mb.packs,
-                               options_.max_seqs_per_pack);
+    const Batch b = make_batch(mb.samples, options_.layout, options_.max_seq_len, mb.packs);
     const ForwardResult r = bert_->forward(b, batch.global_masked_tokens, batch.global_samples,
                                            dropout_step, options_.dropout_seed, fwd);
     // Only the last micro-step's gradients are final; arming the round there makes its

@@ -1,7 +1,7 @@
 // One data-parallel optimizer step, top to bottom (DESIGN.md, "Data flow of one step"):
 //
 //   for each micro-batch of this rank's StepBatch:
-//     make_batch(samples, layout)            host arrays in the chosen layout
+//     make_batch(samples, layout, packs)     host arrays in the chosen layout (train/batching.h)
 //     Bert::forward(global counts, step)     loss already scaled by the step's global counts
 //     Bert::backward(ready hook)             gradients += into the flat buffer; on the last
 //                                            micro-step each finished tensor starts its bucket's
@@ -41,7 +41,6 @@ struct TrainerOptions {
   BertOptions bert;
   BatchLayout layout = BatchLayout::unpadded;
   int max_seq_len = 512;      // slot / pack length of the packed and padded layouts
-  int max_seqs_per_pack = 3;  // when the batch must pack itself (micro-batch without packs)
   uint64_t init_seed = 0;     // parameter initialisation: the same on every rank
   uint64_t dropout_seed = 0;  // with the step and the sample ids, keys every dropout mask
   bool dropout = true;

@@ -52,6 +52,8 @@
 #include "model/bert.h"
 #include "model/params.h"
 #include "op_timer.h"
+#include "test_util.h"
+#include "train/batching.h"
 
 namespace {
 
@@ -242,7 +244,8 @@ int run(int argc, char** argv) {
   double lamb_ms = 0;
   for (const std::string& lname : bench::split_commas(layouts_arg)) {
     const BatchLayout layout = parse_batch_layout(lname);
-    const Batch batch = make_batch(samples, layout, max_len);
+    const Batch batch =
+        make_batch(samples, layout, max_len, packbert::test::pack_samples(samples, max_len));
     std::unique_ptr<Bert> bert;
     try {
       bert = std::make_unique<Bert>(config, timed, pv, gv, bo);

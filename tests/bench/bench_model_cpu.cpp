@@ -51,6 +51,8 @@
 #include "model/params.h"
 #include "bench_util.h"
 #include "op_timer.h"
+#include "test_util.h"
+#include "train/batching.h"
 
 namespace {
 
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
       init_parameters(table, InitOptions{1, 0.02f}, params.data());
       const Tensor pv = view(params.data(), {table.total()});
       const Tensor gv = view(grads.data(), {table.total()});
-      // LAMB as src/optim/lamb.cpp runs it (the benchmarks link the kernels, not packbert_optim):
+      // LAMB as src/optim/lamb.cpp runs it (on the backend's ops here, not through Lamb):
       // global gradient norm, the update, gradients zeroed for the next step.
       std::vector<LambTensor> lamb_rows;
       for (const ParamTensor& t : table.tensors())
@@ -151,7 +153,9 @@ int main(int argc, char** argv) {
         const BatchLayout layouts[3] = {BatchLayout::padded, BatchLayout::packed,
                                         BatchLayout::unpadded};
         std::vector<Batch> batches;
-        for (BatchLayout layout : layouts) batches.push_back(make_batch(samples, layout, max_len));
+        const auto packs = packbert::test::pack_samples(samples, max_len);
+        for (BatchLayout layout : layouts)
+          batches.push_back(make_batch(samples, layout, max_len, packs));
         std::unique_ptr<Bert> berts[3];
         double best[3] = {1e30, 1e30, 1e30}, best_cpu[3] = {1e30, 1e30, 1e30},
                arena[3] = {0, 0, 0};

@@ -45,6 +45,7 @@
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/params.h"
+#include "train/batching.h"
 
 namespace {
 

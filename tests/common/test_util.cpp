@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include "core/error.h"
+#include "data/packing.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,6 +74,17 @@ Sample random_sample(std::mt19937_64& rng, int min_len, int max_len, int max_pre
   return s;
 }
 
+std::vector<std::vector<int32_t>> pack_samples(const std::vector<Sample>& samples,
+                                               int max_seq_len, int max_seqs_per_pack) {
+  std::vector<SeqRef> refs;
+  for (size_t i = 0; i < samples.size(); ++i)
+    refs.push_back({static_cast<int64_t>(i), samples[i].length()});
+  std::vector<std::vector<int32_t>> packs;
+  for (const auto& pack : pack_online(refs, PackingLimits{max_seq_len, max_seqs_per_pack}))
+    packs.emplace_back(pack.begin(), pack.end());
+  return packs;
+}
+
 StepBatch random_step_batch(std::mt19937_64& rng, int n, int micro_steps, int min_len,
                             int max_len, int max_predictions) {
   StepBatch b;
@@ -85,6 +97,7 @@ StepBatch random_step_batch(std::mt19937_64& rng, int n, int micro_steps, int mi
     b.global_tokens += s.length();
     b.micro_batches[static_cast<size_t>(i % micro_steps)].samples.push_back(std::move(s));
   }
+  for (LoaderMicroBatch& mb : b.micro_batches) mb.packs = pack_samples(mb.samples, max_len);
   return b;
 }
 

@@ -32,6 +32,7 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "test_util.h"
+#include "train/batching.h"
 #include "train/checkpoint.h"
 
 namespace packbert {

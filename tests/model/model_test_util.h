@@ -18,6 +18,7 @@
 #include "model/bert.h"
 #include "model/params.h"
 #include "test_util.h"
+#include "train/batching.h"
 
 namespace packbert::test {
 

@@ -48,7 +48,7 @@ TEST(ModelBatch, EveryLayoutHoldsTheSamples) {
   int64_t tokens = 0;
   for (const Sample& s : samples) tokens += s.length();
   for (BatchLayout layout : {BatchLayout::unpadded, BatchLayout::packed, BatchLayout::padded}) {
-    const Batch b = make_batch(samples, layout, 40);
+    const Batch b = make_batch(samples, layout, 40, pack_samples(samples, 40));
     SCOPED_TRACE(batch_layout_name(layout));
     EXPECT_EQ(b.num_seqs(), 9);
     EXPECT_EQ(b.num_tokens(), tokens);
@@ -149,6 +149,9 @@ TEST(ModelBatch, BadInputIsAnErrorNamingTheSample) {
   expect_error(good, "more than max_seq_len", BatchLayout::packed, {{0, 1}});
   expect_error(good, "already packed", BatchLayout::packed, {{0}, {0}});
   expect_error(good, "hold 1 of the 2", BatchLayout::packed, {{1}});
+  // Packing is the loader's: the packed layout never packs by itself.
+  expect_error(good, "needs the packs of the loader / planner", BatchLayout::packed);
+  expect_error(good, "got 2 samples and no packs", BatchLayout::packed);
   EXPECT_THROW(parse_batch_layout("ragged"), Error);
   EXPECT_EQ(parse_batch_layout("packed"), BatchLayout::packed);
 }

@@ -44,7 +44,8 @@ TEST(ModelEquivalence, LayoutsGiveTheSameLossAndGradients) {
   const uint64_t seed = rng();
 
   const Batch unpadded = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
-  const Batch packed = make_batch(samples, BatchLayout::packed, kMaxSeqLen);
+  const Batch packed =
+      make_batch(samples, BatchLayout::packed, kMaxSeqLen, pack_samples(samples, kMaxSeqLen));
   const Batch padded = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
   ASSERT_GT(packed.num_seqs(), packed.rows / kMaxSeqLen) << "no pack holds two sequences";
   ASSERT_GT(padded.rows, unpadded.rows);
@@ -131,7 +132,8 @@ TEST(ModelEquivalence, ChunkedMlmDecoderMatchesOneShot) {
   HostModel m(bert_preset("tiny"), rng());
   const auto samples = global_batch(rng, 8, m.config.real_vocab_size);
   const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
-  const Batch b = make_batch(samples, BatchLayout::packed, kMaxSeqLen);
+  const Batch b =
+      make_batch(samples, BatchLayout::packed, kMaxSeqLen, pack_samples(samples, kMaxSeqLen));
   const StepOutput whole = run_step(*be, m, {b}, gm, gs, 7, 11);
   BertOptions chunked;
   chunked.mlm_chunk_rows = 1 + static_cast<int64_t>(rng() % 9);

@@ -98,7 +98,7 @@ TEST(ModelForward, EvaluationAndDropoutKeys) {
   auto be = make_cpu_backend();
   HostModel m(bert_preset("tiny"), rng());
   const auto samples = model_samples(rng, {17, 40, 9}, 5, m.config.real_vocab_size);
-  const Batch b = make_batch(samples, BatchLayout::packed, 64);
+  const Batch b = make_batch(samples, BatchLayout::packed, 64, pack_samples(samples, 64));
   std::vector<float> grads(m.params.size(), 0.f);
   Bert bert(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}));
   const int64_t gm = b.num_masked(), gs = b.num_seqs();
@@ -170,7 +170,7 @@ TEST(ModelForward, BackwardAnnouncesEachTensorOnceWhenItsGradientIsFinal) {
   auto be = make_cpu_backend();
   HostModel m(bert_preset("tiny"), rng());
   const auto samples = model_samples(rng, {30, 12, 50}, 6, m.config.real_vocab_size);
-  const Batch b = make_batch(samples, BatchLayout::packed, 64);
+  const Batch b = make_batch(samples, BatchLayout::packed, 64, pack_samples(samples, 64));
   std::vector<float> grads(m.params.size(), 0.f);
   Bert bert(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}));
   const auto& tensors = m.table.tensors();

@@ -63,7 +63,7 @@ void check_every_tensor(Gelu form) {
       m.params[t.offset + k] = gamma ? 1.f + 0.3f * u(rng) : 0.2f * u(rng);
   }
   const auto samples = model_samples(rng, {5, 9, 14, 20, 11}, 4, m.config.real_vocab_size);
-  const Batch b = make_batch(samples, BatchLayout::packed, 32);
+  const Batch b = make_batch(samples, BatchLayout::packed, 32, pack_samples(samples, 32));
   const int64_t gm = b.num_masked(), gs = b.num_seqs();
   const auto step = static_cast<uint32_t>(rng() % kDropoutMaxStep);
   const uint64_t seed = rng();

@@ -125,7 +125,7 @@ TEST(ModelMst, EveryLayoutMatchesItsUnchunkedRun) {
   const auto step = static_cast<uint32_t>(rng() % kDropoutMaxStep);
   const uint64_t seed = rng();
   for (BatchLayout layout : {BatchLayout::unpadded, BatchLayout::packed, BatchLayout::padded}) {
-    const Batch b = make_batch(samples, layout, kMaxSeqLen);
+    const Batch b = make_batch(samples, layout, kMaxSeqLen, pack_samples(samples, kMaxSeqLen));
     const StepOutput want = run_step(*be, m, {b}, gm, gs, step, seed);
     for (Recompute r : {Recompute::none, Recompute::mlp, Recompute::layer}) {
       const StepOutput got = run_step(*be, m, {b}, gm, gs, step, seed, mst(3, r));
@@ -143,9 +143,10 @@ TEST(ModelMst, MicroStepsWithAnEmptyBatchAndAnExplicitMlmChunk) {
   const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
   const std::vector<Sample> first(samples.begin(), samples.begin() + 3);
   const std::vector<Sample> second(samples.begin() + 3, samples.end());
-  const std::vector<Batch> batches = {make_batch(first, BatchLayout::packed, kMaxSeqLen),
-                                      make_batch({}, BatchLayout::packed, kMaxSeqLen),
-                                      make_batch(second, BatchLayout::packed, kMaxSeqLen)};
+  const auto packed = [](const std::vector<Sample>& s) {
+    return make_batch(s, BatchLayout::packed, kMaxSeqLen, pack_samples(s, kMaxSeqLen));
+  };
+  const std::vector<Batch> batches = {packed(first), packed({}), packed(second)};
   // The explicit MLM chunk on both sides (its own equivalence is test_model_equivalence's), so
   // that only MST and recomputation differ.
   BertOptions plain;

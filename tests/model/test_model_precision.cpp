@@ -119,7 +119,9 @@ struct Case {
         gs(static_cast<int64_t>(samples.size())),
         step(static_cast<uint32_t>(rng() % kDropoutMaxStep)),
         seed(rng()) {}
-  Batch batch(BatchLayout l) const { return make_batch(samples, l, kMaxSeqLen); }
+  Batch batch(BatchLayout l) const {
+    return make_batch(samples, l, kMaxSeqLen, pack_samples(samples, kMaxSeqLen));
+  }
   // Every NSP label 1. The NSP head's gradients (cls.seq_relationship.*, bert.pooler.dense.*)
   // are sums over the sequences of terms carrying the sign of (p - label); at init p ~ 0.5, so
   // a batch with balanced labels cancels them to a small fraction of their terms, while the

@@ -234,7 +234,8 @@ TEST(ModelReference, LossAndGradientsMatchPyTorchInEveryLayout) {
               static_cast<long long>(options.mlm_chunk_rows));
   for (BatchLayout layout : {BatchLayout::padded, BatchLayout::packed, BatchLayout::unpadded}) {
     const std::string name = batch_layout_name(layout);
-    const Batch batch = make_batch(samples, layout, fx.max_seq_len);
+    const Batch batch =
+        make_batch(samples, layout, fx.max_seq_len, pack_samples(samples, fx.max_seq_len));
     const ForwardResult r = forward_backward(*be, fx, params, grads, batch, options);
     const double e = rel(r.loss, want_loss);
     std::printf(

@@ -4,7 +4,8 @@
 #   - kernels/cpu includes nothing of the CUDA backend, CUDA, NCCL or cuBLAS;
 #   - kernels/cuda includes nothing of the CPU backend (shared code lives in kernels/common);
 #   - src/model, src/optim and src/train reach devices only through kernels/backend.h: no CUDA,
-#     NCCL or backend header, no PACKBERT_HAVE_CUDA, no CUDA or NCCL call (src/comm owns NCCL).
+#     NCCL or backend header, no PACKBERT_HAVE_CUDA, no CUDA or NCCL call (src/comm owns NCCL);
+#   - src/model includes nothing of the data pipeline (train/batching.h lays samples out).
 # Prints each offending line and exits 1 if there is any.
 #   check_includes.sh SOURCE_DIR
 set -uo pipefail
@@ -31,6 +32,7 @@ for dir in src/model src/optim src/train; do
     bad=1
   fi
 done
+check src/model 'data/' "the data pipeline (src/data)"
 [ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other; src/model, src/optim" \
-  "and src/train reach devices through kernels/backend.h only"
+  "and src/train reach devices through kernels/backend.h only; src/model includes no data/"
 exit $bad
