@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/watchdog.h"
 #include "comm/mpi_check.h"
 
 namespace packbert {
@@ -66,6 +67,7 @@ GradAllreduce::GradAllreduce(MPI_Comm parent, float* grads, int64_t num_elems,
   if (!initialized || finalized) return;
   PB_MPI_CHECK(MPI_Comm_size(parent, &size_));
   if (size_ == 1) return;
+  WatchScope watch("MPI_Comm_dup (gradient all-reduce)");
   PB_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
   PB_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   PB_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -87,13 +89,17 @@ void GradAllreduce::begin() { sched_.begin(); }
 void GradAllreduce::ready_tensor(int i) { sched_.ready_tensor(i); }
 void GradAllreduce::ready(int64_t offset, int64_t size) { sched_.ready(offset, size); }
 void GradAllreduce::progress() { sched_.progress(); }
-GradAllreduceStats GradAllreduce::finish() { return sched_.finish(); }
+GradAllreduceStats GradAllreduce::finish() {
+  WatchScope watch("MPI_Iallreduce (gradient all-reduce)");  // at the watchdog's step
+  return sched_.finish();
+}
 
 void GradAllreduce::allreduce_sum(double* data, int count) {
   PB_REQUIRE(!sched_.in_round(), "grad all-reduce: allreduce_sum() inside a gradient round");
   PB_REQUIRE(count >= 0 && (data || count == 0), "grad all-reduce: allreduce_sum of {} values",
              count);
   if (size_ == 1 || count == 0) return;
+  WatchScope watch("MPI_Allreduce (step metrics)");
   PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm_));
 }
 

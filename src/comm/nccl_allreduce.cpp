@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/watchdog.h"
 #include "comm/mpi_check.h"
 
 namespace packbert {
@@ -229,6 +230,8 @@ NcclAllreduce::NcclAllreduce(MPI_Comm parent, int cuda_device, cudaStream_t comp
       if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
     }
   } boot;
+  // Every rank waits for every other below (MPI collectives, ncclCommInitRank): watched.
+  const WatchScope watch("NCCL bootstrap (MPI collectives, ncclCommInitRank)");
   PB_MPI_CHECK(MPI_Comm_dup(parent, &boot.comm));
   PB_MPI_CHECK(MPI_Comm_set_errhandler(boot.comm, MPI_ERRORS_RETURN));
   PB_MPI_CHECK(MPI_Comm_rank(boot.comm, &rank_));

@@ -37,6 +37,12 @@
 // unwinding, the communicator is ended with ncclCommAbort: waiting could hang forever on a peer
 // that died, and the top-level handler is about to MPI_Abort anyway.
 //
+// Hangs. The bootstrap is watched by the collective watchdog (core/watchdog.h); the rounds are
+// not: finish() does not block the host (the compute stream waits), so a peer that never joins
+// leaves the host blocked later in a CUDA synchronisation no scope covers. Seeing that needs
+// the watchdog thread to poll the last done event (cudaEventQuery) and ncclCommAbort the
+// communicator, as PyTorch's NCCL watchdog does: a known limit (DESIGN.md, Distribution).
+//
 // One rank (or MPI not initialized: tests, a bare run): no NCCL or CUDA call at all, exactly as
 // GradAllreduce's one-rank no-op; the bookkeeping still runs. NCCL cannot put two ranks on one
 // GPU, so more ranks need as many GPUs; to check the streams, events and NCCL calls on a machine
