@@ -9,6 +9,7 @@
 #include "comm/mpi_check.h"
 #include "comm/nccl_transport.h"
 #include "core/error.h"
+#include "core/watchdog.h"
 
 namespace packbert {
 
@@ -167,6 +168,7 @@ GradReducer::GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads,
   const bool nccl = grads.device != Device::cpu &&
                     options.device_transport == GradTransport::nccl;
   if (size_ > 1) {
+    const WatchScope watch("MPI_Comm_dup (gradient reducer)");
     PB_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
     PB_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     PB_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -212,13 +214,20 @@ void GradReducer::begin(GradCollective collective) {
                  "shards (reduce-scatter needs buckets aligned to the rank count)",
                  k, b[k].offset, b[k].size, size_);
   }
+  collective_name_ = collective == GradCollective::allreduce
+                         ? "all-reduce (gradient reducer)"
+                         : "reduce-scatter (gradient reducer)";
   sched_.begin(collective);
 }
 
 void GradReducer::ready_tensor(int i) { sched_.ready_tensor(i); }
 void GradReducer::ready(int64_t offset, int64_t size) { sched_.ready(offset, size); }
 void GradReducer::progress() { sched_.progress(); }
-GradReduceStats GradReducer::finish() { return sched_.finish(); }
+GradReduceStats GradReducer::finish() {
+  // At the watchdog's step. With NCCL the host does not wait here (nccl_transport.h, Hangs).
+  const WatchScope watch(collective_name_);
+  return sched_.finish();
+}
 
 GradBucket GradReducer::shard(int k) const {
   const auto& b = sched_.buckets();
@@ -240,6 +249,7 @@ void GradReducer::all_gather(const Tensor& buffer) {
     PB_REQUIRE(b[k].size % size_ == 0,
                "grad reducer: bucket {} ({} elements) does not split into {} equal shards", k,
                b[k].size, size_);
+  const WatchScope watch("all-gather (gradient reducer)");
   if (transport_) transport_->all_gather(b, buffer);
 }
 
@@ -248,6 +258,7 @@ void GradReducer::allreduce_sum(double* data, int count) {
   PB_REQUIRE(count >= 0 && (data || count == 0), "grad reducer: allreduce_sum of {} values",
              count);
   if (size_ == 1 || count == 0) return;
+  const WatchScope watch("MPI_Allreduce (step metrics)");
   PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm_));
 }
 

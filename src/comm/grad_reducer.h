@@ -114,6 +114,7 @@ class GradReducer {
   int size_ = 1;
   int64_t num_elems_ = 0;
   const char* transport_name_ = "none";
+  const char* collective_name_ = "all-reduce (gradient reducer)";  // the watchdog's name
   MPI_Comm comm_ = MPI_COMM_NULL;  // the duplicate (more than one rank)
   GradBucketScheduler sched_;
   std::unique_ptr<GradBucketTransport> transport_;  // null on one rank

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/watchdog.h"
 #include "comm/mpi_check.h"
 
 namespace packbert {
@@ -276,6 +277,8 @@ std::unique_ptr<GradBucketTransport> make_nccl_transport(MPI_Comm parent,
       if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
     }
   } boot;
+  // Every rank waits for every other below (MPI collectives, ncclCommInitRank): watched.
+  const WatchScope watch("NCCL bootstrap (MPI collectives, ncclCommInitRank)");
   PB_MPI_CHECK(MPI_Comm_dup(parent, &boot.comm));
   PB_MPI_CHECK(MPI_Comm_set_errhandler(boot.comm, MPI_ERRORS_RETURN));
   PB_MPI_CHECK(MPI_Comm_rank(boot.comm, &rank));

@@ -36,6 +36,12 @@
 // stack unwinding, the communicator is ended with ncclCommAbort: waiting could hang forever on a
 // peer that died, and the top-level handler is about to MPI_Abort anyway.
 //
+// Hangs. The bootstrap is watched by the collective watchdog (core/watchdog.h); the rounds are
+// not: finish() does not block the host (the backend's stream waits), so a peer that never joins
+// leaves the host blocked later in a CUDA synchronisation no scope covers. Seeing that needs the
+// watchdog thread to poll the last done event (cudaEventQuery) and ncclCommAbort the
+// communicator, as PyTorch's NCCL watchdog does: a known limit (DESIGN.md, Distribution).
+//
 // NCCL cannot put two ranks on one GPU, so more ranks need as many GPUs; on a machine with one
 // GPU, a communicator of one rank (parent = MPI_COMM_NULL) runs the whole path
 // (tests/gpu/test_nccl_allreduce.cpp).

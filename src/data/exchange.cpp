@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/watchdog.h"
 
 namespace packbert {
 
@@ -82,7 +83,10 @@ LoaderComm::LoaderComm(MPI_Comm parent, const std::atomic<bool>* abandon) : aban
   PB_REQUIRE(provided == MPI_THREAD_MULTIPLE,
              "data loader: MPI must be initialised with MPI_THREAD_MULTIPLE (got level {})",
              provided);
-  check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
+  {
+    WatchScope watch("MPI_Comm_dup (data loader)");
+    check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
+  }
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -94,8 +98,9 @@ LoaderComm::~LoaderComm() {
     MPI_Comm_free(&comm_);
 }
 
-void LoaderComm::wait(MPI_Request& req, int max_nap_us) {
+void LoaderComm::wait(MPI_Request& req, const char* collective, int max_nap_us) {
   using namespace std::chrono;
+  WatchScope watch(collective, step_);
   // Yield first (a peer is usually microseconds away), then sleep with a growing period so a
   // rank waiting for a slow peer costs no core; 200 us is small against a training step.
   int rounds = 0;
@@ -126,7 +131,7 @@ std::vector<LoaderComm::Contribution> LoaderComm::gather_status(const std::vecto
   MPI_Request req;
   check_mpi(MPI_Iallgather(header_, 3, MPI_INT64_T, headers_.data(), 3, MPI_INT64_T, comm_, &req),
             "MPI_Iallgather");
-  wait(req);
+  wait(req, "MPI_Iallgather (data loader status)");
 
   counts_a_.assign(size_, 0);
   displs_a_.assign(size_, 0);
@@ -142,7 +147,7 @@ std::vector<LoaderComm::Contribution> LoaderComm::gather_status(const std::vecto
   check_mpi(MPI_Iallgatherv(sent_.data(), counts_a_[rank_], MPI_BYTE, gathered_.data(),
                             counts_a_.data(), displs_a_.data(), MPI_BYTE, comm_, &req),
             "MPI_Iallgatherv");
-  wait(req);
+  wait(req, "MPI_Iallgatherv (data loader status)");
 
   std::vector<Contribution> out(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
@@ -179,7 +184,7 @@ void LoaderComm::alltoallv(const std::vector<char>& send, const std::vector<int6
             "MPI_Ialltoallv");
   // Every rank entered the exchange right after the same gather: poll briskly, since each
   // round of the non-blocking schedule moves on only when both sides test.
-  wait(req, 20);
+  wait(req, "MPI_Ialltoallv (data loader samples)", 20);
 }
 
 }  // namespace packbert

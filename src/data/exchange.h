@@ -4,7 +4,8 @@
 // leaving the others in a collective), and the payload alltoallv. Every call is non-blocking
 // and completed by polling MPI_Test with a backoff: the loader thread neither spins a core the
 // trainer needs (OpenMPI's MPI_Wait busy-polls) nor stays stuck in MPI when its owner gives up
-// (see LoaderComm::abandon()).
+// (see LoaderComm::abandon()). Each wait is watched by the collective watchdog (core/watchdog.h)
+// under the step set_step() names.
 //
 // Also the wire format of a sample (encode_sample / decode_sample), MPI-free.
 #pragma once
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/watchdog.h"
 #include "data/sample.h"
 
 namespace packbert {
@@ -47,11 +49,16 @@ class LoaderComm {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // Completes req by polling (yield, then sleeps growing to max_nap_us). Throws LoaderAbandoned
-  // when abandoned: the request is left pending, and the communicator is not freed (the
-  // process is about to abort); the object and the buffers of the call must then be leaked.
-  // Every other MPI failure is fatal (MPI_ERRORS_ARE_FATAL).
-  void wait(MPI_Request& req, int max_nap_us = 200);
+  // The optimizer step (1-based) the next collectives carry samples for, as the watchdog's
+  // message names it; until set, the watchdog's own step (the training loop's).
+  void set_step(int64_t step) { step_ = step; }
+
+  // Completes req by polling (yield, then sleeps growing to max_nap_us), inside a WatchScope
+  // naming the collective (a string literal). Throws LoaderAbandoned when abandoned: the
+  // request is left pending, and the communicator is not freed (the process is about to
+  // abort); the object and the buffers of the call must then be leaked. Every other MPI failure
+  // is fatal (MPI_ERRORS_ARE_FATAL).
+  void wait(MPI_Request& req, const char* collective, int max_nap_us = 200);
 
   // What every rank contributed to a gather_status(): its bytes, or its error message.
   struct Contribution {
@@ -73,6 +80,7 @@ class LoaderComm {
   int rank_ = 0, size_ = 1;
   const std::atomic<bool>* abandon_;
   bool abandoned_ = false;
+  int64_t step_ = WatchScope::kCurrentStep;
   // Buffers of the last non-blocking call: they must outlive it (MPI uses them until done,
   // and an abandoned call is never done; see DataLoader's destructor).
   std::vector<int> counts_a_, displs_a_, counts_b_, displs_b_;

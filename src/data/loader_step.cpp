@@ -204,6 +204,7 @@ void StepProducer::exchange(const StepPlan& plan, StepBatch& out) {
 }
 
 StepBatch StepProducer::produce(bool stop) {
+  comm_.set_step(cursor_.step + 1);  // the watchdog's name for this step's collectives
   if (!order_ || cursor_.epoch != order_->epoch()) {
     order_ = std::make_unique<EpochOrder>(layout_, opt_.seed, opt_.shuffle_window_blocks,
                                           cursor_.epoch);

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/watchdog.h"
 #include "data/shard.h"
 #include "comm/mpi_check.h"
 #include "train/batching.h"
@@ -56,7 +57,10 @@ EvalResult evaluate(MPI_Comm comm, Trainer& trainer, const EvalSet& set, int64_t
   double v[6] = {sums.mlm_loss_sum, sums.nsp_loss_sum, static_cast<double>(sums.mlm_correct),
                  static_cast<double>(sums.nsp_correct), static_cast<double>(sums.masked_tokens),
                  static_cast<double>(sums.samples)};
-  PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_SUM, comm));
+  {
+    const WatchScope watch("MPI_Allreduce (evaluation)");
+    PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_SUM, comm));
+  }
   EvalResult r;
   r.masked_tokens = static_cast<int64_t>(v[4]);
   r.samples = static_cast<int64_t>(v[5]);

@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/watchdog.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "device.h"
@@ -220,6 +221,25 @@ void require_writable_dir(const char* key, const std::string& dir) {
   std::filesystem::remove(probe, ec);
 }
 
+// The collective watchdog's action: every rank ends (mpirun reports the exit code).
+void abort_job(const std::string&) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, CollectiveWatchdog::kExitCode);
+  std::_Exit(CollectiveWatchdog::kExitCode);
+}
+
+// Watches the run's collectives (core/watchdog.h) from construction to the end of the scope.
+struct WatchdogRun {
+  WatchdogRun(const TrainConfig& c, int rank) {
+    CollectiveWatchdog::global().configure(c.train.collective_timeout_s, rank, abort_job);
+  }
+  ~WatchdogRun() { CollectiveWatchdog::global().stop(); }
+  WatchdogRun(const WatchdogRun&) = delete;
+  WatchdogRun& operator=(const WatchdogRun&) = delete;
+};
+
 }  // namespace
 
 void install_stop_signal_handlers() {
@@ -238,6 +258,9 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   validate_train_config(c, world, ConfigPurpose::train);
   install_stop_signal_handlers();
   const bool root = rank == 0;
+  CollectiveWatchdog& watchdog = CollectiveWatchdog::global();
+  watchdog.set_step(0);
+  const WatchdogRun watch_collectives(c, rank);
 
   if (root && !c.checkpoint.dir.empty()) require_writable_dir("checkpoint.dir", c.checkpoint.dir);
 
@@ -252,6 +275,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   const TrainerOptions trainer_opts = trainer_options(c, model);
   Trainer trainer(comm, trainer_opts);
   StartState st = load_start_state(c, trainer);
+  watchdog.set_step(st.step);
   spdlog::info("model {} ({:.1f}M parameters), {}", describe(model), trainer.table().total() / 1e6,
                st.from.empty() ? std::string("initialised from train.seed")
                                : "loaded from " + st.from);
@@ -335,6 +359,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     }
     // A rank-0 write error throws there and aborts the job; the others wait for it here so a
     // completed checkpoint is announced before anyone exits.
+    const WatchScope watch("MPI_Barrier (checkpoint)");
     PB_MPI_CHECK(MPI_Barrier(comm));
   };
 
@@ -351,6 +376,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   StepMetrics last;
 
   while (st.step < c.train.max_steps) {
+    watchdog.set_step(st.step + 1);  // the step the collectives from here to the next belong to
     const StepBatch batch = loader.next();
     const StepMetrics m = trainer.step(batch);
     last = m;
@@ -397,7 +423,10 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
     // The ranks agree on stopping after the same step.
     int stop = g_stop_signal.load() != 0 ? 1 : 0;
-    PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, comm));
+    {
+      const WatchScope watch("MPI_Allreduce (stop flag)");
+      PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, comm));
+    }
     const bool last_step = st.step >= c.train.max_steps;
 
     if (st.step % c.log.every_steps == 0 || last_step || stop) {
@@ -484,6 +513,8 @@ int run_eval(MPI_Comm comm, const TrainConfig& c, const std::string& checkpoint_
   MPI_Comm_size(comm, &world);
   validate_train_config(c, world, ConfigPurpose::eval);
   PB_REQUIRE(!checkpoint_dir.empty(), "eval: --checkpoint DIR is required");
+  CollectiveWatchdog::global().set_step(0);
+  const WatchdogRun watch_collectives(c, rank);
   // The model is the checkpoint's (its config.json), whatever the config's [model] says.
   const BertConfig model = read_hf_config(checkpoint_dir + "/config.json");
   TrainerOptions o = trainer_options(c, model);

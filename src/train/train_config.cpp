@@ -41,7 +41,8 @@ bool TrainConfig::Train::operator==(const Train& o) const {
          dropout == o.dropout && max_nonfinite_steps == o.max_nonfinite_steps &&
          device == o.device && precision == o.precision && gpu_allreduce == o.gpu_allreduce &&
          loss_scale_init == o.loss_scale_init &&
-         loss_scale_growth_interval == o.loss_scale_growth_interval;
+         loss_scale_growth_interval == o.loss_scale_growth_interval &&
+         collective_timeout_s == o.collective_timeout_s;
 }
 bool TrainConfig::Optim::operator==(const Optim& o) const {
   return lr == o.lr && end_lr == o.end_lr && warmup_steps == o.warmup_steps &&
@@ -513,6 +514,11 @@ std::vector<KeyDef> make_keys() {
                       &T::loss_scale_growth_interval,
                       "precision = fp16: finite steps in a row before the loss scale doubles "
                       "(an overflow skips the step and halves it)"));
+  k.push_back(float_key("train.collective_timeout_s", &C::train, &T::collective_timeout_s,
+                        "seconds a rank may wait in a collective (gradient all-reduce, loader "
+                        "exchange, checkpoint barrier, evaluation) before the job aborts with "
+                        "an error naming it and the step; 0 = off; the default outlasts a "
+                        "checkpoint write the others wait for (DESIGN.md, Distribution)"));
   // [optim]
   k.push_back(float_key("optim.lr", &C::optim, &O::lr, "peak learning rate (LAMB)"));
   k.push_back(float_key("optim.end_lr", &C::optim, &O::end_lr, "learning rate at train.max_steps"));
@@ -831,6 +837,9 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
   }
   PB_REQUIRE(t.max_nonfinite_steps >= 0, "train.max_nonfinite_steps ({}) must be >= 0",
              t.max_nonfinite_steps);
+  PB_REQUIRE(std::isfinite(t.collective_timeout_s) && t.collective_timeout_s >= 0,
+             "train.collective_timeout_s ({}) must be finite and >= 0 (0 = off)",
+             t.collective_timeout_s);
 
   const auto& o = c.optim;
   auto finite_nonneg = [](double x) { return std::isfinite(x) && x >= 0; };

@@ -65,6 +65,9 @@ struct TrainConfig {
     std::string gpu_allreduce = "nccl";  // nccl | host (TrainerOptions::gpu_allreduce)
     double loss_scale_init = 65536.0;    // fp16: first loss scale (a power of two)
     int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
+    // Seconds a collective may wait before the job aborts (core/watchdog.h); 0 = off. Why 30
+    // minutes: DESIGN.md, Distribution.
+    double collective_timeout_s = 1800.0;
     bool operator==(const Train&) const;
   } train;
 

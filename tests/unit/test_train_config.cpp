@@ -89,6 +89,7 @@ TEST(TrainConfig, Defaults) {
   EXPECT_EQ(c.train.layout, BatchLayout::unpadded);
   EXPECT_EQ(c.train.last_step, LastStepPolicy::kPartial);
   EXPECT_EQ(c.train.max_nonfinite_steps, 5);
+  EXPECT_EQ(c.train.collective_timeout_s, 1800.0);
   EXPECT_EQ(c.model.mst_chunks, 1);  // MST off
   EXPECT_EQ(c.model.activation_budget_mb, 0);
   EXPECT_EQ(c.model.recompute, "none");
@@ -300,6 +301,9 @@ TEST(TrainConfig, ValidationNamesTheKey) {
   check({"train.max_seq_len=1024"}, 1,
         "train.max_seq_len (1024) must be <= model.max_position_embeddings (512)");
   check({"train.max_steps=0"}, 1, "train.max_steps");
+  check({"train.collective_timeout_s=-1"}, 1,
+        "train.collective_timeout_s (-1) must be finite and >= 0 (0 = off)");
+  check({"train.collective_timeout_s=inf"}, 1, "train.collective_timeout_s");
   check({"optim.lr=-1"}, 1, "optim.lr");
   check({"optim.lr=nan"}, 1, "optim.lr");
   check({"optim.warmup_steps=10", "optim.warmup_proportion=0.1"}, 1, "optim.warmup_proportion");
@@ -426,7 +430,8 @@ TEST(TrainConfig, TomlRoundTrip) {
            "train.gradient_accumulation_steps=64", "train.seed=12345", "train.layout=padded",
            "train.max_seq_len=128", "train.max_seqs_per_pack=0",
            "train.max_predictions_per_seq=20", "train.last_step=drop", "train.dropout=false",
-           "train.max_nonfinite_steps=0", "optim.lr=6e-3", "optim.end_lr=1e-7",
+           "train.max_nonfinite_steps=0", "train.collective_timeout_s=90.5",
+           "optim.lr=6e-3", "optim.end_lr=1e-7",
            "optim.warmup_proportion=0.2843", "optim.poly_power=0.5", "optim.beta1=0.85",
            "optim.beta2=0.98", "optim.epsilon=1e-11", "optim.weight_decay=0.1",
            "optim.max_grad_norm=0", "data.train_dir=/x/with \"quotes\" and \\back",

@@ -1,0 +1,197 @@
+// The collective watchdog (core/watchdog.h) without MPI: scopes that overrun a short timeout
+// fire once with the rank, collective and step; scopes that close in time, and every scope of a
+// watchdog that is off, never do; the default action ends the process with the watchdog's code.
+// The whole job under mpirun with a stopped rank: tests/mpi/watchdog_sigstop.sh.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/watchdog.h"
+
+namespace packbert::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The injected action: records each message (and returns, so the watchdog goes on).
+struct Fired {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> messages;
+
+  CollectiveWatchdog::Action action() {
+    return [this](const std::string& m) {
+      std::lock_guard<std::mutex> lk(mu);
+      messages.push_back(m);
+      cv.notify_all();
+    };
+  }
+  // Waits (generously: a loaded machine) until n messages came; returns how many did.
+  size_t wait_for(size_t n, std::chrono::milliseconds limit = 20000ms) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait_for(lk, limit, [&] { return messages.size() >= n; });
+    return messages.size();
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> lk(mu);
+    return messages.size();
+  }
+};
+
+TEST(CollectiveWatchdog, AnOverrunScopeFiresOnceNamingRankCollectiveAndStep) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(0.1, 5, fired.action());
+  ASSERT_TRUE(wd.enabled());
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    WatchScope scope(wd, "MPI_Barrier (checkpoint)", 17);
+    ASSERT_EQ(fired.wait_for(1), 1u);
+    std::this_thread::sleep_for(300ms);  // three more timeouts: it fires once all the same
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 100ms);
+  wd.stop();
+  ASSERT_EQ(fired.count(), 1u);
+  const std::string& m = fired.messages[0];
+  EXPECT_NE(m.find("collective watchdog: rank 5 has waited "), std::string::npos) << m;
+  EXPECT_NE(m.find("in MPI_Barrier (checkpoint) at step 17, past "
+                   "train.collective_timeout_s = 0.1;"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("aborting the job"), std::string::npos) << m;
+}
+
+TEST(CollectiveWatchdog, AScopeThatClosesInTimeDoesNotFire) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(2.0, 0, fired.action());
+  for (int i = 0; i < 100; ++i) {
+    WatchScope scope(wd, "MPI_Allreduce (stop flag)", i);
+    std::this_thread::sleep_for(1ms);
+  }
+  std::this_thread::sleep_for(2500ms);  // past the timeout with no scope open
+  wd.stop();
+  EXPECT_EQ(fired.count(), 0u);
+}
+
+TEST(CollectiveWatchdog, OffWatchesNothing) {
+  CollectiveWatchdog wd;
+  EXPECT_FALSE(wd.enabled());  // off until configured
+  Fired fired;
+  wd.configure(0, 0, fired.action());
+  EXPECT_FALSE(wd.enabled());
+  {
+    WatchScope scope(wd, "MPI_Barrier (checkpoint)", 1);
+    std::this_thread::sleep_for(50ms);
+  }
+  // The process's watchdog is off unless a run configured it: library code opening scopes in
+  // tests is not watched.
+  EXPECT_FALSE(CollectiveWatchdog::global().enabled());
+  { WatchScope scope("MPI_Allreduce (stop flag)"); }
+  EXPECT_EQ(fired.count(), 0u);
+  EXPECT_THROW(wd.configure(-1, 0, fired.action()), Error);
+  EXPECT_THROW(wd.configure(std::numeric_limits<double>::quiet_NaN(), 0, fired.action()), Error);
+  EXPECT_THROW(wd.configure(std::numeric_limits<double>::infinity(), 0, fired.action()), Error);
+}
+
+TEST(CollectiveWatchdog, StepComesFromTheScopeOrTheWatchdog) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.set_step(41);
+  EXPECT_EQ(wd.step(), 41);
+  wd.configure(0.05, 1, fired.action());
+  {
+    WatchScope scope(wd, "MPI_Iallreduce (gradient all-reduce)");  // the watchdog's step
+    wd.set_step(42);  // read when the scope opened
+    ASSERT_EQ(fired.wait_for(1), 1u);
+  }
+  wd.set_step(0);
+  {
+    WatchScope scope(wd, "MPI_Comm_dup (data loader)");
+    ASSERT_EQ(fired.wait_for(2), 2u);
+  }
+  wd.stop();
+  EXPECT_NE(fired.messages[0].find("in MPI_Iallreduce (gradient all-reduce) at step 41,"),
+            std::string::npos)
+      << fired.messages[0];
+  EXPECT_NE(fired.messages[1].find("at step 0 (before the first step),"), std::string::npos)
+      << fired.messages[1];
+}
+
+// Scopes nest and come from several threads (the compute and the loader thread): each is
+// watched on its own, and closing one leaves the others watched.
+TEST(CollectiveWatchdog, NestedScopesAndScopesOfOtherThreads) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(0.2, 2, fired.action());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::thread loader([&] {
+    WatchScope scope(wd, "MPI_Ialltoallv (data loader samples)", 9);
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return release; });
+  });
+  {
+    WatchScope outer(wd, "MPI_Barrier (checkpoint)", 8);
+    {
+      WatchScope inner(wd, "MPI_Allreduce (stop flag)", 8);  // closes in time
+    }
+    ASSERT_EQ(fired.wait_for(2), 2u);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    release = true;
+  }
+  cv.notify_all();
+  loader.join();
+  std::this_thread::sleep_for(300ms);
+  wd.stop();
+  ASSERT_EQ(fired.count(), 2u);
+  std::string both = fired.messages[0] + "\n" + fired.messages[1];
+  EXPECT_NE(both.find("in MPI_Barrier (checkpoint) at step 8,"), std::string::npos) << both;
+  EXPECT_NE(both.find("in MPI_Ialltoallv (data loader samples) at step 9,"), std::string::npos)
+      << both;
+  EXPECT_EQ(both.find("stop flag"), std::string::npos) << both;
+}
+
+TEST(CollectiveWatchdog, ReconfigureAndStopAreSafe) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(30, 0, fired.action());
+  WatchScope open_across(wd, "MPI_Barrier (checkpoint)", 3);
+  wd.configure(60, 0, fired.action());  // restarts the thread; the open scope stays listed
+  wd.stop();
+  wd.stop();
+  EXPECT_FALSE(wd.enabled());
+  EXPECT_EQ(fired.count(), 0u);
+}
+
+// Without an action: one error line on stderr through the project's logger, then the process
+// ends with kExitCode (std::_Exit: no MPI needed).
+TEST(CollectiveWatchdogDeathTest, DefaultActionLogsAndExits) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        init_logging(3, "info");
+        CollectiveWatchdog wd;
+        wd.configure(0.05, 3);
+        WatchScope scope(wd, "MPI_Allreduce (evaluation)", 12);
+        std::this_thread::sleep_for(20s);
+      },
+      ::testing::ExitedWithCode(CollectiveWatchdog::kExitCode),
+      R"(\[rank 3\] \[error\] collective watchdog: rank 3 has waited [0-9.]+ s in )"
+      R"(MPI_Allreduce \(evaluation\) at step 12, past train.collective_timeout_s = 0.05;)");
+}
+
+}  // namespace
+}  // namespace packbert::test
