@@ -382,10 +382,15 @@ class Backend {
   // precision's GEMMs read, written in the same pass: round-to-nearest-even of each updated
   // master weight (elements outside every row are left alone). Without it the op is the fp32
   // step, bit for bit.
+  // A non-finite global_grad_norm / grad_scale skips the step on the device, with no read-back:
+  // params, m, v and params_lowp stay as they were (grads and norms_ws are then unspecified).
+  // record (optional) i32 [3] keeps count (common/math.h, lamb_record_step): [0] skipped steps,
+  // [1] the current run of them (0 after a step that updated), [2] the longest run.
   virtual void lamb_step(const Tensor& table, const LambConfig& config,
                          const Tensor& global_grad_norm, const Tensor& params,
                          const Tensor& grads, const Tensor& m, const Tensor& v,
-                         const Tensor& norms_ws, const Tensor& params_lowp = Tensor()) = 0;
+                         const Tensor& norms_ws, const Tensor& params_lowp = Tensor(),
+                         const Tensor& record = Tensor()) = 0;
 
   // ---- precision -------------------------------------------------------------------------
   // dst = src in another float dtype, same element count, no overlap: f32 -> bf16 / f16 rounds

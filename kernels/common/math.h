@@ -4,6 +4,7 @@
 #pragma once
 
 #include <math.h>
+#include <stdint.h>
 
 #include "common/host_device.h"
 
@@ -77,6 +78,25 @@ struct LambCoeffs {
   float eps;
   float clip_divisor;       // lamb_clip_divisor(global grad norm, max grad norm)
 };
+
+// Whether a LAMB step may update: the global gradient norm over the loss scale is finite
+// (x - x is 0 for a finite x, NaN for an infinity or a NaN).
+PB_HD bool lamb_norm_is_finite(float global_norm, float grad_scale) {
+  const float x = global_norm / grad_scale;
+  return x - x == 0.0f;
+}
+
+// Backend::lamb_step's record of skipped steps: [0] steps skipped, [1] the current run of
+// consecutive skipped steps, [2] the longest run.
+PB_HD void lamb_record_step(int32_t* record, bool updated) {
+  if (updated) {
+    record[1] = 0;
+    return;
+  }
+  record[0] += 1;
+  record[1] += 1;
+  if (record[1] > record[2]) record[2] = record[1];
+}
 
 // Gradients are divided by this: global_norm / max_norm when the norm exceeds max_norm, else 1.
 PB_HD float lamb_clip_divisor(float global_norm, float max_norm) {

@@ -277,7 +277,7 @@ struct LambDims {
 inline LambDims lamb_step_args(const OpArgs& a, const Tensor& table, const LambConfig& cfg,
                                const Tensor& global_grad_norm, const Tensor& params,
                                const Tensor& grads, const Tensor& m, const Tensor& v,
-                               const Tensor& norms_ws) {
+                               const Tensor& norms_ws, const Tensor& record = Tensor()) {
   // The table is host memory on every backend (backend.h, lamb_step).
   OpArgs(a.op, Device::cpu)("table", table, DType::i64, {kAnyDim, 3});
   const int64_t num_tensors = table.dim(0);
@@ -288,6 +288,7 @@ inline LambDims lamb_step_args(const OpArgs& a, const Tensor& table, const LambC
   a("v", v, DType::f32, {n});
   a("global_grad_norm", global_grad_norm, DType::f32, {1});
   a("norms_ws", norms_ws, DType::f32, {2 * num_tensors});
+  a.optional("record", record, DType::i32, {3});
   check_lamb_config(a.op, cfg);
   return {num_tensors, n};
 }

@@ -81,7 +81,8 @@ class CpuBackend final : public Backend {
   void l2_norm(const Tensor& x, const Tensor& out) override;
   void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
                  const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                 const Tensor& norms_ws, const Tensor& params_lowp = Tensor()) override;
+                 const Tensor& norms_ws, const Tensor& params_lowp = Tensor(),
+                 const Tensor& record = Tensor()) override;
   void convert(const Tensor& dst, const Tensor& src) override;
 
  private:

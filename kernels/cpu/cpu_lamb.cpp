@@ -25,11 +25,12 @@ void CpuBackend::l2_norm(const Tensor& x, const Tensor& out) {
 void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                            const Tensor& global_grad_norm, const Tensor& params,
                            const Tensor& grads, const Tensor& m, const Tensor& v,
-                           const Tensor& norms_ws, const Tensor& params_lowp) {
+                           const Tensor& norms_ws, const Tensor& params_lowp,
+                           const Tensor& record) {
   const char* op = "lamb_step";
   const auto [num_tensors, n] = checks::lamb_step_args(checks::OpArgs(op, Device::cpu), table, cfg,
                                                        global_grad_norm, params, grads, m, v,
-                                                       norms_ws);
+                                                       norms_ws, record);
   if (params_lowp.defined()) {
     PB_REQUIRE(params_lowp.dtype == DType::bf16 || params_lowp.dtype == DType::f16,
                "{}: params_lowp is {}, expected bf16 or f16", op, params_lowp.str());
@@ -38,6 +39,9 @@ void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
   static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
+  const bool update = lamb_norm_is_finite(global_grad_norm.ptr<float>()[0], cfg.grad_scale);
+  if (record.defined()) lamb_record_step(record.ptr<int32_t>(), update);
+  if (!update) return;
 
   LambCoeffs c;
   c.beta1 = cfg.beta1;

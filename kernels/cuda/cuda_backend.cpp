@@ -411,11 +411,12 @@ void CudaBackend::l2_norm(const Tensor& x, const Tensor& out) {
 void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                             const Tensor& global_grad_norm, const Tensor& params,
                             const Tensor& grads, const Tensor& m, const Tensor& v,
-                            const Tensor& norms_ws, const Tensor& params_lowp) {
+                            const Tensor& norms_ws, const Tensor& params_lowp,
+                            const Tensor& record) {
   const char* op = "lamb_step";
   const auto [num_tensors, n] =
       checks::lamb_step_args(checks::OpArgs(op, Device::cuda, pointer_check()), table, cfg,
-                             global_grad_norm, params, grads, m, v, norms_ws);
+                             global_grad_norm, params, grads, m, v, norms_ws, record);
   cuda::FloatFormat lowp_format = cuda::FloatFormat::f32;
   if (params_lowp.defined()) {
     PB_REQUIRE(lowp::is_lowp(params_lowp.dtype), "{}: params_lowp is {}, expected bf16 or f16",
@@ -498,7 +499,7 @@ void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                            n ? m.ptr<float>() : nullptr, n ? v.ptr<float>() : nullptr,
                            norms_ws.ptr<float>(), partial,
                            n && params_lowp.defined() ? params_lowp.data : nullptr, lowp_format,
-                           stream_));
+                           record.defined() ? record.ptr<int32_t>() : nullptr, stream_));
   end(op);
 }
 

@@ -106,12 +106,14 @@ struct LambArgs {
   float grad_scale;  // LambConfig::grad_scale (folded into the clip divisor)
 };
 // norms_ws: [2T] (||w|| then ||u||); partial: doubles, one per chunk. params_lowp (may be null):
-// the low-precision weight copy, written round(w) in the update's pass.
+// the low-precision weight copy, written round(w) in the update's pass. A non-finite
+// global_grad_norm / grad_scale skips the update; record (may be null) i32 [3] counts it
+// (common/math.h, lamb_record_step).
 cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
                       int64_t num_tensors, const LambArgs& args, const float* global_grad_norm,
                       float* params, float* grads, float* m, float* v, float* norms_ws,
                       double* partial, void* params_lowp, FloatFormat lowp_format,
-                      cudaStream_t s);
+                      int32_t* record, cudaStream_t s);
 
 // ---- LayerNorm family (layernorm_kernels.cu) ----------------------------------------------
 // backend.h's kLayerNormEps (the .cu files do not include backend.h; cuda_backend.cpp

@@ -192,6 +192,8 @@ __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRang
                                    float* g, float* m, float* v, double* partial) {
   __shared__ double scratch[32];
   const LambChunk ch = chunks[blockIdx.x];
+  // A non-finite norm: the step is skipped (every thread of the block returns alike).
+  if (!lamb_norm_is_finite(global_grad_norm[0], a.grad_scale)) return;
   LambCoeffs c;
   c.beta1 = a.beta1;
   c.beta2 = a.beta2;
@@ -287,7 +289,9 @@ __global__ void scatter_add_rest_kernel(const void* dout, const int32_t* index,
 
 __global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
                                   float lr, int64_t num_tensors, const float* norms, float* w,
-                                  const float* u, void* w_lowp, FloatFormat lowp_format) {
+                                  const float* u, void* w_lowp, FloatFormat lowp_format,
+                                  const float* global_grad_norm, float grad_scale) {
+  if (!lamb_norm_is_finite(global_grad_norm[0], grad_scale)) return;  // skipped step
   const LambChunk ch = chunks[blockIdx.x];
   const LambTensorRange t = tensors[ch.tensor];
   const float step = lamb_step_size(lr, norms[ch.tensor], norms[num_tensors + ch.tensor],
@@ -297,6 +301,12 @@ __global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange
     w[i] = nw;
     if (w_lowp) store_from_float(w_lowp, lowp_format, i, nw);
   }
+}
+
+// One thread: the skipped-step record of a LAMB step.
+__global__ void lamb_record_kernel(const float* global_grad_norm, float grad_scale,
+                                   int32_t* record) {
+  lamb_record_step(record, lamb_norm_is_finite(global_grad_norm[0], grad_scale));
 }
 
 __global__ void convert_kernel(const void* src, FloatFormat sf, void* dst, FloatFormat df,
@@ -475,7 +485,7 @@ cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTen
                       int64_t num_tensors, const LambArgs& a, const float* global_grad_norm,
                       float* params, float* grads, float* m, float* v, float* norms_ws,
                       double* partial, void* params_lowp, FloatFormat lowp_format,
-                      cudaStream_t s) {
+                      int32_t* record, cudaStream_t s) {
   if (num_tensors == 0) return cudaSuccess;
   const unsigned tgrid = grid_for(num_tensors, 128);
   const auto cgrid = static_cast<unsigned>(num_chunks);
@@ -498,7 +508,12 @@ cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTen
   if ((e = launched()) != cudaSuccess) return e;
   if (num_chunks > 0) {
     PB_LAUNCH(cgrid, kThreads, 0, s, lamb_apply_kernel)(
-        chunks, tensors, a.lr, num_tensors, norms_ws, params, grads, params_lowp, lowp_format);
+        chunks, tensors, a.lr, num_tensors, norms_ws, params, grads, params_lowp, lowp_format,
+        global_grad_norm, a.grad_scale);
+    if ((e = launched()) != cudaSuccess) return e;
+  }
+  if (record) {
+    PB_LAUNCH(1, 1, 0, s, lamb_record_kernel)(global_grad_norm, a.grad_scale, record);
     if ((e = launched()) != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -4,11 +4,14 @@
 #include <cmath>
 #include <utility>
 
+#include "common/math.h"
 #include "core/error.h"
 
 namespace packbert {
 
 namespace {
+
+constexpr int64_t kScalarBytes = sizeof(float) + 3 * sizeof(int32_t);  // Lamb::scalars_
 
 void check_options(const LambOptions& o) {
   PB_REQUIRE(o.beta1 >= 0.f && o.beta1 < 1.f && o.beta2 >= 0.f && o.beta2 < 1.f,
@@ -62,18 +65,21 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
   table_ = lamb_table(host_table_.data(), num_tensors);
   m_buffer_ = backend_.alloc(DType::f32, {num_elems_});
   v_buffer_ = backend_.alloc(DType::f32, {num_elems_});
-  grad_norm_buffer_ = backend_.alloc(DType::f32, {1});
+  scalars_ = backend_.alloc(DType::u8, {kScalarBytes});
   norms_buffer_ = backend_.alloc(DType::f32, {2 * num_tensors});
   m_ = m_buffer_.tensor();
   v_ = v_buffer_.tensor();
-  grad_norm_ = grad_norm_buffer_.tensor();
+  grad_norm_ = scalars_.tensor(DType::f32, {1});
+  record_ = Tensor(static_cast<char*>(scalars_.data()) + sizeof(float), DType::i32, {3},
+                   backend_.device());
   norms_ = norms_buffer_.tensor();
   backend_.zero(m_);
   backend_.zero(v_);
+  backend_.zero(scalars_.tensor());
 }
 
 LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp,
-                        float grad_scale) {
+                        float grad_scale, bool read_back) {
   const char* op = "Lamb::step";
   check_tensor(op, "params", params, DType::f32, {num_elems_});
   check_tensor(op, "grads", grads, DType::f32, {num_elems_});
@@ -95,15 +101,24 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   // Every rank holds the all-reduced gradient, so this is the global norm (apex FusedLAMB
   // takes one norm over all parameter groups, decayed or not).
   backend_.l2_norm(grads, grad_norm_);
-  if (options_.check_finite) {
-    backend_.copy(view(&info.grad_norm, {1}), grad_norm_);
-    info.grad_norm /= grad_scale;  // exact for the power-of-two loss scales
-    if (!std::isfinite(info.grad_norm) && options_.skip_nonfinite) {
-      backend_.zero(grads);
-      info.skipped = true;
-      return info;
-    }
-    PB_REQUIRE(std::isfinite(info.grad_norm),
+  bool finite = true;
+  if (read_back) {
+    // One copy: the norm, and the record of the steps before this one.
+    struct {
+      float norm;
+      int32_t record[3];
+    } host;
+    static_assert(sizeof(host) == kScalarBytes, "Lamb::scalars_ layout");
+    backend_.copy(Tensor(&host, DType::u8, {kScalarBytes}), scalars_.tensor());
+    info.read_back = true;
+    info.grad_norm = host.norm / grad_scale;  // exact for the power-of-two loss scales
+    finite = std::isfinite(info.grad_norm);
+    info.unread_skips = host.record[0] - skips_seen_;
+    lamb_record_step(host.record, finite);  // what lamb_step below records on the device
+    skips_seen_ = host.record[0];
+    info.skipped_run = host.record[1];
+    info.longest_skipped_run = host.record[2];
+    PB_REQUIRE(finite || !options_.check_finite || options_.skip_nonfinite,
                "lamb: the gradient norm is {} at step {}; the weights were left as they were "
                "(diverged: lower the learning rate or check the input)",
                info.grad_norm, info.step);
@@ -118,10 +133,13 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   cfg.max_grad_norm = options_.max_grad_norm;
   cfg.step = info.step;
   cfg.grad_scale = grad_scale;
-  backend_.lamb_step(table_, cfg, grad_norm_, params, grads, m_, v_, norms_, params_lowp);
+  // A non-finite norm makes this a no-op on the device (and counts it in the record).
+  backend_.lamb_step(table_, cfg, grad_norm_, params, grads, m_, v_, norms_, params_lowp,
+                     record_);
   // lamb_step left the update direction in grads; the next accumulation starts from zero.
   backend_.zero(grads);
-  steps_done_ = info.step;
+  info.skipped = !finite;
+  if (finite) steps_done_ = info.step;
   return info;
 }
 

@@ -44,23 +44,33 @@ struct LambOptions {
   float eps = 1e-6f;
   float weight_decay = 0.01f;
   float max_grad_norm = 1.0f;
-  // Read the global gradient norm back to the host each step and throw Error when it is NaN or
+  // A step whose norm is read back (step(..., read_back)) throws Error when the norm is NaN or
   // infinite, before the weights are touched (fp32/bf16 training has no loss scaler that would
-  // skip such a step; a NaN would silently poison every weight). On a GPU this is one 4-byte
-  // synchronous copy per step.
+  // skip such a step).
   bool check_finite = true;
   // With check_finite: instead of throwing, skip the update of a non-finite gradient (the
   // weights, moments and step count stay as they were, the gradients are zeroed) and report it
   // in LambStepInfo::skipped. The trainer counts such steps and gives up after several in a row.
   bool skip_nonfinite = false;
+  // A step that does not read back never waits for the device: a non-finite norm then skips the
+  // update on the device (Backend::lamb_step; the weights and moments stay as they were) and is
+  // counted in its record, which the next read reports (LambStepInfo). Such a step still takes
+  // its step number: the host cannot know, so the bias correction and the schedule advance.
 };
 
 // What one step did (host values).
 struct LambStepInfo {
   int64_t step = 0;        // 1-based index of the update just made
   double lr = 0.0;         // the schedule's rate for it
+  bool read_back = false;  // the norm and the skip record below were read from the device
   float grad_norm = -1.f;  // global gradient norm before clipping; -1 when not read back
   bool skipped = false;    // non-finite gradient norm, no update made (skip_nonfinite)
+  // When read back: steps the device skipped since the previous read, this one excluded (steps
+  // that did not read back), and the record after this step (Backend::lamb_step): the current
+  // run of consecutive skipped steps and the longest run since the optimizer was made.
+  int64_t unread_skips = 0;
+  int64_t skipped_run = 0;
+  int64_t longest_skipped_run = 0;
 };
 
 class Lamb {
@@ -83,8 +93,11 @@ class Lamb {
   // grad_scale: grads hold the gradient of the loss times this (fp16 loss scaling); the update
   // divides it out, and LambStepInfo::grad_norm is the unscaled norm. 1 for fp32 / bf16: the
   // plain step, bit for bit.
+  // read_back: read the gradient norm and the skip record back (a 16-byte copy: on a GPU it
+  // waits for the stream). Without it the step never waits; see LambOptions for what a
+  // non-finite gradient does then.
   LambStepInfo step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp = {},
-                    float grad_scale = 1.0f);
+                    float grad_scale = 1.0f, bool read_back = true);
 
   // ---- state, for checkpoints ----------------------------------------------------------------
   int64_t steps_done() const { return steps_done_; }
@@ -115,8 +128,10 @@ class Lamb {
 
   std::vector<LambTensor> host_table_;
   Tensor table_;  // host_table_ as the op's i64 [T, 3]
-  BackendBuffer m_buffer_, v_buffer_, grad_norm_buffer_, norms_buffer_;
-  Tensor m_, v_, grad_norm_, norms_;  // their views
+  // scalars_: the global norm (f32) then the skip record (i32 [3]), read back in one copy.
+  BackendBuffer m_buffer_, v_buffer_, scalars_, norms_buffer_;
+  Tensor m_, v_, grad_norm_, record_, norms_;  // their views
+  int64_t skips_seen_ = 0;  // record[0] at the last read
 };
 
 }  // namespace packbert

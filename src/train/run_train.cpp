@@ -378,7 +378,12 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   while (st.step < c.train.max_steps) {
     watchdog.set_step(st.step + 1);  // the step the collectives from here to the next belong to
     const StepBatch batch = loader.next();
-    const StepMetrics m = trainer.step(batch);
+    // The optimizer's scalars are read back on logged steps only (on the GPU the others never
+    // wait for the device); a stop signal can end the run on an unlogged step, whose progress
+    // line then has no gradient norm.
+    const int64_t next = st.step + 1;
+    const StepMetrics m =
+        trainer.step(batch, {}, next % c.log.every_steps == 0 || next >= c.train.max_steps);
     last = m;
     st.step = batch.step + 1;
     st.samples += m.samples;
@@ -389,6 +394,18 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     const bool scale_overflow = c.train.precision == "fp16" && m.skipped &&
                                 std::isfinite(m.loss) &&
                                 m.loss_scale > trainer_opts.loss_scaler.min_scale;
+    if (m.unread_skips > 0) {
+      // Steps between two reads whose updates the device skipped (never fp16, which reads
+      // every step).
+      st.skipped_steps += m.unread_skips;
+      spdlog::warn("steps before {}: {} had a non-finite gradient; the device skipped their "
+                   "updates (longest run {}, {} allowed)",
+                   st.step, m.unread_skips, m.longest_skipped_run, c.train.max_nonfinite_steps);
+      PB_REQUIRE(m.longest_skipped_run <= c.train.max_nonfinite_steps,
+                 "train: {} steps in a row had a non-finite gradient (before step {}); the run "
+                 "diverged: lower optim.lr or check the data (train.max_nonfinite_steps = {})",
+                 m.longest_skipped_run, st.step, c.train.max_nonfinite_steps);
+    }
     if (scale_overflow) {
       ++st.skipped_steps;
       spdlog::info("step {}: fp16 gradient overflow at loss scale {}; the update was skipped and "

@@ -76,7 +76,8 @@ const std::vector<float>& Trainer::params() const {
 
 Trainer::~Trainer() = default;
 
-StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect_grads) {
+StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect_grads,
+                          bool read_optimizer) {
   PB_REQUIRE(batch.global_samples > 0, "train step {}: the global batch is empty", batch.step);
   // The dropout key holds 24 bits of step (common/philox.h); the loader's step count starts at
   // 0 and grows by 1, and the config refuses max_steps beyond the range before any work.
@@ -131,14 +132,18 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
 
   // Mixed precision: LAMB also rewrites the GEMMs' low-precision weight copy, and divides the
   // loss scale out of the gradients.
+  const bool read = read_optimizer || backend_->device() == Device::cpu || scaler_ != nullptr;
   const LambStepInfo info = lamb_->step(params_.tensor(), grads_.tensor(), bert_->lowp_params(),
-                                        loss_scale);
+                                        loss_scale, read);
   out.loss_scale = loss_scale;
   if (scaler_) scaler_->update(!info.skipped);
   host_params_stale_ = true;
   out.lr = info.lr;
+  out.optimizer_read = info.read_back;
   out.grad_norm = info.grad_norm;
   out.skipped = info.skipped;
+  out.unread_skips = info.unread_skips;
+  out.longest_skipped_run = info.longest_skipped_run;
 
   reducer.allreduce_sum(local, 9);
   const double masked = local[5], seqs = local[6];

@@ -81,8 +81,13 @@ struct StepMetrics {
   int64_t samples = 0;         // sequences trained
   int64_t masked_tokens = 0;
   double lr = 0;               // the rate of this update
-  float grad_norm = -1.f;      // global gradient norm before clipping
+  // The optimizer's scalars, read back from the device only when step() was asked to (always on
+  // the CPU backend and in fp16, whose loss scaler decides on the host): LambStepInfo.
+  bool optimizer_read = false;
+  float grad_norm = -1.f;      // global gradient norm before clipping; -1 when not read
   bool skipped = false;        // non-finite gradient: no update (LambOptions::skip_nonfinite)
+  int64_t unread_skips = 0;    // steps the device skipped since the previous read
+  int64_t longest_skipped_run = 0;
   float loss_scale = 1.f;      // fp16: the scale this step ran with (1 for fp32 / bf16)
   int64_t tokens = 0;          // real tokens of the global batch
   int64_t rows = 0;            // rows the model computed over, padding included (all ranks)
@@ -105,7 +110,10 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // One optimizer step from this rank's part of a global batch (micro-batches may be empty).
-  StepMetrics step(const StepBatch& batch, const ReducedGradHook& inspect_grads = {});
+  // read_optimizer: read the gradient norm and LAMB's skip record back (StepMetrics); on CUDA
+  // the other steps' optimizer never waits for the device. The CPU backend and fp16 always read.
+  StepMetrics step(const StepBatch& batch, const ReducedGradHook& inspect_grads = {},
+                   bool read_optimizer = true);
 
   // Evaluation forward of one batch of this rank (no dropout, no gradients, nothing reduced).
   EvalSums evaluate(const Batch& batch);

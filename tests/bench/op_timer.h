@@ -170,10 +170,11 @@ class TimedBackend final : public Backend {
   }
   void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
                  const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                 const Tensor& norms_ws, const Tensor& params_lowp) override {
+                 const Tensor& norms_ws, const Tensor& params_lowp,
+                 const Tensor& record) override {
     timed(OpKind::optimizer, [&] {
       inner_.lamb_step(table, config, global_grad_norm, params, grads, m, v, norms_ws,
-                       params_lowp);
+                       params_lowp, record);
     });
   }
 

@@ -645,6 +645,37 @@ TEST(CudaOps, LambStep) {
     expect_close(what + " v", dv.doubles(), dbl(hvv), kTol);
     expect_close(what + " norms", dnorms.doubles(), dbl(norms), 1e-6);
   }
+  // A non-finite norm skips the step inside the op on both backends (no read-back), and both
+  // keep the same record; a finite step after it updates and ends the run.
+  auto w = random_floats(rng, n), g = random_floats(rng, n), m = random_floats(rng, n, 0.1f);
+  auto v = random_floats(rng, n, 0.1f);
+  for (auto& x : v) x = std::abs(x);
+  DevBuf<float> dw({n}, w), dm({n}, m), dv({n}, v), dnorms({2 * t});
+  DevBuf<int32_t> drecord({3}, {0, 0, 0});
+  std::vector<int32_t> record = {0, 0, 0};
+  std::vector<float> hw = w, hm = m, hvv = v, norms(2 * t);
+  LambConfig cfg;
+  cfg.lr = 1e-3f;
+  cfg.step = 3;
+  for (float gnorm : {std::numeric_limits<float>::quiet_NaN(), 1.5f}) {
+    std::vector<float> hg = g, gn = {gnorm};
+    b.cpu->lamb_step(lamb_table(first.data(), t), cfg, hv(gn, {1}), hv(hw, {n}), hv(hg, {n}),
+                     hv(hm, {n}), hv(hvv, {n}), hv(norms, {2 * t}), Tensor(),
+                     hv(record, {3}));
+    DevBuf<float> dg({n}, g), dgn({1}, {gnorm});
+    b.gpu->lamb_step(lamb_table(first.data(), t), cfg, dgn.tensor(), dw.tensor(), dg.tensor(),
+                     dm.tensor(), dv.tensor(), dnorms.tensor(), Tensor(), drecord.tensor());
+    EXPECT_EQ(drecord.values(), record) << "global norm " << gnorm;
+    if (std::isnan(gnorm)) {
+      EXPECT_EQ(dw.values(), w);
+      EXPECT_EQ(dm.values(), m);
+      EXPECT_EQ(dv.values(), v);
+      EXPECT_EQ(record, (std::vector<int32_t>{1, 1, 1}));
+    } else {
+      expect_close("lamb_step after a skipped step: params", dw.doubles(), dbl(hw), kTol);
+      EXPECT_EQ(record, (std::vector<int32_t>{1, 0, 1}));
+    }
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// gpu label: the whole optimizer step (train/train_step.h: forward, backward, the all-reduce
-// staged through the host, LAMB on the device) with train.device = cuda against the CPU
-// trainer: three steps on one batch of two micro-steps with dropout on. The losses of every
-// step and the parameter updates of the three steps must agree.
+// gpu label: the whole optimizer step (train/train_step.h: forward, backward, the gradient
+// reducer (one rank: nothing moves), LAMB on the device) with train.device = cuda against the
+// CPU trainer: three steps on one batch of two micro-steps with dropout on. The losses of every
+// step and the parameter updates of the three steps must agree. A second CUDA trainer whose
+// first two steps do not read the optimizer's scalars back ends bitwise where the first does.
 //
 // Tolerances: the loss to 1e-4 relative per step (the model test's bound; fp32 on both sides,
 // other summation orders). The update (parameters after minus before) to rel L2 1e-3 per
@@ -40,12 +41,16 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
   o.lr.num_warmup_steps = 1;
   Trainer cpu(MPI_COMM_WORLD, o);
   o.device = Device::cuda;
-  Trainer gpu(MPI_COMM_WORLD, o);
+  Trainer gpu(MPI_COMM_WORLD, o), unread(MPI_COMM_WORLD, o);
   ASSERT_EQ(cpu.params(), gpu.params()) << "the same seed must give the same initial weights";
   const std::vector<float> before = cpu.params();
   for (int64_t s = 0; s < 3; ++s) {
     batch.step = s;
     const StepMetrics a = cpu.step(batch), b = gpu.step(batch);
+    const StepMetrics u = unread.step(batch, {}, /*read_optimizer=*/s == 2);
+    EXPECT_EQ(u.optimizer_read, s == 2);
+    EXPECT_EQ(u.grad_norm, s == 2 ? b.grad_norm : -1.f) << "step " << s;
+    EXPECT_EQ(u.unread_skips, 0);
     const double err = std::abs(b.loss - a.loss) / std::abs(a.loss);
     std::printf("[trainer-error] step %lld: loss cpu %.6f cuda %.6f (rel %.2e), grad norm %.5f "
                 "vs %.5f\n",
@@ -54,6 +59,7 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
     EXPECT_LE(err, 1e-4) << "step " << s;
     EXPECT_EQ(b.skipped, false);
   }
+  EXPECT_EQ(unread.params(), gpu.params()) << "reading the optimizer's scalars changed a bit";
   const std::vector<float>& pc = cpu.params();
   const std::vector<float>& pg = gpu.params();
   for (const ParamTensor& t : cpu.table().tensors()) {

@@ -3,6 +3,10 @@
 // only where weight decay applies), over several steps.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+#include <vector>
+
 #include "cpu/cpu_backend.h"
 #include "ops_test_util.h"
 
@@ -125,6 +129,46 @@ TEST(Lamb, ZeroWeightsTakeThePlainStep) {
   EXPECT_EQ(norms[0], 0.f);
   // Step 1 with bias correction: u = g / (|g| + eps) = sign(g) (to eps).
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(w[i], -0.01f * (g[i] > 0 ? 1.f : -1.f), 1e-6f) << i;
+}
+
+// A non-finite global norm (NaN, or infinite; also a finite norm whose loss-scale quotient is
+// not) skips the step inside the op: weights, moments and the low-precision copy stay; the
+// record counts skipped steps, the current run and the longest run; a finite step ends the run.
+TEST(Lamb, NonFiniteNormSkipsInsideTheOpAndIsRecorded) {
+  auto be = make_cpu_backend();
+  const std::vector<LambTensor> table = {{0, 5, 1}, {5, 3, 0}};
+  std::vector<float> w = {0.5f, -1.f, 2.f, 0.25f, 1.f, 0.1f, -0.2f, 0.3f}, m(8, 0.01f),
+                     v(8, 0.02f), norms(4);
+  std::vector<uint16_t> low(8, 0x1234);
+  std::vector<int32_t> record = {0, 0, 0};
+  LambConfig cfg;
+  cfg.lr = 0.01f;
+  cfg.step = 3;
+  auto step = [&](float gn) {
+    std::vector<float> g(8, 0.1f);
+    be->lamb_step(lamb_table(table.data(), 2), cfg, view(&gn, {1}), view(w.data(), {8}),
+                  view(g.data(), {8}), view(m.data(), {8}), view(v.data(), {8}),
+                  view(norms.data(), {4}), Tensor(low.data(), DType::bf16, {8}),
+                  view(record.data(), {3}));
+  };
+  const auto w0 = w, m0 = m, v0 = v;
+  const auto low0 = low;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), inf, -inf}) step(bad);
+  EXPECT_EQ(w, w0);
+  EXPECT_EQ(m, m0);
+  EXPECT_EQ(v, v0);
+  EXPECT_EQ(low, low0);
+  EXPECT_EQ(record, (std::vector<int32_t>{3, 3, 3}));
+  step(0.5f);  // finite: updates and ends the run
+  EXPECT_NE(w, w0);
+  EXPECT_NE(low, low0);
+  EXPECT_EQ(record, (std::vector<int32_t>{3, 0, 3}));
+  cfg.grad_scale = 0.25f;  // 3e38 / 0.25 overflows: skipped although the norm is finite
+  const auto w1 = w;
+  step(3e38f);
+  EXPECT_EQ(w, w1);
+  EXPECT_EQ(record, (std::vector<int32_t>{4, 1, 3}));
 }
 
 TEST(Lamb, RejectsBadTables) {

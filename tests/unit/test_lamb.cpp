@@ -292,6 +292,53 @@ TEST(Lamb, RejectsBadTablesAndBuffers) {
   EXPECT_THROW(lamb.step(view(w.data(), {5}), view(g.data(), {5})), Error);  // wrong size
 }
 
+// Steps that do not read back never learn of a non-finite gradient: the op skips the update on
+// the device, the step still takes its number, and the next read reports the skipped steps,
+// the current run and the longest run (what the trainer of a GPU run does between log steps).
+TEST(Lamb, UnreadStepsSkipOnTheDeviceAndTheNextReadReportsThem) {
+  auto rng = make_rng(5);
+  const Table t = random_table(rng);
+  auto be = make_cpu_backend();
+  Lamb lamb(*be, t.params, t.n, test_schedule());  // check_finite on, skip_nonfinite off
+  std::vector<float> w = random_floats(rng, static_cast<size_t>(t.n), 1.f);
+  auto grads = [&](int k, bool bad) {
+    auto g = micro_grads(rng, t.n, k);
+    if (bad) g[static_cast<size_t>(t.params[0].offset)] = std::nanf("");
+    return g;
+  };
+  std::vector<float> g = grads(1, false);
+  const LambStepInfo first = lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n}), {}, 1.f,
+                                       /*read_back=*/false);
+  EXPECT_FALSE(first.read_back);
+  EXPECT_EQ(first.grad_norm, -1.f);
+  const std::vector<float> w1 = w;
+  for (int k = 2; k <= 3; ++k) {  // two non-finite steps, unread: no error, weights kept
+    g = grads(k, true);
+    const LambStepInfo info =
+        lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n}), {}, 1.f, false);
+    EXPECT_FALSE(info.skipped);  // unknown to the host
+    EXPECT_EQ(w, w1);
+    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.f; }));
+  }
+  EXPECT_EQ(lamb.steps_done(), 3);  // the unread steps took their numbers
+  g = grads(4, false);
+  const LambStepInfo read = lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n}));
+  EXPECT_TRUE(read.read_back);
+  EXPECT_FALSE(read.skipped);
+  EXPECT_TRUE(std::isfinite(read.grad_norm));
+  EXPECT_EQ(read.unread_skips, 2);
+  EXPECT_EQ(read.skipped_run, 0);
+  EXPECT_EQ(read.longest_skipped_run, 2);
+  EXPECT_NE(w, w1);
+  g = grads(5, false);
+  const LambStepInfo again = lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n}));
+  EXPECT_EQ(again.unread_skips, 0);  // reported once
+  EXPECT_EQ(again.longest_skipped_run, 2);
+  // A read step with a non-finite norm is still the error check_finite asks for.
+  g = grads(6, true);
+  EXPECT_THROW(lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n})), Error);
+}
+
 TEST(Lamb, MlperfNoDecayRule) {
   for (const char* name : {"bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias",
                            "bert.encoder.layer.3.attention.self.query.bias",
