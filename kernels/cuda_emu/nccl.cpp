@@ -39,3 +39,13 @@ ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_
                            cudaStream_t) {
   return ncclInvalidUsage;
 }
+ncclResult_t ncclReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                        cudaStream_t) {
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                           cudaStream_t) {
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclGroupStart() { return ncclInvalidUsage; }
+ncclResult_t ncclGroupEnd() { return ncclInvalidUsage; }

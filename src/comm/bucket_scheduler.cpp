@@ -63,6 +63,15 @@ std::vector<GradBucket> plan_grad_buckets(const std::vector<GradSpan>& tensors, 
   return buckets;
 }
 
+std::vector<int64_t> bucket_part_counts(const GradBucket& b,
+                                         const std::vector<int64_t>& bounds) {
+  std::vector<int64_t> counts(bounds.empty() ? 0 : bounds.size() - 1, 0);
+  const int64_t lo = b.offset, hi = b.offset + b.size;
+  for (size_t r = 0; r < counts.size(); ++r)
+    counts[r] = std::max<int64_t>(0, std::min(hi, bounds[r + 1]) - std::max(lo, bounds[r]));
+  return counts;
+}
+
 GradBucketScheduler::GradBucketScheduler(std::vector<GradSpan> tensors, int64_t num_elems,
                                          size_t bucket_bytes, std::string label)
     : label_(std::move(label)) {

@@ -53,6 +53,10 @@ struct GradBucket {
 std::vector<GradBucket> plan_grad_buckets(const std::vector<GradSpan>& sorted_tensors,
                                           int64_t num_elems, size_t bucket_bytes);
 
+// The part of bucket b each rank owns when rank r owns the elements [bounds[r], bounds[r + 1]):
+// counts in rank order (0 for a rank owning none of it), tiling the bucket from its offset.
+std::vector<int64_t> bucket_part_counts(const GradBucket& b, const std::vector<int64_t>& bounds);
+
 // What happened in one round (begin() .. finish()).
 struct GradReduceStats {
   int buckets = 0;
@@ -82,8 +86,8 @@ class GradBucketTransport {
   // Every bucket of the round is complete for whoever reads the buffer next (the host for MPI,
   // the compute stream for NCCL).
   virtual void complete_all() = 0;
-  // Outside a round: the shards of every bucket of buffer (laid out as the gradient) from their
-  // owners to every rank (GradReducer::all_gather).
+  // Outside a round: the owned parts of every bucket of buffer (laid out as the gradient) from
+  // their owners to every rank (GradReducer::all_gather).
   virtual void all_gather(const std::vector<GradBucket>& buckets, const Tensor& buffer) = 0;
 };
 

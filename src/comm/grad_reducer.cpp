@@ -34,8 +34,9 @@ Tensor slice(const Tensor& flat, int64_t offset, int64_t size) {
 class MpiTransport final : public GradBucketTransport {
  public:
   MpiTransport(MPI_Comm comm, int rank, int size, Backend& backend, const Tensor& grads,
-               size_t num_buckets)
-      : comm_(comm), rank_(rank), size_(size), backend_(backend), grads_(grads),
+               size_t num_buckets, std::vector<int64_t> bounds)
+      : comm_(comm), rank_(rank), size_(size), bounds_(std::move(bounds)), backend_(backend),
+        grads_(grads),
         staged_(grads.device != Device::cpu), requests_(num_buckets, MPI_REQUEST_NULL),
         completed_indices_(num_buckets, 0) {
     if (staged_) host_.assign(static_cast<size_t>(grads.numel()), 0.f);
@@ -62,12 +63,11 @@ class MpiTransport final : public GradBucketTransport {
       PB_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, h, static_cast<int>(b.size), MPI_FLOAT, MPI_SUM,
                                   comm_, req));
     } else {
-      // The sum of this rank's shard lands in scratch (MPI's in-place form would put it at the
+      // The sum of this rank's part lands in scratch (MPI's in-place form would put it at the
       // bucket's start); complete_all() moves it into place.
-      const int64_t count = b.size / size_;
-      PB_MPI_CHECK(MPI_Ireduce_scatter_block(h, shard_scratch_.data() + b.offset,
-                                             static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_,
-                                             req));
+      const std::vector<int> counts = part_counts(b);
+      PB_MPI_CHECK(MPI_Ireduce_scatter(h, shard_scratch_.data() + b.offset, counts.data(),
+                                       MPI_FLOAT, MPI_SUM, comm_, req));
     }
     round_buckets_.push_back(b);
     started_ = k + 1;
@@ -91,8 +91,10 @@ class MpiTransport final : public GradBucketTransport {
     for (const GradBucket& b : round_buckets_) {
       int64_t first = b.offset, size = b.size;
       if (collective_ == GradCollective::reduce_scatter) {
-        size = b.size / size_;
-        first = b.offset + rank_ * size;
+        const GradBucket mine = own_part(b);
+        first = mine.offset;
+        size = mine.size;
+        if (size == 0) continue;
         std::memcpy(host_grads_ + first, shard_scratch_.data() + b.offset,
                     static_cast<size_t>(size) * sizeof(float));
       }
@@ -107,17 +109,22 @@ class MpiTransport final : public GradBucketTransport {
     if (staged) gather_host_.resize(buffer.bytes());
     char* host = staged ? gather_host_.data() : static_cast<char*>(buffer.data);
     std::vector<MPI_Request> reqs(buckets.size(), MPI_REQUEST_NULL);
+    std::vector<std::vector<int>> counts(buckets.size()), displs(buckets.size());
     for (size_t k = 0; k < buckets.size(); ++k) {
       const GradBucket& b = buckets[k];
-      const int64_t count = b.size / size_;
-      if (staged) {
-        const int64_t mine = b.offset + rank_ * count;
-        const Tensor h(host + mine * static_cast<int64_t>(elem), buffer.dtype, {count});
-        backend_.copy(h, slice(buffer, mine, count));
+      const GradBucket mine = own_part(b);
+      if (staged && mine.size > 0) {
+        const Tensor h(host + mine.offset * static_cast<int64_t>(elem), buffer.dtype,
+                       {mine.size});
+        backend_.copy(h, slice(buffer, mine.offset, mine.size));
       }
-      PB_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL,
-                                  host + b.offset * static_cast<int64_t>(elem),
-                                  static_cast<int>(count), type, comm_, &reqs[k]));
+      counts[k] = part_counts(b);
+      displs[k].assign(counts[k].size(), 0);
+      for (size_t r = 1; r < counts[k].size(); ++r)
+        displs[k][r] = displs[k][r - 1] + counts[k][r - 1];
+      PB_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL,
+                                   host + b.offset * static_cast<int64_t>(elem), counts[k].data(),
+                                   displs[k].data(), type, comm_, &reqs[k]));
     }
     int done = 0;
     while (!done) {
@@ -134,8 +141,22 @@ class MpiTransport final : public GradBucketTransport {
   }
 
  private:
+  // Counts per rank of bucket b's owned parts (int: MPI's counts; buckets fit an int).
+  std::vector<int> part_counts(const GradBucket& b) const {
+    const std::vector<int64_t> c = bucket_part_counts(b, bounds_);
+    return std::vector<int>(c.begin(), c.end());
+  }
+  GradBucket own_part(const GradBucket& b) const {
+    GradBucket p = b;
+    p.offset = std::max(b.offset, bounds_[static_cast<size_t>(rank_)]);
+    p.size = std::max<int64_t>(
+        0, std::min(b.offset + b.size, bounds_[static_cast<size_t>(rank_) + 1]) - p.offset);
+    return p;
+  }
+
   MPI_Comm comm_;
   int rank_, size_;
+  std::vector<int64_t> bounds_;
   Backend& backend_;
   Tensor grads_;
   bool staged_;
@@ -167,6 +188,15 @@ GradReducer::GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads,
   if (initialized && !finalized) PB_MPI_CHECK(MPI_Comm_size(parent, &size_));
   const bool nccl = grads.device != Device::cpu &&
                     options.device_transport == GradTransport::nccl;
+  bounds_ = options.shard_bounds;
+  if (bounds_.empty()) {
+    for (int r = 0; r <= size_; ++r) bounds_.push_back(num_elems_ * r / size_);
+  }
+  PB_REQUIRE(bounds_.size() == static_cast<size_t>(size_) + 1 && bounds_.front() == 0 &&
+                 bounds_.back() == num_elems_ &&
+                 std::is_sorted(bounds_.begin(), bounds_.end()),
+             "grad reducer: {} shard bounds for {} ranks (need {}, ascending from 0 to {})",
+             bounds_.size(), size_, size_ + 1, num_elems_);
   if (size_ > 1) {
     const WatchScope watch("MPI_Comm_dup (gradient reducer)");
     PB_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
@@ -179,11 +209,12 @@ GradReducer::GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads,
     setup.stream = backend.native_stream();
     setup.grads = static_cast<float*>(grads.data);
     setup.num_buckets = sched_.buckets().size();
+    setup.shard_bounds = bounds_;
     transport_ = make_nccl_transport(size_ > 1 ? parent : MPI_COMM_NULL, setup);
     transport_name_ = "nccl";
   } else if (size_ > 1) {
     transport_ = std::make_unique<MpiTransport>(comm_, rank_, size_, backend, grads,
-                                                sched_.buckets().size());
+                                                sched_.buckets().size(), bounds_);
     transport_name_ = grads.device == Device::cpu ? "mpi" : "mpi via host";
   }
   sched_.set_transport(transport_.get());
@@ -206,14 +237,6 @@ GradReducer::~GradReducer() {
 }
 
 void GradReducer::begin(GradCollective collective) {
-  if (collective == GradCollective::reduce_scatter) {
-    const auto& b = sched_.buckets();
-    for (size_t k = 0; k < b.size(); ++k)
-      PB_REQUIRE(b[k].size % size_ == 0,
-                 "grad reducer: bucket {} (offset {}, {} elements) does not split into {} equal "
-                 "shards (reduce-scatter needs buckets aligned to the rank count)",
-                 k, b[k].offset, b[k].size, size_);
-  }
   collective_name_ = collective == GradCollective::allreduce
                          ? "all-reduce (gradient reducer)"
                          : "reduce-scatter (gradient reducer)";
@@ -234,8 +257,10 @@ GradBucket GradReducer::shard(int k) const {
   PB_REQUIRE(k >= 0 && static_cast<size_t>(k) < b.size(), "grad reducer: shard({}) of {} buckets",
              k, b.size());
   GradBucket s = b[static_cast<size_t>(k)];
-  s.size /= size_;
-  s.offset += rank_ * s.size;
+  const int64_t lo = std::max(s.offset, bounds_[static_cast<size_t>(rank_)]);
+  const int64_t hi = std::min(s.offset + s.size, bounds_[static_cast<size_t>(rank_) + 1]);
+  s.offset = lo;
+  s.size = std::max<int64_t>(0, hi - lo);
   return s;
 }
 
@@ -244,13 +269,8 @@ void GradReducer::all_gather(const Tensor& buffer) {
   PB_REQUIRE(buffer.defined() && buffer.ndim == 1 && buffer.numel() == num_elems_,
              "grad reducer: all_gather of {}, expected [{}] laid out as the gradient",
              buffer.str(), num_elems_);
-  const auto& b = sched_.buckets();
-  for (size_t k = 0; k < b.size(); ++k)
-    PB_REQUIRE(b[k].size % size_ == 0,
-               "grad reducer: bucket {} ({} elements) does not split into {} equal shards", k,
-               b[k].size, size_);
   const WatchScope watch("all-gather (gradient reducer)");
-  if (transport_) transport_->all_gather(b, buffer);
+  if (transport_) transport_->all_gather(sched_.buckets(), buffer);
 }
 
 void GradReducer::allreduce_sum(double* data, int count) {

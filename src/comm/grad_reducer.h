@@ -2,7 +2,7 @@
 // bucket by bucket while the backward still runs (DESIGN.md, Distribution). The bucket plan and
 // its order are comm/bucket_scheduler.h's; the bytes move through one of two transports:
 //
-//   mpi   host memory: one MPI_Iallreduce (or MPI_Ireduce_scatter_block) per bucket, in place,
+//   mpi   host memory: one MPI_Iallreduce (or MPI_Ireduce_scatter) per bucket, in place,
 //         progressed by MPI_Testsome from ready() and progress() (OpenMPI has no progress
 //         thread for non-blocking collectives). A gradient in device memory is staged through
 //         the host bucket by bucket (the backend's copies): slow, but the path NCCL is compared
@@ -16,12 +16,14 @@
 // a tensor fails in a single-process run too (nccl_on_one_rank runs the NCCL path anyway).
 //
 // Collectives. A round (begin() .. finish()) either all-reduces every bucket, or reduce-scatters
-// it: rank r of N then holds the sum over ranks of its shard, the r-th of N equal pieces of each
-// bucket (shard(k)); the rest of the bucket is left unspecified. all_gather() is the way back:
-// each bucket's shards, of any float buffer laid out as the gradient, go from their owners to
-// every rank. A sharded optimizer reduce-scatters the gradient, updates its shards and
-// all-gathers the weights; reduce-scatter needs every bucket size to be a multiple of N (the
-// optimizer aligns its table to that; begin() names a bucket that is not).
+// it: rank r then holds the sum over ranks of the part of each bucket it owns (shard(k)): the
+// elements [shard_bounds[r], shard_bounds[r + 1]) of the buffer (GradReducerOptions); the rest
+// of the bucket is left unspecified. all_gather() is the way back: each bucket's parts, of any
+// float buffer laid out as the gradient, go from their owners to every rank. A sharded
+// optimizer reduce-scatters the gradient, updates what it owns and all-gathers the weights.
+// MPI moves a bucket's parts with one MPI_Ireduce_scatter / MPI_Iallgatherv (counts per
+// owner, zero for ranks owning none of it); NCCL with one ncclReduce / ncclBroadcast per owner
+// in a group.
 //
 // Determinism. For a fixed rank count and bucket plan, OpenMPI and NCCL pick their algorithm and
 // summation order from the communicator size and message size only: the result is bitwise
@@ -59,6 +61,10 @@ struct GradReducerOptions {
   // One rank: run the NCCL path over a communicator of one anyway (tests of the stream, event
   // and NCCL calls on a machine with one GPU).
   bool nccl_on_one_rank = false;
+  // Who owns what in a reduce-scatter and an all-gather: rank r owns the elements
+  // [shard_bounds[r], shard_bounds[r + 1]); size + 1 values, ascending, from 0 to num_elems.
+  // Empty: equal parts (the last rank takes the remainder).
+  std::vector<int64_t> shard_bounds;
 };
 
 class GradReducer {
@@ -98,9 +104,12 @@ class GradReducer {
   // return; with NCCL the backend's stream waits for it (work issued next sees it).
   GradReduceStats finish();
 
-  // This rank's shard of bucket k (reduce-scatter, all_gather): elements [offset, offset + size).
+  // The part of bucket k this rank owns (reduce-scatter, all_gather): elements [offset,
+  // offset + size), possibly empty.
   GradBucket shard(int k) const;
-  // Each bucket's shards of buffer (f32, bf16 or f16 [num_elems] on the backend's device, laid
+  // The ownership bounds in use (size() + 1 values; see GradReducerOptions::shard_bounds).
+  const std::vector<int64_t>& shard_bounds() const { return bounds_; }
+  // Each bucket's parts of buffer (f32, bf16 or f16 [num_elems] on the backend's device, laid
   // out as the gradient) from their owners to every rank, in place. Outside a round; ordered as
   // finish() (the host for MPI, the backend's stream for NCCL).
   void all_gather(const Tensor& buffer);
@@ -116,6 +125,7 @@ class GradReducer {
   const char* transport_name_ = "none";
   const char* collective_name_ = "all-reduce (gradient reducer)";  // the watchdog's name
   MPI_Comm comm_ = MPI_COMM_NULL;  // the duplicate (more than one rank)
+  std::vector<int64_t> bounds_;    // shard_bounds, checked or made
   GradBucketScheduler sched_;
   std::unique_ptr<GradBucketTransport> transport_;  // null on one rank
 };

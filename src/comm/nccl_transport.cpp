@@ -45,8 +45,9 @@ std::string gpu_identity(int device) {
 // and the collective on the communication stream, a done event (see the header).
 class NcclTransport final : public GradBucketTransport {
  public:
-  NcclTransport(int device, cudaStream_t compute, float* grads, size_t num_buckets)
-      : device_(device), compute_(compute), grads_(grads) {
+  NcclTransport(int device, cudaStream_t compute, float* grads, size_t num_buckets,
+                std::vector<int64_t> bounds)
+      : device_(device), compute_(compute), grads_(grads), bounds_(std::move(bounds)) {
     try {
       create(num_buckets);
     } catch (...) {
@@ -107,10 +108,17 @@ class NcclTransport final : public GradBucketTransport {
       PB_NCCL_NCCL(ncclAllReduce(data, data, static_cast<size_t>(b.size), ncclFloat, ncclSum,
                                  comm_, comm_stream_));
     } else {
-      // In place: this rank's shard of the bucket receives its sum.
-      const auto count = static_cast<size_t>(b.size / nranks_);
-      PB_NCCL_NCCL(ncclReduceScatter(data, data + static_cast<size_t>(rank_) * count, count,
-                                     ncclFloat, ncclSum, comm_, comm_stream_));
+      // One in-place ncclReduce per owner of a part of the bucket, in one group.
+      const std::vector<int64_t> counts = bucket_part_counts(b, bounds_);
+      PB_NCCL_NCCL(ncclGroupStart());
+      int64_t at = 0;
+      for (size_t r = 0; r < counts.size(); ++r) {
+        if (counts[r] > 0)
+          PB_NCCL_NCCL(ncclReduce(data + at, data + at, static_cast<size_t>(counts[r]), ncclFloat,
+                                  ncclSum, static_cast<int>(r), comm_, comm_stream_));
+        at += counts[r];
+      }
+      PB_NCCL_NCCL(ncclGroupEnd());
     }
     PB_NCCL_CUDA(cudaEventRecord(done_[i], comm_stream_));
     started_ = k + 1;
@@ -154,12 +162,19 @@ class NcclTransport final : public GradBucketTransport {
     // for the last gather (the communication stream runs them in order).
     PB_NCCL_CUDA(cudaEventRecord(ready_[0], compute_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[0], 0));
+    // An all-gather of unequal parts: one in-place ncclBroadcast per owner, in one group.
+    PB_NCCL_NCCL(ncclGroupStart());
     for (const GradBucket& b : buckets) {
-      const auto count = static_cast<size_t>(b.size / nranks_);
-      char* bucket = base + static_cast<size_t>(b.offset) * elem;
-      PB_NCCL_NCCL(ncclAllGather(bucket + static_cast<size_t>(rank_) * count * elem, bucket, count,
-                                 type, comm_, comm_stream_));
+      const std::vector<int64_t> counts = bucket_part_counts(b, bounds_);
+      char* at = base + static_cast<size_t>(b.offset) * elem;
+      for (size_t r = 0; r < counts.size(); ++r) {
+        if (counts[r] > 0)
+          PB_NCCL_NCCL(ncclBroadcast(at, at, static_cast<size_t>(counts[r]), type,
+                                     static_cast<int>(r), comm_, comm_stream_));
+        at += static_cast<size_t>(counts[r]) * elem;
+      }
     }
+    PB_NCCL_NCCL(ncclGroupEnd());
     PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
     check_async();
@@ -242,6 +257,7 @@ class NcclTransport final : public GradBucketTransport {
   cudaStream_t comm_stream_ = nullptr;
   std::vector<cudaEvent_t> ready_, done_;  // per bucket
   ncclComm_t comm_ = nullptr;
+  std::vector<int64_t> bounds_;  // who owns what (GradReducerOptions::shard_bounds)
   int nranks_ = 1;
   int rank_ = 0;
   GradCollective collective_ = GradCollective::allreduce;
@@ -263,7 +279,7 @@ std::unique_ptr<GradBucketTransport> make_nccl_transport(MPI_Comm parent,
   std::unique_ptr<NcclTransport> transport;
   if (parent == MPI_COMM_NULL) {
     transport = std::make_unique<NcclTransport>(setup.cuda_device, compute, setup.grads,
-                                                setup.num_buckets);
+                                                setup.num_buckets, setup.shard_bounds);
     transport->init_alone();
     return transport;
   }
@@ -295,7 +311,7 @@ std::unique_ptr<GradBucketTransport> make_nccl_transport(MPI_Comm parent,
   std::string error, gpu;
   try {
     transport = std::make_unique<NcclTransport>(setup.cuda_device, compute, setup.grads,
-                                                setup.num_buckets);
+                                                setup.num_buckets, setup.shard_bounds);
     gpu = gpu_identity(setup.cuda_device);
   } catch (const Error& e) {
     error = e.what();

@@ -51,6 +51,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "comm/bucket_scheduler.h"
 
@@ -61,6 +62,7 @@ struct NcclTransportSetup {
   void* stream = nullptr;  // the backend's cudaStream_t (Backend::native_stream)
   float* grads = nullptr;  // the flat device gradient
   size_t num_buckets = 0;
+  std::vector<int64_t> shard_bounds;  // GradReducerOptions::shard_bounds, complete
 };
 
 // Joins every rank of parent (collective over it) or, with MPI_COMM_NULL, makes a communicator

@@ -175,10 +175,11 @@ void check_mpi_errors_become_errors() {
   MPI_Comm_free(&self);
 }
 
-// Reduce-scatter then all-gather over a table whose span and bucket size are multiples of the
-// rank count (as a sharded optimizer aligns them), tensors cut by bucket boundaries.
-void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size) {
-  const int64_t n = int64_t{size} * 50021, bucket_elems = int64_t{size} * 4099;
+// Reduce-scatter then all-gather, tensors cut by bucket boundaries, twice: equal parts of the
+// buffer (the default), and unequal parts cut at tensor boundaries (as the sharded optimizer
+// cuts them) where the last rank owns nothing.
+void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size, bool equal) {
+  const int64_t n = int64_t{size} * 50021 + 17, bucket_elems = 4099;
   std::vector<GradSpan> spans;
   for (int64_t at = 0; at < n;) {
     const int64_t s = std::min<int64_t>(n - at, 1 + static_cast<int64_t>(mix(seed, at) % 9000));
@@ -200,6 +201,20 @@ void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size) {
   std::vector<float> grads = values(rank);
   GradReducerOptions options;
   options.bucket_bytes = static_cast<size_t>(bucket_elems) * sizeof(float);
+  if (!equal && size > 1) {
+    // Tensor ends nearest to r * n / (size - 1); the last rank's part is empty.
+    options.shard_bounds = {0};
+    for (int r = 1; r < size; ++r) {
+      const int64_t target = size > 1 ? n * r / (size - 1) : n;
+      int64_t best = n;
+      for (const GradSpan& s : spans)
+        if (std::llabs(s.offset + s.size - target) < std::llabs(best - target))
+          best = s.offset + s.size;
+      options.shard_bounds.push_back(std::max(best, options.shard_bounds.back()));
+    }
+    options.shard_bounds.back() = n;
+    options.shard_bounds.push_back(n);
+  }
   GradReducer red(MPI_COMM_WORLD, backend, view(grads.data(), {n}), spans, options);
   red.begin(GradCollective::reduce_scatter);
   for (int i = static_cast<int>(spans.size()) - 1; i >= 0; --i) red.ready_tensor(i);
@@ -209,9 +224,13 @@ void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size) {
   };
   std::vector<char> mine(static_cast<size_t>(n), 0);
   int64_t shard_total = 0;
+  const std::vector<int64_t>& bounds = red.shard_bounds();
+  const int64_t own_lo = bounds[static_cast<size_t>(rank)];
+  const int64_t own_hi = bounds[static_cast<size_t>(rank) + 1];
   for (int k = 0; k < static_cast<int>(red.buckets().size()); ++k) {
     const GradBucket b = red.buckets()[static_cast<size_t>(k)], s = red.shard(k);
-    CHECK_OR_FAIL(s.size * size == b.size && s.offset == b.offset + rank * s.size,
+    const int64_t lo = std::max(b.offset, own_lo), hi = std::min(b.offset + b.size, own_hi);
+    CHECK_OR_FAIL(s.size == std::max<int64_t>(0, hi - lo) && (s.size == 0 || s.offset == lo),
                   "rank {}: shard {} (offset {}, size {}) of bucket (offset {}, size {})", rank, k,
                   s.offset, s.size, b.offset, b.size);
     shard_total += s.size;
@@ -222,8 +241,8 @@ void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size) {
       mine[j] = 1;
     }
   }
-  CHECK_OR_FAIL(shard_total * size == n, "rank {}: shards hold {} of {} elements", rank,
-                shard_total, n / size);
+  CHECK_OR_FAIL(shard_total == own_hi - own_lo, "rank {}: shards hold {} of its {} elements",
+                rank, shard_total, own_hi - own_lo);
   // Whatever is outside this rank's shards is overwritten by the gather: poison it.
   for (size_t i = 0; i < grads.size(); ++i)
     if (!mine[i]) grads[i] = std::nanf("");
@@ -239,8 +258,8 @@ void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size) {
     CHECK_OR_FAIL(bits[i] == static_cast<uint16_t>(mix(seed, i) >> 48),
                   "rank {}: bf16 all_gather element {} is {:#06x}", rank, i, bits[i]);
   if (rank == 0)
-    std::cout << fmt::format("reduce-scatter + all_gather over {} buckets: passed\n",
-                             red.buckets().size());
+    std::cout << fmt::format("reduce-scatter + all_gather over {} buckets, {} parts: passed\n",
+                             red.buckets().size(), equal ? "equal" : "tensor-aligned");
 }
 
 int run(const Args& args, int rank, int size) {
@@ -327,7 +346,8 @@ int run(const Args& args, int rank, int size) {
     }
   }
 
-  check_reduce_scatter(*backend, seed, rank, size);
+  check_reduce_scatter(*backend, seed, rank, size, true);
+  check_reduce_scatter(*backend, seed, rank, size, false);
 
   // Metrics helper: a few doubles summed over ranks.
   {
