@@ -367,6 +367,10 @@ class Backend {
   // out f32 [1] = sqrt(sum x^2) of a flat f32 buffer, in a fixed reduction order (the same
   // result for any thread count).
   virtual void l2_norm(const Tensor& x, const Tensor& out) = 0;
+  // out f64 [1] = sum x^2 of a flat f32 buffer, the double l2_norm takes the root of, in the
+  // same fixed order: a rank's share of a global norm summed over ranks (the sharded
+  // optimizer), which then rounds as l2_norm's over the whole buffer does.
+  virtual void sum_squares(const Tensor& x, const Tensor& out) = 0;
   // One LAMB step (apex FusedLAMB: adam_w_mode, grad averaging, bias correction) over the flat
   // f32 buffers params (fp32 master weights), grads, m, v, all [n]. table i64 [T, 3] of
   // LambTensor rows, in HOST memory on every backend (it shapes the launch, as host_seq_len

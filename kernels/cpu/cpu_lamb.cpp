@@ -22,6 +22,13 @@ void CpuBackend::l2_norm(const Tensor& x, const Tensor& out) {
   out.ptr<float>()[0] = static_cast<float>(std::sqrt(sum_squares(x.ptr<float>(), x.dim(0))));
 }
 
+void CpuBackend::sum_squares(const Tensor& x, const Tensor& out) {
+  const char* op = "sum_squares";
+  expect(op, "x", x, DType::f32, {kAnyDim});
+  expect(op, "out", out, DType::f64, {1});
+  out.ptr<double>()[0] = sum_squares(x.ptr<float>(), x.dim(0));
+}
+
 void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                            const Tensor& global_grad_norm, const Tensor& params,
                            const Tensor& grads, const Tensor& m, const Tensor& v,

@@ -408,6 +408,20 @@ void CudaBackend::l2_norm(const Tensor& x, const Tensor& out) {
   end(op);
 }
 
+void CudaBackend::sum_squares(const Tensor& x, const Tensor& out) {
+  const char* op = "sum_squares";
+  expect(op, "x", x, DType::f32, {kAnyDim});
+  expect(op, "out", out, DType::f64, {1});
+  const int64_t n = x.dim(0);
+  PB_REQUIRE(cuda::l2_norm_partials(n) <= 0x7fffffff, "{}: {} elements exceed the grid", op, n);
+  begin(op);
+  double* partial = scratch_doubles(op, static_cast<size_t>(cuda::l2_norm_partials(n)));
+  launched(op, "sum_squares",
+           cuda::sum_squares(n ? x.ptr<float>() : nullptr, n, partial, out.ptr<double>(),
+                             stream_));
+  end(op);
+}
+
 void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                             const Tensor& global_grad_norm, const Tensor& params,
                             const Tensor& grads, const Tensor& m, const Tensor& v,

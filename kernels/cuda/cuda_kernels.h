@@ -88,6 +88,8 @@ cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, in
 constexpr int64_t kNormChunk = 8192;
 inline int64_t l2_norm_partials(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
 cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cudaStream_t s);
+// The same sum without the root: out[0] = the double sum of the partials in order.
+cudaError_t sum_squares(const float* x, int64_t n, double* partial, double* out, cudaStream_t s);
 
 // LAMB over a work list of chunks (each inside one tensor, at most kNormChunk elements).
 struct LambChunk {

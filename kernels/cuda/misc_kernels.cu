@@ -166,6 +166,14 @@ __global__ void sqrt_of_sum_kernel(const double* partial, int64_t k, float* out)
   if (threadIdx.x == 0) out[0] = static_cast<float>(sqrt(s));
 }
 
+__global__ void sum_of_partials_kernel(const double* partial, int64_t k, double* out) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) s += partial[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) out[0] = s;
+}
+
 // ---- LAMB ----------------------------------------------------------------------------------
 __global__ void lamb_sumsq_kernel(const LambChunk* chunks, const float* x, double* partial) {
   __shared__ double scratch[32];
@@ -478,6 +486,17 @@ cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cuda
     if (e != cudaSuccess) return e;
   }
   PB_LAUNCH(1, kThreads, 0, s, sqrt_of_sum_kernel)(partial, k, out);
+  return launched();
+}
+
+cudaError_t sum_squares(const float* x, int64_t n, double* partial, double* out, cudaStream_t s) {
+  const int64_t k = l2_norm_partials(n);
+  if (k > 0) {
+    PB_LAUNCH(static_cast<unsigned>(k), kThreads, 0, s, sum_squares_chunks_kernel)(x, n, partial);
+    cudaError_t e = launched();
+    if (e != cudaSuccess) return e;
+  }
+  PB_LAUNCH(1, kThreads, 0, s, sum_of_partials_kernel)(partial, k, out);
   return launched();
 }
 

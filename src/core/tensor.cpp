@@ -11,6 +11,7 @@ size_t dtype_size(DType t) {
     case DType::i64: return 8;
     case DType::i8: return 1;
     case DType::u8: return 1;
+    case DType::f64: return 8;
   }
   PB_CHECK(false, "unknown dtype {}", static_cast<int>(t));
   return 0;
@@ -25,6 +26,7 @@ const char* dtype_name(DType t) {
     case DType::i64: return "i64";
     case DType::i8: return "i8";
     case DType::u8: return "u8";
+    case DType::f64: return "f64";
   }
   return "?";
 }

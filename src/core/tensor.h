@@ -12,7 +12,7 @@
 
 namespace packbert {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64, i8, u8 };
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, i8, u8, f64 };
 enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType t);
@@ -27,6 +27,7 @@ template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::i32;
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::i8; };
 template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::u8; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
 
 // A non-owning view of a dense row-major buffer. The default view (data == nullptr) means
 // "none": ops use it for optional arguments.

@@ -11,6 +11,13 @@ namespace packbert {
 
 namespace {
 
+// Elements [begin, end) of a flat buffer.
+Tensor range_of(const Tensor& t, int64_t begin, int64_t end) {
+  if (!t.defined()) return t;
+  return Tensor(static_cast<char*>(t.data) + begin * static_cast<int64_t>(dtype_size(t.dtype)),
+                t.dtype, {end - begin}, t.device);
+}
+
 constexpr int64_t kScalarBytes = sizeof(float) + 3 * sizeof(int32_t);  // Lamb::scalars_
 
 void check_options(const LambOptions& o) {
@@ -51,22 +58,48 @@ bool mlperf_no_decay(std::string_view hf_name) {
 }
 
 Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
-           const LrSchedule& schedule, const LambOptions& options)
+           const LrSchedule& schedule, const LambOptions& options, const LambShard* shard)
     : backend_(backend),
       params_(std::move(params)),
       num_elems_(num_elems),
+      end_(num_elems),
       schedule_(schedule),
       options_(options) {
   check_options(options_);
   check_table(params_, num_elems_);
+  if (shard) {
+    PB_REQUIRE(shard->sum_over_ranks, "lamb: a shard needs its sum over ranks");
+    PB_REQUIRE(0 <= shard->begin && shard->begin <= shard->end && shard->end <= num_elems_,
+               "lamb: shard [{}, {}) of {} elements", shard->begin, shard->end, num_elems_);
+    shard_ = *shard;
+    begin_ = shard->begin;
+    end_ = shard->end;
+    std::vector<LambParam> own;
+    for (const LambParam& p : params_) {
+      const bool inside = p.offset >= begin_ && p.offset + p.size <= end_;
+      const bool outside = p.offset + p.size <= begin_ || p.offset >= end_;
+      PB_REQUIRE(inside || outside || p.size == 0,
+                 "lamb: tensor '{}' (offset {}, size {}) straddles the shard [{}, {}) (shards "
+                 "are cut at tensor boundaries: optim/sharding.h)",
+                 p.name, p.offset, p.size, begin_, end_);
+      if (inside && p.size > 0) own.push_back(p);
+    }
+    params_ = std::move(own);
+  }
+  const int64_t len = end_ - begin_;
   const auto num_tensors = static_cast<int64_t>(params_.size());
   host_table_.reserve(params_.size());
-  for (const LambParam& p : params_) host_table_.push_back({p.offset, p.size, p.no_decay ? 0 : 1});
-  table_ = lamb_table(host_table_.data(), num_tensors);
-  m_buffer_ = backend_.alloc(DType::f32, {num_elems_});
-  v_buffer_ = backend_.alloc(DType::f32, {num_elems_});
+  for (const LambParam& p : params_)
+    host_table_.push_back({p.offset - begin_, p.size, p.no_decay ? 0 : 1});
+  // A rank of a sharded optimizer may own no tensor: the op still runs (it keeps the skip
+  // record) over an empty table, which needs a pointer all the same.
+  static const LambTensor kNoRow{0, 0, 0};
+  table_ = lamb_table(host_table_.empty() ? &kNoRow : host_table_.data(), num_tensors);
+  m_buffer_ = backend_.alloc(DType::f32, {len});
+  v_buffer_ = backend_.alloc(DType::f32, {len});
   scalars_ = backend_.alloc(DType::u8, {kScalarBytes});
   norms_buffer_ = backend_.alloc(DType::f32, {2 * num_tensors});
+  if (shard) squares_ = backend_.alloc(DType::f64, {1});
   m_ = m_buffer_.tensor();
   v_ = v_buffer_.tensor();
   grad_norm_ = scalars_.tensor(DType::f32, {1});
@@ -76,6 +109,10 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
   backend_.zero(m_);
   backend_.zero(v_);
   backend_.zero(scalars_.tensor());
+}
+
+size_t Lamb::state_bytes() const {
+  return m_buffer_.bytes() + v_buffer_.bytes() + norms_buffer_.bytes() + scalars_.bytes();
 }
 
 LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp,
@@ -99,8 +136,23 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   info.lr = schedule_.lr(info.step);
 
   // Every rank holds the all-reduced gradient, so this is the global norm (apex FusedLAMB
-  // takes one norm over all parameter groups, decayed or not).
-  backend_.l2_norm(grads, grad_norm_);
+  // takes one norm over all parameter groups, decayed or not). Sharded: each rank holds the
+  // reduced gradient of its range only, and the squares are summed over ranks.
+  const Tensor own_params = range_of(params, begin_, end_);
+  const Tensor own_grads = range_of(grads, begin_, end_);
+  const Tensor own_lowp = range_of(params_lowp, begin_, end_);
+  if (sharded()) {
+    // The double sums of squares summed over ranks, rooted and rounded as l2_norm does: the
+    // unsharded norm up to double rounding (a host round trip per step).
+    double squares = 0.0;
+    backend_.sum_squares(own_grads, squares_.tensor());
+    backend_.copy(view(&squares, {1}), squares_.tensor());
+    shard_.sum_over_ranks(&squares, 1);
+    float global = static_cast<float>(std::sqrt(squares));
+    backend_.copy(grad_norm_, view(&global, {1}));
+  } else {
+    backend_.l2_norm(own_grads, grad_norm_);
+  }
   bool finite = true;
   if (read_back) {
     // One copy: the norm, and the record of the steps before this one.
@@ -134,7 +186,7 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   cfg.step = info.step;
   cfg.grad_scale = grad_scale;
   // A non-finite norm makes this a no-op on the device (and counts it in the record).
-  backend_.lamb_step(table_, cfg, grad_norm_, params, grads, m_, v_, norms_, params_lowp,
+  backend_.lamb_step(table_, cfg, grad_norm_, own_params, own_grads, m_, v_, norms_, own_lowp,
                      record_);
   // lamb_step left the update direction in grads; the next accumulation starts from zero.
   backend_.zero(grads);
@@ -149,13 +201,13 @@ void Lamb::set_steps_done(int64_t steps) {
 }
 
 void Lamb::save_moments(float* m_host, float* v_host) const {
-  backend_.copy(view(m_host, {num_elems_}), m_);
-  backend_.copy(view(v_host, {num_elems_}), v_);
+  backend_.copy(view(m_host + begin_, {end_ - begin_}), m_);
+  backend_.copy(view(v_host + begin_, {end_ - begin_}), v_);
 }
 
 void Lamb::load_moments(const float* m_host, const float* v_host) {
-  backend_.copy(m_, view(m_host, {num_elems_}));
-  backend_.copy(v_, view(v_host, {num_elems_}));
+  backend_.copy(m_, view(const_cast<float*>(m_host) + begin_, {end_ - begin_}));
+  backend_.copy(v_, view(const_cast<float*>(v_host) + begin_, {end_ - begin_}));
 }
 
 }  // namespace packbert

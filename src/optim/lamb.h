@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,18 @@ struct LambOptions {
   // its step number: the host cannot know, so the bias correction and the schedule advance.
 };
 
+// One rank's part of a sharded optimizer (optim.sharded; the cut: optim/sharding.h). The rank
+// owns the tensors inside [begin, end) of the flat buffers, keeps m and v for them only and
+// updates only them; whoever drives it all-gathers the weights afterwards. The global gradient
+// norm is the square root of the sum over ranks of each rank's squared norm (one small sum over
+// ranks per step, through the host).
+struct LambShard {
+  int64_t begin = 0;
+  int64_t end = 0;
+  // In-place sum over ranks of a few host doubles (GradReducer::allreduce_sum).
+  std::function<void(double* values, int count)> sum_over_ranks;
+};
+
 // What one step did (host values).
 struct LambStepInfo {
   int64_t step = 0;        // 1-based index of the update just made
@@ -78,8 +91,11 @@ class Lamb {
   // params: the parameter table in any order; rows may leave gaps (alignment) but must not
   // overlap or leave [0, num_elems). Throws Error naming the offending tensor. The state (m, v
   // and the norms) is the backend's memory; the table stays on the host (Backend::lamb_step).
+  // shard (optional): this rank's part of a sharded optimizer; every tensor must lie wholly
+  // inside or outside it (Error naming one that straddles), and it may own none.
   Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
-       const LrSchedule& schedule, const LambOptions& options = {});
+       const LrSchedule& schedule, const LambOptions& options = {},
+       const LambShard* shard = nullptr);
 
   Lamb(const Lamb&) = delete;
   Lamb& operator=(const Lamb&) = delete;
@@ -103,13 +119,21 @@ class Lamb {
   int64_t steps_done() const { return steps_done_; }
   // The next update is steps_done + 1 (bias correction and schedule both follow it).
   void set_steps_done(int64_t steps);
-  // Views of the moments on the backend's device (f32 [num_elems], offsets as the table).
+  // Views of the moments on the backend's device: f32 [shard_end() - shard_begin()], element i
+  // the moment of parameter shard_begin() + i (the whole buffer when not sharded).
   const Tensor& m() const { return m_; }
   const Tensor& v() const { return v_; }
-  // Copies between the moments and host arrays of num_elems floats.
+  // Copies between the moments and host arrays of num_elems floats: of the range this rank
+  // owns (the rest of the arrays is neither written nor read).
   void save_moments(float* m_host, float* v_host) const;
   void load_moments(const float* m_host, const float* v_host);
-  // The table sorted by offset (the order of tensor_norms()).
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_end() const { return end_; }
+  bool sharded() const { return static_cast<bool>(shard_.sum_over_ranks); }
+  // Bytes of optimizer state this rank holds on the backend's device (m, v, norms, scalars).
+  size_t state_bytes() const;
+  // The tensors this rank updates, sorted by offset (the order of tensor_norms()), offsets in
+  // the whole buffer.
   const std::vector<LambParam>& params() const { return params_; }
   // f32 [2T] on the device: ||w|| (before the last step) then ||u|| of each tensor.
   const Tensor& tensor_norms() const { return norms_; }
@@ -122,14 +146,17 @@ class Lamb {
   Backend& backend_;
   std::vector<LambParam> params_;
   int64_t num_elems_;
+  LambShard shard_;
+  int64_t begin_ = 0, end_ = 0;  // the range this rank owns
   LrSchedule schedule_;
   LambOptions options_;
   int64_t steps_done_ = 0;
 
-  std::vector<LambTensor> host_table_;
+  std::vector<LambTensor> host_table_;  // offsets relative to begin_
   Tensor table_;  // host_table_ as the op's i64 [T, 3]
   // scalars_: the global norm (f32) then the skip record (i32 [3]), read back in one copy.
   BackendBuffer m_buffer_, v_buffer_, scalars_, norms_buffer_;
+  BackendBuffer squares_;  // sharded: this rank's sum of squared gradients (f64 [1])
   Tensor m_, v_, grad_norm_, record_, norms_;  // their views
   int64_t skips_seen_ = 0;  // record[0] at the last read
 };

@@ -39,6 +39,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["elapsed_s"] = r.elapsed_s;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["activation_peak_bytes"] = r.activation_peak_bytes;
+  j["optimizer_state_bytes"] = r.optimizer_state_bytes;
   nlohmann::json kinds = nlohmann::json::object();
   for (const auto& [kind, bytes] : r.activation_bytes_by_kind) kinds[kind] = bytes;
   j["activation_bytes_by_kind"] = kinds;
@@ -90,6 +91,8 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
   if (r.activation_peak_bytes > 0)
     s += fmt::format(" | act {}", format_bytes(r.activation_peak_bytes));
   if (r.mst_chunks > 1) s += fmt::format(" (mst {})", r.mst_chunks);
+  if (r.optimizer_state_bytes > 0)
+    s += fmt::format(" | opt {}", format_bytes(r.optimizer_state_bytes));
   if (r.skipped_steps > 0) s += fmt::format(" | skipped {}", r.skipped_steps);
   s += fmt::format(" | eta {}", format_duration(r.eta_s));
   return s;

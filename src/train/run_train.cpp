@@ -81,6 +81,7 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   o.dropout = c.train.dropout;
   o.lr = lr_schedule_config(c);
   o.lamb = lamb_options(c);
+  o.sharded = c.optim.sharded;
   o.lamb.check_finite = true;
   o.lamb.skip_nonfinite = true;  // counted here, fatal after train.max_nonfinite_steps in a row
   o.bert.precision = parse_precision(c.train.precision);
@@ -338,12 +339,17 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   };
   auto save = [&](int64_t step) {
     if (c.checkpoint.dir.empty()) return;
-    // Every rank holds the same state; rank 0 writes it.
+    // Every rank holds the same state (a sharded optimizer gathers its moments onto every rank:
+    // collective); rank 0 writes it.
+    std::vector<float> m, v;
+    if (root || trainer.optimizer_sharded()) {
+      const auto n = static_cast<size_t>(trainer.table().total());
+      m.resize(n);
+      v.resize(n);
+      trainer.save_optimizer_state(m.data(), v.data());
+    }
     if (root) {
       const auto t0 = Clock::now();
-      const int64_t n = trainer.table().total();
-      std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
-      trainer.save_optimizer_state(m.data(), v.data());
       CheckpointWrite w;
       w.table = &trainer.table();
       w.params = trainer.params().data();
@@ -474,6 +480,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
       r.peak_rss_bytes = peak_rss_bytes();
       const ActivationReport act = trainer.activation_report();
       r.activation_peak_bytes = static_cast<int64_t>(act.peak_bytes);
+      r.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
       for (int k = 0; k < kActivationKinds; ++k)
         r.activation_bytes_by_kind.emplace_back(
             activation_kind_name(static_cast<ActivationKind>(k)),

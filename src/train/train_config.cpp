@@ -49,7 +49,7 @@ bool TrainConfig::Optim::operator==(const Optim& o) const {
          warmup_proportion == o.warmup_proportion && start_warmup_step == o.start_warmup_step &&
          poly_power == o.poly_power && beta1 == o.beta1 && beta2 == o.beta2 &&
          epsilon == o.epsilon && weight_decay == o.weight_decay &&
-         max_grad_norm == o.max_grad_norm;
+         max_grad_norm == o.max_grad_norm && sharded == o.sharded;
 }
 bool TrainConfig::Data::operator==(const Data& o) const {
   return train_dir == o.train_dir && eval_dir == o.eval_dir && vocab == o.vocab &&
@@ -537,6 +537,10 @@ std::vector<KeyDef> make_keys() {
                         "decoupled weight decay (not on biases and LayerNorm)"));
   k.push_back(float_key("optim.max_grad_norm", &C::optim, &O::max_grad_norm,
                         "clip the global gradient norm to this"));
+  k.push_back(bool_key("optim.sharded", &C::optim, &O::sharded,
+                       "sharded LAMB: each rank keeps the moments of, and updates, the tensors "
+                       "of its 1/N range; gradients reduce-scattered, weights all-gathered (one "
+                       "rank: no-op; device = cpu only for now)"));
   // [data]
   k.push_back(string_key("data.train_dir", &C::data, &D::train_dir,
                          "training shards: a directory of .h5 files or one file"));
@@ -773,6 +777,10 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
   PB_REQUIRE(!check_paths || c.train.device != "cuda" || cuda_built(),
              "train.device = \"cuda\", but this build has no CUDA backend (configure with "
              "-DPACKBERT_CUDA=ON)");
+  PB_REQUIRE(!c.optim.sharded || world_size == 1 || c.train.device == "cpu",
+             "optim.sharded = true with train.device = \"{}\": the sharded optimizer runs on "
+             "the CPU backend only for now (set optim.sharded = false)",
+             c.train.device);
   const auto& m = c.model;
   PB_REQUIRE(m.layers >= 1, "model.layers ({}) must be >= 1", m.layers);
   PB_REQUIRE(m.hidden >= 1, "model.hidden ({}) must be >= 1", m.hidden);

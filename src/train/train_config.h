@@ -83,6 +83,7 @@ struct TrainConfig {
     double epsilon = 1e-6;
     double weight_decay = 0.01;
     double max_grad_norm = 1.0;
+    bool sharded = false;             // each rank keeps and updates a 1/N range (optim/sharding.h)
     bool operator==(const Optim&) const;
   } optim;
 

@@ -6,6 +6,7 @@
 
 #include "common/philox.h"
 #include "core/error.h"
+#include "optim/sharding.h"
 #include "train/batching.h"
 
 namespace packbert {
@@ -55,14 +56,44 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   backend_->zero(grads_.tensor());
   bert_ = std::make_unique<Bert>(options_.config, *backend_, params_.tensor(), grads_.tensor(),
                                  options_.bert);
-  lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), n, LrSchedule(options_.lr),
-                                 options_.lamb);
   GradReducerOptions reduce;
   reduce.bucket_bytes = options_.bucket_bytes;
   reduce.device_transport = options_.gpu_transport;
   reduce.cuda_device = options_.cuda_device;
+  int world = 1, rank = 0;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    MPI_Comm_size(comm, &world);
+    MPI_Comm_rank(comm, &rank);
+  }
+  const bool sharded = options_.sharded && world > 1;  // a world of one: nothing to shard
+  if (sharded) {
+    PB_REQUIRE(options_.device == Device::cpu,
+               "optim.sharded: the sharded optimizer runs on the CPU backend only for now "
+               "(train.device = \"{}\")", device_name(options_.device));
+    reduce.shard_bounds = plan_tensor_shards(lamb_params(table_), n, world);
+  }
   reducer_ = std::make_unique<GradReducer>(comm, *backend_, grads_.tensor(), grad_spans(table_),
                                            reduce);
+  LambShard shard;
+  if (sharded) {
+    shard.begin = reduce.shard_bounds[static_cast<size_t>(rank)];
+    shard.end = reduce.shard_bounds[static_cast<size_t>(rank) + 1];
+    shard.sum_over_ranks = [this](double* values, int count) {
+      reducer_->allreduce_sum(values, count);
+    };
+  }
+  lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), n, LrSchedule(options_.lr),
+                                 options_.lamb, sharded ? &shard : nullptr);
+}
+
+void Trainer::save_optimizer_state(float* m, float* v) {
+  lamb_->save_moments(m, v);  // the range this rank owns (all of it unsharded)
+  if (lamb_->sharded()) {
+    reducer_->all_gather(view(m, {table_.total()}));
+    reducer_->all_gather(view(v, {table_.total()}));
+  }
 }
 
 const std::vector<float>& Trainer::params() const {
@@ -108,7 +139,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     // backward start the buckets as the layers finish (earlier micro-steps' ready() calls are
     // ignored outside a round).
     const bool last = m + 1 == micro_steps;
-    if (last) reducer.begin();
+    if (last)
+      reducer.begin(lamb_->sharded() ? GradCollective::reduce_scatter : GradCollective::allreduce);
     bert_->backward(last ? ready : GradientReady{});
     local[0] += r.loss;
     local[1] += r.mlm_loss_sum;
@@ -125,6 +157,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.step = batch.step;
   out.allreduce = reducer.finish();  // grads now hold the sum over ranks: the global gradient
   if (inspect_grads) {
+    // Sharded: each rank holds the sum of its range only; the others' come for the hook.
+    if (lamb_->sharded()) reducer.all_gather(grads_.tensor());
     host_grads_.resize(static_cast<size_t>(table_.total()));
     backend_->copy(view(host_grads_.data(), {table_.total()}), grads_.tensor());
     inspect_grads(host_grads_.data(), table_.total());
@@ -135,6 +169,11 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   const bool read = read_optimizer || backend_->device() == Device::cpu || scaler_ != nullptr;
   const LambStepInfo info = lamb_->step(params_.tensor(), grads_.tensor(), bert_->lowp_params(),
                                         loss_scale, read);
+  if (lamb_->sharded()) {
+    // Every rank updated its own tensors: the weights (and their low-precision copy) go round.
+    reducer.all_gather(params_.tensor());
+    if (bert_->lowp_params().defined()) reducer.all_gather(bert_->lowp_params());
+  }
   out.loss_scale = loss_scale;
   if (scaler_) scaler_->update(!info.skipped);
   host_params_stale_ = true;

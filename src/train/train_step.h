@@ -57,6 +57,10 @@ struct TrainerOptions {
   Device device = Device::cpu;
   int cuda_device = 0;
   GradTransport gpu_transport = GradTransport::nccl;
+  // optim.sharded: each rank keeps the LAMB state of, and updates, only the tensors of its range
+  // (optim/sharding.h); the gradient is reduce-scattered and the weights all-gathered. A world
+  // of one is unsharded. The CPU backend only, for now.
+  bool sharded = false;
 };
 
 // Sums of an evaluation forward over one batch (no dropout, no gradients).
@@ -120,8 +124,12 @@ class Trainer {
 
   // ---- state, for checkpoints ----------------------------------------------------------------
   // Every rank must load the same state (the replicas stay bitwise identical).
-  // params, m, v: host arrays of table().total() floats.
-  void save_optimizer_state(float* m, float* v) const { lamb_->save_moments(m, v); }
+  // params, m, v: host arrays of table().total() floats. save_optimizer_state is collective
+  // when the optimizer is sharded (it gathers the moments onto every rank).
+  void save_optimizer_state(float* m, float* v);
+  bool optimizer_sharded() const { return lamb_->sharded(); }
+  // Bytes of optimizer state (LAMB's moments and norms) this rank holds.
+  size_t optimizer_state_bytes() const { return lamb_->state_bytes(); }
   void load_state(const float* params, const float* m, const float* v, int64_t lamb_steps_done);
   void load_params(const float* params);  // weights only (--init-checkpoint)
   int64_t lamb_steps_done() const { return lamb_->steps_done(); }

@@ -168,6 +168,9 @@ class TimedBackend final : public Backend {
   void l2_norm(const Tensor& x, const Tensor& out) override {
     timed(OpKind::optimizer, [&] { inner_.l2_norm(x, out); });
   }
+  void sum_squares(const Tensor& x, const Tensor& out) override {
+    timed(OpKind::optimizer, [&] { inner_.sum_squares(x, out); });
+  }
   void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
                  const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                  const Tensor& norms_ws, const Tensor& params_lowp,

@@ -610,6 +610,25 @@ TEST(CudaOps, L2Norm) {
   }
 }
 
+TEST(CudaOps, SumSquares) {
+  PB_REQUIRE_CUDA_DEVICE();
+  Backends b;
+  auto rng = make_rng(13);
+  for (int64_t n : {int64_t{1}, int64_t{8192}, int64_t{100003}, int64_t{3000001}}) {
+    auto x = random_floats(rng, n);
+    double want = 0;
+    b.cpu->sum_squares(hv(x, {n}), view(&want, {1}));
+    DevBuf<float> dx({n}, x);
+    DevBuf<double> dout({1});
+    b.gpu->sum_squares(dx.tensor(), dout.tensor());
+    const double got = dout.values()[0];
+    EXPECT_NEAR(got, want, 1e-12 * want) << n;
+    DevBuf<float> dnorm({1});
+    b.gpu->l2_norm(dx.tensor(), dnorm.tensor());  // the root of the same sum
+    EXPECT_EQ(dnorm.values()[0], static_cast<float>(std::sqrt(got))) << n;
+  }
+}
+
 TEST(CudaOps, LambStep) {
   PB_REQUIRE_CUDA_DEVICE();
   Backends b;

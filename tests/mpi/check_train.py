@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Judges mpi_train_driver runs: rank and layout equivalence of the training step.
 
-    check_train.py BASE OTHER [--grad-tol T] [--tensor-tol T] [--loss-tol T]
+    check_train.py BASE OTHER [--grad-tol T] [--tensor-tol T] [--loss-tol T] [--params-tol T]
+                   [--bitwise]
 
 BASE and OTHER are --out directories of two runs on the same shards (e.g. 1 rank unpadded and
 2 ranks packed). Compares
   - the first step's all-reduced gradient (grads_step0.bin): rel L2 ||a-b||/||b|| over the whole
     buffer, and tensor by tensor (table.txt);
-  - the loss trajectories (loss.txt): max over steps of |a-b|/|b|.
+  - the loss trajectories (loss.txt): max over steps of |a-b|/|b|;
+  - the final parameters (params_final.bin): reported, or with --params-tol judged as rel L2 over
+    the whole buffer;
+  - --bitwise: the gradient, the losses and the final parameters must be the same bits.
 Prints every measurement ("[train-error] ..."), exits 1 when one exceeds its tolerance or is NaN.
 """
 import argparse
@@ -56,7 +60,11 @@ def main():
     p.add_argument("--grad-tol", type=float, default=1e-6)
     p.add_argument("--tensor-tol", type=float, default=2e-6)
     p.add_argument("--loss-tol", type=float, default=1e-4)
+    p.add_argument("--params-tol", type=float, default=None)
+    p.add_argument("--bitwise", action="store_true")
     a = p.parse_args()
+    if a.bitwise:
+        return bitwise(a.base, a.other)
     failures = []
     what = f"{a.other} vs {a.base}"
 
@@ -126,9 +134,39 @@ def main():
         wa, wb = np.fromfile(pa, dtype="<f4"), np.fromfile(pb, dtype="<f4")
         if wa.shape == wb.shape:
             worst = max(((rel_l2(wa[o:o + n], wb[o:o + n]), name) for name, o, n in table))
-            print(f"[train-error] {what}: final parameters rel L2 {rel_l2(wa, wb):.3e}, worst "
-                  f"tensor {worst[1]} {worst[0]:.3e} (reported only)")
+            whole = rel_l2(wa, wb)
+            judged = f"tol {a.params_tol:g}" if a.params_tol is not None else "reported only"
+            print(f"[train-error] {what}: final parameters rel L2 {whole:.3e}, worst "
+                  f"tensor {worst[1]} {worst[0]:.3e} ({judged})")
+            if a.params_tol is not None and not whole <= a.params_tol:
+                failures.append(f"final parameters rel L2 {whole:.3e} > {a.params_tol:g}")
+        else:
+            failures.append(f"parameter sizes differ: {wa.size} vs {wb.size}")
+    elif a.params_tol is not None:
+        failures.append("params_final.bin is missing")
 
+    for f in failures:
+        print(f"FAIL: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def bitwise(base, other):
+    failures = []
+    for name in ("grads_step0.bin", "params_final.bin"):
+        with open(f"{base}/{name}", "rb") as f:
+            x = f.read()
+        with open(f"{other}/{name}", "rb") as f:
+            y = f.read()
+        same = x == y
+        print(f"[train-error] {other} vs {base}: {name} {'bitwise equal' if same else 'DIFFERS'}")
+        if not same:
+            failures.append(f"{name} differs")
+    la, lb = read_losses(other), read_losses(base)
+    same = la == lb and bool(la)
+    print(f"[train-error] {other} vs {base}: losses {'bitwise equal' if same else 'DIFFER'} "
+          f"over {len(la)} steps")
+    if not same:
+        failures.append("the losses differ")
     for f in failures:
         print(f"FAIL: {f}", file=sys.stderr)
     return 1 if failures else 0

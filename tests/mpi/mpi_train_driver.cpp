@@ -8,6 +8,7 @@
 //
 //   mpi_train_driver run DIR --out OUTDIR [--steps N] [--batch B] [--micro M]
 //                            [--layout unpadded|packed|padded] [--lr X] [--no-dropout]
+//                            [--precision fp32|bf16|fp16] [--sharded]
 //     Builds the data loader (global batch B samples in M micro-steps), the tiny BERT
 //     (initialised from the manifest's seed: identical on every rank) and LAMB, and trains N
 //     steps, dropout on. Rank 0 writes to OUTDIR:
@@ -118,6 +119,8 @@ void run_mode(const Args& a, int rank, int size) {
   to.init_seed = seed ^ 0x1417;
   to.dropout_seed = seed ^ 0xd209;
   to.dropout = !a.has("no-dropout");
+  to.bert.precision = parse_precision(a.str("precision", "fp32"));
+  to.sharded = a.has("sharded");
   to.lr.base_lr = std::stod(a.str("lr", "5e-3"));
   to.lr.max_steps = steps;
   to.lr.num_warmup_steps = std::max<int64_t>(1, steps / 5);
@@ -134,7 +137,8 @@ void run_mode(const Args& a, int rank, int size) {
       table << t.name << " " << t.offset << " " << t.size << "\n";
     loss_file.open(out_dir + "/loss.txt");
     loss_file << "# np " << size << " layout " << a.str("layout", "unpadded") << " seed " << seed
-              << "\n";
+              << (trainer.optimizer_sharded() ? " sharded" : "") << " optimizer state "
+              << trainer.optimizer_state_bytes() << " bytes per rank\n";
   }
   for (int64_t s = 0; s < steps; ++s) {
     const StepBatch batch = loader.next();
@@ -172,5 +176,5 @@ void run_mode(const Args& a, int rank, int size) {
 
 int main(int argc, char** argv) {
   return packbert::test::run_driver(argc, argv, "mpi_train_driver write|run DIR [options]",
-                                    {"no-dropout"}, write_mode, run_mode);
+                                    {"no-dropout", "sharded"}, write_mode, run_mode);
 }

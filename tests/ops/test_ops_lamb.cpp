@@ -29,6 +29,32 @@ TEST(L2Norm, MatchesDouble) {
   }
 }
 
+// sum_squares: the double l2_norm roots, so sqrt of it rounds to l2_norm's bits; and sums of
+// consecutive pieces add up to the whole to double rounding (a sharded global norm).
+TEST(SumSquares, IsTheSumL2NormRootsAndAddsOverPieces) {
+  auto rng = make_rng(72);
+  auto be = make_cpu_backend();
+  for (int64_t n : {1, 8191, 8192, 100003}) {
+    auto x = random_floats(rng, n);
+    double got = -1, naive = 0;
+    be->sum_squares(view(x.data(), {n}), view(&got, {1}));
+    for (float v : x) naive += static_cast<double>(v) * v;
+    EXPECT_NEAR(got, naive, 1e-12 * naive) << n;
+    float norm = 0;
+    be->l2_norm(view(x.data(), {n}), view(&norm, {1}));
+    EXPECT_EQ(static_cast<float>(std::sqrt(got)), norm) << n;
+    if (n < 3) continue;
+    const int64_t cut = n / 3;
+    double a = 0, b = 0;
+    be->sum_squares(view(x.data(), {cut}), view(&a, {1}));
+    be->sum_squares(view(x.data() + cut, {n - cut}), view(&b, {1}));
+    EXPECT_NEAR(a + b, got, 1e-13 * got) << n;
+  }
+  float f = 0;
+  std::vector<float> x(4, 1.f);
+  EXPECT_THROW(be->sum_squares(view(x.data(), {4}), view(&f, {1})), Error);  // out is f64
+}
+
 // The state of the naive reference optimizer.
 struct RefLamb {
   Vec w, m, v;

@@ -83,7 +83,8 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_TRUE(j.at("activation_bytes_by_kind").empty());
   EXPECT_EQ(j.at("mst_chunks"), 0);
   EXPECT_EQ(j.at("skipped_steps"), 2);
-  EXPECT_EQ(j.size(), 26u);
+  EXPECT_EQ(j.at("optimizer_state_bytes"), 0);
+  EXPECT_EQ(j.size(), 27u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
@@ -103,6 +104,15 @@ TEST(Metrics, ActivationReportInJsonAndProgressLine) {
   EXPECT_EQ(format_progress_line(r, 1000).find("mst"), std::string::npos);
   r.activation_peak_bytes = 0;
   EXPECT_EQ(format_progress_line(r, 1000).find("act"), std::string::npos);
+}
+
+TEST(Metrics, OptimizerStateBytesInJsonAndProgressLine) {
+  ProgressRecord r = sample_record();
+  EXPECT_EQ(format_progress_line(r, 1000).find("opt "), std::string::npos);  // 0: not shown
+  r.optimizer_state_bytes = int64_t{5} << 20;
+  EXPECT_EQ(to_json(r).at("optimizer_state_bytes"), int64_t{5} << 20);
+  const std::string s = format_progress_line(r, 1000);
+  EXPECT_NE(s.find("opt 5.00 MiB"), std::string::npos) << s;
 }
 
 TEST(Metrics, ProgressLine) {
