@@ -281,6 +281,59 @@ TEST_F(TrainCli, UnwritableCheckpointDirectoryFailsBeforeTraining) {
 }
 
 // One rank killed: mpirun ends the others (they do not hang in a collective).
+// optim.sharded through the binary: a sharded 2-rank run equals the unsharded one bit for bit
+// (losses and checkpoint files: gathered on write), and a checkpoint of either resumes the
+// other, at another rank count (rounding only: the sums over ranks run in another order).
+TEST_F(TrainCli, ShardedCheckpointsResumeAcrossShardingAndRankCounts) {
+  const std::string args = "--eval.at_end=false --eval.every_samples=0 ";
+  auto train = [&](const std::string& name, int np, const std::string& more) {
+    const std::string dir = run_dir(name);
+    const std::string cmd = std::string(PACKBERT_MPIEXEC) +
+                            " --allow-run-as-root --oversubscribe --mca btl self,vader "
+                            "-x OMP_NUM_THREADS=1 -np " + std::to_string(np) + " " +
+                            train_cmd(dir, args + more);
+    EXPECT_EQ(run_command(cmd), 0) << read_file(dir + "/log.txt");
+    return dir;
+  };
+  const std::string plain = train("plain_np2", 2, "");
+  const std::string sharded = train("sharded_np2", 2, "--optim.sharded=true");
+  const auto want = read_records(plain + "/metrics.jsonl", "train");
+  const auto got = read_records(sharded + "/metrics.jsonl", "train");
+  ASSERT_EQ(want.size(), 12u);
+  ASSERT_EQ(got.size(), 12u);
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (const char* key : {"loss", "grad_norm"})
+      EXPECT_EQ(got[i].at(key).get<double>(), want[i].at(key).get<double>()) << key << " " << i;
+    EXPECT_LT(got[i].at("optimizer_state_bytes").get<int64_t>(),
+              want[i].at("optimizer_state_bytes").get<int64_t>());  // rank 0's share
+  }
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(read_file(sharded + "/ckpt/step_00000012/" + file),
+              read_file(plain + "/ckpt/step_00000012/" + file))
+        << file;
+  struct Resume {
+    const char* name;
+    int np;
+    const char* more;
+    std::string from;
+  };
+  for (const Resume& r : {Resume{"sharded_to_plain_np1", 1, "", sharded},
+                          Resume{"plain_to_sharded_np3", 3, "--optim.sharded=true", plain}}) {
+    const std::string dir =
+        train(r.name, r.np, std::string(r.more) + " --resume " + r.from + "/ckpt/step_00000009");
+    const auto rest = read_records(dir + "/metrics.jsonl", "train");
+    ASSERT_EQ(rest.size(), 3u) << r.name;
+    for (const auto& rec : rest) {
+      const auto step = rec.at("step").get<int64_t>();
+      const double a = rec.at("loss").get<double>();
+      const double b = want[static_cast<size_t>(step - 1)].at("loss").get<double>();
+      std::printf("%s: step %lld loss %.9f, unsharded 2 ranks %.9f\n", r.name,
+                  static_cast<long long>(step), a, b);
+      EXPECT_LE(std::abs(a - b), 1e-6 * std::abs(b)) << r.name << " step " << step;
+    }
+  }
+}
+
 TEST_F(TrainCli, KilledRankEndsTheJobWithinAMinute) {
   const std::string dir = run_dir("rankdeath");
   Background p(std::string(PACKBERT_MPIEXEC) +
