@@ -441,7 +441,13 @@ void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
   begin(op);
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
-  if (num_tensors == 0) return end(op);
+  if (num_tensors == 0) {
+    if (record.defined())
+      launched(op, "lamb_record",
+               cuda::lamb_record(global_grad_norm.ptr<float>(), cfg.grad_scale,
+                                 record.ptr<int32_t>(), stream_));
+    return end(op);
+  }
   const bool same_work = lamb_work_ && cfg.weight_decay == lamb_weight_decay_ &&
                          lamb_rows_.size() == static_cast<size_t>(num_tensors) &&
                          std::equal(lamb_rows_.begin(), lamb_rows_.end(), entries,

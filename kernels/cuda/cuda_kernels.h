@@ -116,6 +116,10 @@ cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTen
                       float* params, float* grads, float* m, float* v, float* norms_ws,
                       double* partial, void* params_lowp, FloatFormat lowp_format,
                       int32_t* record, cudaStream_t s);
+// Only the record's update (a LAMB step over an empty table: a rank of a sharded optimizer that
+// owns no tensor still counts the step).
+cudaError_t lamb_record(const float* global_grad_norm, float grad_scale, int32_t* record,
+                        cudaStream_t s);
 
 // ---- LayerNorm family (layernorm_kernels.cu) ----------------------------------------------
 // backend.h's kLayerNormEps (the .cu files do not include backend.h; cuda_backend.cpp

@@ -489,6 +489,12 @@ cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cuda
   return launched();
 }
 
+cudaError_t lamb_record(const float* global_grad_norm, float grad_scale, int32_t* record,
+                        cudaStream_t s) {
+  PB_LAUNCH(1, 1, 0, s, lamb_record_kernel)(global_grad_norm, grad_scale, record);
+  return launched();
+}
+
 cudaError_t sum_squares(const float* x, int64_t n, double* partial, double* out, cudaStream_t s) {
   const int64_t k = l2_norm_partials(n);
   if (k > 0) {

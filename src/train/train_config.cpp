@@ -540,7 +540,7 @@ std::vector<KeyDef> make_keys() {
   k.push_back(bool_key("optim.sharded", &C::optim, &O::sharded,
                        "sharded LAMB: each rank keeps the moments of, and updates, the tensors "
                        "of its 1/N range; gradients reduce-scattered, weights all-gathered (one "
-                       "rank: no-op; device = cpu only for now)"));
+                       "rank: no-op)"));
   // [data]
   k.push_back(string_key("data.train_dir", &C::data, &D::train_dir,
                          "training shards: a directory of .h5 files or one file"));
@@ -777,10 +777,6 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
   PB_REQUIRE(!check_paths || c.train.device != "cuda" || cuda_built(),
              "train.device = \"cuda\", but this build has no CUDA backend (configure with "
              "-DPACKBERT_CUDA=ON)");
-  PB_REQUIRE(!c.optim.sharded || world_size == 1 || c.train.device == "cpu",
-             "optim.sharded = true with train.device = \"{}\": the sharded optimizer runs on "
-             "the CPU backend only for now (set optim.sharded = false)",
-             c.train.device);
   const auto& m = c.model;
   PB_REQUIRE(m.layers >= 1, "model.layers ({}) must be >= 1", m.layers);
   PB_REQUIRE(m.hidden >= 1, "model.hidden ({}) must be >= 1", m.hidden);

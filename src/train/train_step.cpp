@@ -68,12 +68,7 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
     MPI_Comm_rank(comm, &rank);
   }
   const bool sharded = options_.sharded && world > 1;  // a world of one: nothing to shard
-  if (sharded) {
-    PB_REQUIRE(options_.device == Device::cpu,
-               "optim.sharded: the sharded optimizer runs on the CPU backend only for now "
-               "(train.device = \"{}\")", device_name(options_.device));
-    reduce.shard_bounds = plan_tensor_shards(lamb_params(table_), n, world);
-  }
+  if (sharded) reduce.shard_bounds = plan_tensor_shards(lamb_params(table_), n, world);
   reducer_ = std::make_unique<GradReducer>(comm, *backend_, grads_.tensor(), grad_spans(table_),
                                            reduce);
   LambShard shard;
@@ -90,9 +85,19 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
 
 void Trainer::save_optimizer_state(float* m, float* v) {
   lamb_->save_moments(m, v);  // the range this rank owns (all of it unsharded)
-  if (lamb_->sharded()) {
-    reducer_->all_gather(view(m, {table_.total()}));
-    reducer_->all_gather(view(v, {table_.total()}));
+  if (!lamb_->sharded()) return;
+  const int64_t n = table_.total();
+  if (backend_->device() == Device::cpu) {
+    reducer_->all_gather(view(m, {n}));
+    reducer_->all_gather(view(v, {n}));
+    return;
+  }
+  // The reducer gathers the backend's memory (NCCL needs it): through a buffer of the device.
+  BackendBuffer gathered = backend_->alloc(DType::f32, {n});
+  for (float* host : {m, v}) {
+    backend_->copy(gathered.tensor(), view(host, {n}));
+    reducer_->all_gather(gathered.tensor());
+    backend_->copy(view(host, {n}), gathered.tensor());
   }
 }
 

@@ -59,7 +59,7 @@ struct TrainerOptions {
   GradTransport gpu_transport = GradTransport::nccl;
   // optim.sharded: each rank keeps the LAMB state of, and updates, only the tensors of its range
   // (optim/sharding.h); the gradient is reduce-scattered and the weights all-gathered. A world
-  // of one is unsharded. The CPU backend only, for now.
+  // of one is unsharded.
   bool sharded = false;
 };
 

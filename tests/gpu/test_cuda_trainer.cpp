@@ -10,7 +10,11 @@
 // differences on tensors whose gradient is tiny; the key bias (true gradient 0) is skipped.
 #include <gtest/gtest.h>
 
+#include <mpi.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <random>
 
@@ -83,6 +87,75 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
   for (size_t i = 0; i < n; ++i) num += (mc[i] - mg[i]) * (mc[i] - mg[i]), den += mc[i] * mc[i];
   EXPECT_LE(std::sqrt(num / den), 1e-3) << "first moments";
   EXPECT_EQ(gpu.lamb_steps_done(), 3);
+}
+
+// The sharded optimizer on the CUDA backend, two ranks (mpirun on this binary; the ranks find
+// PACKBERT_SHARDED_TEST_CHILD set): three steps with the gradient travelling through the host
+// (MPI: two ranks can share one GPU, and NCCL cannot) give the unsharded run's weights, moments
+// and gradient norms bit for bit. Both ranks see the same samples (a global batch of twice
+// them), which is all the comparison needs.
+void sharded_rank() {
+  int initialized = 0, provided = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  struct Finalize {
+    ~Finalize() { MPI_Finalize(); }
+  } finalize;
+  std::mt19937_64 rng(test_seed());  // the same on both ranks
+  StepBatch batch = random_step_batch(rng, 6, 2, 5, kMaxSeqLen, 10);
+  batch.global_samples *= 2;
+  batch.global_masked_tokens *= 2;
+  TrainerOptions o;
+  o.config = bert_preset("tiny");
+  o.max_seq_len = kMaxSeqLen;
+  o.init_seed = rng();
+  o.dropout_seed = rng();
+  o.lr.base_lr = 1e-2;
+  o.lr.max_steps = 10;
+  o.lr.num_warmup_steps = 1;
+  o.device = Device::cuda;
+  o.gpu_transport = GradTransport::mpi;
+  o.bucket_bytes = 256 << 10;  // several buckets, cut inside tensors
+  Trainer plain(MPI_COMM_WORLD, o);
+  o.sharded = true;
+  Trainer sharded(MPI_COMM_WORLD, o);
+  ASSERT_TRUE(sharded.optimizer_sharded());
+  ASSERT_LT(sharded.optimizer_state_bytes(), plain.optimizer_state_bytes());
+  for (int64_t s = 0; s < 3; ++s) {
+    batch.step = s;
+    const StepMetrics a = plain.step(batch), b = sharded.step(batch, {}, /*read=*/s != 1);
+    EXPECT_EQ(a.loss, b.loss) << "step " << s;
+    if (s != 1) {
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+    }
+  }
+  EXPECT_EQ(plain.params(), sharded.params());
+  const auto n = static_cast<size_t>(plain.table().total());
+  std::vector<float> mp(n), vp(n), ms(n), vs(n);
+  plain.save_optimizer_state(mp.data(), vp.data());
+  sharded.save_optimizer_state(ms.data(), vs.data());  // gathered through the device
+  EXPECT_EQ(mp, ms);
+  EXPECT_EQ(vp, vs);
+}
+
+TEST(CudaTrainerSharded, TwoRanksMatchTheUnshardedRunBitForBit) {
+  if (std::getenv("PACKBERT_SHARDED_TEST_CHILD")) {
+    sharded_rank();
+    return;
+  }
+  PB_REQUIRE_CUDA_DEVICE();
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string out;
+  const int rc = run_command(
+      std::string(PACKBERT_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 " +
+          "-x PACKBERT_SHARDED_TEST_CHILD=1 -x PACKBERT_TEST_SEED=" +
+          std::to_string(test_seed()) + " -x OMP_NUM_THREADS=1 " + self +
+          " --gtest_color=no --gtest_filter=CudaTrainerSharded.TwoRanksMatchTheUnshardedRunBitForBit"
+          " 2>&1",
+      &out);
+  std::cout << out;
+  EXPECT_EQ(rc, 0) << "the ranks failed (output above)";
+  EXPECT_NE(out.find("[  PASSED  ] 1 test"), std::string::npos);
 }
 
 }  // namespace
