@@ -228,6 +228,26 @@ TEST(NcclAllreduceOneRank, CommunicatorOfOneRunsThePath) {
                   bucket_bytes, round, s.buckets, s.started_before_finish,
                   s.completed_before_finish);
     }
+    // Reduce-scatter (one grouped ncclReduce per owner: here the one rank owns everything) and
+    // all_gather (grouped ncclBroadcast) of the f32 buffer and of a bf16 one: nothing changes.
+    cuda_ok(cudaMemcpyAsync(grads.data(), fill.p, fill.n * 4, cudaMemcpyHostToDevice, stream.s),
+            "fill");
+    ar.begin(GradCollective::reduce_scatter);
+    backward(stream.s, grads.data(), values, t, reverse_order(t.spans.size()), ar, false);
+    ar.finish();
+    ar.all_gather(device_view(grads.data(), t.n));
+    const std::vector<float> rs = read_back(stream.s, grads.data(), static_cast<size_t>(t.n));
+    ASSERT_EQ(std::memcmp(rs.data(), want.data(), want.size() * 4), 0) << "reduce-scatter";
+    const auto half_bytes = static_cast<size_t>(t.n) * 2;
+    void* half = cuda_alloc(half_bytes);
+    cuda_ok(cudaMemsetAsync(half, 0x5A, half_bytes, stream.s), "fill");
+    ar.all_gather(Tensor(half, DType::bf16, {t.n}, Device::cuda));
+    std::vector<uint16_t> halves(static_cast<size_t>(t.n));
+    cuda_ok(cudaMemcpyAsync(halves.data(), half, half_bytes, cudaMemcpyDeviceToHost, stream.s),
+            "read back");
+    cuda_ok(cudaStreamSynchronize(stream.s), "cudaStreamSynchronize");
+    cuda_free(half);
+    for (uint16_t x : halves) ASSERT_EQ(x, 0x5A5A);
     // Destroyed with a round in flight (an exception in the backward): aborts, never waits.
     ar.begin();
     backward(stream.s, grads.data(), values, t, {static_cast<int>(t.spans.size()) - 1}, ar, true);
