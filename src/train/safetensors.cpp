@@ -244,34 +244,58 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
                       {"data_offsets", {offset, offset + bytes[i]}}};
     offset += bytes[i];
   }
+  // Checksums as 16 '0's for now: their length is fixed, so the header's is known before they
+  // are. The data is written while other threads hash it; the real values go into the header,
+  // written again in place, at the end.
   if (checksums) {
-    std::vector<uint64_t> sums(tensors.size());
-    parallel_for(tensors.size(),
-                 [&](size_t i) { sums[i] = XXH3_64bits(tensors[i].data, bytes[i]); });
-    for (size_t i = 0; i < tensors.size(); ++i)
-      header["__metadata__"][kChecksumPrefix + tensors[i].name] = hex64(sums[i]);
-  }
-  if (checksums)
+    for (const StTensor& t : tensors)
+      header["__metadata__"][kChecksumPrefix + t.name] = std::string(kHexDigits, '0');
     header["__metadata__"][kChecksumPrefix + kHeaderName] = std::string(kHexDigits, '0');
+  }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
   unsigned char prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(n >> (8 * i));
-  if (checksums) {
-    const size_t at = header_digits_at(text);
-    PB_CHECK(at != std::string::npos, "{}: the header checksum's place was not found", path);
-    text.replace(at, kHexDigits, hex64(header_hash(prefix, text, at)));
-  }
+  std::vector<size_t> digits_at;  // where each tensor's checksum goes in text
+  if (checksums)
+    for (const StTensor& t : tensors) {
+      const std::string key = nlohmann::ordered_json(kChecksumPrefix + t.name).dump() + ":\"";
+      const size_t at = text.find(key);
+      PB_CHECK(at != std::string::npos, "{}: the checksum place of '{}' was not found", path,
+               t.name);
+      digits_at.push_back(at + key.size());
+    }
 
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   PB_REQUIRE(fd >= 0, "{}: cannot create: {}", path, os_error(errno));
+  std::vector<uint64_t> sums(tensors.size());
+  std::thread hasher;
+  if (checksums)
+    hasher = std::thread([&] {
+      parallel_for(tensors.size(),
+                   [&](size_t i) { sums[i] = XXH3_64bits(tensors[i].data, bytes[i]); });
+    });
+  auto join_hasher = [&] {
+    if (hasher.joinable()) hasher.join();
+  };
   try {
     write_all(fd, prefix, 8, path);
     write_all(fd, text.data(), text.size(), path);
     for (size_t i = 0; i < tensors.size(); ++i) write_all(fd, tensors[i].data, bytes[i], path);
+    join_hasher();
+    if (checksums) {
+      for (size_t i = 0; i < tensors.size(); ++i)
+        text.replace(digits_at[i], kHexDigits, hex64(sums[i]));
+      const size_t at = header_digits_at(text);
+      PB_CHECK(at != std::string::npos, "{}: the header checksum's place was not found", path);
+      text.replace(at, kHexDigits, hex64(header_hash(prefix, text, at)));
+      PB_REQUIRE(::lseek(fd, 8, SEEK_SET) == 8, "{}: seek failed: {}", path, os_error(errno));
+      write_all(fd, text.data(), text.size(), path);
+    }
     PB_REQUIRE(::fsync(fd) == 0, "{}: fsync failed: {}", path, os_error(errno));
   } catch (...) {
+    join_hasher();
     ::close(fd);
     ::unlink(path.c_str());
     throw;

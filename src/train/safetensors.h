@@ -76,10 +76,12 @@ struct StTensor {
 
 // Writes `path` (created or truncated): the tensors' data in the given order, the metadata as
 // "__metadata__" (omitted when empty and without checksums), with the checksums above unless
-// `checksums` is false. Every write is checked; the file is fsynced before it is closed. A
-// failure (short write, ENOSPC, EFBIG, ...) is an Error naming the path and the OS reason, and
-// the partial file is removed. Names must be unique, non-empty and neither "__metadata__" nor
-// "__header__"; metadata keys must not be "checksum" or begin with "checksum.".
+// `checksums` is false: other threads (up to kStMaxThreads) hash the tensors while the data is
+// written, and the header is written again in place with them at the end. Every write is
+// checked; the file is fsynced before it is closed. A failure (short write, ENOSPC, EFBIG, ...)
+// is an Error naming the path and the OS reason, and the partial file is removed. Names must be
+// unique, non-empty and neither "__metadata__" nor "__header__"; metadata keys must not be
+// "checksum" or begin with "checksum.".
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {},
                        bool checksums = true);
