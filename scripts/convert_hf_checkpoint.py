@@ -10,11 +10,18 @@ Google's bert-large-uncased from the Hugging Face hub. OUT_DIR receives the two 
 packbert checkpoint that --init-checkpoint reads (src/train/checkpoint.h):
 
     model.safetensors  every tensor under its Hugging Face name, PyTorch shape, F32,
-                       metadata {"format": "pt"}
+                       metadata {"format": "pt"}, and the checksums packbert verifies on load
+                       (src/train/safetensors.h: XXH3-64 of every tensor and of the header;
+                       "config_json_checksum" of config.json's bytes)
     config.json        the BertConfig of BertForPreTraining, vocab_size padded, plus
                        "packbert_real_vocab_size"
 
 No optimizer state or trainer state is written: training starts fresh from these weights.
+
+Checksums. An input model.safetensors that carries packbert's checksums (a packbert checkpoint,
+or this script's output) is verified before anything is converted, and its config.json too: a
+mismatch is an error naming the file and the tensor. Needs the xxhash module (Debian's
+python3-xxhash, or `pip install xxhash`).
 
 Names. Accepted: BertForPreTraining names ("bert.embeddings...", "cls.predictions..."), names
 without the "bert." prefix (a BertModel state dict: then the heads are missing and conversion
@@ -45,25 +52,125 @@ packbert_real_vocab_size is written to config.json: the unpadded vocab_size, or 
 input config's own packbert_real_vocab_size, or --real-vocab-size when given (e.g. 30522 for
 NVIDIA's checkpoints, which are already padded to 30528).
 
-Run with a python that has torch (and safetensors for .safetensors inputs and for the output):
-on this machine /usr/bin/python3.
+Run with a python that has torch and xxhash (and safetensors for .safetensors inputs): on this
+machine /usr/bin/python3.
 """
 
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
 import torch
 
+try:
+    import xxhash
+except ImportError:
+    print("convert_hf_checkpoint: error: the xxhash module is missing (Debian: apt install "
+          "python3-xxhash; or pip install xxhash): packbert checkpoints carry XXH3-64 checksums",
+          file=sys.stderr)
+    sys.exit(1)
+
 PAD_MULTIPLE = 8
 PAD_BIAS = -10000.0
+# packbert's checksums in a safetensors file's __metadata__ (src/train/safetensors.h).
+CHECKSUM_ALGORITHM = "xxh3_64"
+HEADER_CHECKSUM = "checksum.__header__"
+HEADER_CHECKSUM_RE = re.compile(rb'"checksum\.__header__"\s*:\s*"([^"]{16})"')
+CONFIG_CHECKSUM = "config_json_checksum"
+READ_PIECE = 1 << 24
 
 
 def fail(msg):
     print(f"convert_hf_checkpoint: error: {msg}", file=sys.stderr)
     sys.exit(1)
+
+
+def header_checksum(prefix, text, digits_at):
+    """XXH3-64 of the 8 length bytes and the header, the header checksum's digits as '0's."""
+    return xxhash.xxh3_64(prefix + text[:digits_at] + b"0" * 16 + text[digits_at + 16:]).hexdigest()
+
+
+def verify_safetensors(path):
+    """Checks packbert's checksums of a safetensors file: its header's, then every tensor's.
+    Returns the file's __metadata__ and whether it had checksums; exits naming the file and the
+    tensor on a mismatch."""
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        n = int.from_bytes(prefix, "little")
+        text = f.read(n)
+        if len(prefix) < 8 or len(text) < n:
+            fail(f"{path}: damaged: cut short inside its header")
+        try:
+            header = json.loads(text)
+        except ValueError as e:
+            fail(f"{path}: damaged: the header is not valid JSON ({e})")
+        md = header.get("__metadata__", {})
+        sums = {k: v for k, v in md.items() if k == "checksum" or k.startswith("checksum.")}
+        if not sums:
+            return md, False
+        if sums.get("checksum") != CHECKSUM_ALGORITHM:
+            fail(f"{path}: damaged header: checksum algorithm {sums.get('checksum')!r}, expected "
+                 f"{CHECKSUM_ALGORITHM!r}")
+        found = list(HEADER_CHECKSUM_RE.finditer(text))
+        stored = md.get(HEADER_CHECKSUM, "")
+        if len(found) != 1 or found[0].group(1).decode("latin-1") != stored or \
+                not re.fullmatch("[0-9a-f]{16}", stored):
+            fail(f"{path}: damaged header: its checksum ({HEADER_CHECKSUM}) is missing or "
+                 "malformed")
+        got = header_checksum(prefix, text, found[0].start(1))
+        if got != stored:
+            fail(f"{path}: header is damaged: its checksum is {got}, the header says {stored}")
+        start = 8 + n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            want = sums.get("checksum." + name)
+            if want is None:
+                fail(f"{path}: tensor '{name}': its checksum is missing")
+            begin, end = info["data_offsets"]
+            f.seek(start + begin)
+            h = xxhash.xxh3_64()
+            left = end - begin
+            while left > 0:
+                piece = f.read(min(left, READ_PIECE))
+                if not piece:
+                    fail(f"{path}: tensor '{name}': unexpected end of file (truncated?)")
+                h.update(piece)
+                left -= len(piece)
+            if h.hexdigest() != want:
+                fail(f"{path}: tensor '{name}' is damaged: its data's checksum is "
+                     f"{h.hexdigest()}, the header says {want} ({CHECKSUM_ALGORITHM})")
+    return md, True
+
+
+def write_safetensors(path, tensors, metadata):
+    """tensors: name -> contiguous float32 numpy array, written in this order, with packbert's
+    checksums (the same bytes packbert's writer produces for the same input)."""
+    md = dict(metadata)
+    md["checksum"] = CHECKSUM_ALGORITHM
+    header = {"__metadata__": md}
+    offset = 0
+    for name, a in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+        md["checksum." + name] = xxhash.xxh3_64(memoryview(a).cast("B")).hexdigest()
+    md[HEADER_CHECKSUM] = "0" * 16
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    prefix = len(text).to_bytes(8, "little")
+    at = HEADER_CHECKSUM_RE.search(text).start(1)
+    text = text[:at] + header_checksum(prefix, text, at).encode() + text[at + 16:]
+    with open(path, "wb") as f:
+        f.write(prefix)
+        f.write(text)
+        for a in tensors.values():
+            f.write(memoryview(a).cast("B"))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def expected_shapes(cfg, vocab):
@@ -106,6 +213,17 @@ def expected_shapes(cfg, vocab):
 def load_file(path):
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file as st_load
+
+        md, checked = verify_safetensors(path)
+        if checked:
+            print(f"{path}: every checksum matches ({CHECKSUM_ALGORITHM})")
+            cfg = os.path.join(os.path.dirname(path), "config.json")
+            if CONFIG_CHECKSUM in md and os.path.isfile(cfg):
+                with open(cfg, "rb") as f:
+                    got = xxhash.xxh3_64(f.read()).hexdigest()
+                if got != md[CONFIG_CHECKSUM]:
+                    fail(f"{cfg}: damaged (or edited): its checksum is {got}, {path} says "
+                         f"{md[CONFIG_CHECKSUM]} ({CHECKSUM_ALGORITHM})")
 
         return st_load(path, device="cpu")
     try:
@@ -251,13 +369,13 @@ def main():
         "packbert_real_vocab_size": real,
     }
 
-    from safetensors.numpy import save_file
-
     os.makedirs(args.out_dir, exist_ok=True)
-    save_file(out, os.path.join(args.out_dir, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(args.out_dir, "config.json"), "w") as f:
-        json.dump(new_cfg, f, indent=2)
-        f.write("\n")
+    cfg_text = (json.dumps(new_cfg, indent=2) + "\n").encode()
+    out = {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in out.items()}
+    write_safetensors(os.path.join(args.out_dir, "model.safetensors"), out,
+                      {"format": "pt", CONFIG_CHECKSUM: xxhash.xxh3_64(cfg_text).hexdigest()})
+    with open(os.path.join(args.out_dir, "config.json"), "wb") as f:
+        f.write(cfg_text)
     print(f"converted {len(out)} tensors from {source} to "
           f"{args.out_dir} (vocab {vocab} -> {padded}, real {real})")
 

@@ -15,6 +15,7 @@ APT_PACKAGES=(
   libboost-context-dev                # fibers of the emulated CUDA build (one per CUDA thread)
   libutf8proc-dev                     # Unicode categories and NFD for the BERT tokenizer
   zlib1g-dev                          # gzip corpora
+  libxxhash-dev python3-xxhash        # checkpoint checksums (XXH3-64), C++ and the converter
   nlohmann-json3-dev                  # JSON output (packbert pack --json), header-only
   python3 python3-pip                 # test tooling
   python3-torch python3-numpy python3-yaml   # Hugging Face round trip, reference scripts

@@ -19,6 +19,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "device.h"
+#include "train/checkpoint.h"
 #include "train/run_train.h"
 #include "train/train_config.h"
 
@@ -85,8 +86,11 @@ struct InspectArgs {
 
 void add_inspect(CLI::App& app, InspectArgs& a) {
   auto* cmd = app.add_subcommand("inspect", "Validate shards and print counts, length "
-                                            "distribution, masked counts and padding");
-  cmd->add_option("path", a.path, "A shard file or a directory of shards")->required();
+                                            "distribution, masked counts and padding; or verify "
+                                            "checkpoints (every checksum) and summarise them");
+  cmd->add_option("path", a.path, "A shard file or a directory of shards; or a checkpoint "
+                                  "directory or a directory of them (exit 1 if any is damaged)")
+      ->required();
   cmd->add_option("--vocab", a.vocab, "Vocabulary file (sets --vocab-size)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--vocab-size", a.vocab_size, "Token ids must be below this")
@@ -132,8 +136,9 @@ CLI::App* add_train(CLI::App& app, TrainArgs& a) {
   cmd->footer(kOverrideHelp);
   cmd->add_option("--config", a.config, "TOML config (configs/*.toml)")->check(CLI::ExistingFile);
   cmd->add_option("--resume", a.resume,
-                  "auto (newest complete checkpoint under checkpoint.dir, fresh if none) or a "
-                  "checkpoint directory; same as --checkpoint.resume");
+                  "auto (newest valid checkpoint under checkpoint.dir, damaged ones moved "
+                  "aside; fresh if there is none) or a checkpoint directory; same as "
+                  "--checkpoint.resume");
   cmd->add_option("--init-checkpoint", a.init_checkpoint,
                   "Start from these model weights only; same as --checkpoint.init_checkpoint");
   cmd->add_flag("--print-config", a.print_config,
@@ -224,6 +229,12 @@ int run(int argc, char** argv, Mpi& mpi) {
                  "{:.1f} MB of text in {:.2f} s ({:.2f} MB/s)",
                  st.documents, st.train_samples, st.train_shards.size(), st.eval_samples,
                  st.input_bytes / 1e6, st.seconds, st.input_bytes / 1e6 / std::max(st.seconds, 1e-9));
+  } else if (app.got_subcommand("inspect") && is_checkpoint_path(inspect.path)) {
+    const int damaged = inspect_checkpoints(inspect.path, std::cout);
+    if (damaged > 0) {
+      spdlog::error("inspect: {} damaged checkpoint(s) under {}", damaged, inspect.path);
+      return 1;
+    }
   } else if (app.got_subcommand("inspect")) {
     SampleRules rules;
     rules.vocab_size = inspect.vocab_size;

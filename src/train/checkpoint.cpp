@@ -9,30 +9,71 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <map>
 #include <sstream>
 #include <vector>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "train/checkpoint_internal.h"
 #include "train/safetensors.h"
 
 namespace packbert {
 
 namespace fs = std::filesystem;
+using namespace detail;
+
+namespace detail {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  PB_REQUIRE(in, "{}: cannot open: {}", path, std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  PB_REQUIRE(!in.bad(), "{}: read failed", path);
+  return ss.str();
+}
+
+int64_t parse_step_name(const std::string& name) {
+  const std::string prefix = "step_";
+  if (name.size() < prefix.size() + 8 || name.compare(0, prefix.size(), prefix) != 0) return -1;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      }))
+    return -1;
+  return std::stoll(digits);
+}
+
+std::string read_checked_text(const std::string& dir, const char* file,
+                              const SafetensorsFile& holder, const char* key,
+                              std::vector<std::string>* unverified) {
+  const std::string path = join(dir, file);
+  std::string text = read_text(path);
+  auto it = holder.metadata().find(key);
+  if (it == holder.metadata().end()) {
+    unverified->push_back(file);
+    return text;
+  }
+  const std::string got = st_checksum_hex(text.data(), text.size());
+  if (got != it->second)
+    throw DamagedFileError(fmt::format("{}: damaged (or edited): its checksum is {}, {} says {} "
+                                       "({})", path, got, holder.path(), it->second,
+                                       kStChecksumAlgorithm));
+  return text;
+}
+
+}  // namespace detail
 
 namespace {
 
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kConfigFile = "config.json";
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
-constexpr const char* kStateFile = "trainer_state.json";
-constexpr const char* kFiles[] = {kModelFile, kConfigFile, kOptimizerFile, kStateFile};
+constexpr const char* kAsideSuffix = ".corrupt";
 
 std::string os_error(int err) { return std::strerror(err); }
-
-std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
 void write_file_synced(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -58,15 +99,6 @@ void write_file_synced(const std::string& path, const std::string& text) {
   PB_REQUIRE(::close(fd) == 0, "{}: close failed: {}", path, os_error(errno));
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PB_REQUIRE(in, "{}: cannot open: {}", path, os_error(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  PB_REQUIRE(!in.bad(), "{}: read failed", path);
-  return ss.str();
-}
-
 void fsync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   PB_REQUIRE(fd >= 0, "{}: cannot open directory to fsync: {}", dir, os_error(errno));
@@ -82,18 +114,6 @@ void fsync_dir(const std::string& dir) {
 double json_float(float f) { return std::stod(fmt::format("{}", f)); }
 
 std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
-
-// step_NNNNNNNN (8+ digits) -> the step; -1 for any other name.
-int64_t parse_step_name(const std::string& name) {
-  const std::string prefix = "step_";
-  if (name.size() < prefix.size() + 8 || name.compare(0, prefix.size(), prefix) != 0) return -1;
-  const std::string digits = name.substr(prefix.size());
-  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
-        return c >= '0' && c <= '9';
-      }))
-    return -1;
-  return std::stoll(digits);
-}
 
 bool is_complete(const fs::path& dir) {
   std::error_code ec;
@@ -179,9 +199,8 @@ std::vector<FieldDiff> config_diffs(const BertConfig& a, const BertConfig& b, bo
   return d;
 }
 
-void check_config(const std::string& dir, const BertConfig& expected, bool dropout) {
-  const std::string path = join(dir, kConfigFile);
-  const BertConfig c = read_hf_config(path);
+void check_config(const std::string& path, const BertConfig& expected, const BertConfig& c,
+                  bool dropout) {
   const auto diffs = config_diffs(expected, c, dropout);
   if (diffs.empty()) return;
   std::string msg;
@@ -205,11 +224,13 @@ std::vector<StTensor> flat_tensors(const ParamTable& table, const float* flat,
 // missing, shaped otherwise, or unknown to the table.
 void read_flat(const SafetensorsFile& file, const ParamTable& table, const std::string& prefix,
                float* flat) {
+  std::vector<SafetensorsFile::Read> reads;
   for (const ParamTensor& t : table.tensors()) {
     const std::string name = prefix + t.name;
     PB_REQUIRE(file.contains(name), "{}: tensor '{}' is missing", file.path(), name);
-    file.read(name, flat + t.offset, StDType::F32, t.shape);
+    reads.push_back({name, flat + t.offset, StDType::F32, t.shape});
   }
+  file.read_many(reads);  // several threads: reading and hashing at about memory speed each
   // Alignment gaps between tensors (none in today's table) are zeroed.
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const ParamTensor& t : table.tensors()) spans.emplace_back(t.offset, t.offset + t.size);
@@ -246,6 +267,25 @@ int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
            it->second);
 }
 
+// ---- integrity -----------------------------------------------------------------------------
+
+// The files of a checkpoint directory must all be there: a missing one is damage (the
+// directory was complete when it was renamed into place).
+void require_files(const std::string& dir, std::initializer_list<const char*> files) {
+  std::error_code ec;
+  PB_REQUIRE(fs::is_directory(dir, ec), "{}: not a checkpoint directory", dir);
+  for (const char* f : files)
+    if (!fs::is_regular_file(join(dir, f), ec))
+      throw DamagedFileError(fmt::format("{}: missing (the checkpoint {} is incomplete)",
+                                         join(dir, f), dir));
+}
+
+void warn_unverified(const std::string& dir, const std::vector<std::string>& unverified) {
+  if (unverified.empty()) return;
+  spdlog::warn("{}: no checksums for {} (written before checkpoints carried them): loaded "
+               "without verifying", dir, fmt::join(unverified, ", "));
+}
+
 }  // namespace
 
 // ---- config.json ---------------------------------------------------------------------------
@@ -255,9 +295,13 @@ void write_hf_config(const std::string& path, const BertConfig& config) {
 }
 
 BertConfig read_hf_config(const std::string& path) {
+  return parse_hf_config(path, read_text(path));
+}
+
+BertConfig detail::parse_hf_config(const std::string& path, const std::string& text) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_text(path));
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     PB_THROW("{}: not valid JSON: {}", path, e.what());
   }
@@ -342,16 +386,23 @@ std::string write_checkpoint(const std::string& root, const CheckpointWrite& w, 
   bool moved_old = false;
   try {
     const ParamTable& table = *w.table;
-    write_safetensors(join(tmp, kModelFile), flat_tensors(table, w.params, ""),
-                      {{"format", "pt"}});
-    write_hf_config(join(tmp, kConfigFile), table.config());
+    const std::string config_text = hf_config_json(table.config()).dump(2) + "\n";
+    std::map<std::string, std::string> model_md = {{"format", "pt"}};
+    std::map<std::string, std::string> opt_md = {{"format", "pt"},
+                                                 {"steps_done", std::to_string(w.lamb_steps_done)},
+                                                 {"step", std::to_string(w.step)}};
+    if (w.checksums) {
+      model_md[kConfigChecksumKey] = st_checksum_hex(config_text.data(), config_text.size());
+      opt_md[kStateChecksumKey] =
+          st_checksum_hex(w.trainer_state_json.data(), w.trainer_state_json.size());
+    }
+    write_safetensors(join(tmp, kModelFile), flat_tensors(table, w.params, ""), model_md,
+                      w.checksums);
+    write_file_synced(join(tmp, kConfigFile), config_text);
     std::vector<StTensor> opt = flat_tensors(table, w.m, "exp_avg.");
     const std::vector<StTensor> sq = flat_tensors(table, w.v, "exp_avg_sq.");
     opt.insert(opt.end(), sq.begin(), sq.end());
-    write_safetensors(join(tmp, kOptimizerFile), opt,
-                      {{"format", "pt"},
-                       {"steps_done", std::to_string(w.lamb_steps_done)},
-                       {"step", std::to_string(w.step)}});
+    write_safetensors(join(tmp, kOptimizerFile), opt, opt_md, w.checksums);
     write_file_synced(join(tmp, kStateFile), w.trainer_state_json);
     fsync_dir(tmp);
 
@@ -404,20 +455,67 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   return all.back().second.string();
 }
 
+std::vector<std::string> checkpoint_dirs_newest_first(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  fs::directory_iterator it(root, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const int64_t step = parse_step_name(it->path().filename().string());
+    if (step >= 0 && it->is_directory(ec)) found.emplace_back(step, it->path().string());
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+std::string set_checkpoint_aside(const std::string& dir) {
+  fs::path d = fs::path(dir).lexically_normal();
+  if (!d.has_filename()) d = d.parent_path();  // "step_N/"
+  std::error_code ec;
+  std::string aside = d.string() + kAsideSuffix;
+  for (int k = 2; fs::exists(fs::symlink_status(aside, ec)); ++k)
+    aside = d.string() + kAsideSuffix + "-" + std::to_string(k);
+  PB_REQUIRE(::rename(d.c_str(), aside.c_str()) == 0, "{}: cannot move the damaged checkpoint "
+             "aside to {}: {}", dir, aside, os_error(errno));
+  fsync_dir(d.has_parent_path() ? d.parent_path().string() : std::string("."));
+  return aside;
+}
+
+std::vector<std::string> set_aside_checkpoints(const std::string& root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  fs::directory_iterator it(root, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.find(kAsideSuffix);
+    if (at != std::string::npos && parse_step_name(name.substr(0, at)) >= 0) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // ---- reading -------------------------------------------------------------------------------
 
 CheckpointRead read_checkpoint(const std::string& dir, const ParamTable& table, float* params,
                                float* m, float* v) {
   PB_REQUIRE(params, "{}: read_checkpoint needs a parameter buffer", dir);
+  require_files(dir, {kModelFile, kConfigFile, kOptimizerFile, kStateFile});
+  std::vector<std::string> unverified;
   CheckpointRead r;
-  check_config(dir, table.config(), true);
-  r.config = read_hf_config(join(dir, kConfigFile));
-
   SafetensorsFile model(join(dir, kModelFile));
+  if (!model.has_checksums()) unverified.push_back(kModelFile);
+  r.config = parse_hf_config(join(dir, kConfigFile), read_checked_text(dir, kConfigFile, model,
+                                                                       kConfigChecksumKey,
+                                                                       &unverified));
+  check_config(join(dir, kConfigFile), table.config(), r.config, true);
   check_no_extra(model, table, {""});
   read_flat(model, table, "", params);
 
   SafetensorsFile opt(join(dir, kOptimizerFile));
+  if (!opt.has_checksums()) unverified.push_back(kOptimizerFile);
   check_no_extra(opt, table, {"exp_avg.", "exp_avg_sq."});
   // All moments must be there even when the caller skips them.
   for (const ParamTensor& t : table.tensors())
@@ -435,16 +533,24 @@ CheckpointRead read_checkpoint(const std::string& dir, const ParamTable& table, 
     PB_REQUIRE(r.step >= 0, "{}: no 'step' metadata and the directory is not named step_NNNNNNNN",
                opt.path());
   }
-  r.trainer_state_json = read_text(join(dir, kStateFile));
+  r.trainer_state_json = read_checked_text(dir, kStateFile, opt, kStateChecksumKey, &unverified);
+  warn_unverified(dir, unverified);
   return r;
 }
 
 void load_model_weights(const std::string& dir, const ParamTable& table, float* params) {
   PB_REQUIRE(params, "{}: load_model_weights needs a parameter buffer", dir);
-  check_config(dir, table.config(), false);
+  require_files(dir, {kModelFile, kConfigFile});
+  std::vector<std::string> unverified;
   SafetensorsFile model(join(dir, kModelFile));
+  if (!model.has_checksums()) unverified.push_back(kModelFile);
+  const BertConfig c = parse_hf_config(
+      join(dir, kConfigFile),
+      read_checked_text(dir, kConfigFile, model, kConfigChecksumKey, &unverified));
+  check_config(join(dir, kConfigFile), table.config(), c, false);
   check_no_extra(model, table, {""});
   read_flat(model, table, "", params);
+  warn_unverified(dir, unverified);
 }
 
 }  // namespace packbert

@@ -3,17 +3,26 @@
 //   <root>/step_00001000/                    (step_%08d; wider when the step needs more digits)
 //     model.safetensors      every ParamTable tensor (src/model/params.h) under its Hugging
 //                            Face name and PyTorch shape, F32: the fp32 master weights.
-//                            Metadata {"format": "pt"} (transformers refuses safetensors files
-//                            without it). The tied decoder weight cls.predictions.decoder.weight
-//                            is not written: transformers ties it to the word embeddings on
-//                            load (as cls.predictions.decoder.bias to cls.predictions.bias).
+//                            Metadata {"format": "pt", "config_json_checksum": "<16 hex>"}
+//                            (transformers refuses safetensors files without "format"). The
+//                            tied decoder weight cls.predictions.decoder.weight is not written:
+//                            transformers ties it to the word embeddings on load (as
+//                            cls.predictions.decoder.bias to cls.predictions.bias).
 //     config.json            Hugging Face BertConfig of BertForPreTraining (architectures,
 //                            model_type "bert", vocab_size = the padded vocabulary, ...) plus
 //                            "packbert_real_vocab_size" (the unpadded one).
 //     optimizer.safetensors  LAMB's moments, F32: "exp_avg.<hf name>" (m) and
 //                            "exp_avg_sq.<hf name>" (v) per tensor. Metadata {"format": "pt",
-//                            "steps_done": "<LAMB steps taken>", "step": "<trainer step>"}.
+//                            "steps_done": "<LAMB steps taken>", "step": "<trainer step>",
+//                            "trainer_state_json_checksum": "<16 hex>"}.
 //     trainer_state.json     the caller's JSON (trainer/loader position, metrics), verbatim.
+//
+// Integrity: both safetensors files carry a checksum of every tensor and of their header
+// (src/train/safetensors.h: XXH3-64); config.json's and trainer_state.json's are in the metadata
+// above, each in the file that is always read with it. Every read verifies all it reads (a
+// DamagedFileError names the file and the tensor); a checkpoint whose files have no checksums
+// (written before they existed) loads with one warning. verify_checkpoint() checks a whole
+// directory without loading it (packbert inspect).
 //
 // `BertForPreTraining.from_pretrained(dir)` loads model.safetensors + config.json directly
 // (missing keys: only the tied decoder ones). scripts/convert_hf_checkpoint.py turns a Hugging
@@ -28,7 +37,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "model/params.h"
@@ -54,6 +65,7 @@ struct CheckpointWrite {
   int64_t step = 0;               // the directory's name: step_%08d
   int64_t lamb_steps_done = 0;    // LAMB's bias-correction counter
   std::string trainer_state_json;
+  bool checksums = true;          // false: files as written before checksums (tests, benchmark)
 };
 
 // Writes root/step_%08d atomically: into root/.step_%08d.tmp-<pid> first (every file fsynced,
@@ -71,6 +83,17 @@ std::string write_checkpoint(const std::string& root, const CheckpointWrite& w, 
 // nullopt when there is none or root does not exist.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
+// The newest first: every directory under root named step_NNNNNNNN, complete or not (a
+// missing file is damage once written atomically), for --resume auto to try in turn.
+std::vector<std::string> checkpoint_dirs_newest_first(const std::string& root);
+
+// Moves a damaged checkpoint directory aside, to <dir>.corrupt (or .corrupt-2, ...: never over
+// an earlier one), where latest_checkpoint(), pruning and --resume auto no longer see it; the
+// parent is fsynced. Returns the new path; Error naming both paths when the rename fails.
+std::string set_checkpoint_aside(const std::string& dir);
+// Names of the directories under root that set_checkpoint_aside() made, sorted.
+std::vector<std::string> set_aside_checkpoints(const std::string& root);
+
 struct CheckpointRead {
   int64_t step = 0;             // from optimizer.safetensors ("step"), else the dir's name
   int64_t lamb_steps_done = 0;
@@ -79,17 +102,51 @@ struct CheckpointRead {
 };
 
 // Reads a checkpoint directory into caller buffers of table.total() floats (m, v may be null to
-// skip them). The checkpoint's config.json must match table.config() in every field, dropout
-// rates included (Error naming the differing field and both values); every tensor must be
-// present with the right dtype and shape, and no other tensor may be (Error naming the file and
-// the tensor). Elements of the flat buffers between tensors (alignment gaps, if any) are set to 0.
+// skip them; their checksums are then not verified). Damage (a missing file, a file cut short or
+// not in the format, a checksum that does not match) is a DamagedFileError naming the file and
+// the tensor; a checkpoint that does not fit the model is an Error: config.json must match
+// table.config() in every field, dropout rates included (naming the differing field and both
+// values); every tensor must be present with the right dtype and shape, and no other tensor may
+// be (naming the file and the tensor). Elements of the flat buffers between tensors (alignment
+// gaps, if any) are set to 0.
 CheckpointRead read_checkpoint(const std::string& dir, const ParamTable& table, float* params,
                                float* m, float* v);
 
 // For --init-checkpoint: model.safetensors (and config.json) only, into params (table.total()
 // floats). config.json must match table.config() in the model's shape (vocab_size,
 // real_vocab_size, hidden_size, layers, heads, intermediate_size, positions, type vocabulary);
-// dropout rates may differ. Tensors as read_checkpoint.
+// dropout rates may differ. Tensors, damage and checksums as read_checkpoint.
 void load_model_weights(const std::string& dir, const ParamTable& table, float* params);
+
+// What verify_checkpoint() found in one directory.
+struct CheckpointFileInfo {
+  std::string name;      // "model.safetensors", ...
+  bool present = false;
+  uint64_t bytes = 0;    // the file's size
+  int64_t tensors = 0;   // safetensors files
+  bool checksummed = false;
+};
+struct CheckpointCheck {
+  std::string dir;
+  int64_t step = -1, samples = -1, tokens = -1;  // -1: unknown (trainer_state.json unreadable)
+  std::string config;                           // describe() of config.json; "" if unreadable
+  std::vector<CheckpointFileInfo> files;        // the four files, in the order above
+  std::vector<std::string> damage;              // each failure, naming file and tensor
+  bool damaged() const { return !damage.empty(); }
+  // Files without a checksum (written before checksums existed): loadable, not verified.
+  std::vector<std::string> unverified;
+};
+// Reads every byte of a checkpoint directory and checks every checksum it has; collects every
+// failure (never throws for damage). No model is needed: the check is of the files alone.
+CheckpointCheck verify_checkpoint(const std::string& dir);
+
+// `packbert inspect` on checkpoints. True when path is a checkpoint directory (it holds one of
+// the four files, or is named step_NNNNNNNN) or a root of them (it holds such directories, or
+// ones set aside).
+bool is_checkpoint_path(const std::string& path);
+// Verifies the checkpoint at path, or every checkpoint under a root (oldest first), and prints
+// for each its step, samples, config, files (tensors, bytes) and checksum verdict, then a
+// summary naming the ones set aside. Returns how many are damaged.
+int inspect_checkpoints(const std::string& path, std::ostream& os);
 
 }  // namespace packbert

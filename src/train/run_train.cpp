@@ -29,6 +29,7 @@
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/mllog.h"
+#include "train/resume.h"
 #include "train/train_step.h"
 
 namespace packbert {
@@ -134,25 +135,35 @@ struct StartState {
   std::string from;  // what it was loaded from, for the log
 };
 
-StartState load_start_state(const TrainConfig& c, Trainer& trainer) {
+StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& trainer) {
   StartState st;
+  const int64_t n = trainer.table().total();
+  std::vector<float> params, m, v;
+  // --resume auto: the newest checkpoint that reads back whole (damaged ones are moved aside,
+  // src/train/resume.h); --resume DIR: that one, any damage an error.
   std::string resume = c.checkpoint.resume;
+  std::optional<CheckpointRead> read;
+  if (!resume.empty() || !c.checkpoint.init_checkpoint.empty())
+    params.resize(static_cast<size_t>(n));
+  if (!resume.empty()) {
+    m.resize(params.size());
+    v.resize(params.size());
+  }
   if (resume == "auto") {
-    const std::optional<std::string> latest = latest_checkpoint(c.checkpoint.dir);
-    if (!latest) {
-      spdlog::info("resume auto: no complete checkpoint under {}, starting fresh",
-                   c.checkpoint.dir);
+    std::optional<ResumedCheckpoint> newest = read_newest_valid_checkpoint(
+        comm, c.checkpoint.dir, trainer.table(), params.data(), m.data(), v.data());
+    if (!newest) {
+      spdlog::info("resume auto: no checkpoint under {}, starting fresh", c.checkpoint.dir);
       resume.clear();
     } else {
-      resume = *latest;
+      resume = newest->dir;
+      read = std::move(newest->read);
     }
+  } else if (!resume.empty()) {
+    read = read_checkpoint(resume, trainer.table(), params.data(), m.data(), v.data());
   }
-  const int64_t n = trainer.table().total();
-  if (!resume.empty()) {
-    std::vector<float> params(static_cast<size_t>(n)), m(static_cast<size_t>(n)),
-        v(static_cast<size_t>(n));
-    const CheckpointRead r = read_checkpoint(resume, trainer.table(), params.data(), m.data(),
-                                             v.data());
+  if (read) {
+    const CheckpointRead& r = *read;
     trainer.load_state(params.data(), m.data(), v.data(), r.lamb_steps_done);
     nlohmann::json state;
     try {
@@ -177,7 +188,6 @@ StartState load_start_state(const TrainConfig& c, Trainer& trainer) {
                resume, st.step, r.step);
     st.from = resume;
   } else if (!c.checkpoint.init_checkpoint.empty()) {
-    std::vector<float> params(static_cast<size_t>(n));
     load_model_weights(c.checkpoint.init_checkpoint, trainer.table(), params.data());
     trainer.load_params(params.data());
     st.from = c.checkpoint.init_checkpoint + " (weights only)";
@@ -275,7 +285,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   const SampleRules rules = sample_rules(c, model);
   const TrainerOptions trainer_opts = trainer_options(c, model);
   Trainer trainer(comm, trainer_opts);
-  StartState st = load_start_state(c, trainer);
+  StartState st = load_start_state(comm, c, trainer);
   watchdog.set_step(st.step);
   spdlog::info("model {} ({:.1f}M parameters), {}", describe(model), trainer.table().total() / 1e6,
                st.from.empty() ? std::string("initialised from train.seed")

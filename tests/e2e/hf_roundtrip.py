@@ -15,11 +15,20 @@
    30522 real entries, and the padded entries are -10000. The same with hidden_act "gelu_new"
    (our model.hidden_act = "gelu_tanh").
 
+5. The converter on old-style names (LayerNorm gamma/beta, "module.", position_ids, the tied
+   duplicates) gives bitwise the weights of step 4; a missing tensor and an untied decoder are
+   errors naming them.
+6. Checksums: every checkpoint the converter writes loads in packbert without the warning of a
+   checkpoint without checksums (steps 3-5); converting our own checkpoint verifies its
+   checksums and gives bitwise the same weights; one flipped bit in a weight is an error of the
+   converter naming the tensor.
+
 Exit 77 (ctest: skipped) when this python lacks torch or transformers.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -134,7 +143,7 @@ def main():
         print(run([sys.executable, convert, dir2, dir3]).strip())
         r = subprocess.run([tool, "compare", ckpt, dir3], capture_output=True, text=True)
         print(f"compare {ckpt} {dir3}: {r.stdout.strip()} {r.stderr.strip()}")
-        ok &= r.returncode == 0
+        ok &= r.returncode == 0 and "no checksums" not in r.stdout + r.stderr
 
         # 4: an HF model with the unpadded vocabulary 30522.
         cfg = BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2,
@@ -201,7 +210,7 @@ def main():
         print(run([sys.executable, convert, old, old_conv]).strip())
         r = subprocess.run([tool, "compare", dir5, old_conv], capture_output=True, text=True)
         print(f"old-style names: {r.stdout.strip()} {r.stderr.strip()}")
-        ok &= r.returncode == 0
+        ok &= r.returncode == 0 and "no checksums" not in r.stdout + r.stderr
         for what, key, value in (
                 ("missing tensor", "module.bert.pooler.dense.bias", None),
                 ("untied decoder", "module.cls.predictions.decoder.weight",
@@ -218,6 +227,33 @@ def main():
             print(f"converter, {what}: exit {r.returncode}, names it: {named}: "
                   f"{r.stderr.strip()[:200]}")
             ok &= r.returncode != 0 and named
+
+        # 6: our own checkpoint through the converter: checksums verified, weights bitwise the
+        # same; a flipped bit in a weight is refused, naming the tensor.
+        dir8 = os.path.join(work, "ours_converted")
+        out = run([sys.executable, convert, ckpt, dir8])
+        print(out.strip())
+        ok &= "every checksum matches" in out
+        r = subprocess.run([tool, "compare", ckpt, dir8], capture_output=True, text=True)
+        print(f"compare {ckpt} {dir8}: {r.stdout.strip()} {r.stderr.strip()}")
+        ok &= r.returncode == 0 and "no checksums" not in r.stdout + r.stderr
+        bad = os.path.join(work, "ours_damaged")
+        shutil.copytree(ckpt, bad)
+        name = "bert.pooler.dense.weight"
+        with open(os.path.join(bad, "model.safetensors"), "r+b") as f:
+            n = int.from_bytes(f.read(8), "little")
+            begin, end = json.loads(f.read(n))[name]["data_offsets"]
+            at = 8 + n + begin + int.from_bytes(os.urandom(4), "little") % (end - begin)
+            f.seek(at)
+            byte = f.read(1)[0] ^ (1 << (seed % 8))
+            f.seek(at)
+            f.write(bytes([byte]))
+        r = subprocess.run([sys.executable, convert, bad, bad + "_conv"], capture_output=True,
+                           text=True)
+        named = f"tensor '{name}' is damaged" in r.stderr
+        print(f"converter, a flipped bit in {name}: exit {r.returncode}, names it: {named}: "
+              f"{r.stderr.strip()[:300]}")
+        ok &= r.returncode != 0 and named and not os.path.exists(bad + "_conv")
     print(f"{'PASS' if ok else 'FAIL'} in {time.time() - t0:.1f} s")
     return 0 if ok else 1
 

@@ -1,6 +1,8 @@
 // Checkpoints (src/train/checkpoint.h): bitwise round trips of the tiny model's parameters,
 // LAMB moments and trainer state; keep_last pruning and replacement; latest_checkpoint and
-// incomplete / temporary directories; config and tensor mismatches; a full disk (RLIMIT_FSIZE)
+// incomplete / temporary directories; config and tensor mismatches; damage of each file (a
+// DamagedFileError naming file and tensor, apart from mismatches) and checkpoints without
+// checksums; the directories --resume auto tries and sets aside; a full disk (RLIMIT_FSIZE)
 // in the middle of a write leaving the previous checkpoint intact; an unwritable root.
 #include <gtest/gtest.h>
 
@@ -309,6 +311,155 @@ TEST(Checkpoint, MismatchesNameTheFieldOrTensor) {
   fs::remove(dir + "/config.json");
   msg = error_of([&] { read_checkpoint(dir, s.table, p.data(), nullptr, nullptr); });
   EXPECT_NE(msg.find(dir + "/config.json"), std::string::npos) << msg;
+}
+
+void flip_bit(const std::string& path, uint64_t offset, int bit) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ (1 << bit));
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+// The file offset of element `index` of tensor `name` in a safetensors file.
+uint64_t element_offset(const std::string& path, const std::string& name, int64_t index) {
+  SafetensorsFile f(path);
+  return fs::file_size(path) - f.data_bytes() + f.info(name).begin +
+         static_cast<uint64_t>(index) * 4;
+}
+
+TEST(Checkpoint, DamageIsNamedAndSetApartFromMismatch) {
+  const uint64_t seed = test::test_seed();
+  std::mt19937_64 rng(seed);
+  State s(seed);
+  TempDir root;
+  const std::string good = write_checkpoint(root.path(), s.write(4, 4), 1);
+  std::vector<float> p(s.params.size()), m(p.size()), v(p.size());
+  const ParamTensor& w = s.table.tensors()[rng() % s.table.tensors().size()];
+  const int64_t at = static_cast<int64_t>(rng() % static_cast<uint64_t>(w.size));
+  const int bit = static_cast<int>(rng() % 8);
+  struct Case {
+    const char* what;
+    std::function<void(const std::string&)> damage;
+    std::string file, needle;
+  };
+  const std::vector<Case> cases = {
+      {"weight bit",
+       [&](const std::string& d) {
+         flip_bit(d + "/model.safetensors", element_offset(d + "/model.safetensors", w.name, at),
+                  bit);
+       },
+       "model.safetensors", "'" + w.name + "'"},
+      {"moment bit",
+       [&](const std::string& d) {
+         const std::string f = d + "/optimizer.safetensors";
+         flip_bit(f, element_offset(f, "exp_avg_sq." + w.name, at), bit);
+       },
+       "optimizer.safetensors", "'exp_avg_sq." + w.name + "'"},
+      {"header bit", [&](const std::string& d) { flip_bit(d + "/model.safetensors", 40, bit); },
+       "model.safetensors", "header"},
+      {"config bit", [&](const std::string& d) { flip_bit(d + "/config.json", 30, bit); },
+       "config.json", "checksum"},
+      {"trainer state bit",
+       [&](const std::string& d) { flip_bit(d + "/trainer_state.json", 3, bit); },
+       "trainer_state.json", "checksum"},
+      {"truncated",
+       [&](const std::string& d) {
+         const std::string f = d + "/optimizer.safetensors";
+         fs::resize_file(f, fs::file_size(f) - 5);
+       },
+       "optimizer.safetensors", "truncated"},
+      {"missing file", [&](const std::string& d) { fs::remove(d + "/trainer_state.json"); },
+       "trainer_state.json", "missing"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = root.file(std::string("damaged_") + std::to_string(&c - cases.data()));
+    fs::copy(good, dir);
+    c.damage(dir);
+    std::string msg;
+    try {
+      read_checkpoint(dir, s.table, p.data(), m.data(), v.data());
+    } catch (const DamagedFileError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(dir + "/" + c.file), std::string::npos) << c.what << ": " << msg;
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << c.what << ": " << msg;
+    const CheckpointCheck check = verify_checkpoint(dir);
+    ASSERT_TRUE(check.damaged()) << c.what;
+    EXPECT_NE(check.damage[0].find(c.needle), std::string::npos) << c.what << ": "
+                                                                  << check.damage[0];
+  }
+  // The weights alone: a damaged weight or config.json is caught, the optimizer's is not read.
+  for (size_t k : {size_t{0}, size_t{3}}) {
+    const std::string dir = root.file("damaged_" + std::to_string(k));
+    EXPECT_THROW(load_model_weights(dir, s.table, p.data()), DamagedFileError) << k;
+  }
+  load_model_weights(root.file("damaged_1"), s.table, p.data());
+  EXPECT_TRUE(bitwise_equal(p, s.params));
+
+  // A checkpoint that does not fit the model is an Error, not damage.
+  BertConfig wider = bert_preset("tiny");
+  wider.intermediate = 256;
+  ParamTable other(wider);
+  std::vector<float> q(static_cast<size_t>(other.total()));
+  bool damage = false;
+  try {
+    read_checkpoint(good, other, q.data(), nullptr, nullptr);
+  } catch (const DamagedFileError&) {
+    damage = true;
+  } catch (const Error&) {
+  }
+  EXPECT_FALSE(damage);
+  const CheckpointCheck ok = verify_checkpoint(good);
+  EXPECT_FALSE(ok.damaged()) << ok.damage[0];
+  EXPECT_TRUE(ok.unverified.empty());
+  EXPECT_EQ(ok.step, 4);
+  EXPECT_EQ(ok.config, describe(s.table.config()));
+  EXPECT_EQ(ok.files[0].tensors, static_cast<int64_t>(s.table.tensors().size()));
+  EXPECT_EQ(ok.files[2].tensors, 2 * static_cast<int64_t>(s.table.tensors().size()));
+}
+
+TEST(Checkpoint, WithoutChecksumsLoadsUnverified) {
+  State s(test::test_seed());
+  TempDir root;
+  CheckpointWrite w = s.write(5, 5);
+  w.checksums = false;
+  const std::string dir = write_checkpoint(root.path(), w, 1);
+  EXPECT_EQ(test::read_file(dir + "/model.safetensors").find("checksum"), std::string::npos);
+  expect_reads_back(dir, s, 5, 5);
+  const CheckpointCheck c = verify_checkpoint(dir);
+  EXPECT_FALSE(c.damaged());
+  EXPECT_EQ(c.unverified, (std::vector<std::string>{"model.safetensors", "config.json",
+                                                    "optimizer.safetensors",
+                                                    "trainer_state.json"}));
+}
+
+TEST(Checkpoint, DirsNewestFirstAndSetAside) {
+  State s(test::test_seed());
+  TempDir root;
+  EXPECT_TRUE(checkpoint_dirs_newest_first(root.file("none")).empty());
+  for (int64_t step : {3, 6, 9}) write_checkpoint(root.path(), s.write(step, step), 5);
+  fs::create_directory(root.file("step_00000012"));  // incomplete: damage, listed all the same
+  fs::create_directory(root.file(".step_00000015.tmp-1"));
+  EXPECT_EQ(checkpoint_dirs_newest_first(root.path()),
+            (std::vector<std::string>{root.file("step_00000012"), root.file("step_00000009"),
+                                      root.file("step_00000006"), root.file("step_00000003")}));
+  EXPECT_EQ(set_checkpoint_aside(root.file("step_00000012")), root.file("step_00000012.corrupt"));
+  EXPECT_EQ(set_checkpoint_aside(root.file("step_00000009")), root.file("step_00000009.corrupt"));
+  write_checkpoint(root.path(), s.write(9, 9), 5);
+  EXPECT_EQ(set_checkpoint_aside(root.file("step_00000009")),
+            root.file("step_00000009.corrupt-2"));
+  EXPECT_EQ(set_aside_checkpoints(root.path()),
+            (std::vector<std::string>{"step_00000009.corrupt", "step_00000009.corrupt-2",
+                                      "step_00000012.corrupt"}));
+  EXPECT_EQ(latest_checkpoint(root.path()), root.file("step_00000006"));
+  // Pruning leaves what was set aside to a person.
+  write_checkpoint(root.path(), s.write(20, 20), 1);
+  EXPECT_EQ(set_aside_checkpoints(root.path()).size(), 3u);
+  EXPECT_EQ(checkpoint_dirs_newest_first(root.path()),
+            std::vector<std::string>{root.file("step_00000020")});
 }
 
 // In a child with RLIMIT_FSIZE = 1 MB (SIGXFSZ ignored, so write() fails with EFBIG):

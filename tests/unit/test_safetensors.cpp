@@ -1,11 +1,12 @@
 // The safetensors reader/writer (src/train/safetensors.h): round trips of every dtype and of
-// scalar / empty shapes, the byte layout the reference uses, and damaged files, each an Error
-// naming the file (and the tensor at fault).
+// scalar / empty shapes, the byte layout the reference uses, damaged files, each an Error
+// naming the file (and the tensor at fault), and the checksums catching every flipped bit.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -192,6 +193,76 @@ TEST(Safetensors, DamagedFilesNameTheFile) {
   // A missing file.
   const std::string msg = error_of([&] { SafetensorsFile f(dir.file("nope")); });
   EXPECT_NE(msg.find(dir.file("nope")), std::string::npos) << msg;
+}
+
+// Every single-bit change of a checksummed file, in the length, the header, its padding or the
+// data, is a DamagedFileError naming the file (and, in the data, the tensor that holds the bit).
+TEST(Safetensors, ChecksumsCatchEveryFlippedBit) {
+  TempDir dir;
+  std::mt19937_64 rng(test::test_seed());
+  std::vector<float> a(6), b(3);
+  for (float& x : a) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  for (float& x : b) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  const std::string path = dir.file("sum.safetensors");
+  write_safetensors(path, {{"alpha", StDType::F32, {2, 3}, a.data()},
+                           {"beta", StDType::F32, {3}, b.data()}},
+                    {{"format", "pt"}, {"steps_done", "12"}});
+  SafetensorsFile good(path);
+  EXPECT_TRUE(good.has_checksums());
+  EXPECT_EQ(good.metadata(), (std::map<std::string, std::string>{{"format", "pt"},
+                                                                 {"steps_done", "12"}}));
+  const std::string bytes = test::read_file(path);
+  const size_t data_start = bytes.size() - (a.size() + b.size()) * sizeof(float);
+  const std::string damaged = dir.file("flipped.safetensors");
+  int caught = 0;
+  for (size_t at = 0; at < bytes.size(); ++at)
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string flipped = bytes;
+      flipped[at] = static_cast<char>(flipped[at] ^ (1 << bit));
+      write_bytes(damaged, flipped);
+      std::string msg;
+      bool damage = false;
+      try {
+        SafetensorsFile f(damaged);
+        std::vector<float> back(a.size());
+        f.read("alpha", back.data(), StDType::F32, {2, 3});
+        f.verify("beta");
+      } catch (const DamagedFileError& e) {
+        damage = true;
+        msg = e.what();
+      } catch (const std::exception& e) {
+        msg = e.what();
+      }
+      ASSERT_TRUE(damage) << "byte " << at << " bit " << bit << ": " << msg;
+      ASSERT_NE(msg.find(damaged), std::string::npos) << msg;
+      if (at >= data_start) {
+        const char* tensor = at < data_start + a.size() * sizeof(float) ? "'alpha'" : "'beta'";
+        ASSERT_NE(msg.find(tensor), std::string::npos) << "byte " << at << ": " << msg;
+        ASSERT_NE(msg.find("checksum"), std::string::npos) << msg;
+      }
+      ++caught;
+    }
+  EXPECT_EQ(caught, static_cast<int>(bytes.size() * 8));
+
+  // Without checksums (as written before they existed): readable, unverified.
+  const std::string plain = dir.file("plain.safetensors");
+  write_safetensors(plain, {{"alpha", StDType::F32, {2, 3}, a.data()}}, {{"format", "pt"}},
+                    /*checksums=*/false);
+  std::string raw = test::read_file(plain);
+  EXPECT_EQ(raw.find("checksum"), std::string::npos);
+  raw[raw.size() - 1] = static_cast<char>(raw[raw.size() - 1] ^ 1);
+  write_bytes(plain, raw);
+  SafetensorsFile p(plain);
+  EXPECT_FALSE(p.has_checksums());
+  std::vector<float> back(a.size());
+  p.read("alpha", back.data(), StDType::F32, {2, 3});  // the flip goes unseen, as before
+  p.verify("alpha");
+  // The checksum keys are the writer's own.
+  EXPECT_THROW(write_safetensors(dir.file("x"), {}, {{"checksum.alpha", "0"}}), Error);
+  EXPECT_THROW(write_safetensors(dir.file("x"), {{"__header__", StDType::F32, {1}, a.data()}}),
+               Error);
+  // Python's xxhash.xxh3_64(b"").hexdigest(), the canonical form.
+  EXPECT_EQ(st_checksum_hex(nullptr, 0), "2d06800538d394c2");
 }
 
 TEST(Safetensors, WriteFailuresNameThePath) {
