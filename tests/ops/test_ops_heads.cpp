@@ -168,8 +168,12 @@ TEST(NspLoss, MatchesDoubleAndFiniteDifferences) {
              bp = random_floats(rng, h), wc = random_floats(rng, 2 * h), bc = random_floats(rng, 2);
   const auto labels = random_ints(rng, s, 0, 1);
   const float scale = 1.f / 9.f;  // 1 / global sample count
-  const auto dx0 = random_floats(rng, l.rows * h), dwp0 = random_floats(rng, h * h),
-             dbp0 = random_floats(rng, h), dwc0 = random_floats(rng, 2 * h), dbc0 = random_floats(rng, 2);
+  // The gradients are ADDED to these: small, so that rounding the sums to f32 (an ulp of the
+  // starting value) stays far below the finite differences' tolerance (starting values of
+  // order 1 put it at 1e-5, and one seed in a few hundred over kTol).
+  const auto dx0 = random_floats(rng, l.rows * h, 0.01f), dwp0 = random_floats(rng, h * h, 0.01f),
+             dbp0 = random_floats(rng, h, 0.01f), dwc0 = random_floats(rng, 2 * h, 0.01f),
+             dbc0 = random_floats(rng, 2, 0.01f);
   Guarded<float> ws({nsp_workspace_elems(s, h)}), loss({1}, {0.f}), dx({l.rows, h}, dx0),
       dwp({h, h}, dwp0), dbp({h}, dbp0), dwc({2, h}, dwc0), dbc({2}, dbc0);
   Guarded<int32_t> correct({1}, {0});
