@@ -81,8 +81,12 @@ GradBucketScheduler::GradBucketScheduler(std::vector<GradSpan> tensors, int64_t 
   // caller's index).
   std::vector<int> order(tensors.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return tensors[a].offset < tensors[b].offset; });
+  // By offset, an empty tensor before a non-empty one at the same offset (it lies at its start;
+  // the other order would read as an overlap).
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return tensors[a].offset != tensors[b].offset ? tensors[a].offset < tensors[b].offset
+                                                  : tensors[a].size < tensors[b].size;
+  });
   sorted_index_.assign(tensors.size(), 0);
   original_index_ = order;
   tensors_.reserve(tensors.size());

@@ -26,8 +26,8 @@ MPI_Datatype mpi_type_of(DType t) {
 }
 
 Tensor slice(const Tensor& flat, int64_t offset, int64_t size) {
-  return Tensor(static_cast<char*>(flat.data) + offset * static_cast<int64_t>(dtype_size(flat.dtype)),
-                flat.dtype, {size}, flat.device);
+  const auto elem = static_cast<int64_t>(dtype_size(flat.dtype));
+  return Tensor(static_cast<char*>(flat.data) + offset * elem, flat.dtype, {size}, flat.device);
 }
 
 // One MPI collective per bucket on host memory; a device buffer is staged through the host.

@@ -36,7 +36,10 @@ void check_table(std::vector<LambParam>& params, int64_t n) {
   PB_REQUIRE(n >= 1 && !params.empty(), "lamb: {} parameter elements in {} tensors (need some)",
              n, params.size());
   std::stable_sort(params.begin(), params.end(),
-                   [](const LambParam& a, const LambParam& b) { return a.offset < b.offset; });
+                   [](const LambParam& a, const LambParam& b) {
+                     // An empty tensor before a non-empty one at the same offset.
+                     return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
+                   });
   const LambParam* prev = nullptr;
   for (const LambParam& p : params) {
     PB_REQUIRE(p.offset >= 0 && p.size >= 0 && p.offset + p.size <= n,

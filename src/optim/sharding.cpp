@@ -12,7 +12,10 @@ std::vector<int64_t> plan_tensor_shards(std::vector<LambParam> params, int64_t n
   PB_REQUIRE(ranks >= 1, "sharding: {} ranks", ranks);
   PB_REQUIRE(num_elems >= 0, "sharding: {} elements", num_elems);
   std::stable_sort(params.begin(), params.end(),
-                   [](const LambParam& a, const LambParam& b) { return a.offset < b.offset; });
+                   [](const LambParam& a, const LambParam& b) {
+                     // An empty tensor before a non-empty one at the same offset.
+                     return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
+                   });
   // The places a cut may go: 0, every tensor's end, num_elems (a gap goes with the tensor
   // before it).
   std::vector<int64_t> cuts = {0};

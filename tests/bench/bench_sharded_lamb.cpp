@@ -99,7 +99,8 @@ int run(int argc, char** argv, int rank, int size) {
         model, static_cast<double>(n) / 1e6, size, device_name(device), iters, bandwidth / 1e9,
         shard_imbalance(bounds));
     std::cout << "| optimizer | state per rank MiB | LAMB ms | LAMB bytes per rank GB | "
-                 "GB/s (of the copy's) | all-gather ms | step ms |\n|---|---|---|---|---|---|---|\n";
+                 "GB/s (of the copy's) | all-gather ms | step ms |\n"
+                 "|---|---|---|---|---|---|---|\n";
   }
   for (bool sharded : {false, true}) {
     if (sharded && size == 1) continue;

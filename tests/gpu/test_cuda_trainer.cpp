@@ -150,8 +150,8 @@ TEST(CudaTrainerSharded, TwoRanksMatchTheUnshardedRunBitForBit) {
       std::string(PACKBERT_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 " +
           "-x PACKBERT_SHARDED_TEST_CHILD=1 -x PACKBERT_TEST_SEED=" +
           std::to_string(test_seed()) + " -x OMP_NUM_THREADS=1 " + self +
-          " --gtest_color=no --gtest_filter=CudaTrainerSharded.TwoRanksMatchTheUnshardedRunBitForBit"
-          " 2>&1",
+          " --gtest_color=no"
+          " --gtest_filter=CudaTrainerSharded.TwoRanksMatchTheUnshardedRunBitForBit 2>&1",
       &out);
   std::cout << out;
   EXPECT_EQ(rc, 0) << "the ranks failed (output above)";
