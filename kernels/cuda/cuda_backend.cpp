@@ -396,29 +396,26 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
 
 // ---- optimizer -------------------------------------------------------------------------------
 void CudaBackend::l2_norm(const Tensor& x, const Tensor& out) {
-  const char* op = "l2_norm";
-  expect(op, "x", x, DType::f32, {kAnyDim});
-  expect(op, "out", out, DType::f32, {1});
-  const int64_t n = x.dim(0);
-  PB_REQUIRE(cuda::l2_norm_partials(n) <= 0x7fffffff, "{}: {} elements exceed the grid", op, n);
-  begin(op);
-  double* partial = scratch_doubles(op, static_cast<size_t>(cuda::l2_norm_partials(n)));
-  launched(op, "l2_norm",
-           cuda::l2_norm(n ? x.ptr<float>() : nullptr, n, partial, out.ptr<float>(), stream_));
-  end(op);
+  sum_of_squares("l2_norm", x, out);
 }
 
 void CudaBackend::sum_squares(const Tensor& x, const Tensor& out) {
-  const char* op = "sum_squares";
+  sum_of_squares("sum_squares", x, out);
+}
+
+// l2_norm (out f32: the root) and sum_squares (out f64: the sum) share one reduction.
+void CudaBackend::sum_of_squares(const char* op, const Tensor& x, const Tensor& out) {
+  const bool root = out.dtype != DType::f64;
   expect(op, "x", x, DType::f32, {kAnyDim});
-  expect(op, "out", out, DType::f64, {1});
+  expect(op, "out", out, root ? DType::f32 : DType::f64, {1});
   const int64_t n = x.dim(0);
   PB_REQUIRE(cuda::l2_norm_partials(n) <= 0x7fffffff, "{}: {} elements exceed the grid", op, n);
   begin(op);
   double* partial = scratch_doubles(op, static_cast<size_t>(cuda::l2_norm_partials(n)));
-  launched(op, "sum_squares",
-           cuda::sum_squares(n ? x.ptr<float>() : nullptr, n, partial, out.ptr<double>(),
-                             stream_));
+  launched(op, op,
+           cuda::sum_of_squares(n ? x.ptr<float>() : nullptr, n, partial,
+                                root ? out.ptr<float>() : nullptr,
+                                root ? nullptr : out.ptr<double>(), stream_));
   end(op);
 }
 

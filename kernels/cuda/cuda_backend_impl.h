@@ -213,6 +213,7 @@ class CudaBackend final : public Backend {
   // doubles for the fixed-order reductions, floats for a bias gradient, bytes for LAMB's work
   // list. Warm after the first step of the largest shape.
   double* scratch_doubles(const char* op, size_t n);
+  void sum_of_squares(const char* op, const Tensor& x, const Tensor& out);
   float* scratch_floats(const char* op, size_t n);
   void* scratch_bytes(const char* op, size_t n);
 

@@ -84,12 +84,12 @@ cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, in
                                   double* row_correct, float* loss_sum, int32_t* num_correct,
                                   cudaStream_t s);
 // Sum of squares of n floats into partial[block] (blocks of kNormChunk, double, fixed tree),
-// then out[0] = sqrt(sum of the partials in order). partial: l2_norm_partials(n) doubles.
+// then the sum of the partials in order: root[0] = its square root rounded to f32 (l2_norm), or,
+// with root null, sum[0] = the double sum (sum_squares). partial: l2_norm_partials(n) doubles.
 constexpr int64_t kNormChunk = 8192;
 inline int64_t l2_norm_partials(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
-cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cudaStream_t s);
-// The same sum without the root: out[0] = the double sum of the partials in order.
-cudaError_t sum_squares(const float* x, int64_t n, double* partial, double* out, cudaStream_t s);
+cudaError_t sum_of_squares(const float* x, int64_t n, double* partial, float* root, double* sum,
+                           cudaStream_t s);
 
 // LAMB over a work list of chunks (each inside one tensor, at most kNormChunk elements).
 struct LambChunk {

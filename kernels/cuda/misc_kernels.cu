@@ -158,20 +158,19 @@ __global__ void sum_squares_chunks_kernel(const float* x, int64_t n, double* par
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sqrt_of_sum_kernel(const double* partial, int64_t k, float* out) {
+// The partials' sum in order: its root rounded to f32 into root, or (root null) the sum itself.
+__global__ void finish_sum_of_squares_kernel(const double* partial, int64_t k, float* root,
+                                             double* sum) {
   __shared__ double scratch[32];
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < k; i += blockDim.x) s += partial[i];
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) out[0] = static_cast<float>(sqrt(s));
-}
-
-__global__ void sum_of_partials_kernel(const double* partial, int64_t k, double* out) {
-  __shared__ double scratch[32];
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) s += partial[i];
-  s = block_sum(s, scratch);
-  if (threadIdx.x == 0) out[0] = s;
+  if (threadIdx.x != 0) return;
+  if (root) {
+    root[0] = static_cast<float>(sqrt(s));
+  } else {
+    sum[0] = s;
+  }
 }
 
 // ---- LAMB ----------------------------------------------------------------------------------
@@ -478,14 +477,15 @@ cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, in
   return launched();
 }
 
-cudaError_t l2_norm(const float* x, int64_t n, double* partial, float* out, cudaStream_t s) {
+cudaError_t sum_of_squares(const float* x, int64_t n, double* partial, float* root, double* sum,
+                           cudaStream_t s) {
   const int64_t k = l2_norm_partials(n);
   if (k > 0) {
     PB_LAUNCH(static_cast<unsigned>(k), kThreads, 0, s, sum_squares_chunks_kernel)(x, n, partial);
     cudaError_t e = launched();
     if (e != cudaSuccess) return e;
   }
-  PB_LAUNCH(1, kThreads, 0, s, sqrt_of_sum_kernel)(partial, k, out);
+  PB_LAUNCH(1, kThreads, 0, s, finish_sum_of_squares_kernel)(partial, k, root, sum);
   return launched();
 }
 
@@ -495,16 +495,6 @@ cudaError_t lamb_record(const float* global_grad_norm, float grad_scale, int32_t
   return launched();
 }
 
-cudaError_t sum_squares(const float* x, int64_t n, double* partial, double* out, cudaStream_t s) {
-  const int64_t k = l2_norm_partials(n);
-  if (k > 0) {
-    PB_LAUNCH(static_cast<unsigned>(k), kThreads, 0, s, sum_squares_chunks_kernel)(x, n, partial);
-    cudaError_t e = launched();
-    if (e != cudaSuccess) return e;
-  }
-  PB_LAUNCH(1, kThreads, 0, s, sum_of_partials_kernel)(partial, k, out);
-  return launched();
-}
 
 cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
                       int64_t num_tensors, const LambArgs& a, const float* global_grad_norm,
