@@ -42,6 +42,14 @@ class TrainCli : public ::testing::Test {
     return kBin + " train --config " + dir + "/config.toml " + args + " > " + dir +
            "/log.txt 2>&1";
   }
+  // The prefix of an np-rank run: one thread per rank, shared memory between them.
+  static std::string mpirun(int np) {
+    return std::string(PACKBERT_MPIEXEC) +
+           " --allow-run-as-root --oversubscribe --mca btl self,vader -x OMP_NUM_THREADS=1 -np " +
+           std::to_string(np) + " ";
+  }
+  void expect_bitwise_resume_after_sigkill(const std::string& name, const std::string& launcher,
+                                           const std::string& more);
 
   static TempDir* data_;
   static uint64_t seed_;
@@ -159,36 +167,40 @@ TEST_F(TrainCli, RunWritesMetricsEvalsCheckpointsAndEvalAgrees) {
               1e-6 * j.at("eval_loss").get<double>());
 }
 
-TEST_F(TrainCli, SigkilledRunResumesWithBitIdenticalLosses) {
-  const std::string extra = "";
-  const std::string ref = run_dir("ref");
-  ASSERT_EQ(run_command(train_cmd(ref, "--eval.at_end=false --eval.every_samples=0 "
-                                       "--checkpoint.every_steps=0")),
+// Runs 12 steps uninterrupted, then again killed (SIGKILL to the whole job, mpirun and every
+// rank) at a random step after the first checkpoint (step 3), resumed with --resume auto: every
+// metric of every step equals the uninterrupted run's, bit for bit.
+void TrainCli::expect_bitwise_resume_after_sigkill(const std::string& name,
+                                                   const std::string& launcher,
+                                                   const std::string& more) {
+  const std::string ref = run_dir(name + "_ref");
+  ASSERT_EQ(run_command(launcher + train_cmd(ref, more + " --eval.at_end=false "
+                                                  "--eval.every_samples=0 "
+                                                  "--checkpoint.every_steps=0")),
             0)
       << read_file(ref + "/log.txt");
   const auto want = read_records(ref + "/metrics.jsonl", "train");
   ASSERT_EQ(want.size(), 12u);
 
-  // Killed at a random step after the first checkpoint (step 3), resumed with --resume auto.
   std::mt19937_64 rng(seed_);
   const int64_t kill_at = std::uniform_int_distribution<int64_t>(4, 10)(rng);
-  const std::string dir = run_dir("killed");
-  const std::string args = "--eval.at_end=false --eval.every_samples=0";
+  const std::string dir = run_dir(name + "_killed");
+  const std::string args = more + " --eval.at_end=false --eval.every_samples=0";
   {
-    Background p(train_cmd(dir, args));
+    Background p(launcher + train_cmd(dir, args));
     ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", kill_at)) << read_file(dir + "/log.txt");
-    p.signal(SIGKILL);
+    p.signal_group(SIGKILL);
     EXPECT_EQ(p.wait(), 128 + SIGKILL);
   }
   const auto before = read_records(dir + "/metrics.jsonl", "train");
-  ASSERT_EQ(run_command(train_cmd(dir, args + " --resume auto")), 0)
+  ASSERT_EQ(run_command(launcher + train_cmd(dir, args + " --resume auto")), 0)
       << read_file(dir + "/log.txt");
   const auto after = read_records(dir + "/metrics.jsonl", "train");
   // The file holds the first run's records, then the resumed run's from its checkpoint on.
   ASSERT_GT(after.size(), before.size());
   const int64_t resumed_from = after[before.size()].at("step").get<int64_t>() - 1;
-  std::printf("killed after step %lld, resumed from the checkpoint of step %lld\n",
-              static_cast<long long>(before.back().at("step").get<int64_t>()),
+  std::printf("%s: killed after step %lld, resumed from the checkpoint of step %lld\n",
+              name.c_str(), static_cast<long long>(before.back().at("step").get<int64_t>()),
               static_cast<long long>(resumed_from));
   EXPECT_GE(resumed_from, 3);
   EXPECT_EQ(resumed_from % 3, 0);
@@ -202,6 +214,17 @@ TEST_F(TrainCli, SigkilledRunResumesWithBitIdenticalLosses) {
     EXPECT_EQ(r.at("samples").get<int64_t>(), w.at("samples").get<int64_t>());
   }
   EXPECT_EQ(after.back().at("step").get<int64_t>(), 12);
+}
+
+TEST_F(TrainCli, SigkilledRunResumesWithBitIdenticalLosses) {
+  expect_bitwise_resume_after_sigkill("plain", "", "");
+}
+
+// The sharded optimizer's checkpoint (moments gathered on write, each rank's range taken on
+// read) restores the same state: with the same ranks and sharding the resumed run is bitwise
+// the uninterrupted one.
+TEST_F(TrainCli, SigkilledShardedRunResumesWithBitIdenticalLosses) {
+  expect_bitwise_resume_after_sigkill("sharded", mpirun(2), "--optim.sharded=true");
 }
 
 // fp16 on the CPU backend (emulated storage precision): the loss scale and its count of clean
@@ -290,10 +313,7 @@ TEST_F(TrainCli, ShardedCheckpointsResumeAcrossShardingAndRankCounts) {
   const std::string args = "--eval.at_end=false --eval.every_samples=0 ";
   auto train = [&](const std::string& name, int np, const std::string& more) {
     const std::string dir = run_dir(name);
-    const std::string cmd = std::string(PACKBERT_MPIEXEC) +
-                            " --allow-run-as-root --oversubscribe --mca btl self,vader "
-                            "-x OMP_NUM_THREADS=1 -np " + std::to_string(np) + " " +
-                            train_cmd(dir, args + more);
+    const std::string cmd = mpirun(np) + train_cmd(dir, args + more);
     EXPECT_EQ(run_command(cmd), 0) << read_file(dir + "/log.txt");
     return dir;
   };
@@ -347,10 +367,8 @@ TEST_F(TrainCli, ShardedCheckpointsResumeAcrossShardingAndRankCounts) {
 
 TEST_F(TrainCli, KilledRankEndsTheJobWithinAMinute) {
   const std::string dir = run_dir("rankdeath");
-  Background p(std::string(PACKBERT_MPIEXEC) +
-               " --allow-run-as-root --oversubscribe --mca btl self,vader -x OMP_NUM_THREADS=1 -np 2 " +
-               train_cmd(dir, "--train.max_steps=100000 --checkpoint.every_steps=0 "
-                              "--eval.every_samples=0"));
+  Background p(mpirun(2) + train_cmd(dir, "--train.max_steps=100000 --checkpoint.every_steps=0 "
+                                          "--eval.every_samples=0"));
   ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 2)) << read_file(dir + "/log.txt");
   const std::string log = read_file(dir + "/log.txt");
   std::smatch m;

@@ -118,6 +118,7 @@ class Background {
   }
   pid_t pid() const { return pid_; }
   void signal(int sig) { kill(pid_, sig); }
+  void signal_group(int sig) { kill(-pid_, sig); }  // the command and everything it started
   // Exit status (128 + signal when killed); -1 when it did not end within timeout_s.
   int wait(double timeout_s = 600) {
     const auto t0 = std::chrono::steady_clock::now();
