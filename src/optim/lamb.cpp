@@ -192,7 +192,7 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   backend_.lamb_step(table_, cfg, grad_norm_, own_params, own_grads, m_, v_, norms_, own_lowp,
                      record_);
   // lamb_step left the update direction in grads; the next accumulation starts from zero.
-  backend_.zero(grads);
+  if (own_grads.numel() > 0) backend_.zero(own_grads);
   info.skipped = !finite;
   if (finite) steps_done_ = info.step;
   return info;

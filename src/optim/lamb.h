@@ -101,9 +101,11 @@ class Lamb {
   Lamb& operator=(const Lamb&) = delete;
 
   // One update from the gradient of the whole global batch: params (fp32 master weights) and
-  // grads f32 [num_elems] on the backend's device. Afterwards grads is zero (the whole buffer,
-  // gaps included), ready for the next step's accumulation. Elements outside every table row
-  // must be zero in grads: they count in the norm.
+  // grads f32 [num_elems] on the backend's device. Afterwards grads is zero over the range this
+  // rank owns (the whole buffer, gaps included, when not sharded), ready for the next step's
+  // accumulation; sharded, the rest of grads (after a reduce-scatter: this rank's unreduced
+  // sums of the other ranks' ranges) is the caller's to zero. Elements outside every table
+  // row must be zero in grads: they count in the norm.
   // Mixed precision: params_lowp (bf16 / f16 [num_elems], optional) is the GEMMs' weight copy,
   // rewritten as round(params) in the update's own pass (left alone by a skipped step).
   // grad_scale: grads hold the gradient of the loss times this (fp16 loss scaling); the update

@@ -178,6 +178,12 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     // Every rank updated its own tensors: the weights (and their low-precision copy) go round.
     reducer.all_gather(params_.tensor());
     if (bert_->lowp_params().defined()) reducer.all_gather(bert_->lowp_params());
+    // LAMB zeroed the gradient it owns; the rest holds this rank's unreduced sums.
+    const int64_t n = table_.total(), begin = lamb_->shard_begin(), end = lamb_->shard_end();
+    float* g = grads_.tensor().ptr<float>();
+    const Device dev = grads_.tensor().device;
+    if (begin > 0) backend_->zero(view(g, {begin}, dev));
+    if (end < n) backend_->zero(view(g + end, {n - end}, dev));
   }
   out.loss_scale = loss_scale;
   if (scaler_) scaler_->update(!info.skipped);

@@ -9,6 +9,7 @@
 //   GradReducer::finish()                    every rank now holds the global batch's gradient
 //   (optional inspection of that gradient)   tests dump it here: Lamb::step zeroes it
 //   Lamb::step                               global norm, clipping, trust ratio; grads := 0
+//                                            (sharded: LAMB its range, the trainer the rest)
 //   metrics all-reduced                      loss and accuracies of the whole global batch
 //
 // Because the loss is normalised by global counts and dropout is keyed by sample ids, the

@@ -14,7 +14,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
@@ -27,6 +26,7 @@
 #include "core/error.h"
 #include "backend.h"
 #include "comm/grad_reducer.h"
+#include "mpi_timing.h"
 
 namespace packbert {
 namespace {
@@ -51,23 +51,10 @@ std::vector<GradSpan> bert_base_table(double scale, int64_t& n) {
   return spans;
 }
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// The slowest rank's time of fn (a step is as slow as its slowest rank); the best of iters.
+// The slowest rank's wall time of fn, best of iters (mpi_timing.h).
 template <typename Fn>
 double timed(int iters, Fn&& fn) {
-  double best = 1e30;
-  for (int it = 0; it < iters; ++it) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = now();
-    fn();
-    double t = now() - t0, slowest = 0;
-    MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    best = std::min(best, slowest);
-  }
-  return best;
+  return bench::slowest_rank_time(iters, fn).wall;
 }
 
 // The simulated backward of one tensor: passes memory-bound sweeps that write its gradient.
