@@ -371,6 +371,10 @@ class Backend {
   // same fixed order: a rank's share of a global norm summed over ranks (the sharded
   // optimizer), which then rounds as l2_norm's over the whole buffer does.
   virtual void sum_squares(const Tensor& x, const Tensor& out) = 0;
+  // out f32 [1] = sqrt(sum[0]) rounded to f32, for sum f64 [1] on the device: the norm l2_norm
+  // gives from the sum sum_squares gives (bit for bit). The sharded optimizer's global norm from
+  // its ranks' sums, added on the device: no host round trip.
+  virtual void norm_from_sum_squares(const Tensor& sum, const Tensor& out) = 0;
   // One LAMB step (apex FusedLAMB: adam_w_mode, grad averaging, bias correction) over the flat
   // f32 buffers params (fp32 master weights), grads, m, v, all [n]. table i64 [T, 3] of
   // LambTensor rows, in HOST memory on every backend (it shapes the launch, as host_seq_len

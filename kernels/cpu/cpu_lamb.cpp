@@ -29,6 +29,13 @@ void CpuBackend::sum_squares(const Tensor& x, const Tensor& out) {
   out.ptr<double>()[0] = sum_squares(x.ptr<float>(), x.dim(0));
 }
 
+void CpuBackend::norm_from_sum_squares(const Tensor& sum, const Tensor& out) {
+  const char* op = "norm_from_sum_squares";
+  expect(op, "sum", sum, DType::f64, {1});
+  expect(op, "out", out, DType::f32, {1});
+  out.ptr<float>()[0] = static_cast<float>(std::sqrt(sum.ptr<double>()[0]));
+}
+
 void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                            const Tensor& global_grad_norm, const Tensor& params,
                            const Tensor& grads, const Tensor& m, const Tensor& v,

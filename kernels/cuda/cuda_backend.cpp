@@ -403,6 +403,15 @@ void CudaBackend::sum_squares(const Tensor& x, const Tensor& out) {
   sum_of_squares("sum_squares", x, out);
 }
 
+void CudaBackend::norm_from_sum_squares(const Tensor& sum, const Tensor& out) {
+  const char* op = "norm_from_sum_squares";
+  expect(op, "sum", sum, DType::f64, {1});
+  expect(op, "out", out, DType::f32, {1});
+  begin(op);
+  launched(op, op, cuda::root_of_sums(sum.ptr<double>(), 1, out.ptr<float>(), stream_));
+  end(op);
+}
+
 // l2_norm (out f32: the root) and sum_squares (out f64: the sum) share one reduction.
 void CudaBackend::sum_of_squares(const char* op, const Tensor& x, const Tensor& out) {
   const bool root = out.dtype != DType::f64;

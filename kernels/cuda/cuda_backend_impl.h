@@ -174,6 +174,7 @@ class CudaBackend final : public Backend {
 
   void l2_norm(const Tensor& x, const Tensor& out) override;
   void sum_squares(const Tensor& x, const Tensor& out) override;
+  void norm_from_sum_squares(const Tensor& sum, const Tensor& out) override;
   void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
                  const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                  const Tensor& norms_ws, const Tensor& params_lowp = Tensor(),

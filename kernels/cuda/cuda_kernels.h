@@ -90,6 +90,9 @@ constexpr int64_t kNormChunk = 8192;
 inline int64_t l2_norm_partials(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
 cudaError_t sum_of_squares(const float* x, int64_t n, double* partial, float* root, double* sum,
                            cudaStream_t s);
+// root[0] = the square root, rounded to f32, of the sum of sums[0..k) (sum_of_squares's second
+// half: its partials' sum in the same order).
+cudaError_t root_of_sums(const double* sums, int64_t k, float* root, cudaStream_t s);
 
 // LAMB over a work list of chunks (each inside one tensor, at most kNormChunk elements).
 struct LambChunk {

@@ -489,6 +489,11 @@ cudaError_t sum_of_squares(const float* x, int64_t n, double* partial, float* ro
   return launched();
 }
 
+cudaError_t root_of_sums(const double* sums, int64_t k, float* root, cudaStream_t s) {
+  PB_LAUNCH(1, kThreads, 0, s, finish_sum_of_squares_kernel)(sums, k, root, nullptr);
+  return launched();
+}
+
 cudaError_t lamb_record(const float* global_grad_norm, float grad_scale, int32_t* record,
                         cudaStream_t s) {
   PB_LAUNCH(1, 1, 0, s, lamb_record_kernel)(global_grad_norm, grad_scale, record);

@@ -140,6 +140,18 @@ class MpiTransport final : public GradBucketTransport {
     }
   }
 
+  void allreduce_sum(const Tensor& values) override {
+    const int count = static_cast<int>(values.numel());
+    if (values.device == Device::cpu) {
+      PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data, count, MPI_DOUBLE, MPI_SUM, comm_));
+      return;
+    }
+    std::vector<double> host(static_cast<size_t>(count));
+    backend_.copy(view(host.data(), {values.numel()}), values);  // waits for the writer
+    PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, host.data(), count, MPI_DOUBLE, MPI_SUM, comm_));
+    backend_.copy(values, view(host.data(), {values.numel()}));
+  }
+
  private:
   // Counts per rank of bucket b's owned parts (int: MPI's counts; buckets fit an int).
   std::vector<int> part_counts(const GradBucket& b) const {
@@ -271,6 +283,16 @@ void GradReducer::all_gather(const Tensor& buffer) {
              buffer.str(), num_elems_);
   const WatchScope watch("all-gather (gradient reducer)");
   if (transport_) transport_->all_gather(sched_.buckets(), buffer);
+}
+
+void GradReducer::allreduce_sum(const Tensor& values) {
+  PB_REQUIRE(!sched_.in_round(), "grad reducer: allreduce_sum() inside a gradient round");
+  PB_REQUIRE(values.defined() && values.dtype == DType::f64 && values.ndim == 1 &&
+                 values.numel() <= (int64_t{1} << 20),
+             "grad reducer: allreduce_sum of {}, expected f64 [n] (a few values)", values.str());
+  if (!transport_ || values.numel() == 0) return;
+  const WatchScope watch("all-reduce (optimizer sums)");
+  transport_->allreduce_sum(values);
 }
 
 void GradReducer::allreduce_sum(double* data, int count) {

@@ -117,6 +117,11 @@ class GradReducer {
   // In-place blocking sum over ranks of a few host doubles (metrics: loss sums, token counts),
   // on the reducer's communicator; not inside a round.
   void allreduce_sum(double* data, int count);
+  // In-place sum over ranks of a few f64 values in the backend's memory (the sharded
+  // optimizer's sums of squares), not inside a round; ordered as all_gather: on NCCL the
+  // backend's stream waits for it and the host does not; MPI stages a device tensor through
+  // the host.
+  void allreduce_sum(const Tensor& values);
 
  private:
   int rank_ = 0;

@@ -180,6 +180,21 @@ class NcclTransport final : public GradBucketTransport {
     check_async();
   }
 
+  void allreduce_sum(const Tensor& values) override {
+    PB_REQUIRE(!failed_, "nccl transport: the communicator was aborted after an earlier error");
+    PB_REQUIRE(values.device == Device::cuda,
+               "nccl transport: allreduce_sum of {} (device memory only)", values.str());
+    PB_REQUIRE(!ready_.empty(), "nccl transport: allreduce_sum without a bucket's events");
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    PB_NCCL_CUDA(cudaEventRecord(ready_[0], compute_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[0], 0));
+    PB_NCCL_NCCL(ncclAllReduce(values.data, values.data, static_cast<size_t>(values.numel()),
+                               ncclFloat64, ncclSum, comm_, comm_stream_));
+    PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
+    check_async();
+  }
+
  private:
   // The constructor's work: the device current, the buffer checked, the stream and events.
   void create(size_t num_buckets) {

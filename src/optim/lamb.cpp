@@ -146,13 +146,10 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   const Tensor own_lowp = range_of(params_lowp, begin_, end_);
   if (sharded()) {
     // The double sums of squares summed over ranks, rooted and rounded as l2_norm does: the
-    // unsharded norm up to double rounding (a host round trip per step).
-    double squares = 0.0;
+    // unsharded norm up to double rounding, computed where the gradient is.
     backend_.sum_squares(own_grads, squares_.tensor());
-    backend_.copy(view(&squares, {1}), squares_.tensor());
-    shard_.sum_over_ranks(&squares, 1);
-    float global = static_cast<float>(std::sqrt(squares));
-    backend_.copy(grad_norm_, view(&global, {1}));
+    shard_.sum_over_ranks(squares_.tensor());
+    backend_.norm_from_sum_squares(squares_.tensor(), grad_norm_);
   } else {
     backend_.l2_norm(own_grads, grad_norm_);
   }

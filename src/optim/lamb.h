@@ -63,12 +63,13 @@ struct LambOptions {
 // owns the tensors inside [begin, end) of the flat buffers, keeps m and v for them only and
 // updates only them; whoever drives it all-gathers the weights afterwards. The global gradient
 // norm is the square root of the sum over ranks of each rank's squared norm (one small sum over
-// ranks per step, through the host).
+// ranks per step, in the backend's memory: on a GPU with NCCL the host never waits for it).
 struct LambShard {
   int64_t begin = 0;
   int64_t end = 0;
-  // In-place sum over ranks of a few host doubles (GradReducer::allreduce_sum).
-  std::function<void(double* values, int count)> sum_over_ranks;
+  // In-place sum over ranks of a few f64 values in the backend's memory, ordered with the
+  // backend's work (GradReducer::allreduce_sum of a tensor).
+  std::function<void(const Tensor& values)> sum_over_ranks;
 };
 
 // What one step did (host values).

@@ -75,9 +75,7 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   if (sharded) {
     shard.begin = reduce.shard_bounds[static_cast<size_t>(rank)];
     shard.end = reduce.shard_bounds[static_cast<size_t>(rank) + 1];
-    shard.sum_over_ranks = [this](double* values, int count) {
-      reducer_->allreduce_sum(values, count);
-    };
+    shard.sum_over_ranks = [this](const Tensor& values) { reducer_->allreduce_sum(values); };
   }
   lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), n, LrSchedule(options_.lr),
                                  options_.lamb, sharded ? &shard : nullptr);

@@ -118,7 +118,7 @@ int run(int argc, char** argv, int rank, int size) {
     LambShard shard;
     shard.begin = mine_begin;
     shard.end = mine_end;
-    shard.sum_over_ranks = [&](double* v, int c) { reducer.allreduce_sum(v, c); };
+    shard.sum_over_ranks = [&](const Tensor& v) { reducer.allreduce_sum(v); };
     LambOptions lo;
     lo.check_finite = false;
     Lamb lamb(*backend, params, n, LrSchedule(lr), lo, sharded ? &shard : nullptr);

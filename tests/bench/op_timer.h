@@ -171,6 +171,9 @@ class TimedBackend final : public Backend {
   void sum_squares(const Tensor& x, const Tensor& out) override {
     timed(OpKind::optimizer, [&] { inner_.sum_squares(x, out); });
   }
+  void norm_from_sum_squares(const Tensor& sum, const Tensor& out) override {
+    timed(OpKind::optimizer, [&] { inner_.norm_from_sum_squares(sum, out); });
+  }
   void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
                  const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                  const Tensor& norms_ws, const Tensor& params_lowp,

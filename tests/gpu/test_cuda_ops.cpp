@@ -626,6 +626,9 @@ TEST(CudaOps, SumSquares) {
     DevBuf<float> dnorm({1});
     b.gpu->l2_norm(dx.tensor(), dnorm.tensor());  // the root of the same sum
     EXPECT_EQ(dnorm.values()[0], static_cast<float>(std::sqrt(got))) << n;
+    DevBuf<float> dfrom({1});
+    b.gpu->norm_from_sum_squares(dout.tensor(), dfrom.tensor());  // and from that sum
+    EXPECT_EQ(dfrom.values()[0], dnorm.values()[0]) << n;
   }
 }
 

@@ -40,9 +40,11 @@ TEST(SumSquares, IsTheSumL2NormRootsAndAddsOverPieces) {
     be->sum_squares(view(x.data(), {n}), view(&got, {1}));
     for (float v : x) naive += static_cast<double>(v) * v;
     EXPECT_NEAR(got, naive, 1e-12 * naive) << n;
-    float norm = 0;
+    float norm = 0, from_sum = -1;
     be->l2_norm(view(x.data(), {n}), view(&norm, {1}));
     EXPECT_EQ(static_cast<float>(std::sqrt(got)), norm) << n;
+    be->norm_from_sum_squares(view(&got, {1}), view(&from_sum, {1}));
+    EXPECT_EQ(from_sum, norm) << n;
     if (n < 3) continue;
     const int64_t cut = n / 3;
     double a = 0, b = 0;
@@ -53,6 +55,9 @@ TEST(SumSquares, IsTheSumL2NormRootsAndAddsOverPieces) {
   float f = 0;
   std::vector<float> x(4, 1.f);
   EXPECT_THROW(be->sum_squares(view(x.data(), {4}), view(&f, {1})), Error);  // out is f64
+  double d = 4;
+  EXPECT_THROW(be->norm_from_sum_squares(view(&f, {1}), view(&f, {1})), Error);  // sum is f64
+  EXPECT_THROW(be->norm_from_sum_squares(view(&d, {1}), view(&d, {1})), Error);  // out is f32
 }
 
 // The state of the naive reference optimizer.

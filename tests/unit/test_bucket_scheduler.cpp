@@ -37,6 +37,7 @@ struct FakeTransport final : GradBucketTransport {
     started_buckets.clear();
     done = 0;
   }
+  void allreduce_sum(const Tensor&) override {}
   void start(int k, const GradBucket& b) override {
     if (k == throw_at_start) throw std::runtime_error("injected transport failure");
     starts.push_back(k);
