@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -283,6 +284,31 @@ void GradReducer::all_gather(const Tensor& buffer) {
              buffer.str(), num_elems_);
   const WatchScope watch("all-gather (gradient reducer)");
   if (transport_) transport_->all_gather(sched_.buckets(), buffer);
+}
+
+void GradReducer::gather_to_root(const float* mine, float* all, int root) {
+  PB_REQUIRE(!sched_.in_round(), "grad reducer: gather_to_root() inside a gradient round");
+  PB_REQUIRE(root >= 0 && root < size_, "grad reducer: gather_to_root to rank {} of {}", root,
+             size_);
+  const auto me = static_cast<size_t>(rank_);
+  const int64_t own = bounds_[me + 1] - bounds_[me];
+  PB_REQUIRE(num_elems_ <= std::numeric_limits<int>::max(),
+             "grad reducer: gather_to_root of {} elements (MPI counts are int)", num_elems_);
+  PB_REQUIRE(rank_ != root || all, "grad reducer: gather_to_root without the root's array");
+  if (size_ == 1) {
+    if (own > 0) std::memcpy(all, mine, static_cast<size_t>(own) * sizeof(float));
+    return;
+  }
+  std::vector<int> counts, displs;
+  if (rank_ == root) {
+    for (size_t r = 0; r + 1 < bounds_.size(); ++r) {
+      counts.push_back(static_cast<int>(bounds_[r + 1] - bounds_[r]));
+      displs.push_back(static_cast<int>(bounds_[r]));
+    }
+  }
+  const WatchScope watch("MPI_Gatherv (optimizer state)");
+  PB_MPI_CHECK(MPI_Gatherv(mine, static_cast<int>(own), MPI_FLOAT, all, counts.data(),
+                           displs.data(), MPI_FLOAT, root, comm_));
 }
 
 void GradReducer::allreduce_sum(const Tensor& values) {

@@ -114,6 +114,12 @@ class GradReducer {
   // finish() (the host for MPI, the backend's stream for NCCL).
   void all_gather(const Tensor& buffer);
 
+  // The owned parts (shard_bounds) of host arrays onto rank root: mine holds this rank's
+  // elements [shard_bounds[rank], shard_bounds[rank + 1]), all (root only; ignored elsewhere)
+  // receives the whole [num_elems] array. Blocking and collective (MPI on the host: a
+  // checkpoint's moments), not inside a round. One rank: a copy.
+  void gather_to_root(const float* mine, float* all, int root);
+
   // In-place blocking sum over ranks of a few host doubles (metrics: loss sums, token counts),
   // on the reducer's communicator; not inside a round.
   void allreduce_sum(double* data, int count);

@@ -349,15 +349,13 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   };
   auto save = [&](int64_t step) {
     if (c.checkpoint.dir.empty()) return;
-    // Every rank holds the same state (a sharded optimizer gathers its moments onto every rank:
-    // collective); rank 0 writes it.
+    // Rank 0 writes the state; a sharded optimizer gathers its moments there (collective).
     std::vector<float> m, v;
-    if (root || trainer.optimizer_sharded()) {
-      const auto n = static_cast<size_t>(trainer.table().total());
-      m.resize(n);
-      v.resize(n);
-      trainer.save_optimizer_state(m.data(), v.data());
+    if (root) {
+      m.resize(static_cast<size_t>(trainer.table().total()));
+      v.resize(m.size());
     }
+    if (root || trainer.optimizer_sharded()) trainer.save_optimizer_state(m.data(), v.data(), 0);
     if (root) {
       const auto t0 = Clock::now();
       CheckpointWrite w;

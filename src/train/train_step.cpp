@@ -81,21 +81,18 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
                                  options_.lamb, sharded ? &shard : nullptr);
 }
 
-void Trainer::save_optimizer_state(float* m, float* v) {
-  lamb_->save_moments(m, v);  // the range this rank owns (all of it unsharded)
-  if (!lamb_->sharded()) return;
-  const int64_t n = table_.total();
-  if (backend_->device() == Device::cpu) {
-    reducer_->all_gather(view(m, {n}));
-    reducer_->all_gather(view(v, {n}));
+void Trainer::save_optimizer_state(float* m, float* v, int root) {
+  if (!lamb_->sharded()) {
+    if (rank() == root) lamb_->save_moments(m, v);
     return;
   }
-  // The reducer gathers the backend's memory (NCCL needs it): through a buffer of the device.
-  BackendBuffer gathered = backend_->alloc(DType::f32, {n});
-  for (float* host : {m, v}) {
-    backend_->copy(gathered.tensor(), view(host, {n}));
-    reducer_->all_gather(gathered.tensor());
-    backend_->copy(view(host, {n}), gathered.tensor());
+  // Each rank's range through the host to root (a checkpoint is rare: no device gather, and no
+  // rank but root holds the whole state).
+  std::vector<float> mine(static_cast<size_t>(lamb_->shard_end() - lamb_->shard_begin()));
+  const bool at_root = rank() == root;
+  for (const auto& [moment, all] : {std::pair{&lamb_->m(), m}, std::pair{&lamb_->v(), v}}) {
+    if (!mine.empty()) backend_->copy(view(mine.data(), {moment->numel()}), *moment);
+    reducer_->gather_to_root(mine.data(), at_root ? all : nullptr, root);
   }
 }
 

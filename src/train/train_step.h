@@ -125,9 +125,11 @@ class Trainer {
 
   // ---- state, for checkpoints ----------------------------------------------------------------
   // Every rank must load the same state (the replicas stay bitwise identical).
-  // params, m, v: host arrays of table().total() floats. save_optimizer_state is collective
-  // when the optimizer is sharded (it gathers the moments onto every rank).
-  void save_optimizer_state(float* m, float* v);
+  // params, m, v: host arrays of table().total() floats. save_optimizer_state writes the
+  // moments into m and v on rank root; sharded it is collective (every rank sends its range,
+  // and only root's arrays are written: the others may pass null), unsharded only root needs
+  // to call it.
+  void save_optimizer_state(float* m, float* v, int root = 0);
   bool optimizer_sharded() const { return lamb_->sharded(); }
   // Bytes of optimizer state (LAMB's moments and norms) this rank holds.
   size_t optimizer_state_bytes() const { return lamb_->state_bytes(); }
