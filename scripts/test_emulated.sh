@@ -7,7 +7,8 @@
 #   build-emu-tsan   AddressSanitizer and ThreadSanitizer (label sanitize)
 #
 #   scripts/test_emulated.sh [-j N]     (default: -j 2)
-# Extra ctest arguments go in PACKBERT_CTEST_ARGS (e.g. "-R mutant").
+# Extra ctest arguments go in PACKBERT_CTEST_ARGS (e.g. "-R mutant"). Warnings are errors here
+# (-DPACKBERT_WERROR=ON), as in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=2
@@ -15,8 +16,8 @@ if [ "${1:-}" = "-j" ]; then jobs=$2; fi
 run() {  # run DIR CMAKE_ARGS...
   local dir=$1; shift
   mkdir -p "$dir"
-  cmake -S . -B "$dir" -DPACKBERT_CUDA=EMULATED "$@" > "$dir/configure.log" 2>&1 \
-    || { tail -30 "$dir/configure.log"; exit 1; }
+  cmake -S . -B "$dir" -DPACKBERT_CUDA=EMULATED -DPACKBERT_WERROR=ON "$@" \
+    > "$dir/configure.log" 2>&1 || { tail -30 "$dir/configure.log"; exit 1; }
   cmake --build "$dir" -j"$jobs"
   # shellcheck disable=SC2086
   ctest --test-dir "$dir" --output-on-failure -j"$jobs" ${PACKBERT_CTEST_ARGS:-}

@@ -40,10 +40,10 @@ File format (little endian):
     lamb.lr             f64 [steps]: the rate of updates 1..steps
     lamb.loss           f64 [steps + 1]: the loss before update 1, after update 1, ...
 
-Run with Debian's torch: /usr/bin/python3 tests/reference/make_model_reference.py
-(apt-get install python3-torch; the committed file was made with Debian's torch 1.13.1+dfsg-4,
-which reports 1.13.0a0, and transformers 4.44.2 from pip: transformers 4.57 silently disables its
-models with a torch older than 2). The output does not depend on transformers (it is only a
+Run with Debian's torch: .venv/bin/python3 tests/reference/make_model_reference.py (the venv of
+scripts/install_deps.sh --tests, which sees python3-torch; the committed file was made with
+Debian's torch 1.13.1+dfsg-4, which reports 1.13.0a0, and transformers 4.44.2 from pip:
+transformers 4.57 silently disables its models with a torch older than 2). The output does not depend on transformers (it is only a
 cross-check) and is byte for byte the same on every run.
 """
 import math

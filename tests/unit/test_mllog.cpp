@@ -31,7 +31,8 @@ namespace {
 using test::read_lines;
 using test::TempDir;
 
-const char* kPython = "/usr/bin/python3";
+// The tests' Python (tests/CMakeLists.txt: the repository's .venv when there is one).
+const char* kPython = PACKBERT_PYTHON3;
 
 // Runs a shell command, returns (exit status, stdout+stderr).
 std::pair<int, std::string> run(const std::string& cmd) {
