@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libhdf5-dev hdf5-tools              # MLPerf/NVIDIA BERT shards (h5dump for debugging)
   libspdlog-dev libfmt-dev            # logging
   libcli11-dev                        # command line + TOML config files
+  libtomlplusplus-dev                 # TOML config files (src/config/config.h)
   libopenblas-dev                     # CPU GEMMs
   libgtest-dev googletest             # tests
   libboost-context-dev                # fibers of the emulated CUDA build (one per CUDA thread)
