@@ -12,7 +12,7 @@ OUT=out/demo  # the paths in configs/demo_tiny_cpu.toml
 RANKS=${RANKS:-2}
 
 rm -rf "$OUT"
-"$BIN" --config configs/prepare_demo.toml prepare \
+"$BIN" prepare --config configs/prepare_demo.toml \
   --input data/kjv-bible-docs.txt.gz --output "$OUT/data"
 "$BIN" inspect "$OUT/data/train" --vocab data/vocab.txt
 

@@ -37,6 +37,7 @@ APT_PACKAGES=(
   libhdf5-dev hdf5-tools              # MLPerf/NVIDIA BERT shards (h5dump for debugging)
   libspdlog-dev libfmt-dev            # logging
   libcli11-dev                        # command line + TOML config files
+  libtomlplusplus-dev                 # TOML config files (src/config/config.h)
   libopenblas-dev                     # CPU GEMMs
   libgtest-dev googletest             # tests (configured by default, so needed to configure)
   libutf8proc-dev                     # Unicode categories and NFD for the BERT tokenizer

@@ -1,4 +1,6 @@
-// packbert: one executable, subcommands prepare | inspect | pack | train | eval.
+// packbert: one executable, subcommands prepare | inspect | pack | train | eval, each
+// `packbert SUBCOMMAND [--config FILE.toml] [--section.key=VALUE ...] [options]` on one config
+// system (config/config.h).
 // Every error is a packbert::Error (or another exception) caught once here: logged with its
 // context, then every rank exits non-zero (MPI_Abort when there are several ranks).
 #include <mpi.h>
@@ -6,16 +8,17 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "config/command_config.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/inspect.h"
-#include "data/pack_report.h"
-#include "data/prepare.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "device.h"
@@ -43,121 +46,88 @@ struct Mpi {
   }
 };
 
-void add_prepare(CLI::App& app, PrepareOptions& o, std::string& format) {
-  auto* cmd = app.add_subcommand("prepare", "Make pretraining shards from raw text (WordPiece, "
-                                            "NSP pairs, MLM masking)");
-  cmd->add_option("--input", o.inputs,
-                  "Text files (.gz allowed): one sentence per line, blank line between documents")
-      ->required()->check(CLI::ExistingFile);
-  cmd->add_option("--vocab", o.vocab, "WordPiece vocabulary, one token per line")
-      ->required()->check(CLI::ExistingFile);
-  cmd->add_option("--output", o.output_dir, "Output directory for the shards")->required();
-  cmd->add_option("--max-seq-len", o.max_seq_len, "Maximum tokens per sample")
-      ->capture_default_str()->check(CLI::Range(8, 65536));
-  cmd->add_option("--max-predictions-per-seq", o.max_predictions_per_seq,
-                  "Maximum masked tokens per sample")->capture_default_str()->check(CLI::Range(1, 65536));
-  cmd->add_option("--masked-lm-prob", o.masked_lm_prob, "Fraction of tokens masked")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--dupe-factor", o.dupe_factor, "Times each document is used, masked anew")
-      ->capture_default_str()->check(CLI::Range(1, 1000));
-  cmd->add_option("--short-seq-prob", o.short_seq_prob,
-                  "Probability of a shorter target length")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--seed", o.seed, "Random seed (output depends on it, not on --threads)")
-      ->capture_default_str();
-  cmd->add_option("--num-shards", o.num_shards, "Number of training shards")
-      ->capture_default_str()->check(CLI::Range(1, 100000));
-  cmd->add_option("--eval-samples", o.eval_samples, "Samples written to the eval shard")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--format", format, "Shard format: fixed | varlength")
-      ->capture_default_str()->check(CLI::IsMember({"fixed", "varlength"}));
-  cmd->add_flag("--whole-word-masking", o.whole_word_masking,
-                "Mask all WordPieces of a word together");
-  cmd->add_option("--threads", o.threads, "Worker threads (0: all cores)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-}
-
-struct InspectArgs {
-  std::string path;
-  std::string vocab;
-  int64_t vocab_size = 30522;
-  int max_seq_len = 0;
-  bool skip_bad_samples = false;
-};
-
-void add_inspect(CLI::App& app, InspectArgs& a) {
-  auto* cmd = app.add_subcommand("inspect", "Validate shards and print counts, length "
-                                            "distribution, masked counts and padding; or verify "
-                                            "checkpoints (every checksum) and summarise them");
-  cmd->add_option("path", a.path, "A shard file or a directory of shards; or a checkpoint "
-                                  "directory or a directory of them (exit 1 if any is damaged)")
-      ->required();
-  cmd->add_option("--vocab", a.vocab, "Vocabulary file (sets --vocab-size)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--vocab-size", a.vocab_size, "Token ids must be below this")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--max-seq-len", a.max_seq_len, "Reject samples longer than this (0: no limit)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--skip-bad-samples", a.skip_bad_samples,
-                "Count and report samples that break a rule instead of failing on the first");
-}
-
-void add_pack(CLI::App& app, PackCommandOptions& o) {
-  auto* cmd = app.add_subcommand("pack", "Pack a length histogram (or a dataset) with each "
-                                         "algorithm and report the efficiency");
-  auto* hist = cmd->add_option("--histogram", o.histogram_file,
-                               "Length histogram: line i holds the count of length i ('#' "
-                               "comments)")->check(CLI::ExistingFile);
-  auto* data = cmd->add_option("--data", o.data_dir, "Shard file or directory: pack its lengths");
-  hist->excludes(data);
-  cmd->add_option("--max-seq-len", o.max_seq_len, "Pack length L")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-seqs-per-pack", o.max_seqs_per_pack,
-                  "Most sequences in one pack (0: no limit)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--algorithm", o.algorithm, "spfhp | lpfhp | nnlshp | ours | all")
-      ->capture_default_str()->check(CLI::IsMember({"spfhp", "lpfhp", "nnlshp", "ours", "all"}));
-  cmd->add_flag("--json", o.json, "Print JSON with every pack strategy and its repeat count");
-}
-
-struct TrainArgs {
+// What every subcommand takes besides its keys: the config file and --print-config.
+struct CommandArgs {
   std::string config;
-  std::string resume;
-  std::string init_checkpoint;
-  std::string checkpoint;  // eval
   bool print_config = false;
 };
 
 const char* kOverrideHelp =
-    "Any config key can be overridden as --section.key=VALUE (e.g. --train.max_steps=20); "
-    "README.md lists every key.";
+    "Every config key can be set in the --config file or on the command line as "
+    "--section.key=VALUE (the command line wins); docs/configuration.md lists them.";
 
-CLI::App* add_train(CLI::App& app, TrainArgs& a) {
-  auto* cmd = app.add_subcommand("train", "Pretrain BERT from a TOML config");
+CLI::App* add_command(CLI::App& app, const char* name, const char* description,
+                      CommandArgs& args) {
+  CLI::App* cmd = app.add_subcommand(name, description);
   cmd->footer(kOverrideHelp);
-  cmd->add_option("--config", a.config, "TOML config (configs/*.toml)")->check(CLI::ExistingFile);
-  cmd->add_option("--resume", a.resume,
-                  "auto (newest valid checkpoint under checkpoint.dir, damaged ones moved "
-                  "aside; fresh if there is none) or a checkpoint directory; same as "
-                  "--checkpoint.resume");
-  cmd->add_option("--init-checkpoint", a.init_checkpoint,
-                  "Start from these model weights only; same as --checkpoint.init_checkpoint");
-  cmd->add_flag("--print-config", a.print_config,
-                "Print the effective config (every key, resolved) as TOML and exit");
-  cmd->allow_extras();
-  return cmd;
-}
-
-CLI::App* add_eval(CLI::App& app, TrainArgs& a) {
-  auto* cmd = app.add_subcommand("eval", "Masked-LM accuracy and loss of a checkpoint on "
-                                         "data.eval_dir");
-  cmd->footer(kOverrideHelp);
-  cmd->add_option("--config", a.config, "TOML config (its [data] and [eval] sections are used)")
+  cmd->add_option("--config", args.config, "TOML config file (configs/*.toml)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--checkpoint", a.checkpoint, "Checkpoint directory (model.safetensors and "
-                                                "config.json)")->required();
-  cmd->allow_extras();
+  cmd->add_flag("--print-config", args.print_config,
+                "Print the effective config (every key, resolved) as TOML and exit");
+  cmd->allow_extras();  // --section.key=VALUE
   return cmd;
 }
+
+// The options of prepare, inspect and pack, made from their section's keys: the option
+// --max-seq-len IS the key prepare.max_seq_len (bool keys are flags, list keys take several
+// values, inspect.path is the positional PATH). The ones given become settings applied after
+// the file's, so the command line wins.
+class KeyOptions {
+ public:
+  template <class Root>
+  KeyOptions(CLI::App* cmd, const config::Schema<Root>& schema) {
+    for (const config::Key<Root>& k : schema.keys()) {
+      auto e = std::make_unique<Entry>();
+      e->key = k.name;
+      e->spec = k.spec;
+      const std::string option = option_of_key(k.name);
+      const std::string doc = k.doc + " [" + k.name + "]";
+      if (option == "PATH") {
+        e->option = cmd->add_option("path", e->value, doc);
+      } else if (k.type == "bool") {
+        e->flag_key = true;
+        e->option = cmd->add_flag(option, e->flag, doc);
+      } else if (k.spec.list) {
+        e->option = cmd->add_option(option, e->values, doc)->type_name("TEXT");
+      } else {
+        const std::string type = k.type.rfind("enum(", 0) == 0
+                                     ? k.type.substr(5, k.type.size() - 6)
+                                     : k.type == "int" ? "INT" : k.type == "float" ? "FLOAT"
+                                                                                   : "TEXT";
+        e->option = cmd->add_option(option, e->value, doc)->type_name(type)
+                        ->default_str(k.default_value);
+      }
+      entries_.push_back(std::move(e));
+    }
+  }
+
+  // "section.key=VALUE" of each option given, with the option's name for messages.
+  template <class Root>
+  std::vector<config::Setting> settings(const config::Schema<Root>& schema) const {
+    std::vector<config::Setting> out;
+    for (const auto& e : entries_) {
+      if (e->option->count() == 0) continue;
+      std::string value = e->value;
+      if (e->flag_key) value = e->flag ? "true" : "false";
+      else if (e->spec.list) value = config::toml_string_list(e->values);
+      else if (e->spec.bare_string) value = config::toml_string(e->value);
+      out.push_back(schema.read_override(e->key + "=" + value,
+                                         "option " + e->option->get_name(false, true)));
+    }
+    return out;
+  }
+
+ private:
+  struct Entry {
+    std::string key;
+    config::KeySpec spec;
+    CLI::Option* option = nullptr;
+    std::string value;
+    std::vector<std::string> values;
+    bool flag = false, flag_key = false;
+  };
+  std::vector<std::unique_ptr<Entry>> entries_;
+};
 
 // The subcommand's extra arguments as config overrides: --section.key=VALUE or
 // --section.key VALUE.
@@ -180,6 +150,20 @@ std::vector<std::string> config_overrides(const CLI::App& cmd) {
   return out;
 }
 
+// A subcommand's config: the file, then the --section.key overrides, then its options; `where`
+// receives where each key was set.
+template <class Root>
+Root load_command_config(const config::Schema<Root>& schema, const CommandArgs& args,
+                         const CLI::App& cmd, const KeyOptions& options,
+                         config::KeyLocations& where) {
+  std::vector<config::Setting> settings = schema.read(args.config, config_overrides(cmd));
+  for (config::Setting& s : options.settings(schema)) settings.push_back(std::move(s));
+  Root c;
+  schema.apply(settings, c);
+  where = config::locations(settings);
+  return c;
+}
+
 // Lengths of every sample under a shard path, read (and validated) with the shard reader.
 std::vector<int> read_sample_lengths(const std::string& path) {
   std::vector<int> lengths;
@@ -196,46 +180,91 @@ std::vector<int> read_sample_lengths(const std::string& path) {
 int run(int argc, char** argv, Mpi& mpi) {
   CLI::App app{"packbert: BERT pretraining without padding, on CPUs and GPUs"};
   app.set_version_flag("--version", "packbert " PACKBERT_VERSION);
-  app.set_config("--config", "", "TOML config file (sections named after subcommands)");
   app.require_subcommand(1);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error | critical | off")
       ->capture_default_str();
   app.add_flag_callback("--devices", [] { std::cout << describe_devices() << "\n"; std::exit(0); },
                         "Print the compute devices this build and machine offer, then exit");
+  // The old place of --config (before the subcommand): an error that shows the new one.
+  std::string misplaced_config;
+  app.add_option("--config", misplaced_config)->group("");
 
-  PrepareOptions prepare;
-  std::string format = "fixed";
-  add_prepare(app, prepare, format);
-  InspectArgs inspect;
-  add_inspect(app, inspect);
-  PackCommandOptions pack;
-  add_pack(app, pack);
-  TrainArgs train_args, eval_args;
-  CLI::App* train_cmd = add_train(app, train_args);
-  CLI::App* eval_cmd = add_eval(app, eval_args);
+  CommandArgs prepare_args, inspect_args, pack_args, train_args, eval_args;
+  CLI::App* prepare_cmd =
+      add_command(app, "prepare", "Make pretraining shards from raw text (WordPiece, NSP pairs, "
+                                  "MLM masking)", prepare_args);
+  const KeyOptions prepare_options(prepare_cmd, prepare_config_schema());
+  CLI::App* inspect_cmd =
+      add_command(app, "inspect", "Validate shards and print counts, length distribution, "
+                                  "masked counts and padding; or verify checkpoints (every "
+                                  "checksum) and summarise them", inspect_args);
+  const KeyOptions inspect_options(inspect_cmd, inspect_config_schema());
+  CLI::App* pack_cmd =
+      add_command(app, "pack", "Pack a length histogram (or a dataset) with each algorithm and "
+                               "report the efficiency", pack_args);
+  const KeyOptions pack_options(pack_cmd, pack_config_schema());
+  CLI::App* train_cmd = add_command(app, "train", "Pretrain BERT from a TOML config", train_args);
+  std::string resume, init_checkpoint;
+  train_cmd->add_option("--resume", resume,
+                        "auto (newest valid checkpoint under checkpoint.dir, damaged ones moved "
+                        "aside; fresh if there is none) or a checkpoint directory; same as "
+                        "--checkpoint.resume");
+  train_cmd->add_option("--init-checkpoint", init_checkpoint,
+                        "Start from these model weights only; same as "
+                        "--checkpoint.init_checkpoint");
+  CLI::App* eval_cmd = add_command(app, "eval", "Masked-LM accuracy and loss of a checkpoint on "
+                                                "data.eval_dir (the config's [data] and [eval])",
+                                   eval_args);
+  std::string eval_checkpoint;
+  eval_cmd->add_option("--checkpoint", eval_checkpoint, "Checkpoint directory (model.safetensors "
+                                                        "and config.json)")->required();
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  const std::string command = app.get_subcommands().front()->get_name();
+  PB_REQUIRE(misplaced_config.empty(),
+             "--config goes after the subcommand now: packbert {} --config {} [...]", command,
+             misplaced_config);
   init_logging(mpi.rank, log_level);
+  // Where each key was set: the rules checked after reading name it too.
+  config::KeyLocations where;
+  // --print-config: the effective config as TOML, then exit.
+  auto printed = [&](const CommandArgs& args, const std::string& toml) {
+    if (args.print_config && mpi.rank == 0) std::cout << toml;
+    return args.print_config;
+  };
 
-  if (app.got_subcommand("prepare")) {
-    prepare.format = parse_shard_format(format);
-    const PrepareStats st = run_prepare(prepare);
+  if (command == "prepare") {
+    const auto& schema = prepare_config_schema();
+    const PrepareConfig c = load_command_config(schema, prepare_args, *prepare_cmd,
+                                                prepare_options, where);
+    if (printed(prepare_args, schema.to_toml(c))) return 0;
+    config::check_located(where, [&] { validate_prepare_config(c); });
+    const PrepareStats st = run_prepare(c.prepare);
     spdlog::info("prepare: {} documents, {} training samples in {} shards, {} eval samples, "
                  "{:.1f} MB of text in {:.2f} s ({:.2f} MB/s)",
                  st.documents, st.train_samples, st.train_shards.size(), st.eval_samples,
-                 st.input_bytes / 1e6, st.seconds, st.input_bytes / 1e6 / std::max(st.seconds, 1e-9));
-  } else if (app.got_subcommand("inspect") && is_checkpoint_path(inspect.path)) {
-    const int damaged = inspect_checkpoints(inspect.path, std::cout);
-    if (damaged > 0) {
-      spdlog::error("inspect: {} damaged checkpoint(s) under {}", damaged, inspect.path);
-      return 1;
+                 st.input_bytes / 1e6, st.seconds,
+                 st.input_bytes / 1e6 / std::max(st.seconds, 1e-9));
+  } else if (command == "inspect") {
+    const auto& schema = inspect_config_schema();
+    const InspectConfig c = load_command_config(schema, inspect_args, *inspect_cmd,
+                                                inspect_options, where);
+    if (printed(inspect_args, schema.to_toml(c))) return 0;
+    config::check_located(where, [&] { validate_inspect_config(c); });
+    const InspectOptions& inspect = c.inspect;
+    if (is_checkpoint_path(inspect.path)) {
+      const int damaged = inspect_checkpoints(inspect.path, std::cout);
+      if (damaged > 0) {
+        spdlog::error("inspect: {} damaged checkpoint(s) under {}", damaged, inspect.path);
+        return 1;
+      }
+      return 0;
     }
-  } else if (app.got_subcommand("inspect")) {
     SampleRules rules;
     rules.vocab_size = inspect.vocab_size;
     rules.max_seq_len = inspect.max_seq_len;
@@ -249,33 +278,30 @@ int run(int argc, char** argv, Mpi& mpi) {
     print_inspect_report(report, std::cout);
     if (report.bad_samples > 0)
       spdlog::warn("inspect: {} sample(s) break the rules and were skipped", report.bad_samples);
-  } else if (app.got_subcommand("pack")) {
-    PB_REQUIRE(!pack.histogram_file.empty() || !pack.data_dir.empty(),
-               "pack: give --histogram FILE or --data DIR");
-    return run_pack_command(pack, std::cout, read_sample_lengths);
-  } else if (app.got_subcommand("train") || app.got_subcommand("eval")) {
-    // The file before the subcommand configures prepare / inspect / pack only; its [model],
-    // [train], ... sections would be dropped without a word.
-    PB_REQUIRE(app.get_option("--config")->count() == 0,
-               "{}: the --config before the subcommand is for prepare, inspect and pack; give "
-               "the training config after it: packbert {} --config FILE.toml",
-               app.got_subcommand("train") ? "train" : "eval",
-               app.got_subcommand("train") ? "train" : "eval");
-  }
-  if (app.got_subcommand("train")) {
+  } else if (command == "pack") {
+    const auto& schema = pack_config_schema();
+    const PackConfig c = load_command_config(schema, pack_args, *pack_cmd, pack_options, where);
+    if (printed(pack_args, schema.to_toml(c))) return 0;
+    config::check_located(where, [&] { validate_pack_config(c); });
+    return run_pack_command(c.pack, std::cout, read_sample_lengths);
+  } else if (command == "train") {
     std::vector<std::string> overrides = config_overrides(*train_cmd);
-    if (!train_args.resume.empty()) overrides.push_back("checkpoint.resume=" + train_args.resume);
-    if (!train_args.init_checkpoint.empty())
-      overrides.push_back("checkpoint.init_checkpoint=" + train_args.init_checkpoint);
-    const TrainConfig config = load_train_config(train_args.config, overrides);
-    if (train_args.print_config) {
-      if (mpi.rank == 0) std::cout << train_config_to_toml(config);
-      return 0;
-    }
+    if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
+    if (!init_checkpoint.empty())
+      overrides.push_back("checkpoint.init_checkpoint=" + init_checkpoint);
+    const TrainConfig config = load_train_config(train_args.config, overrides, &where);
+    if (printed(train_args, train_config_to_toml(config))) return 0;
+    // run_train checks again (its callers need not be this one); here the error names the line.
+    config::check_located(
+        where, [&] { validate_train_config(config, mpi.size, ConfigPurpose::train); });
     return run_train(MPI_COMM_WORLD, config);
-  } else if (app.got_subcommand("eval")) {
-    const TrainConfig config = load_train_config(eval_args.config, config_overrides(*eval_cmd));
-    return run_eval(MPI_COMM_WORLD, config, eval_args.checkpoint);
+  } else if (command == "eval") {
+    const TrainConfig config =
+        load_train_config(eval_args.config, config_overrides(*eval_cmd), &where);
+    if (printed(eval_args, train_config_to_toml(config))) return 0;
+    config::check_located(
+        where, [&] { validate_train_config(config, mpi.size, ConfigPurpose::eval); });
+    return run_eval(MPI_COMM_WORLD, config, eval_checkpoint);
   }
   return 0;
 }

@@ -155,8 +155,8 @@ void log_bert_constants(MlLogger& logger, const TrainConfig& c, int world_size,
   };
   ev("submission_benchmark", "bert");
   ev("submission_org", c.log.submission_org);
-  ev("submission_division", c.log.submission_division);
-  ev("submission_status", c.log.submission_status);
+  ev("submission_division", config_name(c.log.submission_division));
+  ev("submission_status", config_name(c.log.submission_status));
   ev("submission_platform", c.log.submission_platform.empty()
                                 ? fmt::format("{}xCPU", world_size)
                                 : c.log.submission_platform);

@@ -72,9 +72,7 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   o.bert.mlm_chunk_rows = c.model.mlm_chunk_rows;
   o.bert.mst_chunks = c.model.mst_chunks;
   o.bert.activation_budget_bytes = static_cast<size_t>(c.model.activation_budget_mb) << 20;
-  o.bert.recompute = c.model.recompute == "layer" ? Recompute::layer
-                     : c.model.recompute == "mlp" ? Recompute::mlp
-                                                  : Recompute::none;
+  o.bert.recompute = c.model.recompute;
   o.layout = c.train.layout;
   o.max_seq_len = c.train.max_seq_len;
   o.init_seed = derive_seed(c.train.seed, 1);
@@ -85,11 +83,12 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   o.sharded = c.optim.sharded;
   o.lamb.check_finite = true;
   o.lamb.skip_nonfinite = true;  // counted here, fatal after train.max_nonfinite_steps in a row
-  o.bert.precision = parse_precision(c.train.precision);
+  o.bert.precision = c.train.precision;
   o.loss_scaler.init_scale = static_cast<float>(c.train.loss_scale_init);
   o.loss_scaler.growth_interval = c.train.loss_scale_growth_interval;
-  o.device = c.train.device == "cuda" ? Device::cuda : Device::cpu;
-  o.gpu_transport = c.train.gpu_allreduce == "host" ? GradTransport::mpi : GradTransport::nccl;
+  o.device = c.train.device;
+  o.gpu_transport =
+      c.train.gpu_allreduce == GpuAllreduce::host ? GradTransport::mpi : GradTransport::nccl;
   // One GPU per rank: a launcher that shows each rank only its own GPU (scripts/
   // run_mlperf_8gpu.sh) leaves one device; a plain mpirun on a node shows them all, and local
   // rank r takes GPU r (mod the count).
@@ -175,7 +174,7 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
       st.loader = loader_position_from_json(state.at("loader").dump());
       // fp16's loss scale is training state; a checkpoint of another precision has none and
       // the scaler starts from train.loss_scale_init.
-      if (c.train.precision == "fp16" && state.contains("loss_scale")) {
+      if (c.train.precision == Precision::fp16 && state.contains("loss_scale")) {
         LossScalerState ls;
         ls.scale = state.at("loss_scale").at("scale").get<float>();
         ls.clean_steps = state.at("loss_scale").at("clean_steps").get<int64_t>();
@@ -203,7 +202,7 @@ std::string trainer_state_json(const TrainConfig& c, int64_t step, int64_t sampl
   j["samples"] = samples;
   j["tokens"] = tokens;
   j["skipped_steps"] = skipped;
-  if (c.train.precision == "fp16") {
+  if (c.train.precision == Precision::fp16) {
     const LossScalerState ls = trainer.loss_scaler_state();
     j["loss_scale"] = {{"scale", ls.scale}, {"clean_steps", ls.clean_steps}};
   }
@@ -405,7 +404,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     // fp16: a gradient that overflows at a finite loss is the loss scaler probing its range
     // (the step is skipped and the scale halves); it counts as skipped, not as divergence,
     // until the scale has reached its floor.
-    const bool scale_overflow = c.train.precision == "fp16" && m.skipped &&
+    const bool scale_overflow = c.train.precision == Precision::fp16 && m.skipped &&
                                 std::isfinite(m.loss) &&
                                 m.loss_scale > trainer_opts.loss_scaler.min_scale;
     if (m.unread_skips > 0) {

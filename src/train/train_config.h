@@ -1,33 +1,35 @@
 // TrainConfig: everything `packbert train` / `packbert eval` are told, from a TOML file plus
-// "section.key=value" overrides. One registry (train_config_keys()) knows every key: its name,
-// type, default and doc; the parser, the TOML writer and the README table all come from it, so
-// they cannot disagree.
-//
-// The TOML reader is our own small strict parser, not CLI11's ConfigTOML (2.1 here): CLI11's
-// reader drops line numbers (an error could not name file:line), accepts unquoted strings and
-// keys it does not know (it is made to feed options, not to reject input), and its items carry
-// only strings, so "1.5" for an integer key or "yes" for a boolean could not be told apart from
-// a typo. The subset we read:
-//   # comment                        (anywhere after a value too, outside strings)
-//   [section]                        (no dotted or nested tables, no arrays of tables)
-//   key = "string"  'literal'        (basic strings with \" \\ \n \t \r escapes)
-//   key = 42   -7   1_000            (integers; a float key accepts an integer)
-//   key = 1e-3  0.5  -2.0  inf  nan  (floats; inf/nan are rejected later by validation)
-//   key = true  false                (booleans)
-// A key may appear once per file; overrides replace file values (the command line wins).
+// "section.key=value" overrides, read by the config system of every subcommand
+// (config/config.h: toml++, snake_case keys, errors naming FILE:LINE:COLUMN and the key). One
+// key table (train_config_keys.cpp) knows every key: its name, type, default, doc and field;
+// reading, equality, the TOML writer and the key table of docs/configuration.md all come from
+// it, so they cannot disagree. The files, by job:
+//   train_config_keys.cpp      the key table, enum names, equality, writer, docs table
+//   train_config_read.cpp      file + overrides -> TrainConfig (model preset resolution)
+//   train_config_validate.cpp  the rules between keys, and the paths
+//   train_config.cpp           the options of the trainer's parts, derived from a config
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "config/key_doc.h"
+#include "config/locations.h"
+#include "core/tensor.h"
 #include "data/loader.h"
 #include "model/batch.h"
+#include "model/bert.h"
 #include "model/config.h"
 #include "optim/lamb.h"
 #include "optim/lr_schedule.h"
 
 namespace packbert {
+
+// The enums of keys that have no type elsewhere (their names: config_name()).
+enum class GpuAllreduce { nccl, host };  // host: MPI on host memory (GradTransport::mpi)
+enum class SubmissionDivision { closed, open };
+enum class SubmissionStatus { onprem, cloud, research };
 
 struct TrainConfig {
   struct Model {
@@ -43,9 +45,8 @@ struct TrainConfig {
     int64_t mlm_chunk_rows = 0;  // MLM head rows per chunk (mini-sequence); 0 = all at once
     int64_t mst_chunks = 1;      // MST chunks M of the MLP and MLM head; 0 = auto (budget)
     int64_t activation_budget_mb = 0;  // MiB of activation arena for mst_chunks = 0
-    std::string recompute = "none";    // none | mlp | layer (BertOptions::recompute)
-    std::string hidden_act = "gelu";   // gelu (erf) | gelu_tanh (BertConfig::hidden_act)
-    bool operator==(const Model&) const;
+    Recompute recompute = Recompute::none;  // none | mlp | layer (BertOptions::recompute)
+    Gelu hidden_act = Gelu::erf;            // gelu (erf) | gelu_tanh (BertConfig::hidden_act)
   } model;
 
   struct Train {
@@ -60,15 +61,14 @@ struct TrainConfig {
     LastStepPolicy last_step = LastStepPolicy::kPartial;
     bool dropout = true;
     int max_nonfinite_steps = 5;      // skip non-finite steps; abort after this many in a row
-    std::string device = "cpu";       // cpu | cuda (one GPU per rank: local rank r takes GPU r)
-    std::string precision = "fp32";   // fp32 | bf16 | fp16 (BertOptions::precision)
-    std::string gpu_allreduce = "nccl";  // nccl | host (TrainerOptions::gpu_allreduce)
+    Device device = Device::cpu;      // cpu | cuda (one GPU per rank: local rank r takes GPU r)
+    Precision precision = Precision::fp32;  // fp32 | bf16 | fp16 (BertOptions::precision)
+    GpuAllreduce gpu_allreduce = GpuAllreduce::nccl;  // TrainerOptions::gpu_transport
     double loss_scale_init = 65536.0;    // fp16: first loss scale (a power of two)
     int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
     // Seconds a collective may wait before the job aborts (core/watchdog.h); 0 = off. Why 30
     // minutes: DESIGN.md, Distribution.
     double collective_timeout_s = 1800.0;
-    bool operator==(const Train&) const;
   } train;
 
   struct Optim {
@@ -84,7 +84,6 @@ struct TrainConfig {
     double weight_decay = 0.01;
     double max_grad_norm = 1.0;
     bool sharded = false;             // each rank keeps and updates a 1/N range (optim/sharding.h)
-    bool operator==(const Optim&) const;
   } optim;
 
   struct Data {
@@ -95,7 +94,6 @@ struct TrainConfig {
     int64_t shuffle_block_rows = 4096;
     int64_t shuffle_window_blocks = 8;
     int read_ahead_windows = 1;
-    bool operator==(const Data&) const;
   } data;
 
   struct Checkpoint {
@@ -104,7 +102,6 @@ struct TrainConfig {
     int keep = 3;               // newest complete checkpoints kept under dir
     std::string resume;         // "" none | "auto" newest complete under dir | a checkpoint path
     std::string init_checkpoint;  // model weights only (fresh optimizer and data order)
-    bool operator==(const Checkpoint&) const;
   } checkpoint;
 
   struct Eval {
@@ -113,7 +110,6 @@ struct TrainConfig {
     int batch_size = 64;         // samples per rank per forward
     double target_accuracy = 0;  // MLM accuracy that ends the run; 0 = no target
     bool at_end = true;
-    bool operator==(const Eval&) const;
   } eval;
 
   struct Log {
@@ -122,38 +118,40 @@ struct TrainConfig {
     std::string mllog_file;    // MLPerf log; "" = none
     std::string submission_org;
     std::string submission_platform;
-    std::string submission_division = "closed";  // closed | open
-    std::string submission_status = "onprem";    // onprem | cloud | research
-    bool operator==(const Log&) const;
+    SubmissionDivision submission_division = SubmissionDivision::closed;
+    SubmissionStatus submission_status = SubmissionStatus::onprem;
   } log;
 
   // True when evaluation runs at all: every_samples > 0, at_end or target_accuracy > 0.
   bool eval_enabled() const;
 
+  // Every key equal (the key table's comparison: no field is left out).
   bool operator==(const TrainConfig&) const;
   bool operator!=(const TrainConfig& o) const { return !(*this == o); }
 };
 
-// Parses an optional TOML file ("" = none; the subset above) and then applies overrides
-// "section.key=value" (a leading "--" allowed; the value in TOML syntax, except that a string
-// may also be given bare: "data.vocab=data/vocab.txt"). The command line wins over the file.
-// Unknown sections and keys, malformed values, values of the wrong type, duplicate keys and
-// syntax errors are Errors naming file:line (or "override '...'") and the key. The model preset
-// is resolved: keys left unset take the preset's values. Paths are NOT checked here.
+// Reads an optional TOML file ("" = none) and then applies overrides "section.key=value" (a
+// leading "--" allowed; the value in TOML syntax, except that a string or enum may also be given
+// bare: "data.vocab=data/vocab.txt"). The command line wins over the file. Unknown sections and
+// keys, kebab-case keys, malformed values, values of the wrong type or range, duplicate keys and
+// syntax errors are Errors naming FILE:LINE:COLUMN (or "override '...'") and the key. The model
+// preset is resolved: keys left unset take the preset's values. Paths are NOT checked here.
+// `where` (optional) receives where each key was set, for config::check_located.
 TrainConfig load_train_config(const std::string& toml_path,
-                              const std::vector<std::string>& overrides = {});
+                              const std::vector<std::string>& overrides = {},
+                              config::KeyLocations* where = nullptr);
 
 enum class ConfigPurpose { train, eval };
 
 // Rules that need nothing but the config: hidden % heads, positive sizes, dropout in [0, 1),
-// layout / last_step / division / status names, global_batch_size >= gradient_accumulation_steps,
+// global_batch_size >= gradient_accumulation_steps,
 // max_seq_len <= max_position_embeddings, eval ranges, finite lr >= 0, the LR schedule's own
 // rules (LrSchedule), ... And with world_size: global_batch_size >= world_size *
 // gradient_accumulation_steps (every micro-step of every rank can get a sample).
 // With check_paths (the checks that depend on this machine): train.device = "cuda" needs a
-// build with the CUDA backend; for Purpose::train, data.train_dir and data.vocab must exist; data.eval_dir
-// must exist when evaluation is on (eval_enabled(): switch it off with eval.at_end=false,
-// eval.every_samples=0, eval.target_accuracy=0); checkpoint.init_checkpoint and a resume path
+// build with the CUDA backend; for Purpose::train, data.train_dir and data.vocab must exist;
+// data.eval_dir must exist when evaluation is on (eval_enabled(): switch it off with
+// eval.at_end=false, eval.every_samples=0, eval.target_accuracy=0); checkpoint.init_checkpoint and a resume path
 // other than "auto" must exist; resume "auto" needs checkpoint.dir. For Purpose::eval:
 // data.eval_dir must exist (and data.vocab is not needed). Every Error names the key, e.g.
 // "model.hidden (100) must be divisible by model.heads (3)".
@@ -173,18 +171,19 @@ LambOptions lamb_options(const TrainConfig& c);
 // rules' max_seq_len = train.max_seq_len, vocab_size = model_config(c).real_vocab_size.
 LoaderOptions loader_options(const TrainConfig& c);
 
-struct ConfigKeyInfo {
-  std::string name;           // "section.key"
-  std::string type;           // "string" | "int" | "float" | "bool" | "enum(a|b|c)"
-  std::string default_value;  // as TOML ("" shown as "")
-  std::string doc;            // one line
-};
-// In file order: model, train, optim, data, checkpoint, eval, log.
-const std::vector<ConfigKeyInfo>& train_config_keys();
+// The name the config spells for an enum key's value ("gelu_tanh", "host", "closed"), from the
+// key table's one table per enum.
+const char* config_name(Recompute v);
+const char* config_name(Gelu v);
+const char* config_name(Device v);
+const char* config_name(Precision v);
+const char* config_name(GpuAllreduce v);
+const char* config_name(SubmissionDivision v);
+const char* config_name(SubmissionStatus v);
 
-// A markdown table of every key (| key | type | default | meaning |) for README.md between
-// <!-- config-keys:begin --> and <!-- config-keys:end -->. Regenerate README.md's table with
-//   PACKBERT_UPDATE_README=1 build/tests/test_train_config --gtest_filter='TrainConfigReadme.*'
-std::string config_keys_markdown();
+// Every key (name, type, default, doc), in file order: model, train, optim, data, checkpoint,
+// eval, log. docs/configuration.md's table of them is config::keys_markdown() of this list
+// (tests/unit/test_config.cpp regenerates it).
+const std::vector<config::KeyDoc>& train_config_keys();
 
 }  // namespace packbert

@@ -20,13 +20,19 @@ TEST(Cli, HelpOnEverySubcommand) {
   ASSERT_EQ(run_command(kBin + " --help", &out), 0) << out;
   EXPECT_NE(out.find("prepare"), std::string::npos) << out;
   EXPECT_NE(out.find("inspect"), std::string::npos) << out;
-  EXPECT_NE(out.find("--config"), std::string::npos) << out;
+  EXPECT_NE(out.find("--log-level"), std::string::npos) << out;
   ASSERT_EQ(run_command(kBin + " prepare --help", &out), 0) << out;
   for (const char* opt : {"--input", "--vocab", "--output", "--max-seq-len",
                           "--max-predictions-per-seq", "--masked-lm-prob", "--dupe-factor",
                           "--short-seq-prob", "--seed", "--num-shards", "--eval-samples",
-                          "--format", "--whole-word-masking"})
+                          "--format", "--whole-word-masking", "--config", "--print-config",
+                          "--section.key=VALUE", "[prepare.max_seq_len]"})
     EXPECT_NE(out.find(opt), std::string::npos) << opt << " missing from prepare --help";
+  for (const char* cmd : {"inspect", "pack", "train", "eval"}) {
+    ASSERT_EQ(run_command(kBin + " " + cmd + " --help", &out), 0) << out;
+    EXPECT_NE(out.find("--config"), std::string::npos) << cmd << "\n" << out;
+    EXPECT_NE(out.find("--section.key=VALUE"), std::string::npos) << cmd << "\n" << out;
+  }
   ASSERT_EQ(run_command(kBin + " inspect --help", &out), 0) << out;
   EXPECT_NE(out.find("--vocab-size"), std::string::npos) << out;
 }
@@ -53,7 +59,8 @@ TEST(Cli, ErrorNamesTheMissingPath) {
   EXPECT_NE(out.find("[rank 0]"), std::string::npos) << "errors carry the rank prefix: " << out;
 }
 
-// Options come from a TOML file through --config; the command line overrides the file.
+// Options come from a TOML file through --config after the subcommand; the command line
+// overrides the file.
 TEST(Cli, TomlConfigSetsSubcommandOptions) {
   TempDir dir;
   std::mt19937_64 rng(packbert::test::test_seed());
@@ -72,14 +79,22 @@ TEST(Cli, TomlConfigSetsSubcommandOptions) {
   }
   // A vocabulary smaller than the largest id: the shard must be rejected.
   const std::string cfg = dir.file("inspect.toml");
-  std::ofstream(cfg) << "log-level = \"warn\"\n[inspect]\nvocab-size = " << max_id << "\n";
+  std::ofstream(cfg) << "[inspect]\nvocab_size = " << max_id << "\n";
   std::string out;
-  EXPECT_NE(run_command(kBin + " --config " + cfg + " inspect " + shard, &out), 0) << out;
+  EXPECT_NE(run_command(kBin + " --log-level warn inspect --config " + cfg + " " + shard, &out),
+            0) << out;
   EXPECT_NE(out.find("outside the vocabulary"), std::string::npos) << out;
   EXPECT_NE(out.find(shard), std::string::npos) << out;
-  // The command line wins over the file.
-  EXPECT_EQ(run_command(kBin + " --config " + cfg + " inspect " + shard +
+  // The command line wins over the file: an option, or the key as an override.
+  EXPECT_EQ(run_command(kBin + " inspect --config " + cfg + " " + shard +
                             " --vocab-size " + std::to_string(max_id + 1), &out), 0) << out;
+  EXPECT_NE(out.find("20"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kBin + " inspect --config " + cfg + " " + shard +
+                            " --inspect.vocab_size=" + std::to_string(max_id + 1), &out), 0)
+      << out;
+  // The path may come from the file too.
+  std::ofstream(cfg) << "[inspect]\npath = \"" << shard << "\"\n";
+  EXPECT_EQ(run_command(kBin + " inspect --config " + cfg, &out), 0) << out;
   EXPECT_NE(out.find("20"), std::string::npos) << out;
 }
 

@@ -80,10 +80,11 @@ TEST_F(TrainCli, ConfigErrorsNameTheKeyBeforeAnyWork) {
     EXPECT_EQ(out.find("packbert train:"), std::string::npos)
         << "work started despite a bad config: " << c.args << "\n" << out;
   }
-  // A training config before the subcommand (where prepare's goes) is refused, not ignored.
+  // A config before the subcommand (the old place of prepare's) is refused, not ignored.
   std::string misplaced;
   EXPECT_NE(run_command(kBin + " --config " + dir + "/config.toml train", &misplaced), 0);
-  EXPECT_NE(misplaced.find("packbert train --config FILE.toml"), std::string::npos) << misplaced;
+  EXPECT_NE(misplaced.find("packbert train --config " + dir + "/config.toml"), std::string::npos)
+      << misplaced;
 
   // --help names the options and how overrides are written.
   std::string help;

@@ -1,8 +1,5 @@
-// TrainConfig: TOML parsing, overrides, validation messages, round trip, presets, the README's
-// key table and the shipped configs/*.toml.
-//
-// Regenerate README.md's key table (between <!-- config-keys:begin/end -->):
-//   PACKBERT_UPDATE_README=1 build/tests/test_train_config --gtest_filter='TrainConfigReadme.*'
+// TrainConfig: TOML reading, overrides, validation messages, round trip, presets, the key
+// table and the shipped configs/*.toml. docs/configuration.md's key tables: test_config_docs.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -70,13 +67,6 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 TEST(TrainConfig, Defaults) {
@@ -92,12 +82,12 @@ TEST(TrainConfig, Defaults) {
   EXPECT_EQ(c.train.collective_timeout_s, 1800.0);
   EXPECT_EQ(c.model.mst_chunks, 1);  // MST off
   EXPECT_EQ(c.model.activation_budget_mb, 0);
-  EXPECT_EQ(c.model.recompute, "none");
+  EXPECT_EQ(c.model.recompute, Recompute::none);
   EXPECT_EQ(c.checkpoint.keep, 3);
   EXPECT_EQ(c.eval.max_samples, 10000);
   EXPECT_TRUE(c.eval.at_end);
-  EXPECT_EQ(c.log.submission_division, "closed");
-  EXPECT_EQ(c.log.submission_status, "onprem");
+  EXPECT_EQ(c.log.submission_division, SubmissionDivision::closed);
+  EXPECT_EQ(c.log.submission_status, SubmissionStatus::onprem);
   EXPECT_TRUE(c.eval_enabled());
   // The defaults pass every rule that does not look at the disk.
   validate_train_config(c, 1, ConfigPurpose::train, /*check_paths=*/false);
@@ -184,26 +174,29 @@ TEST(TrainConfig, ParseErrorsNameFileLineAndKey) {
   };
   const std::string file = (tmp.path() / "e.toml").string();
 
+  // Every error names FILE:LINE:COLUMN and the key.
   std::string e = load_text("[train]\nmax_stepz = 3\n");
-  EXPECT_NE(e.find(file + ":2"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":2:1:"), std::string::npos) << e;
   EXPECT_NE(e.find("max_stepz"), std::string::npos) << e;
   EXPECT_NE(e.find("[train]"), std::string::npos) << e;
   EXPECT_NE(e.find("max_steps"), std::string::npos) << e;  // lists the known keys
 
   e = load_text("# c\n[trian]\nmax_steps = 3\n");
-  EXPECT_NE(e.find(file + ":2"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":2:"), std::string::npos) << e;
   EXPECT_NE(e.find("[trian]"), std::string::npos) << e;
 
-  e = load_text("[train]\n\nmax_steps = 1.5\n");
-  EXPECT_NE(e.find(file + ":3"), std::string::npos) << e;
+  e = load_text("[train]\n\n  max_steps = 1.5\n");
+  EXPECT_NE(e.find(file + ":3:3:"), std::string::npos) << e;
   EXPECT_NE(e.find("train.max_steps"), std::string::npos) << e;
   EXPECT_NE(e.find("integer"), std::string::npos) << e;
 
+  // Syntax errors (toml++'s) name the key of their line.
   e = load_text("[train]\nmax_steps = 12abc\n");
+  EXPECT_NE(e.find(file + ":2:"), std::string::npos) << e;
   EXPECT_NE(e.find("train.max_steps"), std::string::npos) << e;
 
   e = load_text("[train]\ndropout = yes\n");
-  EXPECT_NE(e.find(file + ":2"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":2:"), std::string::npos) << e;
   EXPECT_NE(e.find("train.dropout"), std::string::npos) << e;
 
   e = load_text("[train]\ndropout = 1\n");
@@ -211,15 +204,17 @@ TEST(TrainConfig, ParseErrorsNameFileLineAndKey) {
   EXPECT_NE(e.find("boolean"), std::string::npos) << e;
 
   e = load_text("[train]\nlayout = \"paded\"\n");
-  EXPECT_NE(e.find(file + ":2"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":2:1:"), std::string::npos) << e;
   EXPECT_NE(e.find("train.layout"), std::string::npos) << e;
   EXPECT_NE(e.find("paded"), std::string::npos) << e;
+  EXPECT_NE(e.find("unpadded | packed | padded"), std::string::npos) << e;
 
   e = load_text("[model]\npreset = \"huge\"\n");
   EXPECT_NE(e.find("model.preset"), std::string::npos) << e;
   EXPECT_NE(e.find("huge"), std::string::npos) << e;
 
   e = load_text("[data]\nvocab = data/vocab.txt\n");  // unquoted string
+  EXPECT_NE(e.find(file + ":2:"), std::string::npos) << e;
   EXPECT_NE(e.find("data.vocab"), std::string::npos) << e;
 
   e = load_text("[data]\nvocab = \"unterminated\n");
@@ -229,18 +224,32 @@ TEST(TrainConfig, ParseErrorsNameFileLineAndKey) {
   EXPECT_NE(e.find("train.max_steps"), std::string::npos) << e;
 
   e = load_text("[train]\nmax_steps = 3\nmax_steps = 4\n");
-  EXPECT_NE(e.find(file + ":3"), std::string::npos) << e;
-  EXPECT_NE(e.find("duplicate"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":3:"), std::string::npos) << e;
+  EXPECT_NE(e.find("max_steps"), std::string::npos) << e;
 
   e = load_text("max_steps = 3\n");
-  EXPECT_NE(e.find(file + ":1"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":1:1:"), std::string::npos) << e;
   EXPECT_NE(e.find("outside any section"), std::string::npos) << e;
 
   e = load_text("[train\n");
-  EXPECT_NE(e.find(file + ":1"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":1:"), std::string::npos) << e;
 
   e = load_text("[train]\njust words\n");
-  EXPECT_NE(e.find(file + ":2"), std::string::npos) << e;
+  EXPECT_NE(e.find(file + ":2:"), std::string::npos) << e;
+
+  // The old spellings say the new one.
+  e = load_text("[train]\nmax-steps = 3\n");
+  EXPECT_NE(e.find(file + ":2:1:"), std::string::npos) << e;
+  EXPECT_NE(e.find("snake_case: train.max_steps"), std::string::npos) << e;
+
+  e = load_text("[prepare]\nmax_seq_len = 3\n");  // a section of another subcommand
+  EXPECT_NE(e.find("unknown section [prepare] for packbert train"), std::string::npos) << e;
+
+  // An integer out of a field's range names the range.
+  e = load_text("[train]\nmax_seq_len = 3000000000\n");
+  EXPECT_NE(e.find(file + ":2:1: train.max_seq_len: 3000000000 is out of range"),
+            std::string::npos)
+      << e;
 }
 
 TEST(TrainConfig, OverrideErrorsNameTheOverrideAndKey) {
@@ -256,7 +265,10 @@ TEST(TrainConfig, OverrideErrorsNameTheOverrideAndKey) {
   EXPECT_NE(e.find("[bogus]"), std::string::npos) << e;
 
   e = error_of([] { load_train_config("", {"max_steps=1"}); });
-  EXPECT_NE(e.find("section.key=value"), std::string::npos) << e;
+  EXPECT_NE(e.find("section.key=VALUE"), std::string::npos) << e;
+
+  e = error_of([] { load_train_config("", {"train.max-steps=1"}); });
+  EXPECT_NE(e.find("snake_case: train.max_steps"), std::string::npos) << e;
 
   e = error_of([] { load_train_config("", {"train.dropout=maybe"}); });
   EXPECT_NE(e.find("train.dropout"), std::string::npos) << e;
@@ -340,11 +352,14 @@ TEST(TrainConfig, MstRecomputeAndLongSequences) {
            "model.activation_budget_mb=20000", "model.recompute=layer"});
   EXPECT_EQ(c.model.mst_chunks, 0);
   EXPECT_EQ(c.model.activation_budget_mb, 20000);
-  EXPECT_EQ(c.model.recompute, "layer");
+  EXPECT_EQ(c.model.recompute, Recompute::layer);
   EXPECT_EQ(model_config(c).max_position_embeddings, 16384);
   validate_train_config(c, 1, ConfigPurpose::train, false);
-  for (const char* r : {"none", "mlp", "layer"})
-    EXPECT_EQ(load_train_config("", {std::string("model.recompute=") + r}).model.recompute, r);
+  for (const Recompute r : {Recompute::none, Recompute::mlp, Recompute::layer}) {
+    const std::string name = config_name(r);
+    EXPECT_EQ(load_train_config("", {"model.recompute=" + name}).model.recompute, r) << name;
+    EXPECT_EQ(load_train_config("", {"model.recompute=\"" + name + "\""}).model.recompute, r);
+  }
   const std::string e = error_of([] { load_train_config("", {"model.recompute=all"}); });
   EXPECT_NE(e.find("model.recompute"), std::string::npos) << e;
   EXPECT_NE(e.find("none | mlp | layer"), std::string::npos) << e;
@@ -353,7 +368,7 @@ TEST(TrainConfig, MstRecomputeAndLongSequences) {
 TEST(TrainConfig, HiddenActChoosesTheGelu) {
   EXPECT_EQ(model_config(load_train_config("", {})).hidden_act, Gelu::erf);
   const TrainConfig t = load_train_config("", {"model.hidden_act=gelu_tanh"});
-  EXPECT_EQ(t.model.hidden_act, "gelu_tanh");
+  EXPECT_EQ(t.model.hidden_act, Gelu::tanh);
   EXPECT_EQ(model_config(t).hidden_act, Gelu::tanh);
   EXPECT_FALSE(t == load_train_config("", {}));  // resuming under the other GELU is refused
   const std::string e = error_of([] { load_train_config("", {"model.hidden_act=relu"}); });
@@ -451,7 +466,7 @@ TEST(TrainConfig, TomlRoundTrip) {
   EXPECT_EQ(back, c) << text;
   EXPECT_EQ(train_config_to_toml(back), text);
   // Every key is written.
-  for (const ConfigKeyInfo& k : train_config_keys()) {
+  for (const config::KeyDoc& k : train_config_keys()) {
     const std::string leaf = k.name.substr(k.name.find('.') + 1);
     EXPECT_NE(text.find("\n" + leaf + " = "), std::string::npos) << k.name;
   }
@@ -487,12 +502,33 @@ TEST(TrainConfig, DerivedOptions) {
 TEST(TrainConfig, KeyRegistry) {
   const auto& keys = train_config_keys();
   EXPECT_GE(keys.size(), 50u);
-  for (const ConfigKeyInfo& k : keys) {
+  for (const config::KeyDoc& k : keys) {
     EXPECT_FALSE(k.doc.empty()) << k.name;
     EXPECT_FALSE(k.type.empty()) << k.name;
   }
-  const std::string md = config_keys_markdown();
-  for (const ConfigKeyInfo& k : keys) EXPECT_NE(md.find("`" + k.name + "`"), std::string::npos);
+  const std::string md = config::keys_markdown(keys);
+  for (const config::KeyDoc& k : keys) EXPECT_NE(md.find("`" + k.name + "`"), std::string::npos);
+}
+
+// Equality is every key's: changing any one key (to a value its type allows) makes the configs
+// differ, so no field is left out of the comparison, and the writer shows each change.
+TEST(TrainConfig, EqualityAndWriterCoverEveryKey) {
+  const TrainConfig base = load_train_config("", {});
+  for (const config::KeyDoc& k : train_config_keys()) {
+    std::string value;
+    if (k.type == "int") value = "7";
+    else if (k.type == "float") value = "0.25";
+    else if (k.type == "bool") value = k.default_value == "`true`" ? "false" : "true";
+    else if (k.type == "string") value = "x";
+    else {  // enum(a|b|..): a name other than the default
+      std::stringstream names(k.type.substr(5, k.type.size() - 6));
+      while (std::getline(names, value, '|') && "`\"" + value + "\"`" == k.default_value) {
+      }
+    }
+    const TrainConfig changed = load_train_config("", {k.name + "=" + value});
+    EXPECT_NE(changed, base) << k.name << "=" << value;
+    EXPECT_NE(train_config_to_toml(changed), train_config_to_toml(base)) << k.name;
+  }
 }
 
 // Every shipped config loads and passes the rules that need no files.
@@ -514,30 +550,4 @@ TEST(TrainConfigFiles, ShippedConfigsLoadAndValidate) {
     }
   }
   EXPECT_GE(n, 4);
-}
-
-// README.md documents every key between the markers. With PACKBERT_UPDATE_README=1 the table
-// is regenerated first.
-TEST(TrainConfigReadme, DocumentsEveryKey) {
-  const fs::path readme = source_dir() / "README.md";
-  std::string text = read_file(readme);
-  const std::string begin = "<!-- config-keys:begin -->";
-  const std::string end = "<!-- config-keys:end -->";
-  size_t b = text.find(begin);
-  size_t e = text.find(end);
-  ASSERT_NE(b, std::string::npos) << readme;
-  ASSERT_NE(e, std::string::npos) << readme;
-  ASSERT_LT(b, e);
-  const char* update = std::getenv("PACKBERT_UPDATE_README");
-  if (update && std::string(update) == "1") {
-    text = text.substr(0, b + begin.size()) + "\n" + config_keys_markdown() + text.substr(e);
-    std::ofstream(readme) << text;
-    b = text.find(begin);
-    e = text.find(end);
-  }
-  const std::string table = text.substr(b, e - b);
-  for (const ConfigKeyInfo& k : train_config_keys())
-    EXPECT_NE(table.find("`" + k.name + "`"), std::string::npos)
-        << k.name << " is missing from README.md's key table; regenerate it with "
-        << "PACKBERT_UPDATE_README=1 test_train_config --gtest_filter='TrainConfigReadme.*'";
 }

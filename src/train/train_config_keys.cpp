@@ -1,0 +1,276 @@
+// The key table of TrainConfig: every key once, with its field, type, default and doc. Reading,
+// equality, the TOML writer (--print-config, the effective config in the log and in
+// checkpoints) and docs/configuration.md's table are derived from it.
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "train/train_config.h"
+#include "train/train_config_schema.h"
+
+namespace packbert {
+
+namespace {
+
+using config::EnumTable;
+using config::key;
+
+// An enum's table from the name function its module already has (one list of names).
+template <class E>
+EnumTable<E> named(std::initializer_list<E> values, const char* (*name)(E)) {
+  EnumTable<E> t;
+  for (E v : values) t.push_back({v, name(v)});
+  return t;
+}
+
+const EnumTable<BatchLayout>& layout_table() {
+  static const auto t =
+      named({BatchLayout::unpadded, BatchLayout::packed, BatchLayout::padded}, batch_layout_name);
+  return t;
+}
+const EnumTable<LastStepPolicy>& last_step_table() {
+  static const auto t =
+      named({LastStepPolicy::kPartial, LastStepPolicy::kDrop}, last_step_policy_name);
+  return t;
+}
+const EnumTable<Device>& device_table() {
+  static const auto t = named({Device::cpu, Device::cuda}, device_name);
+  return t;
+}
+const EnumTable<Precision>& precision_table() {
+  static const auto t = named({Precision::fp32, Precision::bf16, Precision::fp16}, precision_name);
+  return t;
+}
+const EnumTable<Recompute>& recompute_table() {
+  static const auto t = named({Recompute::none, Recompute::mlp, Recompute::layer}, recompute_name);
+  return t;
+}
+// Hugging Face's names are "gelu" and "gelu_new" (checkpoint.cpp writes those into config.json).
+const EnumTable<Gelu>& gelu_table() {
+  static const EnumTable<Gelu> t = {{Gelu::erf, "gelu"}, {Gelu::tanh, "gelu_tanh"}};
+  return t;
+}
+const EnumTable<GpuAllreduce>& gpu_allreduce_table() {
+  static const EnumTable<GpuAllreduce> t = {{GpuAllreduce::nccl, "nccl"},
+                                            {GpuAllreduce::host, "host"}};
+  return t;
+}
+const EnumTable<SubmissionDivision>& division_table() {
+  static const EnumTable<SubmissionDivision> t = {{SubmissionDivision::closed, "closed"},
+                                                  {SubmissionDivision::open, "open"}};
+  return t;
+}
+const EnumTable<SubmissionStatus>& status_table() {
+  static const EnumTable<SubmissionStatus> t = {{SubmissionStatus::onprem, "onprem"},
+                                                {SubmissionStatus::cloud, "cloud"},
+                                                {SubmissionStatus::research, "research"}};
+  return t;
+}
+
+using C = TrainConfig;
+using Key = config::Key<C>;
+
+// A model key whose default is the preset's (load_train_config resolves it).
+Key preset_key(Key k) {
+  k.default_doc = "preset's";
+  return k;
+}
+
+std::vector<Key> make_keys() {
+  std::vector<Key> k;
+  using M = C::Model;
+  using T = C::Train;
+  using O = C::Optim;
+  using D = C::Data;
+  using K = C::Checkpoint;
+  using E = C::Eval;
+  using L = C::Log;
+  // [model]
+  k.push_back(
+      config::choice_key("model.preset", &C::model, &M::preset, bert_preset_names(),
+                         "model shape: tiny (L2 H128), mini (L4 H256), base (L12 H768), large "
+                         "(L24 H1024); the keys below override single values"));
+  k.push_back(preset_key(key("model.layers", &C::model, &M::layers, "encoder layers")));
+  k.push_back(preset_key(key("model.hidden", &C::model, &M::hidden, "hidden size")));
+  k.push_back(
+      preset_key(key("model.heads", &C::model, &M::heads, "attention heads (divide hidden)")));
+  k.push_back(
+      preset_key(key("model.intermediate", &C::model, &M::intermediate, "feed-forward size")));
+  k.push_back(
+      preset_key(key("model.max_position_embeddings", &C::model, &M::max_position_embeddings,
+                     "position embedding rows (>= train.max_seq_len)")));
+  k.push_back(preset_key(key("model.hidden_dropout", &C::model, &M::hidden_dropout,
+                             "dropout after embeddings, attention output and FFN, in [0, 1)")));
+  k.push_back(preset_key(key("model.attention_dropout", &C::model, &M::attention_dropout,
+                             "dropout on attention probabilities, in [0, 1)")));
+  k.push_back(key("model.hidden_act", &C::model, &M::hidden_act, gelu_table(),
+                  "GELU of the MLP and MLM transform: gelu (exact, erf; Hugging Face "
+                  "\"gelu\") or gelu_tanh (the tanh approximation of Google's BERT and "
+                  "NVIDIA's MLPerf BERT; Hugging Face \"gelu_new\"; fused into cuBLASLt's "
+                  "GELU epilogues on CUDA)"));
+  k.push_back(key("model.mlm_chunk_rows", &C::model, &M::mlm_chunk_rows,
+                  "masked tokens per MLM-head chunk (mini-sequence, saves memory); 0 = all at "
+                  "once"));
+  k.push_back(key("model.mst_chunks", &C::model, &M::mst_chunks,
+                  "mini-sequence chunks M: the MLP runs over M token chunks (its intermediate "
+                  "recomputed in backward), the MLM head over M masked-token chunks "
+                  "(model.mlm_chunk_rows wins if set); 1 = off; 0 = auto: the smallest of "
+                  "1, 2, 4, .., 64 that fits model.activation_budget_mb"));
+  k.push_back(key("model.activation_budget_mb", &C::model, &M::activation_budget_mb,
+                  "activation arena budget in MiB per rank for model.mst_chunks = 0"));
+  k.push_back(key("model.recompute", &C::model, &M::recompute, recompute_table(),
+                  "activation recomputation: none; mlp (MLP intermediate recomputed in "
+                  "backward, implied by mst_chunks > 1); layer (only layer inputs kept, "
+                  "each layer recomputed before its backward)"));
+  // [train]
+  k.push_back(key("train.max_steps", &C::train, &T::max_steps,
+                  "optimizer steps of the run (also where the LR reaches end_lr)"));
+  k.push_back(key("train.global_batch_size", &C::train, &T::global_batch_size,
+                  "samples per optimizer step, all ranks and micro-steps together"));
+  k.push_back(key("train.gradient_accumulation_steps", &C::train, &T::gradient_accumulation_steps,
+                  "micro-steps per optimizer step (>= 1)"));
+  k.push_back(key("train.seed", &C::train, &T::seed,
+                  "seed of parameter init, data order and dropout (>= 0)"));
+  k.push_back(key("train.layout", &C::train, &T::layout, layout_table(),
+                  "batch layout: unpadded (cu_seqlens), packed (several sequences per row) or "
+                  "padded"));
+  k.push_back(key("train.max_seq_len", &C::train, &T::max_seq_len,
+                  "longest sample; row length of the packed and padded layouts"));
+  k.push_back(key("train.max_seqs_per_pack", &C::train, &T::max_seqs_per_pack,
+                  "sequences per pack (packed layout, planning); 0 = no limit"));
+  k.push_back(key("train.max_predictions_per_seq", &C::train, &T::max_predictions_per_seq,
+                  "masked positions a sample may hold (MLPerf: 20 at seq 128, 76 at 512)"));
+  k.push_back(key("train.last_step", &C::train, &T::last_step, last_step_table(),
+                  "epoch remainder: partial (a smaller last step) or drop (every step full, as "
+                  "MLPerf)"));
+  k.push_back(key("train.dropout", &C::train, &T::dropout,
+                  "apply dropout (false: deterministic training, for checks)"));
+  k.push_back(key("train.max_nonfinite_steps", &C::train, &T::max_nonfinite_steps,
+                  "non-finite steps are skipped; abort after this many in a row"));
+  k.push_back(key("train.device", &C::train, &T::device, device_table(),
+                  "where the step runs: cpu, or cuda (one GPU per rank: local rank r takes GPU r "
+                  "of those it sees; launch scripts show each rank only its own)"));
+  k.push_back(key("train.precision", &C::train, &T::precision, precision_table(),
+                  "storage of activations and of the GEMMs' weight copy: fp32; bf16 or "
+                  "fp16 with fp32 master weights, LayerNorm statistics, losses and "
+                  "gradient sums (fp16 adds dynamic loss scaling; on the CPU backend the "
+                  "low precision is emulated, for testing)"));
+  k.push_back(key("train.gpu_allreduce", &C::train, &T::gpu_allreduce, gpu_allreduce_table(),
+                  "device = cuda, several ranks: nccl (gradient buckets all-reduced on a "
+                  "communication stream during the backward) or host (each bucket staged "
+                  "through host memory and summed by MPI: slower, a fallback)"));
+  k.push_back(key("train.loss_scale_init", &C::train, &T::loss_scale_init,
+                  "precision = fp16: the first loss scale, a power of two in [1, 2^24]"));
+  k.push_back(key("train.loss_scale_growth_interval", &C::train, &T::loss_scale_growth_interval,
+                  "precision = fp16: finite steps in a row before the loss scale doubles "
+                  "(an overflow skips the step and halves it)"));
+  k.push_back(key("train.collective_timeout_s", &C::train, &T::collective_timeout_s,
+                  "seconds a rank may wait in a collective (gradient all-reduce, loader "
+                  "exchange, checkpoint barrier, evaluation) before the job aborts with "
+                  "an error naming it and the step; 0 = off; the default outlasts a "
+                  "checkpoint write the others wait for (DESIGN.md, Distribution)"));
+  // [optim]
+  k.push_back(key("optim.lr", &C::optim, &O::lr, "peak learning rate (LAMB)"));
+  k.push_back(key("optim.end_lr", &C::optim, &O::end_lr, "learning rate at train.max_steps"));
+  k.push_back(key("optim.warmup_steps", &C::optim, &O::warmup_steps,
+                  "linear warmup steps; 0 = use warmup_proportion"));
+  k.push_back(key("optim.warmup_proportion", &C::optim, &O::warmup_proportion,
+                  "warmup as a fraction of max_steps (when warmup_steps is 0), in [0, 1]"));
+  k.push_back(key("optim.start_warmup_step", &C::optim, &O::start_warmup_step,
+                  "MLPerf start_warmup_step: warmup offset (may be negative; needs "
+                  "warmup_steps)"));
+  k.push_back(key("optim.poly_power", &C::optim, &O::poly_power,
+                  "power of the polynomial decay after warmup"));
+  k.push_back(key("optim.beta1", &C::optim, &O::beta1, "LAMB first-moment decay"));
+  k.push_back(key("optim.beta2", &C::optim, &O::beta2, "LAMB second-moment decay"));
+  k.push_back(key("optim.epsilon", &C::optim, &O::epsilon, "LAMB epsilon"));
+  k.push_back(key("optim.weight_decay", &C::optim, &O::weight_decay,
+                  "decoupled weight decay (not on biases and LayerNorm)"));
+  k.push_back(key("optim.max_grad_norm", &C::optim, &O::max_grad_norm,
+                  "clip the global gradient norm to this"));
+  k.push_back(key("optim.sharded", &C::optim, &O::sharded,
+                  "sharded LAMB: each rank keeps the moments of, and updates, the tensors "
+                  "of its 1/N range; gradients reduce-scattered, weights all-gathered (one "
+                  "rank: no-op)"));
+  // [data]
+  k.push_back(key("data.train_dir", &C::data, &D::train_dir,
+                  "training shards: a directory of .h5 files or one file"));
+  k.push_back(key("data.eval_dir", &C::data, &D::eval_dir,
+                  "evaluation shards: a directory of .h5 files or one file"));
+  k.push_back(key("data.vocab", &C::data, &D::vocab, "vocab.txt of the shards' tokenizer"));
+  k.push_back(key("data.prefetch_steps", &C::data, &D::prefetch_steps,
+                  "steps the loader prepares ahead (>= 1)"));
+  k.push_back(key("data.shuffle_block_rows", &C::data, &D::shuffle_block_rows,
+                  "contiguous rows read at once (the shards' HDF5 chunk: 4096)"));
+  k.push_back(key("data.shuffle_window_blocks", &C::data, &D::shuffle_window_blocks,
+                  "blocks shuffled together"));
+  k.push_back(key("data.read_ahead_windows", &C::data, &D::read_ahead_windows,
+                  "shuffle windows read ahead of need (>= 0)"));
+  // [checkpoint]
+  k.push_back(
+      key("checkpoint.dir", &C::checkpoint, &K::dir, "where checkpoints are written; \"\" = none"));
+  k.push_back(key("checkpoint.every_steps", &C::checkpoint, &K::every_steps,
+                  "checkpoint interval; 0 = only at the end and on SIGTERM"));
+  k.push_back(
+      key("checkpoint.keep", &C::checkpoint, &K::keep, "newest complete checkpoints kept (>= 1)"));
+  k.push_back(key("checkpoint.resume", &C::checkpoint, &K::resume,
+                  "\"\" = fresh run, \"auto\" = newest valid under dir (damaged ones moved "
+                  "aside), or a checkpoint path"));
+  k.push_back(key("checkpoint.init_checkpoint", &C::checkpoint, &K::init_checkpoint,
+                  "initial model weights only (fresh optimizer and data order); \"\" = random "
+                  "init"));
+  // [eval]
+  k.push_back(key("eval.every_samples", &C::eval, &E::every_samples,
+                  "evaluate every this many training samples; 0 = only at the end"));
+  k.push_back(key("eval.max_samples", &C::eval, &E::max_samples,
+                  "eval samples per evaluation; 0 = the whole eval set"));
+  k.push_back(
+      key("eval.batch_size", &C::eval, &E::batch_size, "eval samples per rank per forward"));
+  k.push_back(key("eval.target_accuracy", &C::eval, &E::target_accuracy,
+                  "stop when the eval MLM accuracy reaches this; 0 = no target"));
+  k.push_back(key("eval.at_end", &C::eval, &E::at_end, "evaluate after the last step"));
+  // [log]
+  k.push_back(key("log.every_steps", &C::log, &L::every_steps,
+                  "progress line and metrics record interval, steps"));
+  k.push_back(key("log.metrics_file", &C::log, &L::metrics_file,
+                  "JSONL metrics (scripts/plot_metrics.py); \"\" = none"));
+  k.push_back(
+      key("log.mllog_file", &C::log, &L::mllog_file, "MLPerf log (:::MLLOG lines); \"\" = none"));
+  k.push_back(key("log.submission_org", &C::log, &L::submission_org, "MLPerf submission_org"));
+  k.push_back(key("log.submission_platform", &C::log, &L::submission_platform,
+                  "MLPerf submission_platform; \"\" = \"<ranks>xCPU\""));
+  k.push_back(key("log.submission_division", &C::log, &L::submission_division, division_table(),
+                  "MLPerf submission_division"));
+  k.push_back(key("log.submission_status", &C::log, &L::submission_status, status_table(),
+                  "MLPerf submission_status"));
+
+  return k;
+}
+
+}  // namespace
+
+const config::Schema<TrainConfig>& train_config_schema() {
+  static const config::Schema<TrainConfig> schema("packbert train / eval", make_keys());
+  return schema;
+}
+
+bool TrainConfig::operator==(const TrainConfig& o) const {
+  return train_config_schema().equal(*this, o);
+}
+
+std::string train_config_to_toml(const TrainConfig& c) { return train_config_schema().to_toml(c); }
+
+const std::vector<config::KeyDoc>& train_config_keys() {
+  static const std::vector<config::KeyDoc> docs = train_config_schema().docs();
+  return docs;
+}
+
+const char* config_name(Recompute v) { return config::enum_name(recompute_table(), v); }
+const char* config_name(Gelu v) { return config::enum_name(gelu_table(), v); }
+const char* config_name(Device v) { return config::enum_name(device_table(), v); }
+const char* config_name(Precision v) { return config::enum_name(precision_table(), v); }
+const char* config_name(GpuAllreduce v) { return config::enum_name(gpu_allreduce_table(), v); }
+const char* config_name(SubmissionDivision v) { return config::enum_name(division_table(), v); }
+const char* config_name(SubmissionStatus v) { return config::enum_name(status_table(), v); }
+
+}  // namespace packbert

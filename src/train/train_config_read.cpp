@@ -1,0 +1,48 @@
+// TrainConfig from a TOML file and overrides, through the key table; the model preset is
+// resolved here.
+#include "train/train_config.h"
+
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "train/train_config_schema.h"
+
+namespace packbert {
+
+namespace {
+
+void apply_preset(TrainConfig& c) {
+  BertConfig p = bert_preset(c.model.preset);
+  c.model.layers = p.layers;
+  c.model.hidden = p.hidden;
+  c.model.heads = p.heads;
+  c.model.intermediate = p.intermediate;
+  c.model.max_position_embeddings = p.max_position_embeddings;
+  // The preset's float rates as the decimal they were written as (0.1f -> 0.1, not
+  // 0.10000000149), so a preset config equals one that spells the rates out.
+  auto decimal = [](float f) { return std::stod(fmt::format("{}", f)); };
+  c.model.hidden_dropout = decimal(p.hidden_dropout);
+  c.model.attention_dropout = decimal(p.attention_dropout);
+}
+
+}  // namespace
+
+TrainConfig load_train_config(const std::string& toml_path,
+                              const std::vector<std::string>& overrides,
+                              config::KeyLocations* where) {
+  const config::Schema<TrainConfig>& schema = train_config_schema();
+  const std::vector<config::Setting> settings = schema.read(toml_path, overrides);
+  TrainConfig c;
+  // The preset first (the last setting wins), so explicit model keys override its values
+  // whatever their order.
+  for (const config::Setting& s : settings)
+    if (s.key == "model.preset") schema.apply(s, c);
+  apply_preset(c);
+  schema.apply(settings, c);
+  if (where) *where = config::locations(settings);
+  return c;
+}
+
+}  // namespace packbert

@@ -1,0 +1,184 @@
+// The rules between keys of a TrainConfig, and the paths it names.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/philox.h"
+#include "core/error.h"
+#include "device.h"
+#include "train/train_config.h"
+
+namespace packbert {
+
+namespace {
+
+bool path_exists(const std::string& p) {
+  std::error_code ec;
+  return !p.empty() && std::filesystem::exists(p, ec);
+}
+
+}  // namespace
+
+void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose purpose,
+                           bool check_paths) {
+  PB_REQUIRE(world_size >= 1, "world size {} must be >= 1", world_size);
+  PB_REQUIRE(!check_paths || c.train.device != Device::cuda || cuda_built(),
+             "train.device = \"cuda\", but this build has no CUDA backend (configure with "
+             "-DPACKBERT_CUDA=ON)");
+  const auto& m = c.model;
+  PB_REQUIRE(m.layers >= 1, "model.layers ({}) must be >= 1", m.layers);
+  PB_REQUIRE(m.hidden >= 1, "model.hidden ({}) must be >= 1", m.hidden);
+  PB_REQUIRE(m.heads >= 1, "model.heads ({}) must be >= 1", m.heads);
+  PB_REQUIRE(m.hidden % m.heads == 0, "model.hidden ({}) must be divisible by model.heads ({})",
+             m.hidden, m.heads);
+  PB_REQUIRE(m.intermediate >= 1, "model.intermediate ({}) must be >= 1", m.intermediate);
+  PB_REQUIRE(m.max_position_embeddings >= 1, "model.max_position_embeddings ({}) must be >= 1",
+             m.max_position_embeddings);
+  PB_REQUIRE(m.hidden_dropout >= 0 && m.hidden_dropout < 1,
+             "model.hidden_dropout ({}) must be in [0, 1)", m.hidden_dropout);
+  PB_REQUIRE(m.attention_dropout >= 0 && m.attention_dropout < 1,
+             "model.attention_dropout ({}) must be in [0, 1)", m.attention_dropout);
+  PB_REQUIRE(m.mlm_chunk_rows >= 0, "model.mlm_chunk_rows ({}) must be >= 0 (0 = all at once)",
+             m.mlm_chunk_rows);
+  PB_REQUIRE(m.mst_chunks >= 0, "model.mst_chunks ({}) must be >= 1, or 0 for auto",
+             m.mst_chunks);
+  PB_REQUIRE(m.activation_budget_mb >= 0, "model.activation_budget_mb ({}) must be >= 0",
+             m.activation_budget_mb);
+  PB_REQUIRE(m.mst_chunks != 0 || m.activation_budget_mb > 0,
+             "model.mst_chunks = 0 (auto) needs model.activation_budget_mb > 0");
+  try {
+    validate(model_config(c));
+  } catch (const Error& e) {
+    PB_THROW("[model]: {}", e.what());
+  }
+
+  const auto& t = c.train;
+  PB_REQUIRE(t.max_steps >= 1, "train.max_steps ({}) must be >= 1", t.max_steps);
+  PB_REQUIRE(t.max_steps < int64_t{kDropoutMaxStep},
+             "train.max_steps ({}) must be < {} (the dropout key's step range)", t.max_steps,
+             kDropoutMaxStep);
+  PB_REQUIRE(t.global_batch_size >= 1, "train.global_batch_size ({}) must be >= 1",
+             t.global_batch_size);
+  PB_REQUIRE(t.gradient_accumulation_steps >= 1,
+             "train.gradient_accumulation_steps ({}) must be >= 1", t.gradient_accumulation_steps);
+  PB_REQUIRE(t.global_batch_size >= t.gradient_accumulation_steps,
+             "train.global_batch_size ({}) must be >= train.gradient_accumulation_steps ({})",
+             t.global_batch_size, t.gradient_accumulation_steps);
+  if (purpose == ConfigPurpose::train)
+    PB_REQUIRE(t.global_batch_size >= int64_t{world_size} * t.gradient_accumulation_steps,
+               "train.global_batch_size ({}) must be >= world size ({}) x "
+               "train.gradient_accumulation_steps ({}) = {}: every micro-step of every rank "
+               "needs a sample",
+               t.global_batch_size, world_size, t.gradient_accumulation_steps,
+               int64_t{world_size} * t.gradient_accumulation_steps);
+  PB_REQUIRE(t.max_seq_len >= 2, "train.max_seq_len ({}) must be >= 2", t.max_seq_len);
+  PB_REQUIRE(t.max_seq_len <= m.max_position_embeddings,
+             "train.max_seq_len ({}) must be <= model.max_position_embeddings ({})", t.max_seq_len,
+             m.max_position_embeddings);
+  PB_REQUIRE(t.max_seqs_per_pack >= 0, "train.max_seqs_per_pack ({}) must be >= 0 (0 = no limit)",
+             t.max_seqs_per_pack);
+  PB_REQUIRE(t.max_predictions_per_seq >= 1 && t.max_predictions_per_seq <= t.max_seq_len,
+             "train.max_predictions_per_seq ({}) must be in [1, train.max_seq_len ({})]",
+             t.max_predictions_per_seq, t.max_seq_len);
+  {
+    const double li = t.loss_scale_init;
+    PB_REQUIRE(li >= 1.0 && li <= 16777216.0 && std::exp2(std::round(std::log2(li))) == li,
+               "train.loss_scale_init ({}) must be a power of two in [1, 16777216]", li);
+    PB_REQUIRE(t.loss_scale_growth_interval >= 1,
+               "train.loss_scale_growth_interval ({}) must be >= 1", t.loss_scale_growth_interval);
+  }
+  PB_REQUIRE(t.max_nonfinite_steps >= 0, "train.max_nonfinite_steps ({}) must be >= 0",
+             t.max_nonfinite_steps);
+  PB_REQUIRE(std::isfinite(t.collective_timeout_s) && t.collective_timeout_s >= 0,
+             "train.collective_timeout_s ({}) must be finite and >= 0 (0 = off)",
+             t.collective_timeout_s);
+
+  const auto& o = c.optim;
+  auto finite_nonneg = [](double x) { return std::isfinite(x) && x >= 0; };
+  PB_REQUIRE(finite_nonneg(o.lr), "optim.lr ({}) must be finite and >= 0", o.lr);
+  PB_REQUIRE(finite_nonneg(o.end_lr), "optim.end_lr ({}) must be finite and >= 0", o.end_lr);
+  PB_REQUIRE(o.warmup_steps >= 0, "optim.warmup_steps ({}) must be >= 0", o.warmup_steps);
+  PB_REQUIRE(o.warmup_proportion >= 0 && o.warmup_proportion <= 1,
+             "optim.warmup_proportion ({}) must be in [0, 1]", o.warmup_proportion);
+  PB_REQUIRE(o.warmup_steps == 0 || o.warmup_proportion == 0,
+             "optim.warmup_steps ({}) and optim.warmup_proportion ({}) are both set; give one",
+             o.warmup_steps, o.warmup_proportion);
+  PB_REQUIRE(o.start_warmup_step == 0 || o.warmup_steps > 0,
+             "optim.start_warmup_step ({}) needs optim.warmup_steps > 0", o.start_warmup_step);
+  PB_REQUIRE(finite_nonneg(o.poly_power), "optim.poly_power ({}) must be finite and >= 0",
+             o.poly_power);
+  PB_REQUIRE(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1 ({}) must be in [0, 1)", o.beta1);
+  PB_REQUIRE(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2 ({}) must be in [0, 1)", o.beta2);
+  PB_REQUIRE(std::isfinite(o.epsilon) && o.epsilon > 0, "optim.epsilon ({}) must be > 0",
+             o.epsilon);
+  PB_REQUIRE(finite_nonneg(o.weight_decay), "optim.weight_decay ({}) must be finite and >= 0",
+             o.weight_decay);
+  PB_REQUIRE(finite_nonneg(o.max_grad_norm), "optim.max_grad_norm ({}) must be finite and >= 0",
+             o.max_grad_norm);
+  try {
+    LrSchedule schedule(lr_schedule_config(c));
+  } catch (const Error& e) {
+    PB_THROW("[optim] learning-rate schedule: {}", e.what());
+  }
+
+  const auto& d = c.data;
+  PB_REQUIRE(d.prefetch_steps >= 1, "data.prefetch_steps ({}) must be >= 1", d.prefetch_steps);
+  PB_REQUIRE(d.shuffle_block_rows >= 1, "data.shuffle_block_rows ({}) must be >= 1",
+             d.shuffle_block_rows);
+  PB_REQUIRE(d.shuffle_window_blocks >= 1, "data.shuffle_window_blocks ({}) must be >= 1",
+             d.shuffle_window_blocks);
+  PB_REQUIRE(d.read_ahead_windows >= 0, "data.read_ahead_windows ({}) must be >= 0",
+             d.read_ahead_windows);
+
+  const auto& k = c.checkpoint;
+  PB_REQUIRE(k.every_steps >= 0, "checkpoint.every_steps ({}) must be >= 0", k.every_steps);
+  PB_REQUIRE(k.keep >= 1, "checkpoint.keep ({}) must be >= 1", k.keep);
+  PB_REQUIRE(k.resume != "auto" || !k.dir.empty(),
+             "checkpoint.resume = \"auto\" needs checkpoint.dir");
+  PB_REQUIRE(k.every_steps == 0 || !k.dir.empty(),
+             "checkpoint.every_steps ({}) needs checkpoint.dir", k.every_steps);
+
+  const auto& e = c.eval;
+  PB_REQUIRE(e.every_samples >= 0, "eval.every_samples ({}) must be >= 0", e.every_samples);
+  PB_REQUIRE(e.max_samples >= 0, "eval.max_samples ({}) must be >= 0 (0 = all)", e.max_samples);
+  PB_REQUIRE(e.batch_size >= 1, "eval.batch_size ({}) must be >= 1", e.batch_size);
+  PB_REQUIRE(e.target_accuracy >= 0 && e.target_accuracy <= 1,
+             "eval.target_accuracy ({}) must be in [0, 1] (0 = no target)", e.target_accuracy);
+
+  const auto& l = c.log;
+  PB_REQUIRE(l.every_steps >= 1, "log.every_steps ({}) must be >= 1", l.every_steps);
+  PB_REQUIRE(std::find(bert_preset_names().begin(), bert_preset_names().end(), m.preset) !=
+                 bert_preset_names().end(),
+             "model.preset: unknown value '{}' (expected one of {})", m.preset,
+             fmt::join(bert_preset_names(), " | "));
+
+  if (!check_paths) return;
+  auto need = [](const std::string& key, const std::string& p, const char* why) {
+    PB_REQUIRE(!p.empty(), "{} is not set ({})", key, why);
+    PB_REQUIRE(path_exists(p), "{} = \"{}\" does not exist ({})", key, p, why);
+  };
+  if (purpose == ConfigPurpose::train) {
+    need("data.train_dir", d.train_dir, "training shards");
+    need("data.vocab", d.vocab, "vocabulary");
+    if (c.eval_enabled())
+      need("data.eval_dir", d.eval_dir,
+           "evaluation is on; switch it off with eval.at_end=false, eval.every_samples=0 and "
+           "eval.target_accuracy=0");
+    if (!k.init_checkpoint.empty())
+      need("checkpoint.init_checkpoint", k.init_checkpoint, "initial weights");
+    if (!k.resume.empty() && k.resume != "auto")
+      need("checkpoint.resume", k.resume, "checkpoint to resume from");
+  } else {
+    need("data.eval_dir", d.eval_dir, "evaluation shards");
+    if (!k.init_checkpoint.empty())
+      need("checkpoint.init_checkpoint", k.init_checkpoint, "weights to evaluate");
+    if (!k.resume.empty() && k.resume != "auto")
+      need("checkpoint.resume", k.resume, "checkpoint to evaluate");
+  }
+}
+
+}  // namespace packbert

@@ -1,0 +1,189 @@
+// The config errors of every subcommand (prepare, inspect, pack, train, eval) as a user meets
+// them through the binary: each names FILE:LINE:COLUMN (or the override) and the key, the old
+// forms say the new one, and the exit status is non-zero. docs/configuration.md describes them.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace {
+
+using packbert::test::run_command;
+using packbert::test::TempDir;
+
+const std::string kBin = PACKBERT_BINARY;
+
+struct Command {
+  std::string name;     // subcommand
+  std::string section;  // its section (train and eval: one of theirs)
+  std::string key;      // a 32-bit integer key of that section, with an underscore
+  std::string other;    // a section of another subcommand
+  std::string args;     // arguments it needs before reading the config ("" for most)
+  // A file that breaks a rule checked after reading, what it needs besides, and the message
+  // (its key set on line 2, column 1).
+  std::string rule_file, rule_args, rule_message;
+};
+
+void PrintTo(const Command& c, std::ostream* os) { *os << c.name; }
+
+const std::vector<Command>& commands() {
+  const std::string vocab = PACKBERT_REPO_DATA "/vocab.txt";
+  static const std::vector<Command> c = {
+      {"prepare", "prepare", "max_seq_len", "train", "", "[prepare]\nmax_seq_len = 4\n",
+       "--input " + vocab + " --vocab " + vocab + " --output /nonexistent/out",
+       "prepare.max_seq_len (--max-seq-len) = 4: must be in [8, 65536]"},
+      {"inspect", "inspect", "max_seq_len", "prepare", "", "[inspect]\nvocab_size = 0\n",
+       vocab, "inspect.vocab_size (--vocab-size) = 0: must be >= 1"},
+      {"pack", "pack", "max_seqs_per_pack", "inspect", "", "[pack]\nmax_seqs_per_pack = -1\n",
+       "--histogram " PACKBERT_TEST_DATA "/wikipedia-seqlen-histogram-512.txt",
+       "pack.max_seqs_per_pack (--max-seqs-per-pack) = -1: must be >= 0"},
+      {"train", "train", "max_seq_len", "pack", "", "[model]\nhidden = 100\nheads = 3\n", "",
+       "model.hidden (100) must be divisible by model.heads (3)"},
+      {"eval", "eval", "batch_size", "prepare", "--checkpoint /nonexistent",
+       "[eval]\nbatch_size = 0\n", "", "eval.batch_size (0) must be >= 1"},
+  };
+  return c;
+}
+
+std::string kebab(std::string s) {
+  for (char& ch : s)
+    if (ch == '_') ch = '-';
+  return s;
+}
+
+class ConfigCli : public ::testing::TestWithParam<Command> {
+ protected:
+  // Runs `packbert NAME --config FILE ARGS EXTRA` with FILE holding `text`; returns the output
+  // and expects a failure.
+  std::string fails_with(const std::string& text, const std::string& extra = "") {
+    std::ofstream(file()) << text;
+    const Command& c = GetParam();
+    std::string out;
+    const int rc =
+        run_command(kBin + " " + c.name + " --config " + file() + " " + c.args + " " + extra,
+                    &out);
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_NE(out.find("[rank 0] error: "), std::string::npos) << out;
+    return out;
+  }
+  std::string file() const { return tmp_.file("c.toml"); }
+  std::string key() const { return GetParam().section + "." + GetParam().key; }
+
+  TempDir tmp_;
+};
+
+TEST_P(ConfigCli, WrongTypeNamesFileLineColumnAndKey) {
+  const std::string out = fails_with("# a comment\n[" + GetParam().section + "]\n  " +
+                                     GetParam().key + " = \"twelve\"\n");
+  EXPECT_NE(out.find(file() + ":3:3: " + key() + ": expected an integer, got a string"),
+            std::string::npos)
+      << out;
+}
+
+TEST_P(ConfigCli, OutOfRangeNamesFileLineColumnAndKey) {
+  const std::string out =
+      fails_with("[" + GetParam().section + "]\n" + GetParam().key + " = 99999999999\n");
+  EXPECT_NE(out.find(file() + ":2:1: " + key() + ": 99999999999 is out of range"),
+            std::string::npos)
+      << out;
+}
+
+// A rule checked after reading names the line that set the key too.
+TEST_P(ConfigCli, RuleErrorsNameTheLineOfTheKey) {
+  const std::string out = fails_with(GetParam().rule_file, GetParam().rule_args);
+  EXPECT_NE(out.find(file() + ":2:1: " + GetParam().rule_message), std::string::npos) << out;
+}
+
+TEST_P(ConfigCli, UnknownKeyAndSectionAreErrors) {
+  std::string out = fails_with("[" + GetParam().section + "]\n\nno_such_key = 1\n");
+  EXPECT_NE(out.find(file() + ":3:1: unknown key 'no_such_key' in section [" +
+                     GetParam().section + "] (known: "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find(GetParam().key), std::string::npos) << "lists the known keys: " << out;
+  out = fails_with("[" + GetParam().other + "]\n");
+  EXPECT_NE(out.find(file() + ":1:"), std::string::npos) << out;
+  const size_t at = out.find("unknown section [" + GetParam().other + "] for packbert ");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_NE(out.find(GetParam().name, at), std::string::npos) << out;
+  out = fails_with("", "--" + GetParam().section + ".no_such_key=1");
+  EXPECT_NE(out.find("override '" + GetParam().section + ".no_such_key=1': unknown key"),
+            std::string::npos)
+      << out;
+}
+
+TEST_P(ConfigCli, SyntaxErrorNamesFileLineColumnAndKey) {
+  const std::string out =
+      fails_with("[" + GetParam().section + "]\n" + GetParam().key + " = 12 13\n");
+  EXPECT_NE(out.find(file() + ":2:"), std::string::npos) << out;
+  EXPECT_NE(out.find(key()), std::string::npos) << out;
+}
+
+// The old forms: a kebab-case key, a --config before the subcommand, a top-level log-level.
+TEST_P(ConfigCli, OldFormsSayTheNewForm) {
+  std::string out =
+      fails_with("[" + GetParam().section + "]\n" + kebab(GetParam().key) + " = 1\n");
+  EXPECT_NE(out.find(file() + ":2:1: key '" + kebab(GetParam().key) +
+                     "' is kebab-case; config keys are snake_case: " + key()),
+            std::string::npos)
+      << out;
+  out = fails_with("log-level = \"info\"\n");
+  EXPECT_NE(out.find(file() + ":1:1: 'log-level': the log level is not a config key; give "
+                                "--log-level LEVEL before the subcommand"),
+            std::string::npos)
+      << out;
+
+  std::ofstream(file()) << "[" << GetParam().section << "]\n";
+  const std::string cmd = GetParam().name;
+  EXPECT_NE(run_command(kBin + " --config " + file() + " " + cmd + " " + GetParam().args, &out),
+            0);
+  EXPECT_NE(out.find("--config goes after the subcommand now: packbert " + cmd + " --config " +
+                     file()),
+            std::string::npos)
+      << out;
+}
+
+// A key set in the file and on the command line: the command line wins (--print-config shows
+// the effective value).
+TEST_P(ConfigCli, CommandLineWinsOverTheFile) {
+  std::ofstream(file()) << "[" << GetParam().section << "]\n" << GetParam().key << " = 3\n";
+  const std::string cmd = kBin + " " + GetParam().name + " --config " + file() + " " +
+                          GetParam().args + " --print-config 2>&1";
+  std::string out;
+  ASSERT_EQ(run_command(cmd, &out), 0) << out;
+  EXPECT_NE(out.find("\n" + GetParam().key + " = 3\n"), std::string::npos) << out;
+  ASSERT_EQ(run_command(cmd + " --" + key() + "=5", &out), 0) << out;
+  EXPECT_NE(out.find("\n" + GetParam().key + " = 5\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("\n" + GetParam().key + " = 3\n"), std::string::npos) << out;
+  if (GetParam().name != "train" && GetParam().name != "eval") {
+    // prepare / inspect / pack: the option IS the key.
+    ASSERT_EQ(run_command(cmd + " --" + kebab(GetParam().key) + " 6", &out), 0) << out;
+    EXPECT_NE(out.find("\n" + GetParam().key + " = 6\n"), std::string::npos) << out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EverySubcommand, ConfigCli, ::testing::ValuesIn(commands()),
+                         [](const ::testing::TestParamInfo<Command>& info) {
+                           return info.param.name;
+                         });
+
+// An option's own value is checked as its key's: the error names the option and the key.
+TEST(ConfigCliOptions, BadOptionValueNamesOptionAndKey) {
+  std::string out;
+  EXPECT_NE(run_command(kBin + " pack --max-seq-len lots --histogram x", &out), 0);
+  EXPECT_NE(out.find("option --max-seq-len: pack.max_seq_len: malformed value 'lots'"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(run_command(kBin + " prepare --format vl", &out), 0);
+  EXPECT_NE(out.find("option --format: prepare.format: unknown value 'vl' (expected one of "
+                     "fixed | varlength)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(run_command(kBin + " prepare --max-seq-len 4", &out), 0);
+  EXPECT_NE(out.find("prepare.input is not set: give --input"), std::string::npos) << out;
+}
+
+}  // namespace
