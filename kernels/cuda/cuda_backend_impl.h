@@ -218,8 +218,9 @@ class CudaBackend final : public Backend {
   void* scratch_bytes(const char* op, size_t n);
 
   // ---- cuBLASLt (cuda_linear.cpp) ----
-  // Runs the matmul; false when cuBLASLt has no algorithm for this epilogue (the caller then
-  // falls back to DEFAULT plus a kernel). The heuristic's choice is cached per shape.
+  // Runs the matmul; false when cuBLASLt has no algorithm for this epilogue or its matmul
+  // refuses it (the caller then falls back to DEFAULT plus a kernel). The heuristic's choice,
+  // and a refusal, are cached per shape.
   bool gemm(const char* op, const GemmCall& g);
   // The two GEMMs of linear_backward, shared by the fp32 and low-precision paths (operands of
   // type ab). dw [m, k] += g^T x in fp32, with BGRADB writing the bias gradient into db when

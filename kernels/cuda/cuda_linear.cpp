@@ -24,6 +24,7 @@
 //   kernel. The aux matrix needs ld % 8 == 0; other shapes take the kernels too.
 // When the heuristic offers no algorithm for an epilogue (e.g. an alignment it cannot serve),
 // the GEMM runs with DEFAULT and a kernel does the epilogue; the choice is cached per shape.
+// An epilogue the heuristic offered but the matmul refuses takes the same fallback, cached too.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -169,10 +170,21 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
     it = plans_.emplace(key, plan).first;
   }
   if (!it->second.supported) return false;
-  PB_CUBLASLT_OP(op, cublasLtMatmul(lt_, d.op, &g.alpha, g.a, d.a, g.b, d.b, &g.beta, g.c, d.c,
-                                    g.c, d.c, &it->second.algo, workspace_, workspace_bytes_,
-                                    stream_));
-  return true;
+  const cublasStatus_t st = cublasLtMatmul(lt_, d.op, &g.alpha, g.a, d.a, g.b, d.b, &g.beta,
+                                           g.c, d.c, g.c, d.c, &it->second.algo, workspace_,
+                                           workspace_bytes_, stream_);
+  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  if (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT) PB_CUBLASLT_OP(op, st);
+  // The heuristic offered this epilogue but the matmul refused it (a refusal returns before
+  // any work is queued): the same fallback as a refused heuristic, remembered for the shape so
+  // that later calls go straight to DEFAULT + the kernel.
+  it->second.supported = false;
+  fmt::print(stderr,
+             "packbert cuda: {}: cuBLASLt refused epilogue {} at run time for m={} n={} k={} "
+             "(A/B type {}, C/D type {}; status {}); using a kernel instead\n",
+             op, static_cast<int>(g.epilogue), g.m, g.n, g.k, static_cast<int>(g.ab_type),
+             static_cast<int>(g.c_type), cublasLtGetStatusName(st));
+  return false;
 }
 
 // ---- linear layers -------------------------------------------------------------------------
