@@ -103,6 +103,11 @@ class CudaLowpStaging final : public lowp::Staging {
   std::array<size_t, lowp::kMaxStaged> bytes_{};
 };
 
+// Vocabulary columns per block of the low-precision MLM decoder's backward (cuda_linear.cpp):
+// as many as keep the rounded gradient of a block of m rows within 64 MiB, a multiple of 8
+// (all v when they fit; at least min(8, v)).
+int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes);
+
 // The kernels' name for a float dtype (f32, bf16, f16; Error naming op and argument otherwise).
 cuda::FloatFormat float_format(const char* op, const char* name, const Tensor& t);
 

@@ -38,6 +38,11 @@ enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
 // for a power-of-two scale.
 cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
                     int64_t n, cudaStream_t s, float scale = 1.f);
+// The same over rows x cols elements of row-major buffers with leading dimensions src_ld and
+// dst_ld (>= cols): a column block of one buffer into a dense one (the MLM decoder's backward).
+cudaError_t convert_rows(const void* src, FloatFormat src_format, int64_t src_ld, void* dst,
+                         FloatFormat dst_format, int64_t dst_ld, int64_t rows, int64_t cols,
+                         cudaStream_t s, float scale = 1.f);
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
 cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,
                               cudaStream_t s);

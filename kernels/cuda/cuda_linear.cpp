@@ -490,9 +490,14 @@ void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, co
 // embeddings (fp32 accumulation, the BIAS epilogue with the fp32 bias), the fp32 softmax
 // cross-entropy turning them into their gradient in place, then the two backward GEMMs on that
 // gradient rounded to the operands' type -- cuBLASLt takes A and B of one type -- in blocks of
-// rows whose rounded copy fits kMlmBackwardBlockBytes of scratch: dw += g^T x (fp32, with db
-// through BGRADB, else column sums of the fp32 gradient), dx = g w. The CPU emulation keeps the
-// gradient in fp32: the two differ by that one rounding (2^-9 relative in bf16, per element).
+// vocabulary columns whose rounded copy fits kMlmBackwardBlockBytes of scratch. Column blocks,
+// not row blocks: block j's GEMM dw[j] += g[:, j]^T x writes its own rows of the word-embedding
+// gradient ([V, H] fp32, 125 MB at BERT-Large), so the whole of dw is read and written once per
+// call however many blocks there are (row blocks each read and wrote all of it); db[j] comes
+// through BGRADB, else from column sums of the fp32 gradient. dx = sum_j g[:, j] w[j] ([m, H],
+// small) accumulates in fp32 scratch across the blocks and is rounded once at the end. The CPU
+// emulation keeps the gradient in fp32: the two differ by that one rounding (2^-9 relative in
+// bf16, per element).
 // In f16 the gradient (softmax - onehot) * grad_scale lies far below f16's normal range (about
 // 1.4e-8 per element at vocab 30528 and 1 / 2300 masked tokens: under the smallest subnormal,
 // so it flushed to zero and db lost 7%): it is rounded times 2^e, a power of two putting its
@@ -501,6 +506,13 @@ void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, co
 namespace {
 constexpr int64_t kMlmBackwardBlockBytes = int64_t{64} << 20;
 }  // namespace
+
+int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes) {
+  const int64_t fit = kMlmBackwardBlockBytes / std::max<int64_t>(1, m * elem_bytes);
+  if (fit >= v) return v;
+  // A multiple of 8 columns keeps the blocks' GEMM operands 16-byte aligned (tensor cores).
+  return std::max<int64_t>(std::min<int64_t>(8, v), fit / 8 * 8);
+}
 
 bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b,
                                 const Tensor& labels, float grad_scale, const Tensor& logits_ws,
@@ -543,32 +555,45 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
   }
   const cuda::FloatFormat f = float_format(op, "x", x);
   const auto es = static_cast<int64_t>(dtype_size(t));
-  const int64_t block = std::max<int64_t>(1, std::min(m, kMlmBackwardBlockBytes / (v * es)));
-  void* g16 = scratch_bytes(op, static_cast<size_t>(block * v * es));
-  const char* xb = static_cast<const char*>(x.data);
-  char* dxb = static_cast<char*>(dx.data);
+  const int64_t block = mlm_backward_block_columns(m, v, es);
+  // Scratch: dx in fp32 [m, h] when there are several blocks (one block writes dx directly),
+  // then the rounded gradient of one column block [m, block].
+  const bool one_block = block >= v;
+  const int64_t dx_bytes = one_block ? 0 : (m * h * 4 + 255) / 256 * 256;
+  char* scratch = static_cast<char*>(scratch_bytes(op, static_cast<size_t>(dx_bytes +
+                                                                           m * block * es)));
+  float* dx32 = reinterpret_cast<float*>(scratch);
+  void* g16 = scratch + dx_bytes;
+  const char* wb = static_cast<const char*>(w.data);
   float up = 1.f;
   if (t == DType::f16 && grad_scale != 0.f && std::isfinite(grad_scale))
     up = std::ldexp(1.f, 9 - std::ilogb(grad_scale));  // |g| <= |grad_scale| < 2^(ilogb + 1)
   const float down = 1.f / up;                         // exact: a power of two
-  for (int64_t r0 = 0; r0 < m; r0 += block) {
-    const int64_t n = std::min(block, m - r0);
-    const float* gf = logits + r0 * v;
-    launched(op, "convert",
-             cuda::convert(gf, cuda::FloatFormat::f32, g16, f, n * v, stream_, up));
+  for (int64_t c0 = 0; c0 < v; c0 += block) {
+    const int64_t n = std::min(block, v - c0);
+    const float* gf = logits + c0;  // columns c0 .. c0 + n of the fp32 gradient [m, v]
+    launched(op, "convert_rows",
+             cuda::convert_rows(gf, cuda::FloatFormat::f32, v, g16, f, n, m, n, stream_, up));
     bool db_done = !db.defined();
     if (dw.defined())
-      db_done = weight_grad_gemm(op, xb + r0 * h * es, g16, dw.ptr<float>(),
-                                 db_done ? nullptr : db.ptr<float>(), n, h, v, type, down) ||
+      db_done = weight_grad_gemm(op, x.data, g16, dw.ptr<float>() + c0 * h,
+                                 db_done ? nullptr : db.ptr<float>() + c0, m, h, n, type,
+                                 down) ||
                 db_done;
     if (!db_done) {
-      double* partial = scratch_doubles(op, static_cast<size_t>(cuda::column_sum_partials(n, v)));
+      double* partial = scratch_doubles(op, static_cast<size_t>(cuda::column_sum_partials(m, n)));
       launched(op, "add_column_sums",
-               cuda::add_column_sums(gf, n, v, v, partial, db.ptr<float>(), stream_));
+               cuda::add_column_sums(gf, m, n, v, partial, db.ptr<float>() + c0, stream_));
     }
-    input_grad_gemm(op, w.data, g16, dxb + r0 * h * es, n, h, v, false, type, type, nullptr,
-                    down);
+    if (one_block)
+      input_grad_gemm(op, w.data, g16, dx.data, m, h, n, false, type, type, nullptr, down);
+    else
+      input_grad_gemm(op, wb + c0 * h * es, g16, dx32, m, h, n, c0 > 0, type, CUDA_R_32F,
+                      nullptr, down);
   }
+  if (!one_block)
+    launched(op, "convert",
+             cuda::convert(dx32, cuda::FloatFormat::f32, dx.data, f, m * h, stream_));
   end(op);
   return true;
 }

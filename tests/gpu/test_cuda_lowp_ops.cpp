@@ -19,6 +19,7 @@
 #include <cstring>
 #include <random>
 
+#include "cuda/cuda_backend_impl.h"
 #include "lowp_test_util.h"
 
 namespace packbert::test {
@@ -98,14 +99,41 @@ TEST(CudaLowpOps, LinearOpsMatchCpuEmulation) {
   }
 }
 
+// The blocks of the MLM decoder's backward (vocabulary columns, cuda_linear.cpp): their rounded
+// gradient [m, block] fits the 64 MiB of scratch unless a block is at its minimum of 8 columns,
+// blocks are multiples of 8 columns (but a whole vocabulary that fits), and the shape of the
+// test below takes three.
+TEST(CudaLowpOps, MlmBackwardBlocksFitTheirScratch) {
+  const int64_t budget = int64_t{64} << 20;
+  for (const int64_t m : {int64_t{1}, int64_t{37}, int64_t{1099}, int64_t{1100}, int64_t{2300},
+                          int64_t{2432}, int64_t{5000000}})
+    for (const int64_t v : {int64_t{5}, int64_t{512}, int64_t{30528}}) {
+      const int64_t b = mlm_backward_block_columns(m, v, 2);
+      const std::string what = fmt::format("m {} v {}: block {}", m, v, b);
+      ASSERT_GE(b, 1) << what;
+      ASSERT_LE(b, v) << what;
+      if (b > 8) {
+        EXPECT_LE(m * b * 2, budget) << what;
+      }
+      if (m * v * 2 <= budget) {
+        EXPECT_EQ(b, v) << what;  // one block when it all fits
+      } else {
+        EXPECT_EQ(b % 8, 0) << what;
+        EXPECT_GT(m * (b + 8) * 2, budget) << what;  // and no smaller than it need be
+      }
+    }
+  const int64_t b = mlm_backward_block_columns(2300, 30528, 2);
+  EXPECT_EQ((30528 + b - 1) / b, 3);
+}
+
 // The MLM decoder on bf16 / f16 operands (the native path: decoder GEMMs on the low-precision
-// word embeddings, logits in fp32, the backward in row blocks of 64 MiB of rounded logits
-// gradient) against the CPU's emulation (widen, fp32 op, round). The logits come from the same
-// rounded operands in fp32 on both sides: the forward-only logits to 1e-5 and the loss sum to
-// 1e-4. The gradients differ by CUDA's rounding of the logits gradient before the two GEMMs
-// (2^-9 relative per element in bf16) and dx's own rounding: 1e-2, as the linear ops. Shapes:
-// small ones, one with dx and db but no dw (the column-sum path), and 2300 masked tokens over
-// the BERT vocabulary, which takes three blocks.
+// word embeddings, logits in fp32, the backward in blocks of vocabulary columns with 64 MiB of
+// rounded logits gradient) against the CPU's emulation (widen, fp32 op, round). The logits come
+// from the same rounded operands in fp32 on both sides: the forward-only logits to 1e-5 and the
+// loss sum to 1e-4. The gradients differ by CUDA's rounding of the logits gradient before the
+// two GEMMs (2^-9 relative per element in bf16) and dx's own rounding: 1e-2, as the linear ops.
+// Shapes: small ones (one block), one with dx and db but no dw (the column-sum path), and 2300
+// masked tokens over the BERT vocabulary, which takes three blocks (dx summed over them in fp32).
 TEST(CudaLowpOps, MlmLossLowpMatchesCpuEmulation) {
   PB_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();
