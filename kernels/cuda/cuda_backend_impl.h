@@ -262,6 +262,18 @@ class CudaBackend final : public Backend {
                      const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                      const Tensor& db);
 
+  // nsp_loss (cuda_linear.cpp): the workspace's views [cls, pooled, dpooled, dcls, logits];
+  // the fp32 head from the gathered cls rows to dcls (the weights fp32); the bf16 / f16 path
+  // (false for a combination it does not take: the adapter's then).
+  static std::array<Tensor, 5> nsp_workspace(const Tensor& workspace, int64_t s, int64_t h);
+  void nsp_head(const Tensor& workspace, int64_t s, int64_t h, const PoolerParams& params,
+                const Tensor& labels, float grad_scale, const Tensor& loss_sum,
+                const Tensor& num_correct, bool backward, const PoolerParams& grads);
+  bool nsp_loss_lowp(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
+                     const Tensor& labels, float grad_scale, const Tensor& workspace,
+                     const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                     const PoolerParams& grads);
+
   struct GemmKey {
     int64_t m, n, k, lda, ldb, ldc;
     int32_t transa, transb, epilogue, beta_zero, ab_type, c_type;

@@ -80,6 +80,10 @@ cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFor
 cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, void* dx,
                                      FloatFormat f, int64_t m, int64_t h, int64_t rows,
                                      uint32_t* scratch, cudaStream_t s);
+// dx[index[i], :] += src[i, :] (h columns) for m DISTINCT indices: src fp32, dx in format f,
+// each sum in fp32 rounded once to f (the NSP head's [CLS] rows).
+cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
+                         int64_t m, int64_t h, cudaStream_t s);
 // Softmax cross-entropy over m rows of v logits. Per row (one block): first argmax, lse, loss;
 // dlogits (may alias logits, may be null) = (softmax - onehot) * grad_scale. Row losses and
 // correct flags go to row_loss / row_correct (m doubles each), then one block adds their sums

@@ -604,45 +604,118 @@ void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Poole
                            const PoolerParams& grads) {
   if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b,
                  &workspace, &loss_sum, &dx, &grads.dense_w, &grads.dense_b, &grads.cls_w,
-                 &grads.cls_b}))
+                 &grads.cls_b})) {
+    if (nsp_loss_lowp(layout, x, params, labels, grad_scale, workspace, loss_sum, num_correct,
+                      dx, grads))
+      return;
     return lowp::nsp_loss(*this, lowp_, layout, x, params, labels, grad_scale, workspace,
                           loss_sum, num_correct, dx, grads);
+  }
   const char* op = "nsp_loss";
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()),
                                             layout, x, params, workspace, dx, grads);
   begin(op);
   device_layout(op, layout, layout.rows);
   if (s == 0) return end(op);
-
-  // The CPU's workspace layout exactly: [cls | pooled | dpooled | dcls] (s x h each), then the
-  // logits (s x 2) at 4 s h, which become their gradient in place.
-  float* ws = workspace.ptr<float>();
-  const Device dev = Device::cuda;
-  const Tensor cls(ws, DType::f32, {s, h}, dev);
-  const Tensor pooled(ws + s * h, DType::f32, {s, h}, dev);
-  const Tensor dpooled(ws + 2 * s * h, DType::f32, {s, h}, dev);
-  const Tensor dcls(ws + 3 * s * h, DType::f32, {s, h}, dev);
-  const Tensor logits(ws + 4 * s * h, DType::f32, {s, 2}, dev);
-  gather_rows(x, layout.seq_start, cls);
-  linear_forward(cls, params.dense_w, params.dense_b, Epilogue::bias, pooled, Tensor());
-  launched(op, "tanh_inplace", cuda::tanh_inplace(pooled.ptr<float>(), s * h, stream_));
-  linear_forward(pooled, params.cls_w, params.cls_b, Epilogue::bias, logits, Tensor());
-  softmax_cross_entropy(logits, labels, grad_scale, loss_sum, num_correct,
-                        dx.defined() ? logits : Tensor());
+  gather_rows(x, layout.seq_start, nsp_workspace(workspace, s, h)[0]);
+  nsp_head(workspace, s, h, params, labels, grad_scale, loss_sum, num_correct, dx.defined(),
+           grads);
   if (!dx.defined()) return end(op);
-
-  linear_backward(pooled, params.cls_w, logits, dpooled, grads.cls_w, grads.cls_b, {});
-  launched(op, "tanh_backward_inplace",
-           cuda::tanh_backward_inplace(dpooled.ptr<float>(), pooled.ptr<float>(), s * h, stream_));
-  linear_backward(cls, params.dense_w, dpooled, dcls, grads.dense_w, grads.dense_b, {});
   // dx[seq_start[i]] += dcls[i]; the starts are distinct (a valid layout).
   auto* scratch = static_cast<uint32_t*>(
       scratch_bytes(op, static_cast<size_t>(layout.rows + 1) * sizeof(uint32_t)));
   launched(op, "scatter_add_rows_ordered",
-           cuda::scatter_add_rows_ordered(dcls.data, layout.seq_start.ptr<int32_t>(), dx.data,
+           cuda::scatter_add_rows_ordered(nsp_workspace(workspace, s, h)[3].data,
+                                          layout.seq_start.ptr<int32_t>(), dx.data,
                                           cuda::FloatFormat::f32, s, h, layout.rows, scratch,
                                           stream_));
   end(op);
+}
+
+// The CPU's workspace layout exactly: [cls | pooled | dpooled | dcls] (s x h each), then the
+// logits (s x 2) at 4 s h, which become their gradient in place.
+std::array<Tensor, 5> CudaBackend::nsp_workspace(const Tensor& workspace, int64_t s, int64_t h) {
+  float* ws = workspace.ptr<float>();
+  const Device dev = Device::cuda;
+  return {Tensor(ws, DType::f32, {s, h}, dev), Tensor(ws + s * h, DType::f32, {s, h}, dev),
+          Tensor(ws + 2 * s * h, DType::f32, {s, h}, dev),
+          Tensor(ws + 3 * s * h, DType::f32, {s, h}, dev),
+          Tensor(ws + 4 * s * h, DType::f32, {s, 2}, dev)};
+}
+
+void CudaBackend::nsp_head(const Tensor& workspace, int64_t s, int64_t h,
+                           const PoolerParams& params, const Tensor& labels, float grad_scale,
+                           const Tensor& loss_sum, const Tensor& num_correct, bool backward,
+                           const PoolerParams& grads) {
+  const char* op = "nsp_loss";
+  const auto [cls, pooled, dpooled, dcls, logits] = nsp_workspace(workspace, s, h);
+  linear_forward(cls, params.dense_w, params.dense_b, Epilogue::bias, pooled, Tensor());
+  launched(op, "tanh_inplace", cuda::tanh_inplace(pooled.ptr<float>(), s * h, stream_));
+  linear_forward(pooled, params.cls_w, params.cls_b, Epilogue::bias, logits, Tensor());
+  softmax_cross_entropy(logits, labels, grad_scale, loss_sum, num_correct,
+                        backward ? logits : Tensor());
+  if (!backward) return;
+  linear_backward(pooled, params.cls_w, logits, dpooled, grads.cls_w, grads.cls_b, {});
+  launched(op, "tanh_backward_inplace",
+           cuda::tanh_backward_inplace(dpooled.ptr<float>(), pooled.ptr<float>(), s * h, stream_));
+  linear_backward(cls, params.dense_w, dpooled, dcls, grads.dense_w, grads.dense_b, {});
+}
+
+// NSP with x (and dx) and the two weight matrices in bf16 / f16: only the [CLS] rows and the
+// weights are widened (s x h and h x h + 2 h elements, against the adapter's [rows, h] staging
+// of x and of dx both ways), the fp32 head runs on them in the workspace, and dcls is added to
+// dx's [CLS] rows in fp32 and rounded once -- the CPU emulation's arithmetic exactly.
+bool CudaBackend::nsp_loss_lowp(const SeqLayout& layout, const Tensor& x,
+                                const PoolerParams& params, const Tensor& labels,
+                                float grad_scale, const Tensor& workspace,
+                                const Tensor& loss_sum, const Tensor& num_correct,
+                                const Tensor& dx, const PoolerParams& grads) {
+  const char* op = "nsp_loss";
+  const DType t = x.dtype;
+  auto is_f32 = [](const Tensor& v) { return !v.defined() || v.dtype == DType::f32; };
+  if (!lowp::is_lowp(t) || params.dense_w.dtype != t || params.cls_w.dtype != t ||
+      (dx.defined() && dx.dtype != t) || !is_f32(params.dense_b) || !is_f32(params.cls_b) ||
+      !is_f32(workspace) || !is_f32(loss_sum) || !is_f32(grads.dense_w) ||
+      !is_f32(grads.dense_b) || !is_f32(grads.cls_w) || !is_f32(grads.cls_b))
+    return false;
+  PoolerParams shapes = params;
+  shapes.dense_w = shape_of(params.dense_w);
+  shapes.cls_w = shape_of(params.cls_w);
+  const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()),
+                                            layout, shape_of(x), shapes, workspace,
+                                            shape_of(dx), grads);
+  begin(op);
+  const cuda::DeviceLayout dl = device_layout(op, layout, layout.rows);
+  if (s == 0) {
+    end(op);
+    return true;
+  }
+  const cuda::FloatFormat f = float_format(op, "x", x);
+  const auto es = static_cast<int64_t>(dtype_size(t));
+  // Scratch: the widened dense_w [h, h] and cls_w [2, h], the [CLS] rows as gathered [s, h].
+  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t wp_bytes = aligned(h * h * 4), wc_bytes = aligned(2 * h * 4);
+  char* scratch = static_cast<char*>(
+      scratch_bytes(op, static_cast<size_t>(wp_bytes + wc_bytes + s * h * es)));
+  PoolerParams wide = params;
+  wide.dense_w = Tensor(scratch, DType::f32, {h, h}, Device::cuda);
+  wide.cls_w = Tensor(scratch + wp_bytes, DType::f32, {2, h}, Device::cuda);
+  void* cls16 = scratch + wp_bytes + wc_bytes;
+  const cuda::FloatFormat f32 = cuda::FloatFormat::f32;
+  launched(op, "convert", cuda::convert(params.dense_w.data, f, wide.dense_w.data, f32, h * h,
+                                        stream_));
+  launched(op, "convert", cuda::convert(params.cls_w.data, f, wide.cls_w.data, f32, 2 * h,
+                                        stream_));
+  const Tensor cls = nsp_workspace(workspace, s, h)[0];
+  launched(op, "gather_rows", cuda::gather_rows(x.data, dl.seq_start, cls16, f, s, h, stream_));
+  launched(op, "convert", cuda::convert(cls16, f, cls.data, f32, s * h, stream_));
+  nsp_head(workspace, s, h, wide, labels, grad_scale, loss_sum, num_correct, dx.defined(), grads);
+  if (dx.defined())  // dx[seq_start[i]] += dcls[i] (distinct starts), in fp32, rounded once
+    launched(op, "add_rows_f32",
+             cuda::add_rows_f32(nsp_workspace(workspace, s, h)[3].ptr<float>(), dl.seq_start,
+                                dx.data, f, s, h, stream_));
+  end(op);
+  return true;
 }
 
 }  // namespace packbert

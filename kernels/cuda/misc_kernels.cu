@@ -340,6 +340,15 @@ __global__ void convert_rows_kernel(const void* src, FloatFormat sf, int64_t src
     }
 }
 
+__global__ void add_rows_f32_kernel(const float* src, const int32_t* index, void* dx,
+                                    FloatFormat f, int64_t m, int64_t h) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m * h;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / h, d = int64_t{index[r]} * h + (i - r * h);
+    store_from_float(dx, f, d, load_as_float(dx, f, d) + src[i]);
+  }
+}
+
 template <bool Tanh>
 __global__ void gelu_forward_lowp_kernel(const void* pre, void* out, FloatFormat f, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -373,6 +382,14 @@ cudaError_t convert_rows(const void* src, FloatFormat src_format, int64_t src_ld
                   static_cast<unsigned>(rows < kMaxGridY ? rows : kMaxGridY));
   PB_LAUNCH(grid, kThreads, 0, s, convert_rows_kernel)(src, src_format, src_ld, dst, dst_format,
                                                        dst_ld, rows, cols, scale);
+  return launched();
+}
+
+cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
+                         int64_t m, int64_t h, cudaStream_t s) {
+  if (m == 0 || h == 0) return cudaSuccess;
+  PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, add_rows_f32_kernel)(src, index, dx, f,
+                                                                           m, h);
   return launched();
 }
 
