@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "common/lowp_adapter.h"
 #include "common/op_args.h"
+#include "core/trace.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_kernels.h"
 #include "cuda/fmha.h"

@@ -190,6 +190,7 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
 // ---- linear layers -------------------------------------------------------------------------
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                  Epilogue epilogue, const Tensor& out, const Tensor& pre) {
+  const trace::Range range("linear_forward");
   if (lowp::any({&x, &w, &bias, &out, &pre})) {
     if (linear_forward_lowp(x, w, bias, epilogue, out, pre)) return;
     return lowp::linear_forward(*this, lowp_, x, w, bias, epilogue, out, pre);
@@ -293,6 +294,7 @@ bool CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, 
 void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout,
                                   const Tensor& dx, const Tensor& dw, const Tensor& db,
                                   const LinearBackwardOptions& opt) {
+  const trace::Range range("linear_backward");
   if (lowp::any({&x, &w, &dout, &dx, &dw, &db, &opt.out_gelu_pre, &opt.x_gelu_pre})) {
     if (linear_backward_lowp(x, w, dout, dx, dw, db, opt)) return;
     return lowp::linear_backward(*this, lowp_, x, w, dout, dx, dw, db, opt);
@@ -476,6 +478,7 @@ void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, co
                            float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                            const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                            const Tensor& db) {
+  const trace::Range range("mlm_loss");
   if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db})) {
     if (mlm_loss_lowp(x, w, b, labels, grad_scale, logits_ws, loss_sum, num_correct, dx, dw, db))
       return;
@@ -602,6 +605,7 @@ void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Poole
                            const Tensor& labels, float grad_scale, const Tensor& workspace,
                            const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                            const PoolerParams& grads) {
+  const trace::Range range("nsp_loss");
   if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b,
                  &workspace, &loss_sum, &dx, &grads.dense_w, &grads.dense_b, &grads.cls_w,
                  &grads.cls_b})) {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "model/activations.h"
 
 namespace packbert {
@@ -247,6 +248,7 @@ void Bert::check_batch(const Batch& b, int64_t global_masked, int64_t global_sam
 
 ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t global_samples,
                             uint32_t step, uint64_t seed, const ForwardOptions& options) {
+  const trace::Range range("forward");
   PB_REQUIRE(!options.gradients || has_grads_,
              "model: forward with gradients on a model built without a gradient buffer");
   PB_REQUIRE(!options.gradients || (!options.mlm_logits && !options.nsp_logits),
@@ -426,6 +428,7 @@ void Bert::mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
 // encoder output: the masked rows from MLM, the [CLS] rows from NSP, zero elsewhere.
 void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options,
                  const Tensor& sums) {
+  const trace::Range range("heads");
   Activations& a = *act_;
   const bool grad = a.gradients;
   const Tensor& y = a.hidden[config_.layers];
@@ -492,6 +495,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
 }
 
 void Bert::backward(const GradientReady& ready) {
+  const trace::Range range("backward");
   PB_REQUIRE(backward_pending_, "model: backward() without a forward() with gradients on");
   backward_pending_ = false;
   // ready_groups_[g] is final once group g's ops have run (on CUDA: once enqueued; the
