@@ -10,6 +10,10 @@
 #include "common/op_checks.h"
 #include "cuda/cuda_backend_impl.h"
 
+// NVTX v3 is header-only (it loads the profiler's injection library when one is attached); the
+// emulated build has a recorder of the same API (cuda_emu/include/nvtx3).
+#include <nvtx3/nvToolsExt.h>
+
 namespace packbert {
 
 static_assert(cuda::kDeviceLayerNormEps == kLayerNormEps, "the kernels' LayerNorm epsilon");
@@ -22,6 +26,12 @@ bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
 }
+
+// The trace ranges (core/trace.h) as NVTX ranges: the phases of a step and every op, on the
+// timeline of Nsight Systems (nsys profile --trace=cuda,nvtx).
+void nvtx_push(const char* name) { nvtxRangePushA(name); }
+void nvtx_pop() { nvtxRangePop(); }
+const trace::Hooks kNvtxHooks{&nvtx_push, &nvtx_pop};
 }  // namespace
 
 // ---- allocator -------------------------------------------------------------------------------
@@ -58,6 +68,7 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)
   const char* op = "make_cuda_backend";
   if (env_flag("PACKBERT_CUDA_SYNC")) options_.sync_each_op = true;
   if (env_flag("PACKBERT_CUDA_NO_EPILOGUES")) options_.use_epilogues = false;
+  if (env_flag("PACKBERT_NVTX")) trace::install(&kNvtxHooks);
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
@@ -110,6 +121,7 @@ void CudaBackend::end(const char* op) {
 }
 
 void CudaBackend::synchronize(const char* op) {
+  const trace::Range range("synchronize");
   begin(op);
   PB_CUDA_OP(op, cudaStreamSynchronize(stream_));
 }
@@ -259,6 +271,7 @@ void CudaLowpStaging::narrow(const Tensor& dst, const Tensor& src) {
 }
 
 void CudaBackend::convert(const Tensor& dst, const Tensor& src) {
+  const trace::Range range("convert");
   const char* op = "convert";
   PB_REQUIRE(dst.defined() && src.defined(), "{}: dst {} / src {} missing", op, dst.str(),
              src.str());
@@ -279,6 +292,7 @@ void CudaBackend::convert(const Tensor& dst, const Tensor& src) {
 
 // ---- zero / copy -----------------------------------------------------------------------------
 void CudaBackend::zero(const Tensor& t) {
+  const trace::Range range("zero");
   const char* op = "zero";
   PB_REQUIRE(t.defined(), "zero: t is missing");
   check_device(op, "t", t, Device::cuda);
@@ -289,6 +303,7 @@ void CudaBackend::zero(const Tensor& t) {
 }
 
 void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
+  const trace::Range range("copy");
   const char* op = "copy";
   PB_REQUIRE(dst.defined() && src.defined(), "copy: dst {} / src {} missing", dst.str(), src.str());
   PB_REQUIRE(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy: dst {} and src {} differ",
@@ -333,6 +348,7 @@ Tensor as_f32(Tensor t) {
 }  // namespace
 
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
+  const trace::Range range("gather_rows");
   if (lowp::any({&x, &out}) && !same_float_format(x, out))
     return lowp::gather_rows(*this, lowp_, x, index, out);
   const char* op = "gather_rows";
@@ -348,6 +364,7 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor
 }
 
 void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) {
+  const trace::Range range("gather_rows_backward");
   if (lowp::any({&dout, &dx}) && !same_float_format(dout, dx))
     return lowp::gather_rows_backward(*this, lowp_, dout, index, dx);
   const char* op = "gather_rows_backward";
@@ -372,6 +389,7 @@ void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, 
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                                         float grad_scale, const Tensor& loss_sum,
                                         const Tensor& num_correct, const Tensor& dlogits) {
+  const trace::Range range("softmax_cross_entropy");
   if (lowp::any({&logits, &loss_sum, &dlogits}))
     return lowp::softmax_cross_entropy(*this, lowp_, logits, labels, grad_scale, loss_sum,
                                        num_correct, dlogits);
@@ -396,10 +414,12 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
 
 // ---- optimizer -------------------------------------------------------------------------------
 void CudaBackend::l2_norm(const Tensor& x, const Tensor& out) {
+  const trace::Range range("l2_norm");
   sum_of_squares("l2_norm", x, out);
 }
 
 void CudaBackend::sum_squares(const Tensor& x, const Tensor& out) {
+  const trace::Range range("sum_squares");
   sum_of_squares("sum_squares", x, out);
 }
 
@@ -433,6 +453,7 @@ void CudaBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                             const Tensor& grads, const Tensor& m, const Tensor& v,
                             const Tensor& norms_ws, const Tensor& params_lowp,
                             const Tensor& record) {
+  const trace::Range range("lamb_step");
   const char* op = "lamb_step";
   const auto [num_tensors, n] =
       checks::lamb_step_args(checks::OpArgs(op, Device::cuda, pointer_check()), table, cfg,

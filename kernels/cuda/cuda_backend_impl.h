@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "common/lowp_adapter.h"
 #include "common/op_args.h"
+#include "core/trace.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_kernels.h"
 #include "cuda/fmha.h"
@@ -102,6 +103,11 @@ class CudaLowpStaging final : public lowp::Staging {
   std::array<void*, lowp::kMaxStaged> slots_{};
   std::array<size_t, lowp::kMaxStaged> bytes_{};
 };
+
+// Vocabulary columns per block of the low-precision MLM decoder's backward (cuda_linear.cpp):
+// as many as keep the rounded gradient of a block of m rows within 64 MiB, a multiple of 8
+// (all v when they fit; at least min(8, v)).
+int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes);
 
 // The kernels' name for a float dtype (f32, bf16, f16; Error naming op and argument otherwise).
 cuda::FloatFormat float_format(const char* op, const char* name, const Tensor& t);
@@ -219,8 +225,9 @@ class CudaBackend final : public Backend {
   void* scratch_bytes(const char* op, size_t n);
 
   // ---- cuBLASLt (cuda_linear.cpp) ----
-  // Runs the matmul; false when cuBLASLt has no algorithm for this epilogue (the caller then
-  // falls back to DEFAULT plus a kernel). The heuristic's choice is cached per shape.
+  // Runs the matmul; false when cuBLASLt has no algorithm for this epilogue or its matmul
+  // refuses it (the caller then falls back to DEFAULT plus a kernel). The heuristic's choice,
+  // and a refusal, are cached per shape.
   bool gemm(const char* op, const GemmCall& g);
   // The two GEMMs of linear_backward, shared by the fp32 and low-precision paths (operands of
   // type ab). dw [m, k] += g^T x in fp32, with BGRADB writing the bias gradient into db when
@@ -256,6 +263,18 @@ class CudaBackend final : public Backend {
                      float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                      const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                      const Tensor& db);
+
+  // nsp_loss (cuda_linear.cpp): the workspace's views [cls, pooled, dpooled, dcls, logits];
+  // the fp32 head from the gathered cls rows to dcls (the weights fp32); the bf16 / f16 path
+  // (false for a combination it does not take: the adapter's then).
+  static std::array<Tensor, 5> nsp_workspace(const Tensor& workspace, int64_t s, int64_t h);
+  void nsp_head(const Tensor& workspace, int64_t s, int64_t h, const PoolerParams& params,
+                const Tensor& labels, float grad_scale, const Tensor& loss_sum,
+                const Tensor& num_correct, bool backward, const PoolerParams& grads);
+  bool nsp_loss_lowp(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
+                     const Tensor& labels, float grad_scale, const Tensor& workspace,
+                     const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                     const PoolerParams& grads);
 
   struct GemmKey {
     int64_t m, n, k, lda, ldb, ldc;

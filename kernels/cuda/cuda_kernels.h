@@ -38,6 +38,11 @@ enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
 // for a power-of-two scale.
 cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
                     int64_t n, cudaStream_t s, float scale = 1.f);
+// The same over rows x cols elements of row-major buffers with leading dimensions src_ld and
+// dst_ld (>= cols): a column block of one buffer into a dense one (the MLM decoder's backward).
+cudaError_t convert_rows(const void* src, FloatFormat src_format, int64_t src_ld, void* dst,
+                         FloatFormat dst_format, int64_t dst_ld, int64_t rows, int64_t cols,
+                         cudaStream_t s, float scale = 1.f);
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
 cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,
                               cudaStream_t s);
@@ -75,6 +80,10 @@ cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFor
 cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, void* dx,
                                      FloatFormat f, int64_t m, int64_t h, int64_t rows,
                                      uint32_t* scratch, cudaStream_t s);
+// dx[index[i], :] += src[i, :] (h columns) for m DISTINCT indices: src fp32, dx in format f,
+// each sum in fp32 rounded once to f (the NSP head's [CLS] rows).
+cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
+                         int64_t m, int64_t h, cudaStream_t s);
 // Softmax cross-entropy over m rows of v logits. Per row (one block): first argmax, lse, loss;
 // dlogits (may alias logits, may be null) = (softmax - onehot) * grad_scale. Row losses and
 // correct flags go to row_loss / row_correct (m doubles each), then one block adds their sums

@@ -33,6 +33,7 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
                                     const Tensor& segment_ids, const EmbeddingParams& p,
                                     const Dropout& dropout, const Tensor& out,
                                     const Tensor& ln_mean, const Tensor& ln_rstd) {
+  const trace::Range range("embedding_forward");
   const char* op = "embedding_forward";
   // Native low precision: out in bf16 / f16 with the tables f32 (the model) or in out's dtype.
   // Any other combination: the adapter (widen, fp32 kernel, round back).
@@ -106,6 +107,7 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
                                      const Dropout& dropout, const Tensor& ln_mean,
                                      const Tensor& ln_rstd, const Tensor& dout,
                                      const EmbeddingParams& grads) {
+  const trace::Range range("embedding_backward");
   const char* op = "embedding_backward";
   // Native low precision: dout in bf16 / f16 with the tables f32 (the model) or in dout's dtype
   // and every gradient f32; any other combination: the adapter.
@@ -201,6 +203,7 @@ void CudaBackend::residual_layernorm_forward(const SeqLayout& layout, const Tens
                                              const LayerNormParams& ln, const Dropout& dropout,
                                              const Tensor& out, const Tensor& ln_in,
                                              const Tensor& ln_mean, const Tensor& ln_rstd) {
+  const trace::Range range("residual_layernorm_forward");
   const char* op = "residual_layernorm_forward";
   // Native low precision: x, residual (if given), out and ln_in in one of bf16 / f16, the rest
   // f32, hidden size within the kernel's shared memory; anything else: the adapter.
@@ -264,6 +267,7 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
                                               const Dropout& dropout, const Tensor& dx,
                                               const Tensor& dresidual, const Tensor& dbias,
                                               const LayerNormParams& dln) {
+  const trace::Range range("residual_layernorm_backward");
   const char* op = "residual_layernorm_backward";
   // Native low precision: dout, ln_in, dx and dresidual (if given) in one of bf16 / f16, the rest
   // f32; anything else: the adapter.
@@ -385,6 +389,7 @@ CudaBackend::AttnLaunch CudaBackend::attention_launch(const char* op, const SeqL
 // buckets (common/fmha_plan.h), one grid per bucket on fmha_'s streams, joined before return.
 void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
                                     const Dropout& dropout, const Tensor& out, const Tensor& lse) {
+  const trace::Range range("attention_forward");
   const char* op = "attention_forward";
   const bool fp32 = !lowp::any({&qkv, &out, &lse});
   const bool native = !fp32 && cuda::fmha_native(qkv, num_heads, {&out});
@@ -420,6 +425,7 @@ void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, 
 void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
                                      const Tensor& out, const Tensor& lse, const Tensor& dout,
                                      int num_heads, const Dropout& dropout, const Tensor& dqkv) {
+  const trace::Range range("attention_backward");
   const char* op = "attention_backward";
   const bool fp32 = !lowp::any({&qkv, &out, &lse, &dout, &dqkv});
   const bool native = !fp32 && cuda::fmha_native(qkv, num_heads, {&out, &dout, &dqkv});

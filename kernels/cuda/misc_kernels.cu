@@ -8,6 +8,7 @@ namespace packbert::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int64_t kMaxGridY = 65535;  // CUDA's limit of gridDim.y
 
 // The GELU of the form chosen at compile time (common/math.h).
 template <bool Tanh>
@@ -326,6 +327,28 @@ __global__ void convert_kernel(const void* src, FloatFormat sf, void* dst, Float
   }
 }
 
+// The same per element over a rows x cols block of two row-major buffers with their own
+// leading dimensions (blockIdx.y strides over the rows).
+__global__ void convert_rows_kernel(const void* src, FloatFormat sf, int64_t src_ld, void* dst,
+                                    FloatFormat df, int64_t dst_ld, int64_t rows, int64_t cols,
+                                    float scale) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < cols;
+         c += int64_t{gridDim.x} * blockDim.x) {
+      const float x = load_as_float(src, sf, r * src_ld + c);
+      store_from_float(dst, df, r * dst_ld + c, scale == 1.f ? x : x * scale);
+    }
+}
+
+__global__ void add_rows_f32_kernel(const float* src, const int32_t* index, void* dx,
+                                    FloatFormat f, int64_t m, int64_t h) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m * h;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / h, d = int64_t{index[r]} * h + (i - r * h);
+    store_from_float(dx, f, d, load_as_float(dx, f, d) + src[i]);
+  }
+}
+
 template <bool Tanh>
 __global__ void gelu_forward_lowp_kernel(const void* pre, void* out, FloatFormat f, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -348,6 +371,25 @@ cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFor
   if (n == 0) return cudaSuccess;
   PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, convert_kernel)(
       src, src_format, dst, dst_format, n, scale);
+  return launched();
+}
+
+cudaError_t convert_rows(const void* src, FloatFormat src_format, int64_t src_ld, void* dst,
+                         FloatFormat dst_format, int64_t dst_ld, int64_t rows, int64_t cols,
+                         cudaStream_t s, float scale) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  const dim3 grid(grid_for(cols, kThreads),
+                  static_cast<unsigned>(rows < kMaxGridY ? rows : kMaxGridY));
+  PB_LAUNCH(grid, kThreads, 0, s, convert_rows_kernel)(src, src_format, src_ld, dst, dst_format,
+                                                       dst_ld, rows, cols, scale);
+  return launched();
+}
+
+cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
+                         int64_t m, int64_t h, cudaStream_t s) {
+  if (m == 0 || h == 0) return cudaSuccess;
+  PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, add_rows_f32_kernel)(src, index, dx, f,
+                                                                           m, h);
   return launched();
 }
 

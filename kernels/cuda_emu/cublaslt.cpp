@@ -31,6 +31,11 @@
 //   touches lying inside one device allocation (or pinned memory) for the extent its layout
 //   implies, ld * (cols - 1) + rows elements, aligned to its element: a failure is a sticky
 //   device fault (runtime.h) naming the matrix, as the GPU would fault, and EXECUTION_FAILED.
+// A test-only switch: with PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES=1 in the environment the
+//   heuristic still offers every epilogue, but the matmul refuses any other than DEFAULT with
+//   NOT_SUPPORTED before it touches anything, saying so on stderr once per refusal (what a
+//   cuBLASLt version whose heuristic promised more than its kernels take does; the backend
+//   must fall back to its kernels and not ask again).
 // What it cannot tell: which shapes, transposes, alignments or epilogue combinations a real
 //   cuBLASLt version offers algorithms for (its heuristic answers one algorithm, workspace 0,
 //   for every supported combination and ignores the preference's workspace and alignment
@@ -44,6 +49,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
@@ -90,6 +96,12 @@ constexpr uint64_t kAlgoMagic = 0x7062656d754c7431ull;
 
 void complain(const char* call, const std::string& what) {
   std::fprintf(stderr, "cublasLt emulation: %s: %s\n", call, what.c_str());
+}
+
+// The test-only switch above, read at every matmul (a test sets it before it runs).
+bool refuse_epilogues_at_run() {
+  const char* v = std::getenv("PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES");
+  return v && *v && std::strcmp(v, "0") != 0;
 }
 
 const char* type_name(int t) {
@@ -572,6 +584,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
   if (algo && (algo->data[1] != static_cast<uint64_t>(p.a.type) ||
                algo->data[2] != static_cast<uint64_t>(p.d.type) || algo->data[3] != p.epilogue))
     return CUBLAS_STATUS_NOT_SUPPORTED;  // found for other types or another epilogue
+  if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT && refuse_epilogues_at_run()) {
+    complain(call, "epilogue " + std::to_string(p.epilogue) + " refused at run time (m=" +
+                       std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" +
+                       std::to_string(p.k) + ", PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES)");
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   if (C == D && (p.c.ld != p.d.ld)) {
     complain(call, "in place (C == D) with C's ld " + std::to_string(p.c.ld) + " and D's " +
                        std::to_string(p.d.ld));

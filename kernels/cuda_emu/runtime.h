@@ -19,6 +19,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace packbert::emu {
 
@@ -57,5 +59,16 @@ void launch(cudaStream_t stream, Launch l);
 
 // Runs every block of a launch (scheduler.cpp). Called by stream work, one launch at a time.
 void run_kernel(const Launch& l);
+
+// The emulated NVTX's record (include/nvtx3/nvToolsExt.h, nvtx.cpp): every range push (with
+// its name) and pop of the process in call order, with the calling thread and the range's
+// depth on it (0: outermost). Returns the record so far and starts a new one.
+struct NvtxEvent {
+  bool push;
+  std::string name;  // empty for a pop
+  int depth;
+  std::thread::id thread;
+};
+std::vector<NvtxEvent> take_nvtx_events();
 
 }  // namespace packbert::emu

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace packbert {
 
@@ -163,6 +164,7 @@ void GradBucketScheduler::start_ready_buckets() {
   const int num = static_cast<int>(buckets_.size());
   // Strictly in bucket order, so every rank starts the same sequence of collectives.
   while (next_to_start_ < num && bucket_pending_[next_to_start_] == 0) {
+    const trace::Range range("grad_bucket");  // also on one rank: where the bucket was ready
     if (transport_) {
       transport_->start(next_to_start_, buckets_[next_to_start_]);
     } else {
@@ -195,6 +197,7 @@ GradReduceStats GradBucketScheduler::finish() {
   PB_CHECK(next_to_start_ == stats.buckets, "{} of {} buckets started with every tensor ready",
            next_to_start_, stats.buckets);
   const auto t0 = std::chrono::steady_clock::now();
+  const trace::Range range("grad_wait");
   if (transport_) {
     transport_->complete_all();
     completed_ = next_to_start_;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "data/loader_internal.h"
 
 namespace packbert {
@@ -338,6 +339,7 @@ DataLoader::~DataLoader() {
 }
 
 StepBatch DataLoader::next() {
+  const trace::Range range("data_wait");
   Impl& m = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(m.mu);

@@ -78,10 +78,6 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   a.mlm_out = c.take(K::heads, act, {m, h});
   a.logits = c.take(K::mlm_logits, f32, {chunk, config.vocab_size});
   a.nsp_ws = c.take(K::heads, f32, {nsp_workspace_elems(s, h)});
-  a.mlm_loss_sum = c.take(K::heads, f32, {1});
-  a.nsp_loss_sum = c.take(K::heads, f32, {1});
-  a.mlm_correct = c.take(K::heads, i32, {1});
-  a.nsp_correct = c.take(K::heads, i32, {1});
 
   a.mlm_dout = a.mlm_dact = a.mlm_dx = Tensor();
   a.dhidden[0] = a.dhidden[1] = a.dtmp = a.dctx = a.dwide = a.mlp_dpre = Tensor();

@@ -71,8 +71,6 @@ struct Bert::Activations {
   Tensor mlm_out;                         // [masked, H] transform output, the decoder's input
   Tensor logits;                          // [chunk, V] decoder workspace
   Tensor nsp_ws;                          // nsp_workspace_elems(seqs, H)
-  Tensor mlm_loss_sum, nsp_loss_sum;      // f32 [1]
-  Tensor mlm_correct, nsp_correct;        // i32 [1]
 
   // Backward (only when gradients).
   Tensor mlm_dout, mlm_dact, mlm_dx;      // [masked, H]

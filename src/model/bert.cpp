@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "model/activations.h"
 
 namespace packbert {
@@ -19,6 +21,28 @@ Tensor reshape(const Tensor& t, std::initializer_list<int64_t> dims) {
   Tensor r(t.data, t.dtype, dims, t.device);
   PB_CHECK(r.numel() <= t.numel(), "reshape of {} to {} elements", t.str(), r.numel());
   return r;
+}
+
+// Word i of a metric slot (Bert::metric_slots_), as a one-element tensor of that dtype.
+Tensor metric_word(const Tensor& slot, int64_t i, DType dtype) {
+  return Tensor(static_cast<char*>(slot.data) + 4 * i, dtype, {1}, slot.device);
+}
+
+// A slot's words read back (f32 loss sums, i32 correct counts) into a result, and the loss.
+void set_metrics(ForwardResult& r, const uint8_t* words, int64_t global_masked,
+                 int64_t global_samples) {
+  float mlm_sum = 0.f, nsp_sum = 0.f;
+  int32_t mlm_correct = 0, nsp_correct = 0;
+  std::memcpy(&mlm_sum, words, 4);
+  std::memcpy(&nsp_sum, words + 4, 4);
+  std::memcpy(&mlm_correct, words + 8, 4);
+  std::memcpy(&nsp_correct, words + 12, 4);
+  r.mlm_loss_sum = mlm_sum;
+  r.nsp_loss_sum = nsp_sum;
+  r.mlm_correct = mlm_correct;
+  r.nsp_correct = nsp_correct;
+  r.loss = (global_masked > 0 ? r.mlm_loss_sum / global_masked : 0.0) +
+           r.nsp_loss_sum / global_samples;
 }
 
 // Rows [first, first + n) of a row-major tensor.
@@ -224,6 +248,7 @@ void Bert::check_batch(const Batch& b, int64_t global_masked, int64_t global_sam
 
 ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t global_samples,
                             uint32_t step, uint64_t seed, const ForwardOptions& options) {
+  const trace::Range range("forward");
   PB_REQUIRE(!options.gradients || has_grads_,
              "model: forward with gradients on a model built without a gradient buffer");
   PB_REQUIRE(!options.gradients || (!options.mlm_logits && !options.nsp_logits),
@@ -236,6 +261,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   if (batch.empty()) {  // a rank or micro-step without samples contributes nothing
     backward_pending_ = options.gradients;
     act_->shape = BatchShape{};
+    if (options.defer_metrics) deferred_.push_back({result, global_masked, global_samples, false});
     return result;
   }
   step_ = step;
@@ -260,24 +286,57 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // Encoder.
   for (int64_t l = 0; l < config_.layers; ++l) encoder_layer_forward(l);
   // Heads, loss and (with gradients) the gradient wrt the encoder output.
-  heads(global_masked, global_samples, options);
+  const int64_t slot = options.defer_metrics ? 1 + static_cast<int64_t>(deferred_.size()) : 0;
+  const Tensor sums = metric_slot(slot);
+  heads(global_masked, global_samples, options, sums);
 
-  float mlm_sum = 0.f, nsp_sum = 0.f;
-  int32_t mlm_correct = 0, nsp_correct = 0;
-  backend_.copy(view(&mlm_sum, {1}), a.mlm_loss_sum);
-  backend_.copy(view(&nsp_sum, {1}), a.nsp_loss_sum);
-  backend_.copy(view(&mlm_correct, {1}), a.mlm_correct);
-  backend_.copy(view(&nsp_correct, {1}), a.nsp_correct);
-  result.mlm_loss_sum = mlm_sum;
-  result.nsp_loss_sum = nsp_sum;
-  result.mlm_correct = mlm_correct;
-  result.nsp_correct = nsp_correct;
   result.masked_tokens = batch.num_masked();
   result.sequences = batch.num_seqs();
-  result.loss = (global_masked > 0 ? result.mlm_loss_sum / global_masked : 0.0) +
-                result.nsp_loss_sum / global_samples;
+  if (options.defer_metrics) {
+    deferred_.push_back({result, global_masked, global_samples, true});
+  } else {
+    uint8_t words[4 * kMetricWords];
+    backend_.copy(view(words, {4 * kMetricWords}),
+                  Tensor(sums.data, DType::u8, {4 * kMetricWords}, sums.device));
+    set_metrics(result, words, global_masked, global_samples);
+  }
   backward_pending_ = options.gradients;
   return result;
+}
+
+Tensor Bert::metric_slot(int64_t slot) {
+  constexpr int64_t slot_bytes = 4 * kMetricWords;
+  const auto have = static_cast<int64_t>(metric_slots_.bytes()) / slot_bytes;
+  if (slot >= have) {  // the first forward() (or more micro-steps than ever before)
+    BackendBuffer grown = backend_.alloc(static_cast<size_t>(
+        std::max<int64_t>({slot + 1, 2 * have, 16}) * slot_bytes));
+    if (have > 1)  // deferred slots in use
+      backend_.copy(Tensor(grown.data(), DType::u8, {have * slot_bytes}, backend_.device()),
+                    metric_slots_.tensor());
+    metric_slots_ = std::move(grown);
+  }
+  return Tensor(static_cast<char*>(metric_slots_.data()) + slot * slot_bytes, DType::f32,
+                {kMetricWords}, backend_.device());
+}
+
+std::vector<ForwardResult> Bert::deferred_results() {
+  std::vector<ForwardResult> out;
+  if (deferred_.empty()) return out;
+  constexpr int64_t slot_bytes = 4 * kMetricWords;
+  const auto n = static_cast<int64_t>(deferred_.size());
+  std::vector<uint8_t> host(static_cast<size_t>(n * slot_bytes));
+  // Slots 1 .. n, in one copy.
+  backend_.copy(view(host.data(), {n * slot_bytes}),
+                Tensor(static_cast<char*>(metric_slots_.data()) + slot_bytes, DType::u8,
+                       {n * slot_bytes}, backend_.device()));
+  for (int64_t i = 0; i < n; ++i) {
+    const Deferred& d = deferred_[static_cast<size_t>(i)];
+    out.push_back(d.result);
+    if (d.on_device)
+      set_metrics(out.back(), host.data() + i * slot_bytes, d.global_masked, d.global_samples);
+  }
+  deferred_.clear();
+  return out;
 }
 
 // x = hidden[l] -> hidden[l + 1], post-LN:
@@ -367,14 +426,17 @@ void Bert::mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
 // The MLM head on the masked rows only and the NSP head on each [CLS]. With gradients, each
 // head's backward follows its forward at once and dhidden[0] receives the gradient wrt the
 // encoder output: the masked rows from MLM, the [CLS] rows from NSP, zero elsewhere.
-void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options) {
+void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options,
+                 const Tensor& sums) {
+  const trace::Range range("heads");
   Activations& a = *act_;
   const bool grad = a.gradients;
   const Tensor& y = a.hidden[config_.layers];
-  backend_.zero(a.mlm_loss_sum);
-  backend_.zero(a.nsp_loss_sum);
-  backend_.zero(a.mlm_correct);
-  backend_.zero(a.nsp_correct);
+  backend_.zero(sums);  // the slot's four words (metric_slots_)
+  const Tensor mlm_loss_sum = metric_word(sums, 0, DType::f32);
+  const Tensor nsp_loss_sum = metric_word(sums, 1, DType::f32);
+  const Tensor mlm_correct = metric_word(sums, 2, DType::i32);
+  const Tensor nsp_correct = metric_word(sums, 3, DType::i32);
 
   const int64_t m = a.shape.masked;
   if (m > 0) {
@@ -391,7 +453,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
       const int64_t n = std::min(chunk, m - first);
       backend_.mlm_loss(rows_of(a.mlm_out, first, n), gemm_weights_.embeddings.word,
                         weights_.mlm_bias, rows_of(a.masked_labels, first, n), scale,
-                        rows_of(a.logits, 0, n), a.mlm_loss_sum, a.mlm_correct,
+                        rows_of(a.logits, 0, n), mlm_loss_sum, mlm_correct,
                         grad ? rows_of(a.mlm_dout, first, n) : Tensor(),
                         grad ? grads_.embeddings.word : Tensor(),
                         grad ? grads_.mlm_bias : Tensor());
@@ -419,7 +481,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
   backend_.nsp_loss(a.layout, y, gemm_weights_.pooler_nsp, a.nsp_labels,
                     static_cast<float>(options.loss_scale / static_cast<double>(global_samples)),
                     a.nsp_ws,
-                    a.nsp_loss_sum, a.nsp_correct, grad ? a.dhidden[0] : Tensor(),
+                    nsp_loss_sum, nsp_correct, grad ? a.dhidden[0] : Tensor(),
                     grad ? grads_.pooler_nsp : PoolerParams{});
   if (options.nsp_logits) {
     // nsp_loss leaves the logits in its workspace (backend.h nsp_loss).
@@ -433,6 +495,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
 }
 
 void Bert::backward(const GradientReady& ready) {
+  const trace::Range range("backward");
   PB_REQUIRE(backward_pending_, "model: backward() without a forward() with gradients on");
   backward_pending_ = false;
   // ready_groups_[g] is final once group g's ops have run (on CUDA: once enqueued; the

@@ -109,6 +109,11 @@ struct ForwardOptions {
   float loss_scale = 1.f;
   MlmLogitsHook mlm_logits;  // only with gradients off (with gradients the logits buffer
   NspLogitsHook nsp_logits;  // becomes their gradient in place)
+  // Leave this micro-batch's loss sums and correct counts on the device instead of reading
+  // them back (on a GPU a read-back waits for every op issued so far): forward() then returns
+  // only what the host knows (masked_tokens, sequences), and Bert::deferred_results() reads
+  // those of every deferred micro-batch at once -- the trainer's one wait per optimizer step.
+  bool defer_metrics = false;
 };
 
 // Called by backward() with the index (into ParamTable::tensors()) of each tensor whose gradient
@@ -147,6 +152,10 @@ class Bert {
   // (a rank or micro-step without samples) returns zeros and adds nothing.
   ForwardResult forward(const Batch& batch, int64_t global_masked_tokens, int64_t global_samples,
                         uint32_t step, uint64_t seed, const ForwardOptions& options = {});
+  // The complete results of the forward() calls with defer_metrics since the last call, in
+  // call order, equal to what those calls would have returned without it; the list is then
+  // empty again. One copy from the device (the host waits for every op issued so far).
+  std::vector<ForwardResult> deferred_results();
   // Gradients of the last forward() (which had gradients on) += into grads; `ready` (optional)
   // hears of each tensor as its gradient becomes final (see GradientReady).
   void backward(const GradientReady& ready = {});
@@ -185,7 +194,9 @@ class Bert {
   void encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);
   void mlp_forward(int64_t l);
   void mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1);
-  void heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options);
+  void heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options,
+             const Tensor& sums);
+  Tensor metric_slot(int64_t slot);  // grows metric_slots_ to hold it (keeping its contents)
 
   BertConfig config_;
   Backend& backend_;
@@ -212,6 +223,18 @@ class Bert {
   uint64_t seed_ = 0;
   bool dropout_on_ = false;
   bool backward_pending_ = false;
+  // The heads' loss sums and correct counts, kMetricWords 4-byte words per micro-batch (f32
+  // MLM and NSP loss sums, i32 MLM and NSP correct counts): slot 0 for a forward() that reads
+  // them at once, slots 1.. for the deferred ones (model-owned, outside the arena: they outlive
+  // the micro-batch). deferred_ keeps those calls' host-side results and global counts.
+  static constexpr int64_t kMetricWords = 4;
+  BackendBuffer metric_slots_;
+  struct Deferred {
+    ForwardResult result;
+    int64_t global_masked = 0, global_samples = 0;
+    bool on_device = false;  // an empty batch has no slot
+  };
+  std::vector<Deferred> deferred_;
 };
 
 }  // namespace packbert

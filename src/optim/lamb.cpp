@@ -6,6 +6,7 @@
 
 #include "common/math.h"
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace packbert {
 
@@ -120,6 +121,7 @@ size_t Lamb::state_bytes() const {
 
 LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp,
                         float grad_scale, bool read_back) {
+  const trace::Range range("lamb");
   const char* op = "Lamb::step";
   check_tensor(op, "params", params, DType::f32, {num_elems_});
   check_tensor(op, "grads", grads, DType::f32, {num_elems_});

@@ -120,6 +120,7 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   fwd.dropout = options_.dropout;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   fwd.loss_scale = loss_scale;
+  fwd.defer_metrics = true;  // the losses are read once, after the optimizer step is issued
 
   // Local sums of this rank's micro-steps, all-reduced after the gradients (a blocking
   // collective must not run inside the all-reduce round).
@@ -142,11 +143,6 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     if (last)
       reducer.begin(lamb_->sharded() ? GradCollective::reduce_scatter : GradCollective::allreduce);
     bert_->backward(last ? ready : GradientReady{});
-    local[0] += r.loss;
-    local[1] += r.mlm_loss_sum;
-    local[2] += r.nsp_loss_sum;
-    local[3] += static_cast<double>(r.mlm_correct);
-    local[4] += static_cast<double>(r.nsp_correct);
     local[5] += static_cast<double>(r.masked_tokens);
     local[6] += static_cast<double>(r.sequences);
     local[7] += static_cast<double>(b.num_tokens());
@@ -190,6 +186,13 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.unread_skips = info.unread_skips;
   out.longest_skipped_run = info.longest_skipped_run;
 
+  for (const ForwardResult& r : bert_->deferred_results()) {  // one read of the micro-steps'
+    local[0] += r.loss;
+    local[1] += r.mlm_loss_sum;
+    local[2] += r.nsp_loss_sum;
+    local[3] += static_cast<double>(r.mlm_correct);
+    local[4] += static_cast<double>(r.nsp_correct);
+  }
   reducer.allreduce_sum(local, 9);
   const double masked = local[5], seqs = local[6];
   PB_REQUIRE(static_cast<int64_t>(masked) == batch.global_masked_tokens &&

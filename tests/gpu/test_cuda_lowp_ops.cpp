@@ -19,6 +19,7 @@
 #include <cstring>
 #include <random>
 
+#include "cuda/cuda_backend_impl.h"
 #include "lowp_test_util.h"
 
 namespace packbert::test {
@@ -98,14 +99,41 @@ TEST(CudaLowpOps, LinearOpsMatchCpuEmulation) {
   }
 }
 
+// The blocks of the MLM decoder's backward (vocabulary columns, cuda_linear.cpp): their rounded
+// gradient [m, block] fits the 64 MiB of scratch unless a block is at its minimum of 8 columns,
+// blocks are multiples of 8 columns (but a whole vocabulary that fits), and the shape of the
+// test below takes three.
+TEST(CudaLowpOps, MlmBackwardBlocksFitTheirScratch) {
+  const int64_t budget = int64_t{64} << 20;
+  for (const int64_t m : {int64_t{1}, int64_t{37}, int64_t{1099}, int64_t{1100}, int64_t{2300},
+                          int64_t{2432}, int64_t{5000000}})
+    for (const int64_t v : {int64_t{5}, int64_t{512}, int64_t{30528}}) {
+      const int64_t b = mlm_backward_block_columns(m, v, 2);
+      const std::string what = fmt::format("m {} v {}: block {}", m, v, b);
+      ASSERT_GE(b, 1) << what;
+      ASSERT_LE(b, v) << what;
+      if (b > 8) {
+        EXPECT_LE(m * b * 2, budget) << what;
+      }
+      if (m * v * 2 <= budget) {
+        EXPECT_EQ(b, v) << what;  // one block when it all fits
+      } else {
+        EXPECT_EQ(b % 8, 0) << what;
+        EXPECT_GT(m * (b + 8) * 2, budget) << what;  // and no smaller than it need be
+      }
+    }
+  const int64_t b = mlm_backward_block_columns(2300, 30528, 2);
+  EXPECT_EQ((30528 + b - 1) / b, 3);
+}
+
 // The MLM decoder on bf16 / f16 operands (the native path: decoder GEMMs on the low-precision
-// word embeddings, logits in fp32, the backward in row blocks of 64 MiB of rounded logits
-// gradient) against the CPU's emulation (widen, fp32 op, round). The logits come from the same
-// rounded operands in fp32 on both sides: the forward-only logits to 1e-5 and the loss sum to
-// 1e-4. The gradients differ by CUDA's rounding of the logits gradient before the two GEMMs
-// (2^-9 relative per element in bf16) and dx's own rounding: 1e-2, as the linear ops. Shapes:
-// small ones, one with dx and db but no dw (the column-sum path), and 2300 masked tokens over
-// the BERT vocabulary, which takes three blocks.
+// word embeddings, logits in fp32, the backward in blocks of vocabulary columns with 64 MiB of
+// rounded logits gradient) against the CPU's emulation (widen, fp32 op, round). The logits come
+// from the same rounded operands in fp32 on both sides: the forward-only logits to 1e-5 and the
+// loss sum to 1e-4. The gradients differ by CUDA's rounding of the logits gradient before the
+// two GEMMs (2^-9 relative per element in bf16) and dx's own rounding: 1e-2, as the linear ops.
+// Shapes: small ones (one block), one with dx and db but no dw (the column-sum path), and 2300
+// masked tokens over the BERT vocabulary, which takes three blocks (dx summed over them in fp32).
 TEST(CudaLowpOps, MlmLossLowpMatchesCpuEmulation) {
   PB_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();
@@ -170,6 +198,85 @@ TEST(CudaLowpOps, MlmLossLowpMatchesCpuEmulation) {
       }
     }
   }
+}
+
+// NSP with bf16 / f16 x, dx and weight matrices (the native path: the [CLS] rows and the weights
+// widened, the fp32 head, dcls added to dx's [CLS] rows in fp32 and rounded once) against the
+// CPU's emulation, which runs the same fp32 ops on the same widened values: the loss, the logits
+// and the fp32 parameter gradients agree to fp32 reordering (1e-6 on the loss, kTol on the
+// rest, as test_cuda_ops's NspLoss), dx to a flipped rounding (1e-2) in its [CLS] rows and bit
+// for bit in every other row (untouched).
+TEST(CudaLowpOps, NspLossLowpMatchesCpuEmulation) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  auto gpu = make_synced_cuda_backend();
+  std::mt19937_64 rng(test_seed());
+  for (DType t : {DType::bf16, DType::f16})
+    for (const int64_t h : {int64_t{40}, int64_t{130}})
+      for (const bool grads : {false, true}) {
+        const std::vector<int32_t> lens = {3, 1, 20, 7, 12};
+        const HostLayout l = padded(lens, random_sample_ids(rng, lens.size()), 24);
+        const int64_t rows = l.rows, s = static_cast<int64_t>(lens.size());
+        const std::string what =
+            fmt::format("nsp_loss {} h{}{}", dtype_name(t), h, grads ? " grads" : "");
+        Lowp16 x(t, randn(rng, rows * h), {rows, h}), wp(t, randn(rng, h * h, 0.3f), {h, h});
+        Lowp16 wc(t, randn(rng, 2 * h), {2, h}), dx(t, randn(rng, rows * h), {rows, h});
+        const std::vector<uint16_t> dx0 = dx.host;
+        auto bp = randn(rng, h), bc = randn(rng, 2);
+        const std::vector<int32_t> labels = random_ints(rng, s, 0, 1);
+        const auto gwp0 = randn(rng, h * h), gbp0 = randn(rng, h), gwc0 = randn(rng, 2 * h),
+                   gbc0 = randn(rng, 2);
+        std::vector<float> ws(nsp_workspace_elems(s, h)), loss = {0.25f}, gwp = gwp0,
+                                                          gbp = gbp0, gwc = gwc0, gbc = gbc0;
+        std::vector<int32_t> correct = {1};
+        auto hv = [](std::vector<float>& v, std::initializer_list<int64_t> dims) {
+          return view(v.data(), dims);
+        };
+        const PoolerParams hp{wp.cpu(), hv(bp, {h}), wc.cpu(), hv(bc, {2})};
+        const PoolerParams hg = grads ? PoolerParams{hv(gwp, {h, h}), hv(gbp, {h}),
+                                                     hv(gwc, {2, h}), hv(gbc, {2})}
+                                      : PoolerParams{};
+        cpu->nsp_loss(l.view(), x.cpu(), hp, view(labels.data(), {s}), 1.f / 9,
+                      hv(ws, {nsp_workspace_elems(s, h)}), hv(loss, {1}),
+                      view(correct.data(), {1}), grads ? dx.cpu() : Tensor(), hg);
+        DevLayout dl(l);
+        DevBuf<float> dbp({h}, bp), dbc({2}, bc), dws({nsp_workspace_elems(s, h)}),
+            dloss({1}, {0.25f}), dgwp({h, h}, gwp0), dgbp({h}, gbp0), dgwc({2, h}, gwc0),
+            dgbc({2}, gbc0);
+        DevBuf<int32_t> dlab({s}, labels), dcorrect({1}, {1});
+        const PoolerParams dp{wp.gpu(), dbp.tensor(), wc.gpu(), dbc.tensor()};
+        const PoolerParams dg = grads ? PoolerParams{dgwp.tensor(), dgbp.tensor(),
+                                                     dgwc.tensor(), dgbc.tensor()}
+                                      : PoolerParams{};
+        gpu->nsp_loss(dl.view(), x.gpu(), dp, dlab.tensor(), 1.f / 9, dws.tensor(),
+                      dloss.tensor(), dcorrect.tensor(), grads ? dx.gpu() : Tensor(), dg);
+        cuda_synchronize(*gpu);
+        expect_close(what + " loss", dloss.doubles(), dbl(loss), 1e-6);
+        EXPECT_EQ(dcorrect.values(), correct) << what;
+        EXPECT_TRUE(dws.guards_intact()) << what;
+        const auto gws = dws.values();
+        const std::vector<double> glog(gws.begin() + 4 * s * h, gws.end()),
+            hlog(ws.begin() + 4 * s * h, ws.end());
+        expect_close(what + " logits at 4sh", glog, hlog, kTol);
+        const std::vector<uint16_t> got = read16(dx.dev, dx.host.size());
+        if (!grads) {
+          EXPECT_EQ(got, dx0) << what << ": dx changed without gradients";
+          continue;
+        }
+        expect_rel_l2(dx.widen(got), dx.cpu_values(), 1e-2, what + " dx");
+        std::vector<bool> cls(static_cast<size_t>(rows), false);
+        for (int32_t start : l.seq_start) cls[static_cast<size_t>(start)] = true;
+        for (int64_t r = 0; r < rows; ++r) {
+          if (cls[static_cast<size_t>(r)]) continue;
+          ASSERT_TRUE(std::equal(got.begin() + r * h, got.begin() + (r + 1) * h,
+                                 dx0.begin() + r * h))
+              << what << ": row " << r << " is no [CLS] row, yet changed";
+        }
+        expect_close(what + " dense_w", dgwp.doubles(), dbl(gwp), kTol);
+        expect_close(what + " dense_b", dgbp.doubles(), dbl(gbp), kTol);
+        expect_close(what + " cls_w", dgwc.doubles(), dbl(gwc), kTol);
+        expect_close(what + " cls_b", dgbc.doubles(), dbl(gbc), kTol);
+      }
 }
 
 // gather_rows in bf16 / f16 is a bit copy, as the emulation's widen-copy-round; its backward
@@ -453,6 +560,17 @@ TEST(CudaLowpOps, NativeKernelsNeedNoStaging) {
   const Dropout d = lowp_dropout(true, rng(), DropoutSite::ffn_output, 1);
   const EmbeddingParams ep{word.tensor(), pos.tensor(), type.tensor(), gamma.tensor(),
                            beta.tensor()};
+  // NSP over the 64 sequences: its weights in bf16, its biases, workspace and gradients fp32.
+  const int64_t s = static_cast<int64_t>(lens.size());
+  Guarded16 wp(t, {h, h}, round16(t, random_floats(rng, h * h, 0.03f))),
+      wc(t, {2, h}, round16(t, random_floats(rng, 2 * h)));
+  DevBuf<float> bp({h}, random_floats(rng, h)), bc({2}, random_floats(rng, 2)),
+      nsp_ws({nsp_workspace_elems(s, h)}), loss({1}, {0.f}), gwp({h, h}), gbp({h}), gwc({2, h}),
+      gbc({2});
+  DevBuf<int32_t> labels({s}, random_ints(rng, s, 0, 1)), correct({1}, {0});
+  for (DevBuf<float>* g : {&gwp, &gbp, &gwc, &gbc}) g->set(std::vector<float>(g->size(), 0.f));
+  const PoolerParams np{wp.tensor(), bp.tensor(), wc.tensor(), bc.tensor()};
+  const PoolerParams ng{gwp.tensor(), gbp.tensor(), gwc.tensor(), gbc.tensor()};
   auto used = [] {
     size_t free_b = 0, total_b = 0;
     cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -476,6 +594,11 @@ TEST(CudaLowpOps, NativeKernelsNeedNoStaging) {
                                       Tensor(), dbias.tensor(), {});
     warm->embedding_forward(sdl.view(), st.tensor(), ss.tensor(), ep, d, so.tensor(), sm.tensor(),
                             sr.tensor());
+    warm->nsp_loss(sdl.view(), sx.tensor(), np, Tensor(labels.data(), DType::i32, {1},
+                                                        Device::cuda),
+                   1.f, Tensor(nsp_ws.data(), DType::f32, {nsp_workspace_elems(1, h)},
+                               Device::cuda),
+                   loss.tensor(), correct.tensor(), sdx.tensor(), ng);
     cuda_synchronize(*warm);
   }
   auto gpu = make_cuda_backend(0, CudaBackendOptions{});
@@ -503,6 +626,15 @@ TEST(CudaLowpOps, NativeKernelsNeedNoStaging) {
   grew = used() - before;
   std::printf("[lowp-error] embedding_forward staging %.1f MiB\n", grew / 1048576.0);
   EXPECT_LT(grew, 0.5 * copy) << "embedding_forward staged its bf16 output";
+  // nsp_loss: the adapter widens x and dx (one copy each, dx both ways); the native path the
+  // [CLS] rows and the weights (dense_w [h, h]: a quarter of one copy here).
+  before = used();
+  gpu->nsp_loss(dl.view(), x.tensor(), np, labels.tensor(), 1.f / static_cast<float>(s),
+                nsp_ws.tensor(), loss.tensor(), correct.tensor(), dx.tensor(), ng);
+  cuda_synchronize(*gpu);
+  grew = used() - before;
+  std::printf("[lowp-error] nsp_loss staging %.1f MiB\n", grew / 1048576.0);
+  EXPECT_LT(grew, 0.5 * copy) << "nsp_loss staged its bf16 tensors";
   EXPECT_TRUE(out.guards_intact() && ln_in.guards_intact() && dx.guards_intact());
 }
 

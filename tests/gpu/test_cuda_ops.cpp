@@ -16,7 +16,9 @@
 //   error ~2^-11), not the formula of common/math.h. expect_close prints the measured error.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "device.h"
 
@@ -151,6 +153,62 @@ TEST(CudaOps, LinearBackward) {
       // dout is turned into d(pre) in place only with out_gelu_pre; otherwise untouched.
       expect_close(what + " dout", dg.doubles(), dbl(hg), kTol);
     }
+}
+
+// An epilogue that cuBLASLt's heuristic offers but its matmul refuses (the emulated cuBLASLt's
+// test-only switch, PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES): every op falls back to DEFAULT +
+// its kernel with the CPU's results, and each refusal is met once per shape, never retried.
+TEST(CudaOps, EpiloguesRefusedAtRunTime) {
+  PB_REQUIRE_CUDA_DEVICE();
+  if (!kEmulated) GTEST_SKIP() << "the refusal is the emulated cuBLASLt's switch";
+  struct Switch {
+    Switch() { setenv("PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES", "1", 1); }
+    ~Switch() { unsetenv("PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES"); }
+  } refuse;
+  Backends b;
+  auto rng = make_rng(31);
+  const int64_t n = 37, k = 24, m = 40;  // k, m % 8 == 0: GELU_AUX_BIAS and DGELU are asked for
+  auto x = random_floats(rng, n * k), w = random_floats(rng, m * k), bias = random_floats(rng, m);
+  auto g = random_floats(rng, n * m), dw0 = random_floats(rng, m * k), db0 = random_floats(rng, m);
+  auto xpre = random_floats(rng, n * k, 2.f);
+  std::vector<float> out(n * m), pre(n * m), dx(n * k), dw = dw0, db = db0;
+  LinearBackwardOptions ho, go;
+  ho.gelu = go.gelu = Gelu::tanh;
+  ho.x_gelu_pre = hv(xpre, {n, k});
+  b.cpu->linear_forward(hv(x, {n, k}), hv(w, {m, k}), hv(bias, {m}), Epilogue::bias_gelu_tanh,
+                        hv(out, {n, m}), hv(pre, {n, m}));
+  b.cpu->linear_backward(hv(x, {n, k}), hv(w, {m, k}), hv(g, {n, m}), hv(dx, {n, k}),
+                         hv(dw, {m, k}), hv(db, {m}), ho);
+  testing::internal::CaptureStderr();
+  for (int call = 0; call < 2; ++call) {
+    DevBuf<float> dxin({n, k}, x), dwin({m, k}, w), dbias({m}, bias), dg({n, m}, g);
+    DevBuf<float> dxpre({n, k}, xpre), dout({n, m}), dpre({n, m}), ddx({n, k});
+    DevBuf<float> ddw({m, k}, dw0), ddb({m}, db0);
+    go.x_gelu_pre = dxpre.tensor();
+    b.gpu->linear_forward(dxin.tensor(), dwin.tensor(), dbias.tensor(), Epilogue::bias_gelu_tanh,
+                          dout.tensor(), dpre.tensor());
+    b.gpu->linear_backward(dxin.tensor(), dwin.tensor(), dg.tensor(), ddx.tensor(),
+                           ddw.tensor(), ddb.tensor(), go);
+    const std::string what = fmt::format("refused epilogues, call {}", call);
+    EXPECT_DEV_OUTPUT_OK(dout);
+    EXPECT_DEV_OUTPUT_OK(ddx);
+    // The kernels compute the tanh GELU of common/math.h: the fp32 tolerance, not the epilogues'.
+    expect_close(what + " out", dout.doubles(), dbl(out), kTol);
+    expect_close(what + " pre", dpre.doubles(), dbl(pre), kTol);
+    expect_close(what + " dx", ddx.doubles(), dbl(dx), kTol);
+    expect_close(what + " dw", ddw.doubles(), dbl(dw), kTol);
+    expect_close(what + " db", ddb.doubles(), dbl(db), kTol);
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  auto count = [&err](const std::string& needle) {
+    size_t c = 0;
+    for (size_t at = err.find(needle); at != std::string::npos; at = err.find(needle, at + 1)) ++c;
+    return c;
+  };
+  // GELU_AUX_BIAS, then BIAS (forward), BGRADB and DGELU (backward): four refusals in all, each
+  // met by the matmul once and remembered by the backend for the second call.
+  EXPECT_EQ(count("refused at run time (m="), 4u) << err;
+  EXPECT_EQ(count("cuBLASLt refused epilogue"), 4u) << err;
 }
 
 // ---- embeddings, LayerNorm --------------------------------------------------------------------

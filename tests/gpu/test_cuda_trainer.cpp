@@ -21,9 +21,18 @@
 #include "device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
 #include "cuda_test_util.h"
 #include "train/train_step.h"
 #include "test_util.h"
+#ifdef PACKBERT_CUDA_EMULATION
+#include "cuda_emu/runtime.h"
+#endif
 
 namespace packbert::test {
 namespace {
@@ -141,6 +150,73 @@ void sharded_rank() {
     EXPECT_EQ(mp, ms) << "root " << root;
     EXPECT_EQ(vp, vs) << "root " << root;
   }
+}
+
+// PACKBERT_NVTX=1: the CUDA backend installs NVTX as the trace hooks (core/trace.h), and a
+// step's ranges reach it, here the emulated NVTX's record: balanced and nested on the calling
+// thread; at the top the phases (forward and backward once per micro-step, the gradient wait,
+// LAMB) and no compute op; inside them the ops, the heads' ops inside heads, the gradient
+// buckets inside the backward that readied them. Without the variable nothing is recorded.
+TEST(CudaTrainer, NvtxRangesNestThePhasesAndTheOps) {
+  PB_REQUIRE_CUDA_DEVICE();
+  if (!kEmulated) GTEST_SKIP() << "reads the emulated NVTX's record";
+#ifdef PACKBERT_CUDA_EMULATION
+  std::mt19937_64 rng(test_seed());
+  StepBatch batch = random_step_batch(rng, 6, 2, 5, kMaxSeqLen, 10);  // two micro-steps
+  TrainerOptions o;
+  o.config = bert_preset("tiny");
+  o.max_seq_len = kMaxSeqLen;
+  o.init_seed = rng();
+  o.dropout_seed = rng();
+  o.lr.base_lr = 1e-2;
+  o.lr.max_steps = 10;
+  o.device = Device::cuda;
+  o.bucket_bytes = 256 << 10;  // several buckets
+  {
+    Trainer quiet(MPI_COMM_WORLD, o);
+    quiet.step(batch);
+    EXPECT_TRUE(emu::take_nvtx_events().empty()) << "ranges recorded without PACKBERT_NVTX";
+  }
+  ASSERT_EQ(setenv("PACKBERT_NVTX", "1", 1), 0);
+  Trainer traced(MPI_COMM_WORLD, o);
+  unsetenv("PACKBERT_NVTX");
+  emu::take_nvtx_events();  // those of the set-up
+  traced.step(batch);
+  std::vector<std::string> open;
+  std::map<std::string, int> top;
+  std::set<std::pair<std::string, std::string>> inside;  // (parent, child)
+  for (const emu::NvtxEvent& e : emu::take_nvtx_events()) {
+    ASSERT_EQ(e.thread, std::this_thread::get_id());
+    if (e.push) {
+      ASSERT_EQ(e.depth, static_cast<int>(open.size())) << e.name;
+      if (open.empty()) ++top[e.name];
+      else inside.emplace(open.back(), e.name);
+      open.push_back(e.name);
+    } else {
+      ASSERT_FALSE(open.empty()) << "a pop without a range";
+      ASSERT_EQ(e.depth, static_cast<int>(open.size()) - 1);
+      open.pop_back();
+    }
+  }
+  EXPECT_TRUE(open.empty()) << open.size() << " ranges left open, the last " << open.back();
+  EXPECT_EQ(top["forward"], 2);
+  EXPECT_EQ(top["backward"], 2);
+  EXPECT_EQ(top["grad_wait"], 1);
+  EXPECT_EQ(top["lamb"], 1);
+  for (const char* op : {"embedding_forward", "linear_forward", "attention_forward",
+                         "residual_layernorm_forward", "mlm_loss", "nsp_loss", "linear_backward",
+                         "attention_backward", "embedding_backward", "lamb_step"})
+    EXPECT_EQ(top.count(op), 0u) << op << " outside every phase";
+  const std::pair<std::string, std::string> edges[] = {
+      {"forward", "embedding_forward"}, {"forward", "linear_forward"},
+      {"forward", "attention_forward"}, {"forward", "residual_layernorm_forward"},
+      {"forward", "heads"}, {"heads", "mlm_loss"}, {"heads", "nsp_loss"},
+      {"nsp_loss", "linear_forward"}, {"backward", "linear_backward"},
+      {"backward", "attention_backward"}, {"backward", "residual_layernorm_backward"},
+      {"backward", "embedding_backward"}, {"backward", "grad_bucket"}, {"lamb", "lamb_step"}};
+  for (const auto& edge : edges)
+    EXPECT_EQ(inside.count(edge), 1u) << edge.second << " never inside " << edge.first;
+#endif
 }
 
 TEST(CudaTrainerSharded, TwoRanksMatchTheUnshardedRunBitForBit) {

@@ -15,7 +15,7 @@
 //                pre, act, d(pre) [c, I] -- one chunk for the whole model
 //   mlm_logits   [mlm chunk, V]
 //   heads        7 [masked, H] (MLM transform forward and gradient) + 2 [masked] + NSP
-//                workspace [s (4H + 2)] + 4 scalars
+//                workspace [s (4H + 2)] (the loss sums live outside the arena, in the model)
 //   grad_scratch 4 [rows, H] + [rows, max(I, 3H)] (d(FFN pre) / d(qkv)), or [rows, 3H] with
 //                MLP chunks (d(FFN pre) is then per chunk, in mlp)
 // All f32 unless said. Forward only (gradients = false) drops the d(...) buffers.
@@ -55,7 +55,7 @@ inline ActivationBytes predicted_activation_bytes(const BertConfig& c, int64_t r
   at(ActivationKind::layernorm) = 2 * f(rows) + sets * (2 * f(rows * h) + 4 * f(rows));
   at(ActivationKind::mlp) = mlp_chunked ? 3 * f(mlp_rows * in) : sets * 2 * f(rows * in);
   at(ActivationKind::mlm_logits) = f(mlm_rows * c.vocab_size);
-  at(ActivationKind::heads) = 7 * f(masked * h) + 2 * f(masked) + f(s * (4 * h + 2)) + 4 * f(1);
+  at(ActivationKind::heads) = 7 * f(masked * h) + 2 * f(masked) + f(s * (4 * h + 2));
   at(ActivationKind::grad_scratch) =
       4 * f(rows * h) + f(rows * (mlp_chunked ? 3 * h : std::max(in, 3 * h)));
   return k;

@@ -211,6 +211,57 @@ TEST(ModelForward, EmptyBatchAddsNothing) {
   EXPECT_TRUE(std::all_of(grads.begin(), grads.end(), [](float g) { return g == 0.f; }));
 }
 
+// defer_metrics leaves the sums on the device; deferred_results() returns, in call order, what
+// the same calls return without it (bit for bit: the same ops into another slot), across more
+// deferred calls than the first slot allocation holds, with an immediate forward and an empty
+// batch in between; and the list starts empty again.
+TEST(ModelForward, DeferredMetricsEqualImmediateOnes) {
+  auto rng = model_rng(37);
+  auto be = make_cpu_backend();
+  HostModel m(bert_preset("tiny"), rng());
+  Bert bert(m.config, *be, m.params_view(), Tensor());
+  std::vector<Batch> batches;
+  for (int i = 0; i < 3; ++i) {
+    const auto samples = model_samples(rng, {20 + 9 * i, 41, 7}, 6, m.config.real_vocab_size);
+    batches.push_back(make_batch(samples, BatchLayout::unpadded, 64));
+  }
+  batches.push_back(make_batch({}, BatchLayout::unpadded, 64));
+  ForwardOptions now;
+  now.gradients = false;  // dropout on: each call's step key gives other losses
+  ForwardOptions later = now;
+  later.defer_metrics = true;
+  const int calls = 21;
+  auto run = [&](int i, const ForwardOptions& o) {
+    const Batch& b = batches[static_cast<size_t>(i) % batches.size()];
+    return bert.forward(b, 60 + i, 9 + i, static_cast<uint32_t>(i), 5, o);
+  };
+  std::vector<ForwardResult> want;
+  for (int i = 0; i < calls; ++i) want.push_back(run(i, now));
+  EXPECT_TRUE(bert.deferred_results().empty());
+  for (int i = 0; i < calls; ++i) {
+    const ForwardResult r = run(i, later);
+    EXPECT_EQ(r.loss, 0.0);  // only the host's counts
+    EXPECT_EQ(r.masked_tokens, want[static_cast<size_t>(i)].masked_tokens);
+    if (i == 10) {
+      EXPECT_EQ(run(2, now).loss, want[2].loss);  // slot 0 leaves the others alone
+    }
+  }
+  const std::vector<ForwardResult> got = bert.deferred_results();
+  ASSERT_EQ(got.size(), static_cast<size_t>(calls));
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].loss, want[i].loss) << i;
+    EXPECT_EQ(got[i].mlm_loss_sum, want[i].mlm_loss_sum) << i;
+    EXPECT_EQ(got[i].nsp_loss_sum, want[i].nsp_loss_sum) << i;
+    EXPECT_EQ(got[i].mlm_correct, want[i].mlm_correct) << i;
+    EXPECT_EQ(got[i].nsp_correct, want[i].nsp_correct) << i;
+    EXPECT_EQ(got[i].sequences, want[i].sequences) << i;
+    if (i % batches.size() != batches.size() - 1) {
+      EXPECT_GT(got[i].loss, 0.0) << i;  // every batch but the empty one has a loss
+    }
+  }
+  EXPECT_TRUE(bert.deferred_results().empty());
+}
+
 TEST(ModelForward, MisuseIsAClearError) {
   auto rng = model_rng(35);
   auto be = make_cpu_backend();
