@@ -48,14 +48,16 @@ enum class FmhaType { bf16, f16 };
 constexpr int kFmhaHeadDim = 64;
 constexpr int kFmhaTile = 64;  // query rows (forward, dQ) or key rows (dK/dV) per block
 // Every pointer 16-byte aligned (checked by the backend). qkv [rows, 3 hidden], out / dout
-// [rows, hidden] and dqkv in the type; lse f32 [rows, heads] (the fp32 kernel's order).
+// [rows, hidden] and dqkv in the type; lse f32 [rows, heads] (the fp32 kernel's order). delta:
+// f32 [rows, heads] workspace (D = dO . O of each query row, made and used by the backward).
 cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                               const void* qkv, int64_t hidden, int heads,
                               const DropoutStream& ds, void* out, float* lse, cudaStream_t s);
 cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                                const void* qkv, const void* out, const float* lse,
                                const void* dout, int64_t hidden, int heads,
-                               const DropoutStream& ds, void* dqkv, cudaStream_t s);
+                               const DropoutStream& ds, float* delta, void* dqkv,
+                               cudaStream_t s);
 
 // ---- grouped launch (fmha_plan.cpp) ---------------------------------------------------------
 // The auxiliary streams and events of CudaBackend's attention, and the device copy of the
@@ -89,6 +91,10 @@ class FmhaStreams {
     check_error(op, "the bucket launches", first_error);
   }
 
+  // A device workspace of at least n floats (the bf16 / fp16 backward's D), grow-only: a grow
+  // first synchronises main, whose earlier attention ops may still use the old one.
+  float* workspace(const char* op, size_t n, cudaStream_t main);
+
   // Throws packbert::Error naming op and what when e is an error.
   static void check_error(const char* op, const char* what, cudaError_t e);
 
@@ -104,6 +110,8 @@ class FmhaStreams {
   int32_t* order_d_ = nullptr;  // grow-only device copy of plan.order
   size_t order_capacity_ = 0;
   std::vector<int32_t> order_h_;  // the host source of the last upload (outlives the copy)
+  float* workspace_d_ = nullptr;
+  size_t workspace_capacity_ = 0;
 };
 
 }  // namespace packbert::cuda

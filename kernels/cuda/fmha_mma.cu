@@ -22,11 +22,17 @@
 //            memory: S = Q K^T, online softmax (running max and sum per row, in log2 units;
 //            the sum is kept per thread and reduced once at the end), O += (P * dropout) V;
 //            out = O / l, lse = (m + log2 l) ln 2 in fp32 [rows, heads] (the fp32 kernel's order).
-//   dQ       query tile; Q and dO fragments in registers, D = dO . O per row; per K/V tile:
-//            S = Q K^T, dP = dO V^T, P = exp(S - lse), dS = P (f dP - D); dQ += dS K.
+//   dQ       query tile; Q and dO fragments in registers, D = dO . O per row, also stored
+//            f32 [rows, heads] for the dK / dV kernel; per K/V tile: S = Q K^T, dP = dO V^T,
+//            P = exp(S - lse), dS = P (f dP - D); dQ += dS K.
 //   dK, dV   key tile; K and V fragments in registers; per Q/dO tile (64 queries in shared
 //            memory with their lse and D): S^T = K Q^T, dP^T = V dO^T, dV += (P f)^T dO,
 //            dK += dS^T Q.
+// D is made by the dQ kernel, not by a pre-pass: each dQ block owns one query tile of one
+// (sequence, head) and holds its dO rows in registers already, so every row's D is computed
+// exactly once with no further read of dO and no extra launch; the dK / dV kernel runs after it
+// on the same stream and reads D (64 floats per query tile) instead of recomputing it from O and
+// dO for every key tile.
 // No atomics; every sum runs in a fixed order (tiles in order, fixed shuffle trees), so results
 // are the same from run to run. P and dS are rounded to the 16-bit type before their products,
 // as FlashAttention does.
@@ -108,6 +114,7 @@ struct FmhaArgs {
   const uint16_t* out;   // [rows, hidden] (backward)
   const uint16_t* dout;  // [rows, hidden] (backward)
   const float* lse;      // [rows, heads] (backward)
+  float* delta;          // [rows, heads] (backward): D = dO . O, written by dQ, read by dK / dV
   int64_t hidden;
   int heads;
   int blocks_per_seq;    // ceil(work max_len / kTile)
@@ -415,6 +422,7 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   for (int i = 0; i < 2; ++i) {
     const int qi = i ? qb : qa;
     lse2[i] = qi < len ? a.lse[(bw.start + qi) * a.heads + head] * kLog2e : 0.f;
+    if (qi < len && t == 0) a.delta[(bw.start + qi) * a.heads + head] = delta[i];
   }
   const float c = a.scale * kLog2e;
   float dq[kDTiles][4];
@@ -490,7 +498,6 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
   const uint16_t* qbase = a.qkv + bw.start * ld + hoff;
   const uint16_t* kbase = qbase + a.hidden;
   const uint16_t* vbase = qbase + 2 * a.hidden;
-  const uint16_t* obase = a.out + bw.start * a.hidden + hoff;
   const uint16_t* dobase = a.dout + bw.start * a.hidden + hoff;
   const bool drop = dropout_enabled(a.ds);
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
@@ -512,23 +519,12 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
     load_tile(qbase, ld, q0, len, Qs);
     load_tile(dobase, a.hidden, q0, len, dOs);
     __syncthreads();
-    // D and lse of the tile's queries: warp w does queries 16w .. 16w + 15, lane = 2 columns.
-    for (int j = 0; j < 16; ++j) {
-      const int qt = warp * 16 + j, qi = q0 + qt;
-      float part = 0.f;
-      if (qi < len) {
-        const uint32_t ow = gword(obase, a.hidden, qi, len, 2 * lane);
-        const uint32_t dw = sword(dOs, qt, 2 * lane);
-        part = Elem<T>::to_float(static_cast<uint16_t>(ow & 0xffffu)) *
-                   Elem<T>::to_float(static_cast<uint16_t>(dw & 0xffffu)) +
-               Elem<T>::to_float(static_cast<uint16_t>(ow >> 16)) *
-                   Elem<T>::to_float(static_cast<uint16_t>(dw >> 16));
-      }
-      part = warp_sum(part);
-      if (lane == 0) {
-        delta_s[qt] = qi < len ? part : 0.f;
-        lse_s[qt] = qi < len ? a.lse[(bw.start + qi) * a.heads + head] * kLog2e : 0.f;
-      }
+    // lse and D of the tile's queries (D from the dQ kernel, which ran before on this stream).
+    if (threadIdx.x < kTile) {
+      const int qi = q0 + threadIdx.x;
+      const int64_t at = (bw.start + qi) * a.heads + head;
+      lse_s[threadIdx.x] = qi < len ? a.lse[at] * kLog2e : 0.f;
+      delta_s[threadIdx.x] = qi < len ? a.delta[at] : 0.f;
     }
     __syncthreads();
     float st[kRowTiles][4], dpt[kRowTiles][4];  // S^T and dP^T: rows keys, columns queries
@@ -606,6 +602,7 @@ FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* qkv, in
   a.out = nullptr;
   a.dout = nullptr;
   a.lse = nullptr;
+  a.delta = nullptr;
   a.hidden = hidden;
   a.heads = heads;
   a.blocks_per_seq = (w.max_len + kTile - 1) / kTile;
@@ -665,12 +662,14 @@ cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork&
 cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                                const void* qkv, const void* out, const float* lse,
                                const void* dout, int64_t hidden, int heads,
-                               const DropoutStream& ds, void* dqkv, cudaStream_t s) {
+                               const DropoutStream& ds, float* delta, void* dqkv,
+                               cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
   FmhaArgs a = make_args(l, w, qkv, hidden, heads, ds);
   a.out = static_cast<const uint16_t*>(out);
   a.dout = static_cast<const uint16_t*>(dout);
   a.lse = lse;
+  a.delta = delta;
   return t == FmhaType::bf16 ? backward_t<__nv_bfloat16>(a, w, dqkv, s)
                              : backward_t<__half>(a, w, dqkv, s);
 }

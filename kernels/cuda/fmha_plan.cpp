@@ -49,6 +49,9 @@ void FmhaStreams::release() {
   cudaFree(order_d_);
   order_d_ = nullptr;
   order_capacity_ = 0;
+  cudaFree(workspace_d_);
+  workspace_d_ = nullptr;
+  workspace_capacity_ = 0;
   for (cudaEvent_t& e : join_) {
     if (e) cudaEventDestroy(e);
     e = nullptr;
@@ -83,6 +86,20 @@ const int32_t* FmhaStreams::upload(const char* op, const FmhaPlan& plan, cudaStr
                 cudaMemcpyAsync(order_d_, order_h_.data(), n * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, main));
   return order_d_;
+}
+
+float* FmhaStreams::workspace(const char* op, size_t n, cudaStream_t main) {
+  if (n > workspace_capacity_) {
+    check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(main));
+    cudaFree(workspace_d_);
+    workspace_d_ = nullptr;
+    workspace_capacity_ = 0;
+    const size_t cap = n + n / 4 + 64;
+    check_error(op, "cudaMalloc of the attention workspace",
+                cudaMalloc(&workspace_d_, cap * sizeof(float)));
+    workspace_capacity_ = cap;
+  }
+  return workspace_d_;
 }
 
 void FmhaStreams::fork(const char* op, cudaStream_t main) {
