@@ -583,14 +583,19 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
   }
 }
 
-// Rows of no sequence: width elements of a [rows, width] buffer set to 0.
+// Rows of no sequence: width elements of a [rows, width] buffer set to 0. One warp per row (a
+// grid-stride loop over rows): the row's sequence is read once, and only a padding row's warp
+// stores, its lanes along the row; no per-element division by the width.
 template <typename W>
 __global__ void zero_padding_rows_kernel(const int32_t* token_seq, int64_t rows, int64_t width,
                                          W* x) {
-  const int64_t n = rows * width;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    if (token_seq[i / width] < 0) x[i] = W(0);
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
+  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; r < rows; r += warps) {
+    if (token_seq[r] >= 0) continue;
+    W* row = x + r * width;
+    for (int64_t c = lane; c < width; c += 32) row[c] = W(0);
+  }
 }
 
 FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* qkv, int64_t hidden,
@@ -638,7 +643,7 @@ cudaError_t backward_t(const FmhaArgs& a, const AttnWork& w, void* dqkv, cudaStr
 cudaError_t fmha_zero_padding_rows(const DeviceLayout& l, void* x, int64_t width, int elem_bytes,
                                    cudaStream_t s) {
   if (l.rows == 0 || width == 0) return cudaSuccess;
-  const unsigned grid = grid_for(l.rows * width, 256);
+  const unsigned grid = grid_for(l.rows * 32, 256);  // a warp per row
   if (elem_bytes == 2)
     PB_LAUNCH(grid, 256, 0, s, zero_padding_rows_kernel<uint16_t>)(
         l.token_seq, l.rows, width, static_cast<uint16_t*>(x));
