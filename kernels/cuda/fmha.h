@@ -70,10 +70,11 @@ class FmhaStreams {
   FmhaStreams(const FmhaStreams&) = delete;
   FmhaStreams& operator=(const FmhaStreams&) = delete;
 
-  // Runs launch(work, stream) once per bucket of plan: the order is uploaded on main, the
-  // buckets fork from main (an event), run on the auxiliary streams (longest bucket first,
-  // bucket i of the launch order on stream i % kStreams) and join back into main (one event
-  // per used stream) before run returns, so main's later work sees every bucket's results.
+  // Runs launch(work, stream) once per bucket of plan: the order is uploaded on main (unless
+  // it is the last call's, whose device copy is reused), the buckets fork from main (an
+  // event), run on the auxiliary streams (longest bucket first, bucket i of the launch order on
+  // stream i % kStreams) and join back into main (one event per used stream) before run
+  // returns, so main's later work sees every bucket's results.
   // Every launch is joined even when one fails; the first error is then thrown, naming op.
   template <typename Launch>
   void run(const char* op, const FmhaPlan& plan, cudaStream_t main, Launch&& launch) {
@@ -107,9 +108,13 @@ class FmhaStreams {
   cudaStream_t streams_[kStreams] = {};
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t join_[kStreams] = {};
-  int32_t* order_d_ = nullptr;  // grow-only device copy of plan.order
+  // The last uploaded plan.order: its device copy, and its pinned host source (kept, to compare
+  // with the next plan and to outlive the copy). Grow-only, order_capacity_ entries each.
+  int32_t* order_d_ = nullptr;
+  int32_t* order_h_ = nullptr;
+  size_t order_size_ = 0;
   size_t order_capacity_ = 0;
-  std::vector<int32_t> order_h_;  // the host source of the last upload (outlives the copy)
+  cudaEvent_t uploaded_ = nullptr;  // recorded after the last copy out of order_h_
   float* workspace_d_ = nullptr;
   size_t workspace_capacity_ = 0;
 };
