@@ -1,10 +1,9 @@
 // Variable-length multi-head attention on tensor cores: bf16 or fp16 q/k/v/out/dout/dqkv, fp32
 // accumulation and softmax statistics, head dim 64, FlashAttention-2 tiling.
 //
-// Products: mma.sync.aligned.m16n8k16 (row.col, f32 accumulators; device_seams.cuh), operands
-// loaded with plain 32-bit shared/global loads (no ldmatrix), so the only layout facts the code
-// relies on are the PTX ISA's fragment layouts of m16n8k16 for 16-bit types. With
-// g = lane / 4 and t = lane % 4:
+// Products: mma.sync.aligned.m16n8k16 (row.col, f32 accumulators; device_seams.cuh). The layout
+// facts the code relies on are the PTX ISA's fragment layouts of m16n8k16 for 16-bit types and
+// of ldmatrix. With g = lane / 4 and t = lane % 4:
 //   A (16 x 16, row): a0 = (row g,   k 2t, 2t+1)   a1 = (row g+8, k 2t, 2t+1)
 //                     a2 = (row g,   k 2t+8, +9)   a3 = (row g+8, k 2t+8, +9)
 //   B (16 x 8, col):  b0 = (k 2t, 2t+1; col g)      b1 = (k 2t+8, 2t+9; col g)
@@ -12,10 +11,13 @@
 // (the lower 16 bits of a register hold the lower k). So two C tiles side by side (16 x 16) are
 // exactly the A fragment of the next product: P never leaves registers.
 //
-// Shared memory tiles are row-major [64 rows][72] (stride 72 = 36 words: the 8 row groups of a
-// fragment load land in distinct banks). A B operand whose k runs along the tile's rows (V in
-// P V, K in dS K, Q and dO in the dK / dV products) is built from two 16-bit loads (rows 2t and
-// 2t + 1, column g), also conflict-free at this stride; no transposed copy is kept.
+// Shared memory tiles are row-major [64 rows][72] (stride 72 = 36 words: the 8 rows of an
+// ldmatrix phase, 16 bytes each, land in distinct banks). B operands come from them by
+// ldmatrix.x4 (4 registers, two n8 tiles or two k16 chunks, per instruction): plain where k runs
+// along the tile's columns (K in Q K^T: an 8 x 8 block's row g, columns 2t, 2t+1 is b0), .trans
+// where k runs along the tile's rows (V in P V, K in dS K, Q and dO in the dK / dV products: the
+// transposed block gives column g, rows 2t, 2t+1), so no transposed copy is kept. The A
+// fragments of Q (K, V; dO) are read once per block from global memory into registers.
 //
 // Kernels (block = 4 warps, each warp 16 rows of a 64-row tile of one (sequence, head)):
 //   forward  query tile; Q fragments in registers; loops over K/V tiles of 64 keys in shared
@@ -150,15 +152,26 @@ __device__ __forceinline__ void load_tile(const uint16_t* base, int64_t ld, int 
   }
 }
 
-// Two adjacent elements (col, col + 1) of a shared tile row as one register.
-__device__ __forceinline__ uint32_t sword(const uint16_t* tile, int row, int col) {
-  return *reinterpret_cast<const uint32_t*>(tile + row * kStride + col);
+// B fragments from a shared tile by ldmatrix (device_seams.cuh), lane = the lane.
+// Products whose k runs along the tile's columns (K in Q K^T and dQ's V in dO V^T; Q and dO in
+// the dK / dV kernel's K Q^T, V dO^T): the n8 tile of rows n0 .. n0 + 7 and, N = 4 (.x4), the
+// k16 chunks kc and kc + 1 (columns 16 kc .. 16 kc + 31): b[0], b[1] of chunk kc, b[2], b[3] of
+// chunk kc + 1; N = 2 (.x2), chunk kc alone (the dK / dV kernel, whose 160 live fragment
+// registers leave no room for the .x4's two more: it spilled).
+template <int N>
+__device__ __forceinline__ void ldsm_b_cols(const uint16_t* tile, int n0, int kc, int lane,
+                                            uint32_t (&b)[N]) {
+  ldmatrix_m8n8<N, false>(
+      b, tile + (n0 + (lane & 7)) * kStride + kc * 16 + ((lane >> 3) & (N - 1)) * 8);
 }
-// Elements (row, col) and (row + 1, col) of a shared tile as one register (lower: row).
-__device__ __forceinline__ uint32_t spair(const uint16_t* tile, int row, int col) {
-  const uint32_t lo = tile[row * kStride + col], hi = tile[(row + 1) * kStride + col];
-  if (PB_MUTANT(Mutant::fmha_b_halves)) return hi | (lo << 16);
-  return lo | (hi << 16);
+// Products whose k runs along the tile's rows (V in P V, K in dS K, dO and Q in dV, dK): the
+// k16 chunk kc (rows 16 kc .. 16 kc + 15) and the n8 tiles of columns c0 and c0 + 8: b[0], b[1]
+// of the first, b[2], b[3] of the second (.trans: no transposed copy of the tile is kept).
+__device__ __forceinline__ void ldsm_b_rows(const uint16_t* tile, int kc, int c0, int lane,
+                                            uint32_t (&b)[4]) {
+  ldmatrix_m8n8<4, true>(b, tile + (kc * 16 + (lane & 15)) * kStride + c0 + (lane >> 4) * 8);
+  if (PB_MUTANT(Mutant::fmha_b_halves))
+    for (uint32_t& r : b) r = (r >> 16) | (r << 16);
 }
 // Two adjacent elements of row i of a global matrix (0 past the sequence).
 __device__ __forceinline__ uint32_t gword(const uint16_t* base, int64_t ld, int i, int len,
@@ -282,19 +295,25 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
   for (int k0 = 0; k0 < len; k0 += kTile) {
-    if (!PB_MUTANT(Mutant::fmha_barrier)) __syncthreads();  // the previous tile is consumed
+    __syncthreads();  // the previous tile is consumed
     load_tile(kbase, ld, k0, len, Ks);
     load_tile(vbase, ld, k0, len, Vs);
-    __syncthreads();
+    // The tile is loaded. (The fmha_barrier mutation removes this one: the emulation orders the
+    // warps' ldmatrix reads of the previous tile before any warp's next stores, so the barrier
+    // above is a race only ThreadSanitizer sees.)
+    if (!PB_MUTANT(Mutant::fmha_barrier)) __syncthreads();
     float s[kRowTiles][4];
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     #pragma unroll
-    for (int kc = 0; kc < kDChunks; ++kc)
+    for (int kc = 0; kc < kDChunks; kc += 2)
       #pragma unroll
-      for (int n = 0; n < kRowTiles; ++n)
-        Elem<T>::mma(s[n], qf[kc], sword(Ks, n * 8 + g, kc * 16 + 2 * t),
-                     sword(Ks, n * 8 + g, kc * 16 + 8 + 2 * t));
+      for (int n = 0; n < kRowTiles; ++n) {
+        uint32_t b[4];
+        ldsm_b_cols(Ks, n * 8, kc, lane, b);
+        Elem<T>::mma(s[n], qf[kc], b[0], b[1]);
+        Elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
+      }
     // Scale and mask (keys past the end: -inf), then the running max of each row. Key k0 is
     // always valid, so the new max is finite and exp2(-inf - max) = 0 masks.
     float mx[2] = {-INFINITY, -INFINITY};
@@ -346,9 +365,12 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
       uint32_t pa[4];
       c_to_a<T>(s, kc, pa);
       #pragma unroll
-      for (int n = 0; n < kDTiles; ++n)
-        Elem<T>::mma(o[n], pa, spair(Vs, kc * 16 + 2 * t, n * 8 + g),
-                     spair(Vs, kc * 16 + 8 + 2 * t, n * 8 + g));
+      for (int n = 0; n < kDTiles; n += 2) {
+        uint32_t b[4];
+        ldsm_b_rows(Vs, kc, n * 8, lane, b);
+        Elem<T>::mma(o[n], pa, b[0], b[1]);
+        Elem<T>::mma(o[n + 1], pa, b[2], b[3]);
+      }
     }
   }
   #pragma unroll
@@ -440,13 +462,16 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
       #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
     #pragma unroll
-    for (int kc = 0; kc < kDChunks; ++kc)
+    for (int kc = 0; kc < kDChunks; kc += 2)
       #pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
-        Elem<T>::mma(s[n], qf[kc], sword(Ks, n * 8 + g, kc * 16 + 2 * t),
-                     sword(Ks, n * 8 + g, kc * 16 + 8 + 2 * t));
-        Elem<T>::mma(dp[n], dof[kc], sword(Vs, n * 8 + g, kc * 16 + 2 * t),
-                     sword(Vs, n * 8 + g, kc * 16 + 8 + 2 * t));
+        uint32_t b[4];
+        ldsm_b_cols(Ks, n * 8, kc, lane, b);
+        Elem<T>::mma(s[n], qf[kc], b[0], b[1]);
+        Elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
+        ldsm_b_cols(Vs, n * 8, kc, lane, b);
+        Elem<T>::mma(dp[n], dof[kc], b[0], b[1]);
+        Elem<T>::mma(dp[n], dof[kc + 1], b[2], b[3]);
       }
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
@@ -465,9 +490,12 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
       uint32_t da[4];
       c_to_a<T>(s, kc, da);
       #pragma unroll
-      for (int n = 0; n < kDTiles; ++n)
-        Elem<T>::mma(dq[n], da, spair(Ks, kc * 16 + 2 * t, n * 8 + g),
-                     spair(Ks, kc * 16 + 8 + 2 * t, n * 8 + g));
+      for (int n = 0; n < kDTiles; n += 2) {
+        uint32_t b[4];
+        ldsm_b_rows(Ks, kc, n * 8, lane, b);
+        Elem<T>::mma(dq[n], da, b[0], b[1]);
+        Elem<T>::mma(dq[n + 1], da, b[2], b[3]);
+      }
     }
   }
   #pragma unroll
@@ -536,10 +564,11 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
     for (int kc = 0; kc < kDChunks; ++kc)
       #pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
-        Elem<T>::mma(st[n], kf[kc], sword(Qs, n * 8 + g, kc * 16 + 2 * t),
-                     sword(Qs, n * 8 + g, kc * 16 + 8 + 2 * t));
-        Elem<T>::mma(dpt[n], vf[kc], sword(dOs, n * 8 + g, kc * 16 + 2 * t),
-                     sword(dOs, n * 8 + g, kc * 16 + 8 + 2 * t));
+        uint32_t b[2];
+        ldsm_b_cols(Qs, n * 8, kc, lane, b);
+        Elem<T>::mma(st[n], kf[kc], b[0], b[1]);
+        ldsm_b_cols(dOs, n * 8, kc, lane, b);
+        Elem<T>::mma(dpt[n], vf[kc], b[0], b[1]);
       }
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
@@ -560,11 +589,14 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
       c_to_a<T>(st, kc, pa);
       c_to_a<T>(dpt, kc, da);
       #pragma unroll
-      for (int n = 0; n < kDTiles; ++n) {
-        Elem<T>::mma(dv[n], pa, spair(dOs, kc * 16 + 2 * t, n * 8 + g),
-                     spair(dOs, kc * 16 + 8 + 2 * t, n * 8 + g));
-        Elem<T>::mma(dk[n], da, spair(Qs, kc * 16 + 2 * t, n * 8 + g),
-                     spair(Qs, kc * 16 + 8 + 2 * t, n * 8 + g));
+      for (int n = 0; n < kDTiles; n += 2) {
+        uint32_t b[4];
+        ldsm_b_rows(dOs, kc, n * 8, lane, b);
+        Elem<T>::mma(dv[n], pa, b[0], b[1]);
+        Elem<T>::mma(dv[n + 1], pa, b[2], b[3]);
+        ldsm_b_rows(Qs, kc, n * 8, lane, b);
+        Elem<T>::mma(dk[n], da, b[0], b[1]);
+        Elem<T>::mma(dk[n + 1], da, b[2], b[3]);
       }
     }
   }
