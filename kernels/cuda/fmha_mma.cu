@@ -19,6 +19,10 @@
 // transposed block gives column g, rows 2t, 2t+1), so no transposed copy is kept. The A
 // fragments of Q (K, V; dO) are read once per block from global memory into registers.
 //
+// Tiles are double-buffered: the next K / V tile (Q / dO in dK / dV) is copied by cp.async while
+// the current one computes; one barrier per tile both publishes the landed tile and retires the
+// buffer the next copies overwrite.
+//
 // Kernels (block = 4 warps, each warp 16 rows of a 64-row tile of one (sequence, head)):
 //   forward  query tile; Q fragments in registers; loops over K/V tiles of 64 keys in shared
 //            memory: S = Q K^T, online softmax (running max and sum per row, in log2 units;
@@ -46,8 +50,7 @@
 // computed once per tile.
 //
 // Lengths: any (up to the dropout key's 2^20 positions); rows past a sequence's end are loaded
-// as zeros, masked, and never written. Tuned for <= 512 (BERT); K/V tiles are not yet
-// double-buffered (cp.async / TMA would overlap the next tile's load with this tile's math).
+// as zeros, masked, and never written. Tuned for <= 512 (BERT).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -70,6 +73,14 @@ constexpr int kRowTiles = kTile / 8;  // n8 tiles along a 64-row tile
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kTile == 64 && kD == 64, "the fragment bookkeeping assumes 64 x 64 tiles");
+// Static shared memory per block: two buffers of two 16-bit tiles,
+// and in the dK / dV kernel two buffers of the tile's lse and D.
+constexpr int kTileBytes = kTile * kStride * 2;
+constexpr int kSmemForward = 2 * 2 * kTileBytes;  // K, V
+constexpr int kSmemDq = 2 * 2 * kTileBytes;       // K, V
+constexpr int kSmemDkv = 2 * 2 * kTileBytes + 2 * 2 * kTile * 4;  // Q, dO; lse, D
+static_assert(kSmemDkv <= 48 * 1024 && kSmemForward <= 48 * 1024,
+              "static shared memory is limited to 48 KiB (more needs dynamic shared memory)");
 
 // ---- the element type ----------------------------------------------------------------------
 template <typename T>
@@ -140,15 +151,16 @@ __device__ __forceinline__ BlockWork block_work(const FmhaArgs& a) {
   return w;
 }
 
-// Rows [first, first + kTile) of a [len, >= kD] matrix (row stride ld elements) into a shared
-// tile, 16 bytes per load; rows at or past len are zeros (never read past the sequence).
-__device__ __forceinline__ void load_tile(const uint16_t* base, int64_t ld, int first, int len,
-                                          uint16_t* dst) {
+// Starts the copies of rows [first, first + kTile) of a [len, >= kD] global matrix (row stride
+// ld elements) into a shared tile, 16 bytes per cp.async (device_seams.cuh); rows at or past len
+// are zero-filled (nothing is read past the sequence). The caller commits the group.
+__device__ __forceinline__ void load_tile_async(const uint16_t* base, int64_t ld, int first,
+                                                int len, uint16_t* dst) {
   for (int idx = threadIdx.x; idx < kTile * (kD / 8); idx += kThreads) {
     const int r = idx / (kD / 8), c = (idx % (kD / 8)) * 8, i = first + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (i < len) v = *reinterpret_cast<const uint4*>(base + static_cast<int64_t>(i) * ld + c);
-    *reinterpret_cast<uint4*>(dst + r * kStride + c) = v;
+    const bool in = i < len;
+    cp_async_16(dst + r * kStride + c, base + (in ? static_cast<int64_t>(i) * ld + c : 0),
+                in ? 16 : 0);
   }
 }
 
@@ -272,8 +284,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint16_t* out,
                                                                 float* lse) {
-  __shared__ __align__(16) uint16_t Ks[kTile * kStride];
-  __shared__ __align__(16) uint16_t Vs[kTile * kStride];
+  __shared__ __align__(16) uint16_t Ks[2][kTile * kStride];  // double-buffered K / V tiles
+  __shared__ __align__(16) uint16_t Vs[2][kTile * kStride];
   const BlockWork bw = block_work(a);
   if (bw.row0 >= bw.len) return;  // the whole block
   const int len = bw.len, head = blockIdx.y;
@@ -286,6 +298,9 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;  // this thread's two query rows
 
+  load_tile_async(kbase, ld, 0, len, Ks[0]);  // the first K / V tile loads with Q
+  load_tile_async(vbase, ld, 0, len, Vs[0]);
+  cp_async_commit();
   uint32_t qf[kDChunks][4];
   load_a_rows(qbase, ld, qa, len, t, qf);
   const float c = a.scale * kLog2e;  // scores in log2 units
@@ -294,14 +309,18 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
   #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  for (int k0 = 0; k0 < len; k0 += kTile) {
-    __syncthreads();  // the previous tile is consumed
-    load_tile(kbase, ld, k0, len, Ks);
-    load_tile(vbase, ld, k0, len, Vs);
-    // The tile is loaded. (The fmha_barrier mutation removes this one: the emulation orders the
-    // warps' ldmatrix reads of the previous tile before any warp's next stores, so the barrier
-    // above is a race only ThreadSanitizer sees.)
+  for (int k0 = 0, buf = 0; k0 < len; k0 += kTile, buf ^= 1) {
+    cp_async_wait_group<0>();  // this thread's copies of tile k0, the only ones in flight
+    // Every thread's copies of tile k0 are visible, and every thread is done with the previous
+    // tile, whose buffer the next tile's copies overwrite.
     if (!PB_MUTANT(Mutant::fmha_barrier)) __syncthreads();
+    if (k0 + kTile < len) {  // the next tile loads while this one computes
+      load_tile_async(kbase, ld, k0 + kTile, len, Ks[buf ^ 1]);
+      load_tile_async(vbase, ld, k0 + kTile, len, Vs[buf ^ 1]);
+      cp_async_commit();
+    }
+    const uint16_t* K = Ks[buf];
+    const uint16_t* V = Vs[buf];
     float s[kRowTiles][4];
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -310,7 +329,7 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
       #pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
         uint32_t b[4];
-        ldsm_b_cols(Ks, n * 8, kc, lane, b);
+        ldsm_b_cols(K, n * 8, kc, lane, b);
         Elem<T>::mma(s[n], qf[kc], b[0], b[1]);
         Elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
       }
@@ -367,7 +386,7 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
       #pragma unroll
       for (int n = 0; n < kDTiles; n += 2) {
         uint32_t b[4];
-        ldsm_b_rows(Vs, kc, n * 8, lane, b);
+        ldsm_b_rows(V, kc, n * 8, lane, b);
         Elem<T>::mma(o[n], pa, b[0], b[1]);
         Elem<T>::mma(o[n + 1], pa, b[2], b[3]);
       }
@@ -417,8 +436,8 @@ __device__ __forceinline__ void rows_delta(const uint16_t* obase, int64_t ld, in
 // ---- backward: dQ -----------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t* dqkv) {
-  __shared__ __align__(16) uint16_t Ks[kTile * kStride];
-  __shared__ __align__(16) uint16_t Vs[kTile * kStride];
+  __shared__ __align__(16) uint16_t Ks[2][kTile * kStride];  // double-buffered K / V tiles
+  __shared__ __align__(16) uint16_t Vs[2][kTile * kStride];
   const BlockWork bw = block_work(a);
   if (bw.row0 >= bw.len) return;
   const int len = bw.len, head = blockIdx.y;
@@ -434,6 +453,9 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;
 
+  load_tile_async(kbase, ld, 0, len, Ks[0]);
+  load_tile_async(vbase, ld, 0, len, Vs[0]);
+  cp_async_commit();
   uint32_t qf[kDChunks][4], dof[kDChunks][4];
   load_a_rows(qbase, ld, qa, len, t, qf);
   load_a_rows(dobase, a.hidden, qa, len, t, dof);
@@ -451,11 +473,16 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   #pragma unroll
   for (int n = 0; n < kDTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
-  for (int k0 = 0; k0 < len; k0 += kTile) {
-    __syncthreads();
-    load_tile(kbase, ld, k0, len, Ks);
-    load_tile(vbase, ld, k0, len, Vs);
-    __syncthreads();
+  for (int k0 = 0, buf = 0; k0 < len; k0 += kTile, buf ^= 1) {
+    cp_async_wait_group<0>();
+    __syncthreads();  // as in the forward
+    if (k0 + kTile < len) {
+      load_tile_async(kbase, ld, k0 + kTile, len, Ks[buf ^ 1]);
+      load_tile_async(vbase, ld, k0 + kTile, len, Vs[buf ^ 1]);
+      cp_async_commit();
+    }
+    const uint16_t* K = Ks[buf];
+    const uint16_t* V = Vs[buf];
     float s[kRowTiles][4], dp[kRowTiles][4];
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
@@ -466,10 +493,10 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
       #pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
         uint32_t b[4];
-        ldsm_b_cols(Ks, n * 8, kc, lane, b);
+        ldsm_b_cols(K, n * 8, kc, lane, b);
         Elem<T>::mma(s[n], qf[kc], b[0], b[1]);
         Elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
-        ldsm_b_cols(Vs, n * 8, kc, lane, b);
+        ldsm_b_cols(V, n * 8, kc, lane, b);
         Elem<T>::mma(dp[n], dof[kc], b[0], b[1]);
         Elem<T>::mma(dp[n], dof[kc + 1], b[2], b[3]);
       }
@@ -492,7 +519,7 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
       #pragma unroll
       for (int n = 0; n < kDTiles; n += 2) {
         uint32_t b[4];
-        ldsm_b_rows(Ks, kc, n * 8, lane, b);
+        ldsm_b_rows(K, kc, n * 8, lane, b);
         Elem<T>::mma(dq[n], da, b[0], b[1]);
         Elem<T>::mma(dq[n + 1], da, b[2], b[3]);
       }
@@ -513,10 +540,10 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
 // ---- backward: dK, dV -------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t* dqkv) {
-  __shared__ __align__(16) uint16_t Qs[kTile * kStride];
-  __shared__ __align__(16) uint16_t dOs[kTile * kStride];
-  __shared__ float lse_s[kTile];  // lse of the tile's queries, log2 units (0 past the end)
-  __shared__ float delta_s[kTile];
+  __shared__ __align__(16) uint16_t Qs[2][kTile * kStride];  // double-buffered Q / dO tiles
+  __shared__ __align__(16) uint16_t dOs[2][kTile * kStride];
+  __shared__ float lse_s[2][kTile];  // lse of the tile's queries, log2 units (0 past the end)
+  __shared__ float delta_s[2][kTile];
   const BlockWork bw = block_work(a);
   if (bw.row0 >= bw.len) return;
   const int len = bw.len, head = blockIdx.y;
@@ -532,6 +559,20 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
   const int kslab = bw.row0 + warp * 16;  // this warp's 16 keys
   const int ka = kslab + g, kb = ka + 8;  // this thread's two key rows
 
+  // lse and D of the query tile at q0 into buffer b (D from the dQ kernel, which ran before on
+  // this stream); plain loads, visible after the barrier that precedes the tile's use.
+  auto load_rows = [&](int q0, int b) {
+    if (threadIdx.x < kTile) {
+      const int qi = q0 + threadIdx.x;
+      const int64_t at = (bw.start + qi) * a.heads + head;
+      lse_s[b][threadIdx.x] = qi < len ? a.lse[at] * kLog2e : 0.f;
+      delta_s[b][threadIdx.x] = qi < len ? a.delta[at] : 0.f;
+    }
+  };
+  load_tile_async(qbase, ld, 0, len, Qs[0]);
+  load_tile_async(dobase, a.hidden, 0, len, dOs[0]);
+  cp_async_commit();
+  load_rows(0, 0);
   uint32_t kf[kDChunks][4], vf[kDChunks][4];
   load_a_rows(kbase, ld, ka, len, t, kf);
   load_a_rows(vbase, ld, ka, len, t, vf);
@@ -542,19 +583,19 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
     #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
-  for (int q0 = 0; q0 < len; q0 += kTile) {
-    __syncthreads();
-    load_tile(qbase, ld, q0, len, Qs);
-    load_tile(dobase, a.hidden, q0, len, dOs);
-    __syncthreads();
-    // lse and D of the tile's queries (D from the dQ kernel, which ran before on this stream).
-    if (threadIdx.x < kTile) {
-      const int qi = q0 + threadIdx.x;
-      const int64_t at = (bw.start + qi) * a.heads + head;
-      lse_s[threadIdx.x] = qi < len ? a.lse[at] * kLog2e : 0.f;
-      delta_s[threadIdx.x] = qi < len ? a.delta[at] : 0.f;
+  for (int q0 = 0, buf = 0; q0 < len; q0 += kTile, buf ^= 1) {
+    cp_async_wait_group<0>();
+    __syncthreads();  // as in the forward
+    if (q0 + kTile < len) {
+      load_tile_async(qbase, ld, q0 + kTile, len, Qs[buf ^ 1]);
+      load_tile_async(dobase, a.hidden, q0 + kTile, len, dOs[buf ^ 1]);
+      cp_async_commit();
+      load_rows(q0 + kTile, buf ^ 1);
     }
-    __syncthreads();
+    const uint16_t* Q = Qs[buf];
+    const uint16_t* dO = dOs[buf];
+    const float* lse_t = lse_s[buf];
+    const float* delta_t = delta_s[buf];
     float st[kRowTiles][4], dpt[kRowTiles][4];  // S^T and dP^T: rows keys, columns queries
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
@@ -565,9 +606,9 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
       #pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
         uint32_t b[2];
-        ldsm_b_cols(Qs, n * 8, kc, lane, b);
+        ldsm_b_cols(Q, n * 8, kc, lane, b);
         Elem<T>::mma(st[n], kf[kc], b[0], b[1]);
-        ldsm_b_cols(dOs, n * 8, kc, lane, b);
+        ldsm_b_cols(dO, n * 8, kc, lane, b);
         Elem<T>::mma(dpt[n], vf[kc], b[0], b[1]);
       }
     #pragma unroll
@@ -577,9 +618,9 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qt = n * 8 + 2 * t + (e & 1);
-        const float p = q0 + qt < len ? exp2f(st[n][e] * c - lse_s[qt]) : 0.f;
+        const float p = q0 + qt < len ? exp2f(st[n][e] * c - lse_t[qt]) : 0.f;
         st[n][e] = p * f[e];                                 // (P f)^T
-        dpt[n][e] = p * (f[e] * dpt[n][e] - delta_s[qt]);   // dS^T
+        dpt[n][e] = p * (f[e] * dpt[n][e] - delta_t[qt]);  // dS^T
       }
     }
     // dV += (P f)^T dO, dK += dS^T Q: the queries (k) run along the tiles' rows.
@@ -591,10 +632,10 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
       #pragma unroll
       for (int n = 0; n < kDTiles; n += 2) {
         uint32_t b[4];
-        ldsm_b_rows(dOs, kc, n * 8, lane, b);
+        ldsm_b_rows(dO, kc, n * 8, lane, b);
         Elem<T>::mma(dv[n], pa, b[0], b[1]);
         Elem<T>::mma(dv[n + 1], pa, b[2], b[3]);
-        ldsm_b_rows(Qs, kc, n * 8, lane, b);
+        ldsm_b_rows(Q, kc, n * 8, lane, b);
         Elem<T>::mma(dk[n], da, b[0], b[1]);
         Elem<T>::mma(dk[n + 1], da, b[2], b[3]);
       }
