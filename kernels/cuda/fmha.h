@@ -50,6 +50,17 @@ constexpr int kFmhaTile = 64;  // query rows (forward, dQ) or key rows (dK/dV) p
 // Every pointer 16-byte aligned (checked by the backend). qkv [rows, 3 hidden], out / dout
 // [rows, hidden] and dqkv in the type; lse f32 [rows, heads] (the fp32 kernel's order). delta:
 // f32 [rows, heads] workspace (D = dO . O of each query row, made and used by the backward).
+// What one block of each tensor-core kernel holds (fmha_mma.cu, "Budget" says how the tile
+// shape follows from it): threads, static shared memory in bytes, and the registers of fp32
+// accumulators and 16-bit fragments each thread keeps live across a tile (a floor under the
+// compiler's count, which scripts/kernel_report.py prints with the blocks per SM).
+struct FmhaKernelBudget {
+  const char* kernel;
+  int threads;
+  int smem_bytes;
+  int live_regs;
+};
+std::vector<FmhaKernelBudget> fmha_kernel_budget();
 cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                               const void* qkv, int64_t hidden, int heads,
                               const DropoutStream& ds, void* out, float* lse, cudaStream_t s);

@@ -51,6 +51,26 @@
 //
 // Lengths: any (up to the dropout key's 2^20 positions); rows past a sequence's end are loaded
 // as zeros, masked, and never written. Tuned for <= 512 (BERT).
+//
+// Budget (fmha_kernel_budget; scripts/kernel_report.py prints the compiled registers, spills
+// and blocks per SM for sm_80 and sm_90). A warp owns an m16 slab, so a thread keeps 32 fp32
+// registers per 16 x 64 accumulator and 16 per 16 x 64 A fragment live across a tile: forward
+// 84 (O, S, Q), dQ 132 (dQ, S, dP, Q, dO), dK / dV 160 (dK, dV, S^T, dP^T, K, V). Compiled
+// (CUDA 13): forward 134, dQ 176, dK / dV 242 (sm_80) and 255 (sm_90) registers, no spills;
+// that is 3, 2 and 2 blocks of 4 warps per SM. The dK / dV kernel sits at the 255 cap (its .x4
+// B loads spilled, hence .x2 there), and capping the forward at 128 registers for a fourth
+// block spills. 64-row tiles of 4 warps keep that; 128-row tiles would need 8 warps (the same
+// registers per thread, half the blocks per SM) or 32 rows per warp (twice the accumulators:
+// spills), and would pad BERT's short sequences to 128. Shared memory, double-buffered, is
+// 36 KiB per block (dK / dV 37 KiB): within the 48 KiB of static shared memory, and 4 (sm_80,
+// 164 KiB) or 6 (sm_90, 228 KiB) blocks per SM, so registers, not shared memory, bound the
+// blocks per SM.
+//
+// Hopper (sm_90): not used yet, for want of a GPU to prove them on. The K / V (Q / dO) tile
+// copies would become TMA bulk tensor loads (cp.async.bulk.tensor, one thread, an mbarrier per
+// buffer) in load_tile_async's place, and the per-warp mma.sync products warpgroup-wide
+// wgmma.mma_async with B read from shared memory directly (the ldsm_b_* loads go away), which
+// needs 64-row slabs per warpgroup and a swizzled tile layout instead of the padded stride.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -73,7 +93,7 @@ constexpr int kRowTiles = kTile / 8;  // n8 tiles along a 64-row tile
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kTile == 64 && kD == 64, "the fragment bookkeeping assumes 64 x 64 tiles");
-// Static shared memory per block: two buffers of two 16-bit tiles,
+// Static shared memory per block (see Budget in the header): two buffers of two 16-bit tiles,
 // and in the dK / dV kernel two buffers of the tile's lse and D.
 constexpr int kTileBytes = kTile * kStride * 2;
 constexpr int kSmemForward = 2 * 2 * kTileBytes;  // K, V
@@ -712,6 +732,14 @@ cudaError_t backward_t(const FmhaArgs& a, const AttnWork& w, void* dqkv, cudaStr
 }
 
 }  // namespace
+
+std::vector<FmhaKernelBudget> fmha_kernel_budget() {
+  // Live registers per thread: fp32 accumulators of 16 x 64 (32) per output or score tile, and
+  // 16 for the A fragments of a 16 x 64 16-bit slab.
+  return {{"forward", kThreads, kSmemForward, 32 + 32 + 16 + 4},      // O, S; Q; m, l
+          {"dq", kThreads, kSmemDq, 32 + 32 + 32 + 16 + 16 + 4},      // dQ, S, dP; Q, dO; D, lse
+          {"dkv", kThreads, kSmemDkv, 32 + 32 + 32 + 32 + 16 + 16}};  // dK, dV, S^T, dP^T; K, V
+}
 
 cudaError_t fmha_zero_padding_rows(const DeviceLayout& l, void* x, int64_t width, int elem_bytes,
                                    cudaStream_t s) {
