@@ -449,10 +449,12 @@ void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
   cuda::fmha_check_grid(op, plan, native ? cuda::kFmhaTile : cuda::kAttentionF32Tile);
   if (!plan.buckets.empty()) {
     const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);
+    float* delta = native ? fmha_->workspace(op, static_cast<size_t>(rows * heads), stream_)
+                          : nullptr;
     fmha_->run(op, plan, stream_, [&](const cuda::AttnWork& w, cudaStream_t s) {
       return native ? cuda::fmha_backward_work(type, dl, w, qkv.data, out.data,
                                                lse.ptr<float>(), dout.data, hidden, num_heads,
-                                               ds, dqkv.data, s)
+                                               ds, delta, dqkv.data, s)
                     : cuda::attention_backward_work(dl, w, qkv.ptr<float>(), out.ptr<float>(),
                                                     lse.ptr<float>(), dout.ptr<float>(), hidden,
                                                     num_heads, ds, dqkv.ptr<float>(), s);

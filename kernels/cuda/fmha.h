@@ -48,14 +48,27 @@ enum class FmhaType { bf16, f16 };
 constexpr int kFmhaHeadDim = 64;
 constexpr int kFmhaTile = 64;  // query rows (forward, dQ) or key rows (dK/dV) per block
 // Every pointer 16-byte aligned (checked by the backend). qkv [rows, 3 hidden], out / dout
-// [rows, hidden] and dqkv in the type; lse f32 [rows, heads] (the fp32 kernel's order).
+// [rows, hidden] and dqkv in the type; lse f32 [rows, heads] (the fp32 kernel's order). delta:
+// f32 [rows, heads] workspace (D = dO . O of each query row, made and used by the backward).
+// What one block of each tensor-core kernel holds (fmha_mma.cu, "Budget" says how the tile
+// shape follows from it): threads, static shared memory in bytes, and the registers of fp32
+// accumulators and 16-bit fragments each thread keeps live across a tile (a floor under the
+// compiler's count, which scripts/kernel_report.py prints with the blocks per SM).
+struct FmhaKernelBudget {
+  const char* kernel;
+  int threads;
+  int smem_bytes;
+  int live_regs;
+};
+std::vector<FmhaKernelBudget> fmha_kernel_budget();
 cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                               const void* qkv, int64_t hidden, int heads,
                               const DropoutStream& ds, void* out, float* lse, cudaStream_t s);
 cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                                const void* qkv, const void* out, const float* lse,
                                const void* dout, int64_t hidden, int heads,
-                               const DropoutStream& ds, void* dqkv, cudaStream_t s);
+                               const DropoutStream& ds, float* delta, void* dqkv,
+                               cudaStream_t s);
 
 // ---- grouped launch (fmha_plan.cpp) ---------------------------------------------------------
 // The auxiliary streams and events of CudaBackend's attention, and the device copy of the
@@ -68,10 +81,11 @@ class FmhaStreams {
   FmhaStreams(const FmhaStreams&) = delete;
   FmhaStreams& operator=(const FmhaStreams&) = delete;
 
-  // Runs launch(work, stream) once per bucket of plan: the order is uploaded on main, the
-  // buckets fork from main (an event), run on the auxiliary streams (longest bucket first,
-  // bucket i of the launch order on stream i % kStreams) and join back into main (one event
-  // per used stream) before run returns, so main's later work sees every bucket's results.
+  // Runs launch(work, stream) once per bucket of plan: the order is uploaded on main (unless
+  // it is the last call's, whose device copy is reused), the buckets fork from main (an
+  // event), run on the auxiliary streams (longest bucket first, bucket i of the launch order on
+  // stream i % kStreams) and join back into main (one event per used stream) before run
+  // returns, so main's later work sees every bucket's results.
   // Every launch is joined even when one fails; the first error is then thrown, naming op.
   template <typename Launch>
   void run(const char* op, const FmhaPlan& plan, cudaStream_t main, Launch&& launch) {
@@ -89,6 +103,10 @@ class FmhaStreams {
     check_error(op, "the bucket launches", first_error);
   }
 
+  // A device workspace of at least n floats (the bf16 / fp16 backward's D), grow-only: a grow
+  // first synchronises main, whose earlier attention ops may still use the old one.
+  float* workspace(const char* op, size_t n, cudaStream_t main);
+
   // Throws packbert::Error naming op and what when e is an error.
   static void check_error(const char* op, const char* what, cudaError_t e);
 
@@ -101,9 +119,15 @@ class FmhaStreams {
   cudaStream_t streams_[kStreams] = {};
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t join_[kStreams] = {};
-  int32_t* order_d_ = nullptr;  // grow-only device copy of plan.order
+  // The last uploaded plan.order: its device copy, and its pinned host source (kept, to compare
+  // with the next plan and to outlive the copy). Grow-only, order_capacity_ entries each.
+  int32_t* order_d_ = nullptr;
+  int32_t* order_h_ = nullptr;
+  size_t order_size_ = 0;
   size_t order_capacity_ = 0;
-  std::vector<int32_t> order_h_;  // the host source of the last upload (outlives the copy)
+  cudaEvent_t uploaded_ = nullptr;  // recorded after the last copy out of order_h_
+  float* workspace_d_ = nullptr;
+  size_t workspace_capacity_ = 0;
 };
 
 }  // namespace packbert::cuda

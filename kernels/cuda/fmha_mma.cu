@@ -1,10 +1,9 @@
 // Variable-length multi-head attention on tensor cores: bf16 or fp16 q/k/v/out/dout/dqkv, fp32
 // accumulation and softmax statistics, head dim 64, FlashAttention-2 tiling.
 //
-// Products: mma.sync.aligned.m16n8k16 (row.col, f32 accumulators; device_seams.cuh), operands
-// loaded with plain 32-bit shared/global loads (no ldmatrix), so the only layout facts the code
-// relies on are the PTX ISA's fragment layouts of m16n8k16 for 16-bit types. With
-// g = lane / 4 and t = lane % 4:
+// Products: mma.sync.aligned.m16n8k16 (row.col, f32 accumulators; device_seams.cuh). The layout
+// facts the code relies on are the PTX ISA's fragment layouts of m16n8k16 for 16-bit types and
+// of ldmatrix. With g = lane / 4 and t = lane % 4:
 //   A (16 x 16, row): a0 = (row g,   k 2t, 2t+1)   a1 = (row g+8, k 2t, 2t+1)
 //                     a2 = (row g,   k 2t+8, +9)   a3 = (row g+8, k 2t+8, +9)
 //   B (16 x 8, col):  b0 = (k 2t, 2t+1; col g)      b1 = (k 2t+8, 2t+9; col g)
@@ -12,21 +11,34 @@
 // (the lower 16 bits of a register hold the lower k). So two C tiles side by side (16 x 16) are
 // exactly the A fragment of the next product: P never leaves registers.
 //
-// Shared memory tiles are row-major [64 rows][72] (stride 72 = 36 words: the 8 row groups of a
-// fragment load land in distinct banks). A B operand whose k runs along the tile's rows (V in
-// P V, K in dS K, Q and dO in the dK / dV products) is built from two 16-bit loads (rows 2t and
-// 2t + 1, column g), also conflict-free at this stride; no transposed copy is kept.
+// Shared memory tiles are row-major [64 rows][72] (stride 72 = 36 words: the 8 rows of an
+// ldmatrix phase, 16 bytes each, land in distinct banks). B operands come from them by
+// ldmatrix.x4 (4 registers, two n8 tiles or two k16 chunks, per instruction): plain where k runs
+// along the tile's columns (K in Q K^T: an 8 x 8 block's row g, columns 2t, 2t+1 is b0), .trans
+// where k runs along the tile's rows (V in P V, K in dS K, Q and dO in the dK / dV products: the
+// transposed block gives column g, rows 2t, 2t+1), so no transposed copy is kept. The A
+// fragments of Q (K, V; dO) are read once per block from global memory into registers.
+//
+// Tiles are double-buffered: the next K / V tile (Q / dO in dK / dV) is copied by cp.async while
+// the current one computes; one barrier per tile both publishes the landed tile and retires the
+// buffer the next copies overwrite.
 //
 // Kernels (block = 4 warps, each warp 16 rows of a 64-row tile of one (sequence, head)):
 //   forward  query tile; Q fragments in registers; loops over K/V tiles of 64 keys in shared
 //            memory: S = Q K^T, online softmax (running max and sum per row, in log2 units;
 //            the sum is kept per thread and reduced once at the end), O += (P * dropout) V;
 //            out = O / l, lse = (m + log2 l) ln 2 in fp32 [rows, heads] (the fp32 kernel's order).
-//   dQ       query tile; Q and dO fragments in registers, D = dO . O per row; per K/V tile:
-//            S = Q K^T, dP = dO V^T, P = exp(S - lse), dS = P (f dP - D); dQ += dS K.
+//   dQ       query tile; Q and dO fragments in registers, D = dO . O per row, also stored
+//            f32 [rows, heads] for the dK / dV kernel; per K/V tile: S = Q K^T, dP = dO V^T,
+//            P = exp(S - lse), dS = P (f dP - D); dQ += dS K.
 //   dK, dV   key tile; K and V fragments in registers; per Q/dO tile (64 queries in shared
 //            memory with their lse and D): S^T = K Q^T, dP^T = V dO^T, dV += (P f)^T dO,
 //            dK += dS^T Q.
+// D is made by the dQ kernel, not by a pre-pass: each dQ block owns one query tile of one
+// (sequence, head) and holds its dO rows in registers already, so every row's D is computed
+// exactly once with no further read of dO and no extra launch; the dK / dV kernel runs after it
+// on the same stream and reads D (64 floats per query tile) instead of recomputing it from O and
+// dO for every key tile.
 // No atomics; every sum runs in a fixed order (tiles in order, fixed shuffle trees), so results
 // are the same from run to run. P and dS are rounded to the 16-bit type before their products,
 // as FlashAttention does.
@@ -38,8 +50,27 @@
 // computed once per tile.
 //
 // Lengths: any (up to the dropout key's 2^20 positions); rows past a sequence's end are loaded
-// as zeros, masked, and never written. Tuned for <= 512 (BERT); K/V tiles are not yet
-// double-buffered (cp.async / TMA would overlap the next tile's load with this tile's math).
+// as zeros, masked, and never written. Tuned for <= 512 (BERT).
+//
+// Budget (fmha_kernel_budget; scripts/kernel_report.py prints the compiled registers, spills
+// and blocks per SM for sm_80 and sm_90). A warp owns an m16 slab, so a thread keeps 32 fp32
+// registers per 16 x 64 accumulator and 16 per 16 x 64 A fragment live across a tile: forward
+// 84 (O, S, Q), dQ 132 (dQ, S, dP, Q, dO), dK / dV 160 (dK, dV, S^T, dP^T, K, V). Compiled
+// (CUDA 13): forward 134, dQ 176, dK / dV 242 (sm_80) and 255 (sm_90) registers, no spills;
+// that is 3, 2 and 2 blocks of 4 warps per SM. The dK / dV kernel sits at the 255 cap (its .x4
+// B loads spilled, hence .x2 there), and capping the forward at 128 registers for a fourth
+// block spills. 64-row tiles of 4 warps keep that; 128-row tiles would need 8 warps (the same
+// registers per thread, half the blocks per SM) or 32 rows per warp (twice the accumulators:
+// spills), and would pad BERT's short sequences to 128. Shared memory, double-buffered, is
+// 36 KiB per block (dK / dV 37 KiB): within the 48 KiB of static shared memory, and 4 (sm_80,
+// 164 KiB) or 6 (sm_90, 228 KiB) blocks per SM, so registers, not shared memory, bound the
+// blocks per SM.
+//
+// Hopper (sm_90): not used yet, for want of a GPU to prove them on. The K / V (Q / dO) tile
+// copies would become TMA bulk tensor loads (cp.async.bulk.tensor, one thread, an mbarrier per
+// buffer) in load_tile_async's place, and the per-warp mma.sync products warpgroup-wide
+// wgmma.mma_async with B read from shared memory directly (the ldsm_b_* loads go away), which
+// needs 64-row slabs per warpgroup and a swizzled tile layout instead of the padded stride.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -62,6 +93,14 @@ constexpr int kRowTiles = kTile / 8;  // n8 tiles along a 64-row tile
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kTile == 64 && kD == 64, "the fragment bookkeeping assumes 64 x 64 tiles");
+// Static shared memory per block (see Budget in the header): two buffers of two 16-bit tiles,
+// and in the dK / dV kernel two buffers of the tile's lse and D.
+constexpr int kTileBytes = kTile * kStride * 2;
+constexpr int kSmemForward = 2 * 2 * kTileBytes;  // K, V
+constexpr int kSmemDq = 2 * 2 * kTileBytes;       // K, V
+constexpr int kSmemDkv = 2 * 2 * kTileBytes + 2 * 2 * kTile * 4;  // Q, dO; lse, D
+static_assert(kSmemDkv <= 48 * 1024 && kSmemForward <= 48 * 1024,
+              "static shared memory is limited to 48 KiB (more needs dynamic shared memory)");
 
 // ---- the element type ----------------------------------------------------------------------
 template <typename T>
@@ -108,6 +147,7 @@ struct FmhaArgs {
   const uint16_t* out;   // [rows, hidden] (backward)
   const uint16_t* dout;  // [rows, hidden] (backward)
   const float* lse;      // [rows, heads] (backward)
+  float* delta;          // [rows, heads] (backward): D = dO . O, written by dQ, read by dK / dV
   int64_t hidden;
   int heads;
   int blocks_per_seq;    // ceil(work max_len / kTile)
@@ -131,27 +171,39 @@ __device__ __forceinline__ BlockWork block_work(const FmhaArgs& a) {
   return w;
 }
 
-// Rows [first, first + kTile) of a [len, >= kD] matrix (row stride ld elements) into a shared
-// tile, 16 bytes per load; rows at or past len are zeros (never read past the sequence).
-__device__ __forceinline__ void load_tile(const uint16_t* base, int64_t ld, int first, int len,
-                                          uint16_t* dst) {
+// Starts the copies of rows [first, first + kTile) of a [len, >= kD] global matrix (row stride
+// ld elements) into a shared tile, 16 bytes per cp.async (device_seams.cuh); rows at or past len
+// are zero-filled (nothing is read past the sequence). The caller commits the group.
+__device__ __forceinline__ void load_tile_async(const uint16_t* base, int64_t ld, int first,
+                                                int len, uint16_t* dst) {
   for (int idx = threadIdx.x; idx < kTile * (kD / 8); idx += kThreads) {
     const int r = idx / (kD / 8), c = (idx % (kD / 8)) * 8, i = first + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (i < len) v = *reinterpret_cast<const uint4*>(base + static_cast<int64_t>(i) * ld + c);
-    *reinterpret_cast<uint4*>(dst + r * kStride + c) = v;
+    const bool in = i < len;
+    cp_async_16(dst + r * kStride + c, base + (in ? static_cast<int64_t>(i) * ld + c : 0),
+                in ? 16 : 0);
   }
 }
 
-// Two adjacent elements (col, col + 1) of a shared tile row as one register.
-__device__ __forceinline__ uint32_t sword(const uint16_t* tile, int row, int col) {
-  return *reinterpret_cast<const uint32_t*>(tile + row * kStride + col);
+// B fragments from a shared tile by ldmatrix (device_seams.cuh), lane = the lane.
+// Products whose k runs along the tile's columns (K in Q K^T and dQ's V in dO V^T; Q and dO in
+// the dK / dV kernel's K Q^T, V dO^T): the n8 tile of rows n0 .. n0 + 7 and, N = 4 (.x4), the
+// k16 chunks kc and kc + 1 (columns 16 kc .. 16 kc + 31): b[0], b[1] of chunk kc, b[2], b[3] of
+// chunk kc + 1; N = 2 (.x2), chunk kc alone (the dK / dV kernel, whose 160 live fragment
+// registers leave no room for the .x4's two more: it spilled).
+template <int N>
+__device__ __forceinline__ void ldsm_b_cols(const uint16_t* tile, int n0, int kc, int lane,
+                                            uint32_t (&b)[N]) {
+  ldmatrix_m8n8<N, false>(
+      b, tile + (n0 + (lane & 7)) * kStride + kc * 16 + ((lane >> 3) & (N - 1)) * 8);
 }
-// Elements (row, col) and (row + 1, col) of a shared tile as one register (lower: row).
-__device__ __forceinline__ uint32_t spair(const uint16_t* tile, int row, int col) {
-  const uint32_t lo = tile[row * kStride + col], hi = tile[(row + 1) * kStride + col];
-  if (PB_MUTANT(Mutant::fmha_b_halves)) return hi | (lo << 16);
-  return lo | (hi << 16);
+// Products whose k runs along the tile's rows (V in P V, K in dS K, dO and Q in dV, dK): the
+// k16 chunk kc (rows 16 kc .. 16 kc + 15) and the n8 tiles of columns c0 and c0 + 8: b[0], b[1]
+// of the first, b[2], b[3] of the second (.trans: no transposed copy of the tile is kept).
+__device__ __forceinline__ void ldsm_b_rows(const uint16_t* tile, int kc, int c0, int lane,
+                                            uint32_t (&b)[4]) {
+  ldmatrix_m8n8<4, true>(b, tile + (kc * 16 + (lane & 15)) * kStride + c0 + (lane >> 4) * 8);
+  if (PB_MUTANT(Mutant::fmha_b_halves))
+    for (uint32_t& r : b) r = (r >> 16) | (r << 16);
 }
 // Two adjacent elements of row i of a global matrix (0 past the sequence).
 __device__ __forceinline__ uint32_t gword(const uint16_t* base, int64_t ld, int i, int len,
@@ -252,8 +304,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint16_t* out,
                                                                 float* lse) {
-  __shared__ __align__(16) uint16_t Ks[kTile * kStride];
-  __shared__ __align__(16) uint16_t Vs[kTile * kStride];
+  __shared__ __align__(16) uint16_t Ks[2][kTile * kStride];  // double-buffered K / V tiles
+  __shared__ __align__(16) uint16_t Vs[2][kTile * kStride];
   const BlockWork bw = block_work(a);
   if (bw.row0 >= bw.len) return;  // the whole block
   const int len = bw.len, head = blockIdx.y;
@@ -266,6 +318,9 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;  // this thread's two query rows
 
+  load_tile_async(kbase, ld, 0, len, Ks[0]);  // the first K / V tile loads with Q
+  load_tile_async(vbase, ld, 0, len, Vs[0]);
+  cp_async_commit();
   uint32_t qf[kDChunks][4];
   load_a_rows(qbase, ld, qa, len, t, qf);
   const float c = a.scale * kLog2e;  // scores in log2 units
@@ -274,20 +329,30 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
   #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  for (int k0 = 0; k0 < len; k0 += kTile) {
-    if (!PB_MUTANT(Mutant::fmha_barrier)) __syncthreads();  // the previous tile is consumed
-    load_tile(kbase, ld, k0, len, Ks);
-    load_tile(vbase, ld, k0, len, Vs);
-    __syncthreads();
+  for (int k0 = 0, buf = 0; k0 < len; k0 += kTile, buf ^= 1) {
+    cp_async_wait_group<0>();  // this thread's copies of tile k0, the only ones in flight
+    // Every thread's copies of tile k0 are visible, and every thread is done with the previous
+    // tile, whose buffer the next tile's copies overwrite.
+    if (!PB_MUTANT(Mutant::fmha_barrier)) __syncthreads();
+    if (k0 + kTile < len) {  // the next tile loads while this one computes
+      load_tile_async(kbase, ld, k0 + kTile, len, Ks[buf ^ 1]);
+      load_tile_async(vbase, ld, k0 + kTile, len, Vs[buf ^ 1]);
+      cp_async_commit();
+    }
+    const uint16_t* K = Ks[buf];
+    const uint16_t* V = Vs[buf];
     float s[kRowTiles][4];
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     #pragma unroll
-    for (int kc = 0; kc < kDChunks; ++kc)
+    for (int kc = 0; kc < kDChunks; kc += 2)
       #pragma unroll
-      for (int n = 0; n < kRowTiles; ++n)
-        Elem<T>::mma(s[n], qf[kc], sword(Ks, n * 8 + g, kc * 16 + 2 * t),
-                     sword(Ks, n * 8 + g, kc * 16 + 8 + 2 * t));
+      for (int n = 0; n < kRowTiles; ++n) {
+        uint32_t b[4];
+        ldsm_b_cols(K, n * 8, kc, lane, b);
+        Elem<T>::mma(s[n], qf[kc], b[0], b[1]);
+        Elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
+      }
     // Scale and mask (keys past the end: -inf), then the running max of each row. Key k0 is
     // always valid, so the new max is finite and exp2(-inf - max) = 0 masks.
     float mx[2] = {-INFINITY, -INFINITY};
@@ -339,9 +404,12 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
       uint32_t pa[4];
       c_to_a<T>(s, kc, pa);
       #pragma unroll
-      for (int n = 0; n < kDTiles; ++n)
-        Elem<T>::mma(o[n], pa, spair(Vs, kc * 16 + 2 * t, n * 8 + g),
-                     spair(Vs, kc * 16 + 8 + 2 * t, n * 8 + g));
+      for (int n = 0; n < kDTiles; n += 2) {
+        uint32_t b[4];
+        ldsm_b_rows(V, kc, n * 8, lane, b);
+        Elem<T>::mma(o[n], pa, b[0], b[1]);
+        Elem<T>::mma(o[n + 1], pa, b[2], b[3]);
+      }
     }
   }
   #pragma unroll
@@ -388,8 +456,8 @@ __device__ __forceinline__ void rows_delta(const uint16_t* obase, int64_t ld, in
 // ---- backward: dQ -----------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t* dqkv) {
-  __shared__ __align__(16) uint16_t Ks[kTile * kStride];
-  __shared__ __align__(16) uint16_t Vs[kTile * kStride];
+  __shared__ __align__(16) uint16_t Ks[2][kTile * kStride];  // double-buffered K / V tiles
+  __shared__ __align__(16) uint16_t Vs[2][kTile * kStride];
   const BlockWork bw = block_work(a);
   if (bw.row0 >= bw.len) return;
   const int len = bw.len, head = blockIdx.y;
@@ -405,6 +473,9 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;
 
+  load_tile_async(kbase, ld, 0, len, Ks[0]);
+  load_tile_async(vbase, ld, 0, len, Vs[0]);
+  cp_async_commit();
   uint32_t qf[kDChunks][4], dof[kDChunks][4];
   load_a_rows(qbase, ld, qa, len, t, qf);
   load_a_rows(dobase, a.hidden, qa, len, t, dof);
@@ -415,30 +486,39 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   for (int i = 0; i < 2; ++i) {
     const int qi = i ? qb : qa;
     lse2[i] = qi < len ? a.lse[(bw.start + qi) * a.heads + head] * kLog2e : 0.f;
+    if (qi < len && t == 0) a.delta[(bw.start + qi) * a.heads + head] = delta[i];
   }
   const float c = a.scale * kLog2e;
   float dq[kDTiles][4];
   #pragma unroll
   for (int n = 0; n < kDTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
-  for (int k0 = 0; k0 < len; k0 += kTile) {
-    __syncthreads();
-    load_tile(kbase, ld, k0, len, Ks);
-    load_tile(vbase, ld, k0, len, Vs);
-    __syncthreads();
+  for (int k0 = 0, buf = 0; k0 < len; k0 += kTile, buf ^= 1) {
+    cp_async_wait_group<0>();
+    __syncthreads();  // as in the forward
+    if (k0 + kTile < len) {
+      load_tile_async(kbase, ld, k0 + kTile, len, Ks[buf ^ 1]);
+      load_tile_async(vbase, ld, k0 + kTile, len, Vs[buf ^ 1]);
+      cp_async_commit();
+    }
+    const uint16_t* K = Ks[buf];
+    const uint16_t* V = Vs[buf];
     float s[kRowTiles][4], dp[kRowTiles][4];
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
       #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
     #pragma unroll
-    for (int kc = 0; kc < kDChunks; ++kc)
+    for (int kc = 0; kc < kDChunks; kc += 2)
       #pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
-        Elem<T>::mma(s[n], qf[kc], sword(Ks, n * 8 + g, kc * 16 + 2 * t),
-                     sword(Ks, n * 8 + g, kc * 16 + 8 + 2 * t));
-        Elem<T>::mma(dp[n], dof[kc], sword(Vs, n * 8 + g, kc * 16 + 2 * t),
-                     sword(Vs, n * 8 + g, kc * 16 + 8 + 2 * t));
+        uint32_t b[4];
+        ldsm_b_cols(K, n * 8, kc, lane, b);
+        Elem<T>::mma(s[n], qf[kc], b[0], b[1]);
+        Elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
+        ldsm_b_cols(V, n * 8, kc, lane, b);
+        Elem<T>::mma(dp[n], dof[kc], b[0], b[1]);
+        Elem<T>::mma(dp[n], dof[kc + 1], b[2], b[3]);
       }
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
@@ -457,9 +537,12 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
       uint32_t da[4];
       c_to_a<T>(s, kc, da);
       #pragma unroll
-      for (int n = 0; n < kDTiles; ++n)
-        Elem<T>::mma(dq[n], da, spair(Ks, kc * 16 + 2 * t, n * 8 + g),
-                     spair(Ks, kc * 16 + 8 + 2 * t, n * 8 + g));
+      for (int n = 0; n < kDTiles; n += 2) {
+        uint32_t b[4];
+        ldsm_b_rows(K, kc, n * 8, lane, b);
+        Elem<T>::mma(dq[n], da, b[0], b[1]);
+        Elem<T>::mma(dq[n + 1], da, b[2], b[3]);
+      }
     }
   }
   #pragma unroll
@@ -477,10 +560,10 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
 // ---- backward: dK, dV -------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t* dqkv) {
-  __shared__ __align__(16) uint16_t Qs[kTile * kStride];
-  __shared__ __align__(16) uint16_t dOs[kTile * kStride];
-  __shared__ float lse_s[kTile];  // lse of the tile's queries, log2 units (0 past the end)
-  __shared__ float delta_s[kTile];
+  __shared__ __align__(16) uint16_t Qs[2][kTile * kStride];  // double-buffered Q / dO tiles
+  __shared__ __align__(16) uint16_t dOs[2][kTile * kStride];
+  __shared__ float lse_s[2][kTile];  // lse of the tile's queries, log2 units (0 past the end)
+  __shared__ float delta_s[2][kTile];
   const BlockWork bw = block_work(a);
   if (bw.row0 >= bw.len) return;
   const int len = bw.len, head = blockIdx.y;
@@ -490,13 +573,26 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
   const uint16_t* qbase = a.qkv + bw.start * ld + hoff;
   const uint16_t* kbase = qbase + a.hidden;
   const uint16_t* vbase = qbase + 2 * a.hidden;
-  const uint16_t* obase = a.out + bw.start * a.hidden + hoff;
   const uint16_t* dobase = a.dout + bw.start * a.hidden + hoff;
   const bool drop = dropout_enabled(a.ds);
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int kslab = bw.row0 + warp * 16;  // this warp's 16 keys
   const int ka = kslab + g, kb = ka + 8;  // this thread's two key rows
 
+  // lse and D of the query tile at q0 into buffer b (D from the dQ kernel, which ran before on
+  // this stream); plain loads, visible after the barrier that precedes the tile's use.
+  auto load_rows = [&](int q0, int b) {
+    if (threadIdx.x < kTile) {
+      const int qi = q0 + threadIdx.x;
+      const int64_t at = (bw.start + qi) * a.heads + head;
+      lse_s[b][threadIdx.x] = qi < len ? a.lse[at] * kLog2e : 0.f;
+      delta_s[b][threadIdx.x] = qi < len ? a.delta[at] : 0.f;
+    }
+  };
+  load_tile_async(qbase, ld, 0, len, Qs[0]);
+  load_tile_async(dobase, a.hidden, 0, len, dOs[0]);
+  cp_async_commit();
+  load_rows(0, 0);
   uint32_t kf[kDChunks][4], vf[kDChunks][4];
   load_a_rows(kbase, ld, ka, len, t, kf);
   load_a_rows(vbase, ld, ka, len, t, vf);
@@ -507,30 +603,19 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
     #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
-  for (int q0 = 0; q0 < len; q0 += kTile) {
-    __syncthreads();
-    load_tile(qbase, ld, q0, len, Qs);
-    load_tile(dobase, a.hidden, q0, len, dOs);
-    __syncthreads();
-    // D and lse of the tile's queries: warp w does queries 16w .. 16w + 15, lane = 2 columns.
-    for (int j = 0; j < 16; ++j) {
-      const int qt = warp * 16 + j, qi = q0 + qt;
-      float part = 0.f;
-      if (qi < len) {
-        const uint32_t ow = gword(obase, a.hidden, qi, len, 2 * lane);
-        const uint32_t dw = sword(dOs, qt, 2 * lane);
-        part = Elem<T>::to_float(static_cast<uint16_t>(ow & 0xffffu)) *
-                   Elem<T>::to_float(static_cast<uint16_t>(dw & 0xffffu)) +
-               Elem<T>::to_float(static_cast<uint16_t>(ow >> 16)) *
-                   Elem<T>::to_float(static_cast<uint16_t>(dw >> 16));
-      }
-      part = warp_sum(part);
-      if (lane == 0) {
-        delta_s[qt] = qi < len ? part : 0.f;
-        lse_s[qt] = qi < len ? a.lse[(bw.start + qi) * a.heads + head] * kLog2e : 0.f;
-      }
+  for (int q0 = 0, buf = 0; q0 < len; q0 += kTile, buf ^= 1) {
+    cp_async_wait_group<0>();
+    __syncthreads();  // as in the forward
+    if (q0 + kTile < len) {
+      load_tile_async(qbase, ld, q0 + kTile, len, Qs[buf ^ 1]);
+      load_tile_async(dobase, a.hidden, q0 + kTile, len, dOs[buf ^ 1]);
+      cp_async_commit();
+      load_rows(q0 + kTile, buf ^ 1);
     }
-    __syncthreads();
+    const uint16_t* Q = Qs[buf];
+    const uint16_t* dO = dOs[buf];
+    const float* lse_t = lse_s[buf];
+    const float* delta_t = delta_s[buf];
     float st[kRowTiles][4], dpt[kRowTiles][4];  // S^T and dP^T: rows keys, columns queries
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
@@ -540,10 +625,11 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
     for (int kc = 0; kc < kDChunks; ++kc)
       #pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
-        Elem<T>::mma(st[n], kf[kc], sword(Qs, n * 8 + g, kc * 16 + 2 * t),
-                     sword(Qs, n * 8 + g, kc * 16 + 8 + 2 * t));
-        Elem<T>::mma(dpt[n], vf[kc], sword(dOs, n * 8 + g, kc * 16 + 2 * t),
-                     sword(dOs, n * 8 + g, kc * 16 + 8 + 2 * t));
+        uint32_t b[2];
+        ldsm_b_cols(Q, n * 8, kc, lane, b);
+        Elem<T>::mma(st[n], kf[kc], b[0], b[1]);
+        ldsm_b_cols(dO, n * 8, kc, lane, b);
+        Elem<T>::mma(dpt[n], vf[kc], b[0], b[1]);
       }
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
@@ -552,9 +638,9 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qt = n * 8 + 2 * t + (e & 1);
-        const float p = q0 + qt < len ? exp2f(st[n][e] * c - lse_s[qt]) : 0.f;
+        const float p = q0 + qt < len ? exp2f(st[n][e] * c - lse_t[qt]) : 0.f;
         st[n][e] = p * f[e];                                 // (P f)^T
-        dpt[n][e] = p * (f[e] * dpt[n][e] - delta_s[qt]);   // dS^T
+        dpt[n][e] = p * (f[e] * dpt[n][e] - delta_t[qt]);  // dS^T
       }
     }
     // dV += (P f)^T dO, dK += dS^T Q: the queries (k) run along the tiles' rows.
@@ -564,11 +650,14 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
       c_to_a<T>(st, kc, pa);
       c_to_a<T>(dpt, kc, da);
       #pragma unroll
-      for (int n = 0; n < kDTiles; ++n) {
-        Elem<T>::mma(dv[n], pa, spair(dOs, kc * 16 + 2 * t, n * 8 + g),
-                     spair(dOs, kc * 16 + 8 + 2 * t, n * 8 + g));
-        Elem<T>::mma(dk[n], da, spair(Qs, kc * 16 + 2 * t, n * 8 + g),
-                     spair(Qs, kc * 16 + 8 + 2 * t, n * 8 + g));
+      for (int n = 0; n < kDTiles; n += 2) {
+        uint32_t b[4];
+        ldsm_b_rows(dO, kc, n * 8, lane, b);
+        Elem<T>::mma(dv[n], pa, b[0], b[1]);
+        Elem<T>::mma(dv[n + 1], pa, b[2], b[3]);
+        ldsm_b_rows(Q, kc, n * 8, lane, b);
+        Elem<T>::mma(dk[n], da, b[0], b[1]);
+        Elem<T>::mma(dk[n + 1], da, b[2], b[3]);
       }
     }
   }
@@ -587,14 +676,19 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
   }
 }
 
-// Rows of no sequence: width elements of a [rows, width] buffer set to 0.
+// Rows of no sequence: width elements of a [rows, width] buffer set to 0. One warp per row (a
+// grid-stride loop over rows): the row's sequence is read once, and only a padding row's warp
+// stores, its lanes along the row; no per-element division by the width.
 template <typename W>
 __global__ void zero_padding_rows_kernel(const int32_t* token_seq, int64_t rows, int64_t width,
                                          W* x) {
-  const int64_t n = rows * width;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    if (token_seq[i / width] < 0) x[i] = W(0);
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
+  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; r < rows; r += warps) {
+    if (token_seq[r] >= 0) continue;
+    W* row = x + r * width;
+    for (int64_t c = lane; c < width; c += 32) row[c] = W(0);
+  }
 }
 
 FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* qkv, int64_t hidden,
@@ -606,6 +700,7 @@ FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* qkv, in
   a.out = nullptr;
   a.dout = nullptr;
   a.lse = nullptr;
+  a.delta = nullptr;
   a.hidden = hidden;
   a.heads = heads;
   a.blocks_per_seq = (w.max_len + kTile - 1) / kTile;
@@ -638,10 +733,18 @@ cudaError_t backward_t(const FmhaArgs& a, const AttnWork& w, void* dqkv, cudaStr
 
 }  // namespace
 
+std::vector<FmhaKernelBudget> fmha_kernel_budget() {
+  // Live registers per thread: fp32 accumulators of 16 x 64 (32) per output or score tile, and
+  // 16 for the A fragments of a 16 x 64 16-bit slab.
+  return {{"forward", kThreads, kSmemForward, 32 + 32 + 16 + 4},      // O, S; Q; m, l
+          {"dq", kThreads, kSmemDq, 32 + 32 + 32 + 16 + 16 + 4},      // dQ, S, dP; Q, dO; D, lse
+          {"dkv", kThreads, kSmemDkv, 32 + 32 + 32 + 32 + 16 + 16}};  // dK, dV, S^T, dP^T; K, V
+}
+
 cudaError_t fmha_zero_padding_rows(const DeviceLayout& l, void* x, int64_t width, int elem_bytes,
                                    cudaStream_t s) {
   if (l.rows == 0 || width == 0) return cudaSuccess;
-  const unsigned grid = grid_for(l.rows * width, 256);
+  const unsigned grid = grid_for(l.rows * 32, 256);  // a warp per row
   if (elem_bytes == 2)
     PB_LAUNCH(grid, 256, 0, s, zero_padding_rows_kernel<uint16_t>)(
         l.token_seq, l.rows, width, static_cast<uint16_t*>(x));
@@ -665,12 +768,14 @@ cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork&
 cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                                const void* qkv, const void* out, const float* lse,
                                const void* dout, int64_t hidden, int heads,
-                               const DropoutStream& ds, void* dqkv, cudaStream_t s) {
+                               const DropoutStream& ds, float* delta, void* dqkv,
+                               cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
   FmhaArgs a = make_args(l, w, qkv, hidden, heads, ds);
   a.out = static_cast<const uint16_t*>(out);
   a.dout = static_cast<const uint16_t*>(dout);
   a.lse = lse;
+  a.delta = delta;
   return t == FmhaType::bf16 ? backward_t<__nv_bfloat16>(a, w, dqkv, s)
                              : backward_t<__half>(a, w, dqkv, s);
 }

@@ -9,6 +9,8 @@
 // backend's stream order for its callers.
 #include "cuda/fmha_plan.h"
 
+#include <algorithm>
+
 #include "common/op_checks.h"
 #include "core/error.h"
 
@@ -30,6 +32,8 @@ FmhaStreams::FmhaStreams() {
                   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     check_error(op, "cudaEventCreateWithFlags",
                 cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    check_error(op, "cudaEventCreateWithFlags",
+                cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
     for (cudaEvent_t& e : join_)
       check_error(op, "cudaEventCreateWithFlags",
                   cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -49,40 +53,78 @@ void FmhaStreams::release() {
   cudaFree(order_d_);
   order_d_ = nullptr;
   order_capacity_ = 0;
+  cudaFreeHost(order_h_);
+  order_h_ = nullptr;
+  order_size_ = 0;
+  cudaFree(workspace_d_);
+  workspace_d_ = nullptr;
+  workspace_capacity_ = 0;
   for (cudaEvent_t& e : join_) {
     if (e) cudaEventDestroy(e);
     e = nullptr;
   }
   if (fork_) cudaEventDestroy(fork_);
   fork_ = nullptr;
+  if (uploaded_) cudaEventDestroy(uploaded_);
+  uploaded_ = nullptr;
   for (cudaStream_t& s : streams_) {
     if (s) cudaStreamDestroy(s);
     s = nullptr;
   }
 }
 
+// Every attention op of a step (each layer's forward and backward) has the same layout, hence
+// the same plan: the device copy of the last order serves them all, and a new order (a new
+// batch) is copied once, from pinned memory (a pageable source would be staged by the driver,
+// which may synchronise).
 const int32_t* FmhaStreams::upload(const char* op, const FmhaPlan& plan, cudaStream_t main) {
   const size_t n = plan.order.size();
+  if (order_h_ && n == order_size_ &&
+      std::equal(plan.order.begin(), plan.order.end(), order_h_))
+    return order_d_;
+  // The pinned source of the previous copy is rewritten below: that copy must have finished (it
+  // was issued at least one batch ago).
+  check_error(op, "cudaEventSynchronize (attention work list)", cudaEventSynchronize(uploaded_));
   if (n > order_capacity_) {
     // Kernels of an earlier call may still read the old list: wait for them (the grow happens
     // only until the largest batch has been seen).
     check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(main));
     cudaFree(order_d_);
+    cudaFreeHost(order_h_);
     order_d_ = nullptr;
+    order_h_ = nullptr;
     order_capacity_ = 0;
+    order_size_ = 0;
     const size_t cap = n + n / 4 + 64;
     check_error(op, "cudaMalloc of the attention work list",
                 cudaMalloc(&order_d_, cap * sizeof(int32_t)));
+    check_error(op, "cudaMallocHost of the attention work list",
+                cudaMallocHost(&order_h_, cap * sizeof(int32_t)));
     order_capacity_ = cap;
   }
-  // The host source is a member: a pageable copy is staged before cudaMemcpyAsync returns, and
-  // keeping it alive until the next call makes that detail irrelevant.
-  order_h_ = plan.order;
-  if (n)
+  std::copy(plan.order.begin(), plan.order.end(), order_h_);
+  order_size_ = n;
+  if (n) {
     check_error(op, "cudaMemcpyAsync of the attention work list",
-                cudaMemcpyAsync(order_d_, order_h_.data(), n * sizeof(int32_t),
+                cudaMemcpyAsync(order_d_, order_h_, n * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, main));
+    check_error(op, "cudaEventRecord (attention work list)", cudaEventRecord(uploaded_, main));
+  }
   return order_d_;
+}
+
+float* FmhaStreams::workspace(const char* op, size_t n, cudaStream_t main) {
+  if (n > workspace_capacity_) {
+    check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(main));
+    cudaFree(workspace_d_);
+    workspace_d_ = nullptr;
+    workspace_capacity_ = 0;
+    const size_t cap = n + n / 4 + 64;
+    check_error(op, "cudaMalloc of the attention workspace",
+                cudaMalloc(&workspace_d_, cap * sizeof(float)));
+    workspace_capacity_ = cap;
+  }
+  return workspace_d_;
 }
 
 void FmhaStreams::fork(const char* op, cudaStream_t main) {

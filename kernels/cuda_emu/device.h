@@ -49,6 +49,10 @@ using WarpCombine = void (*)(unsigned mask, const uint32_t (*in)[kWarpWords],
 void warp_collective(const char* op, unsigned mask, const uint32_t* in, int in_words,
                      uint32_t* out, int out_words, WarpCombine combine, const void* arg);
 
+// An error inside a kernel (an instruction misused: ptx.cpp): recorded for the block with the
+// kernel's and the thread's names; the thread never runs again.
+[[noreturn]] void device_error(const char* message);
+
 // Dynamic shared memory of the running block (the launch's shared-memory bytes, 16-byte aligned).
 void* dynamic_shared_memory();
 

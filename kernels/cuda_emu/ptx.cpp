@@ -11,6 +11,21 @@
 //   C, D (16 x 8, .f32), c_0..c_3:
 //     row = groupID      for c_i with i < 2, groupID + 8 otherwise
 //     col = threadID_in_group * 2 + (i & 1)
+//
+// ldmatrix emulated from the PTX ISA (section "Warp-level matrix load instruction: ldmatrix"):
+// .m8n8 .b16 matrices of 8 rows of 8 16-bit elements; for .x1 / .x2 / .x4 (num = 1, 2, 4), lanes
+// 8 i .. 8 i + 7 give the addresses of rows 0..7 of matrix i (lanes 0-7 for .x1, 0-15 for .x2,
+// all for .x4; 16-byte aligned rows). Destination register i of every lane holds two elements
+// of matrix i: row %laneid / 4, columns 2 (%laneid % 4) and + 1 (the lower column in the lower
+// 16 bits). With .trans the matrix is loaded in column-major order: the same lane receives
+// column %laneid / 4, rows 2 (%laneid % 4) and + 1 of the matrix as stored.
+//
+// cp.async emulated from the PTX ISA (section "Data Movement and Conversion Instructions:
+// cp.async", cp.async.commit_group, cp.async.wait_group): the copy is asynchronous to the
+// issuing thread and ordered only by the wait on its group; a src-size below cp-size fills the
+// rest of the destination with zeros. Here every copy is deferred until its group is waited
+// for, the latest moment the ISA allows, so that a premature read shows.
+//
 // The products of two bf16 or f16 values are exact in fp32; the PTX ISA leaves the order and
 // internal precision of the sum to the hardware, so this emulation adds the 16 products and c
 // in double (exact products, a 53-bit sum) and rounds once to fp32.
@@ -66,7 +81,75 @@ void mma_combine(unsigned, const uint32_t (*in)[kWarpWords], uint32_t (*out)[kWa
   }
 }
 
+struct LdmatrixArg {
+  int num;
+  bool trans;
+};
+
+// Element col of a row of 8 16-bit elements held in 4 words.
+uint32_t half_of(const uint32_t* row, int col) {
+  return (row[col / 2] >> (16 * (col & 1))) & 0xffffu;
+}
+
+// in[lane][0..3]: the row that lane addresses; out[lane][i]: register i.
+void ldmatrix_combine(unsigned, const uint32_t (*in)[kWarpWords], uint32_t (*out)[kWarpWords],
+                      const void* arg) {
+  const LdmatrixArg a = *static_cast<const LdmatrixArg*>(arg);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < a.num; ++i) {
+      const uint32_t(*m)[kWarpWords] = in + 8 * i;  // rows 0..7 of matrix i
+      const int r = lane / 4, c = 2 * (lane % 4);
+      out[lane][i] = a.trans ? half_of(m[c], r) | (half_of(m[c + 1], r) << 16) : m[r][lane % 4];
+    }
+}
+
 }  // namespace
+
+void ldmatrix(int num, bool trans, const uint32_t (&row)[4], uint32_t* out) {
+  static const char* const names[2][3] = {
+      {"ldmatrix.m8n8.x1", "ldmatrix.m8n8.x2", "ldmatrix.m8n8.x4"},
+      {"ldmatrix.m8n8.x1.trans", "ldmatrix.m8n8.x2.trans", "ldmatrix.m8n8.x4.trans"}};
+  if (num != 1 && num != 2 && num != 4) device_error("ldmatrix with .num other than 1, 2, 4");
+  const LdmatrixArg arg{num, trans};
+  uint32_t got[4];
+  warp_collective(names[trans][num == 4 ? 2 : num - 1], 0xffffffffu, row, 4, got, num,
+                  ldmatrix_combine, &arg);
+  std::memcpy(out, got, sizeof(uint32_t) * static_cast<size_t>(num));
+}
+
+void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
+  AsyncCopies& q = async_copies();
+  if (bytes != 4 && bytes != 8 && bytes != 16) device_error("cp.async cp-size not 4, 8 or 16");
+  if (src_bytes < 0 || src_bytes > bytes) device_error("cp.async src-size outside 0..cp-size");
+  if (reinterpret_cast<uintptr_t>(dst) % static_cast<uintptr_t>(bytes) != 0 ||
+      reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(bytes) != 0)
+    device_error("cp.async address not aligned to cp-size");
+  if (q.count == AsyncCopies::kMax) device_error("more cp.async copies in flight than emulated");
+  q.copy[q.count++] = AsyncCopy{dst, src, static_cast<uint32_t>(bytes),
+                                static_cast<uint32_t>(src_bytes)};
+}
+
+void cp_async_commit() {
+  AsyncCopies& q = async_copies();
+  if (q.groups == AsyncCopies::kMax) device_error("more cp.async groups in flight than emulated");
+  q.group_end[q.groups++] = q.count;
+}
+
+int cp_async_due(int n) {
+  const AsyncCopies& q = async_copies();
+  return q.groups > n ? q.group_end[q.groups - n - 1] : 0;
+}
+
+void cp_async_retire(int k) {
+  AsyncCopies& q = async_copies();
+  if (k <= 0) return;
+  int g = 0;
+  while (g < q.groups && q.group_end[g] <= k) ++g;  // the groups now complete
+  for (int i = k; i < q.count; ++i) q.copy[i - k] = q.copy[i];
+  q.count -= k;
+  for (int i = g; i < q.groups; ++i) q.group_end[i - g] = q.group_end[i] - k;
+  q.groups -= g;
+}
 
 void mma_m16n8k16(MmaType type, float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                   uint32_t b1) {

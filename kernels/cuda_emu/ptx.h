@@ -12,4 +12,33 @@ enum class MmaType : uint32_t { bf16 = 0, f16 = 1 };
 // collective (all 32 lanes). Each lane's a[4], b0, b1 and c[4] are its fragments; c becomes d.
 void mma_m16n8k16(MmaType type, float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 
+// ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16: a warp collective (all 32 lanes).
+// The caller (device_seams.cuh) has read the 16-byte row its lane addresses into row (lanes
+// 8 num and up: zeros, unused); this exchanges the rows and gives each lane its num registers.
+void ldmatrix(int num, bool trans, const uint32_t (&row)[4], uint32_t* out);
+
+// cp.async: a CUDA thread's copies issued and not yet complete, oldest first, and where each
+// committed group of them ends (copies after the last end are not committed yet). The copies
+// are performed at the cp.async.wait_group that completes their group, by the caller
+// (device_seams.cuh), so a read of the destination before that wait sees the old contents.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  uint32_t bytes, src_bytes;  // src_bytes < bytes: the rest of dst is zero-filled
+};
+struct AsyncCopies {
+  static constexpr int kMax = 64;
+  AsyncCopy copy[kMax];
+  int count = 0;
+  int group_end[kMax];
+  int groups = 0;
+};
+AsyncCopies& async_copies();  // the running CUDA thread's (scheduler.cpp)
+void cp_async(void* dst, const void* src, int bytes, int src_bytes);
+void cp_async_commit();
+// The number of leading copies that cp.async.wait_group n completes (all groups but the newest
+// n); cp_async_retire drops them once the caller has performed them.
+int cp_async_due(int n);
+void cp_async_retire(int k);
+
 }  // namespace packbert::emu

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cuda_emu/device.h"
+#include "cuda_emu/ptx.h"
 #include "cuda_emu/runtime.h"
 
 thread_local uint3 threadIdx;
@@ -78,6 +79,7 @@ struct Thread {
   State state = State::done;
   const char* waiting_at = nullptr;  // the warp operation it waits in
   uint32_t warp_out[kWarpWords] = {};
+  AsyncCopies copies;  // cp.async copies not yet complete (ptx.cpp)
 };
 
 struct WarpOp {
@@ -236,6 +238,10 @@ void on_exit(Scheduler& s) {
       abandon(s, "thread " + thread_name(b, t) + " (lane " + std::to_string(t % 32) +
                      ") exited while lanes " + ranges(lanes_of(w.ops[i].arrived, 0)) +
                      " wait in " + w.ops[i].op + " for it");
+  const int pending = s.pool[static_cast<size_t>(t)].copies.count;
+  if (pending > 0)
+    abandon(s, "thread " + thread_name(b, t) + " exited with " + std::to_string(pending) +
+                   " cp.async copies it never waited for (cp.async.wait_group)");
   w.exited |= 1u << (t % 32);
   ++b.exited;
 }
@@ -281,6 +287,8 @@ void prepare_thread(Scheduler& s, int t, uint3 idx) {
   th.idx = idx;
   th.state = State::ready;
   th.waiting_at = nullptr;
+  th.copies.count = 0;
+  th.copies.groups = 0;
 }
 
 // No thread can run, yet not all have ended: say who waits where.
@@ -461,6 +469,16 @@ void warp_collective(const char* op, unsigned mask, const uint32_t* in, int in_w
     block_here(s);
   }
   for (int i = 0; i < out_words; ++i) out[i] = me.warp_out[i];
+}
+
+void device_error(const char* message) {
+  Block& b = current_block("device_error");
+  abandon(*g_sched, "thread " + thread_name(b, g_sched->current) + ": " + message);
+}
+
+AsyncCopies& async_copies() {
+  current_block("cp.async");
+  return g_sched->pool[static_cast<size_t>(g_sched->current)].copies;
 }
 
 void* dynamic_shared_memory() { return current_block("dynamic shared memory").dynamic_shared; }

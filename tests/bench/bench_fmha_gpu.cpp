@@ -31,6 +31,7 @@
 #include "backend.h"
 #include "common/lowp_convert.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/fmha.h"
 #include "data/packing.h"
 
 namespace {
@@ -241,6 +242,11 @@ int main(int argc, char** argv) {
   for (const Row& r : f32_rows)
     std::printf("%-8s %-48s %10.3f %10.1f\n", "fp32", r.name.c_str(), r.ms,
                 r.flops / (r.ms * 1e-3) / 1e12);
+  std::printf("\nbf16 / fp16 kernels, per block (compiled registers and blocks per SM: "
+              "scripts/kernel_report.py)\n%-8s %8s %12s %16s\n",
+              "kernel", "threads", "smem bytes", "live frag regs");
+  for (const cuda::FmhaKernelBudget& b : cuda::fmha_kernel_budget())
+    std::printf("%-8s %8d %12d %16d\n", b.kernel, b.threads, b.smem_bytes, b.live_regs);
   return 0;
 }
 

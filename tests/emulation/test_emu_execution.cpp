@@ -1,7 +1,8 @@
 // The emulated CUDA execution model (kernels/cuda_emu) against CUDA's definitions: built-in
 // indices, barriers and shared memory, warp shuffles, mma.sync against a plain matrix product
 // with the fragments laid out from the PTX ISA's table (written here, apart from the
-// emulation's), conversions, atomics, streams and events, and the errors a GPU leaves undefined
+// emulation's), ldmatrix against plain loads laid out from its table, cp.async's groups,
+// conversions, atomics, streams and events, and the errors a GPU leaves undefined
 // (a barrier or a warp operation that not every thread reaches), which must name the kernel and
 // the threads. A fault is sticky for the process, as on a GPU, so each faulting case runs in a
 // child process (a death test).
@@ -9,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -221,6 +223,110 @@ TEST(EmuExecution, MmaIsTheMatrixProductOfThePtxFragments) {
   }
 }
 
+// ---- ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 --------------------------------
+// The PTX ISA's table ("Warp-level matrix load instruction: ldmatrix"): lane 8 i + r addresses
+// row r of matrix i; register i of lane L holds matrix i's elements (L / 4, 2 (L % 4)) and
+// (L / 4, 2 (L % 4) + 1), with .trans (2 (L % 4), L / 4) and (2 (L % 4) + 1, L / 4), the first
+// in the lower 16 bits.
+uint32_t ldmatrix_expected(const std::vector<uint16_t>& rows, const std::vector<int>& slot, int i,
+                           int lane, bool trans) {
+  auto at = [&](int r, int c) -> uint32_t { return rows[slot[8 * i + r] * 8 + c]; };
+  const int g = lane / 4, c = 2 * (lane % 4);
+  return trans ? at(c, g) | (at(c + 1, g) << 16) : at(g, c) | (at(g, c + 1) << 16);
+}
+
+template <int N, bool Trans>
+__device__ void ldmatrix_into(const uint16_t* row, uint32_t* out) {
+  uint32_t r[N];
+  packbert::cuda::ldmatrix_m8n8<N, Trans>(r, row);
+  for (int i = 0; i < N; ++i) out[i] = r[i];
+}
+
+// 32 rows of 8 16-bit elements in shared memory; lane l addresses row slot[l] (a permutation, so
+// the rows of a matrix lie anywhere); out[lane * 4 + i]: register i.
+__global__ void ldmatrix_rows(const uint16_t* rows, const int* slot, uint32_t* out, int num,
+                              int trans) {
+  __shared__ __align__(16) uint16_t sm[32 * 8];
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int e = 0; e < 8; ++e) sm[lane * 8 + e] = rows[lane * 8 + e];
+  __syncthreads();
+  const uint16_t* row = sm + slot[lane] * 8;
+  uint32_t* o = out + lane * 4;
+  if (num == 1) trans ? ldmatrix_into<1, true>(row, o) : ldmatrix_into<1, false>(row, o);
+  if (num == 2) trans ? ldmatrix_into<2, true>(row, o) : ldmatrix_into<2, false>(row, o);
+  if (num == 4) trans ? ldmatrix_into<4, true>(row, o) : ldmatrix_into<4, false>(row, o);
+}
+
+TEST(EmuExecution, LdmatrixGivesThePtxFragmentsOfTheAddressedRows) {
+  std::mt19937_64 rng(12);
+  for (int num : {1, 2, 4})
+    for (int trans : {0, 1})
+      for (int rep = 0; rep < 3; ++rep) {
+        std::vector<uint16_t> rows(32 * 8);
+        for (uint16_t& v : rows) v = static_cast<uint16_t>(rng());
+        std::vector<int> slot(32);
+        std::iota(slot.begin(), slot.end(), 0);
+        std::shuffle(slot.begin(), slot.end(), rng);
+        Dev<uint16_t> drows(rows);
+        Dev<int> dslot(slot);
+        Dev<uint32_t> dout(std::vector<uint32_t>(32 * 4, 0xabababab));
+        PB_LAUNCH(1, 32, 0, nullptr, ldmatrix_rows)(drows.p, dslot.p, dout.p, num, trans);
+        const std::vector<uint32_t> got = dout.get();
+        for (int lane = 0; lane < 32; ++lane)
+          for (int i = 0; i < num; ++i)
+            EXPECT_EQ(got[lane * 4 + i], ldmatrix_expected(rows, slot, i, lane, trans))
+                << ".x" << num << (trans ? ".trans" : "") << " lane " << lane << " reg " << i;
+      }
+}
+
+// ---- cp.async -------------------------------------------------------------------------------
+// Three groups of one 16-byte copy per thread (the third with src-size 0: zeros). seen[t * 5 + k]
+// records the first word of a destination at five points: before any wait, after
+// wait_group 2 (the first group complete), after wait_group 0 (all complete).
+__global__ void cp_async_groups(const uint32_t* src, uint32_t* seen, uint32_t* dst_out) {
+  __shared__ __align__(16) uint32_t sm[3][32][4];
+  const int t = static_cast<int>(threadIdx.x);
+  for (int g = 0; g < 3; ++g)
+    for (int w = 0; w < 4; ++w) sm[g][t][w] = 0xdeadbeefu;
+  for (int g = 0; g < 3; ++g) {
+    packbert::cuda::cp_async_16(sm[g][t], src + (g * 32 + t) * 4, g == 2 ? 0 : 16);
+    packbert::cuda::cp_async_commit();
+  }
+  uint32_t* s = seen + t * 5;
+  s[0] = sm[0][t][0];
+  packbert::cuda::cp_async_wait_group<2>();
+  s[1] = sm[0][t][0];
+  s[2] = sm[1][t][0];
+  packbert::cuda::cp_async_wait_group<0>();
+  s[3] = sm[1][t][0];
+  s[4] = sm[2][t][0];
+  for (int g = 0; g < 3; ++g)
+    for (int w = 0; w < 4; ++w) dst_out[(g * 32 + t) * 4 + w] = sm[g][t][w];
+}
+
+TEST(EmuExecution, CpAsyncCompletesAGroupAtItsWait) {
+  std::vector<uint32_t> src(3 * 32 * 4);
+  std::mt19937 rng(13);
+  for (uint32_t& v : src) v = rng() | 1u;  // never 0 (the zero fill) nor the sentinel
+  Dev<uint32_t> dsrc(src), seen(32 * 5), dst(3 * 32 * 4);
+  PB_LAUNCH(1, 32, 0, nullptr, cp_async_groups)(dsrc.p, seen.p, dst.p);
+  const std::vector<uint32_t> s = seen.get(), d = dst.get();
+  for (int t = 0; t < 32; ++t) {
+    // Before its wait a copy has not landed: the emulation defers it to the wait (the latest
+    // moment the PTX ISA allows), so kernels that read early fail their tests.
+    EXPECT_EQ(s[t * 5 + 0], 0xdeadbeefu) << t;
+    EXPECT_EQ(s[t * 5 + 1], src[t * 4]) << t;
+    EXPECT_EQ(s[t * 5 + 2], 0xdeadbeefu) << t;  // wait_group 2 leaves the newest two groups
+    EXPECT_EQ(s[t * 5 + 3], src[(32 + t) * 4]) << t;
+    EXPECT_EQ(s[t * 5 + 4], 0u) << t;
+    for (int w = 0; w < 4; ++w) {
+      EXPECT_EQ(d[t * 4 + w], src[t * 4 + w]);
+      EXPECT_EQ(d[(32 + t) * 4 + w], src[(32 + t) * 4 + w]);
+      EXPECT_EQ(d[(64 + t) * 4 + w], 0u);
+    }
+  }
+}
+
 // ---- conversions, atomics --------------------------------------------------------------------
 TEST(EmuExecution, SixteenBitConversionsRoundToNearestEven) {
   // 1 + 2^-8 lies halfway between bf16's 1 and 1 + 2^-7: to the even, 1. 1 + 3 * 2^-8 lies
@@ -342,6 +448,12 @@ __global__ void mma_with_missing_lane(float* d) {
   d[threadIdx.x] = c[0];
 }
 
+__global__ void cp_async_never_waited(const uint32_t* src) {
+  __shared__ __align__(16) uint32_t sm[32][4];
+  packbert::cuda::cp_async_16(sm[threadIdx.x], src + threadIdx.x * 4, 16);
+  packbert::cuda::cp_async_commit();
+}
+
 template <typename F>
 void fault_in_child(F launch) {
   launch();
@@ -377,6 +489,12 @@ TEST(EmuExecutionDeathTest, UndefinedSynchronisationIsAnErrorNamingTheThreads) {
                 PB_LAUNCH(1, 32, 0, nullptr, mma_with_missing_lane)(d.p);
               }),
               testing::ExitedWithCode(0), "lane 31\\) exited while lanes 0-30 wait in mma.sync");
+  EXPECT_EXIT(fault_in_child([] {
+                Dev<uint32_t> src(32 * 4);
+                PB_LAUNCH(1, 32, 0, nullptr, cp_async_never_waited)(src.p);
+              }),
+              testing::ExitedWithCode(0),
+              "thread \\(0,0,0\\) exited with 1 cp.async copies it never waited for");
   EXPECT_EXIT(fault_in_child([] {
                 std::vector<int> host(32);
                 PB_LAUNCH(1, 32, 0, nullptr, add_one)(host.data());
