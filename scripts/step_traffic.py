@@ -10,7 +10,7 @@ backend, before and after three changes, computed from the code's sizes (no GPU 
                                rows and the weights widened)
   loss read-back               four D2H copies, each a stream synchronisation, per micro-step
                                (src/model/bert.cpp) -> the sums left on the device and read once
-                               per optimizer step (Bert::deferred_results, train/train_step.cpp)
+                               per optimizer step (Bert::deferred_results, train/trainer.cpp)
 
 The default is BERT-Large phase 2 as configs/bert_large_phase2_mlperf.toml runs it: bf16, 32
 samples per GPU and micro-step (global batch 256 on 8 GPUs, no accumulation), unpadded, M = 1,

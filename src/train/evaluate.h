@@ -16,7 +16,7 @@
 
 #include "data/sample.h"
 #include "model/batch.h"
-#include "train/train_step.h"
+#include "train/trainer.h"
 
 namespace packbert {
 

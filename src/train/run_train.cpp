@@ -30,7 +30,7 @@
 #include "train/metrics.h"
 #include "train/mllog.h"
 #include "train/resume.h"
-#include "train/train_step.h"
+#include "train/trainer.h"
 
 namespace packbert {
 

@@ -6,7 +6,7 @@
 //         checkpoint.init_checkpoint, or the whole state of checkpoint.resume
 //   the data loader (resumed at the checkpoint's loader position), the eval set
 //   loop until train.max_steps, the eval target, or SIGTERM/SIGINT:
-//     one optimizer step (train/train_step.h); a non-finite gradient skips the update and is
+//     one optimizer step (train/trainer.h); a non-finite gradient skips the update and is
 //     counted, too many in a row abort
 //     every log.every_steps: the progress line, a metrics record
 //     every eval.every_samples samples: evaluate (train/evaluate.h); stop at the target

@@ -1,4 +1,4 @@
-// gpu label: the whole optimizer step (train/train_step.h: forward, backward, the gradient
+// gpu label: the whole optimizer step (train/trainer.h: forward, backward, the gradient
 // reducer (one rank: nothing moves), LAMB on the device) with train.device = cuda against the
 // CPU trainer: three steps on one batch of two micro-steps with dropout on. The losses of every
 // step and the parameter updates of the three steps must agree. A second CUDA trainer whose
@@ -28,7 +28,7 @@
 #include <utility>
 
 #include "cuda_test_util.h"
-#include "train/train_step.h"
+#include "train/trainer.h"
 #include "test_util.h"
 #ifdef PACKBERT_CUDA_EMULATION
 #include "cuda_emu/runtime.h"

@@ -38,7 +38,7 @@
 #include "backend.h"
 #include "comm/grad_reducer.h"
 #include "test_util.h"
-#include "train/train_step.h"
+#include "train/trainer.h"
 
 namespace packbert::test {
 namespace {

@@ -19,7 +19,7 @@
 #include "model_test_util.h"
 #include "optim/lamb.h"
 #include "optim/loss_scaler.h"
-#include "train/train_step.h"
+#include "train/trainer.h"
 
 namespace packbert::test {
 namespace {

@@ -37,7 +37,7 @@
 #include "cpu/cpu_backend.h"
 #include "data/shard.h"
 #include "test_util.h"
-#include "train/train_step.h"
+#include "train/trainer.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "train/train_step.h"
+#include "train/trainer.h"
 
 #include <algorithm>
 #include <cmath>

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
-#include "train/train_step.h"
+#include "train/trainer.h"
 #include "test_util.h"
 
 namespace packbert::test {
