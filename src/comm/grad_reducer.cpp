@@ -26,10 +26,6 @@ MPI_Datatype mpi_type_of(DType t) {
   PB_THROW("grad reducer: all_gather of a {} buffer (f32, bf16 or f16)", dtype_name(t));
 }
 
-Tensor slice(const Tensor& flat, int64_t offset, int64_t size) {
-  const auto elem = static_cast<int64_t>(dtype_size(flat.dtype));
-  return Tensor(static_cast<char*>(flat.data) + offset * elem, flat.dtype, {size}, flat.device);
-}
 
 // One MPI collective per bucket on host memory; a device buffer is staged through the host.
 class MpiTransport final : public GradBucketTransport {

@@ -99,4 +99,10 @@ void check_device(const char* op, const char* name, const Tensor& t, Device devi
              name, device_name(t.device), device_name(device));
 }
 
+Tensor slice(const Tensor& flat, int64_t offset, int64_t size) {
+  if (!flat.defined()) return flat;
+  const auto elem = static_cast<int64_t>(dtype_size(flat.dtype));
+  return Tensor(static_cast<char*>(flat.data) + offset * elem, flat.dtype, {size}, flat.device);
+}
+
 }  // namespace packbert

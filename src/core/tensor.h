@@ -69,6 +69,10 @@ Tensor view(const T* data, std::initializer_list<int64_t> dims, Device device = 
   return view(const_cast<T*>(data), dims, device);
 }
 
+// Elements [offset, offset + size) of a flat (1-D or contiguous) view, as a 1-D view of the same
+// dtype and device; the "none" view stays "none".
+Tensor slice(const Tensor& flat, int64_t offset, int64_t size);
+
 // Contract checks for ops. Each throws packbert::Error naming the op and the argument:
 //   "linear_forward: w is f32[768, 512] cpu, expected f32[3072, 768]".
 // In `dims`, -1 matches any extent.

@@ -12,13 +12,6 @@ namespace packbert {
 
 namespace {
 
-// Elements [begin, end) of a flat buffer.
-Tensor range_of(const Tensor& t, int64_t begin, int64_t end) {
-  if (!t.defined()) return t;
-  return Tensor(static_cast<char*>(t.data) + begin * static_cast<int64_t>(dtype_size(t.dtype)),
-                t.dtype, {end - begin}, t.device);
-}
-
 constexpr int64_t kScalarBytes = sizeof(float) + 3 * sizeof(int32_t);  // Lamb::scalars_
 
 void check_options(const LambOptions& o) {
@@ -143,9 +136,9 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   // Every rank holds the all-reduced gradient, so this is the global norm (apex FusedLAMB
   // takes one norm over all parameter groups, decayed or not). Sharded: each rank holds the
   // reduced gradient of its range only, and the squares are summed over ranks.
-  const Tensor own_params = range_of(params, begin_, end_);
-  const Tensor own_grads = range_of(grads, begin_, end_);
-  const Tensor own_lowp = range_of(params_lowp, begin_, end_);
+  const Tensor own_params = slice(params, begin_, end_ - begin_);
+  const Tensor own_grads = slice(grads, begin_, end_ - begin_);
+  const Tensor own_lowp = slice(params_lowp, begin_, end_ - begin_);
   if (sharded()) {
     // The double sums of squares summed over ranks, rooted and rounded as l2_norm does: the
     // unsharded norm up to double rounding, computed where the gradient is.

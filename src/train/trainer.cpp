@@ -171,10 +171,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     if (bert_->lowp_params().defined()) reducer.all_gather(bert_->lowp_params());
     // LAMB zeroed the gradient it owns; the rest holds this rank's unreduced sums.
     const int64_t n = table_.total(), begin = lamb_->shard_begin(), end = lamb_->shard_end();
-    float* g = grads_.tensor().ptr<float>();
-    const Device dev = grads_.tensor().device;
-    if (begin > 0) backend_->zero(view(g, {begin}, dev));
-    if (end < n) backend_->zero(view(g + end, {n - end}, dev));
+    if (begin > 0) backend_->zero(slice(grads_.tensor(), 0, begin));
+    if (end < n) backend_->zero(slice(grads_.tensor(), end, n - end));
   }
   out.loss_scale = loss_scale;
   if (scaler_) scaler_->update(!info.skipped);

@@ -74,10 +74,6 @@ int run(int argc, char** argv, int rank, int size) {
     for (size_t i = 0; i < host.size(); ++i) host[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
     backend->copy(w.tensor(), view(host.data(), {n}));
   }
-  // [begin, end) of the weights and of the gradient, as views.
-  auto range = [](const BackendBuffer& b, int64_t begin, int64_t end) {
-    return view(b.tensor().ptr<float>() + begin, {end - begin}, b.tensor().device);
-  };
   const std::vector<int64_t> bounds = plan_tensor_shards(params, n, size);
   const int64_t mine_begin = bounds[static_cast<size_t>(rank)];
   const int64_t mine_end = bounds[static_cast<size_t>(rank) + 1];
@@ -86,7 +82,8 @@ int run(int argc, char** argv, int rank, int size) {
   const int64_t bw_begin = replicated ? 0 : mine_begin, bw_end = replicated ? n : mine_end;
   const double bandwidth_s =
       bench::slowest_rank_time(iters, [&] {
-        backend->copy(range(g, bw_begin, bw_end), range(w, bw_begin, bw_end));
+        backend->copy(slice(g.tensor(), bw_begin, bw_end - bw_begin),
+                     slice(w.tensor(), bw_begin, bw_end - bw_begin));
         backend->synchronize();
       }).wall;
   // read + write (a rank that owns nothing measures nothing: then the whole buffer's)
@@ -124,7 +121,7 @@ int run(int argc, char** argv, int rank, int size) {
     Lamb lamb(*backend, params, n, LrSchedule(lr), lo, sharded ? &shard : nullptr);
     // The gradient LAMB reads: a copy of the weights, over the range this rank updates.
     const int64_t gb = sharded ? mine_begin : 0, ge = sharded ? mine_end : n;
-    if (ge > gb) backend->copy(range(g, gb, ge), range(w, gb, ge));
+    if (ge > gb) backend->copy(slice(g.tensor(), gb, ge - gb), slice(w.tensor(), gb, ge - gb));
     const bench::RankTime lamb_t = bench::slowest_rank_time(iters, [&] {
       lamb.step(w.tensor(), g.tensor(), {}, 1.0f, /*read_back=*/false);
       backend->synchronize();
