@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README demo, about four minutes on a 2-core machine:
+# The README demo, a few minutes on a 2-core machine:
 #   1. prepare the bundled corpus (King James Bible, one document per chapter) into MLPerf-format
 #      variable-length shards (configs/prepare_demo.toml) and validate them;
 #   2. train a tiny BERT on the CPU with two MPI ranks (configs/demo_tiny_cpu.toml): the loss

@@ -7,7 +7,7 @@
 # Environment: NGPUS (default 8), CONFIG (default configs/bert_large_phase2_mlperf.toml),
 # PACKBERT (default build/src/packbert), SEED (default: random, logged; MLPerf wants a new seed
 # per run), OUT (default out/mlperf/run-<date>: metrics and MLPerf log).
-# Data: data.train_dir / data.eval_dir of the config (README: "MLPerf Wikipedia data").
+# Data: data.train_dir / data.eval_dir of the config (docs/mlperf.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 PHASE1_CHECKPOINT [--section.key=value ...]" >&2; exit 2; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend's kernels run where there is no GPU: three build trees of the emulated CUDA
-# build (PACKBERT_CUDA=EMULATED, README.md "What runs where"), each configured, built and tested:
+# build (PACKBERT_CUDA=EMULATED, docs/testing.md, "What runs where"), each configured, built and tested:
 #   build-emu        the gpu tests against the emulation, the emulation's own tests and the
 #                    mutation runs (ctest labels emulated, mutation)
 #   build-emu-asan   the attention, LayerNorm / embedding, scatter and LAMB op tests under

@@ -3,7 +3,7 @@
 // shows as NVTX ranges. The code that opens them (src/model, src/optim, src/comm, src/data)
 // names no profiler and includes no CUDA: it opens a trace::Range, and a backend that knows a
 // profiler installs the push / pop pair -- the CUDA backend installs NVTX's when the
-// environment sets PACKBERT_NVTX=1 (README.md, Profiling). With nothing installed, the
+// environment sets PACKBERT_NVTX=1 (docs/performance.md, Profiling). With nothing installed, the
 // default, a range costs one load and one predictable branch.
 //
 // Ranges belong to the thread that opens them and nest: push on construction, pop on
