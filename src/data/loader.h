@@ -56,7 +56,7 @@ struct LoaderOptions {
   int prefetch_steps = 2;  // steps ready ahead of next() (>= 1)
   // Planner (PlannerConfig's num_ranks, micro_steps, packing and pack_rank come from above).
   CostModel cost;
-  BalanceMethod balance = BalanceMethod::kOurs;
+  BalanceMethod balance = BalanceMethod::kLptSearch;
   int64_t search_budget = int64_t{1} << 14;
   // What every sample must satisfy; max_seq_len 0 (or above max_seq_len) becomes max_seq_len.
   SampleRules rules;

@@ -300,7 +300,7 @@ Assignment assign(const std::vector<int64_t>& cost, int bins, BalanceMethod meth
     case BalanceMethod::kLpt:
       a.bin = lpt(cost, bins, bin_bits);
       break;
-    case BalanceMethod::kOurs:
+    case BalanceMethod::kLptSearch:
       a.bin = lpt(cost, bins, bin_bits);
       if (cost.size() > 1)
         LocalSearch(cost, bins, bin_bits, a.bin).run(budget, &a.moves, &a.probes);
@@ -366,16 +366,17 @@ const char* balance_method_name(BalanceMethod m) {
     case BalanceMethod::kNone: return "none";
     case BalanceMethod::kSortedRoundRobin: return "round-robin";
     case BalanceMethod::kLpt: return "lpt";
-    case BalanceMethod::kOurs: return "ours";
+    case BalanceMethod::kLptSearch: return "lpt-search";
   }
   return "?";
 }
 
 BalanceMethod parse_balance_method(const std::string& name) {
   for (BalanceMethod m : {BalanceMethod::kNone, BalanceMethod::kSortedRoundRobin,
-                          BalanceMethod::kLpt, BalanceMethod::kOurs})
+                          BalanceMethod::kLpt, BalanceMethod::kLptSearch})
     if (name == balance_method_name(m)) return m;
-  PB_THROW("unknown balance method '{}' (none, round-robin, lpt, ours)", name);
+  PB_REQUIRE(name != "ours", "balance method 'ours' was renamed 'lpt-search'");
+  PB_THROW("unknown balance method '{}' (none, round-robin, lpt, lpt-search)", name);
 }
 
 StepPlan plan_step(const std::vector<Candidate>& candidates, const PlannerConfig& config) {
