@@ -17,8 +17,8 @@ using config::key;
 
 const config::EnumTable<ShardFormat>& shard_format_table() {
   static const config::EnumTable<ShardFormat> t = {
-      {ShardFormat::Fixed, to_string(ShardFormat::Fixed)},
-      {ShardFormat::VarLength, to_string(ShardFormat::VarLength)}};
+      {ShardFormat::fixed, to_string(ShardFormat::fixed)},
+      {ShardFormat::var_length, to_string(ShardFormat::var_length)}};
   return t;
 }
 

@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
       path.c_str(), h.max_len, cost.per_token, cost.per_token_pair, cost.per_sequence,
       static_cast<long long>(budget), static_cast<unsigned long long>(seed));
 
-  const BalanceMethod methods[] = {BalanceMethod::kNone, BalanceMethod::kSortedRoundRobin,
-                                   BalanceMethod::kLpt, BalanceMethod::kLptSearch};
+  const BalanceMethod methods[] = {BalanceMethod::none, BalanceMethod::sorted_round_robin,
+                                   BalanceMethod::lpt, BalanceMethod::lpt_search};
   struct Config {
     int ranks, per_rank, micro_steps, steps;
   };

@@ -99,7 +99,7 @@ TEST(PackCli, DataDirectoryUsesSampleLengths) {
     histogram[samples.back().length() - 1]++;
   }
   packbert::ShardWriteOptions wo;
-  wo.format = packbert::ShardFormat::VarLength;
+  wo.format = packbert::ShardFormat::var_length;
   packbert::write_shard(dir.file("a.h5"), samples, wo);
   std::string out;
   ASSERT_EQ(run_command(stdout_only(kBin + " pack --data " + dir.path() +
