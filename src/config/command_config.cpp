@@ -17,8 +17,8 @@ using config::key;
 
 const config::EnumTable<ShardFormat>& shard_format_table() {
   static const config::EnumTable<ShardFormat> t = {
-      {ShardFormat::Fixed, to_string(ShardFormat::Fixed)},
-      {ShardFormat::VarLength, to_string(ShardFormat::VarLength)}};
+      {ShardFormat::fixed, to_string(ShardFormat::fixed)},
+      {ShardFormat::var_length, to_string(ShardFormat::var_length)}};
   return t;
 }
 
@@ -26,6 +26,19 @@ std::vector<std::string> pack_algorithm_names() {
   std::vector<std::string> n = packing_algorithms();
   n.push_back("all");
   return n;
+}
+
+// pack.algorithm: one of pack_algorithm_names(); a former name of an algorithm says the new one.
+config::Key<PackConfig> pack_algorithm_key() {
+  config::Key<PackConfig> k =
+      config::choice_key("pack.algorithm", &PackConfig::pack, &PackCommandOptions::algorithm,
+                         pack_algorithm_names(), "packing algorithm, or all of them");
+  k.set = [choose = k.set](PackConfig& c, const toml::node& n) {
+    const toml::value<std::string>* s = n.as_string();
+    std::string renamed = s ? renamed_packing_algorithm(s->get()) : "";
+    return renamed.empty() ? choose(c, n) : renamed;
+  };
+  return k;
 }
 
 // "prepare.max_seq_len (--max-seq-len)"
@@ -116,8 +129,7 @@ const config::Schema<PackConfig>& pack_config_schema() {
        key("pack.max_seq_len", &C::pack, &P::max_seq_len, "pack length L, in [1, 1048576]"),
        key("pack.max_seqs_per_pack", &C::pack, &P::max_seqs_per_pack,
            "most sequences in one pack; 0 = no limit"),
-       config::choice_key("pack.algorithm", &C::pack, &P::algorithm, pack_algorithm_names(),
-                          "packing algorithm, or all of them"),
+       pack_algorithm_key(),
        key("pack.json", &C::pack, &P::json,
            "print JSON with every pack strategy and its repeat count")});
   return schema;

@@ -50,7 +50,7 @@ InspectReport inspect_shards(const std::string& path, const SampleRules& rules,
   Sample s;
   for (const std::string& shard : shards) {
     ShardReader reader(shard, rules);
-    if (reader.info().format == ShardFormat::Fixed)
+    if (reader.info().format == ShardFormat::fixed)
       fixed_len = std::max(fixed_len, reader.info().max_seq_len);
     for (;;) {
       try {

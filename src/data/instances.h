@@ -51,16 +51,21 @@ class Rng {
   int bits_left_ = 0;
 };
 
-// Key domains: two streams with different tags never coincide whatever the other key parts.
-enum RngTag : uint64_t {
-  kRngDocShuffle = 1,    // (file): order in which documents are considered for eval
-  kRngStructure = 2,     // (file, round, doc): target length, chunking, a_end, random-next coin
-  kRngRandomDoc = 3,     // (file, round, doc): the random document and its start sentence
-  kRngPlanShuffle = 4,   // (file, split): order of the instances of a file
-  kRngMaterialize = 5,   // (file, split, index): truncation and masking of one instance
-};
+// Key domains, the first part of a stream's key: two streams with different tags never coincide
+// whatever the other key parts. The other parts of each:
+//   kRngDocShuffle   (file): order in which documents are considered for eval
+//   kRngStructure    (file, round, doc): target length, chunking, a_end, random-next coin
+//   kRngRandomDoc    (file, round, doc): the random document and its start sentence
+//   kRngPlanShuffle  (file, split): order of the instances of a file
+//   kRngMaterialize  (file, split, index): truncation and masking of one instance
+constexpr uint64_t kRngDocShuffle = 1;
+constexpr uint64_t kRngStructure = 2;
+constexpr uint64_t kRngRandomDoc = 3;
+constexpr uint64_t kRngPlanShuffle = 4;
+constexpr uint64_t kRngMaterialize = 5;
 constexpr uint64_t kEvalRound = ~0ull;  // the round key of held-out (eval) documents
-enum Split : uint64_t { kSplitTrain = 0, kSplitEval = 1 };
+constexpr uint64_t kSplitTrain = 0;     // the split key of training instances
+constexpr uint64_t kSplitEval = 1;      // the split key of held-out (eval) instances
 
 // Tokenized documents of one input file, compact: uint16 token ids, sentences and documents as
 // ranges (a sentence is a non-empty tokenized line; a document has at least one sentence).

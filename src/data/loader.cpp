@@ -60,12 +60,12 @@ void check_options(const LoaderOptions& o) {
 }  // namespace
 
 const char* last_step_policy_name(LastStepPolicy p) {
-  return p == LastStepPolicy::kDrop ? "drop" : "partial";
+  return p == LastStepPolicy::drop ? "drop" : "partial";
 }
 
 LastStepPolicy parse_last_step_policy(const std::string& name) {
-  if (name == "partial") return LastStepPolicy::kPartial;
-  if (name == "drop") return LastStepPolicy::kDrop;
+  if (name == "partial") return LastStepPolicy::partial;
+  if (name == "drop") return LastStepPolicy::drop;
   PB_THROW("unknown last step policy '{}' (expected partial or drop)", name);
 }
 
@@ -209,7 +209,7 @@ void DataLoader::Impl::count_samples(const std::vector<std::string>& paths) {
   layout = std::make_unique<BlockLayout>(std::move(sizes), opt.shuffle_block_rows);
   PB_REQUIRE(layout->num_samples() > 0, "data loader: the {} shards hold no sample",
              shards.size());
-  PB_REQUIRE(opt.last_step != LastStepPolicy::kDrop ||
+  PB_REQUIRE(opt.last_step != LastStepPolicy::drop ||
                  layout->num_samples() >= opt.global_batch_size,
              "data loader: the dataset has {} samples, fewer than one global batch of {} (with "
              "the drop policy no step would remain)", layout->num_samples(),
@@ -369,7 +369,7 @@ int64_t DataLoader::num_samples() const { return impl_->layout->num_samples(); }
 
 int64_t DataLoader::steps_per_epoch() const {
   const int64_t n = impl_->layout->num_samples(), b = impl_->opt.global_batch_size;
-  return impl_->opt.last_step == LastStepPolicy::kDrop ? n / b : (n + b - 1) / b;
+  return impl_->opt.last_step == LastStepPolicy::drop ? n / b : (n + b - 1) / b;
 }
 
 }  // namespace packbert

@@ -39,10 +39,10 @@ enum class LastStepPolicy {
   // The epoch's last step trains the N mod B remaining samples: every sample exactly once per
   // epoch. The loss stays an exact mean (it is normalised by the step's own global counts);
   // only that step's gradient is noisier. Default.
-  kPartial,
+  partial,
   // The remainder is not trained in this epoch (the next epoch's shuffle drops other samples):
   // every step has exactly B samples, as MLPerf's fixed-batch trainers assume.
-  kDrop,
+  drop,
 };
 const char* last_step_policy_name(LastStepPolicy p);
 LastStepPolicy parse_last_step_policy(const std::string& name);  // "partial" | "drop"
@@ -56,7 +56,7 @@ struct LoaderOptions {
   int prefetch_steps = 2;  // steps ready ahead of next() (>= 1)
   // Planner (PlannerConfig's num_ranks, micro_steps, packing and pack_rank come from above).
   CostModel cost;
-  BalanceMethod balance = BalanceMethod::kOurs;
+  BalanceMethod balance = BalanceMethod::lpt_search;
   int64_t search_budget = int64_t{1} << 14;
   // What every sample must satisfy; max_seq_len 0 (or above max_seq_len) becomes max_seq_len.
   SampleRules rules;
@@ -69,7 +69,7 @@ struct LoaderOptions {
   // about (2 + read_ahead_windows) windows of samples spread over the ranks, plus the
   // prefetched steps.
   int read_ahead_windows = 1;
-  LastStepPolicy last_step = LastStepPolicy::kPartial;
+  LastStepPolicy last_step = LastStepPolicy::partial;
 };
 
 // Where the loader stands: enough to continue exactly where an uninterrupted run would. The

@@ -40,7 +40,8 @@ struct LoaderCursor {
   int64_t step = 0;
 };
 
-// Moves a cursor past an epoch's end (or, under kDrop, past a remainder shorter than a batch).
+// Moves a cursor past an epoch's end (or, under LastStepPolicy::drop, past a remainder shorter
+// than a batch).
 LoaderCursor normalize_cursor(LoaderCursor c, int64_t num_samples, int64_t batch,
                               LastStepPolicy policy);
 

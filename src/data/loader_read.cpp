@@ -10,7 +10,7 @@ namespace {
 
 // The last position of an epoch any step trains (the drop policy leaves the tail out).
 int64_t needed_end(int64_t num_samples, const LoaderOptions& o) {
-  return o.last_step == LastStepPolicy::kDrop
+  return o.last_step == LastStepPolicy::drop
              ? num_samples / o.global_batch_size * o.global_batch_size
              : num_samples;
 }

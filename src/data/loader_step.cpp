@@ -26,7 +26,7 @@ static_assert(sizeof(Candidate) == 16 && std::is_trivially_copyable_v<Candidate>
 LoaderCursor normalize_cursor(LoaderCursor c, int64_t num_samples, int64_t batch,
                               LastStepPolicy policy) {
   const int64_t left = num_samples - c.pos;
-  if (left <= 0 || (policy == LastStepPolicy::kDrop && left < batch)) {
+  if (left <= 0 || (policy == LastStepPolicy::drop && left < batch)) {
     ++c.epoch;
     c.pos = 0;
   }

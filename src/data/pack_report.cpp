@@ -87,8 +87,11 @@ int run_pack_command(const PackCommandOptions& o, std::ostream& out,
     algorithms = packing_algorithms();
   } else {
     const auto& known = packing_algorithms();
+    const std::string renamed = renamed_packing_algorithm(o.algorithm);
+    PB_REQUIRE(renamed.empty(), "pack: {}", renamed);
     PB_REQUIRE(std::find(known.begin(), known.end(), o.algorithm) != known.end(),
-               "pack: unknown --algorithm '{}' (spfhp, lpfhp, nnlshp, ours, all)", o.algorithm);
+               "pack: unknown --algorithm '{}' (spfhp, lpfhp, nnlshp, exact-fit, all)",
+               o.algorithm);
     algorithms = {o.algorithm};
   }
 

@@ -1,5 +1,6 @@
 // Length histograms, metrics, checks, the paper's two greedy packers (SPFHP, LPFHP) and turning
-// strategies into concrete packs. NNLSHP lives in packing_nnlshp.cpp, ours in packing_ours.cpp.
+// strategies into concrete packs. NNLSHP lives in packing_nnlshp.cpp, exact-fit in
+// packing_exact_fit.cpp.
 #include "data/packing.h"
 
 #include <algorithm>
@@ -250,8 +251,13 @@ PackingResult pack_lpfhp(const LengthHistogram& h, const PackingLimits& limits) 
 // ---- dispatch, metrics, checks ------------------------------------------------------------
 
 const std::vector<std::string>& packing_algorithms() {
-  static const std::vector<std::string> names{"spfhp", "lpfhp", "nnlshp", "ours"};
+  static const std::vector<std::string> names{"spfhp", "lpfhp", "nnlshp", "exact-fit"};
   return names;
+}
+
+std::string renamed_packing_algorithm(const std::string& name) {
+  if (name == "ours") return "packing algorithm 'ours' was renamed 'exact-fit'";
+  return "";
 }
 
 PackingResult pack_with(const std::string& algorithm, const LengthHistogram& h,
@@ -259,8 +265,10 @@ PackingResult pack_with(const std::string& algorithm, const LengthHistogram& h,
   if (algorithm == "spfhp") return pack_spfhp(h, limits);
   if (algorithm == "lpfhp") return pack_lpfhp(h, limits);
   if (algorithm == "nnlshp") return pack_nnlshp(h, limits);
-  if (algorithm == "ours") return pack_ours(h, limits);
-  PB_THROW("unknown packing algorithm '{}' (spfhp, lpfhp, nnlshp, ours)", algorithm);
+  if (algorithm == "exact-fit") return pack_exact_fit(h, limits);
+  const std::string renamed = renamed_packing_algorithm(algorithm);
+  PB_REQUIRE(renamed.empty(), "{}", renamed);
+  PB_THROW("unknown packing algorithm '{}' (spfhp, lpfhp, nnlshp, exact-fit)", algorithm);
 }
 
 PackingMetrics packing_metrics(const PackingResult& r) {
@@ -360,7 +368,7 @@ std::vector<std::vector<int64_t>> pack_online(const std::vector<SeqRef>& samples
                "sample {} has length {}, outside 1..{}", s.id, s.length, limits.max_seq_len);
     ++h.counts[s.length];
   }
-  return assign_packs(pack_ours(h, limits).strategies, samples, limits);
+  return assign_packs(pack_exact_fit(h, limits).strategies, samples, limits);
 }
 
 }  // namespace packbert

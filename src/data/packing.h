@@ -1,5 +1,5 @@
 // Histogram sequence packing (Krell et al., "Efficient Sequence Packing without
-// Cross-contamination", arXiv 2107.02027) and our own exact-fit packer.
+// Cross-contamination", arXiv 2107.02027) and an exact-fit packer of this project.
 //
 // Every algorithm works on a length histogram (how many sequences of each length 1..L), not on
 // the sequences themselves, so it runs in milliseconds on a 16M-sample dataset. It returns pack
@@ -7,11 +7,11 @@
 // packs follow it. assign_packs() then turns strategies plus the real (id, length) list into
 // concrete packs of sample ids.
 //
-//   spfhp   shortest-pack-first: lengths longest first, each into the open pack with the most
-//           space left (worst fit)
-//   lpfhp   longest-pack-first: best fit, several copies of a length per pack at once
-//   nnlshp  non-negative least squares over all exact-fill strategies of <= K sequences
-//   ours    exact-fit decreasing on counts, then repair (see packing_ours.cpp)
+//   spfhp      shortest-pack-first: lengths longest first, each into the open pack with the
+//              most space left (worst fit)
+//   lpfhp      longest-pack-first: best fit, several copies of a length per pack at once
+//   nnlshp     non-negative least squares over all exact-fill strategies of <= K sequences
+//   exact-fit  exact-fit decreasing on counts, repriced, then repair (packing_exact_fit.cpp)
 #pragma once
 
 #include <cstdint>
@@ -75,10 +75,14 @@ struct PackingResult {
 PackingResult pack_spfhp(const LengthHistogram& h, const PackingLimits& limits);
 PackingResult pack_lpfhp(const LengthHistogram& h, const PackingLimits& limits);
 PackingResult pack_nnlshp(const LengthHistogram& h, const PackingLimits& limits);
-PackingResult pack_ours(const LengthHistogram& h, const PackingLimits& limits);
+PackingResult pack_exact_fit(const LengthHistogram& h, const PackingLimits& limits);
 
-// Names accepted by pack_with(): spfhp, lpfhp, nnlshp, ours.
+// Names accepted by pack_with(): spfhp, lpfhp, nnlshp, exact-fit.
 const std::vector<std::string>& packing_algorithms();
+// For a former name of an algorithm, why it is refused: "packing algorithm 'ours' was renamed
+// 'exact-fit'"; "" for any other name. A former name is not an alias: pack_with() and the pack
+// command reject it with this message.
+std::string renamed_packing_algorithm(const std::string& name);
 PackingResult pack_with(const std::string& algorithm, const LengthHistogram& h,
                         const PackingLimits& limits);
 
@@ -118,7 +122,7 @@ std::vector<std::vector<int64_t>> assign_packs(const std::vector<PackStrategy>& 
                                                const PackingLimits& limits);
 
 // Online packing for the step planner: a few dozen samples of one rank and step to packs with
-// pack_ours(), each sample once. Deterministic for a given input.
+// pack_exact_fit(), each sample once. Deterministic for a given input.
 std::vector<std::vector<int64_t>> pack_online(const std::vector<SeqRef>& samples,
                                               const PackingLimits& limits);
 

@@ -291,16 +291,16 @@ Assignment assign(const std::vector<int64_t>& cost, int bins, BalanceMethod meth
              "planner: total step cost {} is too large to balance over {} ranks",
              total / kCostScale, bins);
   switch (method) {
-    case BalanceMethod::kNone:
+    case BalanceMethod::none:
       a.bin = contiguous(cost.size(), bins);
       break;
-    case BalanceMethod::kSortedRoundRobin:
+    case BalanceMethod::sorted_round_robin:
       a.bin = round_robin(cost.size(), bins);
       break;
-    case BalanceMethod::kLpt:
+    case BalanceMethod::lpt:
       a.bin = lpt(cost, bins, bin_bits);
       break;
-    case BalanceMethod::kOurs:
+    case BalanceMethod::lpt_search:
       a.bin = lpt(cost, bins, bin_bits);
       if (cost.size() > 1)
         LocalSearch(cost, bins, bin_bits, a.bin).run(budget, &a.moves, &a.probes);
@@ -363,19 +363,20 @@ CostModel CostModel::for_hidden(int hidden) {
 
 const char* balance_method_name(BalanceMethod m) {
   switch (m) {
-    case BalanceMethod::kNone: return "none";
-    case BalanceMethod::kSortedRoundRobin: return "round-robin";
-    case BalanceMethod::kLpt: return "lpt";
-    case BalanceMethod::kOurs: return "ours";
+    case BalanceMethod::none: return "none";
+    case BalanceMethod::sorted_round_robin: return "round-robin";
+    case BalanceMethod::lpt: return "lpt";
+    case BalanceMethod::lpt_search: return "lpt-search";
   }
   return "?";
 }
 
 BalanceMethod parse_balance_method(const std::string& name) {
-  for (BalanceMethod m : {BalanceMethod::kNone, BalanceMethod::kSortedRoundRobin,
-                          BalanceMethod::kLpt, BalanceMethod::kOurs})
+  for (BalanceMethod m : {BalanceMethod::none, BalanceMethod::sorted_round_robin,
+                          BalanceMethod::lpt, BalanceMethod::lpt_search})
     if (name == balance_method_name(m)) return m;
-  PB_THROW("unknown balance method '{}' (none, round-robin, lpt, ours)", name);
+  PB_REQUIRE(name != "ours", "balance method 'ours' was renamed 'lpt-search'");
+  PB_THROW("unknown balance method '{}' (none, round-robin, lpt, lpt-search)", name);
 }
 
 StepPlan plan_step(const std::vector<Candidate>& candidates, const PlannerConfig& config) {
@@ -384,10 +385,11 @@ StepPlan plan_step(const std::vector<Candidate>& candidates, const PlannerConfig
   const int R = config.num_ranks, M = config.micro_steps;
   const size_t n = candidates.size();
 
-  // The order every method reads the candidates in: kNone as given, the others canonical.
+  // The order every method reads the candidates in: BalanceMethod::none as given, the others
+  // canonical.
   Orders orders = sort_candidates(candidates, config.packing.max_seq_len);
   std::vector<int32_t>& order = orders.canonical;
-  if (config.method == BalanceMethod::kNone) std::iota(order.begin(), order.end(), 0);
+  if (config.method == BalanceMethod::none) std::iota(order.begin(), order.end(), 0);
 
   StepPlan plan;
   std::vector<int64_t> cost(n);

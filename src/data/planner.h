@@ -7,10 +7,10 @@
 // sample id and rank index, iteration budgets instead of wall-clock time), so every rank computes
 // the same plan without further communication.
 //
-// Promise on candidate order: for the methods kSortedRoundRobin, kLpt and kOurs the plan depends
-// only on the *multiset* of candidates, not on the order of the vector (everything is sorted by
-// (length descending, id ascending) first). kNone is defined by candidate order (it is the
-// "split the batch as it comes" baseline). Sample ids must be unique (checked).
+// Promise on candidate order: for the methods sorted_round_robin, lpt and lpt_search the plan
+// depends only on the *multiset* of candidates, not on the order of the vector (everything is
+// sorted by (length descending, id ascending) first). The method none is defined by candidate
+// order (it is the "split the batch as it comes" baseline). Sample ids must be unique (checked).
 #pragma once
 
 #include <cstdint>
@@ -64,13 +64,14 @@ struct CostModel {
 
 // How samples are spread over ranks (and over the micro-steps of a rank).
 enum class BalanceMethod {
-  kNone,              // contiguous split in candidate order, equal sample counts (+-1)
-  kSortedRoundRobin,  // Baidu, MLPerf v2.0: sort by length descending, deal round-robin
-  kLpt,               // longest processing time first, no local search (for comparison)
-  kOurs,              // LPT, then local search on the most loaded bin
+  none,                // contiguous split in candidate order, equal sample counts (+-1)
+  sorted_round_robin,  // Baidu, MLPerf v2.0: sort by length descending, deal round-robin
+  lpt,                 // longest processing time first, no local search (for comparison)
+  lpt_search,          // LPT, then local search on the most loaded bin
 };
 const char* balance_method_name(BalanceMethod m);
-// "none", "round-robin", "lpt", "ours"; anything else is an Error.
+// "none", "round-robin", "lpt", "lpt-search"; anything else is an Error ("ours", the former
+// name of lpt-search, says the new one).
 BalanceMethod parse_balance_method(const std::string& name);
 
 // Which ranks get packs in plan_step(): packing is per rank (~tens of us each), so a loader
@@ -94,7 +95,7 @@ struct PlannerConfig {
   int micro_steps = 1;
   PackingLimits packing;  // max_seq_len (every length must fit) and max_seqs_per_pack
   CostModel cost;
-  BalanceMethod method = BalanceMethod::kOurs;
+  BalanceMethod method = BalanceMethod::lpt_search;
   // Local-search work, in probes (one binary search for a move or swap partner each), for the
   // split over ranks; each rank's micro split gets max(64, search_budget / num_ranks), or 0 when
   // the budget is 0. A count, never wall-clock, so every rank stops at the same point. At 8 x 56

@@ -23,7 +23,7 @@ struct PrepareOptions {
   uint64_t seed = 12345;
   int num_shards = 1;
   int64_t eval_samples = 0;         // samples written to the eval shard
-  ShardFormat format = ShardFormat::Fixed;
+  ShardFormat format = ShardFormat::fixed;
   bool whole_word_masking = false;
   int threads = 0;                  // 0: hardware concurrency; output does not depend on it
 };

@@ -17,12 +17,12 @@
 
 namespace packbert {
 
-enum class ShardFormat { Fixed, VarLength };
+enum class ShardFormat { fixed, var_length };
 const char* to_string(ShardFormat f);
 ShardFormat parse_shard_format(const std::string& s);  // "fixed" | "varlength"; throws on other
 
 struct ShardWriteOptions {
-  ShardFormat format = ShardFormat::Fixed;
+  ShardFormat format = ShardFormat::fixed;
   int max_seq_len = 128;      // L of the fixed format (samples longer than L are an error;
                               //   varlength: the same limit, 0 for none)
   int max_predictions = 20;   // P of the fixed format (more masked positions are an error;
@@ -56,7 +56,7 @@ void write_shard(const std::string& path, const std::vector<Sample>& samples,
 
 struct ShardInfo {
   std::string path;
-  ShardFormat format = ShardFormat::Fixed;
+  ShardFormat format = ShardFormat::fixed;
   int64_t num_samples = 0;
   int max_seq_len = 0;      // fixed: L; varlength: 0 (unknown without a scan)
   int max_predictions = 0;  // fixed: P; varlength: 0

@@ -110,15 +110,15 @@ std::string describe_type(hid_t type) {
 
 const char* to_string(ShardFormat f) {
   switch (f) {
-    case ShardFormat::Fixed: return "fixed";
-    case ShardFormat::VarLength: return "varlength";
+    case ShardFormat::fixed: return "fixed";
+    case ShardFormat::var_length: return "varlength";
   }
   return "unknown";
 }
 
 ShardFormat parse_shard_format(const std::string& s) {
-  if (s == "fixed") return ShardFormat::Fixed;
-  if (s == "varlength") return ShardFormat::VarLength;
+  if (s == "fixed") return ShardFormat::fixed;
+  if (s == "varlength") return ShardFormat::var_length;
   PB_THROW("unknown shard format '{}' (expected 'fixed' or 'varlength')", s);
 }
 

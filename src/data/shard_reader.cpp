@@ -145,15 +145,15 @@ void ShardReader::Impl::open(int chunk_samples) {
     Handle type(PB_H5(H5Dget_type(ds.get()), "{}", where(h5::kInputIds)));
     const H5T_class_t cls = H5Tget_class(type.get());
     if (cls == H5T_VLEN) {
-      info.format = ShardFormat::VarLength;
+      info.format = ShardFormat::var_length;
     } else if (cls == H5T_INTEGER) {
-      info.format = ShardFormat::Fixed;
+      info.format = ShardFormat::fixed;
     } else {
       PB_THROW("shard {}: dataset 'input_ids' has the wrong dtype {} (expected an integer type "
                "[N, L] or vlen integers [N])", path, h5::describe_type(type.get()));
     }
   }
-  const bool fixed = info.format == ShardFormat::Fixed;
+  const bool fixed = info.format == ShardFormat::fixed;
   open_column(input_ids, h5::kInputIds, !fixed, fixed ? 2 : 1);
   if (fixed) open_column(input_mask, h5::kInputMask, false, 2);
   open_column(segment_ids, h5::kSegmentIds, !fixed, fixed ? 2 : 1);
@@ -176,7 +176,7 @@ void ShardReader::Impl::open_column(InColumn& c, const char* name, bool vlen, in
   if (exists <= 0)
     PB_THROW("shard {}: dataset '{}' is missing (a {} shard has {})", path, name,
              to_string(info.format),
-             info.format == ShardFormat::Fixed
+             info.format == ShardFormat::fixed
                  ? "input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids, "
                    "next_sentence_labels"
                  : "input_ids, segment_ids, masked_lm_positions, masked_lm_ids, "
@@ -226,7 +226,7 @@ void ShardReader::Impl::open_column(InColumn& c, const char* name, bool vlen, in
 
 void ShardReader::Impl::check_structure() {
   const std::string& path = info.path;
-  const bool fixed = info.format == ShardFormat::Fixed;
+  const bool fixed = info.format == ShardFormat::fixed;
   const hsize_t n = input_ids.rows;
   for (const InColumn* c :
        {&input_mask, &segment_ids, &masked_positions, &masked_ids, &labels}) {
@@ -335,7 +335,7 @@ void ShardReader::Impl::read_vlen(InColumn& c, int64_t begin, int64_t count) {
 void ShardReader::Impl::load_window(int64_t begin) {
   const int64_t end = std::min(begin + rows_per_window, info.num_samples);
   window_begin = window_end = 0;  // nothing valid if a read below throws
-  const bool fixed = info.format == ShardFormat::Fixed;
+  const bool fixed = info.format == ShardFormat::fixed;
   for (InColumn* c : {&input_ids, &input_mask, &segment_ids, &masked_positions, &masked_ids}) {
     if (!c->dataset.valid()) continue;
     if (fixed) read_fixed(*c, begin, end - begin);
@@ -446,7 +446,7 @@ void ShardReader::Impl::decode_varlength(int64_t row, int64_t r, Sample& out) {
 
 void ShardReader::Impl::decode(int64_t row, Sample& out) {
   const int64_t r = row - window_begin;
-  if (info.format == ShardFormat::Fixed) decode_fixed(row, r, out);
+  if (info.format == ShardFormat::fixed) decode_fixed(row, r, out);
   else decode_varlength(row, r, out);
   if (!labels.overflows.empty()) check_overflow(labels, r, r + 1, row);
   const int32_t label = labels.values[r];

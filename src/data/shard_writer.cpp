@@ -19,12 +19,12 @@ namespace {
 using h5::Handle;
 
 // Which row buffer of the writer feeds a dataset.
-enum class Buffer { InputIds, InputMask, SegmentIds, MaskedPositions, MaskedIds, Labels };
+enum class Buffer { input_ids, input_mask, segment_ids, masked_positions, masked_ids, labels };
 
 // One output dataset: its HDF5 dataset and what a row of it is.
 struct OutColumn {
   const char* name = nullptr;
-  Buffer buffer = Buffer::Labels;
+  Buffer buffer = Buffer::labels;
   Handle dataset;
   hid_t file_type = H5I_INVALID_HID;  // predefined little-endian type (never closed)
   hid_t mem_type = H5I_INVALID_HID;   // predefined native type of the row buffer
@@ -99,7 +99,7 @@ void ShardWriter::Impl::add_column(const char* name, Buffer buffer, hid_t file_t
 
 void ShardWriter::Impl::create() {
   h5::init_thread();
-  const bool fixed = opts.format == ShardFormat::Fixed;
+  const bool fixed = opts.format == ShardFormat::fixed;
   PB_REQUIRE(opts.chunk_samples > 0, "shard {}: chunk_samples must be positive, got {}", path,
              opts.chunk_samples);
   if (fixed) {
@@ -115,12 +115,12 @@ void ShardWriter::Impl::create() {
   const auto L = static_cast<hsize_t>(opts.max_seq_len);
   const auto P = static_cast<hsize_t>(opts.max_predictions);
   if (fixed) {
-    add_column(h5::kInputIds, Buffer::InputIds, H5T_STD_I16LE, H5T_NATIVE_INT16, L, false);
-    add_column(h5::kInputMask, Buffer::InputMask, H5T_STD_I8LE, H5T_NATIVE_INT8, L, false);
-    add_column(h5::kSegmentIds, Buffer::SegmentIds, H5T_STD_I8LE, H5T_NATIVE_INT8, L, false);
-    add_column(h5::kMaskedPositions, Buffer::MaskedPositions, H5T_STD_I16LE, H5T_NATIVE_INT16,
+    add_column(h5::kInputIds, Buffer::input_ids, H5T_STD_I16LE, H5T_NATIVE_INT16, L, false);
+    add_column(h5::kInputMask, Buffer::input_mask, H5T_STD_I8LE, H5T_NATIVE_INT8, L, false);
+    add_column(h5::kSegmentIds, Buffer::segment_ids, H5T_STD_I8LE, H5T_NATIVE_INT8, L, false);
+    add_column(h5::kMaskedPositions, Buffer::masked_positions, H5T_STD_I16LE, H5T_NATIVE_INT16,
                P, false);
-    add_column(h5::kMaskedIds, Buffer::MaskedIds, H5T_STD_I16LE, H5T_NATIVE_INT16, P, false);
+    add_column(h5::kMaskedIds, Buffer::masked_ids, H5T_STD_I16LE, H5T_NATIVE_INT16, P, false);
     const size_t rows = static_cast<size_t>(opts.chunk_samples);
     input_ids.assign(rows * L, 0);
     input_mask.assign(rows * L, 0);
@@ -131,12 +131,12 @@ void ShardWriter::Impl::create() {
     vlen_int16_mem = Handle(PB_H5(H5Tvlen_create(H5T_NATIVE_INT16), "shard {}", path));
     vlen_int8_mem = Handle(PB_H5(H5Tvlen_create(H5T_NATIVE_INT8), "shard {}", path));
     const hid_t v16 = vlen_int16_mem.get(), v8 = vlen_int8_mem.get();
-    add_column(h5::kInputIds, Buffer::InputIds, H5T_STD_I16LE, v16, 0, true);
-    add_column(h5::kSegmentIds, Buffer::SegmentIds, H5T_STD_I8LE, v8, 0, true);
-    add_column(h5::kMaskedPositions, Buffer::MaskedPositions, H5T_STD_I16LE, v16, 0, true);
-    add_column(h5::kMaskedIds, Buffer::MaskedIds, H5T_STD_I16LE, v16, 0, true);
+    add_column(h5::kInputIds, Buffer::input_ids, H5T_STD_I16LE, v16, 0, true);
+    add_column(h5::kSegmentIds, Buffer::segment_ids, H5T_STD_I8LE, v8, 0, true);
+    add_column(h5::kMaskedPositions, Buffer::masked_positions, H5T_STD_I16LE, v16, 0, true);
+    add_column(h5::kMaskedIds, Buffer::masked_ids, H5T_STD_I16LE, v16, 0, true);
   }
-  add_column(h5::kNextSentenceLabels, Buffer::Labels, H5T_STD_I8LE, H5T_NATIVE_INT8, 0, false);
+  add_column(h5::kNextSentenceLabels, Buffer::labels, H5T_STD_I8LE, H5T_NATIVE_INT8, 0, false);
   labels.reserve(static_cast<size_t>(opts.chunk_samples));
 }
 
@@ -186,7 +186,7 @@ void ShardWriter::Impl::append(const Sample& s) {
   check_sample(s, index);
   const int len = s.length();
   const int np = s.num_masked();
-  if (opts.format == ShardFormat::Fixed) {
+  if (opts.format == ShardFormat::fixed) {
     // Buffers are zeroed after each flush, so padding and unused slots are already 0.
     const size_t L = static_cast<size_t>(opts.max_seq_len);
     const size_t P = static_cast<size_t>(opts.max_predictions);
@@ -248,29 +248,29 @@ void ShardWriter::Impl::write_vlen_column(OutColumn& c, const void* values, size
 
 void ShardWriter::Impl::flush() {
   if (buffered == 0) return;
-  const bool fixed = opts.format == ShardFormat::Fixed;
+  const bool fixed = opts.format == ShardFormat::fixed;
   for (OutColumn& c : columns) {
     switch (c.buffer) {
-      case Buffer::InputIds:
+      case Buffer::input_ids:
         if (fixed) write_column(c, input_ids.data());
         else write_vlen_column(c, input_ids.data(), sizeof(int16_t), token_offsets);
         break;
-      case Buffer::InputMask:  // fixed only
+      case Buffer::input_mask:  // fixed only
         write_column(c, input_mask.data());
         break;
-      case Buffer::SegmentIds:
+      case Buffer::segment_ids:
         if (fixed) write_column(c, segment_ids.data());
         else write_vlen_column(c, segment_ids.data(), sizeof(int8_t), token_offsets);
         break;
-      case Buffer::MaskedPositions:
+      case Buffer::masked_positions:
         if (fixed) write_column(c, masked_positions.data());
         else write_vlen_column(c, masked_positions.data(), sizeof(int16_t), masked_offsets);
         break;
-      case Buffer::MaskedIds:
+      case Buffer::masked_ids:
         if (fixed) write_column(c, masked_ids.data());
         else write_vlen_column(c, masked_ids.data(), sizeof(int16_t), masked_offsets);
         break;
-      case Buffer::Labels:
+      case Buffer::labels:
         write_column(c, labels.data());
         break;
     }

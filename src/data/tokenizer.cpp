@@ -106,23 +106,23 @@ namespace {
 
 constexpr int kMaxWordChars = 100;  // HF WordpieceTokenizer.max_input_chars_per_word
 
-enum AsciiClass : uint8_t { kPlain, kUpper, kSpace, kDrop, kPunct };
+enum class AsciiClass : uint8_t { plain, upper, space, drop, punct };
 
-constexpr std::array<uint8_t, 128> make_ascii_table() {
-  std::array<uint8_t, 128> t{};
+constexpr std::array<AsciiClass, 128> make_ascii_table() {
+  std::array<AsciiClass, 128> t{};
   for (int c = 0; c < 128; ++c) {
-    uint8_t k = kPlain;
-    if (c < 32 || c == 127) k = kDrop;  // category Cc
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') k = kSpace;
+    AsciiClass k = AsciiClass::plain;
+    if (c < 32 || c == 127) k = AsciiClass::drop;  // category Cc
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') k = AsciiClass::space;
     if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
         (c >= 123 && c <= 126))
-      k = kPunct;
-    if (c >= 'A' && c <= 'Z') k = kUpper;
+      k = AsciiClass::punct;
+    if (c >= 'A' && c <= 'Z') k = AsciiClass::upper;
     t[static_cast<size_t>(c)] = k;
   }
   return t;
 }
-constexpr std::array<uint8_t, 128> kAscii = make_ascii_table();
+constexpr std::array<AsciiClass, 128> kAscii = make_ascii_table();
 
 constexpr char32_t kInvalid = 0xFFFD;
 
@@ -211,22 +211,22 @@ class BasicScanner {
       if (b < 0x80) {
         ++i;
         switch (kAscii[b]) {
-          case kPlain:
+          case AsciiClass::plain:
             if (!run_.empty()) flush_run();
             piece_.push_back(static_cast<char>(b));
             break;
-          case kUpper:
+          case AsciiClass::upper:
             if (!run_.empty()) flush_run();
             piece_.push_back(static_cast<char>(b + ('a' - 'A')));
             break;
-          case kSpace:
+          case AsciiClass::space:
             end_token();
             break;
-          case kPunct:
+          case AsciiClass::punct:
             if (!run_.empty()) flush_run();
             emit_punct(b);
             break;
-          default:  // kDrop: removed by _clean_text before anything else sees it
+          case AsciiClass::drop:  // removed by _clean_text before anything else sees it
             break;
         }
         continue;
@@ -274,7 +274,7 @@ class BasicScanner {
   void final_char(char32_t c) {
     if (c < 0x80) {
       if (!run_.empty()) flush_run();
-      if (kAscii[c] == kPunct) {
+      if (kAscii[c] == AsciiClass::punct) {
         emit_punct(static_cast<unsigned char>(c));
       } else {
         piece_.push_back(static_cast<char>(c));

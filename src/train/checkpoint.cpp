@@ -216,7 +216,7 @@ std::vector<StTensor> flat_tensors(const ParamTable& table, const float* flat,
                                    const std::string& prefix) {
   std::vector<StTensor> out;
   for (const ParamTensor& t : table.tensors())
-    out.push_back({prefix + t.name, StDType::F32, t.shape, flat + t.offset});
+    out.push_back({prefix + t.name, StDType::f32, t.shape, flat + t.offset});
   return out;
 }
 
@@ -228,7 +228,7 @@ void read_flat(const SafetensorsFile& file, const ParamTable& table, const std::
   for (const ParamTensor& t : table.tensors()) {
     const std::string name = prefix + t.name;
     PB_REQUIRE(file.contains(name), "{}: tensor '{}' is missing", file.path(), name);
-    reads.push_back({name, flat + t.offset, StDType::F32, t.shape});
+    reads.push_back({name, flat + t.offset, StDType::f32, t.shape});
   }
   file.read_many(reads);  // several threads: reading and hashing at about memory speed each
   // Alignment gaps between tensors (none in today's table) are zeroed.

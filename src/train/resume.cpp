@@ -37,7 +37,9 @@ std::vector<std::string> split_lines(const std::string& s) {
   return out;
 }
 
-enum Outcome : int { kRead = 0, kDamaged = 1, kFailed = 2 };
+// What reading a checkpoint did on one rank, in order of severity: the ranks agree on the worst
+// (MPI_MAX of the values).
+enum class Outcome : int { read = 0, damaged = 1, failed = 2 };
 
 }  // namespace
 
@@ -57,31 +59,33 @@ std::optional<ResumedCheckpoint> read_newest_valid_checkpoint(MPI_Comm comm,
   for (const std::string& dir : dirs) {
     ResumedCheckpoint out;
     out.dir = dir;
-    int outcome = kRead;
+    Outcome outcome = Outcome::read;
     std::string message;
     try {
       out.read = read_checkpoint(dir, table, params, m, v);
     } catch (const DamagedFileError& e) {
-      outcome = kDamaged;
+      outcome = Outcome::damaged;
       message = e.what();
     } catch (const std::exception& e) {
-      outcome = kFailed;
+      outcome = Outcome::failed;
       message = e.what();
     }
-    int worst = outcome;
-    int first = outcome == kRead ? world : rank;
+    Outcome worst = outcome;
+    int first = outcome == Outcome::read ? world : rank;
     {
       const WatchScope watch("MPI_Allreduce (resume auto verdict)");
-      PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT, MPI_MAX, comm));
-      if (worst != kRead) {
+      int code = static_cast<int>(outcome);
+      PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, comm));
+      worst = static_cast<Outcome>(code);
+      if (worst != Outcome::read) {
         first = outcome == worst ? rank : world;
         PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
       }
     }
-    if (worst == kRead) return out;
+    if (worst == Outcome::read) return out;
     message = broadcast_string(comm, message, first);
     if (world > 1) message = fmt::format("{} (rank {})", message, first);
-    if (worst == kFailed) throw Error(message);
+    if (worst == Outcome::failed) throw Error(message);
     std::string aside;
     if (rank == 0) {
       aside = set_checkpoint_aside(dir);

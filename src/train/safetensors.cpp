@@ -34,10 +34,10 @@ struct DTypeRow {
   size_t size;
 };
 constexpr DTypeRow kDTypes[] = {
-    {StDType::F64, "F64", 8}, {StDType::F32, "F32", 4}, {StDType::F16, "F16", 2},
-    {StDType::BF16, "BF16", 2}, {StDType::I64, "I64", 8}, {StDType::I32, "I32", 4},
-    {StDType::I16, "I16", 2}, {StDType::I8, "I8", 1},   {StDType::U8, "U8", 1},
-    {StDType::BOOL, "BOOL", 1},
+    {StDType::f64, "F64", 8}, {StDType::f32, "F32", 4}, {StDType::f16, "F16", 2},
+    {StDType::bf16, "BF16", 2}, {StDType::i64, "I64", 8}, {StDType::i32, "I32", 4},
+    {StDType::i16, "I16", 2}, {StDType::i8, "I8", 1},   {StDType::u8, "U8", 1},
+    {StDType::boolean, "BOOL", 1},
 };
 
 // The reference refuses headers above 100 MB.

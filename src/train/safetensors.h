@@ -50,7 +50,7 @@ class DamagedFileError : public Error {
 std::string st_checksum_hex(const void* data, size_t bytes);
 inline constexpr const char* kStChecksumAlgorithm = "xxh3_64";
 
-enum class StDType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
+enum class StDType { f64, f32, f16, bf16, i64, i32, i16, i8, u8, boolean };
 
 const char* st_dtype_name(StDType t);  // "F32", "BF16", ...
 size_t st_dtype_size(StDType t);       // bytes per element
@@ -69,7 +69,7 @@ inline constexpr int kStMaxThreads = 8;
 // One tensor to write: `data` holds numel(shape) elements of `dtype` (may be null when empty).
 struct StTensor {
   std::string name;
-  StDType dtype = StDType::F32;
+  StDType dtype = StDType::f32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
 };
@@ -88,7 +88,7 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
 
 struct StTensorInfo {
   std::string name;
-  StDType dtype = StDType::F32;
+  StDType dtype = StDType::f32;
   std::vector<int64_t> shape;
   uint64_t begin = 0;  // byte range within the data section
   uint64_t end = 0;
@@ -138,7 +138,7 @@ class SafetensorsFile {
   struct Read {
     std::string name;
     void* dst = nullptr;
-    StDType dtype = StDType::F32;
+    StDType dtype = StDType::f32;
     std::vector<int64_t> shape;
   };
   void read_many(const std::vector<Read>& reads) const;

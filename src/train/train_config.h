@@ -58,7 +58,7 @@ struct TrainConfig {
     int max_seq_len = 512;
     int max_seqs_per_pack = 3;        // 0 = no limit
     int max_predictions_per_seq = 76; // masked positions a sample may hold (MLPerf: 76 at 512)
-    LastStepPolicy last_step = LastStepPolicy::kPartial;
+    LastStepPolicy last_step = LastStepPolicy::partial;
     bool dropout = true;
     int max_nonfinite_steps = 5;      // skip non-finite steps; abort after this many in a row
     Device device = Device::cpu;      // cpu | cuda (one GPU per rank: local rank r takes GPU r)

@@ -30,7 +30,7 @@ const EnumTable<BatchLayout>& layout_table() {
 }
 const EnumTable<LastStepPolicy>& last_step_table() {
   static const auto t =
-      named({LastStepPolicy::kPartial, LastStepPolicy::kDrop}, last_step_policy_name);
+      named({LastStepPolicy::partial, LastStepPolicy::drop}, last_step_policy_name);
   return t;
 }
 const EnumTable<Device>& device_table() {

@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
       path.c_str(), h.max_len, cost.per_token, cost.per_token_pair, cost.per_sequence,
       static_cast<long long>(budget), static_cast<unsigned long long>(seed));
 
-  const BalanceMethod methods[] = {BalanceMethod::kNone, BalanceMethod::kSortedRoundRobin,
-                                   BalanceMethod::kLpt, BalanceMethod::kOurs};
+  const BalanceMethod methods[] = {BalanceMethod::none, BalanceMethod::sorted_round_robin,
+                                   BalanceMethod::lpt, BalanceMethod::lpt_search};
   struct Config {
     int ranks, per_rank, micro_steps, steps;
   };
@@ -143,7 +143,8 @@ int main(int argc, char** argv) {
   }
 
   // What a loader pays on top: packing its own rank's micro-batches (pack_online).
-  std::printf("\npacking one rank (pack_online per micro-batch, K=3), plans of method ours\n");
+  std::printf(
+      "\npacking one rank (pack_online per micro-batch, K=3), plans of method lpt-search\n");
   std::printf("%-22s %16s\n", "configuration", "us per rank");
   for (const Config& cfg : {configs[0], configs[1], configs[2], configs[3]}) {
     const int n = cfg.ranks * cfg.per_rank;

@@ -44,9 +44,9 @@ int main(int argc, char** argv) {
     const char* algorithm;
     int k;
   };
-  const Case cases[] = {{"spfhp", 3},  {"lpfhp", 3}, {"nnlshp", 3}, {"ours", 3},
-                        {"spfhp", 12}, {"lpfhp", 12}, {"ours", 12},  {"spfhp", 0},
-                        {"lpfhp", 0},  {"ours", 0}};
+  const Case cases[] = {{"spfhp", 3},  {"lpfhp", 3},  {"nnlshp", 3},    {"exact-fit", 3},
+                        {"spfhp", 12}, {"lpfhp", 12}, {"exact-fit", 12}, {"spfhp", 0},
+                        {"lpfhp", 0},  {"exact-fit", 0}};
   for (const Case& c : cases) {
     const PackingLimits limits{L, c.k};
     if (std::string(c.algorithm) == "nnlshp" &&

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
               kTargetSeconds);
   std::printf("%-10s %7s %10s %9s %10s %12s %9s  %s\n", "format", "threads", "text MB", "seconds",
               "text MB/s", "samples", "samples/s", "vs target");
-  for (ShardFormat format : {ShardFormat::Fixed, ShardFormat::VarLength}) {
+  for (ShardFormat format : {ShardFormat::fixed, ShardFormat::var_length}) {
     for (int threads : {1, 2}) {
       PrepareStats best;
       for (int r = 0; r < repeats; ++r) {

@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   for (const int max_len : {128, 512}) {
     const int max_predictions = max_len == 128 ? 20 : 76;  // MLPerf's values
     LengthDistribution lengths(max_len);
-    for (const ShardFormat format : {ShardFormat::Fixed, ShardFormat::VarLength}) {
+    for (const ShardFormat format : {ShardFormat::fixed, ShardFormat::var_length}) {
       const std::string path =
           dir.file(std::string(to_string(format)) + "_" + std::to_string(max_len) + ".h5");
       ShardWriteOptions opts;

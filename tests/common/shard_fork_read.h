@@ -20,17 +20,17 @@ namespace packbert::test {
 
 constexpr unsigned kChildSeconds = 10;  // reading a test shard of a few KB never takes this long
 
-enum class Outcome { Valid, Rejected, OtherException, InvalidSample, WrongCount, Crash, Hang };
+enum class Outcome { valid, rejected, other_exception, invalid_sample, wrong_count, crash, hang };
 
 inline const char* to_string(Outcome o) {
   switch (o) {
-    case Outcome::Valid: return "valid";
-    case Outcome::Rejected: return "packbert::Error";
-    case Outcome::OtherException: return "other exception";
-    case Outcome::InvalidSample: return "invalid sample yielded";
-    case Outcome::WrongCount: return "wrong sample count";
-    case Outcome::Crash: return "crash";
-    case Outcome::Hang: return "hang";
+    case Outcome::valid: return "valid";
+    case Outcome::rejected: return "packbert::Error";
+    case Outcome::other_exception: return "other exception";
+    case Outcome::invalid_sample: return "invalid sample yielded";
+    case Outcome::wrong_count: return "wrong sample count";
+    case Outcome::crash: return "crash";
+    case Outcome::hang: return "hang";
   }
   return "?";
 }
@@ -88,14 +88,14 @@ inline Outcome read_in_child(const std::string& path, std::string* message) {
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     *message = fmt::format("signal {} ({})", sig, strsignal(sig));
-    return sig == SIGALRM ? Outcome::Hang : Outcome::Crash;
+    return sig == SIGALRM ? Outcome::hang : Outcome::crash;
   }
   switch (WEXITSTATUS(status)) {
-    case 0: return Outcome::Valid;
-    case 1: return Outcome::Rejected;
-    case 3: return Outcome::InvalidSample;
-    case 4: return Outcome::WrongCount;
-    default: return Outcome::OtherException;
+    case 0: return Outcome::valid;
+    case 1: return Outcome::rejected;
+    case 3: return Outcome::invalid_sample;
+    case 4: return Outcome::wrong_count;
+    default: return Outcome::other_exception;
   }
 }
 

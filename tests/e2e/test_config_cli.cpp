@@ -186,4 +186,24 @@ TEST(ConfigCliOptions, BadOptionValueNamesOptionAndKey) {
   EXPECT_NE(out.find("prepare.input is not set: give --input"), std::string::npos) << out;
 }
 
+// A former name of a value is not an alias: pack.algorithm "ours" (now exact-fit) is an error
+// that says the new name, given as the option, as an override or in the file.
+TEST(ConfigCliOptions, FormerAlgorithmNameSaysTheNewName) {
+  const std::string pack =
+      kBin + " pack --histogram " PACKBERT_TEST_DATA "/wikipedia-seqlen-histogram-512.txt ";
+  const std::string said = "pack.algorithm: packing algorithm 'ours' was renamed 'exact-fit'";
+  std::string out;
+  EXPECT_NE(run_command(pack + "--algorithm ours", &out), 0);
+  EXPECT_NE(out.find("option --algorithm: " + said), std::string::npos) << out;
+  EXPECT_NE(run_command(pack + "--pack.algorithm=ours", &out), 0);
+  EXPECT_NE(out.find("override 'pack.algorithm=ours': " + said), std::string::npos) << out;
+  TempDir tmp;
+  std::ofstream(tmp.file("c.toml")) << "[pack]\nalgorithm = \"ours\"\n";
+  EXPECT_NE(run_command(pack + "--config " + tmp.file("c.toml"), &out), 0);
+  EXPECT_NE(out.find(tmp.file("c.toml") + ":2:"), std::string::npos) << out;
+  EXPECT_NE(out.find(said), std::string::npos) << out;
+  ASSERT_EQ(run_command(pack + "--algorithm exact-fit", &out), 0) << out;
+  EXPECT_NE(out.find("exact-fit"), std::string::npos) << out;
+}
+
 }  // namespace

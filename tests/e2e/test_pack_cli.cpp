@@ -62,7 +62,7 @@ TEST(PackCli, TableListsEveryAlgorithm) {
   ASSERT_EQ(run_command(kBin + " pack --histogram " + kWiki +
                             " --max-seq-len 512 --max-seqs-per-pack 3 --algorithm all", &out), 0)
       << out;
-  for (const char* name : {"spfhp", "lpfhp", "nnlshp", "ours", "efficiency"})
+  for (const char* name : {"spfhp", "lpfhp", "nnlshp", "exact-fit", "efficiency"})
     EXPECT_NE(out.find(name), std::string::npos) << name << " missing:\n" << out;
 }
 
@@ -72,7 +72,9 @@ TEST(PackCli, JsonStrategiesReproduceTheHistogram) {
     std::string out;
     ASSERT_EQ(run_command(stdout_only(kBin + " pack --histogram " + kWiki +
                                       " --max-seq-len 512 --max-seqs-per-pack " +
-                                      std::to_string(K) + " --algorithm ours --json"), &out), 0)
+                                      std::to_string(K) + " --algorithm exact-fit --json"),
+                          &out),
+              0)
         << out;
     const auto j = nlohmann::json::parse(out);
     ASSERT_EQ(j.at("results").size(), 1u);
@@ -97,7 +99,7 @@ TEST(PackCli, DataDirectoryUsesSampleLengths) {
     histogram[samples.back().length() - 1]++;
   }
   packbert::ShardWriteOptions wo;
-  wo.format = packbert::ShardFormat::VarLength;
+  wo.format = packbert::ShardFormat::var_length;
   packbert::write_shard(dir.file("a.h5"), samples, wo);
   std::string out;
   ASSERT_EQ(run_command(stdout_only(kBin + " pack --data " + dir.path() +

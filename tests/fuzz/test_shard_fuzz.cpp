@@ -92,17 +92,18 @@ std::string region_of(const std::vector<Region>& regions, uint64_t offset) {
 // ---- mutations ---------------------------------------------------------------------------
 
 struct Mutation {
-  enum Kind { ByteFlip, ByteRun, Truncation } kind = ByteFlip;
+  enum class Kind { byte_flip, byte_run, truncation } kind = Kind::byte_flip;
   uint64_t offset = 0;        // first byte changed, or the new size for a truncation
   std::string bytes;          // the new bytes
   std::string describe() const {
-    if (kind == Truncation) return fmt::format("truncate to {} bytes", offset);
+    if (kind == Kind::truncation) return fmt::format("truncate to {} bytes", offset);
     std::string hex;
     for (size_t i = 0; i < bytes.size() && i < 8; ++i)
       hex += fmt::format("{:02x}", static_cast<unsigned char>(bytes[i]));
     if (bytes.size() > 8) hex += "...";
     return fmt::format("{} of {} byte(s) at offset {}: {}",
-                       kind == ByteFlip ? "byte flip" : "byte run", bytes.size(), offset, hex);
+                       kind == Kind::byte_flip ? "byte flip" : "byte run", bytes.size(), offset,
+                       hex);
   }
 };
 
@@ -126,7 +127,7 @@ Mutation random_mutation(std::mt19937_64& rng, const std::string& file) {
   const auto [first, last] = offset_range(size);
   std::uniform_int_distribution<int> byte(0, 255);
   if (kind < 5) {
-    m.kind = Mutation::ByteFlip;
+    m.kind = Mutation::Kind::byte_flip;
     m.offset = std::uniform_int_distribution<uint64_t>(first, last - 1)(rng);
     const auto old = static_cast<unsigned char>(file[m.offset]);
     // Half single-bit flips (the subtle damage), half arbitrary different bytes.
@@ -134,7 +135,7 @@ Mutation random_mutation(std::mt19937_64& rng, const std::string& file) {
                                       : static_cast<unsigned char>(old ^ (1 + rng() % 255));
     m.bytes.assign(1, static_cast<char>(v));
   } else if (kind < 9) {
-    m.kind = Mutation::ByteRun;
+    m.kind = Mutation::Kind::byte_run;
     const uint64_t len = std::uniform_int_distribution<uint64_t>(2, 64)(rng);
     m.offset = std::uniform_int_distribution<uint64_t>(first, last - 2)(rng);
     const uint64_t n = std::min(len, size - m.offset);
@@ -142,14 +143,14 @@ Mutation random_mutation(std::mt19937_64& rng, const std::string& file) {
     for (uint64_t i = 0; i < n; ++i)
       m.bytes += static_cast<char>(fill == 0 ? 0 : fill == 1 ? 0xff : byte(rng));
   } else {
-    m.kind = Mutation::Truncation;
+    m.kind = Mutation::Kind::truncation;
     m.offset = std::uniform_int_distribution<uint64_t>(std::max<uint64_t>(first, 1), last - 1)(rng);
   }
   return m;
 }
 
 std::string apply(const Mutation& m, std::string file) {
-  if (m.kind == Mutation::Truncation) return file.substr(0, m.offset);
+  if (m.kind == Mutation::Kind::truncation) return file.substr(0, m.offset);
   file.replace(m.offset, m.bytes.size(), m.bytes);
   return file;
 }
@@ -161,7 +162,7 @@ int iterations_per_format() {
 
 void fuzz_format(ShardFormat format) {
   const uint64_t seed = test::test_seed();
-  std::mt19937_64 rng(seed ^ (format == ShardFormat::Fixed ? 0x9e3779b97f4a7c15ull : 0));
+  std::mt19937_64 rng(seed ^ (format == ShardFormat::fixed ? 0x9e3779b97f4a7c15ull : 0));
   test::TempDir dir;
   const std::string pristine = dir.file("pristine.h5");
   ShardWriteOptions opts;
@@ -174,7 +175,7 @@ void fuzz_format(ShardFormat format) {
   const std::vector<Region> regions = map_regions(pristine, original);
 
   std::string message;
-  ASSERT_EQ(read_in_child(pristine, &message), Outcome::Valid) << message;
+  ASSERT_EQ(read_in_child(pristine, &message), Outcome::valid) << message;
 
   const std::string damaged = dir.file("damaged.h5");
   std::map<std::string, std::map<std::string, int>> by_region;  // region -> outcome -> count
@@ -184,10 +185,10 @@ void fuzz_format(ShardFormat format) {
     const Mutation m = random_mutation(rng, original);
     std::ofstream(damaged, std::ios::binary | std::ios::trunc) << apply(m, original);
     const Outcome outcome = read_in_child(damaged, &message);
-    const std::string region = m.kind == Mutation::Truncation ? "truncation"
+    const std::string region = m.kind == Mutation::Kind::truncation ? "truncation"
                                                               : region_of(regions, m.offset);
     ++by_region[region][to_string(outcome)];
-    if (outcome == Outcome::Valid || outcome == Outcome::Rejected) continue;
+    if (outcome == Outcome::valid || outcome == Outcome::rejected) continue;
     ++failures;
     if (const char* keep = std::getenv("PACKBERT_FUZZ_KEEP"))
       std::filesystem::copy_file(damaged, fmt::format("{}/{}-{}.h5", keep, to_string(format), i),
@@ -207,9 +208,9 @@ void fuzz_format(ShardFormat format) {
   EXPECT_EQ(failures, 0);
 }
 
-TEST(ShardFuzz, FixedFormatDamage) { fuzz_format(ShardFormat::Fixed); }
+TEST(ShardFuzz, FixedFormatDamage) { fuzz_format(ShardFormat::fixed); }
 
-TEST(ShardFuzz, VarLengthFormatDamage) { fuzz_format(ShardFormat::VarLength); }
+TEST(ShardFuzz, VarLengthFormatDamage) { fuzz_format(ShardFormat::var_length); }
 
 }  // namespace
 }  // namespace packbert

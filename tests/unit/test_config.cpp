@@ -52,7 +52,7 @@ TEST(CommandConfig, PrepareFileThenOverrides) {
   EXPECT_EQ(c.prepare.inputs, (std::vector<std::string>{"a.txt", "b.txt.gz"}));
   EXPECT_EQ(c.prepare.max_seq_len, 256);  // the command line wins
   EXPECT_EQ(c.prepare.vocab, "v.txt");
-  EXPECT_EQ(c.prepare.format, ShardFormat::VarLength);
+  EXPECT_EQ(c.prepare.format, ShardFormat::var_length);
   EXPECT_TRUE(c.prepare.whole_word_masking);
   EXPECT_EQ(c.prepare.seed, 7u);
   EXPECT_EQ(c.prepare.dupe_factor, PrepareOptions{}.dupe_factor);  // untouched: the default

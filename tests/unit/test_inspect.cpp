@@ -96,7 +96,7 @@ TEST(Inspect, DirectoryOfBothFormats) {
   opts.max_predictions = 10;
   opts.chunk_samples = 16;
   write_shard(dir.file("part-0.h5"), fixed, opts);
-  opts.format = ShardFormat::VarLength;
+  opts.format = ShardFormat::var_length;
   write_shard(dir.file("part-1.hdf5"), varlength, opts);
   std::vector<Sample> all = fixed;
   all.insert(all.end(), varlength.begin(), varlength.end());
@@ -108,7 +108,7 @@ TEST(Inspect, VarLengthShardUsesItsLongestSample) {
   test::TempDir dir;
   const auto samples = test::random_samples(rng, 211, 300, 40);
   ShardWriteOptions opts;
-  opts.format = ShardFormat::VarLength;
+  opts.format = ShardFormat::var_length;
   opts.max_seq_len = 300;
   opts.max_predictions = 40;
   write_shard(dir.file("v.h5"), samples, opts);

@@ -137,7 +137,7 @@ TEST(DataLoader, EveryEpochTrainsEverySampleOncePartialLastStep) {
 TEST(DataLoader, DropPolicyKeepsEveryStepFull) {
   const auto d = make_dataset({90, 61});  // 151 = 4 * 32 + 23
   LoaderOptions o = small_options(32);
-  o.last_step = LastStepPolicy::kDrop;
+  o.last_step = LastStepPolicy::drop;
   DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o);
   ASSERT_EQ(loader.steps_per_epoch(), 4);
   for (int64_t e = 0; e < 2; ++e) {

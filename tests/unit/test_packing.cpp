@@ -1,4 +1,4 @@
-// Histogram packing: the paper's numbers on the Wikipedia histogram, our packer's, the
+// Histogram packing: the paper's numbers on the Wikipedia histogram, exact-fit's, the
 // invariants (every sequence packed once, L and K respected) on the Wikipedia and on random
 // histograms, the NNLS solver against brute force and the KKT conditions, concrete and online
 // packs, bad histogram files and the `packbert pack` report.
@@ -98,9 +98,9 @@ TEST(PackingWikipedia, NnlshpReproducesThePaperWithK3) {
   EXPECT_EQ(m.max_seqs_in_pack, 3);
 }
 
-TEST(PackingWikipedia, OursBeatsNnlshpWithK3AndReaches999WithoutLimit) {
-  const PackingResult k3 = pack_ours(wikipedia(), {512, 3});
-  const PackingResult unlimited = pack_ours(wikipedia(), {512, 0});
+TEST(PackingWikipedia, ExactFitBeatsNnlshpWithK3AndReaches999WithoutLimit) {
+  const PackingResult k3 = pack_exact_fit(wikipedia(), {512, 3});
+  const PackingResult unlimited = pack_exact_fit(wikipedia(), {512, 0});
   expect_valid(wikipedia(), k3, "wikipedia");
   expect_valid(wikipedia(), unlimited, "wikipedia");
   const PackingMetrics m3 = packing_metrics(k3), mu = packing_metrics(unlimited);
@@ -108,7 +108,7 @@ TEST(PackingWikipedia, OursBeatsNnlshpWithK3AndReaches999WithoutLimit) {
   EXPECT_LE(m3.packs, packing_metrics(wikipedia_nnlshp_k3()).packs);
   EXPECT_GE(100 * mu.efficiency, 99.9);
   // Also better than the paper's best greedy at its own K.
-  EXPECT_LT(packing_metrics(pack_ours(wikipedia(), {512, 12})).packs,
+  EXPECT_LT(packing_metrics(pack_exact_fit(wikipedia(), {512, 12})).packs,
             packing_metrics(pack_lpfhp(wikipedia(), {512, 12})).packs);
 }
 
@@ -135,9 +135,9 @@ TEST(PackingWikipedia, PrintTable) {
   row(pack_spfhp(wikipedia(), {512, 12}));
   row(pack_lpfhp(wikipedia(), {512, 12}));
   row(wikipedia_nnlshp_k3());
-  row(pack_ours(wikipedia(), {512, 3}));
-  row(pack_ours(wikipedia(), {512, 12}));
-  row(pack_ours(wikipedia(), {512, 0}));
+  row(pack_exact_fit(wikipedia(), {512, 3}));
+  row(pack_exact_fit(wikipedia(), {512, 12}));
+  row(pack_exact_fit(wikipedia(), {512, 0}));
 }
 
 // ---- random histograms --------------------------------------------------------------------
@@ -195,8 +195,8 @@ TEST(PackingRandom, EveryAlgorithmKeepsTheInvariants) {
   }
 }
 
-TEST(PackingRandom, OursBeatsLpfhpOnBertLikeHistograms) {
-  // Skewed lengths plus a spike at L, like every BERT pretraining set: the case ours is for.
+TEST(PackingRandom, ExactFitBeatsLpfhpOnBertLikeHistograms) {
+  // Skewed lengths plus a spike at L, like every BERT pretraining set: what exact-fit is for.
   std::mt19937_64 rng(test::test_seed() + 1);
   for (int trial = 0; trial < 10; ++trial) {
     LengthHistogram h(512);
@@ -204,9 +204,9 @@ TEST(PackingRandom, OursBeatsLpfhpOnBertLikeHistograms) {
     for (int i = 0; i < 200000; ++i) ++h.counts[std::clamp(int(g(rng)) + 5, 5, 512)];
     h.counts[512] += 50000;
     for (int k : {3, 0}) {
-      const PackingMetrics ours = packing_metrics(pack_ours(h, {512, k}));
+      const PackingMetrics exact = packing_metrics(pack_exact_fit(h, {512, k}));
       const PackingMetrics lp = packing_metrics(pack_lpfhp(h, {512, k}));
-      EXPECT_LE(ours.packs, lp.packs) << "trial " << trial << " K=" << k;
+      EXPECT_LE(exact.packs, lp.packs) << "trial " << trial << " K=" << k;
     }
   }
 }
@@ -229,6 +229,32 @@ TEST(Packing, RejectsSequencesLongerThanL) {
   EXPECT_THROW(histogram_from_lengths({9}, 8), Error);
   EXPECT_THROW(resize_histogram(h, 8), Error);
   EXPECT_EQ(resize_histogram(h, 20).counts[9], 1);
+}
+
+// "ours", the former name of exact-fit, is not an alias: pack_with() and the pack command refuse
+// it and say the new name.
+TEST(Packing, FormerNameIsAnErrorThatSaysTheNewName) {
+  const std::string said = "packing algorithm 'ours' was renamed 'exact-fit'";
+  EXPECT_EQ(renamed_packing_algorithm("ours"), said);
+  for (const std::string& name : packing_algorithms())
+    EXPECT_EQ(renamed_packing_algorithm(name), "") << name;
+  const LengthHistogram h = histogram_from_lengths({3, 3, 5}, 8);
+  try {
+    pack_with("ours", h, {8, 3});
+    ADD_FAILURE() << "pack_with(\"ours\") did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), said);
+  }
+  PackCommandOptions o;
+  o.histogram_file = kWikipedia;
+  o.algorithm = "ours";
+  std::ostringstream out;
+  try {
+    run_pack_command(o, out);
+    ADD_FAILURE() << "pack --algorithm ours did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "pack: " + said);
+  }
 }
 
 TEST(Packing, CheckPackingCatchesBrokenResults) {
@@ -416,7 +442,7 @@ TEST(PackAssign, EverySampleOnceWithinLimits) {
     std::vector<int> lengths;
     for (const auto& s : samples) lengths.push_back(s.length);
     const LengthHistogram h = histogram_from_lengths(lengths, L);
-    for (const char* name : {"spfhp", "lpfhp", "ours"}) {
+    for (const char* name : {"spfhp", "lpfhp", "exact-fit"}) {
       const PackingResult r = pack_with(name, h, {L, k});
       const auto packs = assign_packs(r.strategies, samples, {L, k});
       expect_packs(packs, samples, {L, k});
@@ -506,7 +532,7 @@ TEST(PackReport, TableHasEveryAlgorithm) {
   EXPECT_EQ(run_pack_command(o, out), 0);
   const std::string text = out.str();
   std::printf("%s", text.c_str());
-  for (const char* name : {"spfhp", "lpfhp", "ours", "skipped nnlshp", "99.6040", "99.8129"})
+  for (const char* name : {"spfhp", "lpfhp", "exact-fit", "skipped nnlshp", "99.6040", "99.8129"})
     EXPECT_NE(text.find(name), std::string::npos) << name;
   o.algorithm = "nnlshp";
   EXPECT_THROW(run_pack_command(o, out), Error);
@@ -560,14 +586,14 @@ TEST(PackReport, OptionsAndDataDirectory) {
   o.max_seq_len = 512;
   o.algorithm = "best-fit";
   EXPECT_THROW(run_pack_command(o, out), Error);
-  o.algorithm = "ours";
+  o.algorithm = "exact-fit";
   o.max_seqs_per_pack = -1;
   EXPECT_THROW(run_pack_command(o, out), Error);
 
   PackCommandOptions d;
   d.data_dir = "/some/shards";
   d.max_seq_len = 128;
-  d.algorithm = "ours";
+  d.algorithm = "exact-fit";
   EXPECT_THROW(run_pack_command(d, out), Error);  // no reader wired
   std::string asked;
   auto reader = [&](const std::string& dir) {
@@ -577,7 +603,7 @@ TEST(PackReport, OptionsAndDataDirectory) {
   std::ostringstream table;
   EXPECT_EQ(run_pack_command(d, table, reader), 0);
   EXPECT_EQ(asked, "/some/shards");
-  EXPECT_NE(table.str().find("ours"), std::string::npos);
+  EXPECT_NE(table.str().find("exact-fit"), std::string::npos);
   auto bad_reader = [](const std::string&) { return std::vector<int>{129}; };
   EXPECT_THROW(run_pack_command(d, table, bad_reader), Error);
 }

@@ -24,8 +24,8 @@ const LengthHistogram& wikipedia() {
   return h;
 }
 
-const BalanceMethod kMethods[] = {BalanceMethod::kNone, BalanceMethod::kSortedRoundRobin,
-                                  BalanceMethod::kLpt, BalanceMethod::kOurs};
+const BalanceMethod kMethods[] = {BalanceMethod::none, BalanceMethod::sorted_round_robin,
+                                  BalanceMethod::lpt, BalanceMethod::lpt_search};
 
 // ~15 % of tokens masked, at most 76, as in the MLPerf data.
 int masked_for(int len) { return std::min(76, std::max(1, (len * 15 + 50) / 100)); }
@@ -210,8 +210,8 @@ TEST(Planner, SameInputSamePlan) {
   }
 }
 
-// The promise of planner.h: for round-robin, LPT and ours the plan depends only on the multiset
-// of candidates; kNone follows the candidate order by definition.
+// The promise of planner.h: for round-robin, LPT and LPT-search the plan depends only on the
+// multiset of candidates; the method none follows the candidate order by definition.
 TEST(Planner, PlanDoesNotDependOnCandidateOrder) {
   std::mt19937_64 rng(test::test_seed());
   for (int trial = 0; trial < 10; ++trial) {
@@ -219,8 +219,8 @@ TEST(Planner, PlanDoesNotDependOnCandidateOrder) {
     const auto cand = wikipedia_step(rng, ranks == 8 ? 8 * 56 : 64 * 8);
     auto shuffled = cand;
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
-    for (BalanceMethod m : {BalanceMethod::kSortedRoundRobin, BalanceMethod::kLpt,
-                            BalanceMethod::kOurs}) {
+    for (BalanceMethod m : {BalanceMethod::sorted_round_robin, BalanceMethod::lpt,
+                            BalanceMethod::lpt_search}) {
       SCOPED_TRACE(balance_method_name(m));
       const PlannerConfig pc = config_for(ranks, m, 1 + trial % 3);
       expect_same(plan_step(cand, pc), plan_step(shuffled, pc));
@@ -231,7 +231,7 @@ TEST(Planner, PlanDoesNotDependOnCandidateOrder) {
 TEST(Planner, NoneSplitsContiguouslyInCandidateOrder) {
   std::mt19937_64 rng(test::test_seed());
   const auto cand = random_step(rng, 103, 512);  // 103 = 10 * 10 + 3: ranks 0-2 get 11
-  const StepPlan plan = plan_step(cand, config_for(10, BalanceMethod::kNone));
+  const StepPlan plan = plan_step(cand, config_for(10, BalanceMethod::none));
   size_t next = 0;
   for (int r = 0; r < 10; ++r) {
     std::vector<int64_t> want;
@@ -251,7 +251,7 @@ TEST(Planner, RoundRobinDealsSortedLengths) {
   std::sort(sorted.begin(), sorted.end(), [](const Candidate& a, const Candidate& b) {
     return a.length != b.length ? a.length > b.length : a.sample_id < b.sample_id;
   });
-  const StepPlan plan = plan_step(cand, config_for(R, BalanceMethod::kSortedRoundRobin));
+  const StepPlan plan = plan_step(cand, config_for(R, BalanceMethod::sorted_round_robin));
   for (int r = 0; r < R; ++r) {
     std::vector<int64_t> want;
     for (int k = 0; k < B; ++k) want.push_back(sorted[k * R + r].sample_id);
@@ -285,7 +285,7 @@ TEST(Planner, SequenceLayoutMatchesNaiveLoop) {
 TEST(Planner, PacksOnlyTheRanksAsked) {
   std::mt19937_64 rng(test::test_seed());
   const auto cand = wikipedia_step(rng, 16 * 8);
-  PlannerConfig pc = config_for(16, BalanceMethod::kOurs, 2);
+  PlannerConfig pc = config_for(16, BalanceMethod::lpt_search, 2);
   for (int pack_rank : {kPackAllRanks, kPackNoRanks, 0, 7, 15}) {
     pc.pack_rank = pack_rank;
     const StepPlan plan = plan_step(cand, pc);
@@ -315,7 +315,7 @@ struct Balance {
   double mean[4] = {0, 0, 0, 0};  // per method, in kMethods order
 };
 
-// Mean max/mean over `steps` Wikipedia steps for every method; ours never worse than LPT.
+// Mean max/mean over `steps` Wikipedia steps for every method; lpt-search never worse than LPT.
 Balance measure(int ranks, int per_rank, int steps) {
   std::mt19937_64 rng(test::test_seed() + static_cast<uint64_t>(ranks));
   Balance b;
@@ -328,7 +328,7 @@ Balance measure(int ranks, int per_rank, int steps) {
       ratio[m] = plan_step(cand, pc).imbalance();
       b.mean[m] += ratio[m] / steps;
     }
-    EXPECT_LE(ratio[3], ratio[2] + 1e-12) << "ours worse than LPT alone at step " << s;
+    EXPECT_LE(ratio[3], ratio[2] + 1e-12) << "lpt-search worse than LPT alone at step " << s;
   }
   return b;
 }
@@ -372,7 +372,7 @@ TEST(PlannerBalance, MicroStepsAreBalanced) {
     const int steps = 50;
     for (int s = 0; s < steps; ++s) {
       const auto cand = wikipedia_step(rng, c.ranks * c.per_rank);
-      PlannerConfig pc = config_for(c.ranks, BalanceMethod::kOurs, c.micro);
+      PlannerConfig pc = config_for(c.ranks, BalanceMethod::lpt_search, c.micro);
       pc.pack_rank = kPackNoRanks;
       const StepPlan plan = plan_step(cand, pc);
       double mx = 0;
@@ -399,21 +399,21 @@ TEST(PlannerBalance, MicroStepsAreBalanced) {
 TEST(PlannerBalance, ManyRanks) {
   std::mt19937_64 rng(test::test_seed());
   const auto cand = wikipedia_step(rng, 1024 * 8);
-  PlannerConfig pc = config_for(1024, BalanceMethod::kLpt);
+  PlannerConfig pc = config_for(1024, BalanceMethod::lpt);
   pc.pack_rank = 5;
   const StepPlan lpt = plan_step(cand, pc);
-  pc.method = BalanceMethod::kOurs;
+  pc.method = BalanceMethod::lpt_search;
   for (int64_t budget : {int64_t{0}, int64_t{1} << 14, int64_t{1} << 18}) {
     pc.search_budget = budget;
-    const StepPlan ours = plan_step(cand, pc);
-    expect_valid(cand, pc, ours);
-    EXPECT_LE(ours.max_cost, lpt.max_cost);
+    const StepPlan searched = plan_step(cand, pc);
+    expect_valid(cand, pc, searched);
+    EXPECT_LE(searched.max_cost, lpt.max_cost);
     // The scan of one partner may run past the budget: 1 + 8 probes (its bin's costs), no more.
-    EXPECT_LE(ours.search_probes, budget + 64);
+    EXPECT_LE(searched.search_probes, budget + 64);
     if (budget == 0) {
-      EXPECT_EQ(ours.max_cost, lpt.max_cost);
+      EXPECT_EQ(searched.max_cost, lpt.max_cost);
     } else {
-      EXPECT_LT(ours.max_cost, lpt.max_cost);
+      EXPECT_LT(searched.max_cost, lpt.max_cost);
     }
   }
 }
@@ -453,7 +453,7 @@ TEST(Planner, MoreRanksThanCandidates) {
     EXPECT_EQ(busy, 5);
   }
   // No candidates at all.
-  const PlannerConfig pc = config_for(4, BalanceMethod::kOurs, 2);
+  const PlannerConfig pc = config_for(4, BalanceMethod::lpt_search, 2);
   const StepPlan empty = plan_step({}, pc);
   expect_valid({}, pc, empty);
   EXPECT_EQ(empty.global_samples, 0);
@@ -463,7 +463,7 @@ TEST(Planner, MoreRanksThanCandidates) {
 
 TEST(Planner, BadInputIsAnError) {
   const std::vector<Candidate> ok{{1, 10, 2}, {2, 20, 3}};
-  PlannerConfig pc = config_for(2, BalanceMethod::kOurs);
+  PlannerConfig pc = config_for(2, BalanceMethod::lpt_search);
   EXPECT_NO_THROW(plan_step(ok, pc));
   EXPECT_THROW(plan_step({{1, 10, 2}, {1, 20, 3}}, pc), Error);  // duplicate id
   EXPECT_THROW(plan_step({{1, 0, 0}}, pc), Error);               // empty sample
@@ -493,6 +493,13 @@ TEST(Planner, CostModelAndNames) {
   EXPECT_THROW(CostModel::for_hidden(0), Error);
   for (BalanceMethod b : kMethods) EXPECT_EQ(parse_balance_method(balance_method_name(b)), b);
   EXPECT_THROW(parse_balance_method("snake"), Error);
+  // "ours", the former name of lpt-search, is not an alias: the error says the new name.
+  try {
+    parse_balance_method("ours");
+    ADD_FAILURE() << "parse_balance_method(\"ours\") did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "balance method 'ours' was renamed 'lpt-search'");
+  }
 }
 
 }  // namespace

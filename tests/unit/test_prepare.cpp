@@ -556,7 +556,7 @@ TEST(Prepare, BothFormatsHoldTheSameSamples) {
   test::TempDir dir;
   const std::string slice = demo_slice(dir, 30);
   std::vector<Sample> by_format[2];
-  for (ShardFormat format : {ShardFormat::Fixed, ShardFormat::VarLength}) {
+  for (ShardFormat format : {ShardFormat::fixed, ShardFormat::var_length}) {
     PrepareOptions o = base_options({slice}, dir.file(to_string(format)));
     o.format = format;
     o.num_shards = 2;
@@ -564,7 +564,7 @@ TEST(Prepare, BothFormatsHoldTheSameSamples) {
     const PrepareStats st = run_prepare(o);
     ShardReader reader(st.train_shards[0], rules_for(o.max_seq_len));
     EXPECT_EQ(reader.info().format, format);
-    std::vector<Sample>& all = by_format[format == ShardFormat::VarLength];
+    std::vector<Sample>& all = by_format[format == ShardFormat::var_length];
     all = read_train(st, o.max_seq_len);
     const std::vector<Sample> eval = read_samples({st.eval_shard}, o.max_seq_len);
     EXPECT_EQ(eval.size(), 20u);

@@ -40,9 +40,9 @@ std::string handmade(const std::string& header, size_t data_bytes, uint64_t n_ov
 
 TEST(Safetensors, RoundTripEveryDtypeAndShape) {
   std::mt19937_64 rng(test::test_seed());
-  const std::vector<StDType> dtypes = {StDType::F64, StDType::F32, StDType::F16, StDType::BF16,
-                                       StDType::I64, StDType::I32, StDType::I16, StDType::I8,
-                                       StDType::U8,  StDType::BOOL};
+  const std::vector<StDType> dtypes = {StDType::f64, StDType::f32, StDType::f16, StDType::bf16,
+                                       StDType::i64, StDType::i32, StDType::i16, StDType::i8,
+                                       StDType::u8,  StDType::boolean};
   const std::vector<std::vector<int64_t>> shapes = {{}, {0}, {1}, {7}, {3, 5}, {2, 0, 4}, {2, 3, 1, 5}};
   std::vector<StTensor> tensors;
   std::vector<std::vector<unsigned char>> data;
@@ -50,7 +50,7 @@ TEST(Safetensors, RoundTripEveryDtypeAndShape) {
     for (const auto& shape : shapes) {
       std::vector<unsigned char> bytes(static_cast<size_t>(st_numel(shape)) * st_dtype_size(dt));
       for (auto& b : bytes) b = static_cast<unsigned char>(rng());
-      if (dt == StDType::BOOL)
+      if (dt == StDType::boolean)
         for (auto& b : bytes) b &= 1;
       data.push_back(std::move(bytes));
     }
@@ -104,28 +104,28 @@ TEST(Safetensors, WrongExpectationsNameTheTensor) {
   TempDir dir;
   const std::string path = dir.file("w.safetensors");
   std::vector<float> a(6, 1.5f);
-  write_safetensors(path, {{"layer.weight", StDType::F32, {2, 3}, a.data()}});
+  write_safetensors(path, {{"layer.weight", StDType::f32, {2, 3}, a.data()}});
   SafetensorsFile f(path);
   std::vector<float> out(6);
-  std::string msg = error_of([&] { f.read("layer.weight", out.data(), StDType::F32, {3, 2}); });
+  std::string msg = error_of([&] { f.read("layer.weight", out.data(), StDType::f32, {3, 2}); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("layer.weight"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[3, 2]"), std::string::npos) << msg;
-  msg = error_of([&] { f.read("layer.weight", out.data(), StDType::I32, {2, 3}); });
+  msg = error_of([&] { f.read("layer.weight", out.data(), StDType::i32, {2, 3}); });
   EXPECT_NE(msg.find("layer.weight"), std::string::npos) << msg;
   EXPECT_NE(msg.find("F32"), std::string::npos) << msg;
   EXPECT_NE(msg.find("I32"), std::string::npos) << msg;
-  msg = error_of([&] { f.read("layer.bias", out.data(), StDType::F32, {2, 3}); });
+  msg = error_of([&] { f.read("layer.bias", out.data(), StDType::f32, {2, 3}); });
   EXPECT_NE(msg.find("layer.bias"), std::string::npos) << msg;
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   // Refused on writing: duplicate names, the reserved name, a null pointer with data.
-  EXPECT_THROW(write_safetensors(dir.file("d"), {{"a", StDType::F32, {1}, a.data()},
-                                                  {"a", StDType::F32, {1}, a.data()}}),
+  EXPECT_THROW(write_safetensors(dir.file("d"), {{"a", StDType::f32, {1}, a.data()},
+                                                  {"a", StDType::f32, {1}, a.data()}}),
                Error);
-  EXPECT_THROW(write_safetensors(dir.file("d"), {{"__metadata__", StDType::F32, {1}, a.data()}}),
+  EXPECT_THROW(write_safetensors(dir.file("d"), {{"__metadata__", StDType::f32, {1}, a.data()}}),
                Error);
-  EXPECT_THROW(write_safetensors(dir.file("d"), {{"a", StDType::F32, {1}, nullptr}}), Error);
+  EXPECT_THROW(write_safetensors(dir.file("d"), {{"a", StDType::f32, {1}, nullptr}}), Error);
 }
 
 struct Damage {
@@ -139,8 +139,8 @@ TEST(Safetensors, DamagedFilesNameTheFile) {
   // A good file to damage.
   const std::string good_path = dir.file("good.safetensors");
   std::vector<float> a(12, 2.f), b(5, 3.f);
-  write_safetensors(good_path, {{"alpha", StDType::F32, {3, 4}, a.data()},
-                                {"beta", StDType::F32, {5}, b.data()}}, {{"format", "pt"}});
+  write_safetensors(good_path, {{"alpha", StDType::f32, {3, 4}, a.data()},
+                                {"beta", StDType::f32, {5}, b.data()}}, {{"format", "pt"}});
   const std::string good = test::read_file(good_path);
   SafetensorsFile ok(good_path);
 
@@ -204,8 +204,8 @@ TEST(Safetensors, ChecksumsCatchEveryFlippedBit) {
   for (float& x : a) x = std::uniform_real_distribution<float>(-1, 1)(rng);
   for (float& x : b) x = std::uniform_real_distribution<float>(-1, 1)(rng);
   const std::string path = dir.file("sum.safetensors");
-  write_safetensors(path, {{"alpha", StDType::F32, {2, 3}, a.data()},
-                           {"beta", StDType::F32, {3}, b.data()}},
+  write_safetensors(path, {{"alpha", StDType::f32, {2, 3}, a.data()},
+                           {"beta", StDType::f32, {3}, b.data()}},
                     {{"format", "pt"}, {"steps_done", "12"}});
   SafetensorsFile good(path);
   EXPECT_TRUE(good.has_checksums());
@@ -225,7 +225,7 @@ TEST(Safetensors, ChecksumsCatchEveryFlippedBit) {
       try {
         SafetensorsFile f(damaged);
         std::vector<float> back(a.size());
-        f.read("alpha", back.data(), StDType::F32, {2, 3});
+        f.read("alpha", back.data(), StDType::f32, {2, 3});
         f.verify("beta");
       } catch (const DamagedFileError& e) {
         damage = true;
@@ -246,7 +246,7 @@ TEST(Safetensors, ChecksumsCatchEveryFlippedBit) {
 
   // Without checksums (as written before they existed): readable, unverified.
   const std::string plain = dir.file("plain.safetensors");
-  write_safetensors(plain, {{"alpha", StDType::F32, {2, 3}, a.data()}}, {{"format", "pt"}},
+  write_safetensors(plain, {{"alpha", StDType::f32, {2, 3}, a.data()}}, {{"format", "pt"}},
                     /*checksums=*/false);
   std::string raw = test::read_file(plain);
   EXPECT_EQ(raw.find("checksum"), std::string::npos);
@@ -255,11 +255,11 @@ TEST(Safetensors, ChecksumsCatchEveryFlippedBit) {
   SafetensorsFile p(plain);
   EXPECT_FALSE(p.has_checksums());
   std::vector<float> back(a.size());
-  p.read("alpha", back.data(), StDType::F32, {2, 3});  // the flip goes unseen, as before
+  p.read("alpha", back.data(), StDType::f32, {2, 3});  // the flip goes unseen, as before
   p.verify("alpha");
   // The checksum keys are the writer's own.
   EXPECT_THROW(write_safetensors(dir.file("x"), {}, {{"checksum.alpha", "0"}}), Error);
-  EXPECT_THROW(write_safetensors(dir.file("x"), {{"__header__", StDType::F32, {1}, a.data()}}),
+  EXPECT_THROW(write_safetensors(dir.file("x"), {{"__header__", StDType::f32, {1}, a.data()}}),
                Error);
   // Python's xxhash.xxh3_64(b"").hexdigest(), the canonical form.
   EXPECT_EQ(st_checksum_hex(nullptr, 0), "2d06800538d394c2");
@@ -270,7 +270,7 @@ TEST(Safetensors, WriteFailuresNameThePath) {
   std::vector<float> a(4, 1.f);
   const std::string path = dir.file("no/such/dir/x.safetensors");
   const std::string msg =
-      error_of([&] { write_safetensors(path, {{"a", StDType::F32, {4}, a.data()}}); });
+      error_of([&] { write_safetensors(path, {{"a", StDType::f32, {4}, a.data()}}); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::strerror(ENOENT)), std::string::npos) << msg;
 }

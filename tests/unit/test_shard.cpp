@@ -70,7 +70,7 @@ TEST_P(ShardFormats, RoundTripAcrossChunkBoundaries) {
   ShardReader reader(path, SampleRules{}, read_chunk);
   EXPECT_EQ(reader.info().format, GetParam());
   EXPECT_EQ(reader.info().num_samples, static_cast<int64_t>(n));
-  if (GetParam() == ShardFormat::Fixed) {
+  if (GetParam() == ShardFormat::fixed) {
     EXPECT_EQ(reader.info().max_seq_len, L);
     EXPECT_EQ(reader.info().max_predictions, P);
   }
@@ -163,7 +163,7 @@ TEST_P(ShardFormats, WriterRefusesWhatTheFormatCannotHold) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shard, ShardFormats,
-                         ::testing::Values(ShardFormat::Fixed, ShardFormat::VarLength),
+                         ::testing::Values(ShardFormat::fixed, ShardFormat::var_length),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 // Files written by other tools use int32/int64 (NVIDIA's fixed shards) or other byte orders;
@@ -189,7 +189,7 @@ TEST(ShardReader, ReadsWiderAndForeignIntegerTypes) {
     test::write_raw_h5(path, c.vlen ? test::raw_varlength(samples, c.type)
                                     : test::raw_fixed(samples, 40, 6, c.type));
     ShardReader reader(path, SampleRules{}, 7);
-    EXPECT_EQ(reader.info().format, c.vlen ? ShardFormat::VarLength : ShardFormat::Fixed);
+    EXPECT_EQ(reader.info().format, c.vlen ? ShardFormat::var_length : ShardFormat::fixed);
     expect_same_samples(read_all(path, SampleRules{}, 7), samples);
   }
 }
@@ -340,8 +340,8 @@ TEST(ListShards, FileOrSortedDirectory) {
   EXPECT_EQ(list_shards(dir.path()),
             (std::vector<std::string>{dir.file("a.hdf5"), dir.file("b.h5"), dir.file("c.HDF")}));
   EXPECT_EQ(list_shards(dir.file("d.txt")), std::vector<std::string>{dir.file("d.txt")});
-  EXPECT_EQ(parse_shard_format("varlength"), ShardFormat::VarLength);
-  EXPECT_EQ(parse_shard_format(to_string(ShardFormat::Fixed)), ShardFormat::Fixed);
+  EXPECT_EQ(parse_shard_format("varlength"), ShardFormat::var_length);
+  EXPECT_EQ(parse_shard_format(to_string(ShardFormat::fixed)), ShardFormat::fixed);
   expect_mentions(error_of([] { parse_shard_format("packed"); }), {"'packed'"});
 }
 

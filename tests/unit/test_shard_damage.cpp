@@ -120,7 +120,7 @@ class ShardDamage : public ::testing::Test {
     std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bytes_;
     std::string message;
     const Outcome outcome = read_in_child(damaged, &message);
-    ASSERT_EQ(outcome, Outcome::Rejected) << to_string(outcome) << ": " << message;
+    ASSERT_EQ(outcome, Outcome::rejected) << to_string(outcome) << ": " << message;
     for (const std::string& p : parts)
       EXPECT_NE(message.find(p), std::string::npos) << "lacks '" << p << "': " << message;
   }
@@ -135,7 +135,7 @@ class ShardDamage : public ::testing::Test {
 class ShardHeapDamage : public ShardDamage {
  protected:
   ShardHeapDamage() {
-    write(ShardFormat::VarLength);
+    write(ShardFormat::var_length);
     row_ = std::uniform_int_distribution<hsize_t>(0, kRows - 1)(rng_);
     ref_ = reference_of(path_, bytes_, "input_ids", row_);
   }
@@ -195,7 +195,7 @@ constexpr unsigned kLayoutMessage = 0x0008, kSymbolTableMessage = 0x0011;
 // libhdf5: divides by zero in H5Dopen2 (SIGFPE in H5D__chunk_set_info): it sizes its chunk
 // arithmetic by the dataspace's rank and takes the chunk dimensions from the layout.
 TEST_F(ShardDamage, ChunkLayoutRankBelowTheDataspace) {
-  for (const ShardFormat format : {ShardFormat::Fixed, ShardFormat::VarLength}) {
+  for (const ShardFormat format : {ShardFormat::fixed, ShardFormat::var_length}) {
     SCOPED_TRACE(to_string(format));
     write(format);
     const uint64_t layout = message_body(bytes_, header_of(path_, "segment_ids"), kLayoutMessage);
@@ -209,7 +209,7 @@ TEST_F(ShardDamage, ChunkLayoutRankBelowTheDataspace) {
 // libhdf5: a version 1 layout message is decoded without its check for zero dimensions, so a
 // flipped version byte (3 -> 1) reinterprets the message and divides by zero (SIGFPE).
 TEST_F(ShardDamage, ChunkLayoutVersionFlipped) {
-  write(ShardFormat::VarLength);
+  write(ShardFormat::var_length);
   const uint64_t layout =
       message_body(bytes_, header_of(path_, "masked_lm_positions"), kLayoutMessage);
   ASSERT_NE(layout, 0u);
@@ -219,7 +219,7 @@ TEST_F(ShardDamage, ChunkLayoutVersionFlipped) {
 
 // libhdf5: reads past the chunk it allocated (SIGSEGV in H5VM_memcpyvv).
 TEST_F(ShardDamage, ChunkDimensionBeyondTheDataset) {
-  write(ShardFormat::Fixed);
+  write(ShardFormat::fixed);
   const uint64_t layout = message_body(bytes_, header_of(path_, "input_mask"), kLayoutMessage);
   ASSERT_NE(layout, 0u);
   write_le(bytes_, layout + 3 + 8 + 4, 4, 57888);
@@ -229,7 +229,7 @@ TEST_F(ShardDamage, ChunkDimensionBeyondTheDataset) {
 // libhdf5: an all-ones (undefined) address of the root group's local heap or B-tree passes its
 // end-of-file check and crashes its metadata accumulator (SIGSEGV in H5F__accum_read).
 TEST_F(ShardDamage, UndefinedRootGroupAddresses) {
-  for (const ShardFormat format : {ShardFormat::Fixed, ShardFormat::VarLength}) {
+  for (const ShardFormat format : {ShardFormat::fixed, ShardFormat::var_length}) {
     for (const int which : {0, 1}) {  // the B-tree address, then the local heap address
       SCOPED_TRACE(std::string(to_string(format)) + (which ? " heap" : " B-tree"));
       write(format);

@@ -84,7 +84,7 @@ class ShardValidation : public ::testing::Test {
 TEST_F(ShardValidation, TokenIdAtOrAboveVocab) {
   const int i = std::uniform_int_distribution<int>(1, bad_sample().length() - 2)(rng_);
   bad_sample().input_ids[i] = 30522;
-  expect_rejected(write(ShardFormat::Fixed), "input_ids",
+  expect_rejected(write(ShardFormat::fixed), "input_ids",
                   "input_ids[" + std::to_string(i) + "] = 30522 is outside the vocabulary");
 }
 
@@ -94,14 +94,14 @@ TEST_F(ShardValidation, TokenIdAboveSmallerVocab) {
   rules.vocab_size = 900;  // random_sample draws ids >= 999
   bad_ = 0;
   only_bad_ = false;
-  expect_rejected(write(ShardFormat::VarLength), "input_ids", "outside the vocabulary [0, 900)",
+  expect_rejected(write(ShardFormat::var_length), "input_ids", "outside the vocabulary [0, 900)",
                   rules);
 }
 
 TEST_F(ShardValidation, SegmentIdTwo) {
   const int i = std::uniform_int_distribution<int>(0, bad_sample().length() - 1)(rng_);
   bad_sample().segment_ids[i] = 2;
-  expect_rejected(write(ShardFormat::VarLength), "segment_ids",
+  expect_rejected(write(ShardFormat::var_length), "segment_ids",
                   "segment_ids[" + std::to_string(i) + "] = 2 is not 0 or 1");
 }
 
@@ -143,7 +143,7 @@ TEST_F(ShardValidation, MaskedPositionOutsideSequence) {
   reshape_bad(5, 1);
   Sample& s = bad_sample();
   s.masked_lm_positions.back() = s.length();  // one past the last token
-  expect_rejected(write(ShardFormat::VarLength), "masked_lm_positions",
+  expect_rejected(write(ShardFormat::var_length), "masked_lm_positions",
                   "= " + std::to_string(s.length()) + " is outside the sequence (1 .. " +
                       std::to_string(s.length() - 1) + ")");
 }
@@ -154,7 +154,7 @@ TEST_F(ShardValidation, MaskedPositionOutsideFixedSequence) {
   while (s.num_masked() == 0) s = test::random_sample(rng_, 5, kLen - 4, kPred);
   s.masked_lm_positions.back() = kLen - 1;
   samples_[bad_] = s;
-  expect_rejected(write(ShardFormat::Fixed), "masked_lm_positions", "is outside the sequence");
+  expect_rejected(write(ShardFormat::fixed), "masked_lm_positions", "is outside the sequence");
 }
 
 TEST_F(ShardValidation, MaskedPositionAtCls) {
@@ -170,7 +170,7 @@ TEST_F(ShardValidation, MaskedPositionAtSep) {
   Sample& s = bad_sample();
   s.masked_lm_positions = {s.length() - 1};  // the final [SEP]
   s.masked_lm_ids = {2000};
-  expect_rejected(write(ShardFormat::Fixed), "masked_lm_positions",
+  expect_rejected(write(ShardFormat::fixed), "masked_lm_positions",
                   "masked_lm_positions[0] = " + std::to_string(s.length() - 1) +
                       " points at a [CLS]/[SEP] token");
 }
@@ -179,7 +179,7 @@ TEST_F(ShardValidation, MaskedPositionsNotAscending) {
   reshape_bad(5, 2);
   Sample& s = bad_sample();
   std::swap(s.masked_lm_positions[0], s.masked_lm_positions[1]);
-  expect_rejected(write(ShardFormat::VarLength), "masked_lm_positions",
+  expect_rejected(write(ShardFormat::var_length), "masked_lm_positions",
                   "masked_lm_positions[1] = " + std::to_string(s.masked_lm_positions[1]) +
                       " is not above the previous position");
 }
@@ -188,7 +188,7 @@ TEST_F(ShardValidation, MaskedIdAtOrAboveVocab) {
   reshape_bad(5, 1);
   const int j = std::uniform_int_distribution<int>(0, bad_sample().num_masked() - 1)(rng_);
   bad_sample().masked_lm_ids[j] = 31000;
-  expect_rejected(write(ShardFormat::Fixed), "masked_lm_ids",
+  expect_rejected(write(ShardFormat::fixed), "masked_lm_ids",
                   "masked_lm_ids[" + std::to_string(j) + "] = 31000 is outside the vocabulary");
 }
 
@@ -245,7 +245,7 @@ TEST_F(ShardValidation, LongerThanMaxSeqLenRule) {
   rules.max_seq_len = kLen - 5;
   for (Sample& s : samples_)
     if (&s != &bad_sample()) s = test::random_sample(rng_, 5, kLen - 5, kPred);
-  expect_rejected(write(ShardFormat::VarLength), "input_ids", "exceeds max_seq_len", rules);
+  expect_rejected(write(ShardFormat::var_length), "input_ids", "exceeds max_seq_len", rules);
 }
 
 // ---- structure: checked when the shard is opened, before any sample ----------------------

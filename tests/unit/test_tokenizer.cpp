@@ -77,7 +77,7 @@ void append_utf8(std::string& out, unsigned c) {
 
 // Just enough JSON for the reference file (objects, arrays, strings, numbers, literals).
 struct Json {
-  enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
+  enum class Kind { null_, bool_, number, string, array, object } kind = Kind::null_;
   double number = 0;
   std::string str;
   std::vector<Json> items;
@@ -121,7 +121,7 @@ class JsonParser {
     Json v;
     const char c = peek();
     if (c == '{') {
-      v.kind = Json::Object;
+      v.kind = Json::Kind::object;
       ++i_;
       if (peek() == '}') return ++i_, v;
       for (;;) {
@@ -134,7 +134,7 @@ class JsonParser {
       }
     }
     if (c == '[') {
-      v.kind = Json::Array;
+      v.kind = Json::Kind::array;
       ++i_;
       if (peek() == ']') return ++i_, v;
       for (;;) {
@@ -145,20 +145,20 @@ class JsonParser {
       }
     }
     if (c == '"') {
-      v.kind = Json::String;
+      v.kind = Json::Kind::string;
       v.str = string();
       return v;
     }
     for (const char* lit : {"null", "true", "false"}) {
       if (s_.compare(i_, std::strlen(lit), lit) == 0) {
         i_ += std::strlen(lit);
-        v.kind = lit[0] == 'n' ? Json::Null : Json::Bool;
+        v.kind = lit[0] == 'n' ? Json::Kind::null_ : Json::Kind::bool_;
         v.number = lit[0] == 't';
         return v;
       }
     }
     size_t used = 0;
-    v.kind = Json::Number;
+    v.kind = Json::Kind::number;
     v.number = std::stod(s_.substr(i_, 32), &used);
     i_ += used;
     return v;

@@ -77,7 +77,7 @@ TEST(TrainConfig, Defaults) {
   EXPECT_EQ(c.model.hidden, 768);
   EXPECT_EQ(c.train.gradient_accumulation_steps, 1);
   EXPECT_EQ(c.train.layout, BatchLayout::unpadded);
-  EXPECT_EQ(c.train.last_step, LastStepPolicy::kPartial);
+  EXPECT_EQ(c.train.last_step, LastStepPolicy::partial);
   EXPECT_EQ(c.train.max_nonfinite_steps, 5);
   EXPECT_EQ(c.train.collective_timeout_s, 1800.0);
   EXPECT_EQ(c.model.mst_chunks, 1);  // MST off
@@ -495,7 +495,7 @@ TEST(TrainConfig, DerivedOptions) {
   EXPECT_EQ(o.max_seq_len, 128);
   EXPECT_EQ(o.rules.max_seq_len, 128);
   EXPECT_EQ(o.prefetch_steps, 3);
-  EXPECT_EQ(o.last_step, LastStepPolicy::kDrop);
+  EXPECT_EQ(o.last_step, LastStepPolicy::drop);
   EXPECT_EQ(o.seed, c.train.seed);
 }
 
