@@ -376,17 +376,10 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     PB_MPI_CHECK(MPI_Barrier(comm));
   };
 
-  // Interval accumulators (since the last progress record).
-  struct Interval {
-    int64_t steps = 0, samples = 0, tokens = 0, rows = 0, masked = 0;
-    double loss = 0, mlm_loss = 0, nsp_loss = 0, mlm_ok = 0, nsp_ok = 0, wait = 0;
-    double imbalance = 0, excluded_s = 0;
-    Clock::time_point start = Clock::now();
-  } iv;
+  ProgressAccumulator progress;
   const auto run_t0 = Clock::now();
   int64_t nonfinite_in_row = 0;
   bool target_reached = false, stopped = false;
-  StepMetrics last;
 
   while (st.step < c.train.max_steps) {
     watchdog.set_step(st.step + 1);  // the step the collectives from here to the next belong to
@@ -397,7 +390,6 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     const int64_t next = st.step + 1;
     const StepMetrics m =
         trainer.step(batch, {}, next % c.log.every_steps == 0 || next >= c.train.max_steps);
-    last = m;
     st.step = batch.step + 1;
     st.samples += m.samples;
     st.tokens += m.tokens;
@@ -438,19 +430,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     } else {
       nonfinite_in_row = 0;
     }
-    ++iv.steps;
-    iv.samples += m.samples;
-    iv.tokens += m.tokens;
-    iv.rows += m.rows;
-    iv.masked += m.masked_tokens;
-    iv.loss += m.loss;
-    iv.mlm_loss += m.mlm_loss * static_cast<double>(m.masked_tokens);
-    iv.nsp_loss += m.nsp_loss * static_cast<double>(m.samples);
-    iv.mlm_ok += m.mlm_accuracy * static_cast<double>(m.masked_tokens);
-    iv.nsp_ok += m.nsp_accuracy * static_cast<double>(m.samples);
-    iv.wait += batch.wait_seconds;
-    iv.imbalance += batch.imbalance;
-
+    progress.add(m, batch);
     // The ranks agree on stopping after the same step.
     int stop = g_stop_signal.load() != 0 ? 1 : 0;
     {
@@ -460,43 +440,18 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     const bool last_step = st.step >= c.train.max_steps;
 
     if (st.step % c.log.every_steps == 0 || last_step || stop) {
-      const double dt = std::max(seconds_since(iv.start) - iv.excluded_s, 1e-9);
-      ProgressRecord r;
-      r.step = st.step;
-      r.epoch = batch.epoch;
-      r.samples = st.samples;
-      r.tokens = st.tokens;
-      r.loss = iv.loss / static_cast<double>(iv.steps);
-      r.mlm_loss = iv.masked > 0 ? iv.mlm_loss / static_cast<double>(iv.masked) : 0;
-      r.nsp_loss = iv.nsp_loss / static_cast<double>(iv.samples);
-      r.mlm_accuracy = iv.masked > 0 ? iv.mlm_ok / static_cast<double>(iv.masked) : 0;
-      r.nsp_accuracy = iv.nsp_ok / static_cast<double>(iv.samples);
-      r.lr = m.lr;
-      r.grad_norm = m.grad_norm;
-      r.loss_scale = m.loss_scale;
-      r.samples_per_s = static_cast<double>(iv.samples) / dt;
-      r.tokens_per_s = static_cast<double>(iv.tokens) / dt;
-      r.padding_fraction = iv.rows > 0 ? 1.0 - static_cast<double>(iv.tokens) /
-                                                   static_cast<double>(iv.rows)
-                                       : 0.0;
-      r.imbalance = iv.imbalance / static_cast<double>(iv.steps);
-      r.data_wait_s = iv.wait / static_cast<double>(iv.steps);
-      r.step_time_s = dt / static_cast<double>(iv.steps);
-      r.eta_s = r.step_time_s * static_cast<double>(c.train.max_steps - st.step);
-      r.elapsed_s = seconds_since(run_t0);
-      r.peak_rss_bytes = peak_rss_bytes();
       const ActivationReport act = trainer.activation_report();
-      r.activation_peak_bytes = static_cast<int64_t>(act.peak_bytes);
-      r.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
-      for (int k = 0; k < kActivationKinds; ++k)
-        r.activation_bytes_by_kind.emplace_back(
-            activation_kind_name(static_cast<ActivationKind>(k)),
-            static_cast<int64_t>(act.peak_by_kind[k]));
-      r.mst_chunks = act.mst_chunks;
-      r.skipped_steps = st.skipped_steps;
+      ProgressContext at;
+      at.samples = st.samples;
+      at.tokens = st.tokens;
+      at.skipped_steps = st.skipped_steps;
+      at.max_steps = c.train.max_steps;
+      at.elapsed_s = seconds_since(run_t0);
+      at.activation = &act;
+      at.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
+      const ProgressRecord r = progress.close(at);
       if (root) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
       metrics.write(to_json(r));
-      iv = Interval{};
     }
 
     const auto side_t0 = Clock::now();  // evaluation and checkpoints do not count as training
@@ -508,7 +463,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     const bool finishing = last_step || target_reached || stop;
     if (!finishing && c.checkpoint.every_steps > 0 && st.step % c.checkpoint.every_steps == 0)
       save(st.step);
-    iv.excluded_s += seconds_since(side_t0);
+    progress.exclude(seconds_since(side_t0));
     if (stop) {
       stopped = true;
       spdlog::warn("signal {} received: stopping after step {}", g_stop_signal.load(), st.step);
