@@ -164,25 +164,17 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
   if (read) {
     const CheckpointRead& r = *read;
     trainer.load_state(params.data(), m.data(), v.data(), r.lamb_steps_done);
-    nlohmann::json state;
-    try {
-      state = nlohmann::json::parse(r.trainer_state_json);
-      st.step = state.at("step").get<int64_t>();
-      st.samples = state.at("samples").get<int64_t>();
-      st.tokens = state.at("tokens").get<int64_t>();
-      st.skipped_steps = state.at("skipped_steps").get<int64_t>();
-      st.loader = loader_position_from_json(state.at("loader").dump());
-      // fp16's loss scale is training state; a checkpoint of another precision has none and
-      // the scaler starts from train.loss_scale_init.
-      if (c.train.precision == Precision::fp16 && state.contains("loss_scale")) {
-        LossScalerState ls;
-        ls.scale = state.at("loss_scale").at("scale").get<float>();
-        ls.clean_steps = state.at("loss_scale").at("clean_steps").get<int64_t>();
-        trainer.set_loss_scaler_state(ls);
-      }
-    } catch (const nlohmann::json::exception& e) {
-      PB_THROW("{}/trainer_state.json: {}", resume, e.what());
-    }
+    const TrainerState state =
+        trainer_state_from_json(r.trainer_state_json, resume + "/trainer_state.json");
+    st.step = state.step;
+    st.samples = state.samples;
+    st.tokens = state.tokens;
+    st.skipped_steps = state.skipped_steps;
+    st.loader = state.loader;
+    // fp16's loss scale is training state; a checkpoint of another precision has none and
+    // the scaler starts from train.loss_scale_init.
+    if (c.train.precision == Precision::fp16 && state.loss_scale)
+      trainer.set_loss_scaler_state(*state.loss_scale);
     PB_REQUIRE(st.step == r.step, "{}: trainer_state.json says step {}, the checkpoint {}",
                resume, st.step, r.step);
     st.from = resume;
@@ -197,25 +189,20 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
 std::string trainer_state_json(const TrainConfig& c, int64_t step, int64_t samples,
                                int64_t tokens, int64_t skipped, const LoaderPosition& pos,
                                int world_size, const Trainer& trainer) {
-  nlohmann::json j;
-  j["step"] = step;
-  j["samples"] = samples;
-  j["tokens"] = tokens;
-  j["skipped_steps"] = skipped;
-  if (c.train.precision == Precision::fp16) {
-    const LossScalerState ls = trainer.loss_scaler_state();
-    j["loss_scale"] = {{"scale", ls.scale}, {"clean_steps", ls.clean_steps}};
-  }
-  j["loader"] = nlohmann::json::parse(loader_position_to_json(pos));
-  // Every random stream is counter-based: these seeds (with the step and the sample ids) are
-  // the whole RNG state.
-  j["rng"] = {{"train_seed", c.train.seed},
-              {"init_seed", derive_seed(c.train.seed, 1)},
-              {"dropout_seed", derive_seed(c.train.seed, 2)},
-              {"data_seed", c.train.seed}};
-  j["world_size"] = world_size;
-  j["config"] = train_config_to_toml(c);
-  return j.dump(2);
+  TrainerState s;
+  s.step = step;
+  s.samples = samples;
+  s.tokens = tokens;
+  s.skipped_steps = skipped;
+  s.loader = pos;
+  if (c.train.precision == Precision::fp16) s.loss_scale = trainer.loss_scaler_state();
+  s.rng.train_seed = c.train.seed;
+  s.rng.init_seed = derive_seed(c.train.seed, 1);
+  s.rng.dropout_seed = derive_seed(c.train.seed, 2);
+  s.rng.data_seed = c.train.seed;
+  s.world_size = world_size;
+  s.config = train_config_to_toml(c);
+  return trainer_state_to_json(s);
 }
 
 // Creates dir if needed and checks a file can be made in it, so that a bad checkpoint.dir
