@@ -15,7 +15,8 @@
 //                            "exp_avg_sq.<hf name>" (v) per tensor. Metadata {"format": "pt",
 //                            "steps_done": "<LAMB steps taken>", "step": "<trainer step>",
 //                            "trainer_state_json_checksum": "<16 hex>"}.
-//     trainer_state.json     the caller's JSON (trainer/loader position, metrics), verbatim.
+//     trainer_state.json     the caller's text, verbatim (packbert train writes a TrainerState,
+//                            below: step, samples, loader position, loss scale, seeds).
 //
 // Integrity: both safetensors files carry a checksum of every tensor and of their header
 // (src/train/safetensors.h: XXH3-64); config.json's and trainer_state.json's are in the metadata
@@ -41,8 +42,10 @@
 #include <string>
 #include <vector>
 
+#include "data/loader.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "optim/loss_scaler.h"
 
 namespace packbert {
 
@@ -93,6 +96,32 @@ std::vector<std::string> checkpoint_dirs_newest_first(const std::string& root);
 std::string set_checkpoint_aside(const std::string& dir);
 // Names of the directories under root that set_checkpoint_aside() made, sorted.
 std::vector<std::string> set_aside_checkpoints(const std::string& root);
+
+// trainer_state.json: where training stands beside the weights and moments. A resume reads
+// step, samples, tokens, skipped_steps and loader, and loss_scale in fp16; rng, world_size and
+// config record the run that wrote it (a resume takes its own from its config).
+struct TrainerState {
+  int64_t step = 0;           // optimizer steps done
+  int64_t samples = 0;        // samples trained since the run started (all ranks)
+  int64_t tokens = 0;         // real tokens trained
+  int64_t skipped_steps = 0;  // updates skipped for a non-finite gradient or loss
+  LoaderPosition loader;
+  std::optional<LossScalerState> loss_scale;  // fp16 runs only
+  // Every random stream is counter-based: these seeds (with the step and the sample ids) are
+  // the whole RNG state.
+  struct Rng {
+    uint64_t train_seed = 0, init_seed = 0, dropout_seed = 0, data_seed = 0;
+  } rng;
+  int world_size = 0;
+  std::string config;  // the run's effective config, TOML
+};
+
+// The file's text: a JSON object, indented by two spaces, keys sorted.
+std::string trainer_state_to_json(const TrainerState& s);
+// Parses trainer_state.json's text; path names the file in errors. Error naming the path and
+// the field when a field a resume reads is missing, or when any field (rng, world_size and
+// config may be absent) is not of its type; not JSON or not an object is an Error too.
+TrainerState trainer_state_from_json(const std::string& text, const std::string& path);
 
 struct CheckpointRead {
   int64_t step = 0;             // from optimizer.safetensors ("step"), else the dir's name

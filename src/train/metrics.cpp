@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -11,6 +12,10 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "data/loader.h"
+#include "model/arena.h"
+#include "model/bert.h"
+#include "train/trainer.h"
 
 namespace packbert {
 
@@ -96,6 +101,68 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
   if (r.skipped_steps > 0) s += fmt::format(" | skipped {}", r.skipped_steps);
   s += fmt::format(" | eta {}", format_duration(r.eta_s));
   return s;
+}
+
+ProgressAccumulator::ProgressAccumulator(Clock::time_point start) : start_(start) {}
+
+void ProgressAccumulator::add(const StepMetrics& m, const StepBatch& batch) {
+  ++steps_;
+  samples_ += m.samples;
+  tokens_ += m.tokens;
+  rows_ += m.rows;
+  masked_ += m.masked_tokens;
+  loss_ += m.loss;
+  mlm_loss_ += m.mlm_loss * static_cast<double>(m.masked_tokens);
+  nsp_loss_ += m.nsp_loss * static_cast<double>(m.samples);
+  mlm_ok_ += m.mlm_accuracy * static_cast<double>(m.masked_tokens);
+  nsp_ok_ += m.nsp_accuracy * static_cast<double>(m.samples);
+  wait_ += batch.wait_seconds;
+  imbalance_ += batch.imbalance;
+  step_ = batch.step + 1;
+  epoch_ = batch.epoch;
+  lr_ = m.lr;
+  grad_norm_ = m.grad_norm;
+  loss_scale_ = m.loss_scale;
+}
+
+ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock::time_point now) {
+  const double steps = static_cast<double>(steps_);
+  const double dt =
+      std::max(std::chrono::duration<double>(now - start_).count() - excluded_s_, 1e-9);
+  ProgressRecord r;
+  r.step = step_;
+  r.epoch = epoch_;
+  r.samples = context.samples;
+  r.tokens = context.tokens;
+  r.loss = loss_ / steps;
+  r.mlm_loss = masked_ > 0 ? mlm_loss_ / static_cast<double>(masked_) : 0;
+  r.nsp_loss = nsp_loss_ / static_cast<double>(samples_);
+  r.mlm_accuracy = masked_ > 0 ? mlm_ok_ / static_cast<double>(masked_) : 0;
+  r.nsp_accuracy = nsp_ok_ / static_cast<double>(samples_);
+  r.lr = lr_;
+  r.grad_norm = grad_norm_;
+  r.loss_scale = loss_scale_;
+  r.samples_per_s = static_cast<double>(samples_) / dt;
+  r.tokens_per_s = static_cast<double>(tokens_) / dt;
+  r.padding_fraction =
+      rows_ > 0 ? 1.0 - static_cast<double>(tokens_) / static_cast<double>(rows_) : 0.0;
+  r.imbalance = imbalance_ / steps;
+  r.data_wait_s = wait_ / steps;
+  r.step_time_s = dt / steps;
+  r.eta_s = r.step_time_s * static_cast<double>(context.max_steps - step_);
+  r.elapsed_s = context.elapsed_s;
+  r.peak_rss_bytes = peak_rss_bytes();
+  if (const ActivationReport* act = context.activation) {
+    r.activation_peak_bytes = static_cast<int64_t>(act->peak_bytes);
+    for (int k = 0; k < kActivationKinds; ++k)
+      r.activation_bytes_by_kind.emplace_back(activation_kind_name(static_cast<ActivationKind>(k)),
+                                              static_cast<int64_t>(act->peak_by_kind[k]));
+    r.mst_chunks = act->mst_chunks;
+  }
+  r.optimizer_state_bytes = context.optimizer_state_bytes;
+  r.skipped_steps = context.skipped_steps;
+  *this = ProgressAccumulator(now);
+  return r;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {

@@ -7,6 +7,7 @@
 // (the trainer writes the eval objects itself; any other object may be written too).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -17,13 +18,17 @@
 
 namespace packbert {
 
+struct ActivationReport;  // model/bert.h
+struct StepBatch;         // data/loader.h
+struct StepMetrics;       // train/trainer.h
+
 struct ProgressRecord {
   int64_t step = 0;     // optimizer steps done (1-based index of the last one)
   int64_t epoch = 0;    // data epoch of the last step
   int64_t samples = 0;  // samples trained since the run started (all ranks)
   int64_t tokens = 0;   // real (non-padding) tokens trained since the run started
-  // Of the last step (or the mean over the interval since the previous record: the trainer
-  // decides and says so in its docs).
+  // Of the last step, or the mean over the interval since the previous record
+  // (ProgressAccumulator says which).
   double loss = 0;
   double mlm_loss = 0;
   double nsp_loss = 0;
@@ -59,6 +64,48 @@ nlohmann::json to_json(const ProgressRecord& r);
 //  | 103.9k tok/s | pad 0.0% | imb 1.02 | wait 0.001s | rss 1.23 GiB | eta 18m05s"
 // (one line in reality; skipped steps and grad norm appear when relevant / known).
 std::string format_progress_line(const ProgressRecord& r, int64_t max_steps);
+
+// What a progress record says beyond the steps of its interval: where the run stands.
+struct ProgressContext {
+  int64_t samples = 0;  // trained since the run started (all ranks)
+  int64_t tokens = 0;
+  int64_t skipped_steps = 0;
+  int64_t max_steps = 0;  // for the ETA
+  double elapsed_s = 0;   // since training started
+  const ActivationReport* activation = nullptr;  // null: not measured
+  int64_t optimizer_state_bytes = 0;
+};
+
+// The steps since the previous progress record. Loss is the mean over the steps; MLM loss and
+// accuracy are weighted by masked tokens, NSP's by samples; rates and the step time count the
+// interval's wall time less what exclude() took out.
+class ProgressAccumulator {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // The interval starts at `start`.
+  explicit ProgressAccumulator(Clock::time_point start = Clock::now());
+
+  // One optimizer step and this rank's batch of it (data wait and imbalance).
+  void add(const StepMetrics& m, const StepBatch& batch);
+  // Seconds within the interval that were not training (evaluation, checkpoints).
+  void exclude(double seconds) { excluded_s_ += seconds; }
+  int64_t steps() const { return steps_; }
+
+  // The record of the interval so far (at least one step); its step, epoch, lr, gradient norm
+  // and loss scale are the last step's. The next interval starts at `now`.
+  ProgressRecord close(const ProgressContext& context, Clock::time_point now = Clock::now());
+
+ private:
+  Clock::time_point start_;
+  int64_t steps_ = 0, samples_ = 0, tokens_ = 0, rows_ = 0, masked_ = 0;
+  double loss_ = 0, mlm_loss_ = 0, nsp_loss_ = 0, mlm_ok_ = 0, nsp_ok_ = 0, wait_ = 0;
+  double imbalance_ = 0, excluded_s_ = 0;
+  // Of the last step.
+  int64_t step_ = 0, epoch_ = 0;
+  double lr_ = 0;
+  float grad_norm_ = -1.f, loss_scale_ = 1.f;
+};
 
 // "512 B", "1.50 KiB", "1.23 GiB".
 std::string format_bytes(int64_t bytes);

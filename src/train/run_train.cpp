@@ -124,12 +124,17 @@ void log_effective_config(const TrainConfig& c, int rank) {
     if (!line.empty()) spdlog::info("  {}", line);
 }
 
-// Where a run starts: fresh, from model weights, or from a whole checkpoint.
-struct StartState {
+// Where training stands: the counters trainer_state.json records.
+struct RunState {
   int64_t step = 0;     // optimizer steps done (loader steps delivered)
   int64_t samples = 0;  // samples trained
   int64_t tokens = 0;
   int64_t skipped_steps = 0;
+};
+
+// Where a run starts: fresh, from model weights, or from a whole checkpoint.
+struct StartState {
+  RunState run;
   std::optional<LoaderPosition> loader;
   std::string from;  // what it was loaded from, for the log
 };
@@ -164,27 +169,16 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
   if (read) {
     const CheckpointRead& r = *read;
     trainer.load_state(params.data(), m.data(), v.data(), r.lamb_steps_done);
-    nlohmann::json state;
-    try {
-      state = nlohmann::json::parse(r.trainer_state_json);
-      st.step = state.at("step").get<int64_t>();
-      st.samples = state.at("samples").get<int64_t>();
-      st.tokens = state.at("tokens").get<int64_t>();
-      st.skipped_steps = state.at("skipped_steps").get<int64_t>();
-      st.loader = loader_position_from_json(state.at("loader").dump());
-      // fp16's loss scale is training state; a checkpoint of another precision has none and
-      // the scaler starts from train.loss_scale_init.
-      if (c.train.precision == Precision::fp16 && state.contains("loss_scale")) {
-        LossScalerState ls;
-        ls.scale = state.at("loss_scale").at("scale").get<float>();
-        ls.clean_steps = state.at("loss_scale").at("clean_steps").get<int64_t>();
-        trainer.set_loss_scaler_state(ls);
-      }
-    } catch (const nlohmann::json::exception& e) {
-      PB_THROW("{}/trainer_state.json: {}", resume, e.what());
-    }
-    PB_REQUIRE(st.step == r.step, "{}: trainer_state.json says step {}, the checkpoint {}",
-               resume, st.step, r.step);
+    const TrainerState state =
+        trainer_state_from_json(r.trainer_state_json, resume + "/trainer_state.json");
+    st.run = {state.step, state.samples, state.tokens, state.skipped_steps};
+    st.loader = state.loader;
+    // fp16's loss scale is training state; a checkpoint of another precision has none and
+    // the scaler starts from train.loss_scale_init.
+    if (c.train.precision == Precision::fp16 && state.loss_scale)
+      trainer.set_loss_scaler_state(*state.loss_scale);
+    PB_REQUIRE(st.run.step == r.step, "{}: trainer_state.json says step {}, the checkpoint {}",
+               resume, st.run.step, r.step);
     st.from = resume;
   } else if (!c.checkpoint.init_checkpoint.empty()) {
     load_model_weights(c.checkpoint.init_checkpoint, trainer.table(), params.data());
@@ -194,28 +188,23 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
   return st;
 }
 
-std::string trainer_state_json(const TrainConfig& c, int64_t step, int64_t samples,
-                               int64_t tokens, int64_t skipped, const LoaderPosition& pos,
-                               int world_size, const Trainer& trainer) {
-  nlohmann::json j;
-  j["step"] = step;
-  j["samples"] = samples;
-  j["tokens"] = tokens;
-  j["skipped_steps"] = skipped;
-  if (c.train.precision == Precision::fp16) {
-    const LossScalerState ls = trainer.loss_scaler_state();
-    j["loss_scale"] = {{"scale", ls.scale}, {"clean_steps", ls.clean_steps}};
-  }
-  j["loader"] = nlohmann::json::parse(loader_position_to_json(pos));
-  // Every random stream is counter-based: these seeds (with the step and the sample ids) are
-  // the whole RNG state.
-  j["rng"] = {{"train_seed", c.train.seed},
-              {"init_seed", derive_seed(c.train.seed, 1)},
-              {"dropout_seed", derive_seed(c.train.seed, 2)},
-              {"data_seed", c.train.seed}};
-  j["world_size"] = world_size;
-  j["config"] = train_config_to_toml(c);
-  return j.dump(2);
+// What trainer_state.json records of the run at `st`.
+TrainerState trainer_state(const TrainConfig& c, const RunState& st, const LoaderPosition& pos,
+                           const Trainer& trainer) {
+  TrainerState s;
+  s.step = st.step;
+  s.samples = st.samples;
+  s.tokens = st.tokens;
+  s.skipped_steps = st.skipped_steps;
+  s.loader = pos;
+  if (c.train.precision == Precision::fp16) s.loss_scale = trainer.loss_scaler_state();
+  s.rng.train_seed = c.train.seed;
+  s.rng.init_seed = derive_seed(c.train.seed, 1);
+  s.rng.dropout_seed = derive_seed(c.train.seed, 2);
+  s.rng.data_seed = c.train.seed;
+  s.world_size = trainer.world_size();
+  s.config = train_config_to_toml(c);
+  return s;
 }
 
 // Creates dir if needed and checks a file can be made in it, so that a bad checkpoint.dir
@@ -249,6 +238,198 @@ struct WatchdogRun {
   WatchdogRun(const WatchdogRun&) = delete;
   WatchdogRun& operator=(const WatchdogRun&) = delete;
 };
+
+// Whether any rank has received a stop signal: collective, so that all stop after the same step.
+bool stop_requested(MPI_Comm comm) {
+  int stop = g_stop_signal.load() != 0 ? 1 : 0;
+  const WatchScope watch("MPI_Allreduce (stop flag)");
+  PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, comm));
+  return stop != 0;
+}
+
+// The steps whose update was skipped, each logged: fp16 gradient overflows, and non-finite
+// losses or gradients, of which more than train.max_nonfinite_steps in a row end the run.
+class SkippedSteps {
+ public:
+  SkippedSteps(const TrainConfig& c, float min_loss_scale)
+      : c_(c), min_loss_scale_(min_loss_scale) {}
+
+  // How many updates the step just done (`step`, metrics m) accounts as skipped: its own, and
+  // on the GPU those of the unread steps before it. Error when the run diverged.
+  int64_t count(const StepMetrics& m, int64_t step) {
+    int64_t skipped = 0;
+    // fp16: a gradient that overflows at a finite loss is the loss scaler probing its range
+    // (the step is skipped and the scale halves); it counts as skipped, not as divergence,
+    // until the scale has reached its floor.
+    const bool scale_overflow = c_.train.precision == Precision::fp16 && m.skipped &&
+                                std::isfinite(m.loss) && m.loss_scale > min_loss_scale_;
+    if (m.unread_skips > 0) {
+      // Steps between two reads whose updates the device skipped (never fp16, which reads
+      // every step).
+      skipped += m.unread_skips;
+      spdlog::warn("steps before {}: {} had a non-finite gradient; the device skipped their "
+                   "updates (longest run {}, {} allowed)",
+                   step, m.unread_skips, m.longest_skipped_run, c_.train.max_nonfinite_steps);
+      PB_REQUIRE(m.longest_skipped_run <= c_.train.max_nonfinite_steps,
+                 "train: {} steps in a row had a non-finite gradient (before step {}); the run "
+                 "diverged: lower optim.lr or check the data (train.max_nonfinite_steps = {})",
+                 m.longest_skipped_run, step, c_.train.max_nonfinite_steps);
+    }
+    if (scale_overflow) {
+      ++skipped;
+      spdlog::info("step {}: fp16 gradient overflow at loss scale {}; the update was skipped and "
+                   "the scale halved", step, m.loss_scale);
+    } else if (m.skipped || !std::isfinite(m.loss)) {
+      ++skipped;
+      ++nonfinite_in_row_;
+      spdlog::warn("step {}: non-finite {} (loss {}, gradient norm {}); the update was skipped "
+                   "({} in a row, {} allowed)",
+                   step, m.skipped ? "gradient" : "loss", m.loss, m.grad_norm,
+                   nonfinite_in_row_, c_.train.max_nonfinite_steps);
+      PB_REQUIRE(nonfinite_in_row_ <= c_.train.max_nonfinite_steps,
+                 "train: {} steps in a row had a non-finite loss or gradient (last: step {}); "
+                 "the run diverged: lower optim.lr or check the data (train.max_nonfinite_steps "
+                 "= {})",
+                 nonfinite_in_row_, step, c_.train.max_nonfinite_steps);
+    } else {
+      nonfinite_in_row_ = 0;
+    }
+    return skipped;
+  }
+
+ private:
+  const TrainConfig& c_;
+  float min_loss_scale_;
+  int64_t nonfinite_in_row_ = 0;
+};
+
+// Ends the progress interval at `st`: the progress line (rank 0) and the metrics record.
+void log_progress(ProgressAccumulator& progress, const RunState& st, double elapsed_s,
+                  const TrainConfig& c, const Trainer& trainer, MetricsWriter& metrics) {
+  const ActivationReport act = trainer.activation_report();
+  ProgressContext at;
+  at.samples = st.samples;
+  at.tokens = st.tokens;
+  at.skipped_steps = st.skipped_steps;
+  at.max_steps = c.train.max_steps;
+  at.elapsed_s = elapsed_s;
+  at.activation = &act;
+  at.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
+  const ProgressRecord r = progress.close(at);
+  if (trainer.rank() == 0) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
+  metrics.write(to_json(r));
+}
+
+// The MLPerf log's blocks: the training between two evaluations (first_epoch_num: the samples
+// trained before it).
+class MlperfBlocks {
+ public:
+  MlperfBlocks(MlLogger& ml, int64_t epoch_count) : ml_(ml), epoch_count_(epoch_count) {}
+
+  void open(int64_t samples) {
+    first_ = samples;
+    open_ = true;
+    ml_.start("block_start", nullptr,
+              {{"first_epoch_num", samples}, {"epoch_count", epoch_count_}});
+  }
+  void close() {  // nothing when none is open
+    if (open_) ml_.end("block_stop", nullptr, {{"first_epoch_num", first_}});
+    open_ = false;
+  }
+
+ private:
+  MlLogger& ml_;
+  int64_t epoch_count_;
+  int64_t first_ = 0;
+  bool open_ = false;
+};
+
+// Evaluation during the run, every eval.every_samples samples, each logged to the MLPerf log,
+// the log and the metrics file.
+class Evaluations {
+ public:
+  // set: null when the run does not evaluate. samples: trained before the run started.
+  Evaluations(MPI_Comm comm, const TrainConfig& c, Trainer& trainer, const EvalSet* set,
+              MlLogger& ml, MetricsWriter& metrics, int64_t samples)
+      : comm_(comm), c_(c), trainer_(trainer), set_(set), ml_(ml), metrics_(metrics) {
+    const int64_t every = c.eval.every_samples;
+    if (every > 0) next_ = (samples / every + 1) * every;
+  }
+
+  bool enabled() const { return set_ != nullptr; }
+  // Whether one is due after `samples`; the next is then scheduled past them.
+  bool due(int64_t samples) {
+    if (!set_ || samples < next_) return false;
+    while (next_ <= samples) next_ += c_.eval.every_samples;
+    return true;
+  }
+  bool ran_at(int64_t samples) const { return last_samples_ == samples; }
+  double last_accuracy() const { return last_accuracy_; }  // < 0: none ran
+
+  // Collective: evaluates the model after `step` (`samples` trained). Returns whether it
+  // reached the target accuracy.
+  bool run(int64_t step, int64_t samples) {
+    last_samples_ = samples;
+    ml_.start("eval_start", nullptr, {{"epoch_num", samples}});
+    const EvalResult r = evaluate(comm_, trainer_, *set_, c_.eval.batch_size,
+                                  c_.train.max_seq_len);
+    ml_.event("eval_accuracy", r.mlm_accuracy, {{"epoch_num", samples}});
+    ml_.end("eval_stop", nullptr, {{"epoch_num", samples}});
+    spdlog::info("eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}, nsp "
+                 "accuracy {:.4f} over {} samples / {} masked tokens in {:.1f} s",
+                 step, samples, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples,
+                 r.masked_tokens, r.seconds);
+    metrics_.write({{"event", "eval"}, {"step", step}, {"samples", samples},
+                    {"eval_accuracy", r.mlm_accuracy}, {"eval_loss", r.mlm_loss},
+                    {"eval_nsp_accuracy", r.nsp_accuracy}, {"eval_samples", r.samples},
+                    {"eval_masked_tokens", r.masked_tokens}});
+    last_accuracy_ = r.mlm_accuracy;
+    return c_.eval.target_accuracy > 0 && r.mlm_accuracy >= c_.eval.target_accuracy;
+  }
+
+ private:
+  MPI_Comm comm_;
+  const TrainConfig& c_;
+  Trainer& trainer_;
+  const EvalSet* set_;
+  MlLogger& ml_;
+  MetricsWriter& metrics_;
+  int64_t next_ = INT64_MAX;
+  int64_t last_samples_ = -1;
+  double last_accuracy_ = -1;
+};
+
+// A checkpoint of the run at `st` under checkpoint.dir (none when that is unset). Collective:
+// rank 0 writes it, after a sharded optimizer has gathered its moments there.
+void save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& trainer, const RunState& st,
+                     const DataLoader& loader) {
+  if (c.checkpoint.dir.empty()) return;
+  const bool root = trainer.rank() == 0;
+  std::vector<float> m, v;
+  if (root) {
+    m.resize(static_cast<size_t>(trainer.table().total()));
+    v.resize(m.size());
+  }
+  if (root || trainer.optimizer_sharded()) trainer.save_optimizer_state(m.data(), v.data(), 0);
+  if (root) {
+    const auto t0 = Clock::now();
+    CheckpointWrite w;
+    w.table = &trainer.table();
+    w.params = trainer.params().data();
+    w.m = m.data();
+    w.v = v.data();
+    w.step = st.step;
+    w.lamb_steps_done = trainer.lamb_steps_done();
+    w.trainer_state_json =
+        trainer_state_to_json(trainer_state(c, st, loader.position(), trainer));
+    const std::string dir = write_checkpoint(c.checkpoint.dir, w, c.checkpoint.keep);
+    spdlog::info("checkpoint {} written in {:.2f} s", dir, seconds_since(t0));
+  }
+  // A rank-0 write error throws there and aborts the job; the others wait for it here so a
+  // completed checkpoint is announced before anyone exits.
+  const WatchScope watch("MPI_Barrier (checkpoint)");
+  PB_MPI_CHECK(MPI_Barrier(comm));
+}
 
 }  // namespace
 
@@ -284,15 +465,16 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   const SampleRules rules = sample_rules(c, model);
   const TrainerOptions trainer_opts = trainer_options(c, model);
   Trainer trainer(comm, trainer_opts);
-  StartState st = load_start_state(comm, c, trainer);
+  const StartState start = load_start_state(comm, c, trainer);
+  RunState st = start.run;
   watchdog.set_step(st.step);
   spdlog::info("model {} ({:.1f}M parameters), {}", describe(model), trainer.table().total() / 1e6,
-               st.from.empty() ? std::string("initialised from train.seed")
-                               : "loaded from " + st.from);
+               start.from.empty() ? std::string("initialised from train.seed")
+                                  : "loaded from " + start.from);
 
   LoaderOptions lo = loader_options(c);
   lo.rules = rules;
-  DataLoader loader(comm, {c.data.train_dir}, lo, st.loader);
+  DataLoader loader(comm, {c.data.train_dir}, lo, start.loader);
   spdlog::info("data: {} training samples in {} shard(s), {} steps per epoch",
                loader.num_samples(), loader.shards().size(), loader.steps_per_epoch());
 
@@ -307,86 +489,13 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
   ml.start("run_start");
   const int64_t every = c.eval.every_samples;
-  int64_t next_eval = every > 0 ? (st.samples / every + 1) * every : INT64_MAX;
-  // MLPerf blocks: a block of training between evaluations (first_epoch_num: samples so far).
-  bool block_open = false;
-  int64_t block_first = 0;
-  auto open_block = [&](int64_t samples) {
-    block_first = samples;
-    block_open = true;
-    ml.start("block_start", nullptr,
-             {{"first_epoch_num", samples},
-              {"epoch_count", every > 0 ? every : c.train.max_steps * c.train.global_batch_size}});
-  };
-  auto close_block = [&]() {
-    if (block_open) ml.end("block_stop", nullptr, {{"first_epoch_num", block_first}});
-    block_open = false;
-  };
-  open_block(st.samples);
-
-  // Evaluation, logged everywhere it must be; returns whether the target is reached.
-  double last_accuracy = -1;
-  int64_t last_eval_samples = -1;
-  auto run_evaluation = [&](int64_t step, int64_t samples) {
-    close_block();
-    last_eval_samples = samples;
-    ml.start("eval_start", nullptr, {{"epoch_num", samples}});
-    const EvalResult r = evaluate(comm, trainer, *eval_set, c.eval.batch_size,
-                                  c.train.max_seq_len);
-    ml.event("eval_accuracy", r.mlm_accuracy, {{"epoch_num", samples}});
-    ml.end("eval_stop", nullptr, {{"epoch_num", samples}});
-    spdlog::info("eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}, nsp "
-                 "accuracy {:.4f} over {} samples / {} masked tokens in {:.1f} s",
-                 step, samples, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples,
-                 r.masked_tokens, r.seconds);
-    metrics.write({{"event", "eval"}, {"step", step}, {"samples", samples},
-                   {"eval_accuracy", r.mlm_accuracy}, {"eval_loss", r.mlm_loss},
-                   {"eval_nsp_accuracy", r.nsp_accuracy}, {"eval_samples", r.samples},
-                   {"eval_masked_tokens", r.masked_tokens}});
-    last_accuracy = r.mlm_accuracy;
-    return c.eval.target_accuracy > 0 && r.mlm_accuracy >= c.eval.target_accuracy;
-  };
-  auto save = [&](int64_t step) {
-    if (c.checkpoint.dir.empty()) return;
-    // Rank 0 writes the state; a sharded optimizer gathers its moments there (collective).
-    std::vector<float> m, v;
-    if (root) {
-      m.resize(static_cast<size_t>(trainer.table().total()));
-      v.resize(m.size());
-    }
-    if (root || trainer.optimizer_sharded()) trainer.save_optimizer_state(m.data(), v.data(), 0);
-    if (root) {
-      const auto t0 = Clock::now();
-      CheckpointWrite w;
-      w.table = &trainer.table();
-      w.params = trainer.params().data();
-      w.m = m.data();
-      w.v = v.data();
-      w.step = step;
-      w.lamb_steps_done = trainer.lamb_steps_done();
-      w.trainer_state_json = trainer_state_json(c, step, st.samples, st.tokens,
-                                                st.skipped_steps, loader.position(), world,
-                                                trainer);
-      const std::string dir = write_checkpoint(c.checkpoint.dir, w, c.checkpoint.keep);
-      spdlog::info("checkpoint {} written in {:.2f} s", dir, seconds_since(t0));
-    }
-    // A rank-0 write error throws there and aborts the job; the others wait for it here so a
-    // completed checkpoint is announced before anyone exits.
-    const WatchScope watch("MPI_Barrier (checkpoint)");
-    PB_MPI_CHECK(MPI_Barrier(comm));
-  };
-
-  // Interval accumulators (since the last progress record).
-  struct Interval {
-    int64_t steps = 0, samples = 0, tokens = 0, rows = 0, masked = 0;
-    double loss = 0, mlm_loss = 0, nsp_loss = 0, mlm_ok = 0, nsp_ok = 0, wait = 0;
-    double imbalance = 0, excluded_s = 0;
-    Clock::time_point start = Clock::now();
-  } iv;
+  MlperfBlocks blocks(ml, every > 0 ? every : c.train.max_steps * c.train.global_batch_size);
+  blocks.open(st.samples);
+  Evaluations evals(comm, c, trainer, eval_set ? &*eval_set : nullptr, ml, metrics, st.samples);
+  ProgressAccumulator progress;
   const auto run_t0 = Clock::now();
-  int64_t nonfinite_in_row = 0;
+  SkippedSteps skipped(c, trainer_opts.loss_scaler.min_scale);
   bool target_reached = false, stopped = false;
-  StepMetrics last;
 
   while (st.step < c.train.max_steps) {
     watchdog.set_step(st.step + 1);  // the step the collectives from here to the next belong to
@@ -397,118 +506,27 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     const int64_t next = st.step + 1;
     const StepMetrics m =
         trainer.step(batch, {}, next % c.log.every_steps == 0 || next >= c.train.max_steps);
-    last = m;
     st.step = batch.step + 1;
     st.samples += m.samples;
     st.tokens += m.tokens;
-    // fp16: a gradient that overflows at a finite loss is the loss scaler probing its range
-    // (the step is skipped and the scale halves); it counts as skipped, not as divergence,
-    // until the scale has reached its floor.
-    const bool scale_overflow = c.train.precision == Precision::fp16 && m.skipped &&
-                                std::isfinite(m.loss) &&
-                                m.loss_scale > trainer_opts.loss_scaler.min_scale;
-    if (m.unread_skips > 0) {
-      // Steps between two reads whose updates the device skipped (never fp16, which reads
-      // every step).
-      st.skipped_steps += m.unread_skips;
-      spdlog::warn("steps before {}: {} had a non-finite gradient; the device skipped their "
-                   "updates (longest run {}, {} allowed)",
-                   st.step, m.unread_skips, m.longest_skipped_run, c.train.max_nonfinite_steps);
-      PB_REQUIRE(m.longest_skipped_run <= c.train.max_nonfinite_steps,
-                 "train: {} steps in a row had a non-finite gradient (before step {}); the run "
-                 "diverged: lower optim.lr or check the data (train.max_nonfinite_steps = {})",
-                 m.longest_skipped_run, st.step, c.train.max_nonfinite_steps);
-    }
-    if (scale_overflow) {
-      ++st.skipped_steps;
-      spdlog::info("step {}: fp16 gradient overflow at loss scale {}; the update was skipped and "
-                   "the scale halved", st.step, m.loss_scale);
-    } else if (m.skipped || !std::isfinite(m.loss)) {
-      ++st.skipped_steps;
-      ++nonfinite_in_row;
-      spdlog::warn("step {}: non-finite {} (loss {}, gradient norm {}); the update was skipped "
-                   "({} in a row, {} allowed)",
-                   st.step, m.skipped ? "gradient" : "loss", m.loss, m.grad_norm,
-                   nonfinite_in_row, c.train.max_nonfinite_steps);
-      PB_REQUIRE(nonfinite_in_row <= c.train.max_nonfinite_steps,
-                 "train: {} steps in a row had a non-finite loss or gradient (last: step {}); "
-                 "the run diverged: lower optim.lr or check the data (train.max_nonfinite_steps "
-                 "= {})",
-                 nonfinite_in_row, st.step, c.train.max_nonfinite_steps);
-    } else {
-      nonfinite_in_row = 0;
-    }
-    ++iv.steps;
-    iv.samples += m.samples;
-    iv.tokens += m.tokens;
-    iv.rows += m.rows;
-    iv.masked += m.masked_tokens;
-    iv.loss += m.loss;
-    iv.mlm_loss += m.mlm_loss * static_cast<double>(m.masked_tokens);
-    iv.nsp_loss += m.nsp_loss * static_cast<double>(m.samples);
-    iv.mlm_ok += m.mlm_accuracy * static_cast<double>(m.masked_tokens);
-    iv.nsp_ok += m.nsp_accuracy * static_cast<double>(m.samples);
-    iv.wait += batch.wait_seconds;
-    iv.imbalance += batch.imbalance;
+    st.skipped_steps += skipped.count(m, st.step);
+    progress.add(m, batch);
 
-    // The ranks agree on stopping after the same step.
-    int stop = g_stop_signal.load() != 0 ? 1 : 0;
-    {
-      const WatchScope watch("MPI_Allreduce (stop flag)");
-      PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, comm));
-    }
+    const bool stop = stop_requested(comm);
     const bool last_step = st.step >= c.train.max_steps;
-
-    if (st.step % c.log.every_steps == 0 || last_step || stop) {
-      const double dt = std::max(seconds_since(iv.start) - iv.excluded_s, 1e-9);
-      ProgressRecord r;
-      r.step = st.step;
-      r.epoch = batch.epoch;
-      r.samples = st.samples;
-      r.tokens = st.tokens;
-      r.loss = iv.loss / static_cast<double>(iv.steps);
-      r.mlm_loss = iv.masked > 0 ? iv.mlm_loss / static_cast<double>(iv.masked) : 0;
-      r.nsp_loss = iv.nsp_loss / static_cast<double>(iv.samples);
-      r.mlm_accuracy = iv.masked > 0 ? iv.mlm_ok / static_cast<double>(iv.masked) : 0;
-      r.nsp_accuracy = iv.nsp_ok / static_cast<double>(iv.samples);
-      r.lr = m.lr;
-      r.grad_norm = m.grad_norm;
-      r.loss_scale = m.loss_scale;
-      r.samples_per_s = static_cast<double>(iv.samples) / dt;
-      r.tokens_per_s = static_cast<double>(iv.tokens) / dt;
-      r.padding_fraction = iv.rows > 0 ? 1.0 - static_cast<double>(iv.tokens) /
-                                                   static_cast<double>(iv.rows)
-                                       : 0.0;
-      r.imbalance = iv.imbalance / static_cast<double>(iv.steps);
-      r.data_wait_s = iv.wait / static_cast<double>(iv.steps);
-      r.step_time_s = dt / static_cast<double>(iv.steps);
-      r.eta_s = r.step_time_s * static_cast<double>(c.train.max_steps - st.step);
-      r.elapsed_s = seconds_since(run_t0);
-      r.peak_rss_bytes = peak_rss_bytes();
-      const ActivationReport act = trainer.activation_report();
-      r.activation_peak_bytes = static_cast<int64_t>(act.peak_bytes);
-      r.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
-      for (int k = 0; k < kActivationKinds; ++k)
-        r.activation_bytes_by_kind.emplace_back(
-            activation_kind_name(static_cast<ActivationKind>(k)),
-            static_cast<int64_t>(act.peak_by_kind[k]));
-      r.mst_chunks = act.mst_chunks;
-      r.skipped_steps = st.skipped_steps;
-      if (root) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
-      metrics.write(to_json(r));
-      iv = Interval{};
-    }
+    if (st.step % c.log.every_steps == 0 || last_step || stop)
+      log_progress(progress, st, seconds_since(run_t0), c, trainer, metrics);
 
     const auto side_t0 = Clock::now();  // evaluation and checkpoints do not count as training
-    if (eval_set && st.samples >= next_eval) {
-      while (next_eval <= st.samples) next_eval += every;
-      target_reached = run_evaluation(st.step, st.samples);
-      if (!target_reached && !last_step && !stop) open_block(st.samples);
+    if (evals.due(st.samples)) {
+      blocks.close();
+      target_reached = evals.run(st.step, st.samples);
+      if (!target_reached && !last_step && !stop) blocks.open(st.samples);
     }
     const bool finishing = last_step || target_reached || stop;
     if (!finishing && c.checkpoint.every_steps > 0 && st.step % c.checkpoint.every_steps == 0)
-      save(st.step);
-    iv.excluded_s += seconds_since(side_t0);
+      save_checkpoint(comm, c, trainer, st, loader);
+    progress.exclude(seconds_since(side_t0));
     if (stop) {
       stopped = true;
       spdlog::warn("signal {} received: stopping after step {}", g_stop_signal.load(), st.step);
@@ -522,19 +540,19 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   }
 
   // The end: a last evaluation unless one just ran, a checkpoint, the MLPerf end of run.
-  if (eval_set && c.eval.at_end && !stopped && !target_reached &&
-      last_eval_samples != st.samples)
-    target_reached = run_evaluation(st.step, st.samples);
-  close_block();
-  save(st.step);
+  blocks.close();
+  if (evals.enabled() && c.eval.at_end && !stopped && !target_reached && !evals.ran_at(st.samples))
+    target_reached = evals.run(st.step, st.samples);
+  save_checkpoint(comm, c, trainer, st, loader);
   ml.event("train_samples", st.samples);
   const bool success = !stopped && (c.eval.target_accuracy <= 0 || target_reached);
   ml.end("run_stop", nullptr, {{"status", success ? "success" : "aborted"}});
   spdlog::info("train: {} after step {}, {} samples, {} skipped step(s), {:.1f} s{}",
                stopped ? "stopped by signal" : (target_reached ? "target reached" : "finished"),
                st.step, st.samples, st.skipped_steps, seconds_since(run_t0),
-               last_accuracy >= 0 ? fmt::format(", last eval accuracy {:.4f}", last_accuracy)
-                                  : std::string());
+               evals.last_accuracy() >= 0
+                   ? fmt::format(", last eval accuracy {:.4f}", evals.last_accuracy())
+                   : std::string());
   return 0;
 }
 

@@ -3,7 +3,8 @@
 // incomplete / temporary directories; config and tensor mismatches; damage of each file (a
 // DamagedFileError naming file and tensor, apart from mismatches) and checkpoints without
 // checksums; the directories --resume auto tries and sets aside; a full disk (RLIMIT_FSIZE)
-// in the middle of a write leaving the previous checkpoint intact; an unwritable root.
+// in the middle of a write leaving the previous checkpoint intact; an unwritable root; the
+// trainer state's round trip and its errors.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -529,6 +530,114 @@ TEST(Checkpoint, UnwritableRootNamesIt) {
   const std::string msg2 = error_of([&] { write_checkpoint(dir.file("plain"), s.write(1, 1), 1); });
   EXPECT_NE(msg2.find(dir.file("plain")), std::string::npos) << msg2;
   EXPECT_EQ(latest_checkpoint(dir.file("plain")), std::nullopt);
+}
+
+// Every field set, none at its default: a seed above 2^63, a loader hash of 64 bits.
+TrainerState full_trainer_state() {
+  TrainerState s;
+  s.step = 1200;
+  s.samples = 307200;
+  s.tokens = 39321600;
+  s.skipped_steps = 3;
+  s.loader.epoch = 2;
+  s.loader.epoch_cursor = 4096;
+  s.loader.step = 1200;
+  s.loader.seed = 0xfedcba9876543210ull;
+  s.loader.shuffle_block_rows = 64;
+  s.loader.shuffle_window_blocks = 16;
+  s.loader.num_shards = 4;
+  s.loader.num_samples = 150000;
+  s.loader.shards_hash = 0x8000000000000001ull;
+  s.loss_scale = LossScalerState{32768.f, 17};
+  s.rng.train_seed = 0xfedcba9876543210ull;
+  s.rng.init_seed = 11;
+  s.rng.dropout_seed = 12;
+  s.rng.data_seed = 13;
+  s.world_size = 8;
+  s.config = "[train]\nseed = 42\n";
+  return s;
+}
+
+TEST(Checkpoint, TrainerStateRoundTripIsExact) {
+  const TrainerState s = full_trainer_state();
+  const std::string text = trainer_state_to_json(s);
+  const TrainerState r = trainer_state_from_json(text, "dir/trainer_state.json");
+  EXPECT_EQ(r.step, s.step);
+  EXPECT_EQ(r.samples, s.samples);
+  EXPECT_EQ(r.tokens, s.tokens);
+  EXPECT_EQ(r.skipped_steps, s.skipped_steps);
+  EXPECT_TRUE(r.loader == s.loader);
+  ASSERT_TRUE(r.loss_scale.has_value());
+  EXPECT_EQ(r.loss_scale->scale, 32768.f);
+  EXPECT_EQ(r.loss_scale->clean_steps, 17);
+  EXPECT_EQ(r.rng.train_seed, s.rng.train_seed);
+  EXPECT_EQ(r.rng.init_seed, 11u);
+  EXPECT_EQ(r.rng.dropout_seed, 12u);
+  EXPECT_EQ(r.rng.data_seed, 13u);
+  EXPECT_EQ(r.world_size, 8);
+  EXPECT_EQ(r.config, s.config);
+  // The file's bytes: indented by two, keys sorted, the same text again when written back.
+  EXPECT_EQ(text.rfind("{\n  \"config\": ", 0), 0u) << text;
+  EXPECT_EQ(trainer_state_to_json(r), text);
+
+  // fp32 / bf16: no loss scale in the file, none read back.
+  TrainerState q = s;
+  q.loss_scale.reset();
+  const std::string no_scale = trainer_state_to_json(q);
+  EXPECT_EQ(no_scale.find("loss_scale"), std::string::npos) << no_scale;
+  EXPECT_FALSE(trainer_state_from_json(no_scale, "x").loss_scale.has_value());
+}
+
+TEST(Checkpoint, TrainerStateRecordOnlyFieldsMayBeAbsent) {
+  nlohmann::json j = nlohmann::json::parse(trainer_state_to_json(full_trainer_state()));
+  for (const char* key : {"rng", "world_size", "config", "loss_scale"}) j.erase(key);
+  const TrainerState r = trainer_state_from_json(j.dump(), "x");
+  EXPECT_EQ(r.step, 1200);
+  EXPECT_TRUE(r.loader == full_trainer_state().loader);
+  EXPECT_FALSE(r.loss_scale.has_value());
+  EXPECT_EQ(r.rng.train_seed, 0u);
+  EXPECT_EQ(r.world_size, 0);
+  EXPECT_EQ(r.config, "");
+}
+
+TEST(Checkpoint, TrainerStateErrorsNameTheFileAndField) {
+  const std::string path = "ckpt/step_00001200/trainer_state.json";
+  const nlohmann::json good = nlohmann::json::parse(trainer_state_to_json(full_trainer_state()));
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* field;  // in the message
+  };
+  const std::vector<Case> cases = {
+      {"missing step", [](nlohmann::json& j) { j.erase("step"); }, "'step' is missing"},
+      {"samples a string", [](nlohmann::json& j) { j["samples"] = "307200"; }, "'samples'"},
+      {"tokens fractional", [](nlohmann::json& j) { j["tokens"] = 1.5; }, "'tokens'"},
+      {"missing skipped_steps", [](nlohmann::json& j) { j.erase("skipped_steps"); },
+       "'skipped_steps' is missing"},
+      {"missing loader", [](nlohmann::json& j) { j.erase("loader"); }, "'loader' is missing"},
+      {"loader an array", [](nlohmann::json& j) { j["loader"] = {1, 2}; }, "'loader'"},
+      {"loader without seed", [](nlohmann::json& j) { j["loader"].erase("seed"); }, "'loader'"},
+      {"loss_scale a number", [](nlohmann::json& j) { j["loss_scale"] = 2; }, "'loss_scale'"},
+      {"loss_scale without scale", [](nlohmann::json& j) { j["loss_scale"].erase("scale"); },
+       "'loss_scale.scale' is missing"},
+      {"clean_steps a string", [](nlohmann::json& j) { j["loss_scale"]["clean_steps"] = "1"; },
+       "'loss_scale.clean_steps'"},
+      {"negative seed", [](nlohmann::json& j) { j["rng"]["train_seed"] = -1; },
+       "'rng.train_seed'"},
+      {"world_size a string", [](nlohmann::json& j) { j["world_size"] = "8"; }, "'world_size'"},
+      {"config a number", [](nlohmann::json& j) { j["config"] = 1; }, "'config'"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = good;
+    c.edit(j);
+    const std::string msg = error_of([&] { trainer_state_from_json(j.dump(), path); });
+    EXPECT_EQ(msg.rfind(path + ": field ", 0), 0u) << c.what << ": " << msg;
+    EXPECT_NE(msg.find(c.field), std::string::npos) << c.what << ": " << msg;
+  }
+  for (const char* text : {"{\"step\": ", "[1, 2]", ""}) {
+    const std::string msg = error_of([&] { trainer_state_from_json(text, path); });
+    EXPECT_EQ(msg.rfind(path + ": ", 0), 0u) << text << ": " << msg;
+  }
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
-// Training metrics: the JSONL record, the progress line, the writer and its errors.
+// Training metrics: the JSONL record, the progress line, the accumulation of a record's
+// interval, the writer and its errors.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,7 +13,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/loader.h"
+#include "model/arena.h"
+#include "model/bert.h"
 #include "train/metrics.h"
+#include "train/trainer.h"
 
 #include "test_util.h"
 
@@ -49,6 +55,33 @@ ProgressRecord sample_record() {
   r.activation_peak_bytes = 0;
   r.skipped_steps = 2;
   return r;
+}
+
+using Clock = ProgressAccumulator::Clock;
+using std::chrono::milliseconds;
+
+struct Step {
+  StepMetrics m;
+  StepBatch batch;
+};
+
+// Step `index` (0-based) of the run: the record says index + 1.
+Step step_of(int64_t index, int64_t epoch, double loss, double mlm_accuracy, int64_t masked,
+             int64_t tokens) {
+  Step s;
+  s.batch.step = index;
+  s.batch.epoch = epoch;
+  s.m.step = index;
+  s.m.loss = loss;
+  s.m.mlm_loss = loss - 1;
+  s.m.nsp_loss = loss / 8;
+  s.m.mlm_accuracy = mlm_accuracy;
+  s.m.nsp_accuracy = 1 - mlm_accuracy;
+  s.m.samples = 8;
+  s.m.masked_tokens = masked;
+  s.m.tokens = tokens;
+  s.m.rows = 128;
+  return s;
 }
 
 }  // namespace
@@ -209,4 +242,103 @@ TEST(Metrics, PeakRss) {
   volatile char sink = big[12345];
   (void)sink;
   EXPECT_GE(peak_rss_bytes(), a);
+}
+
+TEST(Metrics, ProgressAccumulatorMeansRatesAndLastStep) {
+  const Clock::time_point t0{};
+  ProgressAccumulator acc(t0);
+  Step a = step_of(9, 1, 4.0, 0.25, 10, 100);
+  a.m.lr = 1e-3;
+  a.m.grad_norm = 2.f;
+  a.batch.wait_seconds = 0.1;
+  a.batch.imbalance = 1.2;
+  Step b = step_of(10, 2, 2.0, 0.75, 30, 120);
+  b.m.lr = 5e-4;
+  b.m.grad_norm = -1.f;  // not read back
+  b.m.loss_scale = 4096.f;
+  b.batch.wait_seconds = 0.3;
+  b.batch.imbalance = 1.0;
+  acc.add(a.m, a.batch);
+  acc.add(b.m, b.batch);
+  EXPECT_EQ(acc.steps(), 2);
+  acc.exclude(1.0);  // an evaluation: 4 s of the 5 were training
+
+  ProgressContext at;
+  at.samples = 1000;
+  at.tokens = 9000;
+  at.skipped_steps = 3;
+  at.max_steps = 21;
+  at.elapsed_s = 42;
+  const ProgressRecord r = acc.close(at, t0 + milliseconds(5000));
+  EXPECT_EQ(r.step, 11);
+  EXPECT_EQ(r.epoch, 2);
+  EXPECT_EQ(r.samples, 1000);
+  EXPECT_EQ(r.tokens, 9000);
+  EXPECT_EQ(r.skipped_steps, 3);
+  EXPECT_DOUBLE_EQ(r.loss, 3.0);
+  EXPECT_DOUBLE_EQ(r.mlm_loss, (3.0 * 10 + 1.0 * 30) / 40);  // weighted by masked tokens
+  EXPECT_DOUBLE_EQ(r.mlm_accuracy, (0.25 * 10 + 0.75 * 30) / 40);
+  EXPECT_DOUBLE_EQ(r.nsp_loss, (0.5 + 0.25) / 2);  // by samples (8 each)
+  EXPECT_DOUBLE_EQ(r.nsp_accuracy, 0.5);
+  EXPECT_DOUBLE_EQ(r.lr, 5e-4);
+  EXPECT_DOUBLE_EQ(r.grad_norm, -1);
+  EXPECT_DOUBLE_EQ(r.loss_scale, 4096);
+  EXPECT_DOUBLE_EQ(r.samples_per_s, 16.0 / 4);
+  EXPECT_DOUBLE_EQ(r.tokens_per_s, 220.0 / 4);
+  EXPECT_DOUBLE_EQ(r.padding_fraction, 1.0 - 220.0 / 256);
+  EXPECT_DOUBLE_EQ(r.imbalance, 1.1);
+  EXPECT_DOUBLE_EQ(r.data_wait_s, 0.2);
+  EXPECT_DOUBLE_EQ(r.step_time_s, 2.0);
+  EXPECT_DOUBLE_EQ(r.eta_s, 2.0 * (21 - 11));
+  EXPECT_DOUBLE_EQ(r.elapsed_s, 42);
+  EXPECT_GT(r.peak_rss_bytes, 0);
+  EXPECT_EQ(r.activation_peak_bytes, 0);  // no activation report
+  EXPECT_TRUE(r.activation_bytes_by_kind.empty());
+  EXPECT_EQ(r.mst_chunks, 0);
+  EXPECT_EQ(r.optimizer_state_bytes, 0);
+
+  // The next interval starts at the close, with nothing carried over.
+  EXPECT_EQ(acc.steps(), 0);
+  const Step c = step_of(11, 2, 1.0, 0.5, 0, 64);  // no masked token: MLM loss and accuracy 0
+  acc.add(c.m, c.batch);
+  const ProgressRecord q = acc.close(at, t0 + milliseconds(5500));
+  EXPECT_EQ(q.step, 12);
+  EXPECT_DOUBLE_EQ(q.loss, 1.0);
+  EXPECT_DOUBLE_EQ(q.mlm_loss, 0);
+  EXPECT_DOUBLE_EQ(q.mlm_accuracy, 0);
+  EXPECT_DOUBLE_EQ(q.step_time_s, 0.5);
+  EXPECT_DOUBLE_EQ(q.samples_per_s, 16);
+  EXPECT_DOUBLE_EQ(q.imbalance, 1);
+  EXPECT_DOUBLE_EQ(q.data_wait_s, 0);
+  EXPECT_DOUBLE_EQ(q.lr, 0);
+  EXPECT_DOUBLE_EQ(q.loss_scale, 1);
+}
+
+TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
+  const Clock::time_point t0{};
+  ProgressAccumulator acc(t0);
+  const Step s = step_of(0, 0, 5.0, 0.1, 20, 100);
+  acc.add(s.m, s.batch);
+  ActivationReport act;
+  act.peak_bytes = size_t{3} << 30;
+  act.peak_by_kind[static_cast<int>(ActivationKind::hidden)] = size_t{1} << 30;
+  act.peak_by_kind[static_cast<int>(ActivationKind::mlp)] = size_t{2} << 30;
+  act.mst_chunks = 4;
+  ProgressContext at;
+  at.max_steps = 1;
+  at.activation = &act;
+  at.optimizer_state_bytes = int64_t{5} << 20;
+  const ProgressRecord r = acc.close(at, t0 + milliseconds(100));
+  EXPECT_EQ(r.step, 1);
+  EXPECT_DOUBLE_EQ(r.eta_s, 0);
+  EXPECT_EQ(r.activation_peak_bytes, int64_t{3} << 30);
+  EXPECT_EQ(r.mst_chunks, 4);
+  EXPECT_EQ(r.optimizer_state_bytes, int64_t{5} << 20);
+  // Every kind, in ActivationKind's order, zeros included.
+  ASSERT_EQ(r.activation_bytes_by_kind.size(), static_cast<size_t>(kActivationKinds));
+  for (int k = 0; k < kActivationKinds; ++k)
+    EXPECT_EQ(r.activation_bytes_by_kind[static_cast<size_t>(k)].first,
+              activation_kind_name(static_cast<ActivationKind>(k)));
+  EXPECT_EQ(to_json(r).at("activation_bytes_by_kind").at("mlp"), int64_t{2} << 30);
+  EXPECT_EQ(to_json(r).at("activation_bytes_by_kind").at("batch"), 0);
 }
