@@ -32,7 +32,7 @@ struct DeviceLayout {
 // the host side maps it with float_format()).
 enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
 
-// ---- elementwise and reductions (misc_kernels.cu) ----------------------------------------
+// ---- float-format conversions (convert_kernels.cu) -----------------------------------------
 // dst = src * scale in another format, n elements: widening exact, narrowing to nearest even
 // (common/lowp_convert.h, the functions the CPU backend uses); the product is in fp32, exact
 // for a power-of-two scale.
@@ -43,6 +43,8 @@ cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFor
 cudaError_t convert_rows(const void* src, FloatFormat src_format, int64_t src_ld, void* dst,
                          FloatFormat dst_format, int64_t dst_ld, int64_t rows, int64_t cols,
                          cudaStream_t s, float scale = 1.f);
+
+// ---- elementwise (elementwise_kernels.cu) --------------------------------------------------
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
 cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,
                               cudaStream_t s);
@@ -57,6 +59,13 @@ cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, bool ta
 // c[r, :] += bias for rows x cols (the fallback when cuBLASLt's BIAS epilogue is unavailable).
 cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols,
                           cudaStream_t s);
+// dst[i] += src[i].
+cudaError_t add_inplace(float* dst, const float* src, int64_t n, cudaStream_t s);
+// x = tanh(x); dp *= 1 - p^2.
+cudaError_t tanh_inplace(float* x, int64_t n, cudaStream_t s);
+cudaError_t tanh_backward_inplace(float* dp, const float* p, int64_t n, cudaStream_t s);
+
+// ---- reductions (reduce_kernels.cu) --------------------------------------------------------
 // out[c] += sum over rows of x[r * ld + c] (c < cols), in double, rows in fixed chunks of
 // kColumnChunk summed in order, then the chunks in order. partial: doubles, at least
 // column_sum_partials(rows, cols).
@@ -66,11 +75,18 @@ inline int64_t column_sum_partials(int64_t rows, int64_t cols) {
 }
 cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld,
                             double* partial, float* out, cudaStream_t s);
-// dst[i] += src[i].
-cudaError_t add_inplace(float* dst, const float* src, int64_t n, cudaStream_t s);
-// x = tanh(x); dp *= 1 - p^2.
-cudaError_t tanh_inplace(float* x, int64_t n, cudaStream_t s);
-cudaError_t tanh_backward_inplace(float* dp, const float* p, int64_t n, cudaStream_t s);
+// Sum of squares of n floats into partial[block] (blocks of kNormChunk, double, fixed tree),
+// then the sum of the partials in order: root[0] = its square root rounded to f32 (l2_norm), or,
+// with root null, sum[0] = the double sum (sum_squares). partial: l2_norm_partials(n) doubles.
+constexpr int64_t kNormChunk = 8192;
+inline int64_t l2_norm_partials(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
+cudaError_t sum_of_squares(const float* x, int64_t n, double* partial, float* root, double* sum,
+                           cudaStream_t s);
+// root[0] = the square root, rounded to f32, of the sum of sums[0..k) (sum_of_squares's second
+// half: its partials' sum in the same order).
+cudaError_t root_of_sums(const double* sums, int64_t k, float* root, cudaStream_t s);
+
+// ---- rows by index (gather_scatter_kernels.cu) ---------------------------------------------
 // out[i, :] = x[index[i], :] (h columns), x and out in format f (bf16 / f16: a bit copy).
 cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFormat f, int64_t m,
                         int64_t h, cudaStream_t s);
@@ -84,6 +100,8 @@ cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, voi
 // each sum in fp32 rounded once to f (the NSP head's [CLS] rows).
 cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
                          int64_t m, int64_t h, cudaStream_t s);
+
+// ---- softmax cross-entropy (loss_kernels.cu) -----------------------------------------------
 // Softmax cross-entropy over m rows of v logits. Per row (one block): first argmax, lse, loss;
 // dlogits (may alias logits, may be null) = (softmax - onehot) * grad_scale. Row losses and
 // correct flags go to row_loss / row_correct (m doubles each), then one block adds their sums
@@ -92,17 +110,8 @@ cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, in
                                   int64_t v, float grad_scale, float* dlogits, double* row_loss,
                                   double* row_correct, float* loss_sum, int32_t* num_correct,
                                   cudaStream_t s);
-// Sum of squares of n floats into partial[block] (blocks of kNormChunk, double, fixed tree),
-// then the sum of the partials in order: root[0] = its square root rounded to f32 (l2_norm), or,
-// with root null, sum[0] = the double sum (sum_squares). partial: l2_norm_partials(n) doubles.
-constexpr int64_t kNormChunk = 8192;
-inline int64_t l2_norm_partials(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
-cudaError_t sum_of_squares(const float* x, int64_t n, double* partial, float* root, double* sum,
-                           cudaStream_t s);
-// root[0] = the square root, rounded to f32, of the sum of sums[0..k) (sum_of_squares's second
-// half: its partials' sum in the same order).
-cudaError_t root_of_sums(const double* sums, int64_t k, float* root, cudaStream_t s);
 
+// ---- LAMB (lamb_kernels.cu) ----------------------------------------------------------------
 // LAMB over a work list of chunks (each inside one tensor, at most kNormChunk elements).
 struct LambChunk {
   int64_t tensor;  // row of the table

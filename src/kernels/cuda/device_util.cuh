@@ -1,17 +1,21 @@
 // Device helpers shared by the .cu files: launch error capture, warp and block reductions with a
-// fixed combination order (so every result is the same from run to run), grid sizing.
+// fixed combination order (so every result is the same from run to run), grid sizing, and the
+// elements of a buffer in any of the float formats.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/common/lowp_convert.h"
 #include "kernels/common/math.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_seams.cuh"
 
 namespace packbert::cuda {
 
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int64_t kMaxGridY = 65535;  // CUDA's limit of gridDim.y
 
 // Blocks for a grid-stride loop over n items (capped: each thread then loops).
 inline unsigned grid_for(int64_t n, int threads) {
@@ -76,6 +80,22 @@ __device__ __forceinline__ Welford block_welford(Welford w, float* scratch) {
     r = welford_merge(r, p);
   }
   return r;
+}
+
+// The value of element i of a buffer in one of the float formats, and its store (rounded to
+// nearest even by common/lowp_convert.h, the CPU's very functions).
+__device__ __forceinline__ float load_as_float(const void* p, FloatFormat f, int64_t i) {
+  if (f == FloatFormat::f32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return f == FloatFormat::bf16 ? lowp::bf16_to_float(h) : lowp::f16_to_float(h);
+}
+__device__ __forceinline__ void store_from_float(void* p, FloatFormat f, int64_t i, float v) {
+  if (f == FloatFormat::f32) {
+    static_cast<float*>(p)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p)[i] =
+        f == FloatFormat::bf16 ? lowp::float_to_bf16(v) : lowp::float_to_f16(v);
+  }
 }
 
 }  // namespace packbert::cuda

@@ -20,7 +20,6 @@ namespace {
 
 constexpr int64_t kPiece = 256;     // tokens per piece of a long run
 constexpr int kColumns = 128;       // threads per block, one column each
-constexpr int64_t kMaxGridY = 65535;
 
 // The bits of a key in [0, limit]: the sort looks at no more.
 int key_bits(uint32_t limit) {

@@ -23,7 +23,7 @@
 
 namespace packbert::cuda {
 
-// misc_kernels.cu
+// reduce_kernels.cu
 cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld,
                             double* partial, float* out, cudaStream_t s);
 
