@@ -142,7 +142,7 @@ cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTen
 cudaError_t lamb_record(const float* global_grad_norm, float grad_scale, int32_t* record,
                         cudaStream_t s);
 
-// ---- LayerNorm family (layernorm_kernels.cu) ----------------------------------------------
+// ---- LayerNorm family (embedding_kernels.cu, layernorm_kernels.cu) -------------------------
 // backend.h's kLayerNormEps (the .cu files do not include backend.h; cuda_backend.cpp
 // static_asserts that the two agree).
 constexpr float kDeviceLayerNormEps = 1e-12f;

@@ -1,6 +1,6 @@
 // CudaBackend's token-wise layer ops (embedding, bias + dropout + residual + LayerNorm) and
-// attention: the CPU backend's checks, then the kernels of layernorm_kernels.cu and
-// attention_kernels.cu.
+// attention: the CPU backend's checks, then the kernels of embedding_kernels.cu (and
+// embedding_scatter.cu), layernorm_kernels.cu and attention_kernels.cu.
 #include "kernels/common/op_args.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/cuda_backend_impl.h"
