@@ -21,7 +21,7 @@
 #include "data/inspect.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
-#include "device.h"
+#include "kernels/device.h"
 #include "train/checkpoint.h"
 #include "train/run_train.h"
 #include "train/train_config.h"

@@ -42,7 +42,7 @@
 #include <memory>
 #include <vector>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "comm/bucket_scheduler.h"
 
 namespace packbert {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "core/tensor.h"
 
 namespace packbert {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 namespace packbert {
 

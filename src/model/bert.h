@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "model/arena.h"
 #include "model/batch.h"
 #include "model/config.h"

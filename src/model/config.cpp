@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "backend.h"
-#include "common/philox.h"
+#include "kernels/backend.h"
+#include "kernels/common/philox.h"
 #include "core/error.h"
 
 namespace packbert {

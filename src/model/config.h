@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"  // Gelu
+#include "kernels/backend.h"  // Gelu
 
 namespace packbert {
 

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "core/error.h"
 
 namespace packbert {

@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "model/config.h"
 
 namespace packbert {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <utility>
 
-#include "common/math.h"
+#include "kernels/common/math.h"
 #include "core/error.h"
 #include "core/trace.h"
 

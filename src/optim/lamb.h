@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "optim/lr_schedule.h"
 
 namespace packbert {

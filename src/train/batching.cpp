@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "core/error.h"
 
 namespace packbert {

@@ -23,7 +23,7 @@
 #include "core/watchdog.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
-#include "device.h"
+#include "kernels/device.h"
 #include "comm/mpi_check.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"

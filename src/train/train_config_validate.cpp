@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "core/error.h"
-#include "device.h"
+#include "kernels/device.h"
 #include "train/train_config.h"
 
 namespace packbert {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <functional>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "core/error.h"
 #include "optim/sharding.h"
 #include "train/batching.h"

@@ -24,7 +24,7 @@
 #include <memory>
 #include <vector>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "data/loader.h"
 #include "comm/grad_reducer.h"
 #include "model/batch.h"

@@ -24,7 +24,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "backend.h"
+#include "kernels/backend.h"
 #include "comm/grad_reducer.h"
 #include "mpi_timing.h"
 

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <string>
 
-#include "device.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -28,10 +28,10 @@
 #include <random>
 #include <vector>
 
-#include "backend.h"
-#include "common/lowp_convert.h"
-#include "cuda/cuda_backend.h"
-#include "cuda/fmha.h"
+#include "kernels/backend.h"
+#include "kernels/common/lowp_convert.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/fmha.h"
 #include "data/packing.h"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "device.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -24,8 +24,8 @@
 #include <memory>
 #include <random>
 
-#include "backend.h"
-#include "cuda/cuda_backend.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace {
 

@@ -33,7 +33,7 @@
 #include <cstring>
 #include <string>
 
-#include "device.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -45,9 +45,9 @@
 #include <random>
 #include <vector>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "bench_util.h"
-#include "cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/params.h"

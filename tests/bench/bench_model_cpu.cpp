@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "data/packing.h"
 #include "model/batch.h"
 #include "model/bert.h"

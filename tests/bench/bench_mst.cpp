@@ -36,12 +36,12 @@
 #ifdef PACKBERT_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #endif
 #include "../model/mst_formula.h"
-#include "common/philox.h"
-#include "cpu/cpu_backend.h"
-#include "device.h"
+#include "kernels/common/philox.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/device.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/params.h"

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
-#include "cpu/cpu_backend.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/config.h"
 
 namespace {

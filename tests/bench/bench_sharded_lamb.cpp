@@ -25,7 +25,7 @@
 
 #include <fmt/format.h>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "comm/grad_reducer.h"
 #include "core/error.h"
 #include "model/config.h"

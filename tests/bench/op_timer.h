@@ -16,7 +16,7 @@
 #include <string>
 #include <utility>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 namespace packbert::bench {
 

@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/config.h"

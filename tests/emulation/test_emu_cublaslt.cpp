@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda_emu/runtime.h"
+#include "kernels/cuda_emu/runtime.h"
 
 namespace {
 

@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "common/lowp_convert.h"
-#include "cuda/device_seams.cuh"
+#include "kernels/common/lowp_convert.h"
+#include "kernels/cuda/device_seams.cuh"
 
 namespace {
 

@@ -6,7 +6,7 @@
 // expressions, where '.' matches newlines too). Outside its sanitizer's build a case is skipped.
 #include <gtest/gtest.h>
 
-#include "cuda/device_seams.cuh"
+#include "kernels/cuda/device_seams.cuh"
 
 namespace {
 

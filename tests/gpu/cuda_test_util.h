@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "../ops/ops_test_util.h"
-#include "cuda/cuda_backend.h"
-#include "device.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/device.h"
 
 namespace packbert::test {
 

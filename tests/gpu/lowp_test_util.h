@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "../model/model_test_util.h"  // rel_l2 of float buffers
-#include "common/lowp_convert.h"
+#include "kernels/common/lowp_convert.h"
 #include "cuda_test_util.h"
 
 namespace packbert::test {

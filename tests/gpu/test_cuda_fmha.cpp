@@ -29,7 +29,7 @@
 
 #include <iostream>
 
-#include "device.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <algorithm>
@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "common/lowp_convert.h"
+#include "kernels/common/lowp_convert.h"
 #include "cuda_test_util.h"
 
 namespace packbert::test {

@@ -10,8 +10,8 @@
 
 #include <iostream>
 
-#include "common/philox.h"
-#include "device.h"
+#include "kernels/common/philox.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <algorithm>
@@ -19,7 +19,7 @@
 #include <cstring>
 #include <random>
 
-#include "cuda/cuda_backend_impl.h"
+#include "kernels/cuda/cuda_backend_impl.h"
 #include "lowp_test_util.h"
 
 namespace packbert::test {

@@ -11,8 +11,8 @@
 
 #include <iostream>
 
-#include "common/philox.h"
-#include "device.h"
+#include "kernels/common/philox.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include "../model/model_test_util.h"

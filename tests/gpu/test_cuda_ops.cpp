@@ -20,10 +20,10 @@
 #include <iostream>
 #include <string>
 
-#include "device.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
-#include "cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "cuda_test_util.h"
 
 namespace packbert::test {

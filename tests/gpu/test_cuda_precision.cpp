@@ -18,8 +18,8 @@
 
 #include <iostream>
 
-#include "common/philox.h"
-#include "device.h"
+#include "kernels/common/philox.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <algorithm>
@@ -28,7 +28,7 @@
 #include <random>
 
 #include "../model/model_test_util.h"
-#include "common/lowp_convert.h"
+#include "kernels/common/lowp_convert.h"
 #include "lowp_test_util.h"
 
 namespace packbert::test {

@@ -18,7 +18,7 @@
 #include <iostream>
 #include <random>
 
-#include "device.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <map>
@@ -31,7 +31,7 @@
 #include "train/trainer.h"
 #include "test_util.h"
 #ifdef PACKBERT_CUDA_EMULATION
-#include "cuda_emu/runtime.h"
+#include "kernels/cuda_emu/runtime.h"
 #endif
 
 namespace packbert::test {

@@ -7,10 +7,10 @@
 #include <random>
 #include <vector>
 
-#include "device.h"
+#include "kernels/device.h"
 #include "test_util.h"
 #ifdef PACKBERT_HAVE_CUDA
-#include "cuda/device_cuda.h"
+#include "kernels/cuda/device_cuda.h"
 #endif
 
 namespace {

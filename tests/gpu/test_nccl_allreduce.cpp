@@ -29,13 +29,13 @@
 #include <thread>
 #include <vector>
 
-#include "device.h"
+#include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <mpi.h>
 
 #include "cuda_test_util.h"
-#include "backend.h"
+#include "kernels/backend.h"
 #include "comm/grad_reducer.h"
 #include "test_util.h"
 #include "train/trainer.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/params.h"

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "model_test_util.h"
 
 namespace packbert::test {

@@ -27,7 +27,7 @@
 #include <cmath>
 #include <limits>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "model_test_util.h"
 
 namespace packbert::test {

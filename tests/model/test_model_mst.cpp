@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "model/config.h"
 #include "model_test_util.h"
 #include "mst_formula.h"

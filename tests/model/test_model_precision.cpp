@@ -14,8 +14,8 @@
 #include <cstring>
 #include <limits>
 
-#include "common/lowp_convert.h"
-#include "common/philox.h"
+#include "kernels/common/lowp_convert.h"
+#include "kernels/common/philox.h"
 #include "model_test_util.h"
 #include "optim/lamb.h"
 #include "optim/loss_scaler.h"

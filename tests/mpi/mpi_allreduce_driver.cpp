@@ -37,7 +37,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "backend.h"
+#include "kernels/backend.h"
 #include "comm/grad_reducer.h"
 #include "comm/mpi_check.h"
 

@@ -34,7 +34,7 @@
 
 #include "core/error.h"
 #include "driver_args.h"
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "data/shard.h"
 #include "test_util.h"
 #include "train/trainer.h"

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "ops_test_util.h"
 
 namespace packbert::test::ref {

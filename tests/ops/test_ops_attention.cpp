@@ -2,7 +2,7 @@
 // finite differences, with and without dropout, and the same bits in every layout.
 #include <gtest/gtest.h>
 
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "ops_test_util.h"
 #include "reference_ops.h"
 

@@ -2,7 +2,7 @@
 // the pooler + NSP loss, against double loops and finite differences.
 #include <gtest/gtest.h>
 
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "ops_test_util.h"
 #include "reference_ops.h"
 

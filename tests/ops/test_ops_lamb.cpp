@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "ops_test_util.h"
 
 namespace packbert::test {

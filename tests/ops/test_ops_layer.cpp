@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "ops_test_util.h"
 #include "reference_ops.h"
 

@@ -2,8 +2,8 @@
 // layout invariance of dropout (the same sequences in any placement give the same bits).
 #include <gtest/gtest.h>
 
-#include "cpu/cpu_backend.h"
-#include "cpu/cpu_common.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 #include "ops_test_util.h"
 #include "reference_ops.h"
 

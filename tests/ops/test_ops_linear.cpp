@@ -1,8 +1,8 @@
 // linear_forward / linear_backward against double loops and finite differences.
 #include <gtest/gtest.h>
 
-#include "common/math.h"
-#include "cpu/cpu_backend.h"
+#include "kernels/common/math.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "ops_test_util.h"
 #include "reference_ops.h"
 

@@ -3,7 +3,7 @@
 // (Attention has its own such test in test_ops_attention.cpp.)
 #include <gtest/gtest.h>
 
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "ops_test_util.h"
 
 namespace packbert::test {

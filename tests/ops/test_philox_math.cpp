@@ -6,9 +6,9 @@
 #include <cmath>
 #include <set>
 
-#include "common/math.h"
-#include "common/philox.h"
-#include "cpu/cpu_simd.h"
+#include "kernels/common/math.h"
+#include "kernels/common/philox.h"
+#include "kernels/cpu/cpu_simd.h"
 #include "ops_test_util.h"
 
 namespace packbert::test {

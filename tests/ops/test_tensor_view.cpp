@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
+#include "kernels/backend.h"
 #include "core/tensor.h"
 
 #include "test_util.h"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The include edges the layering forbids, checked on the sources (kernels/backends.cpp is the one
-# place that names both backends):
-#   - kernels/cpu includes nothing of the CUDA backend, CUDA, NCCL or cuBLAS;
-#   - kernels/cuda includes nothing of the CPU backend (shared code lives in kernels/common);
+# The include edges the layering forbids, checked on the sources (src/kernels/backends.cpp is the
+# one place that names both backends):
+#   - src/kernels/cpu includes nothing of the CUDA backend, CUDA, NCCL or cuBLAS;
+#   - src/kernels/cuda includes nothing of the CPU backend (shared code: src/kernels/common);
 #   - src/model, src/optim and src/train reach devices only through kernels/backend.h: no CUDA,
 #     NCCL or backend header, no PACKBERT_HAVE_CUDA, no CUDA or NCCL call (src/comm owns NCCL);
 #   - src/model includes nothing of the data pipeline (train/batching.h lays samples out).
@@ -20,9 +20,11 @@ check() {  # check DIR REGEX WHY
     bad=1
   fi
 }
-check kernels/cpu 'cuda/|cuda_|cuda\.h|nccl|cublas|cub/' "the CUDA backend, CUDA, NCCL or cuBLAS"
-check kernels/cuda 'cpu/' "the CPU backend"
-device='cuda|nccl|cublas|cub/|cpu/'
+# (kernel headers are included from src/, "kernels/cuda/...", toolkit headers bare: cuda_runtime.h)
+check src/kernels/cpu '(kernels/)?(cuda/|cuda_|cuda\.h)|nccl|cublas|cub/' \
+  "the CUDA backend, CUDA, NCCL or cuBLAS"
+check src/kernels/cuda '(kernels/)?cpu/' "the CPU backend"
+device='(kernels/)?(cuda|cpu/)|nccl|cublas|cub/'
 for dir in src/model src/optim src/train; do
   check "$dir" "$device" "a backend, CUDA, NCCL or cuBLAS"
   hits=$(grep -rnE 'PACKBERT_HAVE_CUDA|\b(cuda|nccl|cublas)[A-Z][A-Za-z]*[[:space:]]*\(|\bcuda_(alloc|free|stream|synchronize)\b' "$root/$dir" || true)
@@ -33,6 +35,7 @@ for dir in src/model src/optim src/train; do
   fi
 done
 check src/model 'data/' "the data pipeline (src/data)"
-[ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other; src/model, src/optim" \
-  "and src/train reach devices through kernels/backend.h only; src/model includes no data/"
+[ $bad -eq 0 ] && echo "src/kernels/cpu and src/kernels/cuda include neither the other;" \
+  "src/model, src/optim and src/train reach devices through kernels/backend.h only;" \
+  "src/model includes no data/"
 exit $bad

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/fmha_plan.h"
+#include "kernels/common/fmha_plan.h"
 #include "data/packing.h"
 #include "test_util.h"
 

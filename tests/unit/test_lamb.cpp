@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "optim/lamb.h"
 #include "test_util.h"
 

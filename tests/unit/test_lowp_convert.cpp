@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "common/lowp_convert.h"
-#include "cpu/cpu_backend.h"
+#include "kernels/common/lowp_convert.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "test_util.h"
 
 namespace packbert::test {

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "train/trainer.h"
 #include "test_util.h"
 

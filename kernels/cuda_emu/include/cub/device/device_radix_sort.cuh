@@ -1,5 +1,0 @@
-// cub::DeviceRadixSort for the emulated CUDA build: emulated on the CPU in
-// kernels/cuda_emu/cub_algorithms.h.
-#pragma once
-
-#include "cuda_emu/cub_algorithms.h"

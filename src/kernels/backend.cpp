@@ -1,0 +1,54 @@
+// The backend-independent parts of backend.h: BackendBuffer and Backend::alloc.
+#include "kernels/backend.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace packbert {
+
+BackendBuffer::BackendBuffer(Backend* owner, void* data, size_t bytes, const Tensor& view)
+    : owner_(owner), bytes_(bytes), view_(view) {
+  if (!view_.defined() && data) view_ = Tensor(data, DType::u8, {static_cast<int64_t>(bytes)},
+                                               owner ? owner->device() : Device::cpu);
+  PB_CHECK(view_.data == data && view_.bytes() <= bytes, "buffer view {} of {} bytes",
+           view_.str(), bytes);
+}
+
+BackendBuffer& BackendBuffer::operator=(BackendBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = std::exchange(o.owner_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    view_ = std::exchange(o.view_, Tensor());
+  }
+  return *this;
+}
+
+void BackendBuffer::reset() {
+  if (owner_ && view_.data) owner_->free_memory(view_.data);
+  owner_ = nullptr;
+  bytes_ = 0;
+  view_ = Tensor();
+}
+
+Tensor BackendBuffer::tensor(DType dtype, std::initializer_list<int64_t> dims) const {
+  const Tensor t(view_.data, dtype, dims, view_.device);
+  PB_REQUIRE(t.bytes() <= bytes_, "buffer of {} bytes viewed as {}", bytes_, t.str());
+  return t;
+}
+
+BackendBuffer Backend::alloc(size_t bytes) {
+  // At least one byte, so that even an empty buffer's view is defined (not "none").
+  const size_t n = std::max<size_t>(bytes, 1);
+  return BackendBuffer(this, allocate_memory(n), n);
+}
+
+BackendBuffer Backend::alloc(DType dtype, std::initializer_list<int64_t> dims) {
+  const Tensor shape(nullptr, dtype, dims, device());
+  const size_t n = std::max<size_t>(shape.bytes(), 1);
+  void* p = allocate_memory(n);
+  return BackendBuffer(this, p, n, Tensor(p, dtype, dims, device()));
+}
+
+}  // namespace packbert

@@ -1,0 +1,104 @@
+// Argument checks shared by every backend, on host arrays. The CPU backend reads its layout in
+// place; a device backend copies the arrays to the host first and runs the very same checks,
+// so both reject the same inputs with the same messages.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "kernels/common/philox.h"
+#include "core/error.h"
+
+namespace packbert::checks {
+
+// The five arrays of a SeqLayout, on the host.
+struct HostLayoutArrays {
+  const int32_t* seq_start;
+  const int32_t* seq_len;
+  const int64_t* sample_id;
+  const int32_t* token_seq;
+  const int32_t* token_pos;
+};
+
+// Ranges, sequences disjoint, token_seq / token_pos consistent with seq_start / seq_len,
+// max_len >= every length, sample ids inside the dropout key. O(rows).
+inline void check_layout_arrays(const char* op, const SeqLayout& l, const HostLayoutArrays& a,
+                                int64_t rows) {
+  PB_REQUIRE(l.rows == rows, "{}: layout has {} rows, the buffers {}", op, l.rows, rows);
+  PB_REQUIRE(l.num_seqs >= 0 && l.max_len >= 0, "{}: layout with {} sequences, max_len {}", op,
+             l.num_seqs, l.max_len);
+  int64_t covered = 0;
+  for (int64_t i = 0; i < l.num_seqs; ++i) {
+    const int64_t start = a.seq_start[i], len = a.seq_len[i];
+    PB_REQUIRE(len >= 1 && len <= l.max_len && start >= 0 && start + len <= rows,
+               "{}: sequence {} at row {} with length {} does not fit {} rows (max_len {})", op,
+               i, start, len, rows, l.max_len);
+    PB_REQUIRE(a.sample_id[i] >= 0 && static_cast<uint64_t>(a.sample_id[i]) < kDropoutMaxSampleId,
+               "{}: sequence {} has sample id {} outside [0, 2^44)", op, i, a.sample_id[i]);
+    for (int64_t p = 0; p < len; ++p) {
+      const int64_t r = start + p;
+      PB_REQUIRE(a.token_seq[r] == i && a.token_pos[r] == p,
+                 "{}: row {} has token_seq {} / token_pos {}, sequence {} expects {} / {}", op, r,
+                 a.token_seq[r], a.token_pos[r], i, i, p);
+    }
+    covered += len;
+  }
+  int64_t padding = 0;
+  for (int64_t r = 0; r < rows; ++r) padding += a.token_seq[r] < 0;
+  PB_REQUIRE(covered + padding == rows,
+             "{}: {} rows name a sequence that does not contain them (sequences overlap?)", op,
+             rows - covered - padding);
+}
+
+// The Philox stream of one dropout site after checking p, layer, site and that `elements` (per
+// row: hidden size, or the sequence length for attention), heads and positions fit the key.
+inline DropoutStream checked_dropout_stream(const char* op, const Dropout& d, int64_t elements,
+                                            int64_t heads, int64_t max_position) {
+  PB_REQUIRE(d.p >= 0.f && d.p < 1.f, "{}: dropout p = {} outside [0, 1)", op, d.p);
+  if (d.p == 0.f) return DropoutStream{};
+  const auto site = static_cast<uint32_t>(d.site);
+  PB_REQUIRE(d.layer < kDropoutMaxLayer && site < kDropoutMaxSite,
+             "{}: dropout layer {} / site {} outside the key ranges ({} / {})", op, d.layer, site,
+             kDropoutMaxLayer, kDropoutMaxSite);
+  PB_REQUIRE(elements <= kDropoutMaxElement && heads <= kDropoutMaxHead &&
+                 max_position <= kDropoutMaxPosition,
+             "{}: {} elements, {} heads, {} positions exceed the dropout key ranges", op,
+             elements, heads, max_position);
+  PB_REQUIRE(d.step < kDropoutMaxStep, "{}: dropout step {} outside the key range (< {})", op,
+             d.step, kDropoutMaxStep);
+  return make_dropout_stream(d.p, d.seed, d.step, d.layer, site);
+}
+
+// Every index in [0, bound).
+inline void check_indices(const char* op, const char* name, const int32_t* idx, int64_t n,
+                          int64_t bound) {
+  for (int64_t i = 0; i < n; ++i)
+    PB_REQUIRE(idx[i] >= 0 && idx[i] < bound, "{}: {}[{}] = {} outside [0, {})", op, name, i,
+               idx[i], bound);
+}
+
+// The LAMB table: rows ascend by offset without overlap, inside [0, n), decay 0 or 1.
+inline void check_lamb_table(const char* op, const LambTensor* rows, int64_t num_tensors,
+                             int64_t n) {
+  int64_t end = 0;
+  for (int64_t t = 0; t < num_tensors; ++t) {
+    const LambTensor& e = rows[t];
+    PB_REQUIRE(e.offset >= end && e.size >= 0 && e.offset + e.size <= n &&
+                   (e.decay == 0 || e.decay == 1),
+               "{}: table row {} (offset {}, size {}, decay {}) overlaps the previous row, leaves "
+               "the {} elements or has a decay flag other than 0/1 (rows ascend by offset)",
+               op, t, e.offset, e.size, e.decay, n);
+    end = e.offset + e.size;
+  }
+}
+
+inline void check_lamb_config(const char* op, const LambConfig& cfg) {
+  PB_REQUIRE(cfg.grad_scale > 0.f && cfg.grad_scale <= 3.0e38f,
+             "{}: grad_scale {} must be positive and finite", op, cfg.grad_scale);
+  PB_REQUIRE(cfg.step >= 1 && cfg.beta1 >= 0.f && cfg.beta1 < 1.f && cfg.beta2 >= 0.f &&
+                 cfg.beta2 < 1.f && cfg.max_grad_norm > 0.f,
+             "{}: step {} (from 1), beta1 {} and beta2 {} in [0, 1), max_grad_norm {} > 0", op,
+             cfg.step, cfg.beta1, cfg.beta2, cfg.max_grad_norm);
+}
+
+}  // namespace packbert::checks

@@ -1,0 +1,320 @@
+// CudaBackend's declaration and the host helpers its .cpp files share (internal to kernels/cuda).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/common/lowp_adapter.h"
+#include "kernels/common/op_args.h"
+#include "core/trace.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/fmha.h"
+
+// Every CUDA runtime call is checked; the error names the op, the call and file:line.
+#define PB_CUDA_OP(op, call)                                                                 \
+  do {                                                                                       \
+    const cudaError_t pb_err_ = (call);                                                      \
+    if (pb_err_ != cudaSuccess)                                                              \
+      PB_THROW("{}: CUDA error '{}' ({}) from {} at {}:{}", op, cudaGetErrorString(pb_err_), \
+               cudaGetErrorName(pb_err_), #call, __FILE__, __LINE__);                        \
+  } while (0)
+
+#define PB_CUBLASLT_OP(op, call)                                                             \
+  do {                                                                                       \
+    const cublasStatus_t pb_st_ = (call);                                                    \
+    if (pb_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      PB_THROW("{}: cuBLASLt error {} ({}) from {} at {}:{}", op,                            \
+               cublasLtGetStatusName(pb_st_), cublasLtGetStatusString(pb_st_), #call,        \
+               __FILE__, __LINE__);                                                          \
+  } while (0)
+
+namespace packbert {
+
+// One cuBLASLt matmul in column-major terms: D = alpha op(A) op(B) + beta C with C = D
+// (m x n, ld ldc), alpha = 1. A is stored (transa ? k x m : m x k), B (transb ? n x k : k x n).
+// Types: fp32 throughout, or A and B both bf16 / f16 with C = D of that type or fp32 (the
+// weight gradients); the compute type is always fp32 and a bias (vector) is always fp32.
+struct GemmCall {
+  bool transa = false, transb = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  cudaDataType_t ab_type = CUDA_R_32F;  // A and B
+  cudaDataType_t c_type = CUDA_R_32F;   // C and D
+  float alpha = 1.f;  // D = alpha op(A) op(B) + beta C
+  float beta = 0.f;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;  // BIAS: the bias (read); BGRADB: the bias gradient (written, not added)
+  // GELU_AUX_BIAS: the pre-activation (written); DGELU: the pre-activation (read). Same type,
+  // shape and leading dimension as D.
+  void* aux = nullptr;
+};
+
+// The column-major GEMM C [m x n] = op(A) op(B) (op = transpose where asked): A and B of type
+// ab, C of type c, beta 0, no epilogue.
+inline GemmCall gemm_call(bool transa, bool transb, int64_t m, int64_t n, int64_t k,
+                          const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
+                          int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type) {
+  GemmCall g;
+  g.transa = transa;
+  g.transb = transb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  g.ab_type = ab;
+  g.c_type = c_type;
+  return g;
+}
+
+// The memory and conversions of the low-precision adapter (common/lowp_adapter.h) on a
+// device: grow-only fp32 slots and the convert kernel on the backend's stream. The ops without
+// a native bf16 / f16 kernel yet run through it (widen, fp32 kernel, round back).
+class CudaLowpStaging final : public lowp::Staging {
+ public:
+  explicit CudaLowpStaging(const cudaStream_t& stream) : stream_(stream) {}
+  ~CudaLowpStaging() override;
+  CudaLowpStaging(const CudaLowpStaging&) = delete;
+  CudaLowpStaging& operator=(const CudaLowpStaging&) = delete;
+  float* scratch(int slot, int64_t n) override;
+  void widen(const Tensor& dst, const Tensor& src) override;
+  void narrow(const Tensor& dst, const Tensor& src) override;
+
+ private:
+  const cudaStream_t& stream_;
+  std::array<void*, lowp::kMaxStaged> slots_{};
+  std::array<size_t, lowp::kMaxStaged> bytes_{};
+};
+
+// Vocabulary columns per block of the low-precision MLM decoder's backward (cuda_linear.cpp):
+// as many as keep the rounded gradient of a block of m rows within 64 MiB, a multiple of 8
+// (all v when they fit; at least min(8, v)).
+int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes);
+
+// The kernels' name for a float dtype (f32, bf16, f16; Error naming op and argument otherwise).
+cuda::FloatFormat float_format(const char* op, const char* name, const Tensor& t);
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const CudaBackendOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda; }
+  void* allocate_memory(size_t bytes) override;
+  void free_memory(void* p) override;
+  void synchronize() override { synchronize("synchronize"); }
+  void* native_stream() const override { return stream_; }
+  void synchronize(const char* op);
+  cudaStream_t stream() const { return stream_; }  // every op runs on it (native_stream())
+
+  void zero(const Tensor& t) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+
+  void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
+                         const Tensor& segment_ids, const EmbeddingParams& params,
+                         const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,
+                         const Tensor& ln_rstd) override;
+  void embedding_backward(const SeqLayout& layout, const Tensor& input_ids,
+                          const Tensor& segment_ids, const EmbeddingParams& params,
+                          const Dropout& dropout, const Tensor& ln_mean, const Tensor& ln_rstd,
+                          const Tensor& dout, const EmbeddingParams& grads) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue epilogue,
+                      const Tensor& out, const Tensor& pre) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db,
+                       const LinearBackwardOptions& options) override;
+
+  void residual_layernorm_forward(const SeqLayout& layout, const Tensor& x, const Tensor& bias,
+                                  const Tensor& residual, const LayerNormParams& ln,
+                                  const Dropout& dropout, const Tensor& out, const Tensor& ln_in,
+                                  const Tensor& ln_mean, const Tensor& ln_rstd) override;
+  void residual_layernorm_backward(const SeqLayout& layout, const Tensor& dout,
+                                   const Tensor& ln_in, const Tensor& ln_mean,
+                                   const Tensor& ln_rstd, const LayerNormParams& ln,
+                                   const Dropout& dropout, const Tensor& dx,
+                                   const Tensor& dresidual, const Tensor& dbias,
+                                   const LayerNormParams& dln) override;
+
+  void attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
+                         const Dropout& dropout, const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, const Tensor& dout, int num_heads,
+                          const Dropout& dropout, const Tensor& dqkv) override;
+
+  void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) override;
+  void gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) override;
+
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                             const Tensor& loss_sum, const Tensor& num_correct,
+                             const Tensor& dlogits) override;
+  void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
+                float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                const Tensor& db) override;
+  void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
+                const Tensor& labels, float grad_scale, const Tensor& workspace,
+                const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                const PoolerParams& grads) override;
+
+  void l2_norm(const Tensor& x, const Tensor& out) override;
+  void sum_squares(const Tensor& x, const Tensor& out) override;
+  void norm_from_sum_squares(const Tensor& sum, const Tensor& out) override;
+  void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
+                 const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                 const Tensor& norms_ws, const Tensor& params_lowp = Tensor(),
+                 const Tensor& record = Tensor()) override;
+  void convert(const Tensor& dst, const Tensor& src) override;
+
+ private:
+  // ---- helpers (cuda_backend.cpp) ----
+  void begin(const char* op);               // makes the backend's device current
+  void end(const char* op);                 // options_.sync_each_op: wait and check
+  void launched(const char* op, const char* kernel, cudaError_t e);
+  void expect(const char* op, const char* name, const Tensor& t, DType dtype,
+              std::initializer_list<int64_t> dims);
+  void expect_optional(const char* op, const char* name, const Tensor& t, DType dtype,
+                       std::initializer_list<int64_t> dims);
+  void check_pointer(const char* op, const char* name, const Tensor& t);
+  // The per-tensor check this backend adds to the shared argument checks (common/op_args.h).
+  checks::OpArgs::Extra pointer_check() {
+    return [this](const char* op, const char* name, const Tensor& t) { check_pointer(op, name, t); };
+  }
+  // Shapes and devices of the layout's tensors; with validate_indices also their contents.
+  cuda::DeviceLayout device_layout(const char* op, const SeqLayout& layout, int64_t rows);
+  // What attention_forward and attention_backward set up alike once their tensors are checked
+  // (cuda_layer_ops.cpp): the device layout, the sequence lengths on the host (for the grouped
+  // launch; read once, validation included) and the dropout stream.
+  struct AttnLaunch {
+    cuda::DeviceLayout dl;
+    std::vector<int32_t> lens;
+    DropoutStream ds;
+  };
+  AttnLaunch attention_launch(const char* op, const SeqLayout& layout, int64_t rows,
+                              int64_t heads, const Dropout& dropout);
+  template <typename T>
+  std::vector<T> to_host(const char* op, const Tensor& t);
+  void check_indices(const char* op, const char* name, const Tensor& index, int64_t bound);
+  // Grow-only device scratch (the documented exception to "the caller provides every buffer"):
+  // doubles for the fixed-order reductions, floats for a bias gradient, bytes for LAMB's work
+  // list. Warm after the first step of the largest shape.
+  double* scratch_doubles(const char* op, size_t n);
+  void sum_of_squares(const char* op, const Tensor& x, const Tensor& out);
+  float* scratch_floats(const char* op, size_t n);
+  void* scratch_bytes(const char* op, size_t n);
+
+  // ---- cuBLASLt (cuda_linear.cpp) ----
+  // Runs the matmul; false when cuBLASLt has no algorithm for this epilogue or its matmul
+  // refuses it (the caller then falls back to DEFAULT plus a kernel). The heuristic's choice,
+  // and a refusal, are cached per shape.
+  bool gemm(const char* op, const GemmCall& g);
+  // The two GEMMs of linear_backward, shared by the fp32 and low-precision paths (operands of
+  // type ab). dw [m, k] += g^T x in fp32, with BGRADB writing the bias gradient into db when
+  // db is given and cuBLASLt has the epilogue: true when db got its share (else the caller
+  // sums the columns). dx [n, k] = (or +=) g w, written in c_type.
+  // With tanh_gelu_pre, dx is the gradient wrt that pre-activation through the tanh GELU,
+  // fused as the DGELU epilogue: true when it was (else the caller runs the kernel).
+  // alpha scales both products (g stored scaled, as the f16 MLM decoder's); db is then not
+  // fused (BGRADB would sum the scaled g), so pass db only with alpha 1.
+  bool weight_grad_gemm(const char* op, const void* x, const void* g, float* dw, float* db,
+                        int64_t n, int64_t k, int64_t m, cudaDataType_t ab, float alpha = 1.f);
+  bool input_grad_gemm(const char* op, const void* w, const void* g, void* dx, int64_t n,
+                       int64_t k, int64_t m, bool accumulate, cudaDataType_t ab,
+                       cudaDataType_t c_type, const void* tanh_gelu_pre = nullptr,
+                       float alpha = 1.f);
+  // The forward GEMM out [n, m] = x [n, k] w^T, operands and output of one type.
+  static GemmCall forward_gemm_call(const void* x, const void* w, void* out, int64_t n,
+                                    int64_t k, int64_t m, cudaDataType_t type);
+  // g (from forward_gemm_call, c = the pre-activation) as GELU_AUX_BIAS: out = gelu_tanh(x w^T
+  // + bias), pre = x w^T + bias. False when cuBLASLt does not take it (the caller falls back).
+  bool gelu_aux_gemm(const char* op, GemmCall g, void* out, const float* bias);
+
+  // linear_forward / linear_backward with bf16 / f16 operands through cuBLASLt (true when
+  // they ran; false: a combination the native path does not take, for the adapter).
+  bool linear_forward_lowp(const Tensor& x, const Tensor& w, const Tensor& bias,
+                           Epilogue epilogue, const Tensor& out, const Tensor& pre);
+  bool linear_backward_lowp(const Tensor& x, const Tensor& w, const Tensor& dout,
+                            const Tensor& dx, const Tensor& dw, const Tensor& db,
+                            const LinearBackwardOptions& options);
+  // mlm_loss with x, w (and dx) bf16 / f16: the decoder GEMMs on the low-precision operands
+  // (cuda_linear.cpp); false for a combination it does not take (the adapter's then).
+  bool mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
+                     float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                     const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                     const Tensor& db);
+
+  // nsp_loss (cuda_linear.cpp): the workspace's views [cls, pooled, dpooled, dcls, logits];
+  // the fp32 head from the gathered cls rows to dcls (the weights fp32); the bf16 / f16 path
+  // (false for a combination it does not take: the adapter's then).
+  static std::array<Tensor, 5> nsp_workspace(const Tensor& workspace, int64_t s, int64_t h);
+  void nsp_head(const Tensor& workspace, int64_t s, int64_t h, const PoolerParams& params,
+                const Tensor& labels, float grad_scale, const Tensor& loss_sum,
+                const Tensor& num_correct, bool backward, const PoolerParams& grads);
+  bool nsp_loss_lowp(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
+                     const Tensor& labels, float grad_scale, const Tensor& workspace,
+                     const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                     const PoolerParams& grads);
+
+  struct GemmKey {
+    int64_t m, n, k, lda, ldb, ldc;
+    int32_t transa, transb, epilogue, beta_zero, ab_type, c_type;
+    uint32_t align_a, align_b, align_c, align_bias, align_aux;
+    bool operator==(const GemmKey& o) const;
+  };
+  struct GemmKeyHash {
+    size_t operator()(const GemmKey& k) const;
+  };
+  struct GemmPlan {
+    bool supported = false;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  int device_;
+  CudaBackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;  // cuBLASLt workspace
+  size_t workspace_bytes_ = 0;
+  std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> plans_;
+  void* scratch_d_ = nullptr;
+  size_t scratch_d_bytes_ = 0;
+  void* scratch_f_ = nullptr;
+  size_t scratch_f_bytes_ = 0;
+  void* scratch_b_ = nullptr;
+  size_t scratch_b_bytes_ = 0;
+  // LAMB's work list, derived from the table on the host and uploaded once: it stays valid while
+  // the rows and the weight decay it was made from (kept here to compare) stay the same.
+  std::vector<LambTensor> lamb_rows_;
+  float lamb_weight_decay_ = 0.f;
+  void* lamb_work_ = nullptr;  // chunks, then (at lamb_range_at_) the tensor ranges
+  size_t lamb_work_bytes_ = 0;
+  size_t lamb_range_at_ = 0;
+  int64_t lamb_num_chunks_ = 0;
+  // Ops called with bf16 / f16 tensors and no native path run through this.
+  CudaLowpStaging lowp_{stream_};
+  // Attention's auxiliary streams, events and work list (grouped launch, cuda/fmha.h).
+  std::unique_ptr<cuda::FmhaStreams> fmha_;
+};
+
+}  // namespace packbert

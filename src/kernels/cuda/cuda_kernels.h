@@ -1,0 +1,248 @@
+// The CUDA backend's kernels as plain launch functions: raw device pointers in, a cudaError_t
+// out (the launch's cudaGetLastError). The host side (cuda_backend*.cpp, plain C++) checks every
+// argument before it calls one of these and turns an error into packbert::Error naming the op;
+// the .cu files hold only device code and launch configurations.
+//
+// Determinism: no kernel here uses floating-point atomics. Every reduction runs in a fixed order
+// (per-thread sequential loops, then fixed warp/block trees, then fixed-order second passes),
+// so a result never depends on scheduling.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/philox.h"
+
+namespace packbert::cuda {
+
+// The device arrays of a SeqLayout.
+struct DeviceLayout {
+  const int32_t* seq_start = nullptr;
+  const int32_t* seq_len = nullptr;
+  const int64_t* sample_id = nullptr;
+  const int32_t* token_seq = nullptr;
+  const int32_t* token_pos = nullptr;
+  int64_t rows = 0;
+  int32_t num_seqs = 0;
+  int32_t max_len = 0;
+};
+
+// The storage formats of float buffers (core/tensor.h's DType is not visible to the .cu files;
+// the host side maps it with float_format()).
+enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
+
+// ---- float-format conversions (convert_kernels.cu) -----------------------------------------
+// dst = src * scale in another format, n elements: widening exact, narrowing to nearest even
+// (common/lowp_convert.h, the functions the CPU backend uses); the product is in fp32, exact
+// for a power-of-two scale.
+cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
+                    int64_t n, cudaStream_t s, float scale = 1.f);
+// The same over rows x cols elements of row-major buffers with leading dimensions src_ld and
+// dst_ld (>= cols): a column block of one buffer into a dense one (the MLM decoder's backward).
+cudaError_t convert_rows(const void* src, FloatFormat src_format, int64_t src_ld, void* dst,
+                         FloatFormat dst_format, int64_t dst_ld, int64_t rows, int64_t cols,
+                         cudaStream_t s, float scale = 1.f);
+
+// ---- elementwise (elementwise_kernels.cu) --------------------------------------------------
+// gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
+cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,
+                              cudaStream_t s);
+cudaError_t gelu_backward_inplace_lowp(void* g, const void* pre, FloatFormat f, int64_t n,
+                                       bool tanh_form, cudaStream_t s);
+// out = gelu(pre), n elements: the erf GELU of common/math.h, or with tanh_form its tanh
+// approximation (gelu_tanh).
+cudaError_t gelu_forward(const float* pre, float* out, int64_t n, bool tanh_form, cudaStream_t s);
+// g *= gelu'(pre), n elements, of the same form.
+cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, bool tanh_form,
+                                  cudaStream_t s);
+// c[r, :] += bias for rows x cols (the fallback when cuBLASLt's BIAS epilogue is unavailable).
+cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols,
+                          cudaStream_t s);
+// dst[i] += src[i].
+cudaError_t add_inplace(float* dst, const float* src, int64_t n, cudaStream_t s);
+// x = tanh(x); dp *= 1 - p^2.
+cudaError_t tanh_inplace(float* x, int64_t n, cudaStream_t s);
+cudaError_t tanh_backward_inplace(float* dp, const float* p, int64_t n, cudaStream_t s);
+
+// ---- reductions (reduce_kernels.cu) --------------------------------------------------------
+// out[c] += sum over rows of x[r * ld + c] (c < cols), in double, rows in fixed chunks of
+// kColumnChunk summed in order, then the chunks in order. partial: doubles, at least
+// column_sum_partials(rows, cols).
+constexpr int64_t kColumnChunk = 256;
+inline int64_t column_sum_partials(int64_t rows, int64_t cols) {
+  return (rows + kColumnChunk - 1) / kColumnChunk * cols;
+}
+cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                            double* partial, float* out, cudaStream_t s);
+// Sum of squares of n floats into partial[block] (blocks of kNormChunk, double, fixed tree),
+// then the sum of the partials in order: root[0] = its square root rounded to f32 (l2_norm), or,
+// with root null, sum[0] = the double sum (sum_squares). partial: l2_norm_partials(n) doubles.
+constexpr int64_t kNormChunk = 8192;
+inline int64_t l2_norm_partials(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
+cudaError_t sum_of_squares(const float* x, int64_t n, double* partial, float* root, double* sum,
+                           cudaStream_t s);
+// root[0] = the square root, rounded to f32, of the sum of sums[0..k) (sum_of_squares's second
+// half: its partials' sum in the same order).
+cudaError_t root_of_sums(const double* sums, int64_t k, float* root, cudaStream_t s);
+
+// ---- rows by index (gather_scatter_kernels.cu) ---------------------------------------------
+// out[i, :] = x[index[i], :] (h columns), x and out in format f (bf16 / f16: a bit copy).
+cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFormat f, int64_t m,
+                        int64_t h, cudaStream_t s);
+// dx[index[i], :] += dout[i, :] for i in order, dx [rows, h] and dout in format f (each add in
+// fp32, rounded to f). Rows hit once are added in parallel; only when an index repeats does one
+// thread per column walk the later contributors in order. scratch: rows + 1 uint32.
+cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, void* dx,
+                                     FloatFormat f, int64_t m, int64_t h, int64_t rows,
+                                     uint32_t* scratch, cudaStream_t s);
+// dx[index[i], :] += src[i, :] (h columns) for m DISTINCT indices: src fp32, dx in format f,
+// each sum in fp32 rounded once to f (the NSP head's [CLS] rows).
+cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
+                         int64_t m, int64_t h, cudaStream_t s);
+
+// ---- softmax cross-entropy (loss_kernels.cu) -----------------------------------------------
+// Softmax cross-entropy over m rows of v logits. Per row (one block): first argmax, lse, loss;
+// dlogits (may alias logits, may be null) = (softmax - onehot) * grad_scale. Row losses and
+// correct flags go to row_loss / row_correct (m doubles each), then one block adds their sums
+// (in row order) to loss_sum[0] and num_correct[0].
+cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t m,
+                                  int64_t v, float grad_scale, float* dlogits, double* row_loss,
+                                  double* row_correct, float* loss_sum, int32_t* num_correct,
+                                  cudaStream_t s);
+
+// ---- LAMB (lamb_kernels.cu) ----------------------------------------------------------------
+// LAMB over a work list of chunks (each inside one tensor, at most kNormChunk elements).
+struct LambChunk {
+  int64_t tensor;  // row of the table
+  int64_t begin;   // first element (flat offset)
+  int64_t end;     // one past the last
+};
+struct LambTensorRange {
+  int64_t first_chunk;  // chunks [first_chunk, first_chunk + chunks) belong to the tensor
+  int64_t chunks;
+  float decay;          // weight decay of the tensor (0 for excluded tensors)
+  int32_t adapt;        // trust ratio applies (decay tensor and weight_decay != 0)
+};
+struct LambArgs {
+  float lr, beta1, beta2, beta3, bias_correction1, bias_correction2, eps, max_grad_norm;
+  float grad_scale;  // LambConfig::grad_scale (folded into the clip divisor)
+};
+// norms_ws: [2T] (||w|| then ||u||); partial: doubles, one per chunk. params_lowp (may be null):
+// the low-precision weight copy, written round(w) in the update's pass. A non-finite
+// global_grad_norm / grad_scale skips the update; record (may be null) i32 [3] counts it
+// (common/math.h, lamb_record_step).
+cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
+                      int64_t num_tensors, const LambArgs& args, const float* global_grad_norm,
+                      float* params, float* grads, float* m, float* v, float* norms_ws,
+                      double* partial, void* params_lowp, FloatFormat lowp_format,
+                      int32_t* record, cudaStream_t s);
+// Only the record's update (a LAMB step over an empty table: a rank of a sharded optimizer that
+// owns no tensor still counts the step).
+cudaError_t lamb_record(const float* global_grad_norm, float grad_scale, int32_t* record,
+                        cudaStream_t s);
+
+// ---- LayerNorm family (embedding_kernels.cu, layernorm_kernels.cu) -------------------------
+// backend.h's kLayerNormEps (the .cu files do not include backend.h; cuda_backend.cpp
+// static_asserts that the two agree).
+constexpr float kDeviceLayerNormEps = 1e-12f;
+struct EmbeddingPtrs {
+  const float* word;
+  const float* position;
+  const float* token_type;
+  const float* gamma;
+  const float* beta;
+  const int32_t* input_ids;
+  const int32_t* segment_ids;
+};
+cudaError_t embedding_forward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,
+                              const DropoutStream& ds, float* out, float* mean, float* rstd,
+                              cudaStream_t s);
+// dout is scratch (overwritten with the gradient wrt the embedding sum: the d that
+// embedding_scatter then adds into the tables); dgamma / dbeta may be null.
+// partial: doubles, at least 2 * column_sum_partials(rows, h).
+cudaError_t embedding_backward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,
+                               const DropoutStream& ds, const float* mean, const float* rstd,
+                               float* dout, float* dgamma, float* dbeta, double* partial,
+                               cudaStream_t s);
+// The tables' gradients from d [rows, h] (embedding_scatter.cu): dword[input_ids[r]],
+// dpos[token_pos[r]], dtype[segment_ids[r]] += d[r] over the real rows; null tables are
+// skipped. Parallel over table rows, in a fixed order: a table element hit by at most 256 rows
+// adds them in row order (the CPU's sum, bit for bit); one hit more often (the [MASK] token, a
+// token type) adds in-order sums of 256-row pieces, in order. scratch: at least
+// embedding_scatter_scratch_bytes(rows, h, vocab + positions + types) bytes (0: a CUDA error).
+size_t embedding_scatter_scratch_bytes(int64_t rows, int64_t h, int64_t key_limit);
+cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
+                              const int32_t* segment_ids, int64_t h, const float* d,
+                              float* dword, int64_t vocab, float* dpos, int64_t positions,
+                              float* dtype, int64_t types, void* scratch, size_t scratch_bytes,
+                              cudaStream_t stream);
+// h = dropout(x + bias) + residual; out = LN(h) * gamma + beta. bias / residual may be null;
+// ln_in may alias x. l is only read when dropout is enabled.
+cudaError_t residual_layernorm_forward(const DeviceLayout& l, const float* x, const float* bias,
+                                       const float* residual, const float* gamma,
+                                       const float* beta, const DropoutStream& ds, int64_t rows,
+                                       int64_t h, float* out, float* ln_in, float* mean,
+                                       float* rstd, cudaStream_t s);
+// dresidual may alias dout or be null; dbias / dgamma / dbeta may be null (+=).
+// partial: doubles, at least 2 * column_sum_partials(rows, h).
+cudaError_t residual_layernorm_backward(const DeviceLayout& l, const float* dout,
+                                        const float* ln_in, const float* mean, const float* rstd,
+                                        const float* gamma, const DropoutStream& ds, int64_t rows,
+                                        int64_t h, float* dx, float* dresidual, float* dbias,
+                                        float* dgamma, float* dbeta, double* partial,
+                                        cudaStream_t s);
+
+// The same four ops with bf16 / f16 storage (backend.h's "lowp:" tensors), in one pass: load,
+// the fp32 math of the functions above, store rounded to nearest even. The host dispatch sends
+// only the combinations the model uses: the op's low-precision tensors all in one format f
+// (bf16 or f16; the embedding tables f32 or f), every other float tensor f32; anything else
+// returns cudaErrorInvalidValue.
+struct EmbeddingLowpPtrs {
+  const void* word;
+  const void* position;
+  const void* token_type;
+  FloatFormat tables;  // of all three: f32 or the op's low-precision format
+  const float* gamma;
+  const float* beta;
+  const int32_t* input_ids;
+  const int32_t* segment_ids;
+};
+cudaError_t embedding_forward_lowp(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
+                                   const DropoutStream& ds, void* out, FloatFormat out_format,
+                                   float* mean, float* rstd, cudaStream_t s);
+// dout (format dout_format) is read, not overwritten: d [rows, h] fp32 is the scratch that takes
+// the gradient wrt the embedding sum.
+cudaError_t embedding_backward_lowp(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
+                                    const DropoutStream& ds, const float* mean, const float* rstd,
+                                    const void* dout, FloatFormat dout_format, float* d,
+                                    float* dgamma, float* dbeta, double* partial, cudaStream_t s);
+// x, residual, out, ln_in in format f. The row's fp32 h stays in shared memory between the
+// statistics and the normalisation, so h is at most kLowpLayerNormMaxHidden (the 48 KiB a block
+// gets without opting in, less the reduction's 384 bytes).
+constexpr int64_t kLowpLayerNormMaxHidden = 12160;
+cudaError_t residual_layernorm_forward_lowp(const DeviceLayout& l, FloatFormat f, const void* x,
+                                            const float* bias, const void* residual,
+                                            const float* gamma, const float* beta,
+                                            const DropoutStream& ds, int64_t rows, int64_t h,
+                                            void* out, void* ln_in, float* mean, float* rstd,
+                                            cudaStream_t s);
+// dout, ln_in, dx, dresidual in format f. dx32: fp32 [rows, h] scratch, required with dbias
+// (the bias gradient sums the unrounded dx).
+cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat f,
+                                             const void* dout, const void* ln_in,
+                                             const float* mean, const float* rstd,
+                                             const float* gamma, const DropoutStream& ds,
+                                             int64_t rows, int64_t h, void* dx, void* dresidual,
+                                             float* dx32, float* dbias, float* dgamma,
+                                             float* dbeta, double* partial, cudaStream_t s);
+
+// ---- attention (attention_kernels.cu) ------------------------------------------------------
+constexpr int kAttentionMaxHeadDim = 64;  // this step's kernels; see the TODO list there
+cudaError_t attention_forward(const DeviceLayout& l, const float* qkv, int64_t hidden, int heads,
+                              const DropoutStream& ds, float* out, float* lse, cudaStream_t s);
+cudaError_t attention_backward(const DeviceLayout& l, const float* qkv, const float* out,
+                               const float* lse, const float* dout, int64_t hidden, int heads,
+                               const DropoutStream& ds, float* dqkv, cudaStream_t s);
+
+}  // namespace packbert::cuda

@@ -1,0 +1,629 @@
+// cuBLASLt on the emulated device: the matmul packbert's linear layers run (cuda_linear.cpp),
+// computed on the CPU in stream order.
+//
+// What is modelled, as the cuBLAS documentation defines it (cublasLtMatmul; cublasLtEpilogue_t;
+// cublasLtMatmulDescAttributes_t), in column-major terms (element (i, j) at i + j * ld):
+//   D = alpha op(A) op(B) + beta C, op(A) m x k, op(B) k x n, C and D m x n, then the epilogue:
+//   BIAS           adds bias[i] (a packed vector of D's row count) to every column;
+//   GELU_AUX_BIAS  adds the bias, writes that GELU input to the aux matrix (D's type, leading
+//                  dimension EPILOGUE_AUX_LD), and D = gelu(input), GELU's tanh approximation;
+//   DGELU          multiplies alpha op(A) op(B) + beta C by gelu'(aux), the derivative of that
+//                  same tanh form (the epilogue follows the scaling, as for the others);
+//   BGRADB         writes the bias gradient, one element per column of D: the sum of op(B)'s
+//                  column over k, in the bias data type, not scaled by alpha (the
+//                  documentation does not say; packbert asks for it with alpha = 1 only).
+//   The bias and bias-gradient vectors have CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, by default
+//   (-1) D's type, as the attribute's documentation says; the aux matrix has D's type.
+//   Arithmetic: inputs widened exactly, products summed over k in double, the epilogue in
+//   double, then D (and aux, and the bias gradient) rounded once to fp32 and, for bf16 / f16,
+//   from there to nearest even (cuda_bf16.h / cuda_fp16.h). beta == 0 does not read C (C
+//   need not be a valid input then, as cuBLAS documents for its GEMMs: it may hold NaN).
+//   Types: compute CUBLAS_COMPUTE_32F with fp32 scale; A and B of one type in fp32 / bf16 /
+//   f16; C and D of one type, A's or fp32; a bias of D's type or fp32.
+//   In place (C == D) needs C's and D's layouts to agree; C != D may differ in ld only.
+//   alpha and beta are host values read at the call (the default pointer mode); every buffer
+//   is read and written when the work runs on the stream, so a result is there only once the
+//   stream has been waited for, and inputs are whatever earlier work on the stream left.
+// Checks: shapes (INVALID_VALUE, also for ld < rows and an aux ld below D's rows), the type and
+//   epilogue combinations above (NOT_SUPPORTED from the heuristic and from the matmul), the
+//   aux leading dimension's documented multiple of 8 (NOT_SUPPORTED), an algorithm that the
+//   heuristic did not give for these types and epilogue, and at the matmul every buffer it
+//   touches lying inside one device allocation (or pinned memory) for the extent its layout
+//   implies, ld * (cols - 1) + rows elements, aligned to its element: a failure is a sticky
+//   device fault (runtime.h) naming the matrix, as the GPU would fault, and EXECUTION_FAILED.
+// A test-only switch: with PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES=1 in the environment the
+//   heuristic still offers every epilogue, but the matmul refuses any other than DEFAULT with
+//   NOT_SUPPORTED before it touches anything, saying so on stderr once per refusal (what a
+//   cuBLASLt version whose heuristic promised more than its kernels take does; the backend
+//   must fall back to its kernels and not ask again).
+// What it cannot tell: which shapes, transposes, alignments or epilogue combinations a real
+//   cuBLASLt version offers algorithms for (its heuristic answers one algorithm, workspace 0,
+//   for every supported combination and ignores the preference's workspace and alignment
+//   limits), the algorithms themselves (split-k, tiling, tensor cores), and so the GPU's
+//   order of fp32 accumulation and its rounding of intermediates: the emulation is more exact
+//   than the GPU, which differs from it by fp32 rounding errors growing with k.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_emu/runtime.h"
+
+struct cublasLtContext {};  // one device, no per-context state
+
+struct cublasLtMatmulDescOpaque_st {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  int32_t transa = CUBLAS_OP_N;
+  int32_t transb = CUBLAS_OP_N;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;
+  int32_t bias_type = -1;  // -1: D's type
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+};
+
+struct cublasLtMatrixLayoutOpaque_st {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+
+// Kept only so that setting them can be checked; the emulation's answers do not depend on them.
+struct cublasLtMatmulPreferenceOpaque_st {
+  uint32_t search_mode = 0;
+  uint64_t max_workspace_bytes = 0;
+  uint32_t reduction_scheme_mask = 0;
+  uint32_t min_alignment[4] = {256, 256, 256, 256};
+  float max_waves_count = 0.f;
+  uint64_t impl_mask = ~uint64_t{0};
+};
+
+namespace {
+
+namespace emu = packbert::emu;
+
+// Written into every algorithm the heuristic returns, with the problem it was found for.
+constexpr uint64_t kAlgoMagic = 0x7062656d754c7431ull;
+
+void complain(const char* call, const std::string& what) {
+  std::fprintf(stderr, "cublasLt emulation: %s: %s\n", call, what.c_str());
+}
+
+// The test-only switch above, read at every matmul (a test sets it before it runs).
+bool refuse_epilogues_at_run() {
+  const char* v = std::getenv("PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+const char* type_name(int t) {
+  switch (t) {
+    case CUDA_R_32F: return "fp32";
+    case CUDA_R_16BF: return "bf16";
+    case CUDA_R_16F: return "f16";
+    default: return "an unsupported type";
+  }
+}
+
+bool is_float_type(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F; }
+size_t type_bytes(int t) { return t == CUDA_R_32F ? 4 : 2; }
+
+bool has_bias_input(uint32_t e) {
+  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+bool has_aux(uint32_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
+}
+bool is_implemented(uint32_t e) {
+  return e == CUBLASLT_EPILOGUE_DEFAULT || has_bias_input(e) || e == CUBLASLT_EPILOGUE_DGELU ||
+         e == CUBLASLT_EPILOGUE_BGRADB;
+}
+
+// Elements a column-major rows x cols matrix with leading dimension ld spans; false on overflow.
+bool extent(uint64_t rows, uint64_t cols, uint64_t ld, uint64_t* elements) {
+  if (rows == 0 || cols == 0) {
+    *elements = 0;
+    return true;
+  }
+  uint64_t e;
+  if (__builtin_mul_overflow(ld, cols - 1, &e) || __builtin_add_overflow(e, rows, &e))
+    return false;
+  *elements = e;
+  return true;
+}
+
+// The GEMM as checked: the descriptor's and layouts' values with the transposes resolved.
+struct Problem {
+  bool transa, transb;
+  uint64_t m, n, k;
+  cublasLtMatrixLayoutOpaque_st a, b, c, d;
+  uint32_t epilogue;
+  int32_t bias_type;  // resolved: D's type when the descriptor says -1
+  int64_t aux_ld;
+};
+
+std::string layout_text(const cublasLtMatrixLayoutOpaque_st& l) {
+  return std::to_string(l.rows) + " x " + std::to_string(l.cols) + " " + type_name(l.type) +
+         ", ld " + std::to_string(l.ld);
+}
+
+// The checks the heuristic and the matmul share: INVALID_VALUE for what is inconsistent,
+// NOT_SUPPORTED for a consistent problem the emulation has no algorithm for.
+cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_st* op,
+                             const cublasLtMatrixLayoutOpaque_st* a,
+                             const cublasLtMatrixLayoutOpaque_st* b,
+                             const cublasLtMatrixLayoutOpaque_st* c,
+                             const cublasLtMatrixLayoutOpaque_st* d, Problem* p,
+                             std::string* why) {
+  if (!op || !a || !b || !c || !d) {
+    *why = "a null descriptor";
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  for (int32_t t : {op->transa, op->transb})
+    if (t != CUBLAS_OP_N && t != CUBLAS_OP_T && t != CUBLAS_OP_C) {
+      *why = "transpose attribute " + std::to_string(t) + " is no cublasOperation_t";
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  p->transa = op->transa != CUBLAS_OP_N;  // conjugate-transpose is the transpose for real data
+  p->transb = op->transb != CUBLAS_OP_N;
+  p->a = *a;
+  p->b = *b;
+  p->c = *c;
+  p->d = *d;
+  p->m = p->transa ? a->cols : a->rows;
+  p->k = p->transa ? a->rows : a->cols;
+  const uint64_t kb = p->transb ? b->cols : b->rows;
+  p->n = p->transb ? b->rows : b->cols;
+  p->epilogue = op->epilogue;
+  p->aux_ld = op->aux_ld;
+  if (kb != p->k || c->rows != p->m || c->cols != p->n || d->rows != p->m || d->cols != p->n) {
+    *why = "inconsistent shapes: op(A) " + std::to_string(p->m) + " x " + std::to_string(p->k) +
+           ", op(B) " + std::to_string(kb) + " x " + std::to_string(p->n) + ", C " +
+           layout_text(*c) + ", D " + layout_text(*d);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const char* names[4] = {"A", "B", "C", "D"};
+  const cublasLtMatrixLayoutOpaque_st* layouts[4] = {a, b, c, d};
+  for (int i = 0; i < 4; ++i) {
+    const auto& l = *layouts[i];
+    if (l.ld < 1 || static_cast<uint64_t>(l.ld) < l.rows) {
+      *why = std::string("matrix ") + names[i] + " (" + layout_text(l) + "): ld below its rows";
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  }
+  if (has_aux(p->epilogue) && (p->aux_ld < 1 || static_cast<uint64_t>(p->aux_ld) < p->m)) {
+    *why = "EPILOGUE_AUX_LD " + std::to_string(p->aux_ld) + " below D's " +
+           std::to_string(p->m) + " rows";
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  p->bias_type = op->bias_type == -1 ? static_cast<int32_t>(d->type) : op->bias_type;
+
+  if (op->compute != CUBLAS_COMPUTE_32F || op->scale != CUDA_R_32F) {
+    *why = "compute type " + std::to_string(op->compute) + " / scale type " +
+           std::to_string(op->scale) + " (only CUBLAS_COMPUTE_32F with fp32 scale)";
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (!is_float_type(a->type) || b->type != a->type || c->type != d->type ||
+      (d->type != a->type && d->type != CUDA_R_32F)) {
+    *why = std::string("types A ") + type_name(a->type) + ", B " + type_name(b->type) + ", C " +
+           type_name(c->type) + ", D " + type_name(d->type);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (!is_implemented(p->epilogue)) {
+    *why = "epilogue " + std::to_string(p->epilogue);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const bool uses_bias = has_bias_input(p->epilogue) || p->epilogue == CUBLASLT_EPILOGUE_BGRADB;
+  if (uses_bias && p->bias_type != static_cast<int32_t>(d->type) && p->bias_type != CUDA_R_32F) {
+    *why = std::string("bias type ") + type_name(p->bias_type) + " with D " + type_name(d->type);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (has_aux(p->epilogue) && p->aux_ld % 8 != 0) {
+    *why = "EPILOGUE_AUX_LD " + std::to_string(p->aux_ld) + " is not a multiple of 8";
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+double load(const void* base, int type, uint64_t i) {
+  const char* p = static_cast<const char*>(base) + i * type_bytes(type);
+  if (type == CUDA_R_32F) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  if (type == CUDA_R_16BF) {
+    __nv_bfloat16 h;
+    std::memcpy(&h, p, 2);
+    return __bfloat162float(h);
+  }
+  __half h;
+  std::memcpy(&h, p, 2);
+  return __half2float(h);
+}
+
+// Rounds to fp32 first: where the GPU's fp32 epilogue rounds before converting to D's type.
+void store(void* base, int type, uint64_t i, double v) {
+  char* p = static_cast<char*>(base) + i * type_bytes(type);
+  const float f = static_cast<float>(v);
+  if (type == CUDA_R_32F) {
+    std::memcpy(p, &f, 4);
+  } else if (type == CUDA_R_16BF) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(f);
+    std::memcpy(p, &h, 2);
+  } else {
+    const __half h = __float2half_rn(f);
+    std::memcpy(p, &h, 2);
+  }
+}
+
+// GELU's tanh approximation and its derivative, as cuBLASLt's GELU epilogues compute them.
+constexpr double kSqrt2OverPi = 0.79788456080286535588;
+constexpr double kGeluCubic = 0.044715;
+double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+}
+double gelu_tanh_derivative(double x) {
+  const double t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+  const double du_dx = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x * x);
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx;
+}
+
+// Runs the GEMM and its epilogue (stream work). Everything is read before anything is written,
+// so that C == D and the aux matrix may overlap the inputs.
+void run_matmul(const Problem& p, double alpha, double beta, const void* A, const void* B,
+                const void* C, void* D, void* bias, void* aux) {
+  const uint64_t m = p.m, n = p.n, k = p.k;
+  const auto lda = static_cast<uint64_t>(p.a.ld), ldb = static_cast<uint64_t>(p.b.ld);
+  const auto ldc = static_cast<uint64_t>(p.c.ld), ldd = static_cast<uint64_t>(p.d.ld);
+  const auto aux_ld = static_cast<uint64_t>(p.aux_ld);
+  // op(A)'s rows and op(B)'s columns, each contiguous over k, widened.
+  std::vector<double> a_rows(m * k), b_cols(n * k);
+  for (uint64_t i = 0; i < m; ++i)
+    for (uint64_t q = 0; q < k; ++q)
+      a_rows[i * k + q] = load(A, p.a.type, p.transa ? q + i * lda : i + q * lda);
+  for (uint64_t j = 0; j < n; ++j)
+    for (uint64_t q = 0; q < k; ++q)
+      b_cols[j * k + q] = load(B, p.b.type, p.transb ? j + q * ldb : q + j * ldb);
+  std::vector<double> bias_in;
+  if (has_bias_input(p.epilogue)) {
+    bias_in.resize(m);
+    for (uint64_t i = 0; i < m; ++i) bias_in[i] = load(bias, p.bias_type, i);
+  }
+  // The dot products, 4 x 4 at a time (each operand row loaded once per 4 products: the MLM
+  // decoder's GEMMs at vocabulary size take seconds, not minutes).
+  std::vector<double> out(m * n), pre;
+  for (uint64_t j0 = 0; j0 < n; j0 += 4)
+    for (uint64_t i0 = 0; i0 < m; i0 += 4) {
+      const uint64_t ni = std::min<uint64_t>(4, m - i0), nj = std::min<uint64_t>(4, n - j0);
+      const double* ar[4];
+      const double* bc[4];
+      for (uint64_t r = 0; r < 4; ++r) {
+        ar[r] = &a_rows[(i0 + std::min(r, ni - 1)) * k];
+        bc[r] = &b_cols[(j0 + std::min(r, nj - 1)) * k];
+      }
+      double acc[4][4] = {};
+      for (uint64_t q = 0; q < k; ++q)
+        for (int r = 0; r < 4; ++r)
+          for (int c = 0; c < 4; ++c) acc[r][c] += ar[r][q] * bc[c][q];
+      for (uint64_t c = 0; c < nj; ++c)
+        for (uint64_t r = 0; r < ni; ++r) out[i0 + r + (j0 + c) * m] = acc[r][c];
+    }
+  if (p.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) pre.resize(m * n);
+  for (uint64_t j = 0; j < n; ++j) {
+    for (uint64_t i = 0; i < m; ++i) {
+      double x = alpha * out[i + j * m];
+      if (beta != 0.0) x += beta * load(C, p.c.type, i + j * ldc);
+      switch (p.epilogue) {
+        case CUBLASLT_EPILOGUE_BIAS: x += bias_in[i]; break;
+        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+          x += bias_in[i];
+          pre[i + j * m] = x;
+          x = gelu_tanh(x);
+          break;
+        case CUBLASLT_EPILOGUE_DGELU:
+          x *= gelu_tanh_derivative(load(aux, p.d.type, i + j * aux_ld));
+          break;
+        default: break;
+      }
+      out[i + j * m] = x;
+    }
+  }
+  std::vector<double> bias_grad;
+  if (p.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+    bias_grad.assign(n, 0.0);
+    for (uint64_t j = 0; j < n; ++j)
+      for (uint64_t q = 0; q < k; ++q) bias_grad[j] += b_cols[j * k + q];
+  }
+  for (uint64_t j = 0; j < n; ++j)
+    for (uint64_t i = 0; i < m; ++i) store(D, p.d.type, i + j * ldd, out[i + j * m]);
+  if (!pre.empty())
+    for (uint64_t j = 0; j < n; ++j)
+      for (uint64_t i = 0; i < m; ++i) store(aux, p.d.type, i + j * aux_ld, pre[i + j * m]);
+  for (uint64_t j = 0; j < bias_grad.size(); ++j) store(bias, p.bias_type, j, bias_grad[j]);
+}
+
+// One buffer the matmul touches: inside one device allocation for its whole extent, aligned to
+// its element. Records the fault and returns false otherwise.
+bool check_buffer(const char* name, const void* ptr, int type, uint64_t rows, uint64_t cols,
+                  uint64_t ld) {
+  uint64_t elements = 0;
+  const bool sized = extent(rows, cols, ld, &elements);
+  uint64_t bytes = 0;
+  const bool fits = sized && !__builtin_mul_overflow(elements, type_bytes(type), &bytes);
+  if (fits && bytes == 0) return true;  // nothing is accessed
+  const std::string what = std::string("cublasLtMatmul: ") + name + " (" +
+                           std::to_string(rows) + " x " + std::to_string(cols) + " " +
+                           type_name(type) + ", ld " + std::to_string(ld) + ": " +
+                           (fits ? std::to_string(bytes) + " bytes" : "an overflowing extent") +
+                           " from " + (ptr ? "" : "null ");
+  char at[32];
+  std::snprintf(at, sizeof(at), "%p", ptr);
+  if (!fits || !emu::device_range(ptr, static_cast<size_t>(bytes))) {
+    emu::fault(what + at + ") does not lie inside one device allocation");
+    return false;
+  }
+  if (reinterpret_cast<uintptr_t>(ptr) % type_bytes(type) != 0) {
+    emu::fault(what + at + ") is misaligned for its element type");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// ---- status names ----------------------------------------------------------------------------
+const char* cublasLtGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char* cublasLtGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid value was used as an argument";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "the GPU program failed to execute (the emulation's fault message is on stderr)";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "an error was detected when checking the license";
+  }
+  return "unknown status";
+}
+
+// ---- handles and descriptors -----------------------------------------------------------------
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
+  *handle = new (std::nothrow) cublasLtContext();
+  return *handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
+                                        cublasComputeType_t compute, cudaDataType_t scale) {
+  if (!desc) return CUBLAS_STATUS_INVALID_VALUE;
+  *desc = new (std::nothrow) cublasLtMatmulDescOpaque_st();
+  if (!*desc) return CUBLAS_STATUS_ALLOC_FAILED;
+  (*desc)->compute = compute;
+  (*desc)->scale = scale;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+// Copies an attribute's value when the caller's size is the attribute's.
+template <typename T>
+cublasStatus_t set_value(T* field, const void* buf, size_t size) {
+  if (size != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(field, buf, sizeof(T));
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // namespace
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size) {
+  if (!desc || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: {
+      int32_t v;
+      const cublasStatus_t s = set_value(&v, buf, size);
+      if (s == CUBLAS_STATUS_SUCCESS) desc->compute = static_cast<cublasComputeType_t>(v);
+      return s;
+    }
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: {
+      int32_t v;
+      const cublasStatus_t s = set_value(&v, buf, size);
+      if (s == CUBLAS_STATUS_SUCCESS) desc->scale = static_cast<cudaDataType_t>(v);
+      return s;
+    }
+    case CUBLASLT_MATMUL_DESC_TRANSA: return set_value(&desc->transa, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return set_value(&desc->transb, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_value(&desc->epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_value(&desc->bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_value(&desc->bias_type, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return set_value(&desc->aux, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return set_value(&desc->aux_ld, buf, size);
+  }
+  complain("cublasLtMatmulDescSetAttribute",
+           "attribute " + std::to_string(static_cast<int>(attr)) + " is not emulated");
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  if (!layout) return CUBLAS_STATUS_INVALID_VALUE;
+  *layout = new (std::nothrow) cublasLtMatrixLayoutOpaque_st{type, rows, cols, ld};
+  return *layout ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
+  *pref = new (std::nothrow) cublasLtMatmulPreferenceOpaque_st();
+  return *pref ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size) {
+  if (!pref || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_SEARCH_MODE: return set_value(&pref->search_mode, buf, size);
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      return set_value(&pref->max_workspace_bytes, buf, size);
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+      return set_value(&pref->reduction_scheme_mask, buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+      return set_value(&pref->min_alignment[0], buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+      return set_value(&pref->min_alignment[1], buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+      return set_value(&pref->min_alignment[2], buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      return set_value(&pref->min_alignment[3], buf, size);
+    case CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT: return set_value(&pref->max_waves_count, buf, size);
+    case CUBLASLT_MATMUL_PREF_IMPL_MASK: return set_value(&pref->impl_mask, buf, size);
+  }
+  complain("cublasLtMatmulPreferenceSetAttribute",
+           "attribute " + std::to_string(static_cast<int>(attr)) + " is not emulated");
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// ---- the heuristic and the matmul ------------------------------------------------------------
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+    cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!returned) return CUBLAS_STATUS_INVALID_VALUE;
+  *returned = 0;
+  if (!pref || requested <= 0 || !results) return CUBLAS_STATUS_INVALID_VALUE;
+  Problem p;
+  std::string why;
+  const cublasStatus_t st = check_problem(op, a, b, c, d, &p, &why);
+  if (st == CUBLAS_STATUS_INVALID_VALUE) complain("cublasLtMatmulAlgoGetHeuristic", why);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  cublasLtMatmulHeuristicResult_t r{};
+  r.algo.data[0] = kAlgoMagic;
+  r.algo.data[1] = static_cast<uint64_t>(p.a.type);
+  r.algo.data[2] = static_cast<uint64_t>(p.d.type);
+  r.algo.data[3] = p.epilogue;
+  r.workspaceSize = 0;
+  r.state = CUBLAS_STATUS_SUCCESS;
+  r.wavesCount = 1.f;
+  results[0] = r;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
+                              const void* alpha, const void* A, cublasLtMatrixLayout_t a_layout,
+                              const void* B, cublasLtMatrixLayout_t b_layout, const void* beta,
+                              const void* C, cublasLtMatrixLayout_t c_layout, void* D,
+                              cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t* algo,
+                              void* /*workspace*/, size_t /*workspace_bytes*/,
+                              cudaStream_t stream) {
+  const char* call = "cublasLtMatmul";
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  Problem p;
+  std::string why;
+  const cublasStatus_t st = check_problem(op, a_layout, b_layout, c_layout, d_layout, &p, &why);
+  if (st == CUBLAS_STATUS_INVALID_VALUE) complain(call, why);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (!alpha || !beta) {
+    complain(call, "null alpha or beta");
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (algo && algo->data[0] != kAlgoMagic) {
+    complain(call, "the algorithm did not come from cublasLtMatmulAlgoGetHeuristic");
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (algo && (algo->data[1] != static_cast<uint64_t>(p.a.type) ||
+               algo->data[2] != static_cast<uint64_t>(p.d.type) || algo->data[3] != p.epilogue))
+    return CUBLAS_STATUS_NOT_SUPPORTED;  // found for other types or another epilogue
+  if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT && refuse_epilogues_at_run()) {
+    complain(call, "epilogue " + std::to_string(p.epilogue) + " refused at run time (m=" +
+                       std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" +
+                       std::to_string(p.k) + ", PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES)");
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (C == D && (p.c.ld != p.d.ld)) {
+    complain(call, "in place (C == D) with C's ld " + std::to_string(p.c.ld) + " and D's " +
+                       std::to_string(p.d.ld));
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const bool uses_bias = has_bias_input(p.epilogue) || p.epilogue == CUBLASLT_EPILOGUE_BGRADB;
+  if ((uses_bias && !op->bias) || (has_aux(p.epilogue) && !op->aux)) {
+    complain(call, "epilogue " + std::to_string(p.epilogue) + " without its " +
+                       (uses_bias && !op->bias ? "BIAS_POINTER" : "EPILOGUE_AUX_POINTER"));
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  float alpha_value, beta_value;
+  std::memcpy(&alpha_value, alpha, sizeof(float));
+  std::memcpy(&beta_value, beta, sizeof(float));
+
+  const auto ld = [](int64_t v) { return static_cast<uint64_t>(v); };
+  const bool ok =
+      check_buffer("matrix A", A, p.a.type, p.a.rows, p.a.cols, ld(p.a.ld)) &&
+      check_buffer("matrix B", B, p.b.type, p.b.rows, p.b.cols, ld(p.b.ld)) &&
+      (beta_value == 0.f || check_buffer("matrix C", C, p.c.type, p.m, p.n, ld(p.c.ld))) &&
+      check_buffer("matrix D", D, p.d.type, p.m, p.n, ld(p.d.ld)) &&
+      (!has_bias_input(p.epilogue) ||
+       check_buffer("bias vector", op->bias, p.bias_type, p.m, 1, p.m)) &&
+      (p.epilogue != CUBLASLT_EPILOGUE_BGRADB ||
+       check_buffer("bias gradient vector", op->bias, p.bias_type, p.n, 1, p.n)) &&
+      (!has_aux(p.epilogue) ||
+       check_buffer("aux matrix", op->aux, p.d.type, p.m, p.n, ld(p.aux_ld)));
+  if (!ok) return CUBLAS_STATUS_EXECUTION_FAILED;
+
+  void* bias = op->bias;
+  void* aux = op->aux;
+  const double alpha_d = alpha_value, beta_d = beta_value;
+  const cudaError_t e = emu::enqueue(stream, call, [p, alpha_d, beta_d, A, B, C, D, bias, aux] {
+    run_matmul(p, alpha_d, beta_d, A, B, C, D, bias, aux);
+  });
+  return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}

@@ -1,0 +1,598 @@
+// The CUDA runtime API of the emulated device (one device, 0): memory, copies, streams, events,
+// launches and errors, with the stream model described in runtime.h.
+//
+// Checks a GPU would not make at the call, but which catch the bugs that fault or corrupt there:
+// every copy and memset must lie inside one device allocation on its device side (the message
+// says by how much it does not), a copy's direction must match its pointers, and a kernel's
+// pointer arguments must be device memory (launch.h). Fresh device memory and dynamic shared
+// memory hold 0xff bytes, a NaN in every float format, as a GPU's hold whatever was there.
+#include "kernels/cuda_emu/runtime.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+struct CUstream_st {
+  struct Work {
+    const char* what;
+    std::function<void()> fn;
+  };
+  bool blocking = true;
+  bool legacy = false;
+  bool destroyed = false;
+  std::deque<Work> queue;
+  uint64_t enqueued = 0;  // work item k (1-based) is the k-th enqueued
+  uint64_t done = 0;      // items run (or dropped after a fault)
+};
+
+struct CUevent_st {
+  unsigned flags = 0;
+  CUstream_st* stream = nullptr;  // of the last record (null: never recorded)
+  uint64_t seq = 0;               // that record's position in the stream
+  bool reached = false;           // the record has run
+  std::chrono::steady_clock::time_point time{};
+};
+
+namespace packbert::emu {
+namespace {
+
+constexpr size_t kDeviceBytes = size_t{16} << 30;  // what cudaMemGetInfo calls the total
+
+enum class Memory { device, pinned };
+struct Allocation {
+  size_t bytes;
+  Memory kind;
+};
+
+struct State {
+  std::recursive_mutex mutex;
+  CUstream_st legacy;
+  std::set<CUstream_st*> streams;  // created, not the legacy one
+  std::vector<std::unique_ptr<CUstream_st>> destroyed;  // events recorded on them may remain
+  std::map<uintptr_t, Allocation> allocations;
+  size_t device_bytes = 0;
+  bool sticky = false;
+  State() { legacy.legacy = true; }
+};
+
+State& state() {
+  static State* s = new State();  // never destroyed: streams may be flushed at exit
+  return *s;
+}
+
+thread_local cudaError_t t_last_error = cudaSuccess;
+
+cudaError_t fail(cudaError_t e) {
+  if (e != cudaSuccess) t_last_error = e;
+  return e;
+}
+
+cudaError_t sticky_or(cudaError_t e) {
+  return fail(state().sticky ? cudaErrorLaunchFailure : e);
+}
+
+void complain(const char* call, const std::string& what) {
+  std::fprintf(stderr, "cuda emulation: %s: %s\n", call, what.c_str());
+}
+
+CUstream_st* resolve(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return &state().legacy;
+  return s;
+}
+
+// The allocation holding [p, p + bytes) (bytes 0: p may be one past the end), or null.
+const std::pair<const uintptr_t, Allocation>* find(const void* p, size_t bytes) {
+  auto& m = state().allocations;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return nullptr;
+  --it;
+  if (a + bytes > it->first + it->second.bytes || (bytes > 0 && a >= it->first + it->second.bytes))
+    return nullptr;
+  return &*it;
+}
+
+std::string describe(const void* p, size_t bytes) {
+  auto& m = state().allocations;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  char buf[160];
+  auto it = m.upper_bound(a);
+  if (it != m.begin()) {
+    --it;
+    if (a < it->first + it->second.bytes + 4096) {
+      std::snprintf(buf, sizeof(buf),
+                    "%zu bytes at offset %zu of a %zu-byte %s allocation (%zu past its end)",
+                    bytes, static_cast<size_t>(a - it->first), it->second.bytes,
+                    it->second.kind == Memory::device ? "device" : "pinned host",
+                    static_cast<size_t>(a + bytes - it->first - it->second.bytes));
+      return buf;
+    }
+  }
+  std::snprintf(buf, sizeof(buf), "%zu bytes at %p, which is not device memory", bytes, p);
+  return buf;
+}
+
+// Whether the byte at p is device (pinned) memory. Not one past the end: host memory can start
+// right there (the sanitizers' allocators pack blocks of one size class with no gap).
+bool is_device(const void* p) {
+  const auto* a = find(p, 1);
+  return a && a->second.kind == Memory::device;
+}
+bool is_pinned(const void* p) {
+  const auto* a = find(p, 1);
+  return a && a->second.kind == Memory::pinned;
+}
+
+void run(CUstream_st::Work& w) {
+  if (state().sticky) return;
+  w.fn();
+}
+
+void flush(CUstream_st* s, uint64_t upto) {
+  while (s->done < upto && !s->queue.empty()) {
+    CUstream_st::Work w = std::move(s->queue.front());
+    s->queue.pop_front();
+    ++s->done;
+    run(w);
+  }
+}
+
+void flush_blocking() {
+  for (CUstream_st* s : state().streams)
+    if (s->blocking) flush(s, s->enqueued);
+}
+
+void flush_all() {
+  for (CUstream_st* s : state().streams) flush(s, s->enqueued);
+}
+
+// The checks of a copy: direction against the pointers, device sides inside an allocation.
+cudaError_t check_copy(const char* call, void* dst, const void* src, size_t n,
+                       cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyDefault)
+    kind = is_device(src) ? (is_device(dst) ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                          : (is_device(dst) ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+  const bool dev_dst = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool dev_src = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (n == 0) return cudaSuccess;
+  if (dev_dst && !find(dst, n)) {
+    complain(call, "destination: " + describe(dst, n));
+    return cudaErrorInvalidValue;
+  }
+  if (dev_src && !find(src, n)) {
+    complain(call, "source: " + describe(src, n));
+    return cudaErrorInvalidValue;
+  }
+  if (!dev_dst && is_device(dst)) {
+    complain(call, "destination is device memory, but the copy's kind says host");
+    return cudaErrorInvalidValue;
+  }
+  if (!dev_src && is_device(src)) {
+    complain(call, "source is device memory, but the copy's kind says host");
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+// ---- runtime.h -------------------------------------------------------------------------------
+cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()> work) {
+  State& st = state();
+  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  if (st.sticky) return cudaErrorLaunchFailure;
+  CUstream_st* s = resolve(stream);
+  if (s->destroyed) return cudaErrorInvalidResourceHandle;
+  if (s->legacy) {  // waits for every blocking stream, then runs
+    flush_blocking();
+    CUstream_st::Work w{what, std::move(work)};
+    run(w);
+    return st.sticky ? cudaErrorLaunchFailure : cudaSuccess;
+  }
+  s->queue.push_back({what, std::move(work)});
+  ++s->enqueued;
+  return cudaSuccess;
+}
+
+bool device_range(const void* p, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
+  return find(p, bytes) != nullptr;
+}
+
+bool device_pointer(const void* p) {
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
+  return find(p, 0) != nullptr;
+}
+
+void fault(const std::string& message) {
+  State& st = state();
+  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  if (st.sticky) return;
+  st.sticky = true;
+  std::fprintf(stderr, "cuda emulation: fault: %s\n", message.c_str());
+}
+
+bool faulted() {
+  std::lock_guard<std::recursive_mutex> lock(state().mutex);
+  return state().sticky;
+}
+
+void set_last_error(cudaError_t e) { fail(e); }
+
+void launch(cudaStream_t stream, Launch l) {
+  const dim3 g = l.grid, b = l.block;
+  const uint64_t threads = uint64_t{b.x} * b.y * b.z;
+  std::string bad;
+  if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024)
+    bad = "block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
+          std::to_string(b.z) + ") outside CUDA's limits (1024 threads, z <= 64)";
+  else if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
+    bad = "grid (" + std::to_string(g.x) + "," + std::to_string(g.y) + "," + std::to_string(g.z) +
+          ") outside CUDA's limits (x < 2^31, y and z <= 65535)";
+  else if (l.shared_bytes > (size_t{48} << 10))
+    bad = std::to_string(l.shared_bytes) +
+          " bytes of dynamic shared memory: above the 48 KiB a launch gets without opting in";
+  if (!bad.empty()) {
+    complain("kernel launch", "'" + l.name + "': " + bad);
+    fail(cudaErrorInvalidConfiguration);
+    return;
+  }
+  auto shared = std::make_shared<Launch>(std::move(l));
+  const cudaError_t e = enqueue(stream, "kernel", [shared] { run_kernel(*shared); });
+  if (e != cudaSuccess) fail(e);
+}
+
+}  // namespace packbert::emu
+
+// ---- the runtime API ---------------------------------------------------------------------------
+using packbert::emu::state;
+using Lock = std::lock_guard<std::recursive_mutex>;
+namespace emu = packbert::emu;
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure (the emulation's fault message is on stderr)";
+    case cudaErrorNotSupported: return "operation not supported";
+    default: return "unknown error";
+  }
+}
+
+cudaError_t cudaGetLastError() {
+  Lock lock(state().mutex);
+  const cudaError_t e = state().sticky ? cudaErrorLaunchFailure : emu::t_last_error;
+  emu::t_last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() {
+  Lock lock(state().mutex);
+  return state().sticky ? cudaErrorLaunchFailure : emu::t_last_error;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? emu::sticky_or(cudaSuccess) : emu::fail(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (device != 0) return emu::fail(cudaErrorInvalidDevice);
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof(p->name), "packbert CUDA emulation (CPU)");
+  p->totalGlobalMem = emu::kDeviceBytes;
+  p->sharedMemPerBlock = size_t{48} << 10;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->multiProcessorCount = 1;
+  p->major = 9;
+  p->minor = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
+  if (device != 0 || len < 13) return emu::fail(cudaErrorInvalidValue);
+  std::snprintf(id, static_cast<size_t>(len), "0000:00:00.0");
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  Lock lock(state().mutex);
+  emu::flush_all();
+  return emu::sticky_or(cudaSuccess);
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  Lock lock(state().mutex);
+  *total = emu::kDeviceBytes;
+  *free = emu::kDeviceBytes - std::min(emu::kDeviceBytes, state().device_bytes);
+  return emu::sticky_or(cudaSuccess);
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  Lock lock(state().mutex);
+  *p = nullptr;
+  if (state().sticky) return emu::sticky_or(cudaSuccess);
+  if (bytes == 0) return cudaSuccess;
+  if (bytes > emu::kDeviceBytes - std::min(emu::kDeviceBytes, state().device_bytes) ||
+      posix_memalign(p, 256, bytes) != 0) {
+    *p = nullptr;
+    return emu::fail(cudaErrorMemoryAllocation);
+  }
+  std::memset(*p, 0xff, bytes);
+  state().allocations[reinterpret_cast<uintptr_t>(*p)] = {bytes, emu::Memory::device};
+  state().device_bytes += bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  Lock lock(state().mutex);
+  if (!p) return emu::sticky_or(cudaSuccess);
+  emu::flush_all();  // cudaFree waits for the device
+  auto it = state().allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == state().allocations.end() || it->second.kind != emu::Memory::device) {
+    emu::complain("cudaFree", emu::describe(p, 0) + ": not the start of a device allocation");
+    return emu::fail(cudaErrorInvalidValue);
+  }
+  state().device_bytes -= it->second.bytes;
+  state().allocations.erase(it);
+  std::free(p);
+  return emu::sticky_or(cudaSuccess);
+}
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  Lock lock(state().mutex);
+  if (posix_memalign(p, 256, bytes == 0 ? 1 : bytes) != 0)
+    return emu::fail(cudaErrorMemoryAllocation);
+  state().allocations[reinterpret_cast<uintptr_t>(*p)] = {bytes, emu::Memory::pinned};
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  Lock lock(state().mutex);
+  if (!p) return cudaSuccess;
+  emu::flush_all();
+  auto it = state().allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == state().allocations.end() || it->second.kind != emu::Memory::pinned)
+    return emu::fail(cudaErrorInvalidValue);
+  state().allocations.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  Lock lock(state().mutex);
+  *a = cudaPointerAttributes{};
+  a->device = 0;
+  if (emu::is_device(p)) {
+    a->type = cudaMemoryTypeDevice;
+    a->devicePointer = const_cast<void*>(p);
+  } else if (emu::is_pinned(p)) {
+    a->type = cudaMemoryTypeHost;
+    a->devicePointer = const_cast<void*>(p);
+    a->hostPointer = const_cast<void*>(p);
+  } else {
+    a->type = cudaMemoryTypeUnregistered;
+    a->device = -2;
+  }
+  return emu::sticky_or(cudaSuccess);
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  Lock lock(state().mutex);
+  if (state().sticky) return emu::sticky_or(cudaSuccess);
+  const cudaError_t e = emu::check_copy("cudaMemcpy", dst, src, n, kind);
+  if (e != cudaSuccess) return emu::fail(e);
+  emu::flush_blocking();  // the legacy default stream
+  if (n) std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  Lock lock(state().mutex);
+  if (state().sticky) return emu::sticky_or(cudaSuccess);
+  const cudaError_t e = emu::check_copy("cudaMemcpyAsync", dst, src, n, kind);
+  if (e != cudaSuccess) return emu::fail(e);
+  if (n == 0) return cudaSuccess;
+  const bool pageable_src = !emu::is_device(src) && !emu::is_pinned(src);
+  const bool pageable_dst = !emu::is_device(dst) && !emu::is_pinned(dst);
+  cudaError_t r;
+  if (pageable_src) {
+    // Staged at the call: the caller may reuse its buffer at once.
+    auto copy = std::make_shared<std::vector<unsigned char>>(
+        static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + n);
+    r = emu::enqueue(stream, "cudaMemcpyAsync", [dst, copy] {
+      std::memcpy(dst, copy->data(), copy->size());
+    });
+  } else {
+    r = emu::enqueue(stream, "cudaMemcpyAsync", [dst, src, n] { std::memmove(dst, src, n); });
+  }
+  if (r == cudaSuccess && pageable_dst) {  // into pageable memory: returns when copied
+    CUstream_st* s = emu::resolve(stream);
+    emu::flush(s, s->enqueued);
+  }
+  return emu::sticky_or(r);
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t n) {
+  Lock lock(state().mutex);
+  if (state().sticky) return emu::sticky_or(cudaSuccess);
+  if (n && !emu::find(p, n)) {
+    emu::complain("cudaMemset", emu::describe(p, n));
+    return emu::fail(cudaErrorInvalidValue);
+  }
+  emu::flush_blocking();
+  if (n) std::memset(p, value, n);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
+  Lock lock(state().mutex);
+  if (state().sticky) return emu::sticky_or(cudaSuccess);
+  if (n && !emu::find(p, n)) {
+    emu::complain("cudaMemsetAsync", emu::describe(p, n));
+    return emu::fail(cudaErrorInvalidValue);
+  }
+  if (n == 0) return cudaSuccess;
+  return emu::sticky_or(
+      emu::enqueue(stream, "cudaMemsetAsync", [p, value, n] { std::memset(p, value, n); }));
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  Lock lock(state().mutex);
+  auto* s = new CUstream_st();
+  s->blocking = (flags & cudaStreamNonBlocking) == 0;
+  state().streams.insert(s);
+  *stream = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned flags, int) {
+  return cudaStreamCreateWithFlags(stream, flags);
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least) *least = 0;
+  if (greatest) *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  Lock lock(state().mutex);
+  CUstream_st* s = emu::resolve(stream);
+  if (s->legacy || !state().streams.count(s)) return emu::fail(cudaErrorInvalidResourceHandle);
+  emu::flush(s, s->enqueued);  // its work completes, as CUDA lets it
+  state().streams.erase(s);
+  s->destroyed = true;  // kept: events recorded on it still refer to it
+  s->queue = {};
+  state().destroyed.emplace_back(s);
+  return emu::sticky_or(cudaSuccess);
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  Lock lock(state().mutex);
+  CUstream_st* s = emu::resolve(stream);
+  if (s->destroyed) return emu::fail(cudaErrorInvalidResourceHandle);
+  if (s->legacy)
+    emu::flush_blocking();
+  else
+    emu::flush(s, s->enqueued);
+  return emu::sticky_or(cudaSuccess);
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  Lock lock(state().mutex);
+  if (!event) return emu::fail(cudaErrorInvalidResourceHandle);
+  if (!event->stream) return emu::sticky_or(cudaSuccess);  // never recorded: nothing to wait for
+  CUstream_st* on = event->stream;
+  const uint64_t seq = event->seq;
+  return emu::sticky_or(
+      emu::enqueue(stream, "cudaStreamWaitEvent", [on, seq] { emu::flush(on, seq); }));
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
+  return emu::sticky_or(emu::enqueue(stream, "cudaLaunchHostFunc", [fn, data] { fn(data); }));
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+  auto* e = new CUevent_st();
+  e->flags = flags;
+  *event = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  Lock lock(state().mutex);
+  if (!event) return emu::fail(cudaErrorInvalidResourceHandle);
+  if (event->stream) emu::flush(event->stream, event->seq);  // a pending record still writes it
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  Lock lock(state().mutex);
+  if (!event) return emu::fail(cudaErrorInvalidResourceHandle);
+  CUstream_st* s = emu::resolve(stream);
+  event->reached = false;
+  event->stream = s;
+  event->seq = s->legacy ? 0 : s->enqueued + 1;
+  return emu::sticky_or(emu::enqueue(stream, "cudaEventRecord", [event] {
+    event->reached = true;
+    event->time = std::chrono::steady_clock::now();
+  }));
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  Lock lock(state().mutex);
+  if (!event) return emu::fail(cudaErrorInvalidResourceHandle);
+  if (event->stream && !event->stream->legacy) emu::flush(event->stream, event->seq);
+  return emu::sticky_or(cudaSuccess);
+}
+
+// Runs the work up to the event, then reports it complete: the emulation has no concurrency
+// to observe, and a caller polling for completion must make progress.
+cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  Lock lock(state().mutex);
+  if (!start || !end || (start->flags & cudaEventDisableTiming) ||
+      (end->flags & cudaEventDisableTiming))
+    return emu::fail(cudaErrorInvalidResourceHandle);
+  if (!start->reached || !end->reached) return emu::fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return emu::sticky_or(cudaSuccess);
+}
