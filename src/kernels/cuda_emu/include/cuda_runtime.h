@@ -2,7 +2,7 @@
 // runtime API packbert calls, with CUDA's names, types, error codes and semantics, and the
 // device-side language (qualifiers, built-in variables, barriers, warp shuffles, atomics) for
 // kernels compiled by the host compiler. The implementation is kernels/cuda_emu/*.cpp; what it
-// models and what it cannot tell is in README.md ("What runs where").
+// models and what it cannot tell is in docs/testing.md ("What runs where").
 #pragma once
 
 #include <cmath>
