@@ -120,29 +120,6 @@ TEST(CudaPrecision, LambWritesTheRoundedCopy) {
   cuda_free(low);
 }
 
-// expect_grads_close with the NSP bias measured against max(its norm, the noise floor of a
-// random-sign mean of gs terms of size 0.5): it is a cancelling sum whose relative error is
-// unbounded in a balanced batch (the derivation is in tests/model/test_model_precision.cpp).
-void expect_lowp_grads_close(const ParamTable& table, const std::vector<float>& got,
-                             const std::vector<float>& want, double tol, const std::string& what,
-                             int64_t gs, bool print_all = false) {
-  const ParamTensor& b = table.at("cls.seq_relationship.bias");
-  std::vector<float> g = got;
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < b.size; ++i) {
-    const auto j = static_cast<size_t>(b.offset + i);
-    num += (static_cast<double>(got[j]) - want[j]) * (static_cast<double>(got[j]) - want[j]);
-    den += static_cast<double>(want[j]) * want[j];
-    g[j] = want[j];
-  }
-  expect_grads_close(table, g, want, tol, what, print_all);
-  const double floor = 0.5 * std::sqrt(2.0 / static_cast<double>(gs));
-  const double e = std::isnan(num) ? 1e30 : std::sqrt(num) / std::max(std::sqrt(den), floor);
-  std::printf("[model-error] %s: cls.seq_relationship.bias (floor %.2e) %.2e\n", what.c_str(),
-              floor, e);
-  EXPECT_LE(e, tol) << what << ": cls.seq_relationship.bias";
-}
-
 StepOutput run_cuda_step(Backend& gpu, HostModel& m, const Batch& batch, int64_t gm, int64_t gs,
                          uint32_t step, uint64_t seed, Precision p) {
   const int64_t total = m.table.total();
@@ -192,19 +169,19 @@ TEST(CudaPrecision, TinyBertBf16MatchesCpuEmulation) {
                 got.result.loss, want.result.loss, loss_err);
     ASSERT_TRUE(std::isfinite(got.result.loss));
     EXPECT_LE(loss_err, kLossTol) << what;
-    expect_lowp_grads_close(m.table, got.grads, want.grads, kGradTol, what, gs, true);
+    expect_grads_close(m.table, got.grads, want.grads, kGradTol, what, GradCompare{gs, true});
     if (layout == BatchLayout::unpadded) {
       unpadded_gpu = got;
       // And against the fp32 reference.
       const StepOutput fp32 = run_step(*cpu, m, {batch}, gm, gs, step, seed);
-      expect_lowp_grads_close(m.table, got.grads, fp32.grads, kGradTol, "cuda bf16 vs cpu fp32",
-                              gs);
+      expect_grads_close(m.table, got.grads, fp32.grads, kGradTol, "cuda bf16 vs cpu fp32",
+                         GradCompare{gs});
     } else {
       const double e = std::abs(got.result.loss - unpadded_gpu.result.loss) /
                        std::abs(unpadded_gpu.result.loss);
       EXPECT_LE(e, kLossTol);
-      expect_lowp_grads_close(m.table, got.grads, unpadded_gpu.grads, kGradTol,
-                              "cuda bf16 padded vs unpadded", gs);
+      expect_grads_close(m.table, got.grads, unpadded_gpu.grads, kGradTol,
+                         "cuda bf16 padded vs unpadded", GradCompare{gs});
     }
   }
 }

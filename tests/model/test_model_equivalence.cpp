@@ -13,15 +13,24 @@ namespace {
 
 constexpr int kMaxSeqLen = 64;
 
-// Layouts: DESIGN.md's 1e-5 for layout equivalence on CPU fp32 (measured worst ~5e-7).
+// Layouts: DESIGN.md's 1e-5 for layout equivalence on CPU fp32 (measured worst 1.4e-6 over 84
+// seeds, a pooler bias).
 constexpr double kLayoutTol = 1e-5;
 // Splits: the same rows, summed in other groups (fp32 partial sums added by += or by the
-// all-reduce) and GEMMs of other row counts. Measured worst 7.2e-7 over 22 seeds, always
-// cls.seq_relationship.weight: its two rows are sums over sequences of +-(p - y) * pooled, and
-// at init every [CLS] pools to nearly the same vector, so the sum cancels to ~1/10 of its
-// terms and their fp32 rounding shows at ~1e-6 of the result. 2e-6 (not 1e-6) keeps the test
-// from failing on that cancellation; every other tensor stays below 5e-7.
+// all-reduce) and GEMMs of other row counts. Every tensor but the sums that cancel at init
+// (cancels_at_init) stays below 5.2e-7; those show the rounding at up to 8.7e-7 of their own
+// norm (84 seeds, cls.seq_relationship.weight: its two rows are sums over sequences of
+// +-(p - y) * pooled, and at init every [CLS] pools to nearly the same vector, so the sum
+// cancels to ~1/10 of its terms). 2e-6 for the rest, DESIGN.md's 1e-5 for those.
 constexpr double kSplitTol = 2e-6;
+constexpr double kCancellingTol = 1e-5;
+
+GradCompare split_compare(int64_t gs, double cancelling_tol = kCancellingTol) {
+  GradCompare c;
+  c.global_samples = gs;
+  c.cancelling_tol = cancelling_tol;
+  return c;
+}
 
 // A global batch with mixed lengths (odd ones, a minimal one, a full one) for the tiny model.
 std::vector<Sample> global_batch(std::mt19937_64& rng, int n, int64_t vocab) {
@@ -79,7 +88,7 @@ TEST(ModelEquivalence, LayoutsGiveTheSameLossAndGradients) {
     EXPECT_EQ(got.result.mlm_correct, want.result.mlm_correct) << name;
     EXPECT_EQ(got.result.nsp_correct, want.result.nsp_correct) << name;
     expect_grads_close(m.table, got.grads, want.grads, kLayoutTol,
-                       std::string(name) + " vs unpadded");
+                       std::string(name) + " vs unpadded", GradCompare{gs});
   }
 }
 
@@ -111,7 +120,7 @@ TEST(ModelEquivalence, MicroStepsAndRanksAddUpToTheGlobalBatch) {
     std::printf("[model-error] %s: loss %.2e\n", what.c_str(),
                 rel(micro.result.loss, whole.result.loss));
     EXPECT_LE(rel(micro.result.loss, whole.result.loss), kSplitTol);
-    expect_grads_close(m.table, micro.grads, whole.grads, kSplitTol, what);
+    expect_grads_close(m.table, micro.grads, whole.grads, kSplitTol, what, split_compare(gs));
 
     // Ranks: a gradient buffer each, then the all-reduce's plain fp32 sum.
     std::vector<float> sum(whole.grads.size(), 0.f);
@@ -122,7 +131,8 @@ TEST(ModelEquivalence, MicroStepsAndRanksAddUpToTheGlobalBatch) {
       loss += r.result.loss;
     }
     EXPECT_LE(rel(loss, whole.result.loss), kSplitTol);
-    expect_grads_close(m.table, sum, whole.grads, kSplitTol, std::to_string(parts) + " ranks");
+    expect_grads_close(m.table, sum, whole.grads, kSplitTol, std::to_string(parts) + " ranks",
+                       split_compare(gs));
   }
 }
 
@@ -140,13 +150,15 @@ TEST(ModelEquivalence, ChunkedMlmDecoderMatchesOneShot) {
   const StepOutput got = run_step(*be, m, {b}, gm, gs, 7, 11, chunked);
   // The decoder's input gradient is a sum over the 30528 vocabulary rows, and sgemm orders it
   // by the row count of the call (a one-row chunk takes OpenBLAS's gemv-like path): fp32
-  // rounding of such sums differs by ~1e-6 relative (measured up to 2.8e-6 for one-row chunks
-  // on every tensor upstream), which kSplitTol (2e-6) does not cover. A wrong chunk offset or
-  // a missed chunk gives errors of order 1.
+  // rounding of such sums differs by ~1e-6 relative (measured up to 3.9e-6 over 84 seeds on
+  // tensors upstream), which kSplitTol (2e-6) does not cover; the sums that cancel at init
+  // carry it at up to 7.3e-6 of their own norm (a query bias). A wrong chunk offset or a missed
+  // chunk gives errors of order 1.
   constexpr double kDecoderChunkTol = 1e-5;
   EXPECT_LE(rel(got.result.loss, whole.result.loss), kSplitTol);
   expect_grads_close(m.table, got.grads, whole.grads, kDecoderChunkTol,
-                     "MLM chunk " + std::to_string(chunked.mlm_chunk_rows) + " vs all");
+                     "MLM chunk " + std::to_string(chunked.mlm_chunk_rows) + " vs all",
+                     split_compare(gs, 5 * kDecoderChunkTol));
 }
 
 }  // namespace

@@ -18,51 +18,33 @@ constexpr int kMaxSeqLen = 64;
 // MST and recomputation run the same ops on the same rows; what differs is fp32 rounding: the
 // MLP weight gradients add per-chunk partial sums, the MLM decoder's too (M chunks of masked
 // tokens), and GEMMs of other row counts may round a dx element differently (OpenBLAS picks
-// kernels by shape), which the backward carries down. Two bars:
+// kernels by shape), which the backward carries down. The bars:
 // - the whole gradient (every tensor as one vector) and the loss: rel L2 <= 1e-6 (measured
-//   <= 4.6e-7 over 10 seeds, M = 8; the loss is mostly bitwise equal);
-// - each tensor: rel L2 <= 2e-6, DESIGN.md's split tolerance (test_model_equivalence's
-//   kSplitTol): gradients that are sums which cancel at init (attention Q/K weights, NSP
-//   classifier) show the rounding at up to 9.1e-7 of their own norm (40 seeds; 2048-token
-//   sequences: 8.4e-7), every other tensor stays below 5e-7.
+//   worst 5.6e-7 and 1.5e-7 over 240 seeds; the loss is mostly bitwise equal);
+// - each tensor: rel L2 <= 2e-6 (the worst seen over ~390 seeds: 9.3e-7, a value weight),
+//   except the sums that cancel at init (cancels_at_init: attention Q/K weights, the NSP
+//   head), where the same roundings show at up to 1.3e-6 of their own small norm (a key weight;
+//   a pooler bias 1.1e-6): DESIGN.md's equivalence tolerance, 1e-5, for those. The NSP bias is
+//   measured against its noise floor (nsp_bias_error: 2.4e-6 of its own norm in one balanced
+//   batch), the query bias against its layer's QKV bias (below).
 constexpr double kTol = 1e-6;
 constexpr double kTensorTol = 2e-6;
+constexpr double kCancellingTol = 1e-5;
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Every gradient tensor within rel L2 kTensorTol of the reference, except two whose gradient is a
-// sum that cancels (measured against the norm of their layer's whole Q|K|V bias gradient
-// instead): the key bias, whose true gradient is exactly zero (model_test_util.h), and the
-// query bias, sum over all rows of dq, where the row-wise softmax-gradient terms largely
-// cancel -- an ulp of change in a chunked GEMM's dx (OpenBLAS picks kernels by shape) shows
-// there at up to ~3e-6 of its own small norm while it is < 1e-7 of the Q|K|V bias gradient.
+// Every gradient tensor within its bar, the query bias against its layer's QKV bias: it is the
+// sum over all rows of dq, where the row-wise softmax-gradient terms largely cancel -- an ulp of
+// change in a chunked GEMM's dx shows there at up to ~3e-6 of its own small norm while it is
+// < 1e-7 of the Q|K|V bias gradient. And the whole gradient within kTol.
 void expect_grads_equal(const ParamTable& table, const std::vector<float>& got,
-                        const std::vector<float>& want, const std::string& what) {
-  std::pair<double, std::string> worst{0.0, ""};
-  for (const ParamTensor& t : table.tensors()) {
-    const float* a = got.data() + t.offset;
-    const float* b = want.data() + t.offset;
-    double e;
-    const bool q = ends_with(t.name, "attention.self.query.bias");
-    if (q || ends_with(t.name, "attention.self.key.bias")) {
-      const std::string layer = t.name.substr(0, t.name.rfind("attention.self."));
-      const ParamTensor& qb = table.at(layer + "attention.self.query.bias");
-      std::vector<float> diff(static_cast<size_t>(t.size));
-      for (int64_t i = 0; i < t.size; ++i) diff[i] = a[i] - b[i];
-      e = l2(diff.data(), t.size) / l2(want.data() + qb.offset, 3 * t.size);
-    } else {
-      e = rel_l2(a, b, t.size);
-    }
-    EXPECT_LE(e, kTensorTol) << what << ": " << t.name;
-    if (!(e <= worst.first)) worst = {e, t.name};
-  }
+                        const std::vector<float>& want, int64_t gs, const std::string& what) {
+  GradCompare c;
+  c.global_samples = gs;
+  c.cancelling_tol = kCancellingTol;
+  c.query_bias_by_qkv = true;
+  expect_grads_close(table, got, want, kTensorTol, what, c);
   const double all = rel_l2(got.data(), want.data(), static_cast<int64_t>(want.size()));
   EXPECT_LE(all, kTol) << what << ": the whole gradient";
-  std::printf("[model-error] %s: whole gradient %.2e, worst tensor %s %.2e\n", what.c_str(), all,
-              worst.second.c_str(), worst.first);
+  std::printf("[model-error] %s: whole gradient %.2e\n", what.c_str(), all);
 }
 
 std::vector<Sample> batch_samples(std::mt19937_64& rng, int n, int64_t vocab,
@@ -87,14 +69,14 @@ std::string name_of(int64_t m, Recompute r) {
   return "M=" + std::to_string(m) + " recompute=" + recompute_name(r);
 }
 
-void expect_same(const HostModel& m, const StepOutput& got, const StepOutput& want,
+void expect_same(const HostModel& m, const StepOutput& got, const StepOutput& want, int64_t gs,
                  const std::string& what) {
   const double loss_err = rel(got.result.loss, want.result.loss);
   std::printf("[model-error] %s: loss %.2e\n", what.c_str(), loss_err);
   EXPECT_LE(loss_err, kTol) << what;
   EXPECT_EQ(got.result.mlm_correct, want.result.mlm_correct) << what;
   EXPECT_EQ(got.result.nsp_correct, want.result.nsp_correct) << what;
-  expect_grads_equal(m.table, got.grads, want.grads, what);
+  expect_grads_equal(m.table, got.grads, want.grads, gs, what);
 }
 
 TEST(ModelMst, ChunksAndRecomputeGiveTheSameLossAndGradients) {
@@ -112,7 +94,7 @@ TEST(ModelMst, ChunksAndRecomputeGiveTheSameLossAndGradients) {
     for (Recompute r : {Recompute::none, Recompute::mlp, Recompute::layer}) {
       if (chunks == 1 && r == Recompute::none) continue;  // the reference itself
       const StepOutput got = run_step(*be, m, {b}, gm, gs, step, seed, mst(chunks, r));
-      expect_same(m, got, want, name_of(chunks, r));
+      expect_same(m, got, want, gs, name_of(chunks, r));
     }
 }
 
@@ -129,7 +111,7 @@ TEST(ModelMst, EveryLayoutMatchesItsUnchunkedRun) {
     const StepOutput want = run_step(*be, m, {b}, gm, gs, step, seed);
     for (Recompute r : {Recompute::none, Recompute::mlp, Recompute::layer}) {
       const StepOutput got = run_step(*be, m, {b}, gm, gs, step, seed, mst(3, r));
-      expect_same(m, got, want,
+      expect_same(m, got, want, gs,
                   std::string(batch_layout_name(layout)) + " " + name_of(3, r));
     }
   }
@@ -154,7 +136,7 @@ TEST(ModelMst, MicroStepsWithAnEmptyBatchAndAnExplicitMlmChunk) {
   const StepOutput want = run_step(*be, m, batches, gm, gs, 5, 9, plain);
   BertOptions o = mst(4, Recompute::layer);
   o.mlm_chunk_rows = 3;  // the explicit key wins over ceil(masked / M)
-  expect_same(m, run_step(*be, m, batches, gm, gs, 5, 9, o), want, "micro-steps M=4 layer");
+  expect_same(m, run_step(*be, m, batches, gm, gs, 5, 9, o), want, gs, "micro-steps M=4 layer");
 
   std::vector<float> grads(m.params.size());
   Bert bert(m.config, *be, m.params_view(), view(grads.data(), {m.table.total()}), o);
@@ -257,7 +239,7 @@ TEST(ModelMst, LongSequencesRunWithLayerRecompute) {
   const Batch b = make_batch(samples, BatchLayout::unpadded, 2048);
   const StepOutput want = run_step(*be, m, {b}, gm, gs, 3, 4);
   ASSERT_TRUE(std::isfinite(want.result.loss));
-  expect_same(m, run_step(*be, m, {b}, gm, gs, 3, 4, mst(8, Recompute::layer)), want,
+  expect_same(m, run_step(*be, m, {b}, gm, gs, 3, 4, mst(8, Recompute::layer)), want, gs,
               "2048 tokens M=8 layer");
 }
 

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "kernels/common/lowp_convert.h"
@@ -35,7 +34,7 @@ constexpr int kMaxSeqLen = 64;
 // difference of nearly equal pooled [CLS] vectors (see test_model_equivalence.cpp, ~10x), as is
 // the key bias's pure-noise gradient (measured against its layer's QKV bias norm). So the
 // bound per tensor is about 4x the path estimate: 3e-2 for bf16, 5e-3 for f16. Measured
-// worst over 60 seeds: bf16 1.4e-2, f16 with loss scaling 1.9e-3, both on a query bias (the
+// worst over 300 seeds: bf16 1.5e-2, f16 with loss scaling 2.1e-3, both on a query bias (the
 // attention gradients come last in the chain); see the [model-error] lines. A real bug (a
 // wrong rounding, a dtype read as another, a lost accumulation) gives errors of order 1e-1 and
 // above. The loss is a sum over many tokens whose roundings average out: measured worst
@@ -45,13 +44,29 @@ double grad_tol(Precision p) { return p == Precision::bf16 ? 3e-2 : 5e-3; }
 // Inside one precision, layouts and MST chunkings store the same values: every stored
 // activation is a function of its own row (or sequence, for attention), computed by the same
 // ops, so the bf16 / f16 roundings are identical; only the fp32 sums over rows (weight
-// gradients, GEMMs of other row counts) differ in order, as in fp32 (measured worst 8.6e-5
-// over 60 seeds, mostly below 1e-6).
+// gradients, GEMMs of other row counts) differ in order, as in fp32 (mostly below 1e-6; the
+// worst tensor outside the cancelling ones below reached 1.5e-4 over 300 seeds).
 // 1e-3 leaves room for a rare flipped rounding while staying far below a single per-value
 // rounding of bf16 (4e-3): a layout-dependent storage bug shows. fp16 needs its loss scale
 // here too: unscaled, the key weight's gradient is a cancelling sum of values near f16's
 // subnormal floor, and its fp32 sum order alone moved it by 1.6e-3 in one seed.
 constexpr double kSamePrecisionTol = 1e-3;
+// Except for the gradients that are cancelling sums at initialisation (cancels_at_init): measured
+// up to 3.0e-4 over 300 seeds (a bf16 query bias), but one flipped rounding of a stored bf16
+// value is a 4e-3 change of that value, which such a sum can show at its own scale: they are
+// held to 6e-3, one flip with room. The NSP bias, the other cancelling sum, is measured against
+// its noise floor (nsp_bias_error) and held to kSamePrecisionTol with the rest.
+constexpr double kCancellingTol = 6e-3;
+
+// Same-precision comparison (two layouts, or MST against none).
+void expect_same_precision_grads_close(const ParamTable& table, const std::vector<float>& got,
+                                       const std::vector<float>& want, int64_t gs,
+                                       const std::string& what) {
+  GradCompare c;
+  c.global_samples = gs;
+  c.cancelling_tol = kCancellingTol;
+  expect_grads_close(table, got, want, kSamePrecisionTol, what, c);
+}
 
 std::vector<Sample> global_batch(std::mt19937_64& rng, int n, int64_t vocab) {
   std::vector<int> lengths = {5, kMaxSeqLen, 33};
@@ -62,40 +77,6 @@ std::vector<Sample> global_batch(std::mt19937_64& rng, int n, int64_t vocab) {
 }
 
 double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
-
-// expect_grads_close for a low-precision gradient against the fp32 one, with one tensor
-// measured differently: the NSP bias gradient is the mean over the gs sequences of
-// (softmax - onehot), two numbers that are a sum of terms of size ~0.5 / gs with random signs,
-// which can cancel to far below the terms (a balanced batch). Rounding errors of the terms do
-// not cancel, so its relative error is unbounded there (measured 1.3e-2 in fp16 for one seed
-// in ~100). It is measured against max(its norm, the norm such a random-sign sum has,
-// 0.5 sqrt(2 / gs)) instead: the same bound where it does not cancel, the noise floor where it
-// does. (test_model_equivalence.cpp treats the key bias, whose true gradient is 0, likewise.)
-std::pair<double, std::string> expect_lowp_grads_close(const ParamTable& table,
-                                                       const std::vector<float>& got,
-                                                       const std::vector<float>& want,
-                                                       double tol, const std::string& what,
-                                                       int64_t gs) {
-  const ParamTensor& nsp_bias = table.at("cls.seq_relationship.bias");
-  std::vector<float> g = got;
-  for (int64_t i = 0; i < nsp_bias.size; ++i)
-    g[static_cast<size_t>(nsp_bias.offset + i)] = want[static_cast<size_t>(nsp_bias.offset + i)];
-  auto worst = expect_grads_close(table, g, want, tol, what);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < nsp_bias.size; ++i) {
-    const auto j = static_cast<size_t>(nsp_bias.offset + i);
-    num += (static_cast<double>(got[j]) - want[j]) * (static_cast<double>(got[j]) - want[j]);
-    den += static_cast<double>(want[j]) * want[j];
-  }
-  const double floor = 0.5 * std::sqrt(2.0 / static_cast<double>(gs));
-  const double e = std::isnan(num) ? std::numeric_limits<double>::infinity()
-                                   : std::sqrt(num) / std::max(std::sqrt(den), floor);
-  std::printf("[model-error] %s: cls.seq_relationship.bias (floor %.2e) %.2e\n", what.c_str(),
-              floor, e);
-  EXPECT_LE(e, tol) << what << ": cls.seq_relationship.bias";
-  if (e > worst.first) worst = {e, nsp_bias.name};
-  return worst;
-}
 
 BertOptions with(Precision p, int64_t mst = 1, Recompute r = Recompute::none) {
   BertOptions o;
@@ -178,7 +159,7 @@ TEST_P(PrecisionVsFp32, LossAndEveryGradient) {
   const StepOutput got = c.run_scaled(*be, b, with(p), scale_for(p));
   const std::string what = std::string(precision_name(p)) + " vs fp32";
   expect_loss_close(got, want, kLossTol, what);
-  expect_lowp_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what, c.gs);
+  expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what, GradCompare{c.gs});
   // The emulation is deterministic: the same step again gives the same bits.
   const StepOutput again = c.run_scaled(*be, b, with(p), scale_for(p));
   EXPECT_EQ(again.result.loss, got.result.loss);
@@ -196,7 +177,7 @@ TEST_P(PrecisionVsFp32, LayoutsAgreeWithinThePrecision) {
     const std::string what = std::string(precision_name(p)) + " " + batch_layout_name(l) +
                              " vs unpadded";
     expect_loss_close(got, want, kSamePrecisionTol, what);
-    expect_grads_close(c.model.table, got.grads, want.grads, kSamePrecisionTol, what);
+    expect_same_precision_grads_close(c.model.table, got.grads, want.grads, c.gs, what);
   }
 }
 
@@ -214,7 +195,7 @@ TEST_P(PrecisionVsFp32, MstChunksAndRecomputationAgreeWithinThePrecision) {
     const std::string what = std::string(precision_name(p)) + " M=" + std::to_string(m) +
                              " recompute " + recompute_name(r) + " vs M=1";
     expect_loss_close(got, want, kSamePrecisionTol, what);
-    expect_grads_close(c.model.table, got.grads, want.grads, kSamePrecisionTol, what);
+    expect_same_precision_grads_close(c.model.table, got.grads, want.grads, c.gs, what);
   }
 }
 
@@ -299,12 +280,13 @@ TEST(ModelPrecision, ScaledFp16StepEqualsTheUnscaledOne) {
   EXPECT_EQ(s16k.result.loss, plain.result.loss);
   const double tol = grad_tol(Precision::fp16);
   expect_loss_close(s1k, fp32, kLossTol, "fp16 scaled 2^10 vs fp32");
-  const double e1k = expect_lowp_grads_close(c.model.table, s1k.grads, fp32.grads, tol,
-                                             "fp16 scaled 2^10 vs fp32", c.gs).first;
-  expect_lowp_grads_close(c.model.table, s16k.grads, fp32.grads, tol, "fp16 scaled 2^14 vs fp32",
-                          c.gs);
-  expect_lowp_grads_close(c.model.table, s16k.grads, s1k.grads, tol, "fp16 scaled 2^14 vs 2^10",
-                          c.gs);
+  const GradCompare nsp_floor{c.gs};
+  const double e1k = expect_grads_close(c.model.table, s1k.grads, fp32.grads, tol,
+                                        "fp16 scaled 2^10 vs fp32", nsp_floor).first;
+  expect_grads_close(c.model.table, s16k.grads, fp32.grads, tol, "fp16 scaled 2^14 vs fp32",
+                     nsp_floor);
+  expect_grads_close(c.model.table, s16k.grads, s1k.grads, tol, "fp16 scaled 2^14 vs 2^10",
+                     nsp_floor);
   double e_plain = 0;
   for (const ParamTensor& t : c.model.table.tensors())
     if (!is_key_bias(t.name) && t.name != "cls.seq_relationship.bias")
