@@ -18,18 +18,24 @@ constexpr int kMaxSeqLen = 64;
 // MST and recomputation run the same ops on the same rows; what differs is fp32 rounding: the
 // MLP weight gradients add per-chunk partial sums, the MLM decoder's too (M chunks of masked
 // tokens), and GEMMs of other row counts may round a dx element differently (OpenBLAS picks
-// kernels by shape), which the backward carries down. The bars:
-// - the whole gradient (every tensor as one vector) and the loss: rel L2 <= 1e-6 (measured
-//   worst 5.6e-7 and 1.5e-7 over 240 seeds; the loss is mostly bitwise equal);
-// - each tensor: rel L2 <= 2e-6 (the worst seen over ~390 seeds: 9.3e-7, a value weight),
-//   except the sums that cancel at init (cancels_at_init: attention Q/K weights, the NSP
-//   head), where the same roundings show at up to 1.3e-6 of their own small norm (a key weight;
-//   a pooler bias 1.1e-6): DESIGN.md's equivalence tolerance, 1e-5, for those. The NSP bias is
-//   measured against its noise floor (nsp_bias_error: 2.4e-6 of its own norm in one balanced
-//   batch), the query bias against its layer's QKV bias (below).
-constexpr double kTol = 1e-6;
-constexpr double kTensorTol = 2e-6;
-constexpr double kCancellingTol = 1e-5;
+// kernels by shape), which the backward carries down. The decoder's dx is a sum over the
+// 30528 vocabulary rows: a chunk of another row count (a one-row remainder takes OpenBLAS's
+// gemv-like path) moves it by ~1e-6 relative, and every tensor upstream with it, as in
+// test_model_equivalence's ChunkedMlmDecoderMatchesOneShot. The bars:
+// - the loss: rel 1e-6 (measured worst 1.5e-7 over ~480 seeds; mostly bitwise equal);
+// - the whole gradient (every tensor as one vector) and each tensor: rel L2 1e-5, DESIGN.md's
+//   equivalence tolerance. Most seeds stay below 1.5e-6 on every tensor (the worst over ~480:
+//   9.3e-7 for 64-token sequences); 4 of 233 with 2048-token sequences reached 4.5e-6 on one
+//   tensor and 3.2e-6 on the whole gradient, all upstream of the decoder together;
+// - the sums that cancel at init (cancels_at_init: attention Q/K weights, the NSP head) show
+//   the same roundings at up to 3.7e-6 of their own small norm (a key weight): 5e-5. The NSP
+//   bias is measured against its noise floor (nsp_bias_error: it reached 2.4e-6 of its own norm
+//   in a balanced batch), the query bias against its layer's QKV bias (below).
+// Bugs land far above: the FFN-output dropout mask of layer l + 1 used in layer l's backward
+// under layer recompute gives 3.7e-2 on the whole gradient (tried).
+constexpr double kLossTol = 1e-6;
+constexpr double kTol = 1e-5;
+constexpr double kCancellingTol = 5e-5;
 
 // Every gradient tensor within its bar, the query bias against its layer's QKV bias: it is the
 // sum over all rows of dq, where the row-wise softmax-gradient terms largely cancel -- an ulp of
@@ -41,7 +47,7 @@ void expect_grads_equal(const ParamTable& table, const std::vector<float>& got,
   c.global_samples = gs;
   c.cancelling_tol = kCancellingTol;
   c.query_bias_by_qkv = true;
-  expect_grads_close(table, got, want, kTensorTol, what, c);
+  expect_grads_close(table, got, want, kTol, what, c);
   const double all = rel_l2(got.data(), want.data(), static_cast<int64_t>(want.size()));
   EXPECT_LE(all, kTol) << what << ": the whole gradient";
   std::printf("[model-error] %s: whole gradient %.2e\n", what.c_str(), all);
@@ -73,7 +79,7 @@ void expect_same(const HostModel& m, const StepOutput& got, const StepOutput& wa
                  const std::string& what) {
   const double loss_err = rel(got.result.loss, want.result.loss);
   std::printf("[model-error] %s: loss %.2e\n", what.c_str(), loss_err);
-  EXPECT_LE(loss_err, kTol) << what;
+  EXPECT_LE(loss_err, kLossTol) << what;
   EXPECT_EQ(got.result.mlm_correct, want.result.mlm_correct) << what;
   EXPECT_EQ(got.result.nsp_correct, want.result.nsp_correct) << what;
   expect_grads_equal(m.table, got.grads, want.grads, gs, what);
