@@ -58,16 +58,6 @@ constexpr double kSamePrecisionTol = 1e-3;
 // its noise floor (nsp_bias_error) and held to kSamePrecisionTol with the rest.
 constexpr double kCancellingTol = 6e-3;
 
-// Same-precision comparison (two layouts, or MST against none).
-void expect_same_precision_grads_close(const ParamTable& table, const std::vector<float>& got,
-                                       const std::vector<float>& want, int64_t gs,
-                                       const std::string& what) {
-  GradCompare c;
-  c.global_samples = gs;
-  c.cancelling_tol = kCancellingTol;
-  expect_grads_close(table, got, want, kSamePrecisionTol, what, c);
-}
-
 std::vector<Sample> global_batch(std::mt19937_64& rng, int n, int64_t vocab) {
   std::vector<int> lengths = {5, kMaxSeqLen, 33};
   while (static_cast<int>(lengths.size()) < n)
@@ -159,7 +149,8 @@ TEST_P(PrecisionVsFp32, LossAndEveryGradient) {
   const StepOutput got = c.run_scaled(*be, b, with(p), scale_for(p));
   const std::string what = std::string(precision_name(p)) + " vs fp32";
   expect_loss_close(got, want, kLossTol, what);
-  expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what, GradCompare{c.gs});
+  expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what,
+                     with_nsp_floor(c.gs));
   // The emulation is deterministic: the same step again gives the same bits.
   const StepOutput again = c.run_scaled(*be, b, with(p), scale_for(p));
   EXPECT_EQ(again.result.loss, got.result.loss);
@@ -177,7 +168,8 @@ TEST_P(PrecisionVsFp32, LayoutsAgreeWithinThePrecision) {
     const std::string what = std::string(precision_name(p)) + " " + batch_layout_name(l) +
                              " vs unpadded";
     expect_loss_close(got, want, kSamePrecisionTol, what);
-    expect_same_precision_grads_close(c.model.table, got.grads, want.grads, c.gs, what);
+    expect_grads_close(c.model.table, got.grads, want.grads, kSamePrecisionTol, what,
+                       with_nsp_floor(c.gs, kCancellingTol));
   }
 }
 
@@ -195,7 +187,8 @@ TEST_P(PrecisionVsFp32, MstChunksAndRecomputationAgreeWithinThePrecision) {
     const std::string what = std::string(precision_name(p)) + " M=" + std::to_string(m) +
                              " recompute " + recompute_name(r) + " vs M=1";
     expect_loss_close(got, want, kSamePrecisionTol, what);
-    expect_same_precision_grads_close(c.model.table, got.grads, want.grads, c.gs, what);
+    expect_grads_close(c.model.table, got.grads, want.grads, kSamePrecisionTol, what,
+                       with_nsp_floor(c.gs, kCancellingTol));
   }
 }
 
@@ -280,7 +273,7 @@ TEST(ModelPrecision, ScaledFp16StepEqualsTheUnscaledOne) {
   EXPECT_EQ(s16k.result.loss, plain.result.loss);
   const double tol = grad_tol(Precision::fp16);
   expect_loss_close(s1k, fp32, kLossTol, "fp16 scaled 2^10 vs fp32");
-  const GradCompare nsp_floor{c.gs};
+  const GradCompare nsp_floor = with_nsp_floor(c.gs);
   const double e1k = expect_grads_close(c.model.table, s1k.grads, fp32.grads, tol,
                                         "fp16 scaled 2^10 vs fp32", nsp_floor).first;
   expect_grads_close(c.model.table, s16k.grads, fp32.grads, tol, "fp16 scaled 2^14 vs fp32",
