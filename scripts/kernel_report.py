@@ -6,12 +6,12 @@ shared loads, HMMA: mma.sync, LDGSTS: cp.async, BAR: barriers).
 
   scripts/kernel_report.py [--root TREE] [--source FILE] [--arch sm_80 --arch sm_90] [--filter RE]
 
-It compiles FILE (default src/kernels/cuda/fmha_mma.cu) of TREE (default this checkout) to a
+It compiles FILE (default kernels/cuda/fmha_mma.cu) of TREE (default this checkout) to a
 cubin per architecture with nvcc (-Xptxas -v gives registers, spills and shared memory), then
 counts instructions in `cuobjdump -sass`. Compare two versions of a kernel by running it on two
-trees, e.g. `git archive COMMIT src | tar -x -C /tmp/old && scripts/kernel_report.py --root
-/tmp/old`. A tree from before the kernels moved to src/kernels (top-level kernels/, its own
-include root) takes `git archive COMMIT kernels src` and `--source kernels/cuda/fmha_mma.cu`.
+trees, e.g. `git archive COMMIT kernels src | tar -x -C /tmp/old && scripts/kernel_report.py
+--root /tmp/old`. A tree from the time the kernels lived in src/kernels takes `git archive COMMIT
+src` and `--source src/kernels/cuda/fmha_mma.cu`.
 
 cuobjdump is not part of every CUDA installation (a bare /usr/local/cuda/bin may lack it). It is
 on PyPI, and installs nowhere but a scratch folder:
@@ -66,8 +66,10 @@ def compile_cubin(nvcc, root, source, arch, tmp):
     keep = os.path.join(tmp, arch)
     os.makedirs(keep)
     cubin = os.path.join(keep, "out.cubin")
-    # src/ is the include root; an older tree's top-level kernels/ was one too.
-    includes = ["-I", os.path.join(root, "src")]
+    # src/ and the tree's root are the include roots ("model/bert.h", "kernels/backend.h"); the
+    # oldest trees included kernel headers from kernels/ itself ("backend.h"), which today's
+    # sources never do, so that root is harmless for them.
+    includes = ["-I", os.path.join(root, "src"), "-I", root]
     if os.path.isdir(os.path.join(root, "kernels")):
         includes += ["-I", os.path.join(root, "kernels")]
     cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-DNDEBUG", "-std=c++17", *includes,
@@ -147,7 +149,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
-    ap.add_argument("--source", default="src/kernels/cuda/fmha_mma.cu")
+    ap.add_argument("--source", default="kernels/cuda/fmha_mma.cu")
     ap.add_argument("--arch", action="append")
     ap.add_argument("--threads", type=int, default=128, help="when a kernel has no bounds")
     ap.add_argument("--filter", default="fmha_|zero_padding", help="regex on the kernel names")

@@ -3,10 +3,10 @@
 backend, before and after three changes, computed from the code's sizes (no GPU needed):
 
   MLM decoder backward (bf16)  row blocks -> vocabulary blocks
-                               (src/kernels/cuda/cuda_linear.cpp, mlm_loss_lowp): the
+                               (kernels/cuda/cuda_linear.cpp, mlm_loss_lowp): the
                                word-embedding gradient read and written once per mlm_loss call
                                instead of once per block of rows
-  NSP head (bf16)              the widening adapter (src/kernels/common/lowp_adapter.h nsp_loss:
+  NSP head (bf16)              the widening adapter (kernels/common/lowp_adapter.h nsp_loss:
                                x and dx [rows, H] staged in fp32) -> nsp_loss_lowp (the [CLS]
                                rows and the weights widened)
   loss read-back               four D2H copies, each a stream synchronisation, per micro-step

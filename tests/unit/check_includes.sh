@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The include edges the layering forbids, checked on the sources (src/kernels/backends.cpp is the
+# The include edges the layering forbids, checked on the sources (kernels/backends.cpp is the
 # one place that names both backends):
-#   - src/kernels/cpu includes nothing of the CUDA backend, CUDA, NCCL or cuBLAS;
-#   - src/kernels/cuda includes nothing of the CPU backend (shared code: src/kernels/common);
+#   - kernels/cpu includes nothing of the CUDA backend, CUDA, NCCL or cuBLAS;
+#   - kernels/cuda includes nothing of the CPU backend (shared code: kernels/common);
 #   - src/model, src/optim and src/train reach devices only through kernels/backend.h: no CUDA,
 #     NCCL or backend header, no PACKBERT_HAVE_CUDA, no CUDA or NCCL call (src/comm owns NCCL);
-#   - src/model includes nothing of the data pipeline (train/batching.h lays samples out).
+#   - src/model includes nothing of the data pipeline (train/batching.h lays samples out);
+#   - the two include roots, src/ ("model/bert.h") and the repository root ("kernels/backend.h"),
+#     never both hold a quoted include's path, and no include is spelled through "src/".
 # Prints each offending line and exits 1 if there is any.
 #   check_includes.sh SOURCE_DIR
 set -uo pipefail
@@ -20,10 +22,11 @@ check() {  # check DIR REGEX WHY
     bad=1
   fi
 }
-# (kernel headers are included from src/, "kernels/cuda/...", toolkit headers bare: cuda_runtime.h)
-check src/kernels/cpu '(kernels/)?(cuda/|cuda_|cuda\.h)|nccl|cublas|cub/' \
+# (kernel headers are included from the repository root, "kernels/cuda/...", toolkit headers
+# bare: cuda_runtime.h)
+check kernels/cpu '(kernels/)?(cuda/|cuda_|cuda\.h)|nccl|cublas|cub/' \
   "the CUDA backend, CUDA, NCCL or cuBLAS"
-check src/kernels/cuda '(kernels/)?cpu/' "the CPU backend"
+check kernels/cuda '(kernels/)?cpu/' "the CPU backend"
 device='(kernels/)?(cuda|cpu/)|nccl|cublas|cub/'
 for dir in src/model src/optim src/train; do
   check "$dir" "$device" "a backend, CUDA, NCCL or cuBLAS"
@@ -35,7 +38,18 @@ for dir in src/model src/optim src/train; do
   fi
 done
 check src/model 'data/' "the data pipeline (src/data)"
-[ $bad -eq 0 ] && echo "src/kernels/cpu and src/kernels/cuda include neither the other;" \
+# Every quoted include of the project's sources and tests resolves under at most one root.
+while IFS= read -r inc; do
+  if [ -e "$root/src/$inc" ] && [ -e "$root/$inc" ]; then
+    echo "\"$inc\" resolves under both include roots (src/ and the repository root)"
+    bad=1
+  fi
+  case "$inc" in
+    src/*) echo "\"$inc\" is spelled through src/: include it as \"${inc#src/}\""; bad=1 ;;
+  esac
+done < <(grep -rhoE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]+"' "$root/src" "$root/kernels" \
+           "$root/tests" | sed -E 's/.*"([^"]+)"/\1/' | sort -u)
+[ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other;" \
   "src/model, src/optim and src/train reach devices through kernels/backend.h only;" \
-  "src/model includes no data/"
+  "src/model includes no data/; no include path resolves under both roots"
 exit $bad
