@@ -197,8 +197,7 @@ void expect_close_floor(const std::string& what, const std::vector<double>& got,
   const double den = std::max(l2_norm(want), floor);
   const double e = nan ? std::numeric_limits<double>::infinity()
                        : (den > 0 ? l2_norm(diff) / den : l2_norm(diff));
-  std::printf("[ops-error] %-58s %.2e\n", what.c_str(), e);
-  EXPECT_LE(e, tol) << what;
+  expect_measure(what, e, tol);
 }
 
 // The CPU's fp32 forward and backward on the given (already rounded) inputs.

@@ -300,12 +300,13 @@ TEST(CudaTrainerAllreduce, NcclAndHostPathsAgreeOnOneRank) {
                 "buckets\n",
                 static_cast<long long>(s), a.loss, b.loss, err,
                 gn == gh ? "bitwise" : "not bitwise", b.allreduce.buckets);
-    EXPECT_LE(err, 1e-6) << "step " << s;
-    EXPECT_LE(std::abs(a.loss - b.loss), 1e-6 * std::abs(a.loss)) << "step " << s;
+    expect_measure("step " + std::to_string(s) + ": gradient nccl vs host", err, 1e-6);
+    expect_measure("step " + std::to_string(s) + ": loss nccl vs host (rel)",
+                   std::abs(a.loss - b.loss) / std::abs(a.loss), 1e-6);
     EXPECT_GT(b.allreduce.buckets, 1);
     EXPECT_EQ(b.allreduce.started_before_finish, b.allreduce.buckets);
   }
-  EXPECT_LE(rel_l2(nccl.params(), host.params()), 1e-6);
+  expect_measure("3 steps: weights nccl vs host", rel_l2(nccl.params(), host.params()), 1e-6);
 }
 
 // ---- two ranks ----------------------------------------------------------------------------
@@ -379,7 +380,8 @@ void run_rank() {
       }
       EXPECT_EQ(bad, 0u) << "round " << round;
       EXPECT_EQ(outside_bad, 0u) << "round " << round;
-      EXPECT_LE(std::sqrt(num / den), 1e-6) << "round " << round;
+      expect_measure("all-reduce vs double sum, round " + std::to_string(round),
+                     std::sqrt(num / den), 1e-6);
       hashes.push_back(hash_floats(got));
       if (rank == 0)
         std::printf("[nccl-%d] bucket %zu bytes, round %d: %d buckets, %d started / %d complete "

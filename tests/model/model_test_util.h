@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/batch.h"
 #include "model/bert.h"
+#include "measure.h"
 #include "model/params.h"
 #include "test_util.h"
 #include "train/batching.h"
@@ -217,7 +218,9 @@ inline double grad_error(const ParamTable& table, const ParamTensor& t,
 }
 
 // Every tensor of `got` against `want`: grad_error <= tol (c.cancelling_tol for the sums that
-// cancel, when set), printed as "[model-error] ...". Returns the worst error and its tensor.
+// cancel, when set), each expected by name. The worst over the tensors is printed as a measure
+// ("WHAT: worst tensor", and "WHAT: worst cancelling tensor" when they have their own bar), with
+// an "[model-error]" line naming the tensor. Returns the worst error and its tensor.
 inline std::pair<double, std::string> expect_grads_close(const ParamTable& table,
                                                          const std::vector<float>& got,
                                                          const std::vector<float>& want,
@@ -232,11 +235,15 @@ inline std::pair<double, std::string> expect_grads_close(const ParamTable& table
     auto& w = own_bar ? worst_cancelling : worst;
     if (!(e <= w.first)) w = {e, t.name};
   }
-  if (c.cancelling_tol > 0)
-    std::printf("[model-error] %s: worst cancelling tensor %s %.2e\n", what.c_str(),
-                worst_cancelling.second.c_str(), worst_cancelling.first);
-  std::printf("[model-error] %s: worst %stensor %s %.2e\n", what.c_str(),
-              c.cancelling_tol > 0 ? "other " : "", worst.second.c_str(), worst.first);
+  if (c.cancelling_tol > 0) {
+    std::printf("[model-error] %s: worst cancelling tensor %s\n", what.c_str(),
+                worst_cancelling.second.c_str());
+    print_measure(what + ": worst cancelling tensor", worst_cancelling.first, c.cancelling_tol);
+  }
+  std::printf("[model-error] %s: worst %stensor %s\n", what.c_str(),
+              c.cancelling_tol > 0 ? "other " : "", worst.second.c_str());
+  print_measure(what + ": worst " + (c.cancelling_tol > 0 ? "other " : "") + "tensor", worst.first,
+                tol);
   return worst_cancelling.first > worst.first ? worst_cancelling : worst;
 }
 

@@ -76,8 +76,7 @@ TEST(ModelEquivalence, LayoutsGiveTheSameLossAndGradients) {
   for (const auto& [name, batch] : others) {
     const StepOutput got = run_step(*be, m, {*batch}, gm, gs, step, seed);
     const double loss_err = rel(got.result.loss, want.result.loss);
-    std::printf("[model-error] %s vs unpadded: loss %.2e\n", name, loss_err);
-    EXPECT_LE(loss_err, kLayoutTol) << name;
+    expect_measure(std::string(name) + " vs unpadded: loss", loss_err, kLayoutTol);
     EXPECT_EQ(got.result.mlm_correct, want.result.mlm_correct) << name;
     EXPECT_EQ(got.result.nsp_correct, want.result.nsp_correct) << name;
     expect_grads_close(m.table, got.grads, want.grads, kLayoutTol,
@@ -110,9 +109,7 @@ TEST(ModelEquivalence, MicroStepsAndRanksAddUpToTheGlobalBatch) {
     // Micro-steps: one gradient buffer, forward + backward per micro-batch.
     const StepOutput micro = run_step(*be, m, batches, gm, gs, step, seed);
     const std::string what = std::to_string(parts) + " micro-steps";
-    std::printf("[model-error] %s: loss %.2e\n", what.c_str(),
-                rel(micro.result.loss, whole.result.loss));
-    EXPECT_LE(rel(micro.result.loss, whole.result.loss), kSplitTol);
+    expect_measure(what + ": loss", rel(micro.result.loss, whole.result.loss), kSplitTol);
     expect_grads_close(m.table, micro.grads, whole.grads, kSplitTol, what,
                        with_nsp_floor(gs, kCancellingTol));
 
@@ -124,7 +121,7 @@ TEST(ModelEquivalence, MicroStepsAndRanksAddUpToTheGlobalBatch) {
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += r.grads[i];
       loss += r.result.loss;
     }
-    EXPECT_LE(rel(loss, whole.result.loss), kSplitTol);
+    expect_measure(std::to_string(parts) + " ranks: loss", rel(loss, whole.result.loss), kSplitTol);
     expect_grads_close(m.table, sum, whole.grads, kSplitTol, std::to_string(parts) + " ranks",
                        with_nsp_floor(gs, kCancellingTol));
   }
@@ -149,9 +146,9 @@ TEST(ModelEquivalence, ChunkedMlmDecoderMatchesOneShot) {
   // carry it at up to 7.3e-6 of their own norm (a query bias). A wrong chunk offset or a missed
   // chunk gives errors of order 1.
   constexpr double kDecoderChunkTol = 1e-5;
-  EXPECT_LE(rel(got.result.loss, whole.result.loss), kSplitTol);
-  expect_grads_close(m.table, got.grads, whole.grads, kDecoderChunkTol,
-                     "MLM chunk " + std::to_string(chunked.mlm_chunk_rows) + " vs all",
+  std::printf("MLM chunk rows %lld\n", static_cast<long long>(chunked.mlm_chunk_rows));
+  expect_measure("MLM chunked vs all: loss", rel(got.result.loss, whole.result.loss), kSplitTol);
+  expect_grads_close(m.table, got.grads, whole.grads, kDecoderChunkTol, "MLM chunked vs all",
                      with_nsp_floor(gs, 5 * kDecoderChunkTol));
 }
 

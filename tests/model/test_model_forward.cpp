@@ -33,9 +33,10 @@ TEST(ModelForward, LossAtInitIsLogVocabPlusLog2) {
   const double ln_v = std::log(static_cast<double>(m.config.vocab_size));
   std::printf("init loss %.4f = mlm %.4f (ln V %.4f) + nsp %.4f (ln 2 %.4f)\n", r.loss, mlm, ln_v,
               nsp, std::log(2.0));
-  EXPECT_NEAR(mlm, ln_v + 0.026, 0.1);
-  EXPECT_NEAR(nsp, std::log(2.0), 0.15);
-  EXPECT_NEAR(r.loss, ln_v + 0.026 + std::log(2.0), 0.25);
+  expect_measure("init mlm loss - (ln V + 0.026)", std::abs(mlm - (ln_v + 0.026)), 0.1);
+  expect_measure("init nsp loss - ln 2", std::abs(nsp - std::log(2.0)), 0.15);
+  expect_measure("init loss - (ln V + 0.026 + ln 2)",
+                 std::abs(r.loss - (ln_v + 0.026 + std::log(2.0))), 0.25);
   EXPECT_EQ(r.masked_tokens, b.num_masked());
   EXPECT_EQ(r.sequences, 16);
   EXPECT_LE(r.mlm_correct, r.masked_tokens);
@@ -82,8 +83,10 @@ TEST(ModelForward, LogitsHooksReproduceTheLosses) {
   const ForwardResult r = bert.forward(b, b.num_masked(), b.num_seqs(), 0, 0, eval);
   EXPECT_EQ(rows_seen, b.num_masked());
   EXPECT_EQ(seqs_seen, b.num_seqs());
-  EXPECT_NEAR(mlm_sum, r.mlm_loss_sum, 1e-4 * std::abs(r.mlm_loss_sum));
-  EXPECT_NEAR(nsp_sum, r.nsp_loss_sum, 1e-4 * std::abs(r.nsp_loss_sum));
+  expect_measure("mlm loss sum from the hooks (rel)",
+                 std::abs(mlm_sum - r.mlm_loss_sum) / std::abs(r.mlm_loss_sum), 1e-4);
+  expect_measure("nsp loss sum from the hooks (rel)",
+                 std::abs(nsp_sum - r.nsp_loss_sum) / std::abs(r.nsp_loss_sum), 1e-4);
   EXPECT_EQ(mlm_ok, r.mlm_correct);
   EXPECT_EQ(nsp_ok, r.nsp_correct);
   // With gradients on the logits become their gradient in place: the hooks are refused.
@@ -129,8 +132,11 @@ TEST(ModelForward, EvaluationAndDropoutKeys) {
   }
   // The loss is the normalised share: doubling the global counts halves it.
   const ForwardResult r = bert.forward(b, gm, gs, 5, 99, no_grad);
-  EXPECT_NEAR(bert.forward(b, 2 * gm, 2 * gs, 5, 99, no_grad).loss, r.loss / 2, 1e-6 * r.loss);
-  EXPECT_NEAR(r.loss, r.mlm_loss_sum / gm + r.nsp_loss_sum / gs, 1e-12);
+  const double halved = bert.forward(b, 2 * gm, 2 * gs, 5, 99, no_grad).loss;
+  expect_measure("loss with doubled global counts vs half (rel)",
+                 std::abs(halved - r.loss / 2) / r.loss, 1e-6);
+  expect_measure("loss vs mlm sum / gm + nsp sum / gs (abs)",
+                 std::abs(r.loss - (r.mlm_loss_sum / gm + r.nsp_loss_sum / gs)), 1e-12);
 }
 
 TEST(ModelForward, ArenaGrowsOnlyForLargerBatchesAndReportsItsHighWater) {

@@ -41,9 +41,8 @@ constexpr double kCancellingTol = 5e-5;
 void expect_grads_equal(const ParamTable& table, const std::vector<float>& got,
                         const std::vector<float>& want, int64_t gs, const std::string& what) {
   expect_grads_close(table, got, want, kTol, what, with_nsp_floor(gs, kCancellingTol));
-  const double all = rel_l2(got.data(), want.data(), static_cast<int64_t>(want.size()));
-  EXPECT_LE(all, kTol) << what << ": the whole gradient";
-  std::printf("[model-error] %s: whole gradient %.2e\n", what.c_str(), all);
+  expect_measure(what + ": whole gradient",
+                 rel_l2(got.data(), want.data(), static_cast<int64_t>(want.size())), kTol);
 }
 
 std::vector<Sample> batch_samples(std::mt19937_64& rng, int n, int64_t vocab,
@@ -70,9 +69,7 @@ std::string name_of(int64_t m, Recompute r) {
 
 void expect_same(const HostModel& m, const StepOutput& got, const StepOutput& want, int64_t gs,
                  const std::string& what) {
-  const double loss_err = rel(got.result.loss, want.result.loss);
-  std::printf("[model-error] %s: loss %.2e\n", what.c_str(), loss_err);
-  EXPECT_LE(loss_err, kLossTol) << what;
+  expect_measure(what + ": loss", rel(got.result.loss, want.result.loss), kLossTol);
   EXPECT_EQ(got.result.mlm_correct, want.result.mlm_correct) << what;
   EXPECT_EQ(got.result.nsp_correct, want.result.nsp_correct) << what;
   expect_grads_equal(m.table, got.grads, want.grads, gs, what);

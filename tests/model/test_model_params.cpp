@@ -142,6 +142,7 @@ TEST(ModelParams, InitialisationStatistics) {
   init_parameters(t, InitOptions{seed + 1, 0.02f}, other.data());
   EXPECT_EQ(a, b) << "same seed, same parameters";
   EXPECT_NE(a, other);
+  double z_mean = 0, z_sd = 0, z_within = 0;  // the worst over the tensors, in standard errors
   for (const ParamTensor& p : t.tensors()) {
     const float* x = a.data() + p.offset;
     const bool layer_norm = p.name.find("LayerNorm") != std::string::npos;
@@ -159,10 +160,17 @@ TEST(ModelParams, InitialisationStatistics) {
     }
     const double n = static_cast<double>(p.size), mean = sum / n, sd = std::sqrt(sq / n);
     // 6 standard errors: a false alarm once in ~10^9 tensors.
-    EXPECT_LE(std::abs(mean), 6 * 0.02 / std::sqrt(n)) << p.name;
-    EXPECT_LE(std::abs(sd - 0.02), 6 * 0.02 / std::sqrt(2 * n)) << p.name;
-    EXPECT_LE(std::abs(within_1sd / n - 0.682689), 6 * 0.466 / std::sqrt(n)) << p.name;
+    const double zm = std::abs(mean) / (0.02 / std::sqrt(n));
+    const double zs = std::abs(sd - 0.02) / (0.02 / std::sqrt(2 * n));
+    const double zw = std::abs(within_1sd / n - 0.682689) / (0.466 / std::sqrt(n));
+    EXPECT_LE(zm, 6) << p.name << ": mean";
+    EXPECT_LE(zs, 6) << p.name << ": standard deviation";
+    EXPECT_LE(zw, 6) << p.name << ": fraction within one standard deviation";
+    z_mean = std::max(z_mean, zm), z_sd = std::max(z_sd, zs), z_within = std::max(z_within, zw);
   }
+  print_measure("init mean, worst tensor (standard errors)", z_mean, 6);
+  print_measure("init standard deviation, worst tensor (standard errors)", z_sd, 6);
+  print_measure("init fraction within 1 sd, worst tensor (standard errors)", z_within, 6);
 }
 
 TEST(ModelConfig, PresetsValidateAndBadConfigsAreClearErrors) {

@@ -67,6 +67,12 @@ def main():
         return bitwise(a.base, a.other)
     failures = []
     what = f"{a.other} vs {a.base}"
+    # The measure lines scripts/seed_sweep.py reads (tests/common/measure.h), named by the runs'
+    # folders, which are the same in every run.
+    name = f"{os.path.basename(a.other.rstrip('/'))} vs {os.path.basename(a.base.rstrip('/'))}"
+
+    def measure(label, err, tol):
+        print(f"[measure] {name}: {label} {err:.3e} <= {tol:.3e}")
 
     table = read_table(a.base)
     if table != read_table(a.other):
@@ -78,6 +84,7 @@ def main():
     else:
         whole = rel_l2(ga, gb)
         print(f"[train-error] {what}: first-step gradient rel L2 {whole:.3e} (tol {a.grad_tol:g})")
+        measure("first-step gradient", whole, a.grad_tol)
         if not whole <= a.grad_tol:
             failures.append(f"first-step gradient rel L2 {whole:.3e} > {a.grad_tol:g}")
         worst = (0.0, "")
@@ -112,6 +119,7 @@ def main():
                 failures.append(f"tensor {name}: rel L2 {e:.3e} > {a.tensor_tol:g}")
         print(f"[train-error] {what}: worst tensor {worst[1]} {worst[0]:.3e} "
               f"(tol {a.tensor_tol:g})")
+        measure("first-step gradient, worst tensor", worst[0], a.tensor_tol)
 
     la, lb = read_losses(a.other), read_losses(a.base)
     if [s for s, _ in la] != [s for s, _ in lb] or not la:
@@ -123,6 +131,7 @@ def main():
         print(f"[train-error] {what}: loss trajectory max rel diff {errs[worst_step]:.3e} at step "
               f"{la[worst_step][0]} over {len(errs)} steps (first {errs[0]:.3e}, "
               f"loss {lb[0][1]:.5f} -> {lb[-1][1]:.5f}) (tol {a.loss_tol:g})")
+        measure("loss trajectory, worst step (rel)", errs[worst_step], a.loss_tol)
         if not errs[worst_step] <= a.loss_tol:
             failures.append(f"loss trajectory rel diff {errs[worst_step]:.3e} > {a.loss_tol:g}")
 
@@ -138,6 +147,8 @@ def main():
             judged = f"tol {a.params_tol:g}" if a.params_tol is not None else "reported only"
             print(f"[train-error] {what}: final parameters rel L2 {whole:.3e}, worst "
                   f"tensor {worst[1]} {worst[0]:.3e} ({judged})")
+            if a.params_tol is not None:
+                measure("final parameters", whole, a.params_tol)
             if a.params_tol is not None and not whole <= a.params_tol:
                 failures.append(f"final parameters rel L2 {whole:.3e} > {a.params_tol:g}")
         else:

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "measure.h"
 #include "test_util.h"
 
 namespace packbert::test {
@@ -59,13 +60,11 @@ inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b)
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-// Expects rel_l2(got, want) <= tol and prints the error ("[ops-error] what 1.2e-07"), so a run
-// of the ops tests doubles as an accuracy table.
+// Expects rel_l2(got, want) <= tol and prints it as a measure (measure.h), so a run of the ops
+// tests doubles as an accuracy table and scripts/seed_sweep.py can take its worst over seeds.
 inline void expect_close(const std::string& what, const std::vector<double>& got,
                          const std::vector<double>& want, double tol) {
-  const double e = rel_l2(got, want);
-  std::printf("[ops-error] %-58s %.2e\n", what.c_str(), e);
-  EXPECT_LE(e, tol) << what;
+  expect_measure(what, rel_l2(got, want), tol);
 }
 
 // The fp32-vs-fp64 tolerance of DESIGN.md, for forward outputs and for analytic gradients

@@ -79,8 +79,7 @@ TEST(Embedding, ForwardMatchesDouble) {
       Vec mean_err(l.rows), zeros(l.rows, 0.0);
       for (int64_t r = 0; r < l.rows; ++r) mean_err[r] = (mean.data()[r] - want_mean[r]) * want_rstd[r];
       const double mean_rms = rel_l2(mean_err, zeros) / std::sqrt(static_cast<double>(l.rows));
-      std::printf("[ops-error] %-58s %.2e\n", (what + " mean (x rstd)").c_str(), mean_rms);
-      EXPECT_LE(mean_rms, kTol) << what;
+      expect_measure(what + " mean (x rstd)", mean_rms, kTol);
       expect_close(what + " rstd", rstd.doubles(), want_rstd, kTol);
     }
   }

@@ -19,6 +19,7 @@
 #include "data/nnls.h"
 #include "data/pack_report.h"
 #include "data/packing.h"
+#include "measure.h"
 #include "test_util.h"
 
 namespace packbert {
@@ -321,8 +322,10 @@ double residual_norm(const std::vector<double>& a, int m, int n, const std::vect
 }
 
 // KKT for min ||Ax - b||^2 / 2, x >= 0: x >= 0, w = A^T (b - Ax) <= 0, w_j = 0 where x_j > 0.
-void expect_kkt(const std::vector<double>& a, int m, int n, const std::vector<double>& x,
-                const std::vector<double>& b, double tol) {
+// Returns the worst violation in units of tol.
+double expect_kkt(const std::vector<double>& a, int m, int n, const std::vector<double>& x,
+                  const std::vector<double>& b, double tol) {
+  double worst = 0;
   std::vector<double> r(b);
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) r[i] -= a[j * m + i] * x[j];
@@ -331,14 +334,18 @@ void expect_kkt(const std::vector<double>& a, int m, int n, const std::vector<do
     for (int i = 0; i < m; ++i) w += a[j * m + i] * r[i];
     EXPECT_GE(x[j], 0) << "column " << j;
     EXPECT_LE(w, tol) << "column " << j;
+    worst = std::max(worst, w / tol);
     if (x[j] > 0) {
       EXPECT_NEAR(w, 0, tol) << "column " << j << " x=" << x[j];
+      worst = std::max(worst, std::abs(w) / tol);
     }
   }
+  return worst;
 }
 
 TEST(Nnls, MatchesBruteForceOnSmallProblems) {
   std::mt19937_64 rng(test::test_seed() + 2);
+  double worst_residual = 0, worst_consistency = 0, worst_kkt = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const int m = std::uniform_int_distribution<int>(1, 7)(rng);
     const int n = std::uniform_int_distribution<int>(1, 7)(rng);
@@ -368,12 +375,22 @@ TEST(Nnls, MatchesBruteForceOnSmallProblems) {
                  " n=" + std::to_string(n));
     EXPECT_NEAR(res.residual_norm, best, 1e-8 * (1 + best));
     EXPECT_NEAR(residual_norm(a, m, n, res.x, b), res.residual_norm, 1e-9 * (1 + best));
-    expect_kkt(a, m, n, res.x, b, 1e-8 * (1 + best) * 10);
+    worst_residual = std::max(worst_residual, std::abs(res.residual_norm - best) / (1 + best));
+    worst_consistency = std::max(
+        worst_consistency,
+        std::abs(residual_norm(a, m, n, res.x, b) - res.residual_norm) / (1 + best));
+    worst_kkt = std::max(worst_kkt, expect_kkt(a, m, n, res.x, b, 1e-8 * (1 + best) * 10));
   }
+  test::print_measure("300 small problems: |residual - brute force's| / (1 + best)",
+                      worst_residual, 1e-8);
+  test::print_measure("300 small problems: |recomputed - reported residual| / (1 + best)",
+                      worst_consistency, 1e-9);
+  test::print_measure("300 small problems: KKT violation / (1e-7 (1 + best))", worst_kkt, 1.0);
 }
 
 TEST(Nnls, KktOnLargerSparseProblems) {
   std::mt19937_64 rng(test::test_seed() + 3);
+  double worst_kkt = 0;
   for (int trial = 0; trial < 5; ++trial) {
     const int m = std::uniform_int_distribution<int>(20, 60)(rng);
     const int n = std::uniform_int_distribution<int>(m / 2, 6 * m)(rng);
@@ -384,8 +401,9 @@ TEST(Nnls, KktOnLargerSparseProblems) {
     for (double& v : b) v = std::uniform_real_distribution<double>(0, 1000)(rng);
     const NnlsResult res = solve_nnls(SparseColumns::from_dense(a, m, n), b);
     ASSERT_TRUE(res.converged);
-    expect_kkt(a, m, n, res.x, b, 1e-7 * 1000);
+    worst_kkt = std::max(worst_kkt, expect_kkt(a, m, n, res.x, b, 1e-7 * 1000));
   }
+  test::print_measure("5 sparse problems: KKT violation / 1e-4", worst_kkt, 1.0);
 }
 
 TEST(Nnls, ExactNonNegativeSolutionIsFound) {
