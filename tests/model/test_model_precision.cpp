@@ -41,22 +41,20 @@ constexpr int kMaxSeqLen = 64;
 // 3.1e-5 (bf16) and 5.2e-6 (f16) against DESIGN.md's 1e-2.
 constexpr double kLossTol = 1e-2;
 double grad_tol(Precision p) { return p == Precision::bf16 ? 3e-2 : 5e-3; }
-// Inside one precision, layouts and MST chunkings store the same values: every stored
-// activation is a function of its own row (or sequence, for attention), computed by the same
-// ops, so the bf16 / f16 roundings are identical; only the fp32 sums over rows (weight
-// gradients, GEMMs of other row counts) differ in order, as in fp32 (mostly below 1e-6; the
-// worst tensor outside the cancelling ones below reached 1.5e-4 over 300 seeds).
-// 1e-3 leaves room for a rare flipped rounding while staying far below a single per-value
-// rounding of bf16 (4e-3): a layout-dependent storage bug shows. fp16 needs its loss scale
-// here too: unscaled, the key weight's gradient is a cancelling sum of values near f16's
-// subnormal floor, and its fp32 sum order alone moved it by 1.6e-3 in one seed.
-constexpr double kSamePrecisionTol = 1e-3;
-// Except for the gradients that are cancelling sums at initialisation (cancels_at_init): measured
-// up to 3.0e-4 over 300 seeds (a bf16 query bias), but one flipped rounding of a stored bf16
-// value is a 4e-3 change of that value, which such a sum can show at its own scale: they are
-// held to 6e-3, one flip with room. The NSP bias, the other cancelling sum, is measured against
-// its noise floor (nsp_bias_error) and held to kSamePrecisionTol with the rest.
-constexpr double kCancellingTol = 6e-3;
+// Inside one precision, layouts and MST chunkings compute every stored activation by the same
+// ops from its own row (or sequence), but not always with the same bits: OpenBLAS's sgemm sums
+// in an order that depends on the row count of the call (another MST chunk or layout: up to
+// half of a GEMM's outputs differ in their last fp32 bit), and once in a while such a
+// difference flips the rounding of a stored bf16 / f16 value. A flip is a change of 2^-8 (bf16)
+// of that value, which moves every value downstream of it by far more than fp32 rounding, and
+// so flips further roundings: one flip in a forward cascades through its sequence and the
+// backward. The two runs then differ by a sizeable share of the precision's own rounding noise
+// (seed 5703234033710840029: M = 2 against M = 1 differed by 1.4e-3 on the encoder's
+// gradients, where bf16 against fp32 differs by 6e-3, and by 3e-7 in fp32). So the gradients
+// are held to the precision's tolerance against fp32 (grad_tol), which covers two runs' worth
+// of that noise; a wrong row, chunk or dropout mask is an error of order 1e-1 and above. The
+// loss, a sum over many tokens, moves far less: 1e-3 (the sweep in docs/testing.md).
+constexpr double kSamePrecisionLossTol = 1e-3;
 
 std::vector<Sample> global_batch(std::mt19937_64& rng, int n, int64_t vocab) {
   std::vector<int> lengths = {5, kMaxSeqLen, 33};
@@ -130,10 +128,9 @@ float scale_for(Precision p) { return p == Precision::fp16 ? kFp16Scale : 1.f; }
 void expect_loss_close(const StepOutput& got, const StepOutput& want, double tol,
                        const std::string& what) {
   ASSERT_TRUE(std::isfinite(got.result.loss)) << what;
-  const double e = rel(got.result.loss, want.result.loss);
-  std::printf("[model-error] %s: loss %.6f vs %.6f, rel %.2e\n", what.c_str(), got.result.loss,
-              want.result.loss, e);
-  EXPECT_LE(e, tol) << what;
+  std::printf("[model-error] %s: loss %.6f vs %.6f\n", what.c_str(), got.result.loss,
+              want.result.loss);
+  expect_measure(what + ": loss", rel(got.result.loss, want.result.loss), tol);
 }
 
 class PrecisionVsFp32 : public ::testing::TestWithParam<Precision> {};
@@ -167,9 +164,9 @@ TEST_P(PrecisionVsFp32, LayoutsAgreeWithinThePrecision) {
     const StepOutput got = c.run_scaled(*be, c.batch(l), with(p), scale_for(p));
     const std::string what = std::string(precision_name(p)) + " " + batch_layout_name(l) +
                              " vs unpadded";
-    expect_loss_close(got, want, kSamePrecisionTol, what);
-    expect_grads_close(c.model.table, got.grads, want.grads, kSamePrecisionTol, what,
-                       with_nsp_floor(c.gs, kCancellingTol));
+    expect_loss_close(got, want, kSamePrecisionLossTol, what);
+    expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what,
+                       with_nsp_floor(c.gs));
   }
 }
 
@@ -186,9 +183,9 @@ TEST_P(PrecisionVsFp32, MstChunksAndRecomputationAgreeWithinThePrecision) {
     const StepOutput got = c.run_scaled(*be, b, with(p, m, r), scale_for(p));
     const std::string what = std::string(precision_name(p)) + " M=" + std::to_string(m) +
                              " recompute " + recompute_name(r) + " vs M=1";
-    expect_loss_close(got, want, kSamePrecisionTol, what);
-    expect_grads_close(c.model.table, got.grads, want.grads, kSamePrecisionTol, what,
-                       with_nsp_floor(c.gs, kCancellingTol));
+    expect_loss_close(got, want, kSamePrecisionLossTol, what);
+    expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what,
+                       with_nsp_floor(c.gs));
   }
 }
 
@@ -286,7 +283,7 @@ TEST(ModelPrecision, ScaledFp16StepEqualsTheUnscaledOne) {
       e_plain = std::max(e_plain, rel_l2(plain.grads.data() + t.offset,
                                          fp32.grads.data() + t.offset, t.size));
   std::printf("[model-error] fp16 unscaled vs fp32: worst %.2e (scaled: %.2e)\n", e_plain, e1k);
-  EXPECT_LT(e1k, e_plain);
+  expect_measure("fp16 vs fp32, worst tensor: scaled 2^10 / unscaled", e1k / e_plain, 1.0);
 }
 
 TEST(LossScaler, HalvesOnOverflowDoublesAfterCleanSteps) {
