@@ -63,7 +63,8 @@ CLI::App* add_command(CLI::App& app, const char* name, const char* description,
   cmd->add_option("--config", args.config, "TOML config file (configs/*.toml)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--print-config", args.print_config,
-                "Print the effective config (every key, resolved) as TOML and exit");
+                "Check the config as the subcommand would, then print it (every key, "
+                "resolved) as TOML and exit; an invalid config prints nothing and fails");
   cmd->allow_extras();  // --section.key=VALUE
   return cmd;
 }
@@ -232,7 +233,10 @@ int run(int argc, char** argv, Mpi& mpi) {
   init_logging(mpi.rank, log_level);
   // Where each key was set: the rules checked after reading name it too.
   config::KeyLocations where;
-  // --print-config: the effective config as TOML, then exit.
+  // --print-config: the effective config as TOML, then exit. Called after the subcommand's own
+  // checks, so a config it prints is one the subcommand accepts, and an invalid one prints
+  // nothing (a config redirected to a file is never a broken one) and fails with the
+  // subcommand's error.
   auto printed = [&](const CommandArgs& args, const std::string& toml) {
     if (args.print_config && mpi.rank == 0) std::cout << toml;
     return args.print_config;
@@ -242,8 +246,8 @@ int run(int argc, char** argv, Mpi& mpi) {
     const auto& schema = prepare_config_schema();
     const PrepareConfig c = load_command_config(schema, prepare_args, *prepare_cmd,
                                                 prepare_options, where);
-    if (printed(prepare_args, schema.to_toml(c))) return 0;
     config::check_located(where, [&] { validate_prepare_config(c); });
+    if (printed(prepare_args, schema.to_toml(c))) return 0;
     const PrepareStats st = run_prepare(c.prepare);
     spdlog::info("prepare: {} documents, {} training samples in {} shards, {} eval samples, "
                  "{:.1f} MB of text in {:.2f} s ({:.2f} MB/s)",
@@ -254,8 +258,8 @@ int run(int argc, char** argv, Mpi& mpi) {
     const auto& schema = inspect_config_schema();
     const InspectConfig c = load_command_config(schema, inspect_args, *inspect_cmd,
                                                 inspect_options, where);
-    if (printed(inspect_args, schema.to_toml(c))) return 0;
     config::check_located(where, [&] { validate_inspect_config(c); });
+    if (printed(inspect_args, schema.to_toml(c))) return 0;
     const InspectOptions& inspect = c.inspect;
     if (is_checkpoint_path(inspect.path)) {
       const int damaged = inspect_checkpoints(inspect.path, std::cout);
@@ -281,8 +285,8 @@ int run(int argc, char** argv, Mpi& mpi) {
   } else if (command == "pack") {
     const auto& schema = pack_config_schema();
     const PackConfig c = load_command_config(schema, pack_args, *pack_cmd, pack_options, where);
-    if (printed(pack_args, schema.to_toml(c))) return 0;
     config::check_located(where, [&] { validate_pack_config(c); });
+    if (printed(pack_args, schema.to_toml(c))) return 0;
     return run_pack_command(c.pack, std::cout, read_sample_lengths);
   } else if (command == "train") {
     std::vector<std::string> overrides = config_overrides(*train_cmd);
@@ -290,17 +294,17 @@ int run(int argc, char** argv, Mpi& mpi) {
     if (!init_checkpoint.empty())
       overrides.push_back("checkpoint.init_checkpoint=" + init_checkpoint);
     const TrainConfig config = load_train_config(train_args.config, overrides, &where);
-    if (printed(train_args, train_config_to_toml(config))) return 0;
     // run_train checks again (its callers need not be this one); here the error names the line.
     config::check_located(
         where, [&] { validate_train_config(config, mpi.size, ConfigPurpose::train); });
+    if (printed(train_args, train_config_to_toml(config))) return 0;
     return run_train(MPI_COMM_WORLD, config);
   } else if (command == "eval") {
     const TrainConfig config =
         load_train_config(eval_args.config, config_overrides(*eval_cmd), &where);
-    if (printed(eval_args, train_config_to_toml(config))) return 0;
     config::check_located(
         where, [&] { validate_train_config(config, mpi.size, ConfigPurpose::eval); });
+    if (printed(eval_args, train_config_to_toml(config))) return 0;
     return run_eval(MPI_COMM_WORLD, config, eval_checkpoint);
   }
   return 0;
