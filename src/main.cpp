@@ -52,14 +52,23 @@ struct CommandArgs {
   bool print_config = false;
 };
 
-const char* kOverrideHelp =
-    "Every config key can be set in the --config file or on the command line as "
-    "--section.key=VALUE (the command line wins); docs/configuration.md lists them.";
+// The help's footer of prepare, inspect and pack: their options are their keys.
+const char* kOptionKeysHelp =
+    "Each option above is the config key in [brackets]: set it with the option, in the --config "
+    "file, or as --section.key=VALUE (the command line wins). docs/configuration.md has every "
+    "key.";
+
+// The help's footer of train and eval: every key of their config, from its key table.
+std::string train_keys_help() {
+  return "Config keys: set each in the --config file or as --section.key=VALUE (the command "
+         "line wins); docs/configuration.md has them too.\n\n" +
+         config::keys_text(train_config_keys());
+}
 
 CLI::App* add_command(CLI::App& app, const char* name, const char* description,
-                      CommandArgs& args) {
+                      const std::string& footer, CommandArgs& args) {
   CLI::App* cmd = app.add_subcommand(name, description);
-  cmd->footer(kOverrideHelp);
+  cmd->footer(footer);
   cmd->add_option("--config", args.config, "TOML config file (configs/*.toml)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--print-config", args.print_config,
@@ -194,18 +203,21 @@ int run(int argc, char** argv, Mpi& mpi) {
   CommandArgs prepare_args, inspect_args, pack_args, train_args, eval_args;
   CLI::App* prepare_cmd =
       add_command(app, "prepare", "Make pretraining shards from raw text (WordPiece, NSP pairs, "
-                                  "MLM masking)", prepare_args);
+                                  "MLM masking)", kOptionKeysHelp, prepare_args);
   const KeyOptions prepare_options(prepare_cmd, prepare_config_schema());
   CLI::App* inspect_cmd =
       add_command(app, "inspect", "Validate shards and print counts, length distribution, "
                                   "masked counts and padding; or verify checkpoints (every "
-                                  "checksum) and summarise them", inspect_args);
+                                  "checksum) and summarise them", kOptionKeysHelp,
+                  inspect_args);
   const KeyOptions inspect_options(inspect_cmd, inspect_config_schema());
   CLI::App* pack_cmd =
       add_command(app, "pack", "Pack a length histogram (or a dataset) with each algorithm and "
-                               "report the efficiency", pack_args);
+                               "report the efficiency", kOptionKeysHelp, pack_args);
   const KeyOptions pack_options(pack_cmd, pack_config_schema());
-  CLI::App* train_cmd = add_command(app, "train", "Pretrain BERT from a TOML config", train_args);
+  const std::string train_keys = train_keys_help();
+  CLI::App* train_cmd =
+      add_command(app, "train", "Pretrain BERT from a TOML config", train_keys, train_args);
   std::string resume, init_checkpoint;
   train_cmd->add_option("--resume", resume,
                         "auto (newest valid checkpoint under checkpoint.dir, damaged ones moved "
@@ -216,7 +228,7 @@ int run(int argc, char** argv, Mpi& mpi) {
                         "--checkpoint.init_checkpoint");
   CLI::App* eval_cmd = add_command(app, "eval", "Masked-LM accuracy and loss of a checkpoint on "
                                                 "data.eval_dir (the config's [data] and [eval])",
-                                   eval_args);
+                                   train_keys, eval_args);
   std::string eval_checkpoint;
   eval_cmd->add_option("--checkpoint", eval_checkpoint, "Checkpoint directory (model.safetensors "
                                                         "and config.json)")->required();

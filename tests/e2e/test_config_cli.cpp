@@ -1,14 +1,17 @@
 // The config errors of every subcommand (prepare, inspect, pack, train, eval) as a user meets
 // them through the binary: each names FILE:LINE:COLUMN (or the override) and the key, the old
 // forms say the new one, and the exit status is non-zero; --print-config checks as the
-// subcommand does. docs/configuration.md describes them.
+// subcommand does; --help lists every key. docs/configuration.md describes them.
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "config/command_config.h"
+#include "config/key_doc.h"
 #include "test_util.h"
+#include "train/train_config.h"
 
 namespace {
 
@@ -233,6 +236,42 @@ TEST(ConfigCliPrintConfig, TrainRejectsWhatTrainingRejects) {
     // Training itself says the same.
     EXPECT_NE(run_command(cmd, &out), 0) << c.message;
     EXPECT_NE(out.find("[rank 0] error: " + c.message), std::string::npos) << out;
+  }
+}
+
+// SUBCOMMAND --help lists every key of the subcommand's sections, from its key table: train and
+// eval each with its type and default, prepare, inspect and pack as their options (the option
+// IS the key, shown in [brackets] with its type and default).
+TEST(ConfigCliHelp, ListsEveryKeyOfItsSections) {
+  for (const char* command : {"train", "eval"}) {
+    std::string help;
+    ASSERT_EQ(run_command(kBin + " " + command + " --help", &help), 0) << help;
+    for (const packbert::config::KeyDoc& k : packbert::train_config_keys()) {
+      std::string def = k.default_value;  // `1000` in the docs table, 1000 in the help
+      if (def.size() >= 2 && def.front() == '`' && def.back() == '`')
+        def = def.substr(1, def.size() - 2);
+      const std::string line = "\n  " + k.name + "  " + k.type + ", default: " + def + "\n";
+      EXPECT_NE(help.find(line), std::string::npos) << command << ": " << line << help;
+    }
+    for (const char* section : {"[model]", "[train]", "[optim]", "[data]", "[checkpoint]",
+                                "[eval]", "[log]"})
+      EXPECT_NE(help.find(std::string("\n") + section + "\n"), std::string::npos)
+          << command << ": " << section;
+  }
+  const std::vector<std::pair<std::string, std::vector<packbert::config::KeyDoc>>> by_option = {
+      {"prepare", packbert::prepare_config_schema().docs()},
+      {"inspect", packbert::inspect_config_schema().docs()},
+      {"pack", packbert::pack_config_schema().docs()}};
+  for (const auto& [command, keys] : by_option) {
+    std::string help;
+    ASSERT_EQ(run_command(kBin + " " + command + " --help", &help), 0) << help;
+    for (const packbert::config::KeyDoc& k : keys) {
+      EXPECT_NE(help.find(k.doc + " [" + k.name + "]"), std::string::npos)
+          << command << ": " << k.name << "\n" << help;
+      const std::string option = packbert::option_of_key(k.name);
+      EXPECT_NE(help.find(option == "PATH" ? "path" : option), std::string::npos)
+          << command << ": " << option;
+    }
   }
 }
 
