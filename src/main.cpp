@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "comm/mpi_check.h"
 #include "config/command_config.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -32,12 +34,15 @@ using namespace packbert;
 
 struct Mpi {
   int rank = 0, size = 1;
+  // MPI_THREAD_MULTIPLE because the data loader's threads call MPI while the trainer does; the
+  // loader refuses a lower level (data/exchange.cpp), the other subcommands run on any.
   Mpi(int* argc, char*** argv) {
     int provided = 0;
-    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    PB_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+    PB_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    PB_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   }
+  // Unchecked: nothing is left to report to once the process is on its way out.
   ~Mpi() { MPI_Finalize(); }
   [[noreturn]] void fail(int code) {
     if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);  // no rank waits on one that failed
@@ -325,7 +330,14 @@ int run(int argc, char** argv, Mpi& mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Mpi mpi(&argc, &argv);
+  std::optional<Mpi> started;
+  try {
+    started.emplace(&argc, &argv);
+  } catch (const std::exception& e) {  // MPI did not start: there is no rank to abort
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+  Mpi& mpi = *started;
   try {
     const int rc = run(argc, argv, mpi);
     if (rc != 0) mpi.fail(rc);

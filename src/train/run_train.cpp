@@ -220,7 +220,9 @@ void require_writable_dir(const char* key, const std::string& dir) {
   std::filesystem::remove(probe, ec);
 }
 
-// The collective watchdog's action: every rank ends (mpirun reports the exit code).
+// The collective watchdog's action: every rank ends (mpirun reports the exit code). Its MPI
+// calls are unchecked: this is the error path, on the watchdog's thread, with nothing above it
+// to throw to; _Exit follows whatever they return.
 void abort_job(const std::string&) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -444,8 +446,8 @@ void install_stop_signal_handlers() {
 
 int run_train(MPI_Comm comm, const TrainConfig& c) {
   int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PB_MPI_CHECK(MPI_Comm_size(comm, &world));
   validate_train_config(c, world, ConfigPurpose::train);
   install_stop_signal_handlers();
   const bool root = rank == 0;
@@ -558,8 +560,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
 int run_eval(MPI_Comm comm, const TrainConfig& c, const std::string& checkpoint_dir) {
   int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PB_MPI_CHECK(MPI_Comm_size(comm, &world));
   validate_train_config(c, world, ConfigPurpose::eval);
   PB_REQUIRE(!checkpoint_dir.empty(), "eval: --checkpoint DIR is required");
   CollectiveWatchdog::global().set_step(0);
