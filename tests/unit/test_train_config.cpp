@@ -1,5 +1,6 @@
 // TrainConfig: TOML reading, overrides, validation messages, round trip, presets, the key
-// table and the shipped configs/*.toml. docs/configuration.md's key tables: test_config_docs.
+// table and the shipped configs/*.toml. docs/configuration.md's key tables:
+// ConfigDocs.TablesAreTheKeyTables (tests/unit/test_config.cpp).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
