@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "comm/mpi_check.h"
 #include "config/command_config.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -32,12 +34,15 @@ using namespace packbert;
 
 struct Mpi {
   int rank = 0, size = 1;
+  // MPI_THREAD_MULTIPLE because the data loader's threads call MPI while the trainer does; the
+  // loader refuses a lower level (data/exchange.cpp), the other subcommands run on any.
   Mpi(int* argc, char*** argv) {
     int provided = 0;
-    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    PB_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+    PB_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    PB_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   }
+  // Unchecked: nothing is left to report to once the process is on its way out.
   ~Mpi() { MPI_Finalize(); }
   [[noreturn]] void fail(int code) {
     if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);  // no rank waits on one that failed
@@ -52,18 +57,28 @@ struct CommandArgs {
   bool print_config = false;
 };
 
-const char* kOverrideHelp =
-    "Every config key can be set in the --config file or on the command line as "
-    "--section.key=VALUE (the command line wins); docs/configuration.md lists them.";
+// The help's footer of prepare, inspect and pack: their options are their keys.
+const char* kOptionKeysHelp =
+    "Each option above is the config key in [brackets]: set it with the option, in the --config "
+    "file, or as --section.key=VALUE (the command line wins). docs/configuration.md has every "
+    "key.";
+
+// The help's footer of train and eval: every key of their config, from its key table.
+std::string train_keys_help() {
+  return "Config keys: set each in the --config file or as --section.key=VALUE (the command "
+         "line wins); docs/configuration.md has them too.\n\n" +
+         config::keys_text(train_config_keys());
+}
 
 CLI::App* add_command(CLI::App& app, const char* name, const char* description,
-                      CommandArgs& args) {
+                      const std::string& footer, CommandArgs& args) {
   CLI::App* cmd = app.add_subcommand(name, description);
-  cmd->footer(kOverrideHelp);
+  cmd->footer(footer);
   cmd->add_option("--config", args.config, "TOML config file (configs/*.toml)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--print-config", args.print_config,
-                "Print the effective config (every key, resolved) as TOML and exit");
+                "Check the config as the subcommand would, then print it (every key, "
+                "resolved) as TOML and exit; an invalid config prints nothing and fails");
   cmd->allow_extras();  // --section.key=VALUE
   return cmd;
 }
@@ -193,18 +208,21 @@ int run(int argc, char** argv, Mpi& mpi) {
   CommandArgs prepare_args, inspect_args, pack_args, train_args, eval_args;
   CLI::App* prepare_cmd =
       add_command(app, "prepare", "Make pretraining shards from raw text (WordPiece, NSP pairs, "
-                                  "MLM masking)", prepare_args);
+                                  "MLM masking)", kOptionKeysHelp, prepare_args);
   const KeyOptions prepare_options(prepare_cmd, prepare_config_schema());
   CLI::App* inspect_cmd =
       add_command(app, "inspect", "Validate shards and print counts, length distribution, "
                                   "masked counts and padding; or verify checkpoints (every "
-                                  "checksum) and summarise them", inspect_args);
+                                  "checksum) and summarise them", kOptionKeysHelp,
+                  inspect_args);
   const KeyOptions inspect_options(inspect_cmd, inspect_config_schema());
   CLI::App* pack_cmd =
       add_command(app, "pack", "Pack a length histogram (or a dataset) with each algorithm and "
-                               "report the efficiency", pack_args);
+                               "report the efficiency", kOptionKeysHelp, pack_args);
   const KeyOptions pack_options(pack_cmd, pack_config_schema());
-  CLI::App* train_cmd = add_command(app, "train", "Pretrain BERT from a TOML config", train_args);
+  const std::string train_keys = train_keys_help();
+  CLI::App* train_cmd =
+      add_command(app, "train", "Pretrain BERT from a TOML config", train_keys, train_args);
   std::string resume, init_checkpoint;
   train_cmd->add_option("--resume", resume,
                         "auto (newest valid checkpoint under checkpoint.dir, damaged ones moved "
@@ -215,7 +233,7 @@ int run(int argc, char** argv, Mpi& mpi) {
                         "--checkpoint.init_checkpoint");
   CLI::App* eval_cmd = add_command(app, "eval", "Masked-LM accuracy and loss of a checkpoint on "
                                                 "data.eval_dir (the config's [data] and [eval])",
-                                   eval_args);
+                                   train_keys, eval_args);
   std::string eval_checkpoint;
   eval_cmd->add_option("--checkpoint", eval_checkpoint, "Checkpoint directory (model.safetensors "
                                                         "and config.json)")->required();
@@ -232,7 +250,10 @@ int run(int argc, char** argv, Mpi& mpi) {
   init_logging(mpi.rank, log_level);
   // Where each key was set: the rules checked after reading name it too.
   config::KeyLocations where;
-  // --print-config: the effective config as TOML, then exit.
+  // --print-config: the effective config as TOML, then exit. Called after the subcommand's own
+  // checks, so a config it prints is one the subcommand accepts, and an invalid one prints
+  // nothing (a config redirected to a file is never a broken one) and fails with the
+  // subcommand's error.
   auto printed = [&](const CommandArgs& args, const std::string& toml) {
     if (args.print_config && mpi.rank == 0) std::cout << toml;
     return args.print_config;
@@ -242,8 +263,8 @@ int run(int argc, char** argv, Mpi& mpi) {
     const auto& schema = prepare_config_schema();
     const PrepareConfig c = load_command_config(schema, prepare_args, *prepare_cmd,
                                                 prepare_options, where);
-    if (printed(prepare_args, schema.to_toml(c))) return 0;
     config::check_located(where, [&] { validate_prepare_config(c); });
+    if (printed(prepare_args, schema.to_toml(c))) return 0;
     const PrepareStats st = run_prepare(c.prepare);
     spdlog::info("prepare: {} documents, {} training samples in {} shards, {} eval samples, "
                  "{:.1f} MB of text in {:.2f} s ({:.2f} MB/s)",
@@ -254,8 +275,8 @@ int run(int argc, char** argv, Mpi& mpi) {
     const auto& schema = inspect_config_schema();
     const InspectConfig c = load_command_config(schema, inspect_args, *inspect_cmd,
                                                 inspect_options, where);
-    if (printed(inspect_args, schema.to_toml(c))) return 0;
     config::check_located(where, [&] { validate_inspect_config(c); });
+    if (printed(inspect_args, schema.to_toml(c))) return 0;
     const InspectOptions& inspect = c.inspect;
     if (is_checkpoint_path(inspect.path)) {
       const int damaged = inspect_checkpoints(inspect.path, std::cout);
@@ -281,8 +302,8 @@ int run(int argc, char** argv, Mpi& mpi) {
   } else if (command == "pack") {
     const auto& schema = pack_config_schema();
     const PackConfig c = load_command_config(schema, pack_args, *pack_cmd, pack_options, where);
-    if (printed(pack_args, schema.to_toml(c))) return 0;
     config::check_located(where, [&] { validate_pack_config(c); });
+    if (printed(pack_args, schema.to_toml(c))) return 0;
     return run_pack_command(c.pack, std::cout, read_sample_lengths);
   } else if (command == "train") {
     std::vector<std::string> overrides = config_overrides(*train_cmd);
@@ -290,17 +311,17 @@ int run(int argc, char** argv, Mpi& mpi) {
     if (!init_checkpoint.empty())
       overrides.push_back("checkpoint.init_checkpoint=" + init_checkpoint);
     const TrainConfig config = load_train_config(train_args.config, overrides, &where);
-    if (printed(train_args, train_config_to_toml(config))) return 0;
     // run_train checks again (its callers need not be this one); here the error names the line.
     config::check_located(
         where, [&] { validate_train_config(config, mpi.size, ConfigPurpose::train); });
+    if (printed(train_args, train_config_to_toml(config))) return 0;
     return run_train(MPI_COMM_WORLD, config);
   } else if (command == "eval") {
     const TrainConfig config =
         load_train_config(eval_args.config, config_overrides(*eval_cmd), &where);
-    if (printed(eval_args, train_config_to_toml(config))) return 0;
     config::check_located(
         where, [&] { validate_train_config(config, mpi.size, ConfigPurpose::eval); });
+    if (printed(eval_args, train_config_to_toml(config))) return 0;
     return run_eval(MPI_COMM_WORLD, config, eval_checkpoint);
   }
   return 0;
@@ -309,7 +330,14 @@ int run(int argc, char** argv, Mpi& mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Mpi mpi(&argc, &argv);
+  std::optional<Mpi> started;
+  try {
+    started.emplace(&argc, &argv);
+  } catch (const std::exception& e) {  // MPI did not start: there is no rank to abort
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+  Mpi& mpi = *started;
   try {
     const int rc = run(argc, argv, mpi);
     if (rc != 0) mpi.fail(rc);

@@ -192,8 +192,8 @@ GradReducer::GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads,
   check_device("grad reducer", "grads", grads, backend.device());
   // Without MPI (unit tests, a bare run) this is world size 1 and no MPI call is ever made.
   int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized) MPI_Finalized(&finalized);
+  PB_MPI_CHECK(MPI_Initialized(&initialized));
+  if (initialized) PB_MPI_CHECK(MPI_Finalized(&finalized));
   if (initialized && !finalized) PB_MPI_CHECK(MPI_Comm_size(parent, &size_));
   const bool nccl = grads.device != Device::cpu &&
                     options.device_transport == GradTransport::nccl;

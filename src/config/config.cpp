@@ -326,4 +326,37 @@ std::string keys_markdown(const std::vector<KeyDoc>& keys) {
   return out;
 }
 
+std::string keys_text(const std::vector<KeyDoc>& keys, size_t width) {
+  constexpr size_t kIndent = 6;
+  // The docs table's defaults are markdown (`1000`); words ("preset's") stay as they are.
+  auto plain = [](const std::string& v) {
+    return v.size() >= 2 && v.front() == '`' && v.back() == '`' ? v.substr(1, v.size() - 2) : v;
+  };
+  std::string out, section;
+  for (const KeyDoc& k : keys) {
+    const std::string s = k.name.substr(0, k.name.find('.'));
+    if (s != section) {
+      out += (section.empty() ? "[" : "\n[") + s + "]\n";
+      section = s;
+    }
+    out += fmt::format("  {}  {}, default: {}\n", k.name, k.type, plain(k.default_value));
+    // The doc, word-wrapped under the key (a word longer than a line gets a line of its own).
+    std::string line;
+    size_t at = 0;
+    while (at < k.doc.size()) {
+      const size_t end = std::min(k.doc.find(' ', at), k.doc.size());
+      const std::string word = k.doc.substr(at, end - at);
+      at = end + 1;
+      if (word.empty()) continue;
+      if (!line.empty() && kIndent + line.size() + 1 + word.size() > width) {
+        out += std::string(kIndent, ' ') + line + "\n";
+        line.clear();
+      }
+      line += (line.empty() ? "" : " ") + word;
+    }
+    if (!line.empty()) out += std::string(kIndent, ' ') + line + "\n";
+  }
+  return out;
+}
+
 }  // namespace packbert::config

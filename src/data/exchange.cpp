@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "comm/mpi_check.h"
 #include "core/error.h"
 #include "core/watchdog.h"
 
@@ -32,9 +33,15 @@ const char* get_array(const char* in, size_t n, std::vector<T>& v) {
   return in + n * sizeof(T);
 }
 
-void check_mpi(int rc, const char* what) {
-  // Reached only if someone installed MPI_ERRORS_RETURN; the default handler aborts first.
-  if (rc != MPI_SUCCESS) PB_THROW("data loader: {} failed (MPI error {})", what, rc);
+// The MPI thread level's name, for the error that asks for another.
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "an unknown level";
+  }
 }
 
 // MPI counts are int: a step that moves 2 GiB to one rank is an error with a hint, not a wrap.
@@ -78,17 +85,23 @@ const char* decode_sample(const char* in, const char* end, Sample& out) {
 
 LoaderComm::LoaderComm(MPI_Comm parent, const std::atomic<bool>* abandon) : abandon_(abandon) {
   int provided = 0;
-  check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread");
+  PB_MPI_CHECK(MPI_Query_thread(&provided));
   // The loader thread calls MPI while the trainer's thread does too.
-  PB_REQUIRE(provided == MPI_THREAD_MULTIPLE,
-             "data loader: MPI must be initialised with MPI_THREAD_MULTIPLE (got level {})",
-             provided);
+  PB_REQUIRE(provided >= MPI_THREAD_MULTIPLE,
+             "data loader: MPI was initialised with {}, and the loader needs "
+             "MPI_THREAD_MULTIPLE (its threads call MPI while the trainer does): initialise it "
+             "with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) and use an MPI library built "
+             "with thread support",
+             thread_level_name(provided));
   {
     WatchScope watch("MPI_Comm_dup (data loader)");
-    check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
+    PB_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
   }
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+  // The duplicate keeps the parent's error handler: under MPI_COMM_WORLD's default
+  // (MPI_ERRORS_ARE_FATAL) a failing call aborts inside MPI and these checks never fire; they
+  // turn a failure into an Error where the parent returns errors (MPI_ERRORS_RETURN).
+  PB_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  PB_MPI_CHECK(MPI_Comm_size(comm_, &size_));
 }
 
 LoaderComm::~LoaderComm() {
@@ -107,7 +120,7 @@ void LoaderComm::wait(MPI_Request& req, const char* collective, int max_nap_us) 
   microseconds nap(5);
   for (;;) {
     int done = 0;
-    check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    PB_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done) return;
     if (abandon_ && abandon_->load()) {
       abandoned_ = true;
@@ -129,8 +142,8 @@ std::vector<LoaderComm::Contribution> LoaderComm::gather_status(const std::vecto
   header_[2] = stop ? 1 : 0;
   headers_.assign(3 * static_cast<size_t>(size_), 0);
   MPI_Request req;
-  check_mpi(MPI_Iallgather(header_, 3, MPI_INT64_T, headers_.data(), 3, MPI_INT64_T, comm_, &req),
-            "MPI_Iallgather");
+  PB_MPI_CHECK(
+      MPI_Iallgather(header_, 3, MPI_INT64_T, headers_.data(), 3, MPI_INT64_T, comm_, &req));
   wait(req, "MPI_Iallgather (data loader status)");
 
   counts_a_.assign(size_, 0);
@@ -144,9 +157,8 @@ std::vector<LoaderComm::Contribution> LoaderComm::gather_status(const std::vecto
   to_count(total, "the step metadata");
   gathered_.resize(static_cast<size_t>(total));
   sent_ = mine;
-  check_mpi(MPI_Iallgatherv(sent_.data(), counts_a_[rank_], MPI_BYTE, gathered_.data(),
-                            counts_a_.data(), displs_a_.data(), MPI_BYTE, comm_, &req),
-            "MPI_Iallgatherv");
+  PB_MPI_CHECK(MPI_Iallgatherv(sent_.data(), counts_a_[rank_], MPI_BYTE, gathered_.data(),
+                              counts_a_.data(), displs_a_.data(), MPI_BYTE, comm_, &req));
   wait(req, "MPI_Iallgatherv (data loader status)");
 
   std::vector<Contribution> out(static_cast<size_t>(size_));
@@ -179,9 +191,9 @@ void LoaderComm::alltoallv(const std::vector<char>& send, const std::vector<int6
            "alltoallv buffers: send {} of {}, recv {} of {}", sent, send.size(), received,
            recv.size());
   MPI_Request req;
-  check_mpi(MPI_Ialltoallv(send.data(), counts_a_.data(), displs_a_.data(), MPI_BYTE, recv.data(),
-                           counts_b_.data(), displs_b_.data(), MPI_BYTE, comm_, &req),
-            "MPI_Ialltoallv");
+  PB_MPI_CHECK(MPI_Ialltoallv(send.data(), counts_a_.data(), displs_a_.data(), MPI_BYTE,
+                             recv.data(), counts_b_.data(), displs_b_.data(), MPI_BYTE, comm_,
+                             &req));
   // Every rank entered the exchange right after the same gather: poll briskly, since each
   // round of the non-blocking schedule moves on only when both sides test.
   wait(req, "MPI_Ialltoallv (data loader samples)", 20);

@@ -93,10 +93,13 @@ struct ActivationReport {
   int64_t mlm_chunk_rows = 0;       // masked rows per decoder call (0: all)
 };
 
-// Inspection of the heads' logits in a forward pass without gradients (evaluation, checkpoint
-// round trips). Called with host copies: MLM logits f32 [n, vocab_size] of the masked tokens
-// first .. first + n - 1 (in the batch's masked order, once per decoder chunk), NSP logits f32
-// [num_seqs, 2] once.
+// Inspection of the heads' logits in a forward pass without gradients, for tests: the losses
+// recomputed from the logits (tests/model/test_model_forward.cpp) and the Hugging Face
+// checkpoint round trip (tests/e2e/hf_roundtrip_tool.cpp). Evaluation does not use them: it
+// takes forward()'s loss sums and correct counts, computed where the logits are
+// (Trainer::evaluate). Called with host copies: MLM logits f32 [n, vocab_size] of the masked
+// tokens first .. first + n - 1 (in the batch's masked order, once per decoder chunk), NSP
+// logits f32 [num_seqs, 2] once.
 using MlmLogitsHook = std::function<void(int64_t first, const std::vector<float>& logits, int64_t n)>;
 using NspLogitsHook = std::function<void(const std::vector<float>& logits, int64_t num_seqs)>;
 

@@ -48,8 +48,8 @@ std::optional<ResumedCheckpoint> read_newest_valid_checkpoint(MPI_Comm comm,
                                                               const ParamTable& table,
                                                               float* params, float* m, float* v) {
   int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PB_MPI_CHECK(MPI_Comm_size(comm, &world));
   // Rank 0's view of the directory is everyone's: all try the same list in the same order.
   std::string listing;
   if (rank == 0) listing = fmt::format("{}", fmt::join(checkpoint_dirs_newest_first(root), "\n"));

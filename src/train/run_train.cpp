@@ -79,10 +79,8 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
   o.dropout_seed = derive_seed(c.train.seed, 2);
   o.dropout = c.train.dropout;
   o.lr = lr_schedule_config(c);
-  o.lamb = lamb_options(c);
+  o.lamb = lamb_options(c);  // skips a non-finite update; SkippedSteps counts it
   o.sharded = c.optim.sharded;
-  o.lamb.check_finite = true;
-  o.lamb.skip_nonfinite = true;  // counted here, fatal after train.max_nonfinite_steps in a row
   o.bert.precision = c.train.precision;
   o.loss_scaler.init_scale = static_cast<float>(c.train.loss_scale_init);
   o.loss_scaler.growth_interval = c.train.loss_scale_growth_interval;
@@ -220,7 +218,9 @@ void require_writable_dir(const char* key, const std::string& dir) {
   std::filesystem::remove(probe, ec);
 }
 
-// The collective watchdog's action: every rank ends (mpirun reports the exit code).
+// The collective watchdog's action: every rank ends (mpirun reports the exit code). Its MPI
+// calls are unchecked: this is the error path, on the watchdog's thread, with nothing above it
+// to throw to; _Exit follows whatever they return.
 void abort_job(const std::string&) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -248,7 +248,8 @@ bool stop_requested(MPI_Comm comm) {
 }
 
 // The steps whose update was skipped, each logged: fp16 gradient overflows, and non-finite
-// losses or gradients, of which more than train.max_nonfinite_steps in a row end the run.
+// losses or gradients, of which more than train.max_nonfinite_steps in a row end the run (0:
+// the first one). The one place that decides: the optimizer always skips (lamb_options).
 class SkippedSteps {
  public:
   SkippedSteps(const TrainConfig& c, float min_loss_scale)
@@ -271,9 +272,9 @@ class SkippedSteps {
                    "updates (longest run {}, {} allowed)",
                    step, m.unread_skips, m.longest_skipped_run, c_.train.max_nonfinite_steps);
       PB_REQUIRE(m.longest_skipped_run <= c_.train.max_nonfinite_steps,
-                 "train: {} steps in a row had a non-finite gradient (before step {}); the run "
+                 "train: {} in a row had a non-finite gradient (before step {}); the run "
                  "diverged: lower optim.lr or check the data (train.max_nonfinite_steps = {})",
-                 m.longest_skipped_run, step, c_.train.max_nonfinite_steps);
+                 steps(m.longest_skipped_run), step, c_.train.max_nonfinite_steps);
     }
     if (scale_overflow) {
       ++skipped;
@@ -287,10 +288,10 @@ class SkippedSteps {
                    step, m.skipped ? "gradient" : "loss", m.loss, m.grad_norm,
                    nonfinite_in_row_, c_.train.max_nonfinite_steps);
       PB_REQUIRE(nonfinite_in_row_ <= c_.train.max_nonfinite_steps,
-                 "train: {} steps in a row had a non-finite loss or gradient (last: step {}); "
+                 "train: {} in a row had a non-finite loss or gradient (last: step {}); "
                  "the run diverged: lower optim.lr or check the data (train.max_nonfinite_steps "
                  "= {})",
-                 nonfinite_in_row_, step, c_.train.max_nonfinite_steps);
+                 steps(nonfinite_in_row_), step, c_.train.max_nonfinite_steps);
     } else {
       nonfinite_in_row_ = 0;
     }
@@ -298,6 +299,8 @@ class SkippedSteps {
   }
 
  private:
+  static std::string steps(int64_t n) { return fmt::format("{} step{}", n, n == 1 ? "" : "s"); }
+
   const TrainConfig& c_;
   float min_loss_scale_;
   int64_t nonfinite_in_row_ = 0;
@@ -444,8 +447,8 @@ void install_stop_signal_handlers() {
 
 int run_train(MPI_Comm comm, const TrainConfig& c) {
   int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PB_MPI_CHECK(MPI_Comm_size(comm, &world));
   validate_train_config(c, world, ConfigPurpose::train);
   install_stop_signal_handlers();
   const bool root = rank == 0;
@@ -558,8 +561,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
 int run_eval(MPI_Comm comm, const TrainConfig& c, const std::string& checkpoint_dir) {
   int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PB_MPI_CHECK(MPI_Comm_size(comm, &world));
   validate_train_config(c, world, ConfigPurpose::eval);
   PB_REQUIRE(!checkpoint_dir.empty(), "eval: --checkpoint DIR is required");
   CollectiveWatchdog::global().set_step(0);

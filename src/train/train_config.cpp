@@ -38,10 +38,12 @@ LambOptions lamb_options(const TrainConfig& c) {
   o.eps = static_cast<float>(c.optim.epsilon);
   o.weight_decay = static_cast<float>(c.optim.weight_decay);
   o.max_grad_norm = static_cast<float>(c.optim.max_grad_norm);
-  // train.max_nonfinite_steps > 0: skip a non-finite step (the trainer counts them in a row and
-  // aborts at the limit); 0: the first one is an Error.
+  // A non-finite gradient skips the update, whatever train.max_nonfinite_steps says: the run
+  // counts such steps and decides by that key (run_train.cpp, SkippedSteps), 0 included (the
+  // first one is an error naming the step). A throw here instead would bypass the count and, on
+  // the GPU, fire only on the steps that read the norm back.
   o.check_finite = true;
-  o.skip_nonfinite = c.train.max_nonfinite_steps > 0;
+  o.skip_nonfinite = true;
   return o;
 }
 

@@ -60,7 +60,7 @@ struct TrainConfig {
     int max_predictions_per_seq = 76; // masked positions a sample may hold (MLPerf: 76 at 512)
     LastStepPolicy last_step = LastStepPolicy::partial;
     bool dropout = true;
-    int max_nonfinite_steps = 5;      // skip non-finite steps; abort after this many in a row
+    int max_nonfinite_steps = 5;      // non-finite steps skipped in a row before it is an error
     Device device = Device::cpu;      // cpu | cuda (one GPU per rank: local rank r takes GPU r)
     Precision precision = Precision::fp32;  // fp32 | bf16 | fp16 (BertOptions::precision)
     GpuAllreduce gpu_allreduce = GpuAllreduce::nccl;  // TrainerOptions::gpu_transport
@@ -165,7 +165,8 @@ std::string train_config_to_toml(const TrainConfig& c);
 // The pieces the trainer's parts take, from the resolved config.
 BertConfig model_config(const TrainConfig& c);          // vocabulary: BertConfig's default
 LrScheduleConfig lr_schedule_config(const TrainConfig& c);  // base_lr = lr, max_steps, warmup..
-// skip_nonfinite = train.max_nonfinite_steps > 0 (check_finite always on).
+// check_finite and skip_nonfinite always on: the run counts the skipped steps against
+// train.max_nonfinite_steps.
 LambOptions lamb_options(const TrainConfig& c);
 // global batch, micro-steps, seq/pack limits, seed, prefetch, shuffle, last_step; the sample
 // rules' max_seq_len = train.max_seq_len, vocab_size = model_config(c).real_vocab_size.

@@ -146,7 +146,9 @@ std::vector<Key> make_keys() {
   k.push_back(key("train.dropout", &C::train, &T::dropout,
                   "apply dropout (false: deterministic training, for checks)"));
   k.push_back(key("train.max_nonfinite_steps", &C::train, &T::max_nonfinite_steps,
-                  "non-finite steps are skipped; abort after this many in a row"));
+                  "a step with a non-finite loss or gradient is skipped (no update) and "
+                  "counted; more than this many in a row is an error naming the step (0: the "
+                  "first one)"));
   k.push_back(key("train.device", &C::train, &T::device, device_table(),
                   "where the step runs: cpu, or cuda (one GPU per rank: local rank r takes GPU r "
                   "of those it sees; launch scripts show each rank only its own)"));

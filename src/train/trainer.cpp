@@ -4,8 +4,9 @@
 #include <cmath>
 #include <functional>
 
-#include "kernels/common/philox.h"
+#include "comm/mpi_check.h"
 #include "core/error.h"
+#include "kernels/common/philox.h"
 #include "optim/sharding.h"
 #include "train/batching.h"
 
@@ -62,10 +63,10 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   reduce.cuda_device = options_.cuda_device;
   int world = 1, rank = 0;
   int initialized = 0;
-  MPI_Initialized(&initialized);
+  PB_MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) {
-    MPI_Comm_size(comm, &world);
-    MPI_Comm_rank(comm, &rank);
+    PB_MPI_CHECK(MPI_Comm_size(comm, &world));
+    PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   }
   const bool sharded = options_.sharded && world > 1;  // a world of one: nothing to shard
   if (sharded) reduce.shard_bounds = plan_tensor_shards(lamb_params(table_), n, world);

@@ -294,6 +294,47 @@ TEST_F(TrainCli, DivergenceIsSkippedThenAborts) {
   EXPECT_NE(out.find("3 steps in a row had a non-finite"), std::string::npos) << out;
 }
 
+// train.max_nonfinite_steps is decided in one place, the run's count of skipped steps (the
+// optimizer always skips a non-finite update): 0 makes the first non-finite step an error that
+// names it, and a limit the run stays under lets it finish with each such step skipped, logged
+// and counted in the metrics.
+TEST_F(TrainCli, NonFiniteStepsCountAgainstMaxNonfiniteSteps) {
+  // As above: the first step's update overflows the weights, every later step is non-finite.
+  const std::string diverge = "--optim.lr=1e30 --optim.warmup_steps=0 --eval.at_end=false "
+                              "--eval.every_samples=0 ";
+  const std::string none = run_dir("nonfinite_none");
+  EXPECT_NE(run_command(train_cmd(none, diverge + "--train.max_nonfinite_steps=0")), 0);
+  std::string log = read_file(none + "/log.txt");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      log, m,
+      std::regex(R"(\] error: train: 1 step in a row had a non-finite loss or gradient )"
+                 R"(\(last: step (\d+)\))")))
+      << log;
+  const int64_t first = std::stoll(m[1]);
+  EXPECT_NE(log.find(fmt::format("step {}: non-finite", first)), std::string::npos) << log;
+  EXPECT_EQ(read_records(none + "/metrics.jsonl", "train").back().at("step").get<int64_t>(),
+            first - 1)
+      << log;
+
+  const std::string some = run_dir("nonfinite_some");
+  ASSERT_EQ(run_command(train_cmd(some, diverge + "--train.max_nonfinite_steps=20 "
+                                                  "--train.max_steps=6")),
+            0)
+      << read_file(some + "/log.txt");
+  log = read_file(some + "/log.txt");
+  const int64_t skipped = 6 - first + 1;  // the same steps, from the same seed and data
+  for (int64_t step = first; step <= 6; ++step)
+    EXPECT_NE(log.find(fmt::format("step {}: non-finite", step)), std::string::npos) << log;
+  const auto recs = read_records(some + "/metrics.jsonl", "train");
+  ASSERT_EQ(recs.size(), 6u) << log;
+  EXPECT_EQ(recs.back().at("skipped_steps").get<int64_t>(), skipped) << log;
+  EXPECT_NE(log.find(fmt::format("train: finished after step 6, 48 samples, {} skipped step(s)",
+                                 skipped)),
+            std::string::npos)
+      << log;
+}
+
 TEST_F(TrainCli, UnwritableCheckpointDirectoryFailsBeforeTraining) {
   const std::string dir = run_dir("unwritable");
   std::ofstream(dir + "/file") << "x";
