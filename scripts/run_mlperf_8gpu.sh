@@ -6,8 +6,13 @@
 #
 # Environment: NGPUS (default 8), CONFIG (default configs/bert_large_phase2_mlperf.toml),
 # PACKBERT (default build/src/packbert), SEED (default: random, logged; MLPerf wants a new seed
-# per run), OUT (default out/mlperf/run-<date>: metrics and MLPerf log).
+# per run), OUT (default out/mlperf/run-<date>: metrics, MLPerf log, end.json).
 # Data: data.train_dir / data.eval_dir of the config (docs/mlperf.md).
+#
+# SIGTERM or SIGINT to this script stops the run after the step in flight (scripts/run_job.sh
+# passes it on to every rank). Exit status 0 when the run finished, or stopped on the signal
+# with a checkpoint written (the MLPerf config writes none: give --checkpoint.dir=DIR to have
+# one); non-zero otherwise. $OUT/end.json says how it ended.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 PHASE1_CHECKPOINT [--section.key=value ...]" >&2; exit 2; }
@@ -38,10 +43,12 @@ chmod +x "$WRAP"
 
 ROOT_FLAG=(); [ "$(id -u)" -eq 0 ] && ROOT_FLAG=(--allow-run-as-root)
 echo "run_mlperf_8gpu: $NGPUS ranks, seed $SEED, init $INIT, output $OUT"
-mpirun "${ROOT_FLAG[@]}" -np "$NGPUS" --bind-to none \
+echo "run_mlperf_8gpu: afterwards, check the MLPerf log with"
+echo "  python3 -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 $OUT/mllog.txt"
+# exec: this script's pid becomes run_job.sh's, so a signal sent to it reaches the job.
+exec scripts/run_job.sh --forward USR1 "$OUT/end.json" \
+  mpirun "${ROOT_FLAG[@]}" -np "$NGPUS" --bind-to none \
   -x OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" -x NCCL_DEBUG="${NCCL_DEBUG:-WARN}" \
   "$WRAP" "$BIN" train --config "$CONFIG" --init-checkpoint "$INIT" \
   --train.seed="$SEED" --log.metrics_file="$OUT/metrics.jsonl" \
-  --log.mllog_file="$OUT/mllog.txt" "$@"
-echo "run_mlperf_8gpu: check the log with"
-echo "  python3 -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 $OUT/mllog.txt"
+  --log.mllog_file="$OUT/mllog.txt" --log.end_file="$OUT/end.json" "$@"

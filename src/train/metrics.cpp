@@ -53,6 +53,31 @@ nlohmann::json to_json(const ProgressRecord& r) {
   return j;
 }
 
+nlohmann::json to_json(const RunEnd& e) {
+  nlohmann::json j;
+  j["reason"] = e.reason;
+  j["signal"] = e.signal;
+  j["step"] = e.step;
+  j["samples"] = e.samples;
+  // Absolute, so that a launcher in another directory finds it.
+  j["checkpoint"] = e.checkpoint.empty()
+                        ? nlohmann::json()
+                        : nlohmann::json(std::filesystem::absolute(e.checkpoint).string());
+  return j;
+}
+
+void write_end_file(const std::string& path, const RunEnd& e) {
+  if (!path.empty()) replace_file(path, to_json(e).dump() + "\n", "end file (log.end_file)");
+}
+
+void remove_end_file(const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  PB_REQUIRE(!ec, "{}: cannot remove the end file of an earlier run (log.end_file): {}", path,
+             ec.message());
+}
+
 std::string format_bytes(int64_t bytes) {
   if (bytes < 1024) return fmt::format("{} B", bytes);
   const char* units[] = {"KiB", "MiB", "GiB", "TiB"};

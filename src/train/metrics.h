@@ -131,6 +131,25 @@ class MetricsWriter {
   std::FILE* file_ = nullptr;
 };
 
+// How a run ended, for log.end_file: rank 0 writes it last, after the final checkpoint is
+// complete on every rank, so a launcher can tell a clean stop on a signal from a failure
+// (mpirun exits 1 after it passed a signal on, however the ranks ended; scripts/run_job.sh).
+// One JSON line: {"checkpoint": "/abs/step_00000120" or null, "reason": "signal",
+// "samples": 3840, "signal": 15, "step": 120}.
+struct RunEnd {
+  std::string reason;      // "finished" (train.max_steps), "target_reached" or "signal"
+  int signal = 0;          // the stop signal when reason is "signal", else 0
+  int64_t step = 0;        // optimizer steps done
+  int64_t samples = 0;
+  std::string checkpoint;  // the checkpoint written at the end; "" = none (no checkpoint.dir)
+};
+nlohmann::json to_json(const RunEnd& e);
+// Replaces `path` with to_json(e) (core/files.h replace_file); "" = nothing.
+void write_end_file(const std::string& path, const RunEnd& e);
+// Removes an end file left by an earlier run (absent is fine): a run that fails must not leave
+// one that reads as its own.
+void remove_end_file(const std::string& path);
+
 // Peak resident set size of this process (getrusage ru_maxrss), bytes.
 int64_t peak_rss_bytes();
 

@@ -403,10 +403,12 @@ class Evaluations {
 };
 
 // A checkpoint of the run at `st` under checkpoint.dir (none when that is unset). Collective:
-// rank 0 writes it, after a sharded optimizer has gathered its moments there.
-void save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& trainer, const RunState& st,
-                     const DataLoader& loader) {
-  if (c.checkpoint.dir.empty()) return;
+// rank 0 writes it, after a sharded optimizer has gathered its moments there. Returns its
+// directory on rank 0 ("" elsewhere and when none is written).
+std::string save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& trainer,
+                            const RunState& st, const DataLoader& loader) {
+  if (c.checkpoint.dir.empty()) return {};
+  std::string dir;
   const bool root = trainer.rank() == 0;
   std::vector<float> m, v;
   if (root) {
@@ -425,13 +427,14 @@ void save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& trainer, cons
     w.lamb_steps_done = trainer.lamb_steps_done();
     w.trainer_state_json =
         trainer_state_to_json(trainer_state(c, st, loader.position(), trainer));
-    const std::string dir = write_checkpoint(c.checkpoint.dir, w, c.checkpoint.keep);
+    dir = write_checkpoint(c.checkpoint.dir, w, c.checkpoint.keep);
     spdlog::info("checkpoint {} written in {:.2f} s", dir, seconds_since(t0));
   }
   // A rank-0 write error throws there and aborts the job; the others wait for it here so a
   // completed checkpoint is announced before anyone exits.
   const WatchScope watch("MPI_Barrier (checkpoint)");
   PB_MPI_CHECK(MPI_Barrier(comm));
+  return dir;
 }
 
 }  // namespace
@@ -443,6 +446,9 @@ void install_stop_signal_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // mpirun passes SIGUSR1 on to every rank and lets them finish; on SIGTERM it gives them a
+  // second before SIGKILL (odls_base_sigkill_timeout), too short for a large checkpoint.
+  sigaction(SIGUSR1, &sa, nullptr);
 }
 
 int run_train(MPI_Comm comm, const TrainConfig& c) {
@@ -457,6 +463,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   const WatchdogRun watch_collectives(c, rank);
 
   if (root && !c.checkpoint.dir.empty()) require_writable_dir("checkpoint.dir", c.checkpoint.dir);
+  if (root) remove_end_file(c.log.end_file);
 
   MlLogger ml(c.log.mllog_file, root);
   ml.event("cache_clear", true);
@@ -546,7 +553,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   blocks.close();
   if (evals.enabled() && c.eval.at_end && !stopped && !target_reached && !evals.ran_at(st.samples))
     target_reached = evals.run(st.step, st.samples);
-  save_checkpoint(comm, c, trainer, st, loader);
+  const std::string last_checkpoint = save_checkpoint(comm, c, trainer, st, loader);
   ml.event("train_samples", st.samples);
   const bool success = !stopped && (c.eval.target_accuracy <= 0 || target_reached);
   ml.end("run_stop", nullptr, {{"status", success ? "success" : "aborted"}});
@@ -556,6 +563,10 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
                evals.last_accuracy() >= 0
                    ? fmt::format(", last eval accuracy {:.4f}", evals.last_accuracy())
                    : std::string());
+  if (root)
+    write_end_file(c.log.end_file,
+                   {stopped ? "signal" : (target_reached ? "target_reached" : "finished"),
+                    stopped ? g_stop_signal.load() : 0, st.step, st.samples, last_checkpoint});
   return 0;
 }
 

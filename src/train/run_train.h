@@ -18,8 +18,9 @@
 // its moments and step count, so a run stopped at any step and resumed computes bitwise the
 // same losses as one that never stopped (on the CPU backend, with the same rank count).
 //
-// Signals: SIGTERM and SIGINT set a flag; at the end of the step in flight the ranks agree (one
-// all-reduce per step) to stop, write a checkpoint when checkpoint.dir is set, and return 0.
+// Signals: SIGTERM, SIGINT and SIGUSR1 set a flag; at the end of the step in flight the ranks
+// agree (one all-reduce per step) to stop, write a checkpoint when checkpoint.dir is set, and
+// return 0. Whatever ended the run, rank 0 then writes log.end_file (train/metrics.h RunEnd).
 #pragma once
 
 #include <mpi.h>
@@ -38,7 +39,7 @@ int run_train(MPI_Comm comm, const TrainConfig& config);
 // data.eval_dir, eval.max_samples samples; prints the result (rank 0) and returns 0.
 int run_eval(MPI_Comm comm, const TrainConfig& config, const std::string& checkpoint_dir);
 
-// Installs the SIGTERM / SIGINT handlers (run_train does it; exposed for tests).
+// Installs the SIGTERM / SIGINT / SIGUSR1 handlers (run_train does it; exposed for tests).
 void install_stop_signal_handlers();
 
 }  // namespace packbert

@@ -116,6 +116,7 @@ struct TrainConfig {
     int64_t every_steps = 10;  // progress line / metrics record interval
     std::string metrics_file;  // JSONL; "" = none
     std::string mllog_file;    // MLPerf log; "" = none
+    std::string end_file;      // how the run ended (train/metrics.h RunEnd); "" = none
     std::string submission_org;
     std::string submission_platform;
     SubmissionDivision submission_division = SubmissionDivision::closed;

@@ -238,6 +238,10 @@ std::vector<Key> make_keys() {
                   "JSONL metrics (scripts/plot_metrics.py); \"\" = none"));
   k.push_back(
       key("log.mllog_file", &C::log, &L::mllog_file, "MLPerf log (:::MLLOG lines); \"\" = none"));
+  k.push_back(key("log.end_file", &C::log, &L::end_file,
+                  "JSON rank 0 writes when the run ends without an error, after its last "
+                  "checkpoint: reason (finished, target_reached, signal), step, checkpoint; "
+                  "removed at the start (scripts/run_job.sh reads it); \"\" = none"));
   k.push_back(key("log.submission_org", &C::log, &L::submission_org, "MLPerf submission_org"));
   k.push_back(key("log.submission_platform", &C::log, &L::submission_platform,
                   "MLPerf submission_platform; \"\" = \"<ranks>xCPU\""));

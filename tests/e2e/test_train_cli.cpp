@@ -260,8 +260,9 @@ TEST_F(TrainCli, Fp16ResumeRestoresTheLossScale) {
 
 TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
   const std::string dir = run_dir("term");
+  const std::string end_file = dir + "/end.json";
   const std::string args = "--train.max_steps=100000 --checkpoint.every_steps=0 "
-                           "--eval.every_samples=0";
+                           "--eval.every_samples=0 --log.end_file=" + end_file;
   {
     Background p(train_cmd(dir, args));
     ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 3)) << read_file(dir + "/log.txt");
@@ -273,6 +274,12 @@ TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
   const std::string ckpt = fmt::format("{}/ckpt/step_{:08d}", dir, last);
   ASSERT_TRUE(fs::exists(ckpt + "/trainer_state.json")) << read_file(dir + "/log.txt");
   EXPECT_NE(read_file(dir + "/log.txt").find("signal 15"), std::string::npos);
+  // The end file (what the launch scripts read) says so, naming the checkpoint.
+  nlohmann::json end = nlohmann::json::parse(read_file(end_file));
+  EXPECT_EQ(end.at("reason"), "signal") << end;
+  EXPECT_EQ(end.at("signal"), SIGTERM) << end;
+  EXPECT_EQ(end.at("step"), last) << end;
+  EXPECT_EQ(end.at("checkpoint"), fs::absolute(ckpt).string()) << end;
   // The preempted run continues from there.
   ASSERT_EQ(run_command(train_cmd(dir, args + fmt::format(" --train.max_steps={} --resume auto",
                                                           last + 2))),
@@ -280,6 +287,12 @@ TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
       << read_file(dir + "/log.txt");
   EXPECT_EQ(read_records(dir + "/metrics.jsonl", "train").back().at("step").get<int64_t>(),
             last + 2);
+  end = nlohmann::json::parse(read_file(end_file));
+  EXPECT_EQ(end.at("reason"), "finished") << end;
+  EXPECT_EQ(end.at("signal"), 0) << end;
+  EXPECT_EQ(end.at("step"), last + 2) << end;
+  const std::string final_ckpt = fmt::format("{}/ckpt/step_{:08d}", dir, last + 2);
+  EXPECT_EQ(end.at("checkpoint"), fs::absolute(final_ckpt).string()) << end;
 }
 
 TEST_F(TrainCli, DivergenceIsSkippedThenAborts) {

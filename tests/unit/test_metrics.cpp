@@ -235,6 +235,39 @@ TEST(Metrics, UnwritablePathNamesIt) {
   fs::remove_all(dir);
 }
 
+// log.end_file: one JSON line, replaced whole (nothing left beside it), the checkpoint made
+// absolute or null; removing it is fine when there is none, and an unwritable path is named.
+TEST(Metrics, EndFileIsReplacedWholeAndRemoved) {
+  const TempDir tmp;
+  const fs::path path = fs::path(tmp.path()) / "out" / "end.json";
+  RunEnd e{"signal", 15, 120, 3840, "ckpt/step_00000120"};
+  write_end_file(path.string(), e);
+  e = RunEnd{"finished", 0, 400, 12800, ""};
+  write_end_file(path.string(), e);
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(json::parse(lines[0]),
+            (json{{"reason", "finished"}, {"signal", 0}, {"step", 400}, {"samples", 12800},
+                  {"checkpoint", nullptr}}));
+  EXPECT_EQ(std::distance(fs::directory_iterator(path.parent_path()), fs::directory_iterator()),
+            1);
+  const json j = to_json(RunEnd{"signal", 10, 3, 24, "ckpt/step_00000003"});
+  EXPECT_EQ(j.at("checkpoint"), fs::absolute("ckpt/step_00000003").string());
+  EXPECT_EQ(j.at("signal"), 10);
+  remove_end_file(path.string());
+  EXPECT_FALSE(fs::exists(path));
+  remove_end_file(path.string());  // absent: nothing to do
+  write_end_file("", e);           // off
+  std::ofstream(fs::path(tmp.path()) / "regular") << "x";
+  const std::string bad = (fs::path(tmp.path()) / "regular" / "end.json").string();
+  try {
+    write_end_file(bad, e);
+    FAIL() << "expected an Error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find(bad), std::string::npos) << err.what();
+  }
+}
+
 TEST(Metrics, PeakRss) {
   const int64_t a = peak_rss_bytes();
   EXPECT_GT(a, 1 << 20);  // any process has more than a MiB resident

@@ -457,7 +457,8 @@ TEST(TrainConfig, TomlRoundTrip) {
            "checkpoint.keep=1", "checkpoint.resume=auto", "checkpoint.init_checkpoint=init.st",
            "eval.every_samples=150000", "eval.max_samples=0", "eval.batch_size=7",
            "eval.target_accuracy=0.72", "eval.at_end=false", "log.every_steps=1",
-           "log.metrics_file=m.jsonl", "log.mllog_file=ml.log", "log.submission_org=Org",
+           "log.metrics_file=m.jsonl", "log.mllog_file=ml.log", "log.end_file=end.json",
+           "log.submission_org=Org",
            "log.submission_platform=2xH200", "log.submission_division=open",
            "log.submission_status=research"});
   ASSERT_NE(c, TrainConfig{});
