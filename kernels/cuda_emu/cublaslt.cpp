@@ -1,4 +1,4 @@
-// cuBLASLt on the emulated device: the matmul packbert's linear layers run (cuda_linear.cpp),
+// cuBLASLt on the emulated device: the matmul packbert's linear layers run (cuda_gemm.cpp),
 // computed on the CPU in stream order.
 //
 // What is modelled, as the cuBLAS documentation defines it (cublasLtMatmul; cublasLtEpilogue_t;

@@ -1,5 +1,5 @@
 // cuBLASLt as the emulated build sees it (PACKBERT_CUDA=EMULATED): the types, enums and calls
-// packbert uses (kernels/cuda/cuda_linear.cpp, cuda_backend.cpp), with cuBLASLt's names and
+// packbert uses (kernels/cuda/cuda_gemm.cpp, cuda_backend.cpp), with cuBLASLt's names and
 // numeric values (cublasLt.h, cublas_api.h) so that cached plans and logged statuses read the
 // same as on a GPU. The implementation, and what it models, is kernels/cuda_emu/cublaslt.cpp.
 #pragma once
