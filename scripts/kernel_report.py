@@ -4,14 +4,17 @@ registers, spills, static shared memory and the blocks per SM they allow, and th
 the instructions that say how a kernel feeds its tensor cores (LDSM: ldmatrix, LDS: other
 shared loads, HMMA: mma.sync, LDGSTS: cp.async, BAR: barriers).
 
-  scripts/kernel_report.py [--root TREE] [--source FILE] [--arch sm_80 --arch sm_90] [--filter RE]
+  scripts/kernel_report.py [--root TREE] [--source GLOB ...] [--arch sm_80 --arch sm_90]
+                           [--filter RE]
 
-It compiles FILE (default kernels/cuda/fmha_mma.cu) of TREE (default this checkout) to a
-cubin per architecture with nvcc (-Xptxas -v gives registers, spills and shared memory), then
-counts instructions in `cuobjdump -sass`. Compare two versions of a kernel by running it on two
-trees, e.g. `git archive COMMIT kernels src | tar -x -C /tmp/old && scripts/kernel_report.py
---root /tmp/old`. A tree from the time the kernels lived in src/kernels takes `git archive COMMIT
-src` and `--source src/kernels/cuda/fmha_mma.cu`.
+It compiles each file of TREE (default this checkout) that a --source pattern matches (relative
+to TREE; repeatable; default kernels/cuda/fmha*.cu: the attention kernels, whichever files of
+that name hold them in TREE, and in a tree from the time the kernels lived in src/kernels
+src/kernels/cuda/fmha*.cu) to a cubin per architecture with nvcc (-Xptxas -v gives registers,
+spills and shared memory), then counts instructions in `cuobjdump -sass`. Compare two versions
+of a kernel by running it on two trees, e.g. `git archive COMMIT kernels src | tar -x -C
+/tmp/old && scripts/kernel_report.py --root /tmp/old` (`git archive COMMIT src` for a tree of
+the src/kernels days).
 
 cuobjdump is not part of every CUDA installation (a bare /usr/local/cuda/bin may lack it). It is
 on PyPI, and installs nowhere but a scratch folder:
@@ -29,6 +32,7 @@ the driver reserves per block, and the SM limits are those of the A100 (sm_80: 6
 not measurements.
 """
 import argparse
+import glob
 import os
 import re
 import shutil
@@ -41,6 +45,9 @@ SM = {  # registers, shared bytes usable per SM, max threads, max blocks
     "sm_90": (65536, 228 * 1024, 2048, 32),
 }
 COUNTED = ["LDSM", "LDS", "HMMA", "LDGSTS", "BAR"]
+# The attention kernels' files, today's layout first; the first pattern that matches in a tree
+# is taken.
+DEFAULT_SOURCES = ["kernels/cuda/fmha*.cu", "src/kernels/cuda/fmha*.cu"]
 
 
 def find_tool(name, env):
@@ -50,6 +57,25 @@ def find_tool(name, env):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     sys.exit(f"kernel_report: {name} not found: set ${env} (see --help for how to get it)")
+
+
+def find_sources(root, patterns):
+    """The files under root that the patterns match, sorted; with the default patterns, those of
+    the first that matches any."""
+    def matches(pattern):
+        return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, pattern)))
+    if patterns is DEFAULT_SOURCES:
+        for pattern in patterns:
+            if matches(pattern):
+                return matches(pattern)
+        sys.exit(f"kernel_report: no {' or '.join(patterns)} under {root}")
+    found = []
+    for pattern in patterns:
+        got = matches(pattern)
+        if not got:
+            sys.exit(f"kernel_report: {pattern} matches nothing under {root}")
+        found += [f for f in got if f not in found]
+    return found
 
 
 def short_name(mangled):
@@ -63,7 +89,7 @@ def short_name(mangled):
 
 
 def compile_cubin(nvcc, root, source, arch, tmp):
-    keep = os.path.join(tmp, arch)
+    keep = os.path.join(tmp, arch, source.replace(os.sep, "_"))
     os.makedirs(keep)
     cubin = os.path.join(keep, "out.cubin")
     # src/ and the tree's root are the include roots ("model/bert.h", "kernels/backend.h"); the
@@ -149,7 +175,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
-    ap.add_argument("--source", default="kernels/cuda/fmha_mma.cu")
+    ap.add_argument("--source", action="append",
+                    help="a file or glob relative to the root (repeatable)")
     ap.add_argument("--arch", action="append")
     ap.add_argument("--threads", type=int, default=128, help="when a kernel has no bounds")
     ap.add_argument("--filter", default="fmha_|zero_padding", help="regex on the kernel names")
@@ -157,16 +184,21 @@ def main():
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     cuobjdump = find_tool("cuobjdump", "CUOBJDUMP")
     root = os.path.abspath(a.root)
-    print(f"{root}/{a.source}")
+    sources = find_sources(root, a.source or DEFAULT_SOURCES)
+    for source in sources:
+        print(f"{root}/{source}")
     hdr = (f"{'arch':6} {'kernel':30} {'regs':>4} {'spill st/ld':>11} {'smem':>6} "
            f"{'blocks/SM':>13} " + " ".join(f"{k:>6}" for k in COUNTED))
     print(hdr)
     print("-" * len(hdr))
     with tempfile.TemporaryDirectory() as tmp:
         for arch in a.arch or ["sm_80", "sm_90"]:
-            cubin, log, ptx = compile_cubin(nvcc, root, a.source, arch, tmp)
-            res, bounds = ptxas_resources(log), max_threads(ptx)
-            counts = sass_counts(cuobjdump, cubin)
+            res, bounds, counts = {}, {}, {}
+            for source in sources:
+                cubin, log, ptx = compile_cubin(nvcc, root, source, arch, tmp)
+                res.update(ptxas_resources(log))
+                bounds.update(max_threads(ptx))
+                counts.update(sass_counts(cuobjdump, cubin))
             for fn in sorted(res, key=short_name):
                 name = short_name(fn)
                 if not re.search(a.filter, name):

@@ -3,7 +3,7 @@
 // Launches take a work list (fmha.h): the backend sorts the sequences into length buckets
 // (common/fmha_plan.h) and launches each bucket as its own grid, sized by that bucket's longest
 // sequence, on its own stream; blocks past a sequence's end inside a bucket exit at once.
-// bf16 / fp16 activations take the tensor-core kernels of fmha_mma.cu instead.
+// bf16 / fp16 activations take the tensor-core kernels of fmha_mma_*.cu instead.
 //
 // TODO(cuda attention, later steps of the CUDA backend issue -- not done here):
 //  1. FlashAttention-2 tiling for fp32 too (64-128 query rows per block, K/V tiles double-

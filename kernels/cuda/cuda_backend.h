@@ -1,6 +1,6 @@
 // The CUDA backend: every op of kernels/backend.h with the CPU backend's semantics, in fp32 and
 // bf16 / fp16 storage: GEMMs through cuBLASLt (fp32 compute, no TF32) with fused epilogues,
-// tensor-core attention (fmha_mma.cu), the rest in deterministic kernels. Built with
+// tensor-core attention (fmha_mma_*.cu), the rest in deterministic kernels. Built with
 // PACKBERT_HAVE_CUDA (a GPU build, or the emulated one: kernels/cuda_emu).
 #pragma once
 

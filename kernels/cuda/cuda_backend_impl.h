@@ -104,13 +104,23 @@ class CudaLowpStaging final : public lowp::Staging {
   std::array<size_t, lowp::kMaxStaged> bytes_{};
 };
 
-// Vocabulary columns per block of the low-precision MLM decoder's backward (cuda_linear.cpp):
+// Vocabulary columns per block of the low-precision MLM decoder's backward (cuda_heads.cpp):
 // as many as keep the rounded gradient of a block of m rows within 64 MiB, a multiple of 8
 // (all v when they fit; at least min(8, v)).
 int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes);
 
 // The kernels' name for a float dtype (f32, bf16, f16; Error naming op and argument otherwise).
 cuda::FloatFormat float_format(const char* op, const char* name, const Tensor& t);
+// cuBLASLt's name for a float dtype (bf16, f16; fp32 for any other).
+inline cudaDataType_t cuda_type(DType t) {
+  return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
+}
+// The same view read as f32: a bf16 / f16 op runs the shared shape checks of op_args.h on it,
+// and checks the dtypes itself.
+inline Tensor shape_of(Tensor t) {
+  if (t.defined()) t.dtype = DType::f32;
+  return t;
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -224,7 +234,7 @@ class CudaBackend final : public Backend {
   float* scratch_floats(const char* op, size_t n);
   void* scratch_bytes(const char* op, size_t n);
 
-  // ---- cuBLASLt (cuda_linear.cpp) ----
+  // ---- cuBLASLt (cuda_gemm.cpp) ----
   // Runs the matmul; false when cuBLASLt has no algorithm for this epilogue or its matmul
   // refuses it (the caller then falls back to DEFAULT plus a kernel). The heuristic's choice,
   // and a refusal, are cached per shape.
@@ -250,21 +260,22 @@ class CudaBackend final : public Backend {
   // + bias), pre = x w^T + bias. False when cuBLASLt does not take it (the caller falls back).
   bool gelu_aux_gemm(const char* op, GemmCall g, void* out, const float* bias);
 
-  // linear_forward / linear_backward with bf16 / f16 operands through cuBLASLt (true when
-  // they ran; false: a combination the native path does not take, for the adapter).
+  // linear_forward / linear_backward with bf16 / f16 operands through cuBLASLt
+  // (cuda_linear.cpp; true when they ran; false: a combination the native path does not take,
+  // for the adapter).
   bool linear_forward_lowp(const Tensor& x, const Tensor& w, const Tensor& bias,
                            Epilogue epilogue, const Tensor& out, const Tensor& pre);
   bool linear_backward_lowp(const Tensor& x, const Tensor& w, const Tensor& dout,
                             const Tensor& dx, const Tensor& dw, const Tensor& db,
                             const LinearBackwardOptions& options);
   // mlm_loss with x, w (and dx) bf16 / f16: the decoder GEMMs on the low-precision operands
-  // (cuda_linear.cpp); false for a combination it does not take (the adapter's then).
+  // (cuda_heads.cpp); false for a combination it does not take (the adapter's then).
   bool mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
                      float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                      const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                      const Tensor& db);
 
-  // nsp_loss (cuda_linear.cpp): the workspace's views [cls, pooled, dpooled, dcls, logits];
+  // nsp_loss (cuda_heads.cpp): the workspace's views [cls, pooled, dpooled, dcls, logits];
   // the fp32 head from the gathered cls rows to dcls (the weights fp32); the bf16 / f16 path
   // (false for a combination it does not take: the adapter's then).
   static std::array<Tensor, 5> nsp_workspace(const Tensor& workspace, int64_t s, int64_t h);

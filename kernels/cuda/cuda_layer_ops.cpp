@@ -382,7 +382,7 @@ CudaBackend::AttnLaunch CudaBackend::attention_launch(const char* op, const SeqL
 // Dispatch (the contract's "lowp: qkv, out[, dout, dqkv]"; lse is always f32):
 // - every float tensor f32: the fp32 kernels (attention_kernels.cu);
 // - qkv, out (and dout, dqkv) all in one 16-bit dtype, 16-byte aligned, with head dim 64: the
-//   tensor-core kernels (fmha_mma.cu), same lse layout;
+//   tensor-core kernels (fmha_mma_forward.cu, fmha_mma_backward.cu), same lse layout;
 // - any other combination the contract allows (each tensor on its own, another head dim, an
 //   unaligned view): widened through the low-precision adapter onto the fp32 kernels.
 // Both kernel families run through the grouped launch: the sequences sorted into length

@@ -1,6 +1,6 @@
 // Fused multi-head attention on the CUDA backend: the grouped (length-bucketed, multi-stream)
 // launch shared by the fp32 kernels (attention_kernels.cu) and the tensor-core bf16/fp16
-// kernels (fmha_mma.cu), in the style of cuda_kernels.h: raw pointers in, cudaError_t out.
+// kernels (fmha_mma_*.cu), in the style of cuda_kernels.h: raw pointers in, cudaError_t out.
 //
 // A launch covers one work list: `count` sequences whose indices are seqs[0 .. count) (a device
 // array of the bucket, kernels/common/fmha_plan.h), the longest of them max_len tokens. The grid
@@ -28,7 +28,8 @@ struct AttnWork {
   int32_t max_len = 0;
 };
 
-// x[r, 0 .. width) = 0 for every row r with token_seq[r] < 0, elements of elem_bytes (2 or 4).
+// x[r, 0 .. width) = 0 for every row r with token_seq[r] < 0, elements of elem_bytes (2 or 4)
+// (fmha_padding.cu).
 cudaError_t fmha_zero_padding_rows(const DeviceLayout& l, void* x, int64_t width, int elem_bytes,
                                    cudaStream_t s);
 
@@ -43,15 +44,15 @@ cudaError_t attention_backward_work(const DeviceLayout& l, const AttnWork& w, co
 // Query (key) rows per block of the fp32 kernels: the grid's tile count per sequence.
 constexpr int kAttentionF32Tile = 16;
 
-// ---- bf16 / fp16 tensor cores (fmha_mma.cu): head dim exactly kFmhaHeadDim -------------------
+// ---- bf16 / fp16 tensor cores (fmha_mma_*.cu): head dim exactly kFmhaHeadDim ----------------
 enum class FmhaType { bf16, f16 };
 constexpr int kFmhaHeadDim = 64;
 constexpr int kFmhaTile = 64;  // query rows (forward, dQ) or key rows (dK/dV) per block
 // Every pointer 16-byte aligned (checked by the backend). qkv [rows, 3 hidden], out / dout
 // [rows, hidden] and dqkv in the type; lse f32 [rows, heads] (the fp32 kernel's order). delta:
 // f32 [rows, heads] workspace (D = dO . O of each query row, made and used by the backward).
-// What one block of each tensor-core kernel holds (fmha_mma.cu, "Budget" says how the tile
-// shape follows from it): threads, static shared memory in bytes, and the registers of fp32
+// What one block of each tensor-core kernel holds (fmha_mma_common.cuh, "Budget" says how the
+// tile shape follows from it): threads, static shared memory in bytes, and the registers of fp32
 // accumulators and 16-bit fragments each thread keeps live across a tile (a floor under the
 // compiler's count, which scripts/kernel_report.py prints with the blocks per SM).
 struct FmhaKernelBudget {

@@ -1,5 +1,6 @@
-// cuBLASLt on the emulated device: the matmul packbert's linear layers run (cuda_linear.cpp),
-// computed on the CPU in stream order.
+// cuBLASLt on the emulated device: the matmul packbert's linear layers run (cuda_gemm.cpp),
+// computed on the CPU in stream order. This file is the API (handles, descriptors, the checks,
+// the heuristic, the matmul's call); the arithmetic it describes is cublaslt_matmul.cpp's.
 //
 // What is modelled, as the cuBLAS documentation defines it (cublasLtMatmul; cublasLtEpilogue_t;
 // cublasLtMatmulDescAttributes_t), in column-major terms (element (i, j) at i + j * ld):
@@ -43,18 +44,14 @@
 //   order of fp32 accumulation and its rounding of intermediates: the emulation is more exact
 //   than the GPU, which differs from it by fp32 rounding errors growing with k.
 #include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
-#include <vector>
 
+#include "kernels/cuda_emu/cublaslt_matmul.h"
 #include "kernels/cuda_emu/runtime.h"
 
 struct cublasLtContext {};  // one device, no per-context state
@@ -71,12 +68,6 @@ struct cublasLtMatmulDescOpaque_st {
   int64_t aux_ld = 0;
 };
 
-struct cublasLtMatrixLayoutOpaque_st {
-  cudaDataType_t type;
-  uint64_t rows, cols;
-  int64_t ld;
-};
-
 // Kept only so that setting them can be checked; the emulation's answers do not depend on them.
 struct cublasLtMatmulPreferenceOpaque_st {
   uint32_t search_mode = 0;
@@ -90,6 +81,7 @@ struct cublasLtMatmulPreferenceOpaque_st {
 namespace {
 
 namespace emu = packbert::emu;
+using namespace packbert::emu::cublaslt;
 
 // Written into every algorithm the heuristic returns, with the problem it was found for.
 constexpr uint64_t kAlgoMagic = 0x7062656d754c7431ull;
@@ -114,11 +106,7 @@ const char* type_name(int t) {
 }
 
 bool is_float_type(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F; }
-size_t type_bytes(int t) { return t == CUDA_R_32F ? 4 : 2; }
 
-bool has_bias_input(uint32_t e) {
-  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-}
 bool has_aux(uint32_t e) {
   return e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
 }
@@ -139,16 +127,6 @@ bool extent(uint64_t rows, uint64_t cols, uint64_t ld, uint64_t* elements) {
   *elements = e;
   return true;
 }
-
-// The GEMM as checked: the descriptor's and layouts' values with the transposes resolved.
-struct Problem {
-  bool transa, transb;
-  uint64_t m, n, k;
-  cublasLtMatrixLayoutOpaque_st a, b, c, d;
-  uint32_t epilogue;
-  int32_t bias_type;  // resolved: D's type when the descriptor says -1
-  int64_t aux_ld;
-};
 
 std::string layout_text(const cublasLtMatrixLayoutOpaque_st& l) {
   return std::to_string(l.rows) + " x " + std::to_string(l.cols) + " " + type_name(l.type) +
@@ -231,124 +209,6 @@ cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_st* op,
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   return CUBLAS_STATUS_SUCCESS;
-}
-
-double load(const void* base, int type, uint64_t i) {
-  const char* p = static_cast<const char*>(base) + i * type_bytes(type);
-  if (type == CUDA_R_32F) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  if (type == CUDA_R_16BF) {
-    __nv_bfloat16 h;
-    std::memcpy(&h, p, 2);
-    return __bfloat162float(h);
-  }
-  __half h;
-  std::memcpy(&h, p, 2);
-  return __half2float(h);
-}
-
-// Rounds to fp32 first: where the GPU's fp32 epilogue rounds before converting to D's type.
-void store(void* base, int type, uint64_t i, double v) {
-  char* p = static_cast<char*>(base) + i * type_bytes(type);
-  const float f = static_cast<float>(v);
-  if (type == CUDA_R_32F) {
-    std::memcpy(p, &f, 4);
-  } else if (type == CUDA_R_16BF) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(f);
-    std::memcpy(p, &h, 2);
-  } else {
-    const __half h = __float2half_rn(f);
-    std::memcpy(p, &h, 2);
-  }
-}
-
-// GELU's tanh approximation and its derivative, as cuBLASLt's GELU epilogues compute them.
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
-constexpr double kGeluCubic = 0.044715;
-double gelu_tanh(double x) {
-  return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
-}
-double gelu_tanh_derivative(double x) {
-  const double t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
-  const double du_dx = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x * x);
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx;
-}
-
-// Runs the GEMM and its epilogue (stream work). Everything is read before anything is written,
-// so that C == D and the aux matrix may overlap the inputs.
-void run_matmul(const Problem& p, double alpha, double beta, const void* A, const void* B,
-                const void* C, void* D, void* bias, void* aux) {
-  const uint64_t m = p.m, n = p.n, k = p.k;
-  const auto lda = static_cast<uint64_t>(p.a.ld), ldb = static_cast<uint64_t>(p.b.ld);
-  const auto ldc = static_cast<uint64_t>(p.c.ld), ldd = static_cast<uint64_t>(p.d.ld);
-  const auto aux_ld = static_cast<uint64_t>(p.aux_ld);
-  // op(A)'s rows and op(B)'s columns, each contiguous over k, widened.
-  std::vector<double> a_rows(m * k), b_cols(n * k);
-  for (uint64_t i = 0; i < m; ++i)
-    for (uint64_t q = 0; q < k; ++q)
-      a_rows[i * k + q] = load(A, p.a.type, p.transa ? q + i * lda : i + q * lda);
-  for (uint64_t j = 0; j < n; ++j)
-    for (uint64_t q = 0; q < k; ++q)
-      b_cols[j * k + q] = load(B, p.b.type, p.transb ? j + q * ldb : q + j * ldb);
-  std::vector<double> bias_in;
-  if (has_bias_input(p.epilogue)) {
-    bias_in.resize(m);
-    for (uint64_t i = 0; i < m; ++i) bias_in[i] = load(bias, p.bias_type, i);
-  }
-  // The dot products, 4 x 4 at a time (each operand row loaded once per 4 products: the MLM
-  // decoder's GEMMs at vocabulary size take seconds, not minutes).
-  std::vector<double> out(m * n), pre;
-  for (uint64_t j0 = 0; j0 < n; j0 += 4)
-    for (uint64_t i0 = 0; i0 < m; i0 += 4) {
-      const uint64_t ni = std::min<uint64_t>(4, m - i0), nj = std::min<uint64_t>(4, n - j0);
-      const double* ar[4];
-      const double* bc[4];
-      for (uint64_t r = 0; r < 4; ++r) {
-        ar[r] = &a_rows[(i0 + std::min(r, ni - 1)) * k];
-        bc[r] = &b_cols[(j0 + std::min(r, nj - 1)) * k];
-      }
-      double acc[4][4] = {};
-      for (uint64_t q = 0; q < k; ++q)
-        for (int r = 0; r < 4; ++r)
-          for (int c = 0; c < 4; ++c) acc[r][c] += ar[r][q] * bc[c][q];
-      for (uint64_t c = 0; c < nj; ++c)
-        for (uint64_t r = 0; r < ni; ++r) out[i0 + r + (j0 + c) * m] = acc[r][c];
-    }
-  if (p.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) pre.resize(m * n);
-  for (uint64_t j = 0; j < n; ++j) {
-    for (uint64_t i = 0; i < m; ++i) {
-      double x = alpha * out[i + j * m];
-      if (beta != 0.0) x += beta * load(C, p.c.type, i + j * ldc);
-      switch (p.epilogue) {
-        case CUBLASLT_EPILOGUE_BIAS: x += bias_in[i]; break;
-        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
-          x += bias_in[i];
-          pre[i + j * m] = x;
-          x = gelu_tanh(x);
-          break;
-        case CUBLASLT_EPILOGUE_DGELU:
-          x *= gelu_tanh_derivative(load(aux, p.d.type, i + j * aux_ld));
-          break;
-        default: break;
-      }
-      out[i + j * m] = x;
-    }
-  }
-  std::vector<double> bias_grad;
-  if (p.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
-    bias_grad.assign(n, 0.0);
-    for (uint64_t j = 0; j < n; ++j)
-      for (uint64_t q = 0; q < k; ++q) bias_grad[j] += b_cols[j * k + q];
-  }
-  for (uint64_t j = 0; j < n; ++j)
-    for (uint64_t i = 0; i < m; ++i) store(D, p.d.type, i + j * ldd, out[i + j * m]);
-  if (!pre.empty())
-    for (uint64_t j = 0; j < n; ++j)
-      for (uint64_t i = 0; i < m; ++i) store(aux, p.d.type, i + j * aux_ld, pre[i + j * m]);
-  for (uint64_t j = 0; j < bias_grad.size(); ++j) store(bias, p.bias_type, j, bias_grad[j]);
 }
 
 // One buffer the matmul touches: inside one device allocation for its whole extent, aligned to

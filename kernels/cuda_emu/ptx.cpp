@@ -131,23 +131,36 @@ void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
 
 void cp_async_commit() {
   AsyncCopies& q = async_copies();
-  if (q.groups == AsyncCopies::kMax) device_error("more cp.async groups in flight than emulated");
-  q.group_end[q.groups++] = q.count;
+  const uint64_t seq = q.committed++;
+  const int last_end = q.groups > 0 ? q.group_end[q.groups - 1] : 0;
+  if (q.count == last_end) return;  // an empty group: complete already, it only takes a place
+  // Each kept group holds at least one of at most kMax copies, so there is room for it.
+  q.group_end[q.groups] = q.count;
+  q.group_seq[q.groups] = seq;
+  ++q.groups;
 }
 
 int cp_async_due(int n) {
+  if (n < 0) device_error("cp.async.wait_group with a negative N");
   const AsyncCopies& q = async_copies();
-  return q.groups > n ? q.group_end[q.groups - n - 1] : 0;
+  // Groups committed before the newest n: those whose place is below committed - n.
+  int due = 0;
+  for (int g = 0; g < q.groups && q.group_seq[g] + static_cast<uint64_t>(n) < q.committed; ++g)
+    due = q.group_end[g];
+  return due;
 }
 
 void cp_async_retire(int k) {
   AsyncCopies& q = async_copies();
-  if (k <= 0) return;
+  if (k <= 0) return;  // nothing performed: every kept group holds a copy, so none is complete
   int g = 0;
   while (g < q.groups && q.group_end[g] <= k) ++g;  // the groups now complete
   for (int i = k; i < q.count; ++i) q.copy[i - k] = q.copy[i];
   q.count -= k;
-  for (int i = g; i < q.groups; ++i) q.group_end[i - g] = q.group_end[i] - k;
+  for (int i = g; i < q.groups; ++i) {
+    q.group_end[i - g] = q.group_end[i] - k;
+    q.group_seq[i - g] = q.group_seq[i];
+  }
   q.groups -= g;
 }
 

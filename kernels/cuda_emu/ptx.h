@@ -17,10 +17,16 @@ void mma_m16n8k16(MmaType type, float (&c)[4], const uint32_t (&a)[4], uint32_t 
 // 8 num and up: zeros, unused); this exchanges the rows and gives each lane its num registers.
 void ldmatrix(int num, bool trans, const uint32_t (&row)[4], uint32_t* out);
 
-// cp.async: a CUDA thread's copies issued and not yet complete, oldest first, and where each
-// committed group of them ends (copies after the last end are not committed yet). The copies
-// are performed at the cp.async.wait_group that completes their group, by the caller
-// (device_seams.cuh), so a read of the destination before that wait sees the old contents.
+// cp.async: a CUDA thread's copies issued and not yet complete, oldest first, and the committed
+// groups that hold them. The copies are performed at the cp.async.wait_group that completes
+// their group, by the caller (device_seams.cuh), so a read of the destination before that wait
+// sees the old contents.
+// Groups as the PTX ISA defines them: cp.async.commit_group closes the copies issued since the
+// last commit into a group, an empty one when there are none, and an empty group is complete at
+// once; cp.async.wait_group N waits until all groups but the N most recently committed are
+// complete, empty ones counting among those N. So only the groups that hold copies are kept
+// (at most one per copy: kMax bounds both), each with its place in the thread's commit order,
+// and `committed` counts every commit.
 struct AsyncCopy {
   void* dst;
   const void* src;
@@ -29,15 +35,17 @@ struct AsyncCopy {
 struct AsyncCopies {
   static constexpr int kMax = 64;
   AsyncCopy copy[kMax];
-  int count = 0;
-  int group_end[kMax];
+  int count = 0;             // copies after the last group's end are not committed yet
+  int group_end[kMax];       // where each kept group ends in copy[] (exclusive)
+  uint64_t group_seq[kMax];  // its place in the commit order: 0 for the thread's first commit
   int groups = 0;
+  uint64_t committed = 0;  // commits so far, empty groups included
 };
 AsyncCopies& async_copies();  // the running CUDA thread's (scheduler.cpp)
 void cp_async(void* dst, const void* src, int bytes, int src_bytes);
 void cp_async_commit();
-// The number of leading copies that cp.async.wait_group n completes (all groups but the newest
-// n); cp_async_retire drops them once the caller has performed them.
+// The number of leading copies that cp.async.wait_group n completes (those of every group
+// committed before the newest n); cp_async_retire drops them once the caller has performed them.
 int cp_async_due(int n);
 void cp_async_retire(int k);
 

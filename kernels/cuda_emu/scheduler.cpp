@@ -289,6 +289,7 @@ void prepare_thread(Scheduler& s, int t, uint3 idx) {
   th.waiting_at = nullptr;
   th.copies.count = 0;
   th.copies.groups = 0;
+  th.copies.committed = 0;
 }
 
 // No thread can run, yet not all have ended: say who waits where.

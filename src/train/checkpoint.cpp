@@ -1,3 +1,7 @@
+// Checkpoint directories (checkpoint.h): written atomically, found, pruned, set aside when
+// damaged, and read back into the model's and the optimizer's buffers. config.json's text is
+// checkpoint_config.cpp's, trainer_state.json's checkpoint_trainer_state.cpp's, and
+// verify_checkpoint checkpoint_verify.cpp's.
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
@@ -15,7 +19,6 @@
 #include <vector>
 
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
@@ -26,6 +29,14 @@ namespace packbert {
 
 namespace fs = std::filesystem;
 using namespace detail;
+
+namespace {
+
+constexpr const char* kAsideSuffix = ".corrupt";
+
+std::string os_error(int err) { return std::strerror(err); }
+
+}  // namespace
 
 namespace detail {
 
@@ -67,14 +78,6 @@ std::string read_checked_text(const std::string& dir, const char* file,
   return text;
 }
 
-}  // namespace detail
-
-namespace {
-
-constexpr const char* kAsideSuffix = ".corrupt";
-
-std::string os_error(int err) { return std::strerror(err); }
-
 void write_file_synced(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   PB_REQUIRE(fd >= 0, "{}: cannot create: {}", path, os_error(errno));
@@ -99,6 +102,10 @@ void write_file_synced(const std::string& path, const std::string& text) {
   PB_REQUIRE(::close(fd) == 0, "{}: close failed: {}", path, os_error(errno));
 }
 
+}  // namespace detail
+
+namespace {
+
 void fsync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   PB_REQUIRE(fd >= 0, "{}: cannot open directory to fsync: {}", dir, os_error(errno));
@@ -109,9 +116,6 @@ void fsync_dir(const std::string& dir) {
   }
   ::close(fd);
 }
-
-// A float as JSON shows it: its shortest decimal form (0.1f -> 0.1, not 0.10000000149...).
-double json_float(float f) { return std::stod(fmt::format("{}", f)); }
 
 std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
@@ -137,77 +141,6 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-// ---- config.json ---------------------------------------------------------------------------
-
-nlohmann::ordered_json hf_config_json(const BertConfig& c) {
-  nlohmann::ordered_json j;
-  j["architectures"] = {"BertForPreTraining"};
-  j["model_type"] = "bert";
-  j["vocab_size"] = c.vocab_size;
-  j["hidden_size"] = c.hidden;
-  j["num_hidden_layers"] = c.layers;
-  j["num_attention_heads"] = c.heads;
-  j["intermediate_size"] = c.intermediate;
-  j["hidden_act"] = c.hidden_act == Gelu::tanh ? "gelu_new" : "gelu";
-  j["hidden_dropout_prob"] = json_float(c.hidden_dropout);
-  j["attention_probs_dropout_prob"] = json_float(c.attention_dropout);
-  j["max_position_embeddings"] = c.max_position_embeddings;
-  j["type_vocab_size"] = c.type_vocab_size;
-  j["initializer_range"] = 0.02;
-  j["layer_norm_eps"] = json_float(c.layer_norm_eps);
-  j["pad_token_id"] = 0;
-  j["position_embedding_type"] = "absolute";
-  j["torch_dtype"] = "float32";
-  j["packbert_real_vocab_size"] = c.real_vocab_size;
-  return j;
-}
-
-struct FieldDiff {
-  std::string field;
-  std::string ours;
-  std::string theirs;
-};
-
-// Fields where a and b differ (the model's shape; dropout rates too when `dropout`).
-std::vector<FieldDiff> config_diffs(const BertConfig& a, const BertConfig& b, bool dropout) {
-  std::vector<FieldDiff> d;
-  auto i64 = [&](const char* f, int64_t x, int64_t y) {
-    if (x != y) d.push_back({f, std::to_string(x), std::to_string(y)});
-  };
-  auto f32 = [&](const char* f, float x, float y) {
-    if (x != y) d.push_back({f, fmt::format("{}", x), fmt::format("{}", y)});
-  };
-  i64("vocab_size", a.vocab_size, b.vocab_size);
-  i64("packbert_real_vocab_size", a.real_vocab_size, b.real_vocab_size);
-  i64("hidden_size", a.hidden, b.hidden);
-  i64("num_hidden_layers", a.layers, b.layers);
-  i64("num_attention_heads", a.heads, b.heads);
-  i64("intermediate_size", a.intermediate, b.intermediate);
-  i64("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings);
-  i64("type_vocab_size", a.type_vocab_size, b.type_vocab_size);
-  f32("layer_norm_eps", a.layer_norm_eps, b.layer_norm_eps);
-  if (dropout) {
-    f32("hidden_dropout_prob", a.hidden_dropout, b.hidden_dropout);
-    f32("attention_probs_dropout_prob", a.attention_dropout, b.attention_dropout);
-    // Resuming keeps the GELU; a weights-only start may change it (Google's TF checkpoints,
-    // trained with the tanh form, say "gelu", which Hugging Face reads as erf).
-    auto act = [](Gelu g) { return std::string(g == Gelu::tanh ? "gelu_new" : "gelu"); };
-    if (a.hidden_act != b.hidden_act) d.push_back({"hidden_act", act(a.hidden_act), act(b.hidden_act)});
-  }
-  return d;
-}
-
-void check_config(const std::string& path, const BertConfig& expected, const BertConfig& c,
-                  bool dropout) {
-  const auto diffs = config_diffs(expected, c, dropout);
-  if (diffs.empty()) return;
-  std::string msg;
-  for (const FieldDiff& f : diffs)
-    msg += fmt::format("{}{} = {} (the model has {})", msg.empty() ? "" : "; ", f.field,
-                       f.theirs, f.ours);
-  PB_THROW("{}: checkpoint config does not match the model: {}", path, msg);
 }
 
 // ---- tensors -------------------------------------------------------------------------------
@@ -288,187 +221,6 @@ void warn_unverified(const std::string& dir, const std::vector<std::string>& unv
 
 }  // namespace
 
-// ---- config.json ---------------------------------------------------------------------------
-
-void write_hf_config(const std::string& path, const BertConfig& config) {
-  write_file_synced(path, hf_config_json(config).dump(2) + "\n");
-}
-
-BertConfig read_hf_config(const std::string& path) {
-  return parse_hf_config(path, read_text(path));
-}
-
-BertConfig detail::parse_hf_config(const std::string& path, const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    PB_THROW("{}: not valid JSON: {}", path, e.what());
-  }
-  PB_REQUIRE(j.is_object(), "{}: not a JSON object", path);
-  auto int_field = [&](const char* key, bool required, int64_t fallback) -> int64_t {
-    if (!j.contains(key) || j[key].is_null()) {
-      PB_REQUIRE(!required, "{}: field '{}' is missing", path, key);
-      return fallback;
-    }
-    PB_REQUIRE(j[key].is_number_integer(), "{}: field '{}' = {} is not an integer", path, key,
-               j[key].dump());
-    return j[key].get<int64_t>();
-  };
-  auto float_field = [&](const char* key, float fallback) -> float {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    PB_REQUIRE(j[key].is_number(), "{}: field '{}' = {} is not a number", path, key,
-               j[key].dump());
-    return static_cast<float>(j[key].get<double>());
-  };
-  auto string_field = [&](const char* key, const char* required_value) {
-    if (!j.contains(key) || j[key].is_null()) return;
-    PB_REQUIRE(j[key].is_string() && j[key].get<std::string>() == required_value,
-               "{}: field '{}' = {} is not supported (only \"{}\")", path, key, j[key].dump(),
-               required_value);
-  };
-  if (j.contains("model_type")) string_field("model_type", "bert");
-  string_field("position_embedding_type", "absolute");
-
-  BertConfig c;
-  // Hugging Face's names of the two GELUs (gelu_new and gelu_pytorch_tanh compute the same
-  // tanh approximation).
-  if (j.contains("hidden_act") && !j["hidden_act"].is_null()) {
-    const std::string act = j["hidden_act"].is_string() ? j["hidden_act"].get<std::string>() : "";
-    PB_REQUIRE(act == "gelu" || act == "gelu_new" || act == "gelu_pytorch_tanh",
-               "{}: field 'hidden_act' = {} is not supported (only \"gelu\", \"gelu_new\" or "
-               "\"gelu_pytorch_tanh\")",
-               path, j["hidden_act"].dump());
-    c.hidden_act = act == "gelu" ? Gelu::erf : Gelu::tanh;
-  }
-  c.vocab_size = int_field("vocab_size", true, 0);
-  c.hidden = int_field("hidden_size", true, 0);
-  c.layers = int_field("num_hidden_layers", true, 0);
-  c.heads = int_field("num_attention_heads", true, 0);
-  c.intermediate = int_field("intermediate_size", true, 0);
-  c.max_position_embeddings = int_field("max_position_embeddings", true, 0);
-  c.type_vocab_size = int_field("type_vocab_size", true, 0);
-  c.real_vocab_size =
-      int_field("packbert_real_vocab_size", false, std::min<int64_t>(c.vocab_size, kBertVocab));
-  c.hidden_dropout = float_field("hidden_dropout_prob", 0.1f);
-  c.attention_dropout = float_field("attention_probs_dropout_prob", 0.1f);
-  c.layer_norm_eps = float_field("layer_norm_eps", 1e-12f);
-  try {
-    validate(c);
-  } catch (const Error& e) {
-    PB_THROW("{}: {}", path, e.what());
-  }
-  return c;
-}
-
-// ---- trainer_state.json --------------------------------------------------------------------
-
-std::string trainer_state_to_json(const TrainerState& s) {
-  nlohmann::json j;
-  j["step"] = s.step;
-  j["samples"] = s.samples;
-  j["tokens"] = s.tokens;
-  j["skipped_steps"] = s.skipped_steps;
-  if (s.loss_scale) {
-    j["loss_scale"] = {{"scale", s.loss_scale->scale},
-                       {"clean_steps", s.loss_scale->clean_steps}};
-  }
-  j["loader"] = nlohmann::json::parse(loader_position_to_json(s.loader));
-  j["rng"] = {{"train_seed", s.rng.train_seed},
-              {"init_seed", s.rng.init_seed},
-              {"dropout_seed", s.rng.dropout_seed},
-              {"data_seed", s.rng.data_seed}};
-  j["world_size"] = s.world_size;
-  j["config"] = s.config;
-  return j.dump(2);
-}
-
-namespace {
-
-// The fields of one object of trainer_state.json; errors name the file and the field, dotted
-// below the top level ("loss_scale.scale").
-class StateFields {
- public:
-  StateFields(const std::string& path, const nlohmann::json& object, std::string prefix = "")
-      : path_(path), j_(object), prefix_(std::move(prefix)) {}
-
-  bool has(const char* key) const { return j_.contains(key); }
-  const nlohmann::json& at(const char* key) const {
-    PB_REQUIRE(has(key), "{}: field '{}{}' is missing", path_, prefix_, key);
-    return j_.at(key);
-  }
-  StateFields object(const char* key) const {
-    require(key, at(key).is_object(), "an object");
-    return StateFields(path_, j_.at(key), prefix_ + key + ".");
-  }
-  int64_t int64(const char* key) const {
-    require(key, at(key).is_number_integer(), "an integer");
-    return j_.at(key).get<int64_t>();
-  }
-  uint64_t uint64(const char* key) const {
-    require(key, at(key).is_number_unsigned(), "a non-negative integer");
-    return j_.at(key).get<uint64_t>();
-  }
-  float number(const char* key) const {
-    require(key, at(key).is_number(), "a number");
-    return j_.at(key).get<float>();
-  }
-  std::string string(const char* key) const {
-    require(key, at(key).is_string(), "a string");
-    return j_.at(key).get<std::string>();
-  }
-  void require(const char* key, bool ok, const char* what) const {
-    PB_REQUIRE(ok, "{}: field '{}{}' = {} is not {}", path_, prefix_, key, j_.at(key).dump(),
-               what);
-  }
-  [[noreturn]] void fail(const char* key, const std::string& why) const {
-    PB_THROW("{}: field '{}{}': {}", path_, prefix_, key, why);
-  }
-
- private:
-  const std::string& path_;
-  const nlohmann::json& j_;
-  std::string prefix_;
-};
-
-}  // namespace
-
-TrainerState trainer_state_from_json(const std::string& text, const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    PB_THROW("{}: not valid JSON: {}", path, e.what());
-  }
-  PB_REQUIRE(j.is_object(), "{}: not a JSON object", path);
-  const StateFields f(path, j);
-  TrainerState s;
-  s.step = f.int64("step");
-  s.samples = f.int64("samples");
-  s.tokens = f.int64("tokens");
-  s.skipped_steps = f.int64("skipped_steps");
-  f.require("loader", f.at("loader").is_object(), "an object");
-  try {
-    s.loader = loader_position_from_json(j.at("loader").dump());
-  } catch (const Error& e) {
-    f.fail("loader", e.what());
-  }
-  if (f.has("loss_scale")) {
-    const StateFields ls = f.object("loss_scale");
-    s.loss_scale = LossScalerState{ls.number("scale"), ls.int64("clean_steps")};
-  }
-  if (f.has("rng")) {
-    const StateFields rng = f.object("rng");
-    s.rng.train_seed = rng.uint64("train_seed");
-    s.rng.init_seed = rng.uint64("init_seed");
-    s.rng.dropout_seed = rng.uint64("dropout_seed");
-    s.rng.data_seed = rng.uint64("data_seed");
-  }
-  if (f.has("world_size")) s.world_size = static_cast<int>(f.int64("world_size"));
-  if (f.has("config")) s.config = f.string("config");
-  return s;
-}
-
 // ---- writing -------------------------------------------------------------------------------
 
 std::string write_checkpoint(const std::string& root, const CheckpointWrite& w, int keep_last) {
@@ -494,7 +246,7 @@ std::string write_checkpoint(const std::string& root, const CheckpointWrite& w, 
   bool moved_old = false;
   try {
     const ParamTable& table = *w.table;
-    const std::string config_text = hf_config_json(table.config()).dump(2) + "\n";
+    const std::string config_text = hf_config_text(table.config());
     std::map<std::string, std::string> model_md = {{"format", "pt"}};
     std::map<std::string, std::string> opt_md = {{"format", "pt"},
                                                  {"steps_done", std::to_string(w.lamb_steps_done)},

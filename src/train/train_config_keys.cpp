@@ -45,7 +45,8 @@ const EnumTable<Recompute>& recompute_table() {
   static const auto t = named({Recompute::none, Recompute::mlp, Recompute::layer}, recompute_name);
   return t;
 }
-// Hugging Face's names are "gelu" and "gelu_new" (checkpoint.cpp writes those into config.json).
+// Hugging Face's names are "gelu" and "gelu_new" (checkpoint_config.cpp writes those into
+// config.json).
 const EnumTable<Gelu>& gelu_table() {
   static const EnumTable<Gelu> t = {{Gelu::erf, "gelu"}, {Gelu::tanh, "gelu_tanh"}};
   return t;

@@ -1,11 +1,11 @@
 // The emulated CUDA execution model (kernels/cuda_emu) against CUDA's definitions: built-in
 // indices, barriers and shared memory, warp shuffles, mma.sync against a plain matrix product
 // with the fragments laid out from the PTX ISA's table (written here, apart from the
-// emulation's), ldmatrix against plain loads laid out from its table, cp.async's groups,
-// conversions, atomics, streams and events, and the errors a GPU leaves undefined
-// (a barrier or a warp operation that not every thread reaches), which must name the kernel and
-// the threads. A fault is sticky for the process, as on a GPU, so each faulting case runs in a
-// child process (a death test).
+// emulation's), ldmatrix against plain loads laid out from its table, cp.async's groups (empty
+// ones included), conversions, atomics, streams and events, and the errors a GPU leaves
+// undefined (a barrier or a warp operation that not every thread reaches), which must name the
+// kernel and the threads. A fault is sticky for the process, as on a GPU, so each faulting case
+// runs in a child process (a death test).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -324,6 +324,82 @@ TEST(EmuExecution, CpAsyncCompletesAGroupAtItsWait) {
       EXPECT_EQ(d[(32 + t) * 4 + w], src[(32 + t) * 4 + w]);
       EXPECT_EQ(d[(64 + t) * 4 + w], 0u);
     }
+  }
+}
+
+// Empty groups (a commit with no copy since the last one), as the PTX ISA defines them: complete
+// at once, yet each is one of the "N most recent" groups that cp.async.wait_group N may leave
+// pending. Copies A and B committed in the order A, empty, B, empty, empty; seen[t * 4 + k]
+// records the first word of a destination after each wait.
+__global__ void cp_async_mixed_groups(const uint32_t* src, uint32_t* seen) {
+  __shared__ __align__(16) uint32_t sm[2][32][4];
+  const int t = static_cast<int>(threadIdx.x);
+  for (int c = 0; c < 2; ++c)
+    for (int w = 0; w < 4; ++w) sm[c][t][w] = 0xdeadbeefu;
+  uint32_t* s = seen + t * 4;
+  packbert::cuda::cp_async_16(sm[0][t], src + t * 4, 16);
+  packbert::cuda::cp_async_commit();  // A
+  packbert::cuda::cp_async_commit();  // empty
+  packbert::cuda::cp_async_16(sm[1][t], src + (32 + t) * 4, 16);
+  packbert::cuda::cp_async_commit();  // B
+  packbert::cuda::cp_async_commit();  // empty
+  packbert::cuda::cp_async_commit();  // empty
+  packbert::cuda::cp_async_wait_group<4>();  // all but the newest 4 (B on): A
+  s[0] = sm[0][t][0];
+  s[1] = sm[1][t][0];
+  packbert::cuda::cp_async_wait_group<3>();  // B is the third newest: it may stay pending
+  s[2] = sm[1][t][0];
+  packbert::cuda::cp_async_wait_group<2>();  // only the two empty groups may remain
+  s[3] = sm[1][t][0];
+}
+
+TEST(EmuExecution, CpAsyncWaitGroupCountsEmptyGroups) {
+  std::vector<uint32_t> src(2 * 32 * 4);
+  std::mt19937 rng(17);
+  for (uint32_t& v : src) v = rng() | 1u;
+  Dev<uint32_t> dsrc(src), seen(32 * 4);
+  PB_LAUNCH(1, 32, 0, nullptr, cp_async_mixed_groups)(dsrc.p, seen.p);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint32_t> s = seen.get();
+  for (int t = 0; t < 32; ++t) {
+    EXPECT_EQ(s[t * 4 + 0], src[t * 4]) << t;
+    // The emulation performs a copy at the wait that must complete it, not before.
+    EXPECT_EQ(s[t * 4 + 1], 0xdeadbeefu) << t;
+    EXPECT_EQ(s[t * 4 + 2], 0xdeadbeefu) << t;
+    EXPECT_EQ(s[t * 4 + 3], src[(32 + t) * 4]) << t;
+  }
+}
+
+// 200 empty groups with no copy in flight, then a copy followed by 200 empty groups: a thread
+// may commit any number of groups, however few copies it has in flight.
+__global__ void cp_async_many_empty_groups(const uint32_t* src, uint32_t* seen) {
+  __shared__ __align__(16) uint32_t sm[32][4];
+  const int t = static_cast<int>(threadIdx.x);
+  for (int w = 0; w < 4; ++w) sm[t][w] = 0xdeadbeefu;
+  uint32_t* s = seen + t * 3;
+  for (int i = 0; i < 200; ++i) packbert::cuda::cp_async_commit();
+  packbert::cuda::cp_async_wait_group<0>();
+  packbert::cuda::cp_async_16(sm[t], src + t * 4, 16);
+  for (int i = 0; i < 201; ++i) packbert::cuda::cp_async_commit();  // the copy's, 200 empty
+  s[0] = sm[t][0];
+  packbert::cuda::cp_async_wait_group<201>();  // the copy's group is among the newest 201
+  s[1] = sm[t][0];
+  packbert::cuda::cp_async_wait_group<200>();  // the newest 200 are empty: the copy lands
+  s[2] = sm[t][0];
+}
+
+TEST(EmuExecution, CpAsyncEmptyGroupsCompleteAtOnce) {
+  std::vector<uint32_t> src(32 * 4);
+  std::mt19937 rng(19);
+  for (uint32_t& v : src) v = rng() | 1u;
+  Dev<uint32_t> dsrc(src), seen(32 * 3);
+  PB_LAUNCH(1, 32, 0, nullptr, cp_async_many_empty_groups)(dsrc.p, seen.p);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint32_t> s = seen.get();
+  for (int t = 0; t < 32; ++t) {
+    EXPECT_EQ(s[t * 3 + 0], 0xdeadbeefu) << t;
+    EXPECT_EQ(s[t * 3 + 1], 0xdeadbeefu) << t;
+    EXPECT_EQ(s[t * 3 + 2], src[t * 4]) << t;
   }
 }
 

@@ -1,7 +1,8 @@
 // cuBLASLt as the emulated build sees it (PACKBERT_CUDA=EMULATED): the types, enums and calls
-// packbert uses (kernels/cuda/cuda_linear.cpp, cuda_backend.cpp), with cuBLASLt's names and
+// packbert uses (kernels/cuda/cuda_gemm.cpp, cuda_backend.cpp), with cuBLASLt's names and
 // numeric values (cublasLt.h, cublas_api.h) so that cached plans and logged statuses read the
-// same as on a GPU. The implementation, and what it models, is kernels/cuda_emu/cublaslt.cpp.
+// same as on a GPU. The implementation, and what it models, is kernels/cuda_emu/cublaslt.cpp
+// (the arithmetic cublaslt_matmul.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,7 +44,7 @@ typedef enum {
 } cublasComputeType_t;
 
 // ---- handles and descriptors -----------------------------------------------------------------
-// Opaque here as in cuBLASLt; defined in cublaslt.cpp.
+// Opaque here as in cuBLASLt; defined in cublaslt.cpp (the layout in cublaslt_matmul.h).
 typedef struct cublasLtContext* cublasLtHandle_t;
 typedef struct cublasLtMatmulDescOpaque_st* cublasLtMatmulDesc_t;
 typedef struct cublasLtMatrixLayoutOpaque_st* cublasLtMatrixLayout_t;
