@@ -1,4 +1,4 @@
-// The CUDA backend's bf16 attention (tensor-core FMHA, fmha_mma.cu, through the length-bucketed
+// The CUDA backend's bf16 attention (tensor-core FMHA, fmha_mma_*.cu, through the length-bucketed
 // grouped launch) on BERT-Large shapes: 16 heads, head dim 64,
 //   - fixed length: 32 sequences of 512 (the shape scripts/bench_flash_sdpa.py times with
 //     PyTorch's flash SDPA; the row names match, so the two tables can be set side by side);

@@ -1,9 +1,9 @@
 // gpu label: the CUDA attention ops on their two kernel families, through the grouped
 // (length-bucketed, multi-stream) launch:
-// - bf16 and fp16 tensor-core kernels (fmha_mma.cu) against the CPU backend's fp32 attention on
-//   the SAME inputs, rounded to bf16 / fp16 on the host first, so the only difference is the
-//   kernel's own rounding (P and dS rounded to 16 bits before their products, the outputs
-//   rounded when stored, D = dO . O from the 16-bit O);
+// - bf16 and fp16 tensor-core kernels (fmha_mma_forward.cu, fmha_mma_backward.cu) against the
+//   CPU backend's fp32 attention on the SAME inputs, rounded to bf16 / fp16 on the host first,
+//   so the only difference is the kernel's own rounding (P and dS rounded to 16 bits before
+//   their products, the outputs rounded when stored, D = dO . O from the 16-bit O);
 // - the fp32 kernels against the CPU with the existing fp32 tolerances, now that they launch
 //   per bucket on several streams.
 // Batches mix lengths 1..512 (odd lengths, 1, every bucket bound and one past it, and a length
