@@ -335,13 +335,14 @@ Balance measure(int ranks, int per_rank, int steps) {
 }
 
 // The mean imbalances of one benchmark against its bars: lpt-search's excess over 1 at most
-// `target`, at most a third of LPT's (the local search must still cut it), LPT below
-// round-robin, and the baselines inside their bands [lo, hi] (which validate the benchmark).
+// `target`, at most half of LPT's (the local search must still cut it: it keeps 10 to 13.5% of
+// it, worst of 1000 seeds), LPT below round-robin, and the baselines inside their bands
+// [lo, hi] (which validate the benchmark). Margins over 1000 seeds: docs/testing.md.
 void expect_balance(const std::string& what, const Balance& b, double target, double rr_lo,
                     double rr_hi, double none_lo, double none_hi) {
   test::expect_measure(what + ": lpt-search imbalance - 1", b.mean[3] - 1, target);
   test::expect_measure(what + ": lpt-search excess / LPT's", (b.mean[3] - 1) / (b.mean[2] - 1),
-                       1.0 / 3);
+                       0.5);
   test::expect_measure(what + ": LPT excess / round-robin's", (b.mean[2] - 1) / (b.mean[1] - 1),
                        1.0);
   test::expect_measure(what + ": round-robin imbalance, distance from its band's middle",
@@ -351,7 +352,7 @@ void expect_balance(const std::string& what, const Balance& b, double target, do
 }
 
 // LPT alone meets the target too; the local search must still cut its excess (measured ~8x).
-// The baselines validate the benchmark: round-robin ~1.015, none ~1.14.
+// The baselines validate the benchmark: round-robin ~1.016, none ~1.14.
 TEST(PlannerBalance, Wikipedia8x56) {
   expect_balance("8 x 56", measure(8, 56, 200), 1e-3, 1.008, 1.025, 1.09, 1.19);
 }
@@ -406,6 +407,14 @@ TEST(PlannerBalance, ManyRanks) {
   pc.pack_rank = 5;
   const StepPlan lpt = plan_step(cand, pc);
   pc.method = BalanceMethod::lpt_search;
+  // How many ranks carry the step's maximum cost: the search lowers them one at a time, and when
+  // several tie at LPT's maximum (7 of 1024 for one seed in 1000) a budget may lower some but
+  // not all, leaving max_cost where it was. Progress is (max_cost, ranks at it), compared in
+  // that order.
+  auto at_max = [](const StepPlan& p) {
+    return std::count_if(p.ranks.begin(), p.ranks.end(),
+                         [&](const RankPlan& r) { return r.cost == p.max_cost; });
+  };
   for (int64_t budget : {int64_t{0}, int64_t{1} << 14, int64_t{1} << 18}) {
     pc.search_budget = budget;
     const StepPlan searched = plan_step(cand, pc);
@@ -416,7 +425,9 @@ TEST(PlannerBalance, ManyRanks) {
     if (budget == 0) {
       EXPECT_EQ(searched.max_cost, lpt.max_cost);
     } else {
-      EXPECT_LT(searched.max_cost, lpt.max_cost);
+      EXPECT_LT(std::make_pair(searched.max_cost, at_max(searched)),
+                std::make_pair(lpt.max_cost, at_max(lpt)))
+          << "budget " << budget << ": " << at_max(lpt) << " ranks at LPT's maximum";
     }
   }
 }
