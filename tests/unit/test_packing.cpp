@@ -283,21 +283,26 @@ TEST(Packing, StrategyCountMatchesTheEnumeration) {
 
 // ---- NNLS ---------------------------------------------------------------------------------
 
-// Solves the normal equations of A_S by Gaussian elimination; false when A_S is singular.
+// Solves the normal equations of A_S by Gaussian elimination; false when A_S is singular to
+// working precision (a pivot below 1e-13 of the largest diagonal). A nearly singular support
+// still gives a candidate: the caller judges every candidate by its actual residual, and no
+// x >= 0 has a residual below the optimum, so a poor candidate can only be ignored, never win.
 bool least_squares(const std::vector<double>& a, int m, const std::vector<int>& cols,
                    const std::vector<double>& b, std::vector<double>& x) {
   const int p = static_cast<int>(cols.size());
   std::vector<double> g(size_t(p) * (p + 1), 0.0);
+  double diag = 0;
   for (int i = 0; i < p; ++i) {
     for (int j = 0; j < p; ++j)
       for (int r = 0; r < m; ++r) g[i * (p + 1) + j] += a[cols[i] * m + r] * a[cols[j] * m + r];
     for (int r = 0; r < m; ++r) g[i * (p + 1) + p] += a[cols[i] * m + r] * b[r];
+    diag = std::max(diag, g[i * (p + 1) + i]);
   }
   for (int c = 0; c < p; ++c) {
     int piv = c;
     for (int r = c + 1; r < p; ++r)
       if (std::abs(g[r * (p + 1) + c]) > std::abs(g[piv * (p + 1) + c])) piv = r;
-    if (std::abs(g[piv * (p + 1) + c]) < 1e-9) return false;
+    if (!(std::abs(g[piv * (p + 1) + c]) > 1e-13 * diag)) return false;
     for (int j = 0; j <= p; ++j) std::swap(g[c * (p + 1) + j], g[piv * (p + 1) + j]);
     for (int r = 0; r < p; ++r) {
       if (r == c) continue;
@@ -373,15 +378,18 @@ TEST(Nnls, MatchesBruteForceOnSmallProblems) {
     }
     SCOPED_TRACE("trial " + std::to_string(trial) + " m=" + std::to_string(m) +
                  " n=" + std::to_string(n));
-    EXPECT_NEAR(res.residual_norm, best, 1e-8 * (1 + best));
+    // The solver is at least as good as every support's solution. It may be better: the brute
+    // force's normal equations can lose the optimum of an ill-conditioned support (4 seeds in
+    // 1000 found 1e-11 where the brute force had up to 2.1), which the KKT check certifies.
+    EXPECT_LE(res.residual_norm, best + 1e-8 * (1 + best));
     EXPECT_NEAR(residual_norm(a, m, n, res.x, b), res.residual_norm, 1e-9 * (1 + best));
-    worst_residual = std::max(worst_residual, std::abs(res.residual_norm - best) / (1 + best));
+    worst_residual = std::max(worst_residual, (res.residual_norm - best) / (1 + best));
     worst_consistency = std::max(
         worst_consistency,
         std::abs(residual_norm(a, m, n, res.x, b) - res.residual_norm) / (1 + best));
     worst_kkt = std::max(worst_kkt, expect_kkt(a, m, n, res.x, b, 1e-8 * (1 + best) * 10));
   }
-  test::print_measure("300 small problems: |residual - brute force's| / (1 + best)",
+  test::print_measure("300 small problems: (residual - brute force's) / (1 + best)",
                       worst_residual, 1e-8);
   test::print_measure("300 small problems: |recomputed - reported residual| / (1 + best)",
                       worst_consistency, 1e-9);
