@@ -199,7 +199,18 @@ TEST(NspLoss, MatchesDoubleAndFiniteDifferences) {
   expect_close("nsp_loss d dense_w (FD)", inc(dwp, dwp0), fd_gradient(f, wpd, all_coords(wpd.size())), kTol);
   expect_close("nsp_loss d dense_b (FD)", inc(dbp, dbp0), fd_gradient(f, bpd, all_coords(bpd.size())), kTol);
   expect_close("nsp_loss d cls_w (FD)", inc(dwc, dwc0), fd_gradient(f, wcd, all_coords(wcd.size())), kTol);
-  expect_close("nsp_loss d cls_b (FD)", inc(dbc, dbc0), fd_gradient(f, bcd, all_coords(bcd.size())), kTol);
+  // cls_b's gradient is scale sum_s (p_s - onehot_s): with p ~ 1/2 its terms carry the labels'
+  // signs and cancel when the labels balance, while their fp32 rounding does not (2 seeds in
+  // 1000 reached 1.6e-4 of the remainder). Measured against max(its norm, the norm such a sum
+  // of s random-sign terms of size scale / 2 has), as the model tests' nsp_bias_error does.
+  {
+    const Vec got = inc(dbc, dbc0), fd = fd_gradient(f, bcd, all_coords(bcd.size()));
+    double d2 = 0, n2 = 0;
+    for (size_t i = 0; i < got.size(); ++i) d2 += (got[i] - fd[i]) * (got[i] - fd[i]), n2 += fd[i] * fd[i];
+    const double floor = 0.5 * scale * std::sqrt(2.0 * static_cast<double>(s));
+    expect_measure("nsp_loss d cls_b (FD) / max(|d cls_b|, its noise floor)",
+                   std::sqrt(d2) / std::max(std::sqrt(n2), floor), kTol);
+  }
 }
 
 }  // namespace

@@ -232,10 +232,11 @@ TEST(Math, GeluTanhAndSimdRowsMatchDouble) {
   }
   // fp32 evaluation: a few ulp of 1 + |x| for the values (measured <= 9.2e-8), and ~8 ulp of
   // the O(1) derivative for the tanh form, whose second term multiplies tanh's error by up to
-  // ~2.6 for |x| ~ 3 (measured <= 1.03e-6; the central difference itself is good to ~1e-9).
+  // ~2.6 for |x| ~ 3 (the central difference itself is good to ~1e-9). Worst over 1000 seeds:
+  // 1.04e-6 for mul_gelu_tanh_grad, so the derivatives' bar is 4e-6 (margin 3.8).
   const char* what[6] = {"gelu_tanh", "gelu_tanh_grad", "gelu_tanh_to", "mul_gelu_tanh_grad",
                          "gelu_to", "mul_gelu_grad"};
-  const double bound[6] = {5e-7, 3e-6, 5e-7, 3e-6, 5e-7, 3e-6};
+  const double bound[6] = {5e-7, 4e-6, 5e-7, 4e-6, 5e-7, 4e-6};
   for (int e = 0; e < 6; ++e) expect_measure(std::string(what[e]) + " worst", worst[e], bound[e]);
   // The two forms are different functions (up to ~1e-3 apart near |x| ~ 2): a test that mixed
   // them up would see it.
@@ -269,10 +270,14 @@ TEST(Math, WelfordMatchesTwoPassDouble) {
     merged_mean_err = std::max(merged_mean_err, std::abs(m.mean - mu) / (std::abs(mu) + 1));
     merged_rstd_err = std::max(merged_rstd_err, std::abs(layernorm_rstd(m, 1e-12f) - rstd) / rstd);
   }
-  expect_measure("welford mean / (|mean| + 1)", mean_err, 1e-5);
-  expect_measure("welford rstd (rel)", rstd_err, 1e-5);
-  expect_measure("welford_merge mean / (|mean| + 1)", merged_mean_err, 1e-5);
-  expect_measure("welford_merge rstd (rel)", merged_rstd_err, 1e-5);
+  // fp32 Welford over up to 4096 values whose mean is up to 30x their spread: measured worst
+  // 3.8e-6 (mean) and 7.9e-6 (rstd) over 1000 seeds, so 3e-5 (margin 3.8); the one-pass
+  // E[x^2] - E[x]^2 that Welford replaces is off by ~1e-2 on such rows.
+  constexpr double kWelfordTol = 3e-5;
+  expect_measure("welford mean / (|mean| + 1)", mean_err, kWelfordTol);
+  expect_measure("welford rstd (rel)", rstd_err, kWelfordTol);
+  expect_measure("welford_merge mean / (|mean| + 1)", merged_mean_err, kWelfordTol);
+  expect_measure("welford_merge rstd (rel)", merged_rstd_err, kWelfordTol);
 }
 
 TEST(Math, LambUpdateMatchesDouble) {
@@ -284,24 +289,35 @@ TEST(Math, LambUpdateMatchesDouble) {
   c.clip_divisor = lamb_clip_divisor(2.5f, 1.0f);
   EXPECT_EQ(c.clip_divisor, 2.5f);
   EXPECT_EQ(lamb_clip_divisor(0.5f, 1.0f), 1.0f);
-  std::vector<double> got, want;
+  std::vector<double> got, want, terms;
   double m_err = 0, v_err = 0;
   for (int i = 0; i < 1000; ++i) {
     const auto r = random_floats(rng, 4);
     const float g = r[0], w = r[1], m0 = r[2] * 0.1f, v0 = std::abs(r[3]) * 0.01f;
     float m = m0, v = v0;
     got.push_back(lamb_update(g, w, m, v, c, 0.01f));
-    const double gd = g / 2.5, md = 0.9 * m0 + 0.1 * gd, vd = 0.999 * v0 + 0.001 * gd * gd;
-    want.push_back(md / (1 - std::pow(0.9, step)) /
-                       (std::sqrt(vd / (1 - std::pow(0.999, step))) + 1e-6) +
-                   0.01 * w);
+    // The same formula in double from the same fp32 constants: 1 - beta2 is 1 - 0.999f =
+    // 0.000999987 (exact in fp32), 1.3e-5 away from 0.001, which a reference with 0.001 would
+    // see in v wherever g^2 dominates it.
+    const double b1 = c.beta1, b2 = c.beta2, b3 = c.beta3, bc1 = c.bias_correction1,
+                 bc2 = c.bias_correction2, eps = c.eps;
+    const double gd = g / 2.5, md = b1 * m0 + b3 * gd, vd = b2 * v0 + (1 - b2) * gd * gd;
+    const double denom = bc1 * (std::sqrt(vd / bc2) + eps);
+    want.push_back(md / denom + 0.01 * w);
+    // The size of the update's terms: m = 0.9 m0 + 0.1 g cancels when the two have opposite
+    // signs, while their rounding does not.
+    terms.push_back((b1 * std::abs(m0) + b3 * std::abs(gd)) / denom + 0.01 * std::abs(w));
     m_err = std::max(m_err, std::abs(m - md));
     v_err = std::max(v_err, std::abs(v - vd));
   }
   expect_measure("lamb_update m (abs)", m_err, 1e-6);
   expect_measure("lamb_update v (abs)", v_err, 1e-7);
-  // the fp32-vs-fp64 tolerance (m cancels: 0.9 m + 0.1 g)
-  expect_measure("lamb_update vs double", rel_l2(got, want), 1e-5);
+  // The fp32-vs-fp64 tolerance, against the size of the update's terms (a reference with the
+  // decimal constants and the plain rel L2 reached 4.5e-6 over 1000 seeds, a margin of 2.2).
+  double d2 = 0, t2 = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    d2 += (got[i] - want[i]) * (got[i] - want[i]), t2 += terms[i] * terms[i];
+  expect_measure("lamb_update vs double / the size of its terms", std::sqrt(d2 / t2), 1e-5);
   EXPECT_EQ(lamb_step_size(0.1f, 2.f, 4.f, true), 0.05f);
   EXPECT_EQ(lamb_step_size(0.1f, 0.f, 4.f, true), 0.1f);
   EXPECT_EQ(lamb_step_size(0.1f, 2.f, 0.f, true), 0.1f);
