@@ -30,15 +30,15 @@ constexpr int kMaxSeqLen = 64;
 // the tiny model (2 layers) is a product of stored tensors that went through about 10 stores
 // per layer forward and backward plus the heads' ~10 and the weight copy: N ~ 50 independent
 // roundings on its path, which add in quadrature: sqrt(50) x 1.1e-3 = 8e-3 for bf16 (1e-3 for
-// f16). Sums that cancel amplify relative errors further: cls.seq_relationship.weight is a
-// difference of nearly equal pooled [CLS] vectors (see test_model_equivalence.cpp, ~10x), as is
-// the key bias's pure-noise gradient (measured against its layer's QKV bias norm). So the
-// bound per tensor is about 4x the path estimate: 3e-2 for bf16, 5e-3 for f16. Measured
-// worst over 300 seeds: bf16 1.5e-2, f16 with loss scaling 2.1e-3, both on a query bias (the
-// attention gradients come last in the chain); see the [model-error] lines. A real bug (a
-// wrong rounding, a dtype read as another, a lost accumulation) gives errors of order 1e-1 and
-// above. The loss is a sum over many tokens whose roundings average out: measured worst
-// 3.1e-5 (bf16) and 5.2e-6 (f16) against DESIGN.md's 1e-2.
+// f16), so 3e-2 for bf16 and 5e-3 for f16 leave ~4x. Over 100 seeds (tests/seed_sweeps.txt)
+// every tensor but the sums that cancel at init stayed below 6.4e-3 (bf16) and 8.6e-4 (f16).
+// Those sums (cancels_at_init: attention's query and key gradients, a softmax gradient
+// P (dP - rowsum(P dP)) of a nearly uniform P, and the NSP head's) are small remainders of their
+// terms, whose rounding does not cancel: they reached 1.7e-2 (bf16, a query bias) and 2.1e-3
+// (f16), and are held to twice the bar. A real bug (a wrong rounding, a dtype read as another, a
+// lost accumulation) gives errors of order 1e-1 and above. The loss is a sum over many tokens
+// whose roundings average out: measured worst 3.1e-5 (bf16) and 5.2e-6 (f16) against
+// DESIGN.md's 1e-2.
 constexpr double kLossTol = 1e-2;
 double grad_tol(Precision p) { return p == Precision::bf16 ? 3e-2 : 5e-3; }
 // Inside one precision, layouts and MST chunkings compute every stored activation by the same
@@ -147,7 +147,7 @@ TEST_P(PrecisionVsFp32, LossAndEveryGradient) {
   const std::string what = std::string(precision_name(p)) + " vs fp32";
   expect_loss_close(got, want, kLossTol, what);
   expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what,
-                     with_nsp_floor(c.gs));
+                     with_nsp_floor(c.gs, 2 * grad_tol(p)));
   // The emulation is deterministic: the same step again gives the same bits.
   const StepOutput again = c.run_scaled(*be, b, with(p), scale_for(p));
   EXPECT_EQ(again.result.loss, got.result.loss);
@@ -166,7 +166,7 @@ TEST_P(PrecisionVsFp32, LayoutsAgreeWithinThePrecision) {
                              " vs unpadded";
     expect_loss_close(got, want, kSamePrecisionLossTol, what);
     expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what,
-                       with_nsp_floor(c.gs));
+                       with_nsp_floor(c.gs, 2 * grad_tol(p)));
   }
 }
 
@@ -185,7 +185,7 @@ TEST_P(PrecisionVsFp32, MstChunksAndRecomputationAgreeWithinThePrecision) {
                              " recompute " + recompute_name(r) + " vs M=1";
     expect_loss_close(got, want, kSamePrecisionLossTol, what);
     expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what,
-                       with_nsp_floor(c.gs));
+                       with_nsp_floor(c.gs, 2 * grad_tol(p)));
   }
 }
 
@@ -270,7 +270,7 @@ TEST(ModelPrecision, ScaledFp16StepEqualsTheUnscaledOne) {
   EXPECT_EQ(s16k.result.loss, plain.result.loss);
   const double tol = grad_tol(Precision::fp16);
   expect_loss_close(s1k, fp32, kLossTol, "fp16 scaled 2^10 vs fp32");
-  const GradCompare nsp_floor = with_nsp_floor(c.gs);
+  const GradCompare nsp_floor = with_nsp_floor(c.gs, 2 * tol);
   const double e1k = expect_grads_close(c.model.table, s1k.grads, fp32.grads, tol,
                                         "fp16 scaled 2^10 vs fp32", nsp_floor).first;
   expect_grads_close(c.model.table, s16k.grads, fp32.grads, tol, "fp16 scaled 2^14 vs fp32",
