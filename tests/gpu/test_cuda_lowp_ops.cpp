@@ -25,20 +25,27 @@
 namespace packbert::test {
 namespace {
 
-// The native cuBLASLt path of linear_forward / linear_backward against the CPU's emulation.
-// Low-precision outputs may differ by a flipped rounding where the fp32 sums differ in order
-// (one bf16 ulp is 4e-3 relative, on few elements); the fp32 dw / db differ because CUDA rounds
-// dout after the in-place dGELU before the GEMM reads it: 1e-2 bounds both.
+// The native cuBLASLt path of linear_forward / linear_backward against the CPU's emulation. The
+// two differ by one 16-bit rounding per element, not by summation order alone: CUDA applies
+// GELU and its derivative to the stored 16-bit pre-activation where the CPU uses the fp32 one,
+// and rounds d(pre) to 16 bits before the weight-gradient GEMMs read it. One rounding is at
+// most 2^-9 (bf16) or 2^-12 (f16) of a value; GELU multiplies it by x gelu'(x) / gelu(x), ~9
+// near x = -3, and db's sum over rows cancels to below its terms. Measured over 1000 seeds
+// (tests/seed_sweeps.txt): bf16 4.2e-3 (db of n64 k24 m19), f16 6.8e-4. Bars 1.5e-2 and 2.5e-3
+// (margins 3.6 and 3.7); a wrong epilogue, transposition or bias is of order 1e-1 and above.
 TEST(CudaLowpOps, LinearOpsMatchCpuEmulation) {
   PB_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();
   auto gpu = make_synced_cuda_backend();
   std::mt19937_64 rng(test_seed());
-  auto check = [](const std::vector<float>& g, const std::vector<float>& c, const std::string& what) {
-    expect_rel_l2(g, c, 1e-2, what);
+  DType dtype = DType::bf16;
+  auto check = [&](const std::vector<float>& g, const std::vector<float>& c,
+                   const std::string& what) {
+    expect_rel_l2(g, c, dtype == DType::bf16 ? 1.5e-2 : 2.5e-3, what);
   };
   struct Shape { int64_t n, k, m; };
   for (DType t : {DType::bf16, DType::f16}) {
+    dtype = t;
     for (const Shape sh : {Shape{37, 64, 48}, Shape{64, 24, 19}, Shape{5, 128, 512}}) {
       const int64_t n = sh.n, k = sh.k, m = sh.m;
       const std::string tag = std::string(dtype_name(t)) + " n" + std::to_string(n) + " k" +
