@@ -208,64 +208,6 @@ TEST(CudaLowpOps, MlmLossLowpMatchesCpuEmulation) {
   }
 }
 
-// A bound on |loss - loss'| of two fp32 evaluations of the NSP loss in any summation order, from
-// the widened 16-bit inputs (exact in fp32) in double. With u = 2^-24 and g(n) = n u / (1 - n u)
-// (a sum of n fp32 terms in any order is off by at most g(n) times the sum of their magnitudes),
-// for sequence s, logit j, pooled unit k, each value is off by at most:
-//   pre_sk    = bp_k + sum_i wp_ki x_si       g(h+1) P_sk, with P_sk = |bp_k| + sum_i |wp_ki x_si|
-//   pooled_sk = tanh(pre_sk)                  g(h+1) P_sk + 4u |pooled_sk|
-//                                             (|tanh'| <= 1; tanhf within 2 ulp)
-//   z_sj      = bc_j + sum_k wc_jk pooled_sk  g(h+1) T_sj + sum_k |wc_jk| dpooled_sk, with
-//                                             T_sj = |bc_j| + sum_k |wc_jk pooled_sk|
-//   ce_s      = lse(z_s) - z_s,label          2 max_j dz_sj + 8u (1 + |lse| + |z_label|)
-//                                             (exp, log and the adds, a few ulp each)
-//   loss      = init + scale sum_s ce_s       scale sum_s dce_s + g(s+1) (|init| + scale sum|ce|)
-// Each side is within that of the exact value, so the two are within twice it.
-double nsp_loss_bound(const HostLayout& l, const std::vector<float>& x,
-                      const std::vector<float>& wp,
-                      const std::vector<float>& bp, const std::vector<float>& wc,
-                      const std::vector<float>& bc, const std::vector<int32_t>& labels,
-                      double init, double scale, int64_t h) {
-  constexpr double u = 1.0 / (1 << 24);
-  auto g = [](double n) { return n * u / (1 - n * u); };
-  auto at = [](const std::vector<float>& v, int64_t i) {
-    return static_cast<double>(v[static_cast<size_t>(i)]);
-  };
-  double dloss = 0, ce_sum = 0;
-  for (size_t q = 0; q < l.seq_start.size(); ++q) {
-    const int64_t row = l.seq_start[q];
-    std::vector<double> pooled(static_cast<size_t>(h)), dpooled(static_cast<size_t>(h));
-    for (int64_t k = 0; k < h; ++k) {
-      double pre = at(bp, k), mag = std::abs(at(bp, k));
-      for (int64_t i = 0; i < h; ++i) {
-        pre += at(wp, k * h + i) * at(x, row * h + i);
-        mag += std::abs(at(wp, k * h + i) * at(x, row * h + i));
-      }
-      pooled[static_cast<size_t>(k)] = std::tanh(pre);
-      dpooled[static_cast<size_t>(k)] = g(h + 1) * mag + 4 * u * std::abs(std::tanh(pre));
-    }
-    double z[2], dz[2];
-    for (int64_t j = 0; j < 2; ++j) {
-      double a = at(bc, j), mag = std::abs(at(bc, j)), carried = 0;
-      for (int64_t k = 0; k < h; ++k) {
-        a += at(wc, j * h + k) * pooled[static_cast<size_t>(k)];
-        mag += std::abs(at(wc, j * h + k) * pooled[static_cast<size_t>(k)]);
-        carried += std::abs(at(wc, j * h + k)) * dpooled[static_cast<size_t>(k)];
-      }
-      z[j] = a;
-      dz[j] = g(h + 1) * mag + carried;
-    }
-    const double m = std::max(z[0], z[1]);
-    const double lse = m + std::log(std::exp(z[0] - m) + std::exp(z[1] - m));
-    const double zl = z[labels[q]];
-    ce_sum += lse - zl;
-    dloss += scale * (2 * std::max(dz[0], dz[1]) + 8 * u * (1 + std::abs(lse) + std::abs(zl)));
-  }
-  const double s = static_cast<double>(l.seq_start.size());
-  dloss += g(s + 1) * (std::abs(init) + scale * ce_sum);
-  return 2 * dloss;
-}
-
 // NSP with bf16 / f16 x, dx and weight matrices (the native path: the [CLS] rows and the weights
 // widened, the fp32 head, dcls added to dx's [CLS] rows in fp32 and rounded once) against the
 // CPU's emulation, which runs the same fp32 ops on the same widened values in another order
