@@ -142,6 +142,8 @@ TEST(MlmLoss, ChunksAddUpToTheWhole) {
   run({0, c.m}, dx1, dw1, db1, l1, c1);
   run({0, 7, 8, c.m}, dx3, dw3, db3, l3, c3);
   EXPECT_EQ(c1, c3);
+  // Chunks change only the order of fp32 sums (the loss, dw, db over rows): worst 2.1e-7 over
+  // 1000 seeds (dx), margin 4.8.
   expect_close("mlm_loss 3 chunks vs 1: loss", {l3}, {l1}, 1e-6);
   expect_close("mlm_loss 3 chunks vs 1: dx", to_double(dx3), to_double(dx1), 1e-6);
   expect_close("mlm_loss 3 chunks vs 1: dw", to_double(dw3), to_double(dw1), 1e-6);
