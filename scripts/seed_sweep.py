@@ -20,7 +20,8 @@ reproduced with PACKBERT_TEST_SEED=<seed>. A measure printed several times in on
 each time.
 
 Per measure it prints: the runs it was seen in, the worst error and its seed, the tolerance, and
-the margin tolerance / worst (>= 3 is the rule for a tolerance justified by a sweep). --budget
+the margin tolerance / worst (>= 3 is the rule for a tolerance justified by a sweep; a measure
+printed with "(bound)" has a derived bound instead, and its margin is only informative). --budget
 stops starting new runs after that many seconds; the report says how many ran. --json keeps the
 raw per-measure results, and --table makes a markdown table with a row per command (its
 tightest measure) from any number of such files, and with --detail every measure of each.
@@ -42,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 # ctest -V prefixes each line of a test's output with the test's number ("12: ").
 PREFIX = r"^(?:\d+: )?"
-MEASURE = re.compile(PREFIX + r"\[measure\] (.+) (\S+) <= (\S+)\s*$")
+MEASURE = re.compile(PREFIX + r"\[measure\] (.+) (\S+) <= (\S+)( \(bound\))?\s*$")
 RUN = re.compile(PREFIX + r"\[ RUN      \] (\S+)")
 FAILED = re.compile(PREFIX + r"\[  FAILED  \] (\S+\.\S+)")
 
@@ -78,7 +79,7 @@ def run_once(cmd, seed, timeout, env_extra):
         m = MEASURE.match(line)
         if m:
             measures.append((test, m.group(1).strip(), parse_float(m.group(2)),
-                             parse_float(m.group(3))))
+                             parse_float(m.group(3)), bool(m.group(4))))
             continue
         m = FAILED.match(line)
         if m and m.group(1).rstrip(",") not in failed:  # "Suite.Test/param, where GetParam()..."
@@ -98,10 +99,11 @@ def margin(tol, worst):
 def aggregate(runs):
     agg = {}
     for r in runs:
-        for test, name, err, tol in r["measures"]:
+        for test, name, err, tol, bound in r["measures"]:
             a = agg.setdefault((test, name), {"test": test, "name": name, "count": 0,
                                               "worst": -math.inf, "seed": None, "tol": tol,
-                                              "tol_varies": False, "runs": set()})
+                                              "bound": bound, "tol_varies": False,
+                                              "runs": set()})
             a["count"] += 1
             a["runs"].add(r["seed"])
             if a["tol"] != tol:
@@ -137,6 +139,7 @@ def print_report(cmd, runs, measures, budget_hit, planned):
             if len(label) > w:
                 label = label[:w - 3] + "..."
             flag = " (tolerance varies: smallest shown)" if a["tol_varies"] else ""
+            flag += " (a derived bound)" if a.get("bound") else ""
             print(f"  {label:<{w}}  {a['runs']:>5}  {a['worst']:>9.2e}  {a['tol']:>9.2e}  "
                   f"{fmt_margin(a['margin']):>7}  {a['seed']}{flag}")
     else:
@@ -159,26 +162,34 @@ def load(path):
 
 
 def command_label(d):
-    """The binary's name and its filter, without the build folder."""
+    """The binary's name and what its filter selects, without the build folder."""
     cmd = d["command"]
     words = [os.path.basename(cmd[0])] + [w for w in cmd[1:] if not w.startswith("--gtest_filter")]
     filt = [w.split("=", 1)[1] for w in cmd[1:] if w.startswith("--gtest_filter=")]
-    return " ".join(words) + (f" ({filt[0]})" if filt else "")
+    if not filt:
+        return " ".join(words)
+    tests = filt[0].split(":")
+    return " ".join(words) + (f" ({tests[0]})" if len(tests) == 1 else f" ({len(tests)} tests)")
 
 
 def table(files, detail):
-    """Markdown: one row per sweep (its tightest measure), then with detail every measure."""
+    """Markdown: one row per sweep with its tightest measure of those a sweep justifies, and the
+    largest share of its bound any derived bound reached; with detail, every measure."""
     ds = [load(p) for p in files]
-    out = ["| test binary | seeds | s / seed | measures | failed runs | tightest measure | "
-           "worst | tolerance | margin |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| test binary | seeds | s / seed | measures | failed runs | tightest swept measure | "
+           "worst | tolerance | margin | derived bounds: worst / bound |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for d in ds:
         ms = d["measures"]
-        t = ms[0] if ms else None
+        swept = [a for a in ms if not a.get("bound")]
+        bounds = [a for a in ms if a.get("bound")]
+        t = swept[0] if swept else None
+        share = max((a["worst"] / a["tol"] for a in bounds if a["tol"]), default=None)
         out.append(f"| {command_label(d)} | {d['runs']} | {d['secs_per_run']:.1f} | {len(ms)} | "
                    f"{d['failed_runs']} | " +
                    (f"{t['test']}: {t['name']} | {t['worst']:.2e} | {t['tol']:.2e} | "
-                    f"{fmt_margin(t['margin'])} |" if t else "none | | | |"))
+                    f"{fmt_margin(t['margin'])} | " if t else "none | | | | ") +
+                   (f"{share:.2f} ({len(bounds)}) |" if share is not None else "none |"))
     out.append("")
     if detail:
         for d in ds:
@@ -187,8 +198,9 @@ def table(files, detail):
             out.append("| test | measure | worst | tolerance | margin |")
             out.append("| --- | --- | --- | --- | --- |")
             for a in d["measures"]:
-                out.append(f"| {a['test']} | {a['name']} | {a['worst']:.2e} | {a['tol']:.2e} | "
-                           f"{fmt_margin(a['margin'])} |")
+                kind = " (bound)" if a.get("bound") else ""
+                out.append(f"| {a['test']} | {a['name']} | {a['worst']:.2e} | {a['tol']:.2e}{kind} "
+                           f"| {fmt_margin(a['margin'])} |")
             out.append("")
     print("\n".join(out))
 

@@ -183,7 +183,7 @@ inline void expect_lowp_match(const std::string& what, DType t, const Guarded16&
   std::printf("[lowp-error] %-62s worst %.1f ulp\n", what.c_str(), worst);
   EXPECT_EQ(non_finite, 0u) << what << ": unwritten or non-finite elements (either side)";
   EXPECT_EQ(bad, 0u) << what << ": elements beyond 2 ulp";
-  print_measure(what + ": worst element / (2 ulp + floor)", worst_of_bound, 1.0);
+  print_bound(what + ": worst element / (2 ulp + floor)", worst_of_bound, 1.0);
   expect_measure(what + ": fraction not bit-exact", 1 - frac, 1 - kMinExact);
 }
 

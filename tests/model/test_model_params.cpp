@@ -168,9 +168,9 @@ TEST(ModelParams, InitialisationStatistics) {
     EXPECT_LE(zw, 6) << p.name << ": fraction within one standard deviation";
     z_mean = std::max(z_mean, zm), z_sd = std::max(z_sd, zs), z_within = std::max(z_within, zw);
   }
-  print_measure("init mean, worst tensor (standard errors)", z_mean, 6);
-  print_measure("init standard deviation, worst tensor (standard errors)", z_sd, 6);
-  print_measure("init fraction within 1 sd, worst tensor (standard errors)", z_within, 6);
+  print_bound("init mean, worst tensor (standard errors)", z_mean, 6);
+  print_bound("init standard deviation, worst tensor (standard errors)", z_sd, 6);
+  print_bound("init fraction within 1 sd, worst tensor (standard errors)", z_within, 6);
 }
 
 TEST(ModelConfig, PresetsValidateAndBadConfigsAreClearErrors) {

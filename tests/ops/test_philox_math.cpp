@@ -52,8 +52,8 @@ TEST(Philox, UniformMeanAndVariance) {
   const double n = 4.0 * calls, mean = sum / n, var = sum2 / n - mean * mean;
   // 5 sigma of the mean of n uniforms (a failure in 1.7 million runs for a true generator); the
   // variance's sample error is ~sqrt(1/180 / n) = 7.5e-5, so 1e-3 is 13 sigma.
-  expect_measure("philox uniform mean - 0.5", std::abs(mean - 0.5), 5 * std::sqrt(1.0 / 12 / n));
-  expect_measure("philox uniform variance - 1/12", std::abs(var - 1.0 / 12), 1e-3);
+  expect_bound("philox uniform mean - 0.5", std::abs(mean - 0.5), 5 * std::sqrt(1.0 / 12 / n));
+  expect_bound("philox uniform variance - 1/12", std::abs(var - 1.0 / 12), 1e-3);
   EXPECT_GE(lo, 0.f);
   EXPECT_LT(hi, 1.f);
 }
@@ -68,7 +68,7 @@ TEST(Dropout, KeepFractionAndScale) {
     for (uint32_t e = 0; e < 2048; ++e, ++n) kept += dropout_keep(s, 12345, 0, pos, e);
   const double frac = static_cast<double>(kept) / n;
   // 5 sigma of a binomial fraction (a failure in 1.7 million runs for a true generator).
-  expect_measure("dropout keep fraction - 0.9", std::abs(frac - 0.9), 5 * std::sqrt(0.09 / n));
+  expect_bound("dropout keep fraction - 0.9", std::abs(frac - 0.9), 5 * std::sqrt(0.09 / n));
   // p = 0 keeps everything and scales by 1.
   const DropoutStream off = make_dropout_stream(0.f, rng(), 1, 0, 0);
   EXPECT_FALSE(dropout_enabled(off));

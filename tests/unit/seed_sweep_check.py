@@ -20,6 +20,7 @@ print(f"[measure] op f32 n=7 {e:.3e} <= 1.000e-02")
 print(f"[measure] op f32 n=7 {e / 2:.3e} <= 1.000e-02")   # the same name twice in one run
 print("[ RUN      ] Suite.Second")
 print(f"3: [measure] loss (rel) {2 * e:.3e} <= 1.000e-03")  # ctest -V's prefix
+print(f"[measure] loss / its bound {e:.3e} <= 1.000e+00 (bound)")  # a derived bound
 failed = 2 * e > 1e-3
 if failed:
     print("[  FAILED  ] Suite.Second (0 ms)")
@@ -47,6 +48,9 @@ def main():
         ms = {(m["test"], m["name"]): m for m in d["measures"]}
         first = ms.get(("Suite.First", "op f32 n=7"))
         second = ms.get(("Suite.Second", "loss (rel)"))
+        bound = ms.get(("Suite.Second", "loss / its bound"))
+        if not bound or not bound.get("bound") or (first and first.get("bound")):
+            problems.append("the derived bound is not told apart from the swept measures")
         if not first or not second:
             problems.append(f"measures not found: {sorted(ms)}")
         else:
@@ -76,6 +80,8 @@ def main():
         print(t)
         if "| fake_test | 60 |" not in t or "| Suite.First | op f32 n=7 |" not in t:
             problems.append("the markdown table lacks the sweep's row or its measures")
+        if "Suite.Second: loss (rel) |" not in t or "(1) |" not in t:
+            problems.append("the table's row does not keep the bound apart from the swept measures")
     for m in problems:
         print("FAIL:", m, file=sys.stderr)
     if not problems:

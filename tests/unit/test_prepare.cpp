@@ -276,8 +276,8 @@ void expect_fraction(double count, double n, double p, double slack, const char*
   ASSERT_GT(n, 0) << what;
   const double tol = 5 * std::sqrt(p * (1 - p) / n) + slack;
   std::printf("%s: %g of %g\n", what, count, n);
-  test::expect_measure(std::string(what) + " fraction: |observed - expected| / (5 sigma + slack)",
-                       std::abs(count / n - p) / tol, 1.0);
+  test::expect_bound(std::string(what) + " fraction: |observed - expected| / (5 sigma + slack)",
+                     std::abs(count / n - p) / tol, 1.0);
 }
 
 TEST(Prepare, ControlledCorpusFollowsGooglesSemantics) {
@@ -318,8 +318,8 @@ TEST(Prepare, ControlledCorpusFollowsGooglesSemantics) {
     const double five_sigma = 5 * std::sqrt(n / 4);
     std::printf("random next: %g of %g, %lld with A inside one sentence\n", r, n,
                 static_cast<long long>(t.one_sentence_a));
-    test::expect_measure("random next count: distance outside [N/2, (N + n1)/2] / (5 sigma)",
-                         std::max({0.0, lo - r, r - hi}) / five_sigma, 1.0);
+    test::expect_bound("random next count: distance outside [N/2, (N + n1)/2] / (5 sigma)",
+                       std::max({0.0, lo - r, r - hi}) / five_sigma, 1.0);
   }
   // truncate_seq_pair cuts the front or the back with probability 0.5 each.
   expect_fraction(t.front_cuts, t.front_cuts + t.back_cuts, 0.5, 0.02, "front cuts");
