@@ -81,7 +81,10 @@ inline void expect_rel_l2(const std::vector<float>& gpu, const std::vector<float
 }
 
 // ---- element-by-element comparison of the native bf16 / f16 kernels ---------------------------
-// The tolerance is derived in test_cuda_lowp_ops.cpp (above its LayerNorm tests).
+// The tolerance is derived in test_cuda_lowp_ops.cpp (above its LayerNorm tests). Swept
+// (tests/seed_sweeps.txt: embeddings 200 seeds, residual LayerNorm 50): the worst element is
+// 1 ulp, half the 2-ulp bound, and the worst fraction not bit-exact 9.0e-4 against the 0.02
+// that kMinExact allows (margin 22).
 inline constexpr double kFp32Tol = 1e-5;
 inline constexpr double kMinExact = 0.98;
 inline constexpr uint16_t kNaN16 = 0x7FC1;  // a NaN as bf16 and as f16
