@@ -50,6 +50,9 @@ enum class Mutant : int {
   fmha_dkv_dropout_words = 3,  // the dK/dV kernel's dropout words permuted among the lanes
   fmha_barrier = 4,            // a __syncthreads removed from the attention forward
   layernorm_barrier = 5,       // a __syncthreads removed from the LayerNorm block reduction
+  comm_stream_wait = 6,        // the NCCL transport's communication stream not waiting for a
+                               // bucket's ready event (planted by the emulated runtime's
+                               // cudaStreamWaitEvent, kernels/cuda_emu/runtime.cpp)
 };
 }  // namespace packbert::cuda
 

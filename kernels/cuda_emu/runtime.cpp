@@ -8,6 +8,9 @@
 // memory hold 0xff bytes, a NaN in every float format, as a GPU's hold whatever was there.
 #include "kernels/cuda_emu/runtime.h"
 
+#include "kernels/cuda/device_seams.cuh"
+
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,12 +21,21 @@
 #include <vector>
 
 struct CUstream_st {
+  // A work item. Most run to completion when the stream reaches them (fn). An asynchronous one
+  // (packbert::emu::enqueue_async) is started by fn and complete once done() says so; a wait for
+  // another stream's event (wait_on) is complete once that stream has run up to the event. The
+  // stream's later work runs after an item is complete.
   struct Work {
     const char* what;
     std::function<void()> fn;
+    std::function<bool()> done;  // asynchronous: completion
+    bool started = false;
+    CUstream_st* wait_on = nullptr;  // cudaStreamWaitEvent: the event's stream and position
+    uint64_t wait_seq = 0;
   };
   bool blocking = true;
   bool legacy = false;
+  int priority = 0;  // cudaStreamCreateWithPriority's (lower is higher)
   bool destroyed = false;
   std::deque<Work> queue;
   uint64_t enqueued = 0;  // work item k (1-based) is the k-th enqueued
@@ -34,7 +46,7 @@ struct CUevent_st {
   unsigned flags = 0;
   CUstream_st* stream = nullptr;  // of the last record (null: never recorded)
   uint64_t seq = 0;               // that record's position in the stream
-  bool reached = false;           // the record has run
+  std::atomic<bool> reached{false};  // the record has run (read without the lock by a query)
   std::chrono::steady_clock::time_point time{};
 };
 
@@ -47,7 +59,32 @@ enum class Memory { device, pinned };
 struct Allocation {
   size_t bytes;
   Memory kind;
+  int device;  // current when it was allocated
 };
+
+// The devices a process sees: PACKBERT_EMU_DEVICES (1 to 64), 8 when unset, as on an 8-GPU
+// node. They share one memory and one set of streams: a process drives one of them (one rank,
+// one GPU), and what tells them apart is their number and PCI bus id (the NCCL emulation's
+// duplicate-GPU check).
+int device_count_from_env() {
+  const char* v = std::getenv("PACKBERT_EMU_DEVICES");
+  if (!v || !*v) return 8;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n < 1 || n > 64) {
+    std::fprintf(stderr, "cuda emulation: PACKBERT_EMU_DEVICES=%s is not a count from 1 to 64\n",
+                 v);
+    std::exit(2);
+  }
+  return static_cast<int>(n);
+}
+
+int device_count() {
+  static const int n = device_count_from_env();
+  return n;
+}
+
+thread_local int t_device = 0;  // cudaSetDevice is per host thread, as in CUDA
 
 struct State {
   std::recursive_mutex mutex;
@@ -67,8 +104,10 @@ State& state() {
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 
+// cudaErrorNotReady (a query of unfinished work) is an answer, not an error: CUDA never makes
+// it the last error, so a later launch's cudaGetLastError does not report it.
 cudaError_t fail(cudaError_t e) {
-  if (e != cudaSuccess) t_last_error = e;
+  if (e != cudaSuccess && e != cudaErrorNotReady) t_last_error = e;
   return e;
 }
 
@@ -133,14 +172,44 @@ void run(CUstream_st::Work& w) {
   w.fn();
 }
 
-void flush(CUstream_st* s, uint64_t upto) {
+bool flush(CUstream_st* s, uint64_t upto, bool wait);
+
+// Moves the item at the front of its stream along; true when it is complete. wait: block until
+// it is (a synchronisation), else only start it (a query).
+bool advance(CUstream_st::Work& w, bool wait) {
+  if (w.wait_on) return flush(w.wait_on, w.wait_seq, wait);
+  if (!w.started) {
+    w.started = true;
+    run(w);
+  }
+  if (!w.done || state().sticky) return true;
+  while (!w.done()) {
+    if (!wait) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return true;
+}
+
+// Runs s's work up to item `upto` (1-based). wait = false stops at an asynchronous item that is
+// not complete yet and returns false; the legacy-stream, copy and synchronisation calls wait.
+bool flush(CUstream_st* s, uint64_t upto, bool wait) {
   while (s->done < upto && !s->queue.empty()) {
-    CUstream_st::Work w = std::move(s->queue.front());
+    CUstream_st::Work& front = s->queue.front();
+    if (front.done || front.wait_on) {
+      if (!advance(front, wait)) return false;
+      s->queue.pop_front();
+      ++s->done;
+      continue;
+    }
+    CUstream_st::Work w = std::move(front);
     s->queue.pop_front();
     ++s->done;
     run(w);
   }
+  return true;
 }
+
+void flush(CUstream_st* s, uint64_t upto) { flush(s, upto, true); }
 
 void flush_blocking() {
   for (CUstream_st* s : state().streams)
@@ -182,7 +251,8 @@ cudaError_t check_copy(const char* call, void* dst, const void* src, size_t n,
 }  // namespace
 
 // ---- runtime.h -------------------------------------------------------------------------------
-cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()> work) {
+namespace {
+cudaError_t enqueue_work(cudaStream_t stream, CUstream_st::Work w) {
   State& st = state();
   std::lock_guard<std::recursive_mutex> lock(st.mutex);
   if (st.sticky) return cudaErrorLaunchFailure;
@@ -190,14 +260,32 @@ cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()>
   if (s->destroyed) return cudaErrorInvalidResourceHandle;
   if (s->legacy) {  // waits for every blocking stream, then runs
     flush_blocking();
-    CUstream_st::Work w{what, std::move(work)};
-    run(w);
+    advance(w, true);
     return st.sticky ? cudaErrorLaunchFailure : cudaSuccess;
   }
-  s->queue.push_back({what, std::move(work)});
+  s->queue.push_back(std::move(w));
   ++s->enqueued;
   return cudaSuccess;
 }
+}  // namespace
+
+cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()> work) {
+  CUstream_st::Work w;
+  w.what = what;
+  w.fn = std::move(work);
+  return enqueue_work(stream, std::move(w));
+}
+
+cudaError_t enqueue_async(cudaStream_t stream, const char* what, std::function<void()> start,
+                          std::function<bool()> done) {
+  CUstream_st::Work w;
+  w.what = what;
+  w.fn = std::move(start);
+  w.done = std::move(done);
+  return enqueue_work(stream, std::move(w));
+}
+
+int current_device() { return t_device; }
 
 bool device_range(const void* p, size_t bytes) {
   std::lock_guard<std::recursive_mutex> lock(state().mutex);
@@ -306,21 +394,23 @@ cudaError_t cudaPeekAtLastError() {
 }
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = emu::device_count();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? emu::sticky_or(cudaSuccess) : emu::fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= emu::device_count()) return emu::fail(cudaErrorInvalidDevice);
+  emu::t_device = device;
+  return emu::sticky_or(cudaSuccess);
 }
 
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = emu::t_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
-  if (device != 0) return emu::fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= emu::device_count()) return emu::fail(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof(p->name), "packbert CUDA emulation (CPU)");
   p->totalGlobalMem = emu::kDeviceBytes;
@@ -334,8 +424,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
 }
 
 cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
-  if (device != 0 || len < 13) return emu::fail(cudaErrorInvalidValue);
-  std::snprintf(id, static_cast<size_t>(len), "0000:00:00.0");
+  if (device < 0 || device >= emu::device_count() || len < 13)
+    return emu::fail(cudaErrorInvalidValue);
+  std::snprintf(id, static_cast<size_t>(len), "0000:%02x:00.0", device + 1);
   return cudaSuccess;
 }
 
@@ -363,7 +454,8 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     return emu::fail(cudaErrorMemoryAllocation);
   }
   std::memset(*p, 0xff, bytes);
-  state().allocations[reinterpret_cast<uintptr_t>(*p)] = {bytes, emu::Memory::device};
+  state().allocations[reinterpret_cast<uintptr_t>(*p)] = {bytes, emu::Memory::device,
+                                                          emu::t_device};
   state().device_bytes += bytes;
   return cudaSuccess;
 }
@@ -387,7 +479,8 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
   Lock lock(state().mutex);
   if (posix_memalign(p, 256, bytes == 0 ? 1 : bytes) != 0)
     return emu::fail(cudaErrorMemoryAllocation);
-  state().allocations[reinterpret_cast<uintptr_t>(*p)] = {bytes, emu::Memory::pinned};
+  state().allocations[reinterpret_cast<uintptr_t>(*p)] = {bytes, emu::Memory::pinned,
+                                                          emu::t_device};
   return cudaSuccess;
 }
 
@@ -406,7 +499,8 @@ cudaError_t cudaFreeHost(void* p) {
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   Lock lock(state().mutex);
   *a = cudaPointerAttributes{};
-  a->device = 0;
+  const auto* alloc = emu::find(p, 1);
+  a->device = alloc ? alloc->second.device : emu::t_device;
   if (emu::is_device(p)) {
     a->type = cudaMemoryTypeDevice;
     a->devicePointer = const_cast<void*>(p);
@@ -495,8 +589,10 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
 
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned flags, int) {
-  return cudaStreamCreateWithFlags(stream, flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned flags, int priority) {
+  const cudaError_t e = cudaStreamCreateWithFlags(stream, flags);
+  if (e == cudaSuccess) (*stream)->priority = priority;
+  return e;
 }
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
@@ -528,16 +624,35 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return emu::sticky_or(cudaSuccess);
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+// Runs what can run without waiting; cudaErrorNotReady while an asynchronous item (a collective
+// waiting for its peers) is not complete. Never blocks, from any thread: while another thread
+// holds the emulation (a synchronisation waiting for a collective), it reports what was reached.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  std::unique_lock<std::recursive_mutex> lock(state().mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return cudaErrorNotReady;
+  CUstream_st* s = emu::resolve(stream);
+  if (s->destroyed) return emu::fail(cudaErrorInvalidResourceHandle);
+  if (s->legacy) {
+    emu::flush_blocking();
+    return emu::sticky_or(cudaSuccess);
+  }
+  return emu::sticky_or(emu::flush(s, s->enqueued, false) ? cudaSuccess : cudaErrorNotReady);
+}
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   Lock lock(state().mutex);
   if (!event) return emu::fail(cudaErrorInvalidResourceHandle);
   if (!event->stream) return emu::sticky_or(cudaSuccess);  // never recorded: nothing to wait for
-  CUstream_st* on = event->stream;
-  const uint64_t seq = event->seq;
-  return emu::sticky_or(
-      emu::enqueue(stream, "cudaStreamWaitEvent", [on, seq] { emu::flush(on, seq); }));
+  // Planted mistake (device_seams.cuh, Mutant::comm_stream_wait): a high-priority stream (the
+  // NCCL transport's communication stream) no longer waits for the events it is told to.
+  if (emu::mutant() == static_cast<int>(packbert::cuda::Mutant::comm_stream_wait) &&
+      emu::resolve(stream)->priority < 0)
+    return emu::sticky_or(cudaSuccess);
+  CUstream_st::Work w;
+  w.what = "cudaStreamWaitEvent";
+  w.wait_on = event->stream;
+  w.wait_seq = event->seq;
+  return emu::sticky_or(emu::enqueue_work(stream, std::move(w)));
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
@@ -583,9 +698,18 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return emu::sticky_or(cudaSuccess);
 }
 
-// Runs the work up to the event, then reports it complete: the emulation has no concurrency
-// to observe, and a caller polling for completion must make progress.
-cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+// Runs the work up to the event without waiting, then reports whether the event was reached: a
+// caller polling for completion makes progress, and only an asynchronous item (a collective
+// waiting for its peers) leaves it cudaErrorNotReady. Never blocks, from any thread (as
+// cudaStreamQuery).
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (!event) return emu::fail(cudaErrorInvalidResourceHandle);
+  std::unique_lock<std::recursive_mutex> lock(state().mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return event->reached ? cudaSuccess : cudaErrorNotReady;
+  if (!event->stream || event->stream->legacy) return emu::sticky_or(cudaSuccess);
+  emu::flush(event->stream, event->seq, false);
+  return emu::sticky_or(event->reached ? cudaSuccess : cudaErrorNotReady);
+}
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   Lock lock(state().mutex);

@@ -8,6 +8,17 @@
 // order and events are honoured, and host code that reads a result before waiting for it, or a
 // stream that does not wait for another's event, sees the data as it was.
 //
+// A query (cudaEventQuery, cudaStreamQuery) runs what it can without waiting. Work is
+// synchronous except an asynchronous item (enqueue_async: the NCCL emulation's collectives,
+// which wait for their peers): a query stops at one that is not complete and answers
+// cudaErrorNotReady; a synchronisation waits for it. A query never blocks, from any thread: while
+// another thread holds the emulation it answers from what has been reached (a watchdog thread
+// polls events while the host thread waits for a collective).
+//
+// Devices: PACKBERT_EMU_DEVICES of them (default 8), each with its own number and PCI bus id,
+// sharing one memory and one set of streams. cudaSetDevice is per host thread; an allocation
+// remembers the device current when it was made (cudaPointerGetAttributes).
+//
 // A fault (a kernel's deadlock or disagreeing warp, a library call on memory that is not the
 // device's, ...) is sticky, as on a GPU: it is printed once to stderr with what failed, every
 // later call returns cudaErrorLaunchFailure, and queued work no longer runs.
@@ -27,6 +38,15 @@ namespace packbert::emu {
 // Runs `work` on `stream` in stream order (at once on the legacy default stream). `what` names
 // it in error messages. Returns the sticky error, if any, else cudaSuccess.
 cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()> work);
+
+// Work that completes asynchronously: `start` runs when the stream reaches it, and the stream's
+// later work waits until `done` returns true (polled; called from any thread, so it must only
+// read state the work's own thread publishes, e.g. an atomic).
+cudaError_t enqueue_async(cudaStream_t stream, const char* what, std::function<void()> start,
+                          std::function<bool()> done);
+
+// The calling host thread's device (cudaSetDevice).
+int current_device();
 
 // True when [p, p + bytes) lies inside one live device allocation (cudaMalloc), or inside
 // pinned host memory (cudaMallocHost: device-accessible, as with unified addressing).

@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <string>
 #include <thread>
@@ -37,6 +38,12 @@ std::string gpu_identity(int device) {
 
 }  // namespace
 
+// What to change when two ranks share a GPU.
+constexpr const char* kOneGpuPerRank =
+    "NCCL needs a GPU of its own for every rank: start at most as many ranks per node as it has "
+    "GPUs (local rank r takes GPU r), or set train.gpu_allreduce = \"host\" to sum the "
+    "gradients through MPI";
+
 // Checked calls inside the transport: a failure aborts the communicator, then throws.
 #define PB_NCCL_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
 #define PB_NCCL_NCCL(call) check_nccl((call), #call, __FILE__, __LINE__)
@@ -59,7 +66,13 @@ class NcclTransport final : public GradBucketTransport {
   // Collective over the ranks: joins the communicator of the given id.
   void init_comm(const ncclUniqueId& id, int nranks, int rank) {
     PB_NCCL_CUDA(cudaSetDevice(device_));
-    PB_NCCL_NCCL(ncclCommInitRank(&comm_, nranks, id, rank));
+    const ncclResult_t r = ncclCommInitRank(&comm_, nranks, id, rank);
+    if (r != ncclSuccess) {
+      const char* detail = ncclGetLastError(nullptr);
+      if (detail && std::string(detail).find("Duplicate GPU") != std::string::npos)
+        PB_THROW("nccl transport: ncclCommInitRank: {}: {}", detail, kOneGpuPerRank);
+    }
+    PB_NCCL_NCCL(r);
     nranks_ = nranks;
     rank_ = rank;
   }
@@ -72,8 +85,9 @@ class NcclTransport final : public GradBucketTransport {
   }
 
   ~NcclTransport() override {
+    watch_.reset();  // the watchdog no longer polls this transport's events
     (void)cudaSetDevice(device_);
-    if (comm_) {
+    if (comm_ && !aborted_) {
       // Never wait here: a started bucket not yet complete may be waiting for a peer that died.
       // After a complete step every bucket is done (the optimizer that followed finish() has
       // been waited for), so a clean shutdown destroys the communicator; anything else aborts.
@@ -82,7 +96,7 @@ class NcclTransport final : public GradBucketTransport {
       if (clean) {
         (void)ncclCommDestroy(comm_);
       } else {
-        (void)ncclCommAbort(comm_);
+        abort_comm();
       }
       comm_ = nullptr;
     }
@@ -137,8 +151,13 @@ class NcclTransport final : public GradBucketTransport {
 
   void complete_all() override {
     // The communication stream runs the buckets in order: its last done event implies all.
-    if (started_ > 0)
-      PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[static_cast<size_t>(started_ - 1)], 0));
+    if (started_ > 0) {
+      cudaEvent_t last = done_[static_cast<size_t>(started_ - 1)];
+      PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, last, 0));
+      watch(collective_ == GradCollective::allreduce ? "NCCL all-reduce (gradient reducer)"
+                                                     : "NCCL reduce-scatter (gradient reducer)",
+            last);
+    }
     check_async();
     in_round_ = false;
   }
@@ -177,6 +196,7 @@ class NcclTransport final : public GradBucketTransport {
     PB_NCCL_NCCL(ncclGroupEnd());
     PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
+    watch("NCCL all-gather (gradient reducer)", done_[0]);
     check_async();
   }
 
@@ -192,6 +212,7 @@ class NcclTransport final : public GradBucketTransport {
                                ncclFloat64, ncclSum, comm_, comm_stream_));
     PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
+    watch("NCCL all-reduce (optimizer sums)", done_[0]);
     check_async();
   }
 
@@ -221,6 +242,14 @@ class NcclTransport final : public GradBucketTransport {
         events->push_back(e);
       }
     }
+    // On the watchdog's thread, past the timeout: frees whatever waits on the communicator.
+    watch_ = std::make_unique<AsyncWatch>([this] { abort_comm(); });
+  }
+
+  // The host does not wait for a collective it issues (the compute stream does): the watchdog
+  // polls the event that marks its end (core/watchdog.h, AsyncWatch).
+  void watch(const char* collective, cudaEvent_t done) {
+    watch_->arm(collective, [done] { return cudaEventQuery(done) != cudaErrorNotReady; });
   }
 
   // A failure of a peer or of the network shows here, not at the call that issued the work.
@@ -241,12 +270,10 @@ class NcclTransport final : public GradBucketTransport {
     comm_stream_ = nullptr;
   }
 
+  // Once, from the host thread or the watchdog's (comm_ stays set: the other may be reading it).
   void abort_comm() {
     failed_ = true;
-    if (comm_) {
-      (void)ncclCommAbort(comm_);
-      comm_ = nullptr;
-    }
+    if (comm_ && !aborted_.exchange(true)) (void)ncclCommAbort(comm_);
   }
 
   void check_cuda(cudaError_t e, const char* call, const char* file, int line) {
@@ -259,7 +286,7 @@ class NcclTransport final : public GradBucketTransport {
   void check_nccl(ncclResult_t r, const char* call, const char* file, int line) {
     if (r == ncclSuccess) return;
     // The communicator's own description of the last failure, when it has one.
-    const char* detail = comm_ ? ncclGetLastError(comm_) : nullptr;
+    const char* detail = comm_ && !aborted_ ? ncclGetLastError(comm_) : nullptr;
     const std::string more = detail && *detail ? std::string(" (") + detail + ")" : "";
     abort_comm();
     PB_THROW("nccl transport: {}:{}: {} failed: {}{} (NCCL error {})", file, line,
@@ -272,11 +299,13 @@ class NcclTransport final : public GradBucketTransport {
   cudaStream_t comm_stream_ = nullptr;
   std::vector<cudaEvent_t> ready_, done_;  // per bucket
   ncclComm_t comm_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  std::unique_ptr<AsyncWatch> watch_;
   std::vector<int64_t> bounds_;  // who owns what (GradReducerOptions::shard_bounds)
   int nranks_ = 1;
   int rank_ = 0;
   GradCollective collective_ = GradCollective::allreduce;
-  bool failed_ = false;
+  std::atomic<bool> failed_{false};
   bool in_round_ = false;
   int started_ = 0;
   int completed_ = 0;
@@ -345,9 +374,7 @@ std::unique_ptr<GradBucketTransport> make_nccl_transport(MPI_Comm parent,
     const std::string ga(&all[static_cast<size_t>(a) * kIdLen]);
     for (int b = a + 1; b < size; ++b) {
       PB_REQUIRE(ga != std::string(&all[static_cast<size_t>(b) * kIdLen]),
-                 "nccl transport: ranks {} and {} both use GPU {}: NCCL needs one GPU per rank "
-                 "(pick the GPU by local rank, or reduce through the host)",
-                 a, b, ga);
+                 "nccl transport: ranks {} and {} both use GPU {}: {}", a, b, ga, kOneGpuPerRank);
     }
   }
 

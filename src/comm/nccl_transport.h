@@ -36,15 +36,18 @@
 // stack unwinding, the communicator is ended with ncclCommAbort: waiting could hang forever on a
 // peer that died, and the top-level handler is about to MPI_Abort anyway.
 //
-// Hangs. The bootstrap is watched by the collective watchdog (core/watchdog.h); the rounds are
-// not: finish() does not block the host (the backend's stream waits), so a peer that never joins
-// leaves the host blocked later in a CUDA synchronisation no scope covers. Seeing that needs the
-// watchdog thread to poll the last done event (cudaEventQuery) and ncclCommAbort the
-// communicator, as PyTorch's NCCL watchdog does: a known limit (DESIGN.md, Distribution).
+// Hangs. The bootstrap is watched by the collective watchdog (core/watchdog.h) like any MPI
+// collective. The rounds cannot be: finish() does not block the host (the backend's stream
+// waits), so a peer that never joins would leave the host blocked later, in a CUDA
+// synchronisation. So each collective the transport issues arms an AsyncWatch with its done
+// event: the watchdog thread polls it (cudaEventQuery), and one still incomplete after
+// train.collective_timeout_s gets ncclCommAbort, then the watchdog's line (naming the step and
+// the collective) and its action, which ends the job.
 //
-// NCCL cannot put two ranks on one GPU, so more ranks need as many GPUs; on a machine with one
-// GPU, a communicator of one rank (parent = MPI_COMM_NULL) runs the whole path
-// (tests/gpu/test_nccl_allreduce.cpp).
+// NCCL cannot put two ranks on one GPU, so more ranks need as many GPUs (the error says what to
+// change); on a machine with one GPU, a communicator of one rank (parent = MPI_COMM_NULL) runs
+// the whole path. The emulated build runs the multi-rank path too, one process per emulated GPU
+// (kernels/cuda_emu/nccl.cpp; tests/gpu/test_nccl_allreduce.cpp).
 #pragma once
 
 #include <mpi.h>

@@ -101,6 +101,8 @@ void CollectiveWatchdog::run() {
   while (!stopping_) {
     cv_.wait_for(lk, period);
     if (stopping_) break;
+    check_async(lk);
+    if (stopping_) break;
     const Clock::time_point now = Clock::now();
     for (WatchScope* s = head_; s; s = s->next_) {
       if (s->fired_ || now - s->start_ < timeout) continue;
@@ -116,6 +118,71 @@ void CollectiveWatchdog::run() {
       break;
     }
   }
+}
+
+// Under the lock: drops what completed, then fires for the first collective past the timeout.
+void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lk) {
+  for (AsyncWatch* w = async_head_; w; w = w->next_) {
+    auto& e = w->entries_;
+    if (e.empty() || w->fired_) continue;
+    // The newest complete one: every earlier one is complete too.
+    size_t done = e.size();
+    while (done > 0 && !e[done - 1].poll()) --done;
+    e.erase(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(done));
+    if (e.empty()) continue;
+    const double waited = std::chrono::duration<double>(Clock::now() - e.front().start).count();
+    if (waited < timeout_s_) continue;
+    w->fired_ = true;
+    const AsyncWatch::Entry& oldest = e.front();
+    const std::string text = fmt::format(
+        "collective watchdog: rank {}: {} at step {}{} has not completed after {:.1f} s, past "
+        "train.collective_timeout_s = {}; another rank never joined it (stuck or dead; the ranks "
+        "that waited log this line too, unless the abort ends them first); aborting the NCCL "
+        "communicator and the job",
+        rank_, oldest.collective, oldest.step, oldest.step == 0 ? " (before the first step)" : "",
+        waited, timeout_s_);
+    // Not under the lock (as for a scope): the abort and the action may take long or return.
+    const std::function<void()> abort = w->abort_;
+    lk.unlock();
+    if (abort) abort();
+    report(rank_, text);
+    action_(text);
+    lk.lock();
+    return;  // the list may have changed meanwhile: the next tick rescans
+  }
+}
+
+AsyncWatch::AsyncWatch(CollectiveWatchdog& watchdog, std::function<void()> abort)
+    : watchdog_(&watchdog), abort_(std::move(abort)) {
+  std::lock_guard<std::mutex> lk(watchdog.mu_);
+  next_ = watchdog.async_head_;
+  if (next_) next_->prev_ = this;
+  watchdog.async_head_ = this;
+}
+
+AsyncWatch::~AsyncWatch() {
+  std::lock_guard<std::mutex> lk(watchdog_->mu_);
+  if (prev_) {
+    prev_->next_ = next_;
+  } else {
+    watchdog_->async_head_ = next_;
+  }
+  if (next_) next_->prev_ = prev_;
+}
+
+void AsyncWatch::arm(const char* collective, Poll poll, int64_t step) {
+  if (!watchdog_->enabled()) return;
+  std::lock_guard<std::mutex> lk(watchdog_->mu_);
+  // Bounded: a host that issues rounds without ever waiting keeps the oldest (it decides the
+  // timeout) and the newest (complete, it clears them all).
+  if (entries_.size() >= 64) entries_.erase(entries_.begin() + 1);
+  entries_.push_back({collective, step == WatchScope::kCurrentStep ? watchdog_->step() : step,
+                      std::chrono::steady_clock::now(), std::move(poll)});
+}
+
+size_t AsyncWatch::pending() const {
+  std::lock_guard<std::mutex> lk(watchdog_->mu_);
+  return entries_.size();
 }
 
 WatchScope::WatchScope(CollectiveWatchdog& watchdog, const char* collective, int64_t step)

@@ -17,6 +17,13 @@
 // Scopes may be opened from any thread (the compute thread and the loader thread both do) and
 // may nest: each is a node of an intrusive list under one mutex, so a scope allocates nothing.
 // With the watchdog off (timeout 0, the default of a fresh object) a scope costs one atomic load.
+//
+// A collective the host does not wait for (an NCCL round: the device's stream waits, and the
+// host only blocks later, in whatever synchronisation comes next) is watched by an AsyncWatch:
+// its owner arms it with a poll that says, without blocking, whether the collective completed
+// (cudaEventQuery of its done event), and the watchdog thread polls it, as PyTorch's NCCL
+// watchdog does. One still incomplete after the timeout gets the owner's abort (ncclCommAbort,
+// which frees whatever waits on it), then the same kind of line and the same action as a scope.
 #pragma once
 
 #include <atomic>
@@ -27,10 +34,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace packbert {
 
 class WatchScope;
+class AsyncWatch;
 
 class CollectiveWatchdog {
  public:
@@ -66,8 +75,10 @@ class CollectiveWatchdog {
 
  private:
   friend class WatchScope;
+  friend class AsyncWatch;
   void enter(WatchScope* s);
   void leave(WatchScope* s);
+  void check_async(std::unique_lock<std::mutex>& lk);
   void run();
   std::string message(const WatchScope& s, double waited_s) const;
 
@@ -80,6 +91,7 @@ class CollectiveWatchdog {
   std::mutex mu_;  // guards the list, stopping_ and the thread's start and end
   std::condition_variable cv_;
   WatchScope* head_ = nullptr;
+  AsyncWatch* async_head_ = nullptr;
   bool stopping_ = false;
   std::thread thread_;
 };
@@ -107,6 +119,44 @@ class WatchScope {
   bool fired_ = false;
   WatchScope* prev_ = nullptr;
   WatchScope* next_ = nullptr;
+};
+
+// Watches the collectives one owner issues without waiting for them (see the top). They complete
+// in the order they were armed (one communication stream), so a later one complete means every
+// earlier one is. Arm and destroy on one thread; the poll and the abort run on the watchdog
+// thread and must not block.
+class AsyncWatch {
+ public:
+  using Poll = std::function<bool()>;  // true once the collective completed
+  // abort: called once, on the watchdog thread, when an armed collective is past the timeout,
+  // before the message and the watchdog's action.
+  explicit AsyncWatch(std::function<void()> abort)
+      : AsyncWatch(CollectiveWatchdog::global(), std::move(abort)) {}
+  AsyncWatch(CollectiveWatchdog& watchdog, std::function<void()> abort);
+  ~AsyncWatch();
+  AsyncWatch(const AsyncWatch&) = delete;
+  AsyncWatch& operator=(const AsyncWatch&) = delete;
+
+  // A collective was issued (collective: a string literal). Nothing happens with the watchdog
+  // off.
+  void arm(const char* collective, Poll poll, int64_t step = WatchScope::kCurrentStep);
+  // Armed collectives not yet seen complete.
+  size_t pending() const;
+
+ private:
+  friend class CollectiveWatchdog;
+  struct Entry {
+    const char* collective;
+    int64_t step;
+    std::chrono::steady_clock::time_point start;
+    Poll poll;
+  };
+  CollectiveWatchdog* watchdog_;
+  std::function<void()> abort_;
+  std::vector<Entry> entries_;  // oldest first; guarded by the watchdog's mutex
+  bool fired_ = false;
+  AsyncWatch* prev_ = nullptr;
+  AsyncWatch* next_ = nullptr;
 };
 
 }  // namespace packbert

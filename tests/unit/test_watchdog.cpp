@@ -1,13 +1,17 @@
 // The collective watchdog (core/watchdog.h) without MPI: scopes that overrun a short timeout
 // fire once with the rank, collective and step; scopes that close in time, and every scope of a
 // watchdog that is off, never do; the default action ends the process with the watchdog's code.
+// Asynchronous watches (an NCCL round the host does not wait for): polled until complete, and
+// past the timeout the owner's abort runs before the message and the action.
 // The whole job under mpirun with a stopped rank: tests/mpi/watchdog_sigstop.sh.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -178,6 +182,76 @@ TEST(CollectiveWatchdog, ReconfigureAndStopAreSafe) {
 
 // Without an action: one error line on stderr through the project's logger, then the process
 // ends with kExitCode (std::_Exit: no MPI needed).
+// A collective the host does not wait for: its poll says when it is complete.
+struct FakeCollective {
+  std::atomic<bool> complete{false};
+  AsyncWatch::Poll poll() {
+    return [this] { return complete.load(); };
+  }
+};
+
+TEST(AsyncWatch, AnIncompleteCollectiveIsAbortedThenReported) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(0.1, 2, fired.action());
+  std::atomic<int> aborts{0};
+  std::atomic<size_t> messages_at_abort{99};
+  AsyncWatch watch(wd, [&] {
+    messages_at_abort = fired.count();
+    ++aborts;
+  });
+  FakeCollective a, b;
+  wd.set_step(9);
+  watch.arm("NCCL reduce-scatter (gradient reducer)", a.poll());
+  watch.arm("NCCL all-gather (gradient reducer)", b.poll());
+  ASSERT_EQ(fired.wait_for(1), 1u);
+  std::this_thread::sleep_for(300ms);  // fires once
+  wd.stop();
+  EXPECT_EQ(aborts.load(), 1);
+  EXPECT_EQ(messages_at_abort.load(), 0u) << "the abort runs before the action";
+  ASSERT_EQ(fired.count(), 1u);
+  const std::string& m = fired.messages[0];
+  // The oldest incomplete collective is the one named.
+  EXPECT_NE(m.find("collective watchdog: rank 2: NCCL reduce-scatter (gradient reducer) at step "
+                   "9 has not completed after "),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("past train.collective_timeout_s = 0.1;"), std::string::npos) << m;
+  EXPECT_NE(m.find("aborting the NCCL communicator and the job"), std::string::npos) << m;
+}
+
+TEST(AsyncWatch, CompletedCollectivesAreDroppedAndNeverFire) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(0.3, 0, fired.action());
+  std::atomic<int> aborts{0};
+  AsyncWatch watch(wd, [&] { ++aborts; });
+  std::vector<std::unique_ptr<FakeCollective>> rounds;
+  // Many rounds, each complete well within the timeout; a later one complete clears the earlier
+  // ones even if their own poll never says so (one stream: they completed first).
+  for (int i = 0; i < 200; ++i) {
+    rounds.push_back(std::make_unique<FakeCollective>());
+    watch.arm("NCCL all-reduce (gradient reducer)", rounds.back()->poll(), i);
+    std::this_thread::sleep_for(2ms);
+    if (i % 3 == 2) rounds.back()->complete = true;
+  }
+  rounds.back()->complete = true;
+  for (int i = 0; i < 200 && watch.pending() > 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(watch.pending(), 0u);
+  std::this_thread::sleep_for(600ms);  // two timeouts with nothing pending
+  wd.stop();
+  EXPECT_EQ(aborts.load(), 0);
+  EXPECT_EQ(fired.count(), 0u);
+}
+
+TEST(AsyncWatch, OffArmsNothing) {
+  CollectiveWatchdog wd;  // never configured
+  AsyncWatch watch(wd, [] {});
+  FakeCollective a;
+  watch.arm("NCCL all-reduce (optimizer sums)", a.poll());
+  EXPECT_EQ(watch.pending(), 0u);
+}
+
 TEST(CollectiveWatchdogDeathTest, DefaultActionLogsAndExits) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(

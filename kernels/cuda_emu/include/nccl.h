@@ -1,6 +1,5 @@
-// NCCL in the emulated build: the types and calls packbert uses, every call failing with
-// ncclInvalidUsage. The emulation is one device in one process; the one-rank paths of the
-// gradient reducer make no NCCL call, and the multi-rank ones run on GPUs only.
+// NCCL in the emulated build: the types and calls packbert uses, run across processes (one MPI
+// rank per emulated GPU) in stream order; nccl.cpp says how, and in what order it sums.
 #pragma once
 
 #include <cuda_runtime.h>
