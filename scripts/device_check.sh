@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared check on a machine with a CUDA GPU: the `gpu` tests (every CUDA op against the CPU
 # backend, the tensor-core attention, the whole tiny model in fp32 / bf16 / fp16, the trainer,
-# the NCCL path) and the GPU benchmarks (ops, attention against PyTorch's flash SDPA, the
+# the NCCL path), with 2 or more GPUs NCCL training at np 2..N against the CPU, and the GPU
+# benchmarks (ops, attention against PyTorch's flash SDPA, the
 # BERT-Large step against Hugging Face, MST), with a short summary table at the end. Meant to
 # finish in under 8 minutes on an H200: benchmarks that would start after 7 minutes are skipped.
 #
@@ -24,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 GPU_TESTS="test_device test_cuda_ops test_cuda_fmha test_cuda_model test_cuda_precision test_cuda_lowp_ops test_cuda_trainer test_nccl_allreduce"
-GPU_TARGETS="$GPU_TESTS bench_gpu_ops bench_fmha_gpu bench_gpu_step bench_mst"
+GPU_TARGETS="$GPU_TESTS mpi_train_driver bench_gpu_ops bench_fmha_gpu bench_gpu_step bench_mst"
 
 # ---- packing (no GPU needed) ------------------------------------------------------------------
 if [ "${1:-}" = "--bundle" ]; then
@@ -151,6 +152,62 @@ fi
 # The worst measured error per op group (the [ops-error] lines), and every failure line.
 grep -h '^\[ops-error\]\|^\[model-error\]' "$OUTDIR"/test_cuda_*.log > "$OUTDIR/errors.txt"
 grep -h -B1 -A4 'Failure$' "$OUTDIR"/test_*.log | head -60 > "$OUTDIR/failures.txt"
+
+# ---- multi-GPU: NCCL training against the CPU -------------------------------------------------
+# With 2 or more GPUs: tests/mpi/mpi_train_driver trains the tiny model 3 steps (dropout on) under
+# mpirun at np = 2 .. min(GPUs, 8), rank r on GPU r with NCCL, unsharded and sharded, fp32 and
+# bf16, against the CPU at the same np (tests/mpi/check_train.py): every step's loss and every
+# first-step gradient tensor to 1e-4 (fp32) and 1e-2 / 3e-2 (bf16), the tolerances of
+# tests/emulation/CMakeLists.txt, which runs the same on emulated GPUs. One row per np and dtype.
+# mpirun is PACKBERT_MPIEXEC or the one on PATH (the bundle carries none).
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+MPIEXEC=${PACKBERT_MPIEXEC:-$(command -v mpirun || true)}
+if [ "$NGPU" -lt 2 ]; then
+  step "nccl training" "skipped: $NGPU GPU(s); NCCL needs a GPU of its own for every rank, so its multi-rank runs need >= 2"
+elif [ -z "$MPIEXEC" ]; then
+  step "nccl training" "skipped: no mpirun on this machine (set PACKBERT_MPIEXEC)"
+elif [ ! -x "$BIN/mpi_train_driver" ]; then
+  step "nccl training" "MISSING binary mpi_train_driver"; rc=1
+else
+  NW="$OUTDIR/nccl_train"
+  # check_train.py needs numpy (PyTorch's python has it).
+  PYN=python3; "$PYN" -c "import numpy" 2>/dev/null || PYN=/usr/bin/python3
+  rm -rf "$NW" && mkdir -p "$NW"
+  mpi() { timeout 180 "$MPIEXEC" --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=2 -x LD_LIBRARY_PATH "$@"; }
+  if ! "$BIN/mpi_train_driver" write "$NW/shards" > "$NW/write.log" 2>&1; then
+    step "nccl training" "FAILED to write shards ($NW/write.log)"; rc=1
+  else
+    for np in $(seq 2 $((NGPU < 8 ? NGPU : 8))); do
+      for dtype in fp32 bf16; do
+        if [ $((SECONDS - START)) -gt 360 ]; then step "nccl np$np $dtype" "skipped (time)"; continue; fi
+        ltol=1e-4 gtol=1e-4
+        [ "$dtype" = bf16 ] && ltol=1e-2 gtol=3e-2
+        run=(run "$NW/shards" --steps 3 --batch 16 --precision "$dtype")
+        cpu="$NW/np${np}_${dtype}_cpu"
+        if ! mpi -np "$np" "$BIN/mpi_train_driver" "${run[@]}" --out "$cpu" > "$cpu.log" 2>&1; then
+          step "nccl np$np $dtype" "FAILED: the CPU run ($cpu.log)"; rc=1; continue
+        fi
+        row="" ok=1
+        for sharding in unsharded sharded; do
+          out="$NW/np${np}_${sharding}_${dtype}_cuda"
+          extra=""; [ "$sharding" = sharded ] && extra="--sharded"
+          # shellcheck disable=SC2086
+          if ! mpi -np "$np" "$BIN/mpi_train_driver" "${run[@]}" --out "$out" --device cuda $extra > "$out.log" 2>&1; then
+            row="$row $sharding: run FAILED ($out.log);"; ok=0; continue
+          fi
+          "$PYN" tests/mpi/check_train.py "$cpu" "$out" --grad-tol "$gtol" --tensor-tol "$gtol" \
+            --loss-tol "$ltol" > "$out.check" 2>&1 || ok=0
+          loss=$(sed -n 's/^\[measure\] .*: loss trajectory, worst step (rel) \([^ ]*\) <= .*/\1/p' "$out.check")
+          grad=$(sed -n 's/^\[measure\] .*: first-step gradient, worst tensor \([^ ]*\) <= .*/\1/p' "$out.check")
+          row="$row $sharding: loss ${loss:-?} grad ${grad:-?};"
+        done
+        [ "$ok" -eq 1 ] || rc=1
+        verdict=FAILED; [ "$ok" -eq 1 ] && verdict=ok
+        step "nccl np$np $dtype" "${row# } tol loss $ltol grad $gtol: $verdict"
+      done
+    done
+  fi
+fi
 
 # ---- benchmarks -----------------------------------------------------------------------------
 # Each runs only while the whole check is inside 7 minutes (the rest are listed as skipped).

@@ -186,9 +186,15 @@ struct ncclComm {
   std::atomic<bool> aborted{false};
   std::thread worker;
 
+  // The stream reached op. After ncclCommAbort it completes at once (its worker is gone; the
+  // data is whatever the buffer holds), so that no stream waits for it forever.
   void post(const std::shared_ptr<Op>& op) {
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (aborted || stopping) {
+        op->done = true;
+        return;
+      }
       queue.push_back(op);
     }
     cv.notify_one();

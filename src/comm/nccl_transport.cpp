@@ -156,7 +156,7 @@ class NcclTransport final : public GradBucketTransport {
       PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, last, 0));
       watch(collective_ == GradCollective::allreduce ? "NCCL all-reduce (gradient reducer)"
                                                      : "NCCL reduce-scatter (gradient reducer)",
-            last);
+            ready_[static_cast<size_t>(started_ - 1)], last);
     }
     check_async();
     in_round_ = false;
@@ -196,7 +196,7 @@ class NcclTransport final : public GradBucketTransport {
     PB_NCCL_NCCL(ncclGroupEnd());
     PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
-    watch("NCCL all-gather (gradient reducer)", done_[0]);
+    watch("NCCL all-gather (gradient reducer)", ready_[0], done_[0]);
     check_async();
   }
 
@@ -212,7 +212,7 @@ class NcclTransport final : public GradBucketTransport {
                                ncclFloat64, ncclSum, comm_, comm_stream_));
     PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
-    watch("NCCL all-reduce (optimizer sums)", done_[0]);
+    watch("NCCL all-reduce (optimizer sums)", ready_[0], done_[0]);
     check_async();
   }
 
@@ -247,9 +247,14 @@ class NcclTransport final : public GradBucketTransport {
   }
 
   // The host does not wait for a collective it issues (the compute stream does): the watchdog
-  // polls the event that marks its end (core/watchdog.h, AsyncWatch).
-  void watch(const char* collective, cudaEvent_t done) {
-    watch_->arm(collective, [done] { return cudaEventQuery(done) != cudaErrorNotReady; });
+  // polls the event that marks its end (core/watchdog.h, AsyncWatch), timing the wait from when
+  // the compute stream reached `ready` (the last bucket's: from then on the device only waits
+  // for its peers), not from the call: the host runs ahead of its device.
+  void watch(const char* collective, cudaEvent_t ready, cudaEvent_t done) {
+    const auto reached = [](cudaEvent_t e) {
+      return [e] { return cudaEventQuery(e) != cudaErrorNotReady; };
+    };
+    watch_->arm(collective, reached(ready), reached(done));
   }
 
   // A failure of a peer or of the network shows here, not at the call that issued the work.

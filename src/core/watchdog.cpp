@@ -130,6 +130,11 @@ void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lk) {
     while (done > 0 && !e[done - 1].poll()) --done;
     e.erase(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(done));
     if (e.empty()) continue;
+    if (e.front().started) {  // not yet known to have reached the device
+      if (!e.front().started()) continue;
+      e.front().started = nullptr;
+      e.front().start = Clock::now();
+    }
     const double waited = std::chrono::duration<double>(Clock::now() - e.front().start).count();
     if (waited < timeout_s_) continue;
     w->fired_ = true;
@@ -170,14 +175,14 @@ AsyncWatch::~AsyncWatch() {
   if (next_) next_->prev_ = prev_;
 }
 
-void AsyncWatch::arm(const char* collective, Poll poll, int64_t step) {
+void AsyncWatch::arm(const char* collective, Poll started, Poll poll, int64_t step) {
   if (!watchdog_->enabled()) return;
   std::lock_guard<std::mutex> lk(watchdog_->mu_);
   // Bounded: a host that issues rounds without ever waiting keeps the oldest (it decides the
   // timeout) and the newest (complete, it clears them all).
   if (entries_.size() >= 64) entries_.erase(entries_.begin() + 1);
   entries_.push_back({collective, step == WatchScope::kCurrentStep ? watchdog_->step() : step,
-                      std::chrono::steady_clock::now(), std::move(poll)});
+                      std::move(started), std::chrono::steady_clock::now(), std::move(poll)});
 }
 
 size_t AsyncWatch::pending() const {

@@ -137,9 +137,15 @@ class AsyncWatch {
   AsyncWatch(const AsyncWatch&) = delete;
   AsyncWatch& operator=(const AsyncWatch&) = delete;
 
-  // A collective was issued (collective: a string literal). Nothing happens with the watchdog
-  // off.
-  void arm(const char* collective, Poll poll, int64_t step = WatchScope::kCurrentStep);
+  // A collective was issued (collective: a string literal). Its wait is timed from when
+  // `started` first says true (the device reached it: the event its stream waits for before
+  // the collective), or from now without one: a host that runs ahead of its device must not
+  // count the device's queued compute as waiting. Nothing happens with the watchdog off.
+  void arm(const char* collective, Poll started, Poll done,
+           int64_t step = WatchScope::kCurrentStep);
+  void arm(const char* collective, Poll done, int64_t step = WatchScope::kCurrentStep) {
+    arm(collective, nullptr, std::move(done), step);
+  }
   // Armed collectives not yet seen complete.
   size_t pending() const;
 
@@ -148,6 +154,7 @@ class AsyncWatch {
   struct Entry {
     const char* collective;
     int64_t step;
+    Poll started;  // null once it has (start is then set)
     std::chrono::steady_clock::time_point start;
     Poll poll;
   };

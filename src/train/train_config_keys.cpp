@@ -168,8 +168,9 @@ std::vector<Key> make_keys() {
                   "precision = fp16: finite steps in a row before the loss scale doubles "
                   "(an overflow skips the step and halves it)"));
   k.push_back(key("train.collective_timeout_s", &C::train, &T::collective_timeout_s,
-                  "seconds a rank may wait in a collective (gradient all-reduce, loader "
-                  "exchange, checkpoint barrier, evaluation) before the job aborts with "
+                  "seconds a rank may wait in a collective (gradient all-reduce, NCCL's "
+                  "included, loader exchange, checkpoint barrier, evaluation) before the job "
+                  "aborts with "
                   "an error naming it and the step; 0 = off; the default outlasts a "
                   "checkpoint write the others wait for (DESIGN.md, Distribution)"));
   // [optim]

@@ -11,14 +11,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "kernels/common/lowp_convert.h"
 #include "kernels/cuda/device_seams.cuh"
+#include "kernels/cuda_emu/runtime.h"
 
 namespace {
 
@@ -488,6 +491,33 @@ TEST(EmuExecution, LegacyStreamWaitsForBlockingStreamsOnly) {
   EXPECT_EQ(y.get()[0], 1);
   cudaStreamDestroy(blocking);
   cudaStreamDestroy(nonblocking);
+}
+
+// A query of unfinished work (an asynchronous item, as a collective waiting for its peers)
+// answers cudaErrorNotReady, which CUDA never makes the last error: the next launch's
+// cudaGetLastError must not report it (the trainer's launches check it, and once failed with
+// "device not ready" after the NCCL transport polled an event).
+TEST(EmuExecution, NotReadyIsNotTheLastError) {
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  ASSERT_EQ(packbert::emu::enqueue_async(s, "test item", [] {},
+                                         [finished] { return finished->load(); }),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  Dev<int> x(std::vector<int>(32, 0));
+  PB_LAUNCH(1, 32, 0, nullptr, add_one)(x.p);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  finished->store(true);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  cudaEventDestroy(e);
+  cudaStreamDestroy(s);
 }
 
 TEST(EmuExecution, BadCopiesAndLaunchesAreErrorsNotFaults) {

@@ -11,9 +11,9 @@
   check_loader.py resume FULL PART...    the parts' steps, in order, are FULL's steps (sets of
                                          samples per step; per rank too when the rank counts
                                          agree)
-  check_loader.py expect-fail --timeout T --pattern P -- CMD...
+  check_loader.py expect-fail --timeout T --pattern P [--pattern P2 ...] -- CMD...
                                          CMD exits non-zero before T seconds and its output
-                                         contains P
+                                         contains every P
 """
 import glob
 import re
@@ -134,12 +134,12 @@ def resume(full, parts):
 
 
 def expect_fail(args):
-    timeout, pattern = None, None
+    timeout, patterns = None, []
     while args and args[0] != "--":
         if args[0] == "--timeout":
             timeout = float(args[1])
         elif args[0] == "--pattern":
-            pattern = args[1]
+            patterns.append(args[1])
         args = args[2:]
     cmd = args[1:]
     t0 = time.time()
@@ -152,9 +152,11 @@ def expect_fail(args):
     print(p.stdout)
     if p.returncode == 0:
         fail("exited 0, expected a failure")
-    if pattern and pattern not in p.stdout:
-        fail(f"the output does not contain {pattern!r}")
-    print(f"ok: failed with exit status {p.returncode} after {took:.1f} s, naming {pattern!r}")
+    for pattern in patterns:
+        if pattern not in p.stdout:
+            fail(f"the output does not contain {pattern!r}")
+    print(f"ok: failed with exit status {p.returncode} after {took:.1f} s, naming "
+          f"{', '.join(repr(x) for x in patterns)}")
 
 
 def main(argv):

@@ -69,10 +69,10 @@ def main():
     what = f"{a.other} vs {a.base}"
     # The measure lines scripts/seed_sweep.py reads (tests/common/measure.h), named by the runs'
     # folders, which are the same in every run.
-    name = f"{os.path.basename(a.other.rstrip('/'))} vs {os.path.basename(a.base.rstrip('/'))}"
+    runs = f"{os.path.basename(a.other.rstrip('/'))} vs {os.path.basename(a.base.rstrip('/'))}"
 
     def measure(label, err, tol):
-        print(f"[measure] {name}: {label} {err:.3e} <= {tol:.3e}")
+        print(f"[measure] {runs}: {label} {err:.3e} <= {tol:.3e}")
 
     table = read_table(a.base)
     if table != read_table(a.other):

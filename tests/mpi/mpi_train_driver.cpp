@@ -8,7 +8,8 @@
 //
 //   mpi_train_driver run DIR --out OUTDIR [--steps N] [--batch B] [--micro M]
 //                            [--layout unpadded|packed|padded] [--lr X] [--no-dropout]
-//                            [--precision fp32|bf16|fp16] [--sharded]
+//                            [--precision fp32|bf16|fp16] [--sharded] [--device cpu|cuda]
+//                            [--gpu-allreduce nccl|host]
 //     Builds the data loader (global batch B samples in M micro-steps), the tiny BERT
 //     (initialised from the manifest's seed: identical on every rank) and LAMB, and trains N
 //     steps, dropout on. Rank 0 writes to OUTDIR:
@@ -19,6 +20,9 @@
 //       table.txt       the parameter table: name offset size (to judge tensor by tensor)
 //     Every rank checks that all ranks hold bitwise the same reduced gradient and, at the end,
 //     the same parameters (data parallelism must never let the replicas drift apart).
+//     --device cuda trains on the CUDA backend (a CUDA or an emulated build), rank r on GPU
+//     r mod the device count (one host), the gradient by NCCL or, with --gpu-allreduce host,
+//     through the host (as train.device and train.gpu_allreduce of `packbert train`).
 #include <mpi.h>
 
 #include <algorithm>
@@ -35,6 +39,7 @@
 #include "core/error.h"
 #include "driver_args.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/device.h"
 #include "data/shard.h"
 #include "test_util.h"
 #include "train/trainer.h"
@@ -121,6 +126,18 @@ void run_mode(const Args& a, int rank, int size) {
   to.dropout = !a.has("no-dropout");
   to.bert.precision = parse_precision(a.str("precision", "fp32"));
   to.sharded = a.has("sharded");
+  const std::string device = a.str("device", "cpu");
+  PB_REQUIRE(device == "cpu" || device == "cuda", "--device {}: cpu or cuda", device);
+  if (device == "cuda") {
+    to.device = Device::cuda;
+    const int gpus = cuda_device_count();
+    PB_REQUIRE(gpus > 0, "--device cuda: no CUDA device ({})", describe_devices());
+    to.cuda_device = rank % gpus;  // one host: the rank is the local rank
+    const std::string transport = a.str("gpu-allreduce", "nccl");
+    PB_REQUIRE(transport == "nccl" || transport == "host", "--gpu-allreduce {}: nccl or host",
+               transport);
+    to.gpu_transport = transport == "host" ? GradTransport::mpi : GradTransport::nccl;
+  }
   to.lr.base_lr = std::stod(a.str("lr", "5e-3"));
   to.lr.max_steps = steps;
   to.lr.num_warmup_steps = std::max<int64_t>(1, steps / 5);
@@ -137,6 +154,7 @@ void run_mode(const Args& a, int rank, int size) {
       table << t.name << " " << t.offset << " " << t.size << "\n";
     loss_file.open(out_dir + "/loss.txt");
     loss_file << "# np " << size << " layout " << a.str("layout", "unpadded") << " seed " << seed
+              << " device " << device << " precision " << a.str("precision", "fp32")
               << (trainer.optimizer_sharded() ? " sharded" : "") << " optimizer state "
               << trainer.optimizer_state_bytes() << " bytes per rank\n";
   }

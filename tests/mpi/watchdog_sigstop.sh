@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
 # The collective watchdog through the binary (label mpi): a 2-rank `packbert train` with
-# train.collective_timeout_s = 5 runs until step 2, then one rank is stopped with SIGSTOP (as a
+# train.collective_timeout_s = 5 (or --timeout S) runs until step 2, then one rank is stopped with SIGSTOP (as a
 # rank stuck in I/O or a driver call). The other rank's watchdog must end the whole job: mpirun
 # exits non-zero within the timeout + 30 s, and the log holds the watchdog's line naming the
 # collective and the step, from the rank that was not stopped.
 #
-#   watchdog_sigstop.sh PACKBERT MPI_TRAIN_DRIVER VOCAB WORK_DIR STOP_RANK MPIEXEC
+#   watchdog_sigstop.sh PACKBERT MPI_TRAIN_DRIVER VOCAB WORK_DIR STOP_RANK MPIEXEC [--need TEXT]
+#                       [--timeout S] [--section.key=VALUE ...]
+#
+# The config overrides go to `packbert train` (e.g. --train.device=cuda: the emulated build's
+# NCCL run, tests/emulation/CMakeLists.txt); --need TEXT: the watchdog's line must contain TEXT
+# (e.g. "NCCL all-reduce": the watchdog saw the NCCL round, not a host collective). --timeout:
+# longer than a step can take, whatever the load (an emulated GPU step takes seconds, and a rank
+# may lag its peer by one).
 set -euo pipefail
 
 packbert=$1 driver=$2 vocab=$3 work=$4 stop_rank=$5 mpiexec=$6
+shift 6
+need=
 timeout_s=5
+overrides=()
+while (($#)); do
+  case $1 in
+    --need) need=$2; shift 2 ;;
+    --timeout) timeout_s=$2; shift 2 ;;
+    *) overrides+=("$1"); shift ;;
+  esac
+done
 limit_ms=$(((timeout_s + 30) * 1000))
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
@@ -75,7 +92,7 @@ EOF
 
 "$mpiexec" --allow-run-as-root --oversubscribe --mca btl self,vader -x OMP_NUM_THREADS=1 \
   -x OPENBLAS_NUM_THREADS=1 -np 2 "$packbert" train --config "$work/config.toml" \
-  > "$log" 2>&1 &
+  "${overrides[@]}" > "$log" 2>&1 &
 mpirun_pid=$!
 
 # Training has started when rank 0 wrote the record of step 2.
@@ -116,10 +133,15 @@ echo "mpirun exited $rc, $((elapsed_ms / 1000)).$((elapsed_ms % 1000 / 100)) s a
   "of rank $stop_rank (timeout $timeout_s s)"
 
 [[ $rc -ne 0 ]] || fail "mpirun exited 0"
-line=$(grep -E 'collective watchdog: rank [0-9]+ has waited [0-9.]+ s in .+ at step [0-9]+' \
-  "$log" | head -n 1) || fail "no watchdog message"
+# A host collective's line ("has waited T s in WHAT at step S") or an asynchronous one's (an
+# NCCL round: "WHAT at step S has not completed after T s").
+host='has waited [0-9.]+ s in .+ at step [0-9]+'
+async=': .+ at step [0-9]+.* has not completed after [0-9.]+ s'
+line=$(grep -E "collective watchdog: rank [0-9]+( $host|$async)" "$log" | head -n 1) ||
+  fail "no watchdog message"
 echo "$line"
 other=$((1 - stop_rank))
-[[ $line == *"[rank $other]"*"collective watchdog: rank $other has waited"* ]] ||
+[[ $line == *"[rank $other]"*"collective watchdog: rank $other"[\ :]* ]] ||
   fail "the watchdog message is not from rank $other"
+[[ -z $need || $line == *"$need"* ]] || fail "the watchdog message does not say '$need'"
 echo "ok"

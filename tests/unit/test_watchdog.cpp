@@ -223,7 +223,7 @@ TEST(AsyncWatch, AnIncompleteCollectiveIsAbortedThenReported) {
 TEST(AsyncWatch, CompletedCollectivesAreDroppedAndNeverFire) {
   CollectiveWatchdog wd;
   Fired fired;
-  wd.configure(0.3, 0, fired.action());
+  wd.configure(1.0, 0, fired.action());  // 2 ms apart: a loaded machine has 500x to spare
   std::atomic<int> aborts{0};
   AsyncWatch watch(wd, [&] { ++aborts; });
   std::vector<std::unique_ptr<FakeCollective>> rounds;
@@ -238,10 +238,32 @@ TEST(AsyncWatch, CompletedCollectivesAreDroppedAndNeverFire) {
   rounds.back()->complete = true;
   for (int i = 0; i < 200 && watch.pending() > 0; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(watch.pending(), 0u);
-  std::this_thread::sleep_for(600ms);  // two timeouts with nothing pending
+  std::this_thread::sleep_for(1200ms);  // past the timeout with nothing pending
   wd.stop();
   EXPECT_EQ(aborts.load(), 0);
   EXPECT_EQ(fired.count(), 0u);
+}
+
+TEST(AsyncWatch, TheWaitCountsFromWhenTheDeviceReachedTheCollective) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(0.1, 1, fired.action());
+  std::atomic<int> aborts{0};
+  AsyncWatch watch(wd, [&] { ++aborts; });
+  FakeCollective reached, round;
+  watch.arm("NCCL all-reduce (gradient reducer)", reached.poll(), round.poll(), 4);
+  std::this_thread::sleep_for(500ms);  // five timeouts: the device is still busy before it
+  EXPECT_EQ(fired.count(), 0u) << "the device's queued compute counted as waiting";
+  const auto t0 = std::chrono::steady_clock::now();
+  reached.complete = true;
+  ASSERT_EQ(fired.wait_for(1), 1u);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 100ms);
+  wd.stop();
+  EXPECT_EQ(aborts.load(), 1);
+  EXPECT_NE(fired.messages[0].find("NCCL all-reduce (gradient reducer) at step 4 has not "
+                                   "completed"),
+            std::string::npos)
+      << fired.messages[0];
 }
 
 TEST(AsyncWatch, OffArmsNothing) {
