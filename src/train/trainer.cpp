@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 
@@ -124,9 +125,11 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   fwd.defer_metrics = true;  // the losses are read once, after the optimizer step is issued
 
   // Local sums of this rank's micro-steps, all-reduced after the gradients (a blocking
-  // collective must not run inside the all-reduce round).
-  // loss, mlm sum, nsp sum, mlm ok, nsp ok, masked, seqs, tokens, rows
-  double local[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+  // collective must not run inside the all-reduce round): one array, so that one collective
+  // sums them all, with a name for every slot.
+  enum Sum : size_t { kLoss, kMlmLoss, kNspLoss, kMlmCorrect, kNspCorrect, kMasked, kSequences,
+                      kTokens, kRows, kSums };
+  std::array<double, kSums> local{};
   const size_t micro_steps = batch.micro_batches.size();
   PB_REQUIRE(micro_steps > 0, "train step {}: no micro-batches", batch.step);
   GradReducer& reducer = *reducer_;
@@ -144,10 +147,10 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     if (last)
       reducer.begin(lamb_->sharded() ? GradCollective::reduce_scatter : GradCollective::allreduce);
     bert_->backward(last ? ready : GradientReady{});
-    local[5] += static_cast<double>(r.masked_tokens);
-    local[6] += static_cast<double>(r.sequences);
-    local[7] += static_cast<double>(b.num_tokens());
-    local[8] += static_cast<double>(b.rows);
+    local[kMasked] += static_cast<double>(r.masked_tokens);
+    local[kSequences] += static_cast<double>(r.sequences);
+    local[kTokens] += static_cast<double>(b.num_tokens());
+    local[kRows] += static_cast<double>(b.rows);
   }
 
   StepMetrics out;
@@ -186,28 +189,28 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.longest_skipped_run = info.longest_skipped_run;
 
   for (const ForwardResult& r : bert_->deferred_results()) {  // one read of the micro-steps'
-    local[0] += r.loss;
-    local[1] += r.mlm_loss_sum;
-    local[2] += r.nsp_loss_sum;
-    local[3] += static_cast<double>(r.mlm_correct);
-    local[4] += static_cast<double>(r.nsp_correct);
+    local[kLoss] += r.loss;
+    local[kMlmLoss] += r.mlm_loss_sum;
+    local[kNspLoss] += r.nsp_loss_sum;
+    local[kMlmCorrect] += static_cast<double>(r.mlm_correct);
+    local[kNspCorrect] += static_cast<double>(r.nsp_correct);
   }
-  reducer.allreduce_sum(local, 9);
-  const double masked = local[5], seqs = local[6];
+  reducer.allreduce_sum(local.data(), static_cast<int>(local.size()));
+  const double masked = local[kMasked], seqs = local[kSequences];
   PB_REQUIRE(static_cast<int64_t>(masked) == batch.global_masked_tokens &&
                  static_cast<int64_t>(seqs) == batch.global_samples,
              "train step {}: the ranks trained {} sequences / {} masked tokens, the plan says "
              "{} / {}",
              batch.step, seqs, masked, batch.global_samples, batch.global_masked_tokens);
-  out.loss = local[0];
-  out.mlm_loss = masked > 0 ? local[1] / masked : 0.0;
-  out.nsp_loss = local[2] / seqs;
-  out.mlm_accuracy = masked > 0 ? local[3] / masked : 0.0;
-  out.nsp_accuracy = local[4] / seqs;
+  out.loss = local[kLoss];
+  out.mlm_loss = masked > 0 ? local[kMlmLoss] / masked : 0.0;
+  out.nsp_loss = local[kNspLoss] / seqs;
+  out.mlm_accuracy = masked > 0 ? local[kMlmCorrect] / masked : 0.0;
+  out.nsp_accuracy = local[kNspCorrect] / seqs;
   out.samples = batch.global_samples;
   out.masked_tokens = batch.global_masked_tokens;
-  out.tokens = static_cast<int64_t>(local[7]);
-  out.rows = static_cast<int64_t>(local[8]);
+  out.tokens = static_cast<int64_t>(local[kTokens]);
+  out.rows = static_cast<int64_t>(local[kRows]);
   return out;
 }
 
