@@ -20,9 +20,9 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "data/inspect.h"
-#include "data/shard.h"
-#include "data/tokenizer.h"
+#include "data/shards/inspect.h"
+#include "data/shards/shard.h"
+#include "data/prepare/tokenizer.h"
 #include "kernels/device.h"
 #include "train/checkpoint.h"
 #include "train/run_train.h"
@@ -35,7 +35,7 @@ using namespace packbert;
 struct Mpi {
   int rank = 0, size = 1;
   // MPI_THREAD_MULTIPLE because the data loader's threads call MPI while the trainer does; the
-  // loader refuses a lower level (data/exchange.cpp), the other subcommands run on any.
+  // loader refuses a lower level (data/loader/exchange.cpp), the other subcommands run on any.
   Mpi(int* argc, char*** argv) {
     int provided = 0;
     PB_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));

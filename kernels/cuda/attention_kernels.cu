@@ -1,7 +1,7 @@
 // Variable-length multi-head attention, fp32, the first (correctness) step of the CUDA backend.
 //
 // Launches take a work list (fmha.h): the backend sorts the sequences into length buckets
-// (common/fmha_plan.h) and launches each bucket as its own grid, sized by that bucket's longest
+// (common/fmha_work_list.h) and launches each bucket as its own grid, sized by that bucket's longest
 // sequence, on its own stream; blocks past a sequence's end inside a bucket exit at once.
 // bf16 / fp16 activations take the tensor-core kernels of fmha_mma_*.cu instead.
 //

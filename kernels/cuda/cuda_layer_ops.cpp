@@ -4,7 +4,7 @@
 #include "kernels/common/op_args.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/cuda_backend_impl.h"
-#include "kernels/cuda/fmha_plan.h"
+#include "kernels/cuda/fmha_host.h"
 
 namespace packbert {
 
@@ -386,7 +386,7 @@ CudaBackend::AttnLaunch CudaBackend::attention_launch(const char* op, const SeqL
 // - any other combination the contract allows (each tensor on its own, another head dim, an
 //   unaligned view): widened through the low-precision adapter onto the fp32 kernels.
 // Both kernel families run through the grouped launch: the sequences sorted into length
-// buckets (common/fmha_plan.h), one grid per bucket on fmha_'s streams, joined before return.
+// buckets (common/fmha_work_list.h), one grid per bucket on fmha_'s streams, joined before return.
 void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
                                     const Dropout& dropout, const Tensor& out, const Tensor& lse) {
   const trace::Range range("attention_forward");

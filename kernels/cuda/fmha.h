@@ -3,7 +3,7 @@
 // kernels (fmha_mma_*.cu), in the style of cuda_kernels.h: raw pointers in, cudaError_t out.
 //
 // A launch covers one work list: `count` sequences whose indices are seqs[0 .. count) (a device
-// array of the bucket, kernels/common/fmha_plan.h), the longest of them max_len tokens. The grid
+// array of the bucket, kernels/common/fmha_work_list.h), the longest of them max_len tokens. The grid
 // is count x ceil(max_len / query tile) x heads, so a bucket of short sequences never pays for
 // the batch's longest. seqs == nullptr means sequences 0 .. count-1 in layout order.
 //
@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/common/fmha_plan.h"
+#include "kernels/common/fmha_work_list.h"
 #include "kernels/common/philox.h"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -71,7 +71,7 @@ cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork
                                const DropoutStream& ds, float* delta, void* dqkv,
                                cudaStream_t s);
 
-// ---- grouped launch (fmha_plan.cpp) ---------------------------------------------------------
+// ---- grouped launch (fmha_host.cpp) ---------------------------------------------------------
 // The auxiliary streams and events of CudaBackend's attention, and the device copy of the
 // current plan's sequence order. Created with the backend (on its device), destroyed with it.
 class FmhaStreams {

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "data/packing.h"
-#include "data/shard.h"
+#include "data/packing/packing.h"
+#include "data/shards/shard.h"
 
 namespace packbert {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "config/config.h"
-#include "data/pack_report.h"
-#include "data/prepare.h"
+#include "data/packing/pack_report.h"
+#include "data/prepare/prepare.h"
 
 namespace packbert {
 

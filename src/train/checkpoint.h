@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-#include "data/loader.h"
+#include "data/loader/loader.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "optim/loss_scaler.h"

@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "core/watchdog.h"
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "comm/mpi_check.h"
 #include "train/batching.h"
 

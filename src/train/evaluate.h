@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "data/sample.h"
+#include "data/shards/sample.h"
 #include "model/batch.h"
 #include "train/trainer.h"
 

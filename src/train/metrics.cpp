@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
-#include "data/loader.h"
+#include "data/loader/loader.h"
 #include "model/arena.h"
 #include "model/bert.h"
 #include "train/trainer.h"

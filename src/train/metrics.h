@@ -19,7 +19,7 @@
 namespace packbert {
 
 struct ActivationReport;  // model/bert.h
-struct StepBatch;         // data/loader.h
+struct StepBatch;         // data/loader/loader.h
 struct StepMetrics;       // train/trainer.h
 
 struct ProgressRecord {

@@ -17,7 +17,7 @@
 #include "config/key_doc.h"
 #include "config/locations.h"
 #include "core/tensor.h"
-#include "data/loader.h"
+#include "data/loader/loader.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/config.h"

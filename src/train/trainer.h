@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "data/loader.h"
+#include "data/loader/loader.h"
 #include "comm/grad_reducer.h"
 #include "model/batch.h"
 #include "model/bert.h"

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "data/packing.h"
-#include "data/planner.h"
+#include "data/packing/packing.h"
+#include "data/packing/planner.h"
 #include "test_util.h"
 
 namespace {

@@ -32,7 +32,7 @@
 #include "kernels/common/lowp_convert.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/fmha.h"
-#include "data/packing.h"
+#include "data/packing/packing.h"
 
 namespace {
 

@@ -30,8 +30,8 @@
 
 #include <fmt/format.h>
 
-#include "data/loader.h"
-#include "data/shard.h"
+#include "data/loader/loader.h"
+#include "data/shards/shard.h"
 #include "test_util.h"
 
 namespace {

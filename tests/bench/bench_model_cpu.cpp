@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
-#include "data/packing.h"
+#include "data/packing/packing.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/params.h"

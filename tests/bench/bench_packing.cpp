@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "data/packing.h"
+#include "data/packing/packing.h"
 #include "test_util.h"
 
 namespace {

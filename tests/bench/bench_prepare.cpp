@@ -11,7 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "data/prepare.h"
+#include "data/prepare/prepare.h"
 #include "test_util.h"
 
 int main(int argc, char** argv) {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "test_util.h"
 
 namespace {

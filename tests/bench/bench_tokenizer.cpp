@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer.h"
+#include "data/prepare/tokenizer.h"
 
 namespace {
 

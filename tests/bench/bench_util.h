@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "data/packing.h"
-#include "data/sample.h"
+#include "data/packing/packing.h"
+#include "data/shards/sample.h"
 
 namespace packbert::bench {
 

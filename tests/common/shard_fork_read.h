@@ -14,7 +14,7 @@
 #include <typeinfo>
 
 #include "core/error.h"
-#include "data/shard.h"
+#include "data/shards/shard.h"
 
 namespace packbert::test {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/sample.h"
+#include "data/shards/sample.h"
 #include "test_util.h"
 
 namespace packbert::test {

@@ -1,7 +1,7 @@
 #include "test_util.h"
 
 #include "core/error.h"
-#include "data/packing.h"
+#include "data/packing/packing.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "data/loader.h"
-#include "data/sample.h"
+#include "data/loader/loader.h"
+#include "data/shards/sample.h"
 
 namespace packbert::test {
 

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <random>
 
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "test_util.h"
 
 namespace {

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "test_util.h"
 
 namespace {

@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "test_util.h"
 
 namespace packbert::test {

@@ -3,7 +3,7 @@
 // or throw packbert::Error. Each read runs in a forked child, so a crash (or hang) inside
 // libhdf5 becomes a test failure naming the mutation instead of killing the test binary.
 // The libhdf5 crash classes this found, and the reader's guards against them, are listed in
-// src/data/shard_guard.h; tests/unit/test_shard_damage.cpp has one regression test per class.
+// src/data/shards/shard_guard.h; tests/unit/test_shard_damage.cpp has one regression test per class.
 //
 // PACKBERT_FUZZ_ITERATIONS=<n> sets the mutations per format (default 300);
 // PACKBERT_TEST_SEED=<seed> reproduces a run; PACKBERT_FUZZ_KEEP=<dir> keeps a copy of every
@@ -20,7 +20,7 @@
 #include <map>
 #include <random>
 
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "shard_fork_read.h"
 #include "shard_test_util.h"
 #include "test_util.h"

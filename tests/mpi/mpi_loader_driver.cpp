@@ -35,9 +35,9 @@
 
 #include "core/error.h"
 #include "driver_args.h"
-#include "data/epoch_order.h"
-#include "data/loader.h"
-#include "data/shard.h"
+#include "data/loader/epoch_order.h"
+#include "data/loader/loader.h"
+#include "data/shards/shard.h"
 #include "shard_test_util.h"
 
 namespace {

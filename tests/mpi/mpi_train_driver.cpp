@@ -40,7 +40,7 @@
 #include "driver_args.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/device.h"
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "test_util.h"
 #include "train/trainer.h"
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/epoch_order.h"
-#include "data/exchange.h"
+#include "data/loader/epoch_order.h"
+#include "data/loader/exchange.h"
 #include "test_util.h"
 
 namespace packbert {

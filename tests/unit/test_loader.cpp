@@ -13,9 +13,9 @@
 #include <set>
 #include <thread>
 
-#include "data/epoch_order.h"
-#include "data/loader.h"
-#include "data/shard.h"
+#include "data/loader/epoch_order.h"
+#include "data/loader/loader.h"
+#include "data/shards/shard.h"
 #include "shard_test_util.h"
 
 namespace packbert {

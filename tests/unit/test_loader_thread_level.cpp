@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "data/exchange.h"
+#include "data/loader/exchange.h"
 
 namespace packbert {
 namespace {

@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "data/nnls.h"
-#include "data/pack_report.h"
-#include "data/packing.h"
+#include "data/packing/nnls.h"
+#include "data/packing/pack_report.h"
+#include "data/packing/packing.h"
 #include "measure.h"
 #include "test_util.h"
 

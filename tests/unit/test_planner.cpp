@@ -11,8 +11,8 @@
 #include <set>
 
 #include "core/error.h"
-#include "data/packing.h"
-#include "data/planner.h"
+#include "data/packing/packing.h"
+#include "data/packing/planner.h"
 #include "measure.h"
 #include "test_util.h"
 

@@ -17,10 +17,10 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "data/prepare.h"
-#include "data/shard.h"
-#include "data/text_input.h"
-#include "data/tokenizer.h"
+#include "data/prepare/prepare.h"
+#include "data/shards/shard.h"
+#include "data/prepare/text_input.h"
+#include "data/prepare/tokenizer.h"
 #include "measure.h"
 #include "test_util.h"
 

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <random>
 
-#include "data/inspect.h"
-#include "data/shard.h"
+#include "data/shards/inspect.h"
+#include "data/shards/shard.h"
 #include "shard_test_util.h"
 #include "test_util.h"
 

@@ -2,14 +2,14 @@
 // tests/fuzz/test_shard_fuzz.cpp), one test per class: each must be a packbert::Error naming
 // the file and dataset. Each read runs in a forked child, so a regression is a reported
 // failure, not the end of this binary. The comment on each test says what libhdf5 does with
-// the file when the reader's guards (src/data/shard_guard.h, src/data/shard_vfd.h) are off.
+// the file when the reader's guards (src/data/shards/shard_guard.h, src/data/shards/shard_vfd.h) are off.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
 #include <fstream>
 #include <random>
 
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "shard_fork_read.h"
 #include "shard_test_util.h"
 #include "test_util.h"

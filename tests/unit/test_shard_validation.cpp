@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "data/shard.h"
+#include "data/shards/shard.h"
 #include "shard_test_util.h"
 #include "test_util.h"
 

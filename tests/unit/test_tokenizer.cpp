@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "data/tokenizer.h"
+#include "data/prepare/tokenizer.h"
 #include "test_util.h"
 
 namespace packbert {
