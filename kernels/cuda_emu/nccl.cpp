@@ -97,6 +97,13 @@ std::string describe(const Header& h) {
   return buf;
 }
 
+// Elements rank r sends in collective h on n ranks (its part of the MPI_Allgatherv).
+size_t send_count(Kind kind, size_t count, int root, int r, size_t n) {
+  if (kind == Kind::reduce_scatter) return count * n;
+  if (kind == Kind::broadcast && r != root) return 0;
+  return count;
+}
+
 struct Op {
   Header h;
   const void* send = nullptr;
@@ -229,12 +236,9 @@ struct ncclComm {
     const auto type = static_cast<ncclDataType_t>(h.type);
     const size_t es = type_size(type);
     const auto n = static_cast<size_t>(nranks);
-    // Elements each rank contributes.
-    size_t mine = h.count;
-    if (kind == Kind::reduce_scatter) mine = h.count * n;
-    if (kind == Kind::broadcast && rank != h.root) mine = 0;
+    // Elements this rank contributes.
+    const size_t mine = send_count(kind, h.count, h.root, rank, n);
     std::vector<char> all;
-    std::vector<size_t> contrib(n, mine);
     if (nranks == 1) {
       all.assign(static_cast<const char*>(op.send), static_cast<const char*>(op.send) + mine * es);
     } else {
@@ -255,10 +259,7 @@ struct ncclComm {
       std::vector<int> counts(n), displs(n);
       size_t at = 0;
       for (size_t r = 0; r < n; ++r) {
-        size_t c = h.count;
-        if (kind == Kind::reduce_scatter) c = h.count * n;
-        if (kind == Kind::broadcast && static_cast<int>(r) != h.root) c = 0;
-        contrib[r] = c;
+        const size_t c = send_count(kind, h.count, h.root, static_cast<int>(r), n);
         counts[r] = static_cast<int>(c * es);
         displs[r] = static_cast<int>(at);
         at += c * es;
@@ -283,12 +284,9 @@ struct ncclComm {
       case Kind::all_gather:
         std::memcpy(op.recv, all.data(), h.count * n * es);
         break;
-      case Kind::broadcast: {
-        size_t at = 0;
-        for (int r = 0; r < h.root; ++r) at += contrib[static_cast<size_t>(r)];
-        std::memmove(op.recv, all.data() + at * es, h.count * es);
+      case Kind::broadcast:  // only the root sent anything
+        std::memmove(op.recv, all.data(), h.count * es);
         break;
-      }
     }
   }
 
@@ -302,6 +300,15 @@ struct ncclComm {
 };
 
 namespace {
+
+// Gives op its index on the communicator and puts it on the stream: handed to the worker when
+// the stream reaches it, complete when the worker has written the result.
+cudaError_t enqueue_op(ncclComm_t comm, cudaStream_t stream, std::shared_ptr<Op> o) {
+  o->h.index = comm->issued++;
+  return packbert::emu::enqueue_async(
+      stream, kind_name(static_cast<Kind>(o->h.kind)), [comm, o] { comm->post(o); },
+      [o] { return o->done.load(); });
+}
 
 // A collective's checks at the call (NCCL's argument errors), then its enqueueing (or, inside a
 // group, its recording for ncclGroupEnd).
@@ -327,10 +334,9 @@ ncclResult_t collective(Kind kind, const void* send, void* recv, size_t count,
                   std::to_string(comm->nranks) + " ranks");
   } else {
     const size_t es = type_size(type), n = static_cast<size_t>(comm->nranks);
-    size_t send_elems = count, recv_elems = count;
-    if (kind == Kind::reduce_scatter) send_elems = count * n;
+    const size_t send_elems = send_count(kind, count, root, comm->rank, n);
+    size_t recv_elems = count;
     if (kind == Kind::all_gather) recv_elems = count * n;
-    if (kind == Kind::broadcast && comm->rank != root) send_elems = 0;
     if (kind == Kind::reduce && comm->rank != root) recv_elems = 0;
     if (send_elems * es * n > size_t{INT32_MAX}) {
       r = error(ncclInvalidUsage, std::string(name) + ": " + std::to_string(send_elems * es) +
@@ -356,10 +362,7 @@ ncclResult_t collective(Kind kind, const void* send, void* recv, size_t count,
     t_group.push_back({comm, stream, std::move(o)});
     return ncclSuccess;
   }
-  o->h.index = comm->issued++;
-  const cudaError_t e = packbert::emu::enqueue_async(
-      stream, name, [comm, o] { comm->post(o); }, [o] { return o->done.load(); });
-  if (e != cudaSuccess)
+  if (enqueue_op(comm, stream, std::move(o)) != cudaSuccess)
     return error(ncclUnhandledCudaError, std::string(name) + ": the stream has failed");
   return ncclSuccess;
 }
@@ -538,13 +541,7 @@ ncclResult_t ncclGroupEnd() {
   calls.swap(t_group);
   if (t_group_error != ncclSuccess) return t_group_error;
   for (Pending& p : calls) {
-    p.op->h.index = p.comm->issued++;
-    std::shared_ptr<Op> o = p.op;
-    ncclComm_t comm = p.comm;
-    const cudaError_t e = packbert::emu::enqueue_async(
-        p.stream, kind_name(static_cast<Kind>(o->h.kind)), [comm, o] { comm->post(o); },
-        [o] { return o->done.load(); });
-    if (e != cudaSuccess)
+    if (enqueue_op(p.comm, p.stream, p.op) != cudaSuccess)
       return error(ncclUnhandledCudaError, "ncclGroupEnd: the stream has failed");
   }
   return ncclSuccess;

@@ -29,14 +29,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <iostream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "kernels/common/lowp_convert.h"
+#include "mpi_self_test.h"
 #include "test_util.h"
 
 namespace packbert::test {
@@ -567,25 +566,7 @@ void run_duplicate_rank() {
 
 // Starts mpirun on this binary, running the current test in every rank; returns the output.
 std::string run_ranks(int np, const std::string& extra_env) {
-  const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string out;
-  const int rc = run_command(
-      std::string(PACKBERT_MPIEXEC) +
-          " --allow-run-as-root --oversubscribe --mca btl self,vader -np " + std::to_string(np) +
-          " -x PACKBERT_EMU_NCCL_CHILD=1 -x PACKBERT_TEST_SEED=" + std::to_string(test_seed()) +
-          " -x OMP_NUM_THREADS=1" + extra_env + " " + self +
-          " --gtest_color=no --gtest_filter=" + info->test_suite_name() + "." + info->name() +
-          " 2>&1",
-      &out);
-  std::cout << out;
-  EXPECT_EQ(rc, 0) << "the ranks failed (output above)";
-  size_t passed = 0;
-  for (size_t at = out.find("[  PASSED  ] 1 test."); at != std::string::npos;
-       at = out.find("[  PASSED  ] 1 test.", at + 1))
-    ++passed;
-  EXPECT_EQ(passed, static_cast<size_t>(np)) << "every rank passes the test";
-  return out;
+  return run_test_in_ranks(np, "PACKBERT_EMU_NCCL_CHILD", extra_env);
 }
 
 class EmuNcclRanks : public testing::TestWithParam<int> {};

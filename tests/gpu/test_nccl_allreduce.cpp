@@ -26,7 +26,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <iostream>
 #include <numeric>
 #include <random>
@@ -42,6 +41,7 @@
 #include "cuda_test_util.h"
 #include "kernels/backend.h"
 #include "comm/grad_reducer.h"
+#include "mpi_self_test.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -647,29 +647,10 @@ TEST_P(NcclAllreduceRanks, NcclAgainstMpiTransport) {
               << " present; NCCL cannot put two ranks on one GPU)" << std::endl;
     GTEST_SKIP() << "skipped: no CUDA device for each of " << np << " ranks";
   }
-  const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::string pass;  // the emulation's settings reach the ranks
   for (const char* v : {"PACKBERT_EMU_MUTANT", "PACKBERT_EMU_DEVICES"})
     if (std::getenv(v)) pass += std::string(" -x ") + v;
-  std::string out;
-  const int rc = run_command(
-      std::string(PACKBERT_MPIEXEC) +
-          " --allow-run-as-root --oversubscribe --mca btl self,vader -np " + std::to_string(np) +
-          " -x PACKBERT_NCCL_TEST_CHILD=1 -x PACKBERT_TEST_SEED=" + std::to_string(test_seed()) +
-          " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1" + pass + " " + self +
-          " --gtest_color=no --gtest_filter=" + info->test_suite_name() + "." + info->name() +
-          " 2>&1",
-      &out);
-  std::cout << out;
-  EXPECT_EQ(rc, 0) << "the ranks failed (output above)";
-  // Every rank ran the one test and passed it.
-  size_t passed = 0;
-  for (size_t at = out.find("[  PASSED  ] 1 test."); at != std::string::npos;
-       at = out.find("[  PASSED  ] 1 test.", at + 1))
-    ++passed;
-  EXPECT_EQ(passed, static_cast<size_t>(np));
-  EXPECT_EQ(out.find("[  SKIPPED ]"), std::string::npos);
+  run_test_in_ranks(np, "PACKBERT_NCCL_TEST_CHILD", pass);
 }
 
 INSTANTIATE_TEST_SUITE_P(Np, NcclAllreduceRanks, testing::Values(2, 3, 4),
