@@ -26,7 +26,7 @@
 #include "kernels/device.h"
 #include "train/checkpoint.h"
 #include "train/run_train.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace {
 
@@ -289,12 +289,7 @@ int run(int argc, char** argv, Mpi& mpi) {
     SampleRules rules;
     rules.vocab_size = inspect.vocab_size;
     rules.max_seq_len = inspect.max_seq_len;
-    if (!inspect.vocab.empty()) {
-      const Vocab v = Vocab::load(inspect.vocab);
-      rules.vocab_size = v.size();
-      rules.cls_id = v.cls_id();
-      rules.sep_id = v.sep_id();
-    }
+    if (!inspect.vocab.empty()) rules = vocab_sample_rules(Vocab::load(inspect.vocab), inspect.max_seq_len);
     const InspectReport report = inspect_shards(inspect.path, rules, inspect.skip_bad_samples);
     print_inspect_report(report, std::cout);
     if (report.bad_samples > 0)

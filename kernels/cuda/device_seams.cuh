@@ -38,6 +38,13 @@
 
 // Planted mistakes that the emulated tests must catch (tests/emulation/CMakeLists.txt runs each
 // one and expects failures): set PACKBERT_EMU_MUTANT to the number in the emulated build.
+// Why mutants 1-5 sit in the kernels' text: each is one precise mistake at one site (one
+// register swap after one load, one barrier of several, one lane permutation), and the only ways
+// to plant it from outside are a second copy of the kernel, or a coarser mistake planted by the
+// emulator (every mma's registers, every barrier of a file), which proves less and, keyed by
+// file and line, breaks silently when the kernel is edited. On the GPU the switch is the
+// constant false, so `if (!PB_MUTANT(m)) __syncthreads();` is `__syncthreads();` to the
+// compiler. Mutant 6 is not a kernel's: the emulated runtime plants it (cudaStreamWaitEvent).
 #ifdef PACKBERT_CUDA_EMULATION
 #define PB_MUTANT(which) (::packbert::emu::mutant() == static_cast<int>(which))
 #else

@@ -87,10 +87,10 @@ class GradBucketTransport {
   // the compute stream for NCCL).
   virtual void complete_all() = 0;
   // Outside a round: the owned parts of every bucket of buffer (laid out as the gradient) from
-  // their owners to every rank (GradReducer::all_gather).
+  // their owners to every rank (ShardExchange::all_gather).
   virtual void all_gather(const std::vector<GradBucket>& buckets, const Tensor& buffer) = 0;
   // Outside a round: the in-place sum over ranks of a few f64 values in the buffer's memory,
-  // ordered as all_gather (GradReducer::allreduce_sum of a tensor).
+  // ordered as all_gather (ShardExchange::sum).
   virtual void allreduce_sum(const Tensor& values) = 0;
 };
 

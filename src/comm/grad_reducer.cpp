@@ -23,7 +23,7 @@ MPI_Datatype mpi_type_of(DType t) {
     case DType::f16: return MPI_UINT16_T;  // gathered, never summed: the bits travel
     default: break;
   }
-  PB_THROW("grad reducer: all_gather of a {} buffer (f32, bf16 or f16)", dtype_name(t));
+  PB_THROW("shard exchange: all_gather of a {} buffer (f32, bf16 or f16)", dtype_name(t));
 }
 
 
@@ -271,59 +271,6 @@ GradBucket GradReducer::shard(int k) const {
   s.offset = lo;
   s.size = std::max<int64_t>(0, hi - lo);
   return s;
-}
-
-void GradReducer::all_gather(const Tensor& buffer) {
-  PB_REQUIRE(!sched_.in_round(), "grad reducer: all_gather() inside a gradient round");
-  PB_REQUIRE(buffer.defined() && buffer.ndim == 1 && buffer.numel() == num_elems_,
-             "grad reducer: all_gather of {}, expected [{}] laid out as the gradient",
-             buffer.str(), num_elems_);
-  const WatchScope watch("all-gather (gradient reducer)");
-  if (transport_) transport_->all_gather(sched_.buckets(), buffer);
-}
-
-void GradReducer::gather_to_root(const float* mine, float* all, int root) {
-  PB_REQUIRE(!sched_.in_round(), "grad reducer: gather_to_root() inside a gradient round");
-  PB_REQUIRE(root >= 0 && root < size_, "grad reducer: gather_to_root to rank {} of {}", root,
-             size_);
-  const auto me = static_cast<size_t>(rank_);
-  const int64_t own = bounds_[me + 1] - bounds_[me];
-  PB_REQUIRE(num_elems_ <= std::numeric_limits<int>::max(),
-             "grad reducer: gather_to_root of {} elements (MPI counts are int)", num_elems_);
-  PB_REQUIRE(rank_ != root || all, "grad reducer: gather_to_root without the root's array");
-  if (size_ == 1) {
-    if (own > 0) std::memcpy(all, mine, static_cast<size_t>(own) * sizeof(float));
-    return;
-  }
-  std::vector<int> counts, displs;
-  if (rank_ == root) {
-    for (size_t r = 0; r + 1 < bounds_.size(); ++r) {
-      counts.push_back(static_cast<int>(bounds_[r + 1] - bounds_[r]));
-      displs.push_back(static_cast<int>(bounds_[r]));
-    }
-  }
-  const WatchScope watch("MPI_Gatherv (optimizer state)");
-  PB_MPI_CHECK(MPI_Gatherv(mine, static_cast<int>(own), MPI_FLOAT, all, counts.data(),
-                           displs.data(), MPI_FLOAT, root, comm_));
-}
-
-void GradReducer::allreduce_sum(const Tensor& values) {
-  PB_REQUIRE(!sched_.in_round(), "grad reducer: allreduce_sum() inside a gradient round");
-  PB_REQUIRE(values.defined() && values.dtype == DType::f64 && values.ndim == 1 &&
-                 values.numel() <= (int64_t{1} << 20),
-             "grad reducer: allreduce_sum of {}, expected f64 [n] (a few values)", values.str());
-  if (!transport_ || values.numel() == 0) return;
-  const WatchScope watch("all-reduce (optimizer sums)");
-  transport_->allreduce_sum(values);
-}
-
-void GradReducer::allreduce_sum(double* data, int count) {
-  PB_REQUIRE(!sched_.in_round(), "grad reducer: allreduce_sum() inside a gradient round");
-  PB_REQUIRE(count >= 0 && (data || count == 0), "grad reducer: allreduce_sum of {} values",
-             count);
-  if (size_ == 1 || count == 0) return;
-  const WatchScope watch("MPI_Allreduce (step metrics)");
-  PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm_));
 }
 
 }  // namespace packbert

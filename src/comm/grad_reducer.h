@@ -18,12 +18,12 @@
 // Collectives. A round (begin() .. finish()) either all-reduces every bucket, or reduce-scatters
 // it: rank r then holds the sum over ranks of the part of each bucket it owns (shard(k)): the
 // elements [shard_bounds[r], shard_bounds[r + 1]) of the buffer (GradReducerOptions); the rest
-// of the bucket is left unspecified. all_gather() is the way back: each bucket's parts, of any
-// float buffer laid out as the gradient, go from their owners to every rank. A sharded
-// optimizer reduce-scatters the gradient, updates what it owns and all-gathers the weights.
-// MPI moves a bucket's parts with one MPI_Ireduce_scatter / MPI_Iallgatherv (counts per
-// owner, zero for ranks owning none of it); NCCL with one ncclReduce / ncclBroadcast per owner
-// in a group.
+// of the bucket is left unspecified. The reducer does gradients only; the way back (the weights'
+// all-gather), a checkpoint's gather to one rank and the optimizer's sums are the
+// ShardExchange's (comm/shard_exchange.h), which shares this reducer's communicators, and a
+// step's metric sums are MetricSums' (comm/metric_sums.h). MPI moves a bucket's parts with one
+// MPI_Ireduce_scatter / MPI_Iallgatherv (counts per owner, zero for ranks owning none of it);
+// NCCL with one ncclReduce / ncclBroadcast per owner in a group.
 //
 // Determinism. For a fixed rank count and bucket plan, OpenMPI and NCCL pick their algorithm and
 // summation order from the communicator size and message size only: the result is bitwise
@@ -104,32 +104,14 @@ class GradReducer {
   // return; with NCCL the backend's stream waits for it (work issued next sees it).
   GradReduceStats finish();
 
-  // The part of bucket k this rank owns (reduce-scatter, all_gather): elements [offset,
-  // offset + size), possibly empty.
+  // The part of bucket k this rank owns (reduce-scatter): elements [offset, offset + size),
+  // possibly empty.
   GradBucket shard(int k) const;
   // The ownership bounds in use (size() + 1 values; see GradReducerOptions::shard_bounds).
   const std::vector<int64_t>& shard_bounds() const { return bounds_; }
-  // Each bucket's parts of buffer (f32, bf16 or f16 [num_elems] on the backend's device, laid
-  // out as the gradient) from their owners to every rank, in place. Outside a round; ordered as
-  // finish() (the host for MPI, the backend's stream for NCCL).
-  void all_gather(const Tensor& buffer);
-
-  // The owned parts (shard_bounds) of host arrays onto rank root: mine holds this rank's
-  // elements [shard_bounds[rank], shard_bounds[rank + 1]), all (root only; ignored elsewhere)
-  // receives the whole [num_elems] array. Blocking and collective (MPI on the host: a
-  // checkpoint's moments), not inside a round. One rank: a copy.
-  void gather_to_root(const float* mine, float* all, int root);
-
-  // In-place blocking sum over ranks of a few host doubles (metrics: loss sums, token counts),
-  // on the reducer's communicator; not inside a round.
-  void allreduce_sum(double* data, int count);
-  // In-place sum over ranks of a few f64 values in the backend's memory (the sharded
-  // optimizer's sums of squares), not inside a round; ordered as all_gather: on NCCL the
-  // backend's stream waits for it and the host does not; MPI stages a device tensor through
-  // the host.
-  void allreduce_sum(const Tensor& values);
 
  private:
+  friend class ShardExchange;  // moves its bytes through this reducer's transport
   int rank_ = 0;
   int size_ = 1;
   int64_t num_elems_ = 0;

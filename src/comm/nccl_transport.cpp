@@ -196,7 +196,7 @@ class NcclTransport final : public GradBucketTransport {
     PB_NCCL_NCCL(ncclGroupEnd());
     PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
-    watch("NCCL all-gather (gradient reducer)", ready_[0], done_[0]);
+    watch("NCCL all-gather (shard exchange)", ready_[0], done_[0]);
     check_async();
   }
 
@@ -212,7 +212,7 @@ class NcclTransport final : public GradBucketTransport {
                                ncclFloat64, ncclSum, comm_, comm_stream_));
     PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
-    watch("NCCL all-reduce (optimizer sums)", ready_[0], done_[0]);
+    watch("NCCL all-reduce (shard exchange sums)", ready_[0], done_[0]);
     check_async();
   }
 

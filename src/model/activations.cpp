@@ -60,11 +60,19 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   a.hidden.clear();
   a.layers.clear();
   a.hidden.push_back(c.take(K::hidden, act, {rows, h}));
-  for (int64_t l = 0; l < config.layers; ++l) {
-    if (!plan.layer_recompute) a.layers.push_back(carve_layer());
-    a.hidden.push_back(c.take(K::hidden, act, {rows, h}));
+  if (!gradients) {
+    // Forward only (evaluation): nothing is kept for a backward, so one set of layer buffers
+    // serves every layer and the layer inputs/outputs alternate between two buffers.
+    const Tensor other = c.take(K::hidden, act, {rows, h});
+    for (int64_t l = 0; l < config.layers; ++l) a.hidden.push_back(l % 2 == 0 ? other : a.hidden[0]);
+    a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
+  } else {
+    for (int64_t l = 0; l < config.layers; ++l) {
+      if (!plan.layer_recompute) a.layers.push_back(carve_layer());
+      a.hidden.push_back(c.take(K::hidden, act, {rows, h}));
+    }
+    if (plan.layer_recompute) a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
   }
-  if (plan.layer_recompute) a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
   a.mlp_pre = a.mlp_act = Tensor();
   if (mlp_chunk > 0) {
     a.mlp_pre = c.take(K::mlp, act, {mlp_chunk, inter});

@@ -192,6 +192,7 @@ ActivationReport Bert::activation_report() const {
   r.step_bytes = arena_.last_use();
   r.step_by_kind = arena_.last_use_by_kind();
   r.capacity = arena_.capacity();
+  r.allocations = arena_.allocations();
   r.mst_chunks = last_mst_chunks_;
   r.mlp_chunk_rows = act_->plan.mlp_chunk_rows;
   r.mlm_chunk_rows = act_->plan.mlm_chunk_rows;
@@ -276,7 +277,10 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   Activations& a = *act_;
   Carver carver(arena_.data(), backend_.device());
   carve_activations(carver, config_, shape, p, a);
-  arena_.note_use(carver.used(), carver.used_by_kind());
+  // The report describes the arena's purpose: a model with gradients reports its training
+  // forwards (an evaluation between steps neither moves its peak nor its last step), a
+  // forward-only model its evaluation forwards.
+  if (options.gradients || !has_grads_) arena_.note_use(carver.used(), carver.used_by_kind());
   upload_batch(backend_, batch, a);
 
   // Embeddings: LayerNorm(word + position + token type), dropout.

@@ -81,13 +81,16 @@ struct BertOptions {
 };
 
 // Activation memory (the arena) of a Bert, by kind of buffer (model/arena.h ActivationKind).
-// The numbers are the carve of the arena, so they hold for every backend.
+// The numbers are the carve of the arena, so they hold for every backend. A model with a
+// gradient buffer counts only its forwards with gradients (training): an evaluation forward in
+// between is not part of the report (a forward-only model counts its evaluation forwards).
 struct ActivationReport {
   size_t peak_bytes = 0;            // high-water mark over all forward() calls so far
   ActivationBytes peak_by_kind{};   // its split (the step that set it)
   size_t step_bytes = 0;            // the last forward()
   ActivationBytes step_by_kind{};
   size_t capacity = 0;              // bytes allocated (>= peak, with growth headroom)
+  int64_t allocations = 0;          // times the arena was (re)allocated: 1 when reserved once
   int64_t mst_chunks = 1;           // M of the last forward (auto resolved)
   int64_t mlp_chunk_rows = 0;       // rows per MLP chunk (0: intermediate kept per layer)
   int64_t mlm_chunk_rows = 0;       // masked rows per decoder call (0: all)
@@ -97,7 +100,7 @@ struct ActivationReport {
 // recomputed from the logits (tests/model/test_model_forward.cpp) and the Hugging Face
 // checkpoint round trip (tests/e2e/hf_roundtrip_tool.cpp). Evaluation does not use them: it
 // takes forward()'s loss sums and correct counts, computed where the logits are
-// (Trainer::evaluate). Called with host copies: MLM logits f32 [n, vocab_size] of the masked
+// (train/evaluate.h evaluate_batch). Called with host copies: MLM logits f32 [n, vocab_size] of the masked
 // tokens first .. first + n - 1 (in the batch's masked order, once per decoder chunk), NSP
 // logits f32 [num_seqs, 2] once.
 using MlmLogitsHook = std::function<void(int64_t first, const std::vector<float>& logits, int64_t n)>;
@@ -164,7 +167,7 @@ class Bert {
   void backward(const GradientReady& ready = {});
 
   // Sizes the arena for the largest micro-batch expected so that the step loop never
-  // allocates; forward() grows it anyway when a batch needs more.
+  // allocates; forward() grows it anyway when a batch needs more (arena_allocations() counts).
   void reserve(const BatchShape& shape, bool gradients = true);
   // Arena bytes a batch of this shape needs (with the M that forward() would use for it).
   size_t activation_bytes(const BatchShape& shape, bool gradients = true) const;

@@ -68,7 +68,7 @@ struct LambShard {
   int64_t begin = 0;
   int64_t end = 0;
   // In-place sum over ranks of a few f64 values in the backend's memory, ordered with the
-  // backend's work (GradReducer::allreduce_sum of a tensor).
+  // backend's work (ShardExchange::sum).
   std::function<void(const Tensor& values)> sum_over_ranks;
 };
 

@@ -4,9 +4,8 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "core/watchdog.h"
 #include "data/shards/shard.h"
-#include "comm/mpi_check.h"
+#include "comm/metric_sums.h"
 #include "train/batching.h"
 
 namespace packbert {
@@ -42,25 +41,68 @@ EvalSet load_eval_set(const std::string& eval_dir, const SampleRules& rules, int
   return set;
 }
 
-EvalResult evaluate(MPI_Comm comm, Trainer& trainer, const EvalSet& set, int64_t batch_size,
-                    int max_seq_len) {
+EvalSums& EvalSums::operator+=(const EvalSums& o) {
+  mlm_loss_sum += o.mlm_loss_sum;
+  nsp_loss_sum += o.nsp_loss_sum;
+  mlm_correct += o.mlm_correct;
+  nsp_correct += o.nsp_correct;
+  masked_tokens += o.masked_tokens;
+  samples += o.samples;
+  return *this;
+}
+
+EvalSums evaluate_batch(Bert& bert, const Batch& batch) {
+  EvalSums out;
+  if (batch.empty()) return out;
+  ForwardOptions eval;
+  eval.dropout = false;
+  eval.gradients = false;
+  // The normalisers only scale the loss (not returned here) and the unused gradients.
+  const ForwardResult r = bert.forward(batch, std::max<int64_t>(1, batch.num_masked()),
+                                       batch.num_seqs(), 0, 0, eval);
+  out.mlm_loss_sum = r.mlm_loss_sum;
+  out.nsp_loss_sum = r.nsp_loss_sum;
+  out.mlm_correct = r.mlm_correct;
+  out.nsp_correct = r.nsp_correct;
+  out.masked_tokens = r.masked_tokens;
+  out.samples = r.sequences;
+  return out;
+}
+
+namespace {
+
+// samples[first, last) in as few forwards as fit arena_limit: the whole range, or its two
+// halves, each split the same way.
+void evaluate_range(Bert& bert, const std::vector<Sample>& samples, size_t first, size_t last,
+                    int max_seq_len, size_t arena_limit, EvalSums& sums) {
+  const std::vector<Sample> chunk(samples.begin() + static_cast<std::ptrdiff_t>(first),
+                                  samples.begin() + static_cast<std::ptrdiff_t>(last));
+  const Batch batch = make_batch(chunk, BatchLayout::unpadded, max_seq_len);
+  if (arena_limit > 0 && last - first > 1 &&
+      bert.activation_bytes(batch.shape(), /*gradients=*/false) > arena_limit) {
+    const size_t mid = first + (last - first) / 2;
+    evaluate_range(bert, samples, first, mid, max_seq_len, arena_limit, sums);
+    evaluate_range(bert, samples, mid, last, max_seq_len, arena_limit, sums);
+    return;
+  }
+  sums += evaluate_batch(bert, batch);
+}
+
+}  // namespace
+
+EvalResult evaluate(MPI_Comm comm, ModelReplica& model, const EvalSet& set, int64_t batch_size,
+                    int max_seq_len, size_t arena_limit) {
   PB_REQUIRE(batch_size >= 1, "eval: batch_size {} must be >= 1", batch_size);
   const auto t0 = std::chrono::steady_clock::now();
   EvalSums sums;
-  std::vector<Sample> chunk;
   for (size_t first = 0; first < set.samples.size(); first += static_cast<size_t>(batch_size)) {
     const size_t last = std::min(set.samples.size(), first + static_cast<size_t>(batch_size));
-    chunk.assign(set.samples.begin() + static_cast<std::ptrdiff_t>(first),
-                 set.samples.begin() + static_cast<std::ptrdiff_t>(last));
-    sums += trainer.evaluate(make_batch(chunk, BatchLayout::unpadded, max_seq_len));
+    evaluate_range(model.bert(), set.samples, first, last, max_seq_len, arena_limit, sums);
   }
   double v[6] = {sums.mlm_loss_sum, sums.nsp_loss_sum, static_cast<double>(sums.mlm_correct),
                  static_cast<double>(sums.nsp_correct), static_cast<double>(sums.masked_tokens),
                  static_cast<double>(sums.samples)};
-  {
-    const WatchScope watch("MPI_Allreduce (evaluation)");
-    PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_SUM, comm));
-  }
+  MetricSums(comm).sum(v, 6, "MPI_Allreduce (evaluation)");
   EvalResult r;
   r.masked_tokens = static_cast<int64_t>(v[4]);
   r.samples = static_cast<int64_t>(v[5]);

@@ -6,6 +6,12 @@
 // without gradients and sums the counts over the ranks: accuracy = sum(correct) / sum(masked),
 // loss = sum(token losses) / sum(masked), the same numbers whatever the rank count, layout or
 // batch size (up to fp32 summation order of the loss).
+//
+// The model is a ModelReplica (model/replica.h): the trainer's between steps, or one of its own
+// without gradients for `packbert eval`. Evaluation never grows the arena it runs in beyond
+// arena_limit bytes: a batch whose forward would need more is split in halves (recursively,
+// the same way on every call), so an evaluation during training fits inside the arena the
+// training step reserved, and the split depends only on the data, batch_size and the limit.
 #pragma once
 
 #include <mpi.h>
@@ -16,7 +22,7 @@
 
 #include "data/shards/sample.h"
 #include "model/batch.h"
-#include "train/trainer.h"
+#include "model/replica.h"
 
 namespace packbert {
 
@@ -30,6 +36,20 @@ struct EvalSet {
 EvalSet load_eval_set(const std::string& eval_dir, const SampleRules& rules, int64_t max_samples,
                       int rank, int world_size);
 
+// Sums of an evaluation forward over one batch (no dropout, no gradients).
+struct EvalSums {
+  double mlm_loss_sum = 0;
+  double nsp_loss_sum = 0;
+  int64_t mlm_correct = 0;
+  int64_t nsp_correct = 0;
+  int64_t masked_tokens = 0;
+  int64_t samples = 0;
+  EvalSums& operator+=(const EvalSums& o);
+};
+
+// Evaluation forward of one batch on this rank (nothing reduced).
+EvalSums evaluate_batch(Bert& bert, const Batch& batch);
+
 struct EvalResult {
   double mlm_accuracy = 0;  // correct / masked tokens, all ranks
   double mlm_loss = 0;      // mean masked-token loss
@@ -40,8 +60,9 @@ struct EvalResult {
   double seconds = 0;
 };
 
-// Collective over comm. batch_size: samples per forward on each rank.
-EvalResult evaluate(MPI_Comm comm, Trainer& trainer, const EvalSet& set, int64_t batch_size,
-                    int max_seq_len);
+// Collective over comm. batch_size: samples per forward on each rank (fewer where a batch of
+// them would need more than arena_limit activation bytes; 0: no limit).
+EvalResult evaluate(MPI_Comm comm, ModelReplica& model, const EvalSet& set, int64_t batch_size,
+                    int max_seq_len, size_t arena_limit);
 
 }  // namespace packbert

@@ -44,6 +44,8 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["elapsed_s"] = r.elapsed_s;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["activation_peak_bytes"] = r.activation_peak_bytes;
+  j["activation_capacity_bytes"] = r.activation_capacity_bytes;
+  j["arena_allocations"] = r.arena_allocations;
   j["optimizer_state_bytes"] = r.optimizer_state_bytes;
   nlohmann::json kinds = nlohmann::json::object();
   for (const auto& [kind, bytes] : r.activation_bytes_by_kind) kinds[kind] = bytes;
@@ -179,6 +181,8 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   r.peak_rss_bytes = peak_rss_bytes();
   if (const ActivationReport* act = context.activation) {
     r.activation_peak_bytes = static_cast<int64_t>(act->peak_bytes);
+    r.activation_capacity_bytes = static_cast<int64_t>(act->capacity);
+    r.arena_allocations = act->allocations;
     for (int k = 0; k < kActivationKinds; ++k)
       r.activation_bytes_by_kind.emplace_back(activation_kind_name(static_cast<ActivationKind>(k)),
                                               static_cast<int64_t>(act->peak_by_kind[k]));

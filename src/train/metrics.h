@@ -48,6 +48,8 @@ struct ProgressRecord {
   double elapsed_s = 0;         // since training started
   int64_t peak_rss_bytes = 0;   // this process (rank 0), peak_rss_bytes()
   int64_t activation_peak_bytes = 0;  // activation arena high-water mark; 0 = not measured
+  int64_t activation_capacity_bytes = 0;  // the arena allocated (TrainerOptions::reserve)
+  int64_t arena_allocations = 0;      // times it was allocated: 1 = reserved once, never grown
   int64_t optimizer_state_bytes = 0;  // LAMB state this rank holds (1/N of it when sharded)
   // Its split by kind of buffer (model/arena.h ActivationKind names, in that order; sums to
   // activation_peak_bytes); empty = not measured.

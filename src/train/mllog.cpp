@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "config/train_options.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "optim/lr_schedule.h"

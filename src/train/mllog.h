@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace packbert {
 

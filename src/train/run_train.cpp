@@ -29,7 +29,9 @@
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/mllog.h"
+#include "train/batching.h"
 #include "train/resume.h"
+#include "config/train_options.h"
 #include "train/trainer.h"
 
 namespace packbert {
@@ -43,75 +45,6 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// Independent seeds for initialisation and dropout from train.seed (splitmix64 of a salt), so
-// the three streams never share a key. The data order uses train.seed itself.
-uint64_t derive_seed(uint64_t seed, uint64_t salt) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (salt + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// The rank's index on its node, from the launcher's environment (OpenMPI, MPICH / Intel MPI,
-// Slurm); 0 when none says.
-int local_rank_from_env() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(name)) {
-      char* end = nullptr;
-      const long r = std::strtol(v, &end, 10);
-      if (end != v && *end == '\0' && r >= 0) return static_cast<int>(r);
-    }
-  return 0;
-}
-
-TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model) {
-  TrainerOptions o;
-  o.config = model;
-  o.bert.mlm_chunk_rows = c.model.mlm_chunk_rows;
-  o.bert.mst_chunks = c.model.mst_chunks;
-  o.bert.activation_budget_bytes = static_cast<size_t>(c.model.activation_budget_mb) << 20;
-  o.bert.recompute = c.model.recompute;
-  o.layout = c.train.layout;
-  o.max_seq_len = c.train.max_seq_len;
-  o.init_seed = derive_seed(c.train.seed, 1);
-  o.dropout_seed = derive_seed(c.train.seed, 2);
-  o.dropout = c.train.dropout;
-  o.lr = lr_schedule_config(c);
-  o.lamb = lamb_options(c);  // skips a non-finite update; SkippedSteps counts it
-  o.sharded = c.optim.sharded;
-  o.bert.precision = c.train.precision;
-  o.loss_scaler.init_scale = static_cast<float>(c.train.loss_scale_init);
-  o.loss_scaler.growth_interval = c.train.loss_scale_growth_interval;
-  o.device = c.train.device;
-  o.gpu_transport =
-      c.train.gpu_allreduce == GpuAllreduce::host ? GradTransport::mpi : GradTransport::nccl;
-  // One GPU per rank: a launcher that shows each rank only its own GPU (scripts/
-  // run_mlperf_8gpu.sh) leaves one device; a plain mpirun on a node shows them all, and local
-  // rank r takes GPU r (mod the count).
-  if (o.device == Device::cuda) {
-    const int gpus = cuda_device_count();
-    o.cuda_device = gpus > 1 ? local_rank_from_env() % gpus : 0;
-  }
-  return o;
-}
-
-// The sample rules of the data: the vocabulary file's size and special ids.
-SampleRules sample_rules(const TrainConfig& c, const BertConfig& model) {
-  SampleRules rules;
-  rules.vocab_size = model.real_vocab_size;
-  rules.max_seq_len = c.train.max_seq_len;
-  if (!c.data.vocab.empty()) {
-    const Vocab v = Vocab::load(c.data.vocab);
-    PB_REQUIRE(v.size() <= model.real_vocab_size,
-               "data.vocab: {} has {} tokens, more than the model's vocabulary ({})",
-               c.data.vocab, v.size(), model.real_vocab_size);
-    rules.vocab_size = v.size();
-    rules.cls_id = v.cls_id();
-    rules.sep_id = v.sep_id();
-  }
-  return rules;
 }
 
 void log_effective_config(const TrainConfig& c, int rank) {
@@ -347,6 +280,13 @@ class MlperfBlocks {
   bool open_ = false;
 };
 
+// The most activation memory an evaluation forward may take: what a training step of the run
+// reserves (TrainerOptions::reserve), the same in `packbert eval` as during training, so that the
+// two split the evaluation batches alike (train/evaluate.h) and agree to the bit.
+size_t eval_arena_limit(const ModelReplica& model, const TrainerOptions& o) {
+  return o.reserve.rows > 0 ? model.bert().activation_bytes(o.reserve, /*gradients=*/true) : 0;
+}
+
 // Evaluation during the run, every eval.every_samples samples, each logged to the MLPerf log,
 // the log and the metrics file.
 class Evaluations {
@@ -374,8 +314,9 @@ class Evaluations {
   bool run(int64_t step, int64_t samples) {
     last_samples_ = samples;
     ml_.start("eval_start", nullptr, {{"epoch_num", samples}});
-    const EvalResult r = evaluate(comm_, trainer_, *set_, c_.eval.batch_size,
-                                  c_.train.max_seq_len);
+    const EvalResult r = evaluate(comm_, trainer_.replica(), *set_, c_.eval.batch_size,
+                                  c_.train.max_seq_len, eval_arena_limit(trainer_.replica(),
+                                                                         trainer_.options()));
     ml_.event("eval_accuracy", r.mlm_accuracy, {{"epoch_num", samples}});
     ml_.end("eval_stop", nullptr, {{"epoch_num", samples}});
     spdlog::info("eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}, nsp "
@@ -473,7 +414,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
   const BertConfig model = model_config(c);
   const SampleRules rules = sample_rules(c, model);
-  const TrainerOptions trainer_opts = trainer_options(c, model);
+  const TrainerOptions trainer_opts = trainer_options(c, model, world);
   Trainer trainer(comm, trainer_opts);
   const StartState start = load_start_state(comm, c, trainer);
   RunState st = start.run;
@@ -580,16 +521,24 @@ int run_eval(MPI_Comm comm, const TrainConfig& c, const std::string& checkpoint_
   const WatchdogRun watch_collectives(c, rank);
   // The model is the checkpoint's (its config.json), whatever the config's [model] says.
   const BertConfig model = read_hf_config(checkpoint_dir + "/config.json");
-  TrainerOptions o = trainer_options(c, model);
-  o.dropout = false;
-  Trainer trainer(comm, o);
-  std::vector<float> params(static_cast<size_t>(trainer.table().total()));
-  load_model_weights(checkpoint_dir, trainer.table(), params.data());
-  trainer.load_params(params.data());
+  // Forward only: the weights (and their low-precision copy) and one evaluation batch's
+  // activations, in no more arena than a training step of this config reserves.
+  const TrainerOptions o = trainer_options(c, model, world);
+  ReplicaOptions ro;
+  ro.config = model;
+  ro.bert = o.bert;
+  ro.device = o.device;
+  ro.cuda_device = o.cuda_device;
+  ro.gradients = false;
+  ro.initialize = false;  // the checkpoint's weights, loaded next
+  ModelReplica replica(ro);
+  replica.load_params(
+      [&](float* host) { load_model_weights(checkpoint_dir, replica.table(), host); });
   const EvalSet set = load_eval_set(c.data.eval_dir, sample_rules(c, model), c.eval.max_samples,
                                     rank, world);
-  const EvalResult r = evaluate(comm, trainer, set, c.eval.batch_size,
-                                static_cast<int>(model.max_position_embeddings));
+  const EvalResult r = evaluate(comm, replica, set, c.eval.batch_size,
+                                static_cast<int>(model.max_position_embeddings),
+                                eval_arena_limit(replica, o));
   if (rank == 0) {
     nlohmann::json j = {{"checkpoint", checkpoint_dir}, {"eval_accuracy", r.mlm_accuracy},
                         {"eval_loss", r.mlm_loss}, {"nsp_accuracy", r.nsp_accuracy},

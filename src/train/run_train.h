@@ -27,7 +27,7 @@
 
 #include <string>
 
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace packbert {
 

@@ -32,32 +32,33 @@ std::vector<GradSpan> grad_spans(const ParamTable& table) {
   return out;
 }
 
+ReplicaOptions replica_options(const TrainerOptions& o) {
+  ReplicaOptions r;
+  r.config = o.config;
+  r.bert = o.bert;
+  r.device = o.device;
+  r.cuda_device = o.cuda_device;
+  r.gradients = true;
+  // Every rank initialises from the same seed: the parameters start bitwise identical, and the
+  // identical reduced gradients keep them so (no broadcast needed).
+  r.init_seed = o.init_seed;
+  return r;
+}
+
 }  // namespace
 
 Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
-    : options_(options), table_(options.config) {
-  const int64_t n = table_.total();
+    : options_(options), replica_(replica_options(options)) {
+  const ParamTable& table = replica_.table();
+  Backend& backend = replica_.backend();
+  const int64_t n = table.total();
   if (options_.bert.precision == Precision::fp16) {
     // Overflow is expected under loss scaling: it skips the step and lowers the scale.
     options_.lamb.check_finite = true;
     options_.lamb.skip_nonfinite = true;
     scaler_ = std::make_unique<LossScaler>(options_.loss_scaler);
   }
-  BackendOptions backend_options;
-  backend_options.cuda_device = options_.cuda_device;
-  backend_options.validate = false;  // the batch and the table were checked on the host
-  backend_ = make_backend(options_.device, backend_options);
-  params_ = backend_->alloc(DType::f32, {n});
-  grads_ = backend_->alloc(DType::f32, {n});
-  // Every rank initialises from the same seed: the parameters start bitwise identical, and the
-  // identical reduced gradients keep them so (no broadcast needed).
-  host_params_.resize(static_cast<size_t>(n));
-  init_parameters(table_, InitOptions{options_.init_seed}, host_params_.data());
-  backend_->copy(params_.tensor(), view(host_params_.data(), {n}));
-  std::vector<float>().swap(host_params_);  // params() copies them back when asked
-  backend_->zero(grads_.tensor());
-  bert_ = std::make_unique<Bert>(options_.config, *backend_, params_.tensor(), grads_.tensor(),
-                                 options_.bert);
+  if (options_.reserve.rows > 0) replica_.bert().reserve(options_.reserve);
   GradReducerOptions reduce;
   reduce.bucket_bytes = options_.bucket_bytes;
   reduce.device_transport = options_.gpu_transport;
@@ -70,16 +71,18 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
     PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   }
   const bool sharded = options_.sharded && world > 1;  // a world of one: nothing to shard
-  if (sharded) reduce.shard_bounds = plan_tensor_shards(lamb_params(table_), n, world);
-  reducer_ = std::make_unique<GradReducer>(comm, *backend_, grads_.tensor(), grad_spans(table_),
+  if (sharded) reduce.shard_bounds = plan_tensor_shards(lamb_params(table), n, world);
+  reducer_ = std::make_unique<GradReducer>(comm, backend, replica_.grads(), grad_spans(table),
                                            reduce);
+  exchange_ = std::make_unique<ShardExchange>(*reducer_);
+  metric_sums_ = std::make_unique<MetricSums>(comm);
   LambShard shard;
   if (sharded) {
     shard.begin = reduce.shard_bounds[static_cast<size_t>(rank)];
     shard.end = reduce.shard_bounds[static_cast<size_t>(rank) + 1];
-    shard.sum_over_ranks = [this](const Tensor& values) { reducer_->allreduce_sum(values); };
+    shard.sum_over_ranks = [this](const Tensor& values) { exchange_->sum(values); };
   }
-  lamb_ = std::make_unique<Lamb>(*backend_, lamb_params(table_), n, LrSchedule(options_.lr),
+  lamb_ = std::make_unique<Lamb>(backend, lamb_params(table), n, LrSchedule(options_.lr),
                                  options_.lamb, sharded ? &shard : nullptr);
 }
 
@@ -93,18 +96,9 @@ void Trainer::save_optimizer_state(float* m, float* v, int root) {
   std::vector<float> mine(static_cast<size_t>(lamb_->shard_end() - lamb_->shard_begin()));
   const bool at_root = rank() == root;
   for (const auto& [moment, all] : {std::pair{&lamb_->m(), m}, std::pair{&lamb_->v(), v}}) {
-    if (!mine.empty()) backend_->copy(view(mine.data(), {moment->numel()}), *moment);
-    reducer_->gather_to_root(mine.data(), at_root ? all : nullptr, root);
+    if (!mine.empty()) replica_.backend().copy(view(mine.data(), {moment->numel()}), *moment);
+    exchange_->gather_to_root(mine.data(), at_root ? all : nullptr, root);
   }
-}
-
-const std::vector<float>& Trainer::params() const {
-  if (host_params_stale_) {
-    host_params_.resize(static_cast<size_t>(table_.total()));
-    backend_->copy(view(host_params_.data(), {table_.total()}), params_.tensor());
-    host_params_stale_ = false;
-  }
-  return host_params_;
 }
 
 Trainer::~Trainer() = default;
@@ -133,20 +127,25 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   const size_t micro_steps = batch.micro_batches.size();
   PB_REQUIRE(micro_steps > 0, "train step {}: no micro-batches", batch.step);
   GradReducer& reducer = *reducer_;
+  Bert& bert = replica_.bert();
+  Backend& backend = replica_.backend();
+  const Tensor& params = replica_.params();
+  const Tensor& grads = replica_.grads();
+  const int64_t n = replica_.table().total();
   const GradientReady ready = [&reducer](int tensor) { reducer.ready_tensor(tensor); };
 
   for (size_t m = 0; m < micro_steps; ++m) {
     const LoaderMicroBatch& mb = batch.micro_batches[m];
     const Batch b = make_batch(mb.samples, options_.layout, options_.max_seq_len, mb.packs);
-    const ForwardResult r = bert_->forward(b, batch.global_masked_tokens, batch.global_samples,
-                                           dropout_step, options_.dropout_seed, fwd);
+    const ForwardResult r = bert.forward(b, batch.global_masked_tokens, batch.global_samples,
+                                         dropout_step, options_.dropout_seed, fwd);
     // Only the last micro-step's gradients are final; arming the round there makes its
     // backward start the buckets as the layers finish (earlier micro-steps' ready() calls are
     // ignored outside a round).
     const bool last = m + 1 == micro_steps;
     if (last)
       reducer.begin(lamb_->sharded() ? GradCollective::reduce_scatter : GradCollective::allreduce);
-    bert_->backward(last ? ready : GradientReady{});
+    bert.backward(last ? ready : GradientReady{});
     local[kMasked] += static_cast<double>(r.masked_tokens);
     local[kSequences] += static_cast<double>(r.sequences);
     local[kTokens] += static_cast<double>(b.num_tokens());
@@ -158,29 +157,28 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.allreduce = reducer.finish();  // grads now hold the sum over ranks: the global gradient
   if (inspect_grads) {
     // Sharded: each rank holds the sum of its range only; the others' come for the hook.
-    if (lamb_->sharded()) reducer.all_gather(grads_.tensor());
-    host_grads_.resize(static_cast<size_t>(table_.total()));
-    backend_->copy(view(host_grads_.data(), {table_.total()}), grads_.tensor());
-    inspect_grads(host_grads_.data(), table_.total());
+    if (lamb_->sharded()) exchange_->all_gather(grads);
+    host_grads_.resize(static_cast<size_t>(n));
+    backend.copy(view(host_grads_.data(), {n}), grads);
+    inspect_grads(host_grads_.data(), n);
   }
 
   // Mixed precision: LAMB also rewrites the GEMMs' low-precision weight copy, and divides the
   // loss scale out of the gradients.
-  const bool read = read_optimizer || backend_->device() == Device::cpu || scaler_ != nullptr;
-  const LambStepInfo info = lamb_->step(params_.tensor(), grads_.tensor(), bert_->lowp_params(),
-                                        loss_scale, read);
+  const bool read = read_optimizer || backend.device() == Device::cpu || scaler_ != nullptr;
+  const LambStepInfo info = lamb_->step(params, grads, bert.lowp_params(), loss_scale, read);
   if (lamb_->sharded()) {
     // Every rank updated its own tensors: the weights (and their low-precision copy) go round.
-    reducer.all_gather(params_.tensor());
-    if (bert_->lowp_params().defined()) reducer.all_gather(bert_->lowp_params());
+    exchange_->all_gather(params);
+    if (bert.lowp_params().defined()) exchange_->all_gather(bert.lowp_params());
     // LAMB zeroed the gradient it owns; the rest holds this rank's unreduced sums.
-    const int64_t n = table_.total(), begin = lamb_->shard_begin(), end = lamb_->shard_end();
-    if (begin > 0) backend_->zero(slice(grads_.tensor(), 0, begin));
-    if (end < n) backend_->zero(slice(grads_.tensor(), end, n - end));
+    const int64_t begin = lamb_->shard_begin(), end = lamb_->shard_end();
+    if (begin > 0) backend.zero(slice(grads, 0, begin));
+    if (end < n) backend.zero(slice(grads, end, n - end));
   }
   out.loss_scale = loss_scale;
   if (scaler_) scaler_->update(!info.skipped);
-  host_params_stale_ = true;
+  replica_.mark_params_changed();
   out.lr = info.lr;
   out.optimizer_read = info.read_back;
   out.grad_norm = info.grad_norm;
@@ -188,14 +186,14 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.unread_skips = info.unread_skips;
   out.longest_skipped_run = info.longest_skipped_run;
 
-  for (const ForwardResult& r : bert_->deferred_results()) {  // one read of the micro-steps'
+  for (const ForwardResult& r : bert.deferred_results()) {  // one read of the micro-steps'
     local[kLoss] += r.loss;
     local[kMlmLoss] += r.mlm_loss_sum;
     local[kNspLoss] += r.nsp_loss_sum;
     local[kMlmCorrect] += static_cast<double>(r.mlm_correct);
     local[kNspCorrect] += static_cast<double>(r.nsp_correct);
   }
-  reducer.allreduce_sum(local.data(), static_cast<int>(local.size()));
+  metric_sums_->sum(local.data(), static_cast<int>(local.size()), "MPI_Allreduce (step metrics)");
   const double masked = local[kMasked], seqs = local[kSequences];
   PB_REQUIRE(static_cast<int64_t>(masked) == batch.global_masked_tokens &&
                  static_cast<int64_t>(seqs) == batch.global_samples,
@@ -214,46 +212,14 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   return out;
 }
 
-EvalSums& EvalSums::operator+=(const EvalSums& o) {
-  mlm_loss_sum += o.mlm_loss_sum;
-  nsp_loss_sum += o.nsp_loss_sum;
-  mlm_correct += o.mlm_correct;
-  nsp_correct += o.nsp_correct;
-  masked_tokens += o.masked_tokens;
-  samples += o.samples;
-  return *this;
-}
-
-EvalSums Trainer::evaluate(const Batch& batch) {
-  EvalSums out;
-  if (batch.empty()) return out;
-  ForwardOptions eval;
-  eval.dropout = false;
-  eval.gradients = false;
-  // The normalisers only scale the loss (not returned here) and the unused gradients.
-  const ForwardResult r = bert_->forward(batch, std::max<int64_t>(1, batch.num_masked()),
-                                         batch.num_seqs(), 0, 0, eval);
-  out.mlm_loss_sum = r.mlm_loss_sum;
-  out.nsp_loss_sum = r.nsp_loss_sum;
-  out.mlm_correct = r.mlm_correct;
-  out.nsp_correct = r.nsp_correct;
-  out.masked_tokens = r.masked_tokens;
-  out.samples = r.sequences;
-  return out;
-}
-
-void Trainer::load_params(const float* params) {
-  backend_->copy(params_.tensor(), view(const_cast<float*>(params), {table_.total()}));
-  host_params_stale_ = true;
-  bert_->refresh_lowp_params();
-}
+void Trainer::load_params(const float* params) { replica_.load_params(params); }
 
 void Trainer::load_state(const float* params, const float* m, const float* v,
                          int64_t lamb_steps_done) {
   load_params(params);
   lamb_->load_moments(m, v);
   lamb_->set_steps_done(lamb_steps_done);
-  backend_->zero(grads_.tensor());
+  replica_.backend().zero(replica_.grads());
 }
 
 LossScalerState Trainer::loss_scaler_state() const {

@@ -10,7 +10,8 @@
 //   (optional inspection of that gradient)   tests dump it here: Lamb::step zeroes it
 //   Lamb::step                               global norm, clipping, trust ratio; grads := 0
 //                                            (sharded: LAMB its range, the trainer the rest)
-//   metrics all-reduced                      loss and accuracies of the whole global batch
+//   (sharded: ShardExchange::all_gather)     every rank gets the weights the others updated
+//   MetricSums::sum                          loss and accuracies of the whole global batch
 //
 // Because the loss is normalised by global counts and dropout is keyed by sample ids, the
 // gradient after finish() is the same (to fp32 rounding) whatever the rank count, the
@@ -27,10 +28,13 @@
 #include "kernels/backend.h"
 #include "data/loader/loader.h"
 #include "comm/grad_reducer.h"
+#include "comm/metric_sums.h"
+#include "comm/shard_exchange.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/replica.h"
 #include "optim/lamb.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -62,17 +66,10 @@ struct TrainerOptions {
   // (optim/sharding.h); the gradient is reduce-scattered and the weights all-gathered. A world
   // of one is unsharded.
   bool sharded = false;
-};
-
-// Sums of an evaluation forward over one batch (no dropout, no gradients).
-struct EvalSums {
-  double mlm_loss_sum = 0;
-  double nsp_loss_sum = 0;
-  int64_t mlm_correct = 0;
-  int64_t nsp_correct = 0;
-  int64_t masked_tokens = 0;
-  int64_t samples = 0;
-  EvalSums& operator+=(const EvalSums& o);
+  // The largest micro-batch the run expects (train/batching.h largest_micro_batch): the
+  // activation arena is sized for it once, at construction, so that the step loop never
+  // allocates. Empty (rows 0): the arena grows with the batches instead.
+  BatchShape reserve;
 };
 
 // What one optimizer step did, over the whole global batch (all ranks, all micro-steps).
@@ -103,8 +100,8 @@ struct StepMetrics {
 // f32 [table.total()]); read-only by contract.
 using ReducedGradHook = std::function<void(const float* grads, int64_t n)>;
 
-// Owns everything one rank needs for data-parallel training on either backend: the backend,
-// the flat parameter and gradient buffers (the backend's memory), the model, LAMB and the
+// Owns everything one rank needs for data-parallel training on either backend: the model replica
+// (the backend, the flat parameter and gradient buffers in its memory, the model), LAMB and the
 // gradient reducer. Collective over comm (the reducer duplicates it): construct and call step()
 // on every rank.
 class Trainer {
@@ -120,8 +117,9 @@ class Trainer {
   StepMetrics step(const StepBatch& batch, const ReducedGradHook& inspect_grads = {},
                    bool read_optimizer = true);
 
-  // Evaluation forward of one batch of this rank (no dropout, no gradients, nothing reduced).
-  EvalSums evaluate(const Batch& batch);
+  // The model the steps train: evaluation runs on it between steps (train/evaluate.h), forward
+  // only, inside the arena the constructor reserved.
+  ModelReplica& replica() { return replica_; }
 
   // ---- state, for checkpoints ----------------------------------------------------------------
   // Every rank must load the same state (the replicas stay bitwise identical).
@@ -140,31 +138,27 @@ class Trainer {
   // resume restores (the default state for fp32 / bf16, where setting it is an error).
   LossScalerState loss_scaler_state() const;
   void set_loss_scaler_state(const LossScalerState& state);
-  // The activation arena's high-water mark so far (bytes).
-  size_t activation_high_water() const { return bert_->arena_high_water(); }
-  ActivationReport activation_report() const { return bert_->activation_report(); }
+  // The training steps' activation memory (evaluation's forwards are not counted).
+  ActivationReport activation_report() const { return replica_.bert().activation_report(); }
 
-  const ParamTable& table() const { return table_; }
+  const ParamTable& table() const { return replica_.table(); }
   // Host copy of the parameters (copied from the backend's buffer when it changed).
-  const std::vector<float>& params() const;
+  const std::vector<float>& params() const { return replica_.host_params(); }
   int rank() const { return reducer_->rank(); }
   int world_size() const { return reducer_->size(); }
   const TrainerOptions& options() const { return options_; }
 
  private:
   TrainerOptions options_;
-  std::unique_ptr<Backend> backend_;
-  ParamTable table_;
-  // The fp32 master weights and the gradient (accumulated over micro-steps, zeroed by
-  // Lamb::step), f32 [table.total()] on the backend's device.
-  BackendBuffer params_, grads_;
-  mutable std::vector<float> host_params_;
-  mutable bool host_params_stale_ = true;
+  // The backend, the fp32 master weights, the gradient (accumulated over micro-steps, zeroed by
+  // Lamb::step) and the model.
+  ModelReplica replica_;
   std::vector<float> host_grads_;  // for ReducedGradHook only
-  std::unique_ptr<Bert> bert_;
   std::unique_ptr<Lamb> lamb_;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
-  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<GradReducer> reducer_;    // the gradient's rounds
+  std::unique_ptr<ShardExchange> exchange_;  // sharded: the weights' gathers, the moments to root
+  std::unique_ptr<MetricSums> metric_sums_;  // the step's loss sums and counts
 };
 
 }  // namespace packbert

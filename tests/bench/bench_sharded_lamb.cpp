@@ -27,6 +27,7 @@
 
 #include "kernels/backend.h"
 #include "comm/grad_reducer.h"
+#include "comm/shard_exchange.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -115,7 +116,7 @@ int run(int argc, char** argv, int rank, int size) {
     LambShard shard;
     shard.begin = mine_begin;
     shard.end = mine_end;
-    shard.sum_over_ranks = [&](const Tensor& v) { reducer.allreduce_sum(v); };
+    shard.sum_over_ranks = [&](const Tensor& v) { ShardExchange(reducer).sum(v); };
     LambOptions lo;
     lo.check_finite = false;
     Lamb lamb(*backend, params, n, LrSchedule(lr), lo, sharded ? &shard : nullptr);
@@ -128,7 +129,7 @@ int run(int argc, char** argv, int rank, int size) {
     });
     const double lamb_s = lamb_t.wall;
     const double gather_s = sharded ? bench::slowest_rank_time(iters, [&] {
-      reducer.all_gather(w.tensor());
+      ShardExchange(reducer).all_gather(w.tensor());
       backend->synchronize();
     }).wall
                                     : 0.0;

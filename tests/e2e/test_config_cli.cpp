@@ -11,7 +11,7 @@
 #include "config/command_config.h"
 #include "config/key_doc.h"
 #include "test_util.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace {
 

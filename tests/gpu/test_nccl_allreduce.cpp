@@ -14,9 +14,9 @@
 //     transport against the mpi one ("mpi via host") at the same rank count, on one table and
 //     uneven ownership (shard_bounds with ranks that own nothing): all-reduce and reduce-scatter
 //     rounds against the exact sum within the fp32 bound gamma_np * sum |x|, bitwise the same
-//     whatever the readiness order and timing and on every rank; all_gather of f32, bf16 and f16
-//     bit for bit (and the same bits from both transports); allreduce_sum of an f64 device
-//     tensor. The test starts mpirun on its own binary; the ranks find PACKBERT_NCCL_TEST_CHILD
+//     whatever the readiness order and timing and on every rank; ShardExchange::all_gather of
+//     f32, bf16 and f16 bit for bit (and the same bits from both transports); ShardExchange::sum
+//     of an f64 device tensor. The test starts mpirun on its own binary; the ranks find PACKBERT_NCCL_TEST_CHILD
 //     set and run the body.
 #include <gtest/gtest.h>
 
@@ -41,6 +41,7 @@
 #include "cuda_test_util.h"
 #include "kernels/backend.h"
 #include "comm/grad_reducer.h"
+#include "comm/shard_exchange.h"
 #include "mpi_self_test.h"
 #include "test_util.h"
 #include "train/trainer.h"
@@ -240,13 +241,13 @@ TEST(NcclAllreduceOneRank, CommunicatorOfOneRunsThePath) {
     ar.begin(GradCollective::reduce_scatter);
     backward(stream.s, grads.data(), values, t, reverse_order(t.spans.size()), ar, false);
     ar.finish();
-    ar.all_gather(device_view(grads.data(), t.n));
+    ShardExchange(ar).all_gather(device_view(grads.data(), t.n));
     const std::vector<float> rs = read_back(stream.s, grads.data(), static_cast<size_t>(t.n));
     ASSERT_EQ(std::memcmp(rs.data(), want.data(), want.size() * 4), 0) << "reduce-scatter";
     const auto half_bytes = static_cast<size_t>(t.n) * 2;
     void* half = cuda_alloc(half_bytes);
     cuda_ok(cudaMemsetAsync(half, 0x5A, half_bytes, stream.s), "fill");
-    ar.all_gather(Tensor(half, DType::bf16, {t.n}, Device::cuda));
+    ShardExchange(ar).all_gather(Tensor(half, DType::bf16, {t.n}, Device::cuda));
     std::vector<uint16_t> halves(static_cast<size_t>(t.n));
     cuda_ok(cudaMemcpyAsync(halves.data(), half, half_bytes, cudaMemcpyDeviceToHost, stream.s),
             "read back");
@@ -524,7 +525,7 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
         std::fill(mine.begin() + s.offset, mine.begin() + s.offset + s.size, 1);
       }
       check_sums(got, mine, in_bucket, name + ", reduce-scatter round " + std::to_string(round));
-      ar.all_gather(device_view(grads.data(), t.n));
+      ShardExchange(ar).all_gather(device_view(grads.data(), t.n));
       const std::vector<float> all = read_back(stream.s, grads.data(), n);
       check_sums(all, everything, in_bucket,
                  name + ", reduce-scatter + all_gather round " + std::to_string(round));
@@ -550,7 +551,7 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
     }
     {
       write_device(stream.s, grads.data(), f32_mine);
-      ar.all_gather(device_view(grads.data(), t.n));
+      ShardExchange(ar).all_gather(device_view(grads.data(), t.n));
       const std::vector<float> got = read_device<float>(stream.s, grads.data(), n);
       EXPECT_EQ(std::memcmp(got.data(), f32_want.data(), n * 4), 0) << "f32 all_gather";
       if (bucket_bytes == 4012) result.gathered.push_back(hash_of(got));
@@ -558,7 +559,7 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
     void* half = cuda_alloc(n * 2);
     for (DType dt : {DType::bf16, DType::f16}) {
       write_device(stream.s, half, h_mine);
-      ar.all_gather(Tensor(half, dt, {t.n}, Device::cuda));
+      ShardExchange(ar).all_gather(Tensor(half, dt, {t.n}, Device::cuda));
       const std::vector<uint16_t> got = read_device<uint16_t>(stream.s, half, n);
       EXPECT_EQ(std::memcmp(got.data(), h_want.data(), n * 2), 0) << dtype_name(dt)
                                                                   << " all_gather";
@@ -578,7 +579,7 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
       }
       void* d = cuda_alloc(kValues * 8);
       write_device(stream.s, d, random_doubles(seed, rank, kValues));
-      ar.allreduce_sum(Tensor(d, DType::f64, {kValues}, Device::cuda));
+      ShardExchange(ar).sum(Tensor(d, DType::f64, {kValues}, Device::cuda));
       const std::vector<double> got = read_device<double>(stream.s, d, kValues);
       cuda_free(d);
       const double g64 = gamma_k(np, std::ldexp(1.0, -53));

@@ -18,7 +18,9 @@
 //                workspace [s (4H + 2)] (the loss sums live outside the arena, in the model)
 //   grad_scratch 4 [rows, H] + [rows, max(I, 3H)] (d(FFN pre) / d(qkv)), or [rows, 3H] with
 //                MLP chunks (d(FFN pre) is then per chunk, in mlp)
-// All f32 unless said. Forward only (gradients = false) drops the d(...) buffers.
+// All f32 unless said. Forward only (gradients = false, evaluation) keeps nothing for a
+// backward: S = 1 whatever the recompute mode, two [rows, H] layer inputs/outputs (alternating)
+// instead of L + 1, no grad_scratch, no MLP chunk d(pre), 4 [masked, H] heads buffers.
 #pragma once
 
 #include <algorithm>
@@ -38,10 +40,13 @@ inline size_t aligned_bytes(int64_t elems, size_t elem_bytes = 4) {
 
 inline ActivationBytes predicted_activation_bytes(const BertConfig& c, int64_t rows, int64_t s,
                                                   int64_t masked, int64_t chunks, Recompute r,
-                                                  int64_t mlm_chunk_rows = 0) {
+                                                  int64_t mlm_chunk_rows = 0,
+                                                  bool gradients = true) {
   auto f = [](int64_t elems, size_t elem_bytes = 4) { return aligned_bytes(elems, elem_bytes); };
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  const int64_t h = c.hidden, in = c.intermediate, sets = r == Recompute::layer ? 1 : c.layers;
+  const int64_t h = c.hidden, in = c.intermediate;
+  const int64_t sets = r == Recompute::layer || !gradients ? 1 : c.layers;
+  const int64_t ios = gradients ? c.layers + 1 : 2;  // layer inputs/outputs
   const bool mlp_chunked = chunks > 1 || r == Recompute::mlp;
   const int64_t mlp_rows = std::min(rows, ceil_div(rows, chunks));
   const int64_t mlm_rows = mlm_chunk_rows > 0 ? std::min(mlm_chunk_rows, masked)
@@ -50,14 +55,16 @@ inline ActivationBytes predicted_activation_bytes(const BertConfig& c, int64_t r
   ActivationBytes k{};
   auto at = [&](ActivationKind kind) -> size_t& { return k[static_cast<int>(kind)]; };
   at(ActivationKind::batch) = 4 * f(rows) + 3 * f(s) + f(s, 8) + 2 * f(masked);
-  at(ActivationKind::hidden) = (c.layers + 1) * f(rows * h) + sets * f(rows * h);
+  at(ActivationKind::hidden) = ios * f(rows * h) + sets * f(rows * h);
   at(ActivationKind::attention) = sets * (f(rows * 3 * h) + f(rows * h) + f(rows * c.heads));
   at(ActivationKind::layernorm) = 2 * f(rows) + sets * (2 * f(rows * h) + 4 * f(rows));
-  at(ActivationKind::mlp) = mlp_chunked ? 3 * f(mlp_rows * in) : sets * 2 * f(rows * in);
+  at(ActivationKind::mlp) =
+      mlp_chunked ? (gradients ? 3 : 2) * f(mlp_rows * in) : sets * 2 * f(rows * in);
   at(ActivationKind::mlm_logits) = f(mlm_rows * c.vocab_size);
-  at(ActivationKind::heads) = 7 * f(masked * h) + 2 * f(masked) + f(s * (4 * h + 2));
+  at(ActivationKind::heads) =
+      (gradients ? 7 : 4) * f(masked * h) + 2 * f(masked) + f(s * (4 * h + 2));
   at(ActivationKind::grad_scratch) =
-      4 * f(rows * h) + f(rows * (mlp_chunked ? 3 * h : std::max(in, 3 * h)));
+      gradients ? 4 * f(rows * h) + f(rows * (mlp_chunked ? 3 * h : std::max(in, 3 * h))) : 0;
   return k;
 }
 

@@ -183,6 +183,22 @@ TEST(ModelMst, ArenaBytesByKindMatchTheFormula) {
         EXPECT_LT(rep.peak_bytes, previous) << name_of(chunks, r);
       }
       previous = rep.peak_bytes;
+      // Forward only (evaluation), on a model without a gradient buffer: one set of layer
+      // buffers and two hidden states, whatever the recompute mode.
+      Bert eval(m.config, *be, m.params_view(), Tensor(), mst(chunks, r));
+      ForwardOptions fo;
+      fo.gradients = false;
+      fo.dropout = false;
+      eval.forward(b, gm, gs, 1, 2, fo);
+      const ActivationReport er = eval.activation_report();
+      const ActivationBytes ewant =
+          predicted_activation_bytes(config, b.rows, gs, gm, chunks, r, 0, /*gradients=*/false);
+      for (int k = 0; k < kActivationKinds; ++k)
+        EXPECT_EQ(er.peak_by_kind[k], ewant[k])
+            << name_of(chunks, r) << " forward only "
+            << activation_kind_name(static_cast<ActivationKind>(k));
+      EXPECT_EQ(er.peak_bytes, eval.activation_bytes(b.shape(), /*gradients=*/false));
+      EXPECT_LT(er.peak_bytes, rep.peak_bytes) << name_of(chunks, r);
     }
   }
   // The intermediate falls with M as the formula says: M = 8 against M = 1 (recompute = mlp,

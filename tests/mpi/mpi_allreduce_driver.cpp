@@ -11,9 +11,10 @@
 //     tensors' span are never touched;
 //   - bitwise the same in every round (timing and order do not matter) and on every rank;
 //   - --hash-file: rank 0 writes one hash per bucket size, so two runs can be compared bitwise;
-//   - allreduce_sum of doubles; an MPI error surfaces as packbert::Error naming the call;
-//   - reduce-scatter: each rank's shard of every bucket holds the sum over ranks; all_gather
-//     then gives every rank the whole sum (f32), and moves 16-bit buffers bit for bit.
+//   - MetricSums of doubles; an MPI error surfaces as packbert::Error naming the call;
+//   - reduce-scatter: each rank's shard of every bucket holds the sum over ranks;
+//     ShardExchange::all_gather then gives every rank the whole sum (f32), and moves 16-bit
+//     buffers bit for bit.
 // Prints per bucket size how many buckets had started, and completed, before finish(): the
 // overlap with the simulated compute (reported, never asserted: it depends on timing).
 //
@@ -39,6 +40,8 @@
 #include "core/error.h"
 #include "kernels/backend.h"
 #include "comm/grad_reducer.h"
+#include "comm/metric_sums.h"
+#include "comm/shard_exchange.h"
 #include "comm/mpi_check.h"
 
 namespace packbert {
@@ -246,14 +249,14 @@ void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size, b
   // Whatever is outside this rank's shards is overwritten by the gather: poison it.
   for (size_t i = 0; i < grads.size(); ++i)
     if (!mine[i]) grads[i] = std::nanf("");
-  red.all_gather(view(grads.data(), {n}));
+  ShardExchange(red).all_gather(view(grads.data(), {n}));
   for (size_t i = 0; i < grads.size(); ++i)
     CHECK_OR_FAIL(near(grads[i], i), "rank {}: all_gather element {} is {}, the sum {}", rank, i,
                   grads[i], sum[i]);
   std::vector<uint16_t> bits(static_cast<size_t>(n));
   for (size_t i = 0; i < bits.size(); ++i)
     bits[i] = mine[i] ? static_cast<uint16_t>(mix(seed, i) >> 48) : uint16_t{0xFFFF};
-  red.all_gather(Tensor(bits.data(), DType::bf16, {n}));
+  ShardExchange(red).all_gather(Tensor(bits.data(), DType::bf16, {n}));
   for (size_t i = 0; i < bits.size(); ++i)
     CHECK_OR_FAIL(bits[i] == static_cast<uint16_t>(mix(seed, i) >> 48),
                   "rank {}: bf16 all_gather element {} is {:#06x}", rank, i, bits[i]);
@@ -349,17 +352,14 @@ int run(const Args& args, int rank, int size) {
   check_reduce_scatter(*backend, seed, rank, size, true);
   check_reduce_scatter(*backend, seed, rank, size, false);
 
-  // Metrics helper: a few doubles summed over ranks.
+  // MetricSums: a few doubles summed over ranks.
   {
-    std::vector<float> dummy(4);
-    GradReducerOptions options;
-    options.bucket_bytes = 1024;
-    GradReducer ar(MPI_COMM_WORLD, *backend, view(dummy.data(), {4}), {{0, 4}}, options);
+    MetricSums sums(MPI_COMM_WORLD);
     double m[3] = {1.0 + rank, 0.25 * rank, -2.0};
-    ar.allreduce_sum(m, 3);
+    sums.sum(m, 3, "MPI_Allreduce (test metrics)");
     const double n = size;
     CHECK_OR_FAIL(m[0] == n * (n + 1) / 2 && m[1] == 0.25 * n * (n - 1) / 2 && m[2] == -2.0 * n,
-                  "allreduce_sum gave {}, {}, {}", m[0], m[1], m[2]);
+                  "MetricSums gave {}, {}, {}", m[0], m[1], m[2]);
   }
   if (rank == 0) std::cout << "all checks passed\n";
   return 0;

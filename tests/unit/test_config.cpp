@@ -15,7 +15,7 @@
 #include "config/command_config.h"
 #include "core/error.h"
 #include "test_util.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace fs = std::filesystem;
 using namespace packbert;

@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "comm/grad_reducer.h"
+#include "comm/metric_sums.h"
+#include "comm/shard_exchange.h"
 #include "test_util.h"
 
 namespace packbert::test {
@@ -163,7 +165,7 @@ TEST(GradReducerOneRank, NoOpWithFullBookkeeping) {
   ar.finish();
 
   double metrics[2] = {1.5, 2.5};
-  ar.allreduce_sum(metrics, 2);
+  MetricSums(MPI_COMM_WORLD).sum(metrics, 2, "MPI_Allreduce (test metrics)");
   EXPECT_EQ(metrics[0], 1.5);
   EXPECT_EQ(metrics[1], 2.5);
 
@@ -174,9 +176,14 @@ TEST(GradReducerOneRank, NoOpWithFullBookkeeping) {
   EXPECT_EQ(ar.shard(0).offset, ar.buckets()[0].offset);
   EXPECT_EQ(ar.shard(0).size, ar.buckets()[0].size);
   EXPECT_THROW(ar.shard(13), Error);
-  ar.all_gather(view(grads.data(), {1000}));
+  ShardExchange exchange(ar);
+  exchange.all_gather(view(grads.data(), {1000}));
   EXPECT_EQ(grads, before);
-  EXPECT_THROW(ar.all_gather(view(grads.data(), {999})), Error);  // not laid out as the gradient
+  EXPECT_THROW(exchange.all_gather(view(grads.data(), {999})), Error);  // not laid out as the gradient
+  ar.begin();
+  EXPECT_THROW(exchange.all_gather(view(grads.data(), {1000})), Error);  // inside a round
+  for (int i = 0; i < 4; ++i) ar.ready_tensor(i);
+  ar.finish();
 }
 
 TEST(GradReducerOneRank, RejectsABufferThatIsNotAFlatF32Gradient) {

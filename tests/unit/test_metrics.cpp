@@ -53,6 +53,8 @@ ProgressRecord sample_record() {
   r.elapsed_s = 37.2;
   r.peak_rss_bytes = int64_t{1321} << 20;
   r.activation_peak_bytes = 0;
+  r.activation_capacity_bytes = int64_t{96} << 20;
+  r.arena_allocations = 1;
   r.skipped_steps = 2;
   return r;
 }
@@ -112,12 +114,14 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_DOUBLE_EQ(j.at("elapsed_s").get<double>(), 37.2);
   EXPECT_EQ(j.at("peak_rss_bytes"), int64_t{1321} << 20);
   EXPECT_EQ(j.at("activation_peak_bytes"), 0);
+  EXPECT_EQ(j.at("activation_capacity_bytes"), int64_t{96} << 20);
+  EXPECT_EQ(j.at("arena_allocations"), 1);
   EXPECT_TRUE(j.at("activation_bytes_by_kind").is_object());
   EXPECT_TRUE(j.at("activation_bytes_by_kind").empty());
   EXPECT_EQ(j.at("mst_chunks"), 0);
   EXPECT_EQ(j.at("skipped_steps"), 2);
   EXPECT_EQ(j.at("optimizer_state_bytes"), 0);
-  EXPECT_EQ(j.size(), 27u);
+  EXPECT_EQ(j.size(), 29u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
@@ -357,6 +361,8 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
   act.peak_by_kind[static_cast<int>(ActivationKind::hidden)] = size_t{1} << 30;
   act.peak_by_kind[static_cast<int>(ActivationKind::mlp)] = size_t{2} << 30;
   act.mst_chunks = 4;
+  act.capacity = size_t{7} << 29;
+  act.allocations = 2;
   ProgressContext at;
   at.max_steps = 1;
   at.activation = &act;
@@ -366,6 +372,8 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
   EXPECT_DOUBLE_EQ(r.eta_s, 0);
   EXPECT_EQ(r.activation_peak_bytes, int64_t{3} << 30);
   EXPECT_EQ(r.mst_chunks, 4);
+  EXPECT_EQ(r.activation_capacity_bytes, int64_t{7} << 29);
+  EXPECT_EQ(r.arena_allocations, 2);
   EXPECT_EQ(r.optimizer_state_bytes, int64_t{5} << 20);
   // Every kind, in ActivationKind's order, zeros included.
   ASSERT_EQ(r.activation_bytes_by_kind.size(), static_cast<size_t>(kActivationKinds));

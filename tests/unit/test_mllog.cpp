@@ -18,7 +18,7 @@
 
 #include "core/error.h"
 #include "train/mllog.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 #include "test_util.h"
 

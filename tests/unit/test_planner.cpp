@@ -201,6 +201,45 @@ TEST(Planner, EveryCandidateExactlyOnceOnRandomInputs) {
   }
 }
 
+// micro_batch_bound is what the trainer sizes its activation arena by, once: no micro-batch of
+// any plan may hold more tokens (or, for the methods that balance counts, more samples). Random
+// steps, uniform lengths and a bimodal mix of max_len and 1-token samples (the mix that stresses
+// the cost bound: short samples are cheap per token only by per_sequence).
+TEST(Planner, NoMicroBatchExceedsItsBound) {
+  std::mt19937_64 rng(test::test_seed());
+  int64_t checked = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int max_len = std::uniform_int_distribution<int>(1, 600)(rng);
+    const int ranks = std::uniform_int_distribution<int>(1, 24)(rng);
+    const int micro = std::uniform_int_distribution<int>(1, 5)(rng);
+    const int n = std::uniform_int_distribution<int>(1, 300)(rng);
+    auto cand = random_step(rng, n, max_len);
+    if (trial % 2 == 1)
+      for (Candidate& c : cand) {
+        c.length = std::bernoulli_distribution(0.5)(rng) ? max_len : 1;
+        c.masked_count = std::min(c.masked_count, c.length);
+      }
+    for (BalanceMethod m : kMethods) {
+      SCOPED_TRACE(std::string(balance_method_name(m)) + " R=" + std::to_string(ranks) +
+                   " M=" + std::to_string(micro) + " n=" + std::to_string(n) +
+                   " L=" + std::to_string(max_len));
+      PlannerConfig pc = config_for(ranks, m, micro, max_len);
+      pc.pack_rank = kPackNoRanks;
+      const MicroBatchBound bound = micro_batch_bound(pc, n);
+      const StepPlan plan = plan_step(cand, pc);
+      for (const RankPlan& r : plan.ranks)
+        for (const MicroBatch& mb : r.micro_batches) {
+          EXPECT_LE(mb.tokens, bound.tokens);
+          if (bound.samples_bounded) {
+            EXPECT_LE(static_cast<int64_t>(mb.samples.size()), bound.samples);
+          }
+          ++checked;
+        }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(Planner, SameInputSamePlan) {
   std::mt19937_64 rng(test::test_seed());
   const auto cand = wikipedia_step(rng, 64 * 8);

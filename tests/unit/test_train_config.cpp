@@ -13,7 +13,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
+#include "config/train_options.h"
 
 namespace fs = std::filesystem;
 using namespace packbert;

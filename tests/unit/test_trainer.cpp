@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "model/replica.h"
+#include "train/batching.h"
+#include "train/evaluate.h"
 #include "train/trainer.h"
 #include "measure.h"
 #include "test_util.h"
@@ -63,6 +66,74 @@ TEST(TrainStep, LossFallsOnAFixedBatch) {
   expect_measure("1.2 nats / the loss drop over 30 steps", 1.2 / (loss.front() - loss.back()),
                  1.0);
   expect_measure("1 - MLM accuracy at step 30", 1 - last_mlm_accuracy, 0.2);
+}
+
+// Evaluation between steps runs inside the arena the trainer reserved: it neither grows it nor
+// moves the training report, and gives the same counts (and, up to summation order, the same
+// losses) as a forward-only replica of the same weights with no arena limit.
+TEST(TrainStep, EvaluationFitsTheReservedArenaAndLeavesItsReportAlone) {
+  cpu::set_num_threads(1);
+  std::mt19937_64 rng(test_seed());
+  const StepBatch batch = random_step_batch(rng, 6, 1, 16, kMaxSeqLen, 10);
+  TrainerOptions o;
+  o.config = bert_preset("tiny");
+  o.layout = BatchLayout::unpadded;
+  o.max_seq_len = kMaxSeqLen;
+  o.init_seed = rng();
+  o.dropout_seed = rng();
+  o.lr.max_steps = 1;
+  // The reserve: the batch's own shape, as the planner's bound would give for one micro-batch.
+  const Batch b = make_batch(batch.micro_batches[0].samples, BatchLayout::unpadded, kMaxSeqLen);
+  o.reserve = b.shape();
+  Trainer trainer(MPI_COMM_WORLD, o);
+  Bert& bert = trainer.replica().bert();
+  ASSERT_EQ(bert.arena_allocations(), 1);
+  trainer.step(batch);
+  const ActivationReport before = trainer.activation_report();
+  EXPECT_EQ(before.allocations, 1) << "the step grew the reserved arena";
+  EXPECT_EQ(before.peak_bytes, bert.activation_bytes(o.reserve));
+
+  // 40 evaluation samples, in forwards of up to 40: more than the reserve holds without
+  // gradients, so evaluation must split them.
+  EvalSet set;
+  for (int k = 0; k < 5; ++k) {
+    const StepBatch more = random_step_batch(rng, 8, 1, 8, kMaxSeqLen, 10);
+    for (const Sample& x : more.micro_batches[0].samples) set.samples.push_back(x);
+  }
+  for (size_t i = 0; i < set.samples.size(); ++i) set.samples[i].id = static_cast<int64_t>(i);
+  set.total = static_cast<int64_t>(set.samples.size());
+  const Batch all = make_batch(set.samples, BatchLayout::unpadded, kMaxSeqLen);
+  const size_t limit = bert.activation_bytes(o.reserve, /*gradients=*/true);
+  ASSERT_GT(bert.activation_bytes(all.shape(), /*gradients=*/false), limit)
+      << "the test needs an evaluation batch larger than the reserve";
+  const EvalResult in_training =
+      evaluate(MPI_COMM_WORLD, trainer.replica(), set, set.total, kMaxSeqLen, limit);
+  const ActivationReport after = trainer.activation_report();
+  EXPECT_EQ(after.allocations, 1) << "evaluation grew the training arena";
+  EXPECT_EQ(after.capacity, before.capacity);
+  EXPECT_EQ(after.peak_bytes, before.peak_bytes) << "evaluation moved the training peak";
+  EXPECT_EQ(after.step_bytes, before.step_bytes);
+
+  ReplicaOptions ro;
+  ro.config = o.config;
+  ro.gradients = false;
+  ModelReplica alone(ro);
+  EXPECT_FALSE(alone.has_gradients());
+  alone.load_params(trainer.params().data());
+  const EvalResult whole = evaluate(MPI_COMM_WORLD, alone, set, set.total, kMaxSeqLen, 0);
+  EXPECT_GT(alone.bert().activation_report().peak_bytes, limit) << "one forward of all 40";
+  EXPECT_EQ(whole.samples, set.total);
+  EXPECT_EQ(in_training.samples, set.total);
+  EXPECT_EQ(in_training.masked_tokens, whole.masked_tokens);
+  EXPECT_EQ(in_training.mlm_accuracy, whole.mlm_accuracy);
+  EXPECT_EQ(in_training.nsp_accuracy, whole.nsp_accuracy);
+  // The loss sums differ only in fp32 summation order: each forward sums <= 40 * 10 masked
+  // token losses of ~10 nats in float, rel. error ~ n * 2^-24 ~ 2.4e-5 at worst, far above what
+  // a dropped or repeated sample would leave (>= 1 / 40 of the sum).
+  expect_measure("evaluation split vs whole: mlm loss (rel)",
+                 std::abs(in_training.mlm_loss - whole.mlm_loss) / whole.mlm_loss, 1e-4);
+  expect_measure("evaluation split vs whole: nsp loss (rel)",
+                 std::abs(in_training.nsp_loss - whole.nsp_loss) / whole.nsp_loss, 1e-4);
 }
 
 }  // namespace

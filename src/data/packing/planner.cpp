@@ -527,4 +527,28 @@ SequenceLayout sequence_layout(const std::vector<int32_t>& lengths) {
   return out;
 }
 
+MicroBatchBound micro_batch_bound(const PlannerConfig& c, int64_t global_batch_size) {
+  const int64_t len = c.packing.max_seq_len;
+  PB_REQUIRE(global_batch_size >= 1 && c.num_ranks >= 1 && c.micro_steps >= 1 && len >= 1,
+             "planner: bound of a micro-batch of {} samples over {} ranks x {} micro-steps, "
+             "max_seq_len {}",
+             global_batch_size, c.num_ranks, c.micro_steps, len);
+  const int64_t per_rank = (global_batch_size + c.num_ranks - 1) / c.num_ranks;
+  MicroBatchBound b;
+  b.samples = (per_rank + c.micro_steps - 1) / c.micro_steps;
+  b.tokens = b.samples * len;
+  const bool by_cost = c.method == BalanceMethod::lpt || c.method == BalanceMethod::lpt_search;
+  if (by_cost && c.cost.per_token > 0) {
+    const double cells = static_cast<double>(c.num_ranks) * c.micro_steps;
+    const double most = (static_cast<double>(global_batch_size) / cells +
+                         1.0 / c.micro_steps + 1.0) * c.cost(static_cast<int>(len));
+    b.tokens = static_cast<int64_t>(std::ceil(most / c.cost.per_token));
+    b.samples += 2;
+    b.samples_bounded = false;
+  }
+  b.samples = std::min(b.samples, global_batch_size);
+  b.tokens = std::min(b.tokens, global_batch_size * len);
+  return b;
+}
+
 }  // namespace packbert

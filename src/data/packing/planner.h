@@ -152,6 +152,24 @@ struct StepPlan {
 // masked_count outside 0..length, a duplicate sample id).
 StepPlan plan_step(const std::vector<Candidate>& candidates, const PlannerConfig& config);
 
+// The most one micro-batch of plan_step() can hold, known before any data (to size buffers
+// once), for global_batch_size samples of at most config.packing.max_seq_len tokens each. With
+// S = ceil(ceil(G / ranks) / micro_steps) (G = global_batch_size):
+// - none, round-robin: equal sample counts, so at most S samples and S * max_seq_len tokens.
+// - lpt, lpt-search: list scheduling puts each sample on the least loaded bin, and the local
+//   search only makes moves that lower the largest load, so a rank's cost stays at most the
+//   mean plus one sample's, and a micro-batch's at most its rank's share plus one sample's: at
+//   most C = (G / (ranks * micro_steps) + 1 / micro_steps + 1) * cost(max_seq_len), hence at
+//   most C / per_token tokens (cost(len) >= per_token * len). The sample count has no such
+//   bound (many short samples fit in the same cost): samples_bounded is false and samples is
+//   S + 2, the count at max_seq_len.
+struct MicroBatchBound {
+  int64_t samples = 0;
+  int64_t tokens = 0;
+  bool samples_bounded = true;  // false: samples is the count at max_seq_len, not a bound
+};
+MicroBatchBound micro_batch_bound(const PlannerConfig& config, int64_t global_batch_size);
+
 // Lengths of one pack's samples, in pack order (for sequence_layout()).
 std::vector<int32_t> pack_lengths(const MicroBatch& mb, size_t pack_index);
 

@@ -42,6 +42,15 @@ namespace packbert {
 
 // ---- Vocab ------------------------------------------------------------------------------
 
+SampleRules vocab_sample_rules(const Vocab& vocab, int max_seq_len) {
+  SampleRules rules;
+  rules.vocab_size = vocab.size();
+  rules.cls_id = vocab.cls_id();
+  rules.sep_id = vocab.sep_id();
+  rules.max_seq_len = max_seq_len;
+  return rules;
+}
+
 Vocab Vocab::load(const std::string& path) {
   std::error_code ec;
   PB_REQUIRE(std::filesystem::is_regular_file(path, ec), "vocab {}: no such file", path);

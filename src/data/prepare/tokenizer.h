@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/shards/sample.h"
+
 namespace packbert {
 
 class Vocab {
@@ -29,6 +31,10 @@ class Vocab {
   std::unordered_map<std::string, int32_t> ids_;
   int32_t pad_ = -1, unk_ = -1, cls_ = -1, sep_ = -1, mask_ = -1;
 };
+
+// The rules of samples made with this vocabulary (data/shards/sample.h): token ids below its
+// size, its [CLS] and [SEP] ids, and max_seq_len (0: no limit).
+SampleRules vocab_sample_rules(const Vocab& vocab, int max_seq_len);
 
 class BertTokenizer {
  public:

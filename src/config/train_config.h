@@ -3,11 +3,13 @@
 // (config/config.h: toml++, snake_case keys, errors naming FILE:LINE:COLUMN and the key). One
 // key table (train_config_keys.cpp) knows every key: its name, type, default, doc and field;
 // reading, equality, the TOML writer and the key table of docs/configuration.md all come from
-// it, so they cannot disagree. The files, by job:
+// it, so they cannot disagree. The files, by job (every subcommand's config lives in src/config:
+// prepare, inspect and pack in command_config.h):
 //   train_config_keys.cpp      the key table, enum names, equality, writer, docs table
 //   train_config_read.cpp      file + overrides -> TrainConfig (model preset resolution)
 //   train_config_validate.cpp  the rules between keys, and the paths
-//   train_config.cpp           the options of the trainer's parts, derived from a config
+// The options of the code a config drives (model, trainer, loader, LAMB, schedule) are made in
+// one place: src/config/train_options.h.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +19,10 @@
 #include "config/key_doc.h"
 #include "config/locations.h"
 #include "core/tensor.h"
-#include "data/loader/loader.h"
+#include "data/loader/loader.h"  // LastStepPolicy
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/config.h"
-#include "optim/lamb.h"
-#include "optim/lr_schedule.h"
 
 namespace packbert {
 
@@ -162,16 +162,6 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
 // Every key with its resolved value, one section after the other, as TOML that
 // load_train_config reads back to an equal config (floats printed to round-trip exactly).
 std::string train_config_to_toml(const TrainConfig& c);
-
-// The pieces the trainer's parts take, from the resolved config.
-BertConfig model_config(const TrainConfig& c);          // vocabulary: BertConfig's default
-LrScheduleConfig lr_schedule_config(const TrainConfig& c);  // base_lr = lr, max_steps, warmup..
-// check_finite and skip_nonfinite always on: the run counts the skipped steps against
-// train.max_nonfinite_steps.
-LambOptions lamb_options(const TrainConfig& c);
-// global batch, micro-steps, seq/pack limits, seed, prefetch, shuffle, last_step; the sample
-// rules' max_seq_len = train.max_seq_len, vocab_size = model_config(c).real_vocab_size.
-LoaderOptions loader_options(const TrainConfig& c);
 
 // The name the config spells for an enum key's value ("gelu_tanh", "host", "closed"), from the
 // key table's one table per enum.

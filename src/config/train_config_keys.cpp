@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "config/config.h"
-#include "train/train_config.h"
-#include "train/train_config_schema.h"
+#include "config/train_config.h"
+#include "config/train_config_schema.h"
 
 namespace packbert {
 

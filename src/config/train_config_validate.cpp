@@ -10,7 +10,8 @@
 #include "kernels/common/philox.h"
 #include "core/error.h"
 #include "kernels/device.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
+#include "config/train_options.h"
 
 namespace packbert {
 

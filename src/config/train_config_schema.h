@@ -3,7 +3,7 @@
 #pragma once
 
 #include "config/config.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace packbert {
 

@@ -1,15 +1,19 @@
 // TrainConfig from a TOML file and overrides, through the key table; the model preset is
 // resolved here.
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "train/train_config_schema.h"
+#include "config/train_config_schema.h"
 
 namespace packbert {
+
+bool TrainConfig::eval_enabled() const {
+  return eval.every_samples > 0 || eval.at_end || eval.target_accuracy > 0;
+}
 
 namespace {
 

@@ -1,0 +1,159 @@
+#include "config/train_options.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "data/prepare/tokenizer.h"
+#include "kernels/device.h"
+#include "data/packing/planner.h"
+
+namespace packbert {
+
+BertConfig model_config(const TrainConfig& c) {
+  BertConfig b = bert_preset(c.model.preset);
+  b.layers = c.model.layers;
+  b.hidden = c.model.hidden;
+  b.heads = c.model.heads;
+  b.intermediate = c.model.intermediate;
+  b.max_position_embeddings = c.model.max_position_embeddings;
+  b.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
+  b.attention_dropout = static_cast<float>(c.model.attention_dropout);
+  b.hidden_act = c.model.hidden_act;
+  return b;
+}
+
+LrScheduleConfig lr_schedule_config(const TrainConfig& c) {
+  LrScheduleConfig s;
+  s.base_lr = c.optim.lr;
+  s.max_steps = c.train.max_steps;
+  s.num_warmup_steps = c.optim.warmup_steps;
+  s.warmup_proportion = c.optim.warmup_proportion;
+  s.start_warmup_step = c.optim.start_warmup_step;
+  s.poly_power = c.optim.poly_power;
+  s.end_lr = c.optim.end_lr;
+  return s;
+}
+
+LambOptions lamb_options(const TrainConfig& c) {
+  LambOptions o;
+  o.beta1 = static_cast<float>(c.optim.beta1);
+  o.beta2 = static_cast<float>(c.optim.beta2);
+  o.eps = static_cast<float>(c.optim.epsilon);
+  o.weight_decay = static_cast<float>(c.optim.weight_decay);
+  o.max_grad_norm = static_cast<float>(c.optim.max_grad_norm);
+  // A non-finite gradient skips the update, whatever train.max_nonfinite_steps says: the run
+  // counts such steps and decides by that key (run_train.cpp, SkippedSteps), 0 included (the
+  // first one is an error naming the step). A throw here instead would bypass the count and, on
+  // the GPU, fire only on the steps that read the norm back.
+  o.check_finite = true;
+  o.skip_nonfinite = true;
+  return o;
+}
+
+LoaderOptions loader_options(const TrainConfig& c) {
+  LoaderOptions o;
+  o.global_batch_size = c.train.global_batch_size;
+  o.micro_steps = c.train.gradient_accumulation_steps;
+  o.max_seq_len = c.train.max_seq_len;
+  o.max_seqs_per_pack = c.train.max_seqs_per_pack;
+  o.seed = c.train.seed;
+  o.prefetch_steps = c.data.prefetch_steps;
+  o.shuffle_block_rows = c.data.shuffle_block_rows;
+  o.shuffle_window_blocks = c.data.shuffle_window_blocks;
+  o.read_ahead_windows = c.data.read_ahead_windows;
+  o.last_step = c.train.last_step;
+  o.rules.max_seq_len = c.train.max_seq_len;
+  o.rules.vocab_size = model_config(c).real_vocab_size;
+  return o;
+}
+
+uint64_t derive_seed(uint64_t seed, uint64_t salt) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (salt + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+namespace {
+
+// The rank's index on its node, from the launcher's environment (OpenMPI, MPICH / Intel MPI,
+// Slurm); 0 when none says.
+int local_rank_from_env() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name)) {
+      char* end = nullptr;
+      const long r = std::strtol(v, &end, 10);
+      if (end != v && *end == '\0' && r >= 0) return static_cast<int>(r);
+    }
+  return 0;
+}
+
+}  // namespace
+
+BatchShape largest_micro_batch(const TrainConfig& c, int world) {
+  const LoaderOptions lo = loader_options(c);
+  PlannerConfig p;
+  p.num_ranks = world;
+  p.micro_steps = c.train.gradient_accumulation_steps;
+  p.packing.max_seq_len = c.train.max_seq_len;
+  p.cost = lo.cost;
+  p.method = lo.balance;
+  const MicroBatchBound b = micro_batch_bound(p, c.train.global_batch_size);
+  const int64_t len = c.train.max_seq_len;
+  BatchShape s;
+  s.seqs = b.samples;
+  // Packed rows: a pack holds one sample or more; padded: one each.
+  s.rows = c.train.layout == BatchLayout::unpadded ? b.tokens : b.samples * len;
+  s.masked = std::min(std::min(b.tokens, s.rows), b.samples * c.train.max_predictions_per_seq);
+  s.max_len = c.train.max_seq_len;
+  return s;
+}
+
+TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model, int world) {
+  TrainerOptions o;
+  o.config = model;
+  o.bert.mlm_chunk_rows = c.model.mlm_chunk_rows;
+  o.bert.mst_chunks = c.model.mst_chunks;
+  o.bert.activation_budget_bytes = static_cast<size_t>(c.model.activation_budget_mb) << 20;
+  o.bert.recompute = c.model.recompute;
+  o.layout = c.train.layout;
+  o.max_seq_len = c.train.max_seq_len;
+  o.init_seed = derive_seed(c.train.seed, 1);
+  o.dropout_seed = derive_seed(c.train.seed, 2);
+  o.dropout = c.train.dropout;
+  o.lr = lr_schedule_config(c);
+  o.lamb = lamb_options(c);  // skips a non-finite update; SkippedSteps counts it
+  o.sharded = c.optim.sharded;
+  o.bert.precision = c.train.precision;
+  o.loss_scaler.init_scale = static_cast<float>(c.train.loss_scale_init);
+  o.loss_scaler.growth_interval = c.train.loss_scale_growth_interval;
+  o.device = c.train.device;
+  o.reserve = largest_micro_batch(c, world);
+  o.gpu_transport =
+      c.train.gpu_allreduce == GpuAllreduce::host ? GradTransport::mpi : GradTransport::nccl;
+  // One GPU per rank: a launcher that shows each rank only its own GPU (scripts/
+  // run_mlperf_8gpu.sh) leaves one device; a plain mpirun on a node shows them all, and local
+  // rank r takes GPU r (mod the count).
+  if (o.device == Device::cuda) {
+    const int gpus = cuda_device_count();
+    o.cuda_device = gpus > 1 ? local_rank_from_env() % gpus : 0;
+  }
+  return o;
+}
+
+// The sample rules of the data: the vocabulary file's size and special ids.
+SampleRules sample_rules(const TrainConfig& c, const BertConfig& model) {
+  SampleRules rules;
+  rules.vocab_size = model.real_vocab_size;
+  rules.max_seq_len = c.train.max_seq_len;
+  if (!c.data.vocab.empty()) {
+    const Vocab v = Vocab::load(c.data.vocab);
+    PB_REQUIRE(v.size() <= model.real_vocab_size,
+               "data.vocab: {} has {} tokens, more than the model's vocabulary ({})",
+               c.data.vocab, v.size(), model.real_vocab_size);
+    rules = vocab_sample_rules(v, c.train.max_seq_len);
+  }
+  return rules;
+}
+
+}  // namespace packbert

@@ -1,0 +1,49 @@
+// The one place that turns a train config (config/train_config.h) into the options of the code
+// it drives: the model, the trainer (replica, LAMB, schedule, reducer, arena reserve), the
+// loader and the sample rules. `packbert train` and `packbert eval` both take theirs from here,
+// so the two cannot read a key differently.
+#pragma once
+
+#include <cstdint>
+
+#include "config/train_config.h"
+#include "data/loader/loader.h"
+#include "data/shards/sample.h"
+#include "model/config.h"
+#include "optim/lamb.h"
+#include "optim/lr_schedule.h"
+#include "train/trainer.h"
+
+namespace packbert {
+
+BertConfig model_config(const TrainConfig& c);          // vocabulary: BertConfig's default
+LrScheduleConfig lr_schedule_config(const TrainConfig& c);  // base_lr = lr, max_steps, warmup..
+// check_finite and skip_nonfinite always on: the run counts the skipped steps against
+// train.max_nonfinite_steps.
+LambOptions lamb_options(const TrainConfig& c);
+// global batch, micro-steps, seq/pack limits, seed, prefetch, shuffle, last_step; the sample
+// rules' max_seq_len = train.max_seq_len, vocab_size = model_config(c).real_vocab_size.
+LoaderOptions loader_options(const TrainConfig& c);
+
+// Independent seeds for initialisation (salt 1) and dropout (salt 2) from train.seed
+// (splitmix64 of a salt), so the streams never share a key. The data order uses train.seed.
+uint64_t derive_seed(uint64_t seed, uint64_t salt);
+
+// The micro-batch the trainer reserves its activation arena for (TrainerOptions::reserve): the
+// planner's bound (data/packing/planner.h micro_batch_bound) in the config's layout, with
+// masked tokens at most train.max_predictions_per_seq per sample. Under lpt / lpt-search the
+// sample count is the count at max_seq_len, not a bound: a micro-batch of more, shorter samples
+// may need a little more, and the arena then grows (ActivationReport::allocations counts).
+BatchShape largest_micro_batch(const TrainConfig& c, int world);
+
+// Everything the Trainer takes, for a world of `world` ranks: model (`model`: the config's own,
+// or a checkpoint's config.json for `packbert eval`), precision, MST, layout, seeds, schedule,
+// LAMB, sharding, device (on CUDA, local rank r takes GPU r mod the count), gradient transport,
+// and the arena reserve (train/batching.h largest_micro_batch).
+TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model, int world);
+
+// The sample rules of the data: the vocabulary file's size and special ids (data.vocab; Error
+// when it has more tokens than the model's vocabulary), else the model's vocabulary size.
+SampleRules sample_rules(const TrainConfig& c, const BertConfig& model);
+
+}  // namespace packbert
