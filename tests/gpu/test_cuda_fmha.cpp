@@ -239,7 +239,7 @@ void lowp_case(Backends& b, std::mt19937_64& rng, DType dt, const HostLayout& l,
       fmt::format("fmha {} {} heads{} p{}", dtype_name(dt), name, heads, p);
   EXPECT_TRUE(dout.guards_intact()) << what << " out: write outside the buffer";
   EXPECT_EQ(dout.non_finite(), 0u) << what << " out: unwritten or non-finite elements";
-  EXPECT_DEV_OUTPUT_OK(dlse);
+  EXPECT_OUTPUT_OK(dlse);
   const std::vector<float> out = dout.floats(), lse = dlse.values();
   EXPECT_EQ(nonzero_padding(dout.bits(), l, hidden), 0u) << what << " out padding rows";
   EXPECT_EQ(nonzero_padding(lse, l, heads), 0u) << what << " lse padding rows";
@@ -395,15 +395,15 @@ void f32_case(Backends& b, std::mt19937_64& rng, const HostLayout& l, int64_t hi
       dlse({rows, heads}), ddqkv({rows, 3 * hidden});
   b.gpu->attention_forward(dl.view(), dq.tensor(), heads, d, dout.tensor(), dlse.tensor());
   const std::string what = fmt::format("fp32 grouped {} H{} heads{} p{}", name, hidden, heads, p);
-  EXPECT_DEV_OUTPUT_OK(dout);
-  EXPECT_DEV_OUTPUT_OK(dlse);
+  EXPECT_OUTPUT_OK(dout);
+  EXPECT_OUTPUT_OK(dlse);
   EXPECT_EQ(nonzero_padding(dout.values(), l, hidden), 0u) << what;
   expect_close(what + " out", dout.doubles(), dbl(ref.out), kTol);
   expect_close(what + " lse", dlse.doubles(), dbl(ref.lse), kTol);
   DevBuf<float> hout({rows, hidden}, ref.out), hlse({rows, heads}, ref.lse);
   b.gpu->attention_backward(dl.view(), dq.tensor(), hout.tensor(), hlse.tensor(), ddy.tensor(),
                             heads, d, ddqkv.tensor());
-  EXPECT_DEV_OUTPUT_OK(ddqkv);
+  EXPECT_OUTPUT_OK(ddqkv);
   EXPECT_EQ(nonzero_padding(ddqkv.values(), l, 3 * hidden), 0u) << what;
   expect_close(what + " dqkv", ddqkv.doubles(), dbl(ref.dqkv), kAttnBwdTol);
 }
@@ -441,7 +441,7 @@ TEST(CudaFmha, DtypeDispatch) {
                            hv(ref_lse, {rows, 2}));
   DevBuf<float> out32({rows, 128});
   b.gpu->attention_forward(dl.view(), dq.tensor(), 2, d, out32.tensor(), lse.tensor());
-  EXPECT_DEV_OUTPUT_OK(out32);
+  EXPECT_OUTPUT_OK(out32);
   expect_close("fmha dispatch bf16 qkv, f32 out", out32.doubles(), dbl(ref_out), kTol);
   // lse is never low precision; a mismatched shape is an error naming the argument.
   Dev16 out16(DType::bf16, {rows, 128}), lse16(DType::bf16, {rows, 2});

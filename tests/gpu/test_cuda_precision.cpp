@@ -29,7 +29,7 @@
 
 #include "../model/model_test_util.h"
 #include "kernels/common/lowp_convert.h"
-#include "lowp_test_util.h"
+#include "cuda_test_util.h"
 
 namespace packbert::test {
 namespace {

@@ -1,5 +1,6 @@
-// The heads: masked-row gather, softmax cross-entropy, the MLM decoder loss (also in chunks) and
-// the pooler + NSP loss, against double loops and finite differences.
+// The heads: the MLM decoder loss (also in chunks) and the pooler + NSP loss, against double
+// loops and finite differences (gather_rows and softmax_cross_entropy: the op table,
+// op_cases.h, run by test_ops_reference.cpp).
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -10,65 +11,6 @@ namespace packbert::test {
 namespace {
 
 using ref::Vec;
-
-TEST(GatherRows, ForwardCopiesAndBackwardScatters) {
-  auto rng = make_rng(61);
-  auto be = make_cpu_backend();
-  const int64_t rows = 50, h = 19;
-  const auto x = random_floats(rng, rows * h);
-  const std::vector<int32_t> index = {3, 0, 49, 17, 17, 8};  // a repeat adds up
-  const int64_t m = static_cast<int64_t>(index.size());
-  Guarded<float> out({m, h});
-  be->gather_rows(view(x.data(), {rows, h}), view(index.data(), {m}), out.tensor());
-  EXPECT_OUTPUT_OK(out);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t c = 0; c < h; ++c) ASSERT_EQ(out.data()[i * h + c], x[index[i] * h + c]);
-
-  const auto dout = random_floats(rng, m * h);
-  Guarded<float> dx({rows, h});
-  be->gather_rows_backward(view(dout.data(), {m, h}), view(index.data(), {m}), dx.tensor());
-  EXPECT_OUTPUT_OK(dx);
-  Vec want(rows * h, 0.0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t c = 0; c < h; ++c) want[index[i] * h + c] += dout[i * h + c];
-  expect_close("gather_rows_backward", dx.doubles(), want, kTol);
-  std::vector<int32_t> bad = {50};
-  EXPECT_THROW(be->gather_rows(view(x.data(), {rows, h}), view(bad.data(), {1}), view(dx.data(), {1, h})),
-               Error);
-}
-
-TEST(SoftmaxCrossEntropy, MatchesDouble) {
-  auto rng = make_rng(62);
-  auto be = make_cpu_backend();
-  for (int64_t v : {2, 1001, 30522}) {
-    const int64_t m = v == 30522 ? 6 : 37;
-    auto z = random_floats(rng, m * v, 3.f);
-    const auto labels = random_ints(rng, m, 0, static_cast<int32_t>(v - 1));
-    for (int64_t i = 0; i < m; i += 2) z[i * v + labels[i]] += 8.f;  // some rows predict right
-    const float scale = 1.f / 113.f;
-    int want_correct = 0;
-    Vec want_dz;
-    const double want_loss = ref::softmax_xent(to_double(z), labels, m, v, scale, &want_correct, &want_dz);
-    Guarded<float> loss({1}, {0.25f});
-    Guarded<int32_t> correct({1}, {3});
-    Guarded<float> dz({m, v});
-    be->softmax_cross_entropy(view(z.data(), {m, v}), view(labels.data(), {m}), scale,
-                              loss.tensor(), correct.tensor(), dz.tensor());
-    const std::string what = fmt::format("softmax_cross_entropy {}x{}", m, v);
-    EXPECT_OUTPUT_OK(dz);
-    EXPECT_TRUE(loss.guards_intact() && correct.guards_intact());
-    expect_close(what + " loss", {loss.data()[0] - 0.25}, {want_loss}, kTol);
-    EXPECT_EQ(correct.data()[0], 3 + want_correct);
-    expect_close(what + " dlogits", dz.doubles(), want_dz, kTol);
-    // In place (dlogits aliases logits) gives the same.
-    std::vector<float> zz = z;
-    std::vector<float> l2 = {0.f};
-    std::vector<int32_t> c2 = {0};
-    be->softmax_cross_entropy(view(zz.data(), {m, v}), view(labels.data(), {m}), scale,
-                              view(l2.data(), {1}), view(c2.data(), {1}), view(zz.data(), {m, v}));
-    EXPECT_EQ(zz, dz.values());
-  }
-}
 
 // Everything the MLM loss takes and gives, for one set of inputs.
 struct MlmCase {
