@@ -46,7 +46,7 @@
 namespace packbert::test {
 namespace {
 
-constexpr double kAttnBwdTol = 2e-5;  // the fp32 attention's backward (test_cuda_ops.cpp)
+constexpr double kAttnBwdTol = 2e-5;  // the fp32 attention's backward (tests/ops/op_cases.h)
 
 double out_tol(DType t) { return t == DType::bf16 ? 1e-2 : 2.5e-3; }
 double grad_tol(DType t) { return t == DType::bf16 ? 1e-2 : 2.5e-3; }
@@ -383,7 +383,7 @@ TEST(CudaFmha, HostLengthsGiveTheSameBitsAndAreChecked) {
   EXPECT_NE(e.find("host_seq_len[3]"), std::string::npos) << e;
 }
 
-// The fp32 kernels through the grouped launch: the tolerances of test_cuda_ops.cpp.
+// The fp32 kernels through the grouped launch: the tolerances of the op table (tests/ops/op_cases.h).
 void f32_case(Backends& b, std::mt19937_64& rng, const HostLayout& l, int64_t hidden, int heads,
               float p, const std::string& name) {
   const int64_t rows = l.rows;
