@@ -426,7 +426,10 @@ constexpr Epilogue kEpilogues[] = {Epilogue::none, Epilogue::bias, Epilogue::bia
 
 OpCases linear_forward_cases() {
   OpCases cases;
-  struct Shape { int64_t n, k, m; };
+  // ws: the scale of the weights. The GPU's shapes draw them at 1 (pre-activations of order 1 to
+  // 6: the GELU epilogues' tanh over its whole range); the reference's at 0.2, as its tolerance
+  // was swept with.
+  struct Shape { int64_t n, k, m; float ws = 1.f; };
   auto add = [&cases](DType t, Shape s, Epilogue ep) {
     const bool lowp = is_lowp(t), gelu = has_gelu(ep), with_bias = ep != Epilogue::none;
     const int64_t n = s.n, k = s.k, m = s.m;
@@ -441,7 +444,7 @@ OpCases linear_forward_cases() {
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
       const auto x = lowp ? randn(g, n * k) : random_floats(g, n * k);
-      const auto w = lowp ? randn(g, m * k, 0.2f) : random_floats(g, m * k, 0.2f);
+      const auto w = lowp ? randn(g, m * k, 0.2f) : random_floats(g, m * k, s.ws);
       const auto b = lowp ? randn(g, m) : random_floats(g, m);
       const Tensor tx = r.in("x", t, {n, k}, x), tw = r.in("w", t, {m, k}, w);
       const Tensor tb = with_bias ? r.in("bias", DType::f32, {m}, b) : Tensor();
@@ -462,8 +465,8 @@ OpCases linear_forward_cases() {
   // fp32: the GPU's tile edges (1, 5, 130 rows; k 1 and 128; m 2 and 3) and the reference's
   // (a 1x1x1 product that cancels its bias, k = 768).
   for (const Shape s : {Shape{37, 24, 40}, Shape{1, 8, 3}, Shape{130, 64, 96}, Shape{5, 1, 7},
-                        Shape{64, 128, 2}, Shape{37, 29, 53}, Shape{1, 1, 1}, Shape{130, 768, 96},
-                        Shape{64, 3, 7}})
+                        Shape{64, 128, 2}, Shape{37, 29, 53, 0.2f}, Shape{1, 1, 1, 0.2f},
+                        Shape{130, 768, 96, 0.2f}, Shape{64, 3, 7, 0.2f}})
     for (Epilogue ep : kEpilogues) add(DType::f32, s, ep);
   for (DType t : {DType::bf16, DType::f16})
     for (const Shape s : {Shape{37, 64, 48}, Shape{64, 24, 19}, Shape{5, 128, 512}})
@@ -509,16 +512,28 @@ OpCases linear_backward_cases() {
       LinearBackwardOptions o;
       o.gelu = form;
       o.dx_accumulate = accumulate;
-      if (out_gelu) {  // the forward's pre-activation, made by the CPU backend for every backend
+      if (x_gelu) o.x_gelu_pre = r.in("x_gelu_pre", t, {n, k}, xpre);
+      const Tensor tx = no_x ? Tensor() : r.in_bits("x", t, {n, k}, hx.b.data());
+      const Tensor tw = r.in_bits("w", t, {m, k}, hw.b.data());
+      // The bias: the forward's below, and the objective's for the reference.
+      const Tensor tbias = with_bias ? r.in("bias", DType::f32, {m}, b) : Tensor();
+      if (out_gelu && lowp) {
+        // 16-bit: each backend's own forward gives the pre-activation its backward reads, as in
+        // the model; the two stored pre-activations differ by a rounding, which the bar
+        // (lowp_linear_tol) covers.
+        r.backend().linear_forward(tx, tw, tbias, bias_gelu_epilogue(form),
+                                   r.out("forward out", t, {n, m}, close_to(tol)),
+                                   r.out("out_gelu_pre", t, {n, m}, close_to(tol)));
+        o.out_gelu_pre = r.buf("out_gelu_pre").tensor();
+      } else if (out_gelu) {
+        // fp32: the CPU backend's pre-activation for every backend, so the backward alone is
+        // compared (kTol).
         HostT out(t, {n, m}), pre(t, {n, m});
         std::vector<float> bias = b;
         OpRun::host().linear_forward(hx.tensor(), hw.tensor(), hv(bias, {m}),
                                      bias_gelu_epilogue(form), out.tensor(), pre.tensor());
         o.out_gelu_pre = r.in_bits("out_gelu_pre", t, {n, m}, pre.b.data());
       }
-      if (x_gelu) o.x_gelu_pre = r.in("x_gelu_pre", t, {n, k}, xpre);
-      const Tensor tx = no_x ? Tensor() : r.in_bits("x", t, {n, k}, hx.b.data());
-      const Tensor tw = r.in_bits("w", t, {m, k}, hw.b.data());
       // dout becomes d(pre) in place with out_gelu_pre; otherwise it is left alone.
       const Tensor tdout = r.acc("dout", t, {n, m}, dout, out_gelu ? close_to(tol) : unchanged());
       const double dx_tol = epilogue_dgelu && !lowp ? kGeluEpilogueTol : tol;
@@ -528,11 +543,11 @@ OpCases linear_backward_cases() {
       const Check gcheck = lowp ? increments_to(tol) : close_to(kTol);
       const Tensor tdw = want_dw ? r.acc("dw", DType::f32, {m, k}, dw0, gcheck) : Tensor();
       const Tensor tdb = want_db ? r.acc("db", DType::f32, {m}, db0, gcheck) : Tensor();
-      if (with_bias) r.in("bias", DType::f32, {m}, b);  // the objective's, for the reference
       r.backend().linear_backward(tx, tw, tdout, tdx, tdw, tdb, o);
     };
-    // Against central differences of the double forward of L = sum(dout * y) wrt every input
-    // (at most 200 coordinates of each: the cost is coordinates x n k m).
+    // Against central differences of the double forward of L = sum(dout * y) wrt every input:
+    // every coordinate up to n k m = 15000 (the reference's shapes, 9x7x5 and 33x17x24), 200 of
+    // each input beyond (the GPU's shapes: the cost is coordinates x n k m).
     if (!lowp && n * k * m <= 100000)
       c.reference = [=](const std::string& what, const OpRun& cpu) {
         const Epilogue ep = out_gelu ? bias_gelu_epilogue(form)
@@ -554,14 +569,15 @@ OpCases linear_backward_cases() {
           return a;
         };
         auto pick_rng = make_rng(std::hash<std::string>{}(what) + 1);
+        const size_t fd_coords = n * k * m <= 15000 ? SIZE_MAX : 200;
         if (want_dx) {
-          const auto idx = some_coords(pick_rng, xv.size(), 200);
+          const auto idx = some_coords(pick_rng, xv.size(), fd_coords);
           const Vec fd = fd_gradient([&](const Vec& v) { return loss(v, wv, bv); }, xv, idx);
           expect_close(what + " dx (FD)", pick(accumulate ? inc("dx") : cpu.doubles("dx"), idx),
                        fd, kTol);
         }
         if (want_dw) {
-          const auto idx = some_coords(pick_rng, wv.size(), 200);
+          const auto idx = some_coords(pick_rng, wv.size(), fd_coords);
           const Vec fd = fd_gradient([&](const Vec& v) { return loss(xv, v, bv); }, wv, idx);
           expect_close(what + " dw (FD)", pick(inc("dw"), idx), fd, kTol);
         }
@@ -913,9 +929,21 @@ OpCases softmax_cross_entropy_cases() {
         const Tensor dz = mode == 0   ? Tensor()
                           : mode == 1 ? r.out("dlogits", DType::f32, {m, v}, close_to(kTol))
                                       : tz;
+        if (mode == 2) {
+          // In place gives the bits the separate output gets, on every backend: first the
+          // separate call on the same logits (its loss and count into buffers of their own).
+          const Tensor sep = r.out("dlogits separate", DType::f32, {m, v}, close_to(kTol));
+          r.backend().softmax_cross_entropy(tz, tl, 0.125f,
+                                            r.acc("loss separate", DType::f32, {1}, {0.75f}, Check{}),
+                                            r.acc("correct separate", {1}, {3}, Check{}), sep);
+        }
         r.backend().softmax_cross_entropy(tz, tl, 0.125f,
                                           r.acc("loss", DType::f32, {1}, {0.75f}, close_to(1e-6)),
                                           r.acc("correct", {1}, {3}, bits()), dz);
+        if (mode == 2) {
+          EXPECT_TRUE(r.buf("logits").bytes() == r.buf("dlogits separate").bytes())
+              << r.backend().name() << ": dlogits in place are not the separate output's bits";
+        }
       };
       c.reference = [=](const std::string& what, const OpRun& cpu) {
         const Vec z = cpu.initial("logits");
