@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "../ops/ops_test_util.h"
@@ -63,6 +65,29 @@ class DevBuf : public Guarded<T> {
   explicit DevBuf(std::initializer_list<int64_t> dims) : Guarded<T>(cuda_memory(), dims) {}
   DevBuf(std::initializer_list<int64_t> dims, const std::vector<T>& init)
       : Guarded<T>(cuda_memory(), dims, init) {}
+};
+
+// A bf16 / f16 guarded buffer in device memory: NaN-filled (0x7FC1, a NaN in both formats) or
+// set from 16-bit values. The 64 guard elements keep data() 16-byte aligned, as the tensor-core
+// kernels require.
+struct Dev16 : Guarded<uint16_t> {
+  Dev16(DType t, std::vector<int64_t> dims) : Guarded<uint16_t>(cuda_memory(), std::move(dims), t) {}
+  Dev16(DType t, std::vector<int64_t> dims, const std::vector<uint16_t>& bits)
+      : Guarded<uint16_t>(cuda_memory(), std::move(dims), bits, t) {}
+  std::vector<uint16_t> bits() const { return values(); }
+  std::vector<float> floats() const { return widen16(dtype(), values()); }
+};
+
+// The CPU backend and a CUDA backend that synchronizes after each op (a fault names its op).
+struct Backends {
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::unique_ptr<Backend> gpu;
+  explicit Backends(bool validate_indices = true) {
+    CudaBackendOptions o;
+    o.sync_each_op = true;
+    o.validate_indices = validate_indices;
+    gpu = make_cuda_backend(0, o);
+  }
 };
 
 // A HostLayout's arrays on the device.

@@ -27,16 +27,6 @@
 namespace packbert::test {
 namespace {
 
-struct Backends {
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
-  std::unique_ptr<Backend> gpu;
-  Backends() {
-    CudaBackendOptions o;
-    o.sync_each_op = true;  // a fault names its op
-    gpu = make_cuda_backend(0, o);
-  }
-};
-
 // Every case of the mode, on the CPU backend and the CUDA backend.
 void run_cases(const OpCases& cases, bool lowp) {
   Backends b;
@@ -71,13 +61,6 @@ BACKEND_OPS_TEST(BackendOpsLowp, MlmLoss, mlm_loss_cases(), true)
 BACKEND_OPS_TEST(BackendOpsLowp, NspLoss, nsp_loss_cases(), true)
 
 // ---- the CUDA backend's own checks ------------------------------------------------------------
-// A bf16 / f16 guarded buffer on the device: NaN-filled (written outputs) or set.
-struct Dev16 : Guarded<uint16_t> {
-  Dev16(DType t, std::vector<int64_t> dims) : Guarded<uint16_t>(cuda_memory(), std::move(dims), t) {}
-  Dev16(DType t, std::vector<int64_t> dims, const std::vector<uint16_t>& bits)
-      : Guarded<uint16_t>(cuda_memory(), std::move(dims), bits, t) {}
-};
-
 TEST(BackendOpsCuda, CopyAndZero) {
   PB_REQUIRE_CUDA_DEVICE();
   Backends b;
@@ -95,7 +78,6 @@ TEST(BackendOpsCuda, CopyAndZero) {
   EXPECT_TRUE(e.guards_intact());
   EXPECT_THROW(b.gpu->zero(hv(x, {1001})), Error);  // a host tensor is refused
 }
-
 
 // An epilogue that cuBLASLt's heuristic offers but its matmul refuses (the emulated cuBLASLt's
 // test-only switch, PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES): every op falls back to DEFAULT +
@@ -152,7 +134,6 @@ TEST(BackendOpsCuda, EpiloguesRefusedAtRunTime) {
   EXPECT_EQ(count("refused at run time (m="), 4u) << err;
   EXPECT_EQ(count("cuBLASLt refused epilogue"), 4u) << err;
 }
-
 
 // The embedding tables' scatter (cuda::embedding_scatter) at a batch's scale, against the host
 // loop in row order (the CPU backend's): a table element hit by at most 256 rows adds them in
@@ -242,7 +223,6 @@ TEST(BackendOpsCuda, EmbeddingScatterOrderAtScale) {
   cuda_free(scratch);
 }
 
-
 // The blocks of the MLM decoder's backward (vocabulary columns, cuda_heads.cpp): their rounded
 // gradient [m, block] fits the 64 MiB of scratch unless a block is at its minimum of 8 columns,
 // blocks are multiples of 8 columns (but a whole vocabulary that fits), and the shape of the
@@ -269,7 +249,6 @@ TEST(BackendOpsCuda, MlmBackwardBlocksFitTheirScratch) {
   const int64_t b = mlm_backward_block_columns(2300, 30528, 2);
   EXPECT_EQ((30528 + b - 1) / b, 3);
 }
-
 
 // The native bf16 / f16 LayerNorm and embedding kernels are asserted by the memory they do not
 // use: the adapter widens every low-precision tensor into a grow-only fp32 staging buffer of

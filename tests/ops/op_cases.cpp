@@ -18,22 +18,6 @@
 namespace packbert::test {
 
 // ---- helpers ----------------------------------------------------------------------------------
-uint16_t round16(DType t, float x) {
-  return t == DType::bf16 ? lowp::float_to_bf16(x) : lowp::float_to_f16(x);
-}
-float widen16(DType t, uint16_t b) {
-  return t == DType::bf16 ? lowp::bf16_to_float(b) : lowp::f16_to_float(b);
-}
-std::vector<uint16_t> round16(DType t, const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = round16(t, v[i]);
-  return b;
-}
-std::vector<float> widen16(DType t, const std::vector<uint16_t>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = widen16(t, v[i]);
-  return f;
-}
 double ulp16(DType t, double x) {
   const int mant = t == DType::bf16 ? 7 : 10;
   int e = 0;
@@ -47,16 +31,6 @@ std::vector<float> randn(std::mt19937_64& rng, size_t n, float s) {
   std::vector<float> v(n);
   for (float& x : v) x = nd(rng);
   return v;
-}
-
-Dropout make_dropout(float p, uint64_t seed, DropoutSite site, uint32_t layer, uint32_t step) {
-  Dropout d;
-  d.p = p;
-  d.seed = seed;
-  d.step = step;
-  d.layer = layer;
-  d.site = site;
-  return d;
 }
 
 void expect_lowp_match(const std::string& what, DType t, const std::vector<uint16_t>& g,
@@ -619,6 +593,125 @@ OpCases linear_backward_cases() {
 // (else padded 64), and trials 3 / 6 leave out the position and gamma gradients. The forward's
 // outputs are compared; the backward runs from the CPU backend's saved statistics, so only the
 // backward is compared.
+namespace {
+
+DropoutStream stream_of(const Dropout& d) {
+  return make_dropout_stream(d.p, d.seed, d.step, d.layer, static_cast<uint32_t>(d.site));
+}
+
+std::vector<int32_t> ints_of(const Vec& v) { return std::vector<int32_t>(v.begin(), v.end()); }
+
+// Increments of an accumulated output: its value less what it was given.
+Vec increments(const OpRun& r, const std::string& name) {
+  Vec a = r.doubles(name);
+  const Vec i = r.initial(name);
+  for (size_t j = 0; j < a.size() && j < i.size(); ++j) a[j] -= i[j];
+  return a;
+}
+
+// The reference's embedding cases (fp32; tables 97 x 64 x 2, gamma near 1 as in trained BERT,
+// token ids 0 in padding rows): the forward at H 37 and 768 with and without dropout against the
+// double loop (out and rstd rel L2 kTol; the row means are near 0, so their error is measured
+// against the spread of the row, the scale LayerNorm divides out: mean - m_ref in units of
+// 1 / rstd, rms over rows, kTol), and the backward at H 10 (tables 11 x 8 x 2, dropout 0.25)
+// against central differences of L = sum(r * out) over every coordinate of every table, r zero
+// on padding rows while dout holds values there the op must ignore.
+void add_embedding_reference(OpCases& cases, bool backward, int64_t h, float p) {
+  const int64_t vocab = backward ? 11 : 97, positions = backward ? 8 : 64, types = 2;
+  const std::vector<int32_t> lens =
+      backward ? std::vector<int32_t>{3, 1, 6, 4} : std::vector<int32_t>{5, 64, 1, 33};
+  OpCase c;
+  c.name = fmt::format("embedding_{} H={} p={}", backward ? "backward" : "forward", h, p);
+  c.run = [=](OpRun& r) {
+    auto& g = r.rng();
+    const auto word = random_floats(g, vocab * h), pos = random_floats(g, positions * h),
+               type = random_floats(g, types * h);
+    auto gamma = random_floats(g, h);
+    for (auto& x : gamma) x += 1.5f;
+    const auto beta = random_floats(g, h);
+    const HostLayout l =
+        padded(lens, random_sample_ids(g, lens.size()), static_cast<int32_t>(positions));
+    const int64_t rows = l.rows;
+    auto tok = random_ints(g, rows, 0, static_cast<int32_t>(vocab - 1));
+    auto seg = random_ints(g, rows, 0, static_cast<int32_t>(types - 1));
+    for (int64_t i = 0; i < rows; ++i)
+      if (l.token_seq[i] < 0) tok[i] = 0, seg[i] = 0;
+    const Dropout d = make_dropout(p, g(), DropoutSite::embedding);
+    r.set_dropout(d);
+    const SeqLayout sl = r.layout(l);
+    const Tensor ttok = r.in("tokens", {rows}, tok), tseg = r.in("segments", {rows}, seg);
+    const EmbeddingParams ep{r.in("word", DType::f32, {vocab, h}, word),
+                             r.in("position", DType::f32, {positions, h}, pos),
+                             r.in("token_type", DType::f32, {types, h}, type),
+                             r.in("gamma", DType::f32, {h}, gamma),
+                             r.in("beta", DType::f32, {h}, beta)};
+    if (!backward) {
+      r.backend().embedding_forward(sl, ttok, tseg, ep, d,
+                                    r.out("out", DType::f32, {rows, h}, close_to(kTol)),
+                                    r.out("mean", DType::f32, {rows}, Check{}),
+                                    r.out("rstd", DType::f32, {rows}, close_to(kTol)));
+      return;
+    }
+    // The backward from the CPU backend's statistics.
+    std::vector<float> hw = word, hp = pos, ht = type, hg = gamma, hb = beta, out(rows * h),
+                       mean(rows), rstd(rows);
+    OpRun::host().embedding_forward(
+        l.view(), hv(tok, {rows}), hv(seg, {rows}),
+        {hv(hw, {vocab, h}), hv(hp, {positions, h}), hv(ht, {types, h}), hv(hg, {h}), hv(hb, {h})},
+        d, hv(out, {rows, h}), hv(mean, {rows}), hv(rstd, {rows}));
+    const auto dy = random_floats(g, rows * h);
+    const EmbeddingParams gr{
+        r.acc("dword", DType::f32, {vocab, h}, random_floats(g, vocab * h), close_to(kTol)),
+        r.acc("dposition", DType::f32, {positions, h}, random_floats(g, positions * h),
+              close_to(kTol)),
+        r.acc("dtoken_type", DType::f32, {types, h}, random_floats(g, types * h), close_to(kTol)),
+        r.acc("dgamma", DType::f32, {h}, random_floats(g, h), close_to(kTol)),
+        r.acc("dbeta", DType::f32, {h}, random_floats(g, h), close_to(kTol))};
+    r.backend().embedding_backward(
+        sl, ttok, tseg, ep, d, r.in("saved mean", DType::f32, {rows}, mean),
+        r.in("saved rstd", DType::f32, {rows}, rstd),
+        r.acc("dout (d sum)", DType::f32, {rows, h}, dy, close_to(kTol)), gr);
+  };
+  c.reference = [=](const std::string& what, const OpRun& cpu) {
+    const HostLayout& l = cpu.host_layout(0);
+    const std::vector<int32_t> tok = ints_of(cpu.doubles("tokens")),
+                               seg = ints_of(cpu.doubles("segments"));
+    ref::EmbeddingInputs in{cpu.doubles("word"), cpu.doubles("position"),
+                            cpu.doubles("token_type"), cpu.doubles("gamma"), cpu.doubles("beta"),
+                            h};
+    const DropoutStream ds = stream_of(cpu.dropout());
+    if (!backward) {
+      Vec want_mean, want_rstd;
+      const Vec want = ref::embedding(in, tok, seg, l, ds, &want_mean, &want_rstd);
+      expect_close(what, cpu.doubles("out"), want, kTol);
+      const Vec mean = cpu.doubles("mean");
+      Vec mean_err(static_cast<size_t>(l.rows)), zeros(static_cast<size_t>(l.rows), 0.0);
+      for (int64_t i = 0; i < l.rows; ++i) mean_err[i] = (mean[i] - want_mean[i]) * want_rstd[i];
+      expect_measure(what + " mean (x rstd)",
+                     rel_l2(mean_err, zeros) / std::sqrt(static_cast<double>(l.rows)), kTol);
+      expect_close(what + " rstd", cpu.doubles("rstd"), want_rstd, kTol);
+      return;
+    }
+    Vec rd = cpu.initial("dout (d sum)");
+    for (int64_t i = 0; i < l.rows; ++i)
+      if (l.token_seq[i] < 0)
+        for (int64_t k = 0; k < h; ++k) rd[i * h + k] = 0.0;
+    auto check = [&](const char* name, Vec& param, const std::string& grad) {
+      const Vec fd = fd_gradient([&](const Vec&) { return dot_d(rd, ref::embedding(in, tok, seg, l, ds)); },
+                                 param, all_coords(param.size()));
+      expect_close(fmt::format("{} d{} (FD)", what, name), increments(cpu, grad), fd, kTol);
+    };
+    check("word", in.word, "dword");
+    check("position", in.pos, "dposition");
+    check("token_type", in.type, "dtoken_type");
+    check("gamma", in.gamma, "dgamma");
+    check("beta", in.beta, "dbeta");
+  };
+  cases.push_back(std::move(c));
+}
+
+}  // namespace
+
 OpCases embedding_cases() {
   OpCases cases;
   auto add = [&cases](DType t, int trial) {
@@ -698,6 +791,9 @@ OpCases embedding_cases() {
   for (int trial = 0; trial < 4; ++trial) add(DType::f32, trial);
   for (DType t : {DType::bf16, DType::f16})
     for (int trial = 0; trial < 8; ++trial) add(t, trial);
+  for (float p : {0.f, 0.1f})
+    for (int64_t h : {int64_t{37}, int64_t{768}}) add_embedding_reference(cases, false, h, p);
+  add_embedding_reference(cases, true, 10, 0.25f);
   return cases;
 }
 
@@ -705,6 +801,90 @@ OpCases embedding_cases() {
 // Variant bits: 1 bias, 2 residual, 4 dropout, 8 ln_in aliases x, 16 dresidual aliases dout,
 // 32 parameter gradients (dbias, dgamma, dbeta), 64 no dresidual, 128 the MLM transform's call
 // (no layout, nothing but x). The backward runs from the CPU backend's saved ln_in, mean, rstd.
+namespace {
+
+// The reference's residual LayerNorm cases (fp32, lengths 4, 1, 7 unpadded, every input
+// uniform): h = dropout(x + bias) + residual, out = LN(h), with and without bias, residual and
+// dropout (H 9 to 768; bias and residual both off is the MLM transform's plain LayerNorm). The
+// forward's out, ln_in and rstd against the double loop (rel L2 kTol); the backward, from the
+// backend's own forward (dresidual aliasing dout when dropout is on, the documented in-place
+// use), against central differences of L = sum(r * out) on at most 600 random coordinates of
+// each input (wide rows make a full sweep quadratic in H), kTol.
+void add_residual_layernorm_reference(OpCases& cases, bool bias, bool residual, float p,
+                                      int64_t h) {
+  OpCase c;
+  c.name = fmt::format("residual_layernorm{}{} p={} H={}", bias ? " +bias" : "",
+                       residual ? " +residual" : "", p, h);
+  const bool alias = p > 0;
+  c.run = [=](OpRun& r) {
+    auto& g = r.rng();
+    const std::vector<int32_t> lens = {4, 1, 7};
+    const HostLayout l = unpadded(lens, random_sample_ids(g, lens.size()));
+    const int64_t rows = l.rows;
+    const auto x = random_floats(g, rows * h), b = random_floats(g, h),
+               res = random_floats(g, rows * h), gamma = random_floats(g, h),
+               beta = random_floats(g, h), dy = random_floats(g, rows * h);
+    const Dropout d = make_dropout(p, g(), DropoutSite::attention_output, 5);
+    r.set_dropout(d);
+    const SeqLayout sl = r.layout(l);
+    const LayerNormParams ln{r.in("gamma", DType::f32, {h}, gamma),
+                             r.in("beta", DType::f32, {h}, beta)};
+    const Tensor tx = r.in("x", DType::f32, {rows, h}, x, unchanged());
+    const Tensor tb = bias ? r.in("bias", DType::f32, {h}, b, unchanged()) : Tensor();
+    const Tensor tres =
+        residual ? r.in("residual", DType::f32, {rows, h}, res, unchanged()) : Tensor();
+    const Tensor hin = r.out("ln_in", DType::f32, {rows, h}, close_to(kTol));
+    const Tensor mean = r.out("mean", DType::f32, {rows}, Check{});
+    const Tensor rstd = r.out("rstd", DType::f32, {rows}, close_to(kTol));
+    r.backend().residual_layernorm_forward(sl, tx, tb, tres, ln, d,
+                                           r.out("out", DType::f32, {rows, h}, close_to(kTol)),
+                                           hin, mean, rstd);
+    const Tensor tdy =
+        r.acc("dout", DType::f32, {rows, h}, dy, alias && residual ? close_to(kTol) : unchanged());
+    const Tensor tdres = !residual ? Tensor()
+                         : alias   ? tdy
+                                   : r.out("dresidual", DType::f32, {rows, h}, close_to(kTol));
+    const auto b0 = random_floats(g, h), g0 = random_floats(g, h), be0 = random_floats(g, h);
+    r.backend().residual_layernorm_backward(
+        sl, tdy, hin, mean, rstd, ln, d, r.out("dx", DType::f32, {rows, h}, close_to(kTol)), tdres,
+        bias ? r.acc("dbias", DType::f32, {h}, b0, close_to(kTol)) : Tensor(),
+        LayerNormParams{r.acc("dgamma", DType::f32, {h}, g0, close_to(kTol)),
+                        r.acc("dbeta", DType::f32, {h}, be0, close_to(kTol))});
+  };
+  c.reference = [=](const std::string& what, const OpRun& cpu) {
+    const HostLayout& l = cpu.host_layout(0);
+    const int64_t rows = l.rows;
+    const DropoutStream ds = stream_of(cpu.dropout());
+    Vec xv = cpu.doubles("x"), bv = bias ? cpu.doubles("bias") : Vec(),
+        rv = residual ? cpu.doubles("residual") : Vec(), gv = cpu.doubles("gamma"),
+        betav = cpu.doubles("beta");
+    Vec want_hin, want_mean, want_rstd;
+    const Vec want = ref::residual_layernorm(xv, bv, rv, gv, betav, rows, h, &l, ds, &want_hin,
+                                             &want_mean, &want_rstd);
+    expect_close(what + " forward", cpu.doubles("out"), want, kTol);
+    expect_close(what + " forward ln_in", cpu.doubles("ln_in"), want_hin, kTol);
+    expect_close(what + " forward rstd", cpu.doubles("rstd"), want_rstd, kTol);
+    const Vec rd = cpu.initial("dout");
+    auto loss = [&] {
+      return dot_d(rd, ref::residual_layernorm(xv, bv, rv, gv, betav, rows, h, &l, ds));
+    };
+    auto pick_rng = make_rng(std::hash<std::string>{}(what) + 1);
+    auto check = [&](const std::string& name, const Vec& got, Vec& param) {
+      const auto idx = some_coords(pick_rng, param.size(), 600);
+      const Vec fd = fd_gradient([&](const Vec&) { return loss(); }, param, idx);
+      expect_close(what + " " + name + " (FD)", pick(got, idx), fd, kTol);
+    };
+    check("dx", cpu.doubles("dx"), xv);
+    if (residual) check("dresidual", cpu.doubles(alias ? "dout" : "dresidual"), rv);
+    if (bias) check("dbias", increments(cpu, "dbias"), bv);
+    check("dgamma", increments(cpu, "dgamma"), gv);
+    check("dbeta", increments(cpu, "dbeta"), betav);
+  };
+  cases.push_back(std::move(c));
+}
+
+}  // namespace
+
 OpCases residual_layernorm_cases() {
   OpCases cases;
   auto add = [&cases](DType t, int var, int64_t h) {
@@ -774,6 +954,11 @@ OpCases residual_layernorm_cases() {
     for (int var : {1 | 2 | 4 | 32, 1 | 2 | 8 | 16 | 32, 2 | 4 | 8, 1 | 4 | 64 | 32, 1 | 2 | 4 | 16, 0,
                     128 | 8 | 32 | 64})
       for (int64_t h : {int64_t{130}, int64_t{768}}) add(t, var, h);
+  add_residual_layernorm_reference(cases, true, true, 0.1f, 24);
+  add_residual_layernorm_reference(cases, true, true, 0.f, 13);
+  add_residual_layernorm_reference(cases, false, false, 0.f, 16);
+  add_residual_layernorm_reference(cases, true, false, 0.3f, 9);
+  add_residual_layernorm_reference(cases, false, true, 0.1f, 768);
   return cases;
 }
 
@@ -781,6 +966,97 @@ OpCases residual_layernorm_cases() {
 // Lengths 1 to 127 in three layouts and head dims 64 / 32 / 20, a single token, and long
 // sequences (512 and 300; the emulated build 300 only), with and without dropout. The backward
 // runs from the CPU backend's forward outputs (its lse layout, [rows, heads], on both).
+std::vector<int32_t> mixed_lengths(std::mt19937_64& rng, int extra) {
+  std::vector<int32_t> lens = {1, 200, 2, 3, 17, 64, 127};
+  for (int i = 0; i < extra; ++i) lens.push_back(1 + static_cast<int32_t>(rng() % 200));
+  std::shuffle(lens.begin(), lens.end(), rng);
+  return lens;
+}
+
+namespace {
+
+// The reference's attention cases (fp32, packed into rows of 256, qkv uniform in [-2, 2]):
+// - the forward over mixed lengths 1..200 (7 + 6 sequences; head dims 16 and 7) against the
+//   double loop per sequence: out and lse rel L2 kTol (padding rows: 0 on both sides);
+// - the backward (from the backend's own forward) against central differences of
+//   L = sum(r * out) wrt qkv: every coordinate of five short sequences (head dim 4), or 300
+//   random coordinates over mixed lengths 1..200 (7 + 2 sequences, head dim 16), rel L2 kTol.
+//   Perturbing a coordinate changes only its own sequence, so each difference recomputes one.
+// `lens` empty: mixed lengths drawn from the case's generator.
+void add_attention_reference(OpCases& cases, bool backward, std::vector<int32_t> lens,
+                             int64_t hidden, int heads, float p, size_t coords) {
+  OpCase c;
+  c.name = backward ? fmt::format("attention_backward dqkv ({}) H={} heads={} p={} (FD)",
+                                  lens.empty() ? "mixed lengths 1..200" : "5 short seqs", hidden,
+                                  heads, p)
+                    : fmt::format("attention_forward lens 1..200 H={} heads={} p={}", hidden,
+                                  heads, p);
+  c.run = [=](OpRun& r) {
+    auto& g = r.rng();
+    const std::vector<int32_t> ls = lens.empty() ? mixed_lengths(g, backward ? 2 : 6) : lens;
+    const HostLayout l = packed(ls, random_sample_ids(g, ls.size()), 256);
+    const int64_t rows = l.rows;
+    const auto qkv = random_floats(g, rows * 3 * hidden, 2.f);
+    const Dropout d = make_dropout(p, g(), DropoutSite::attention_probs, 3, 77);
+    r.set_dropout(d);
+    const SeqLayout sl = r.layout(l);
+    const Tensor tqkv = r.in("qkv", DType::f32, {rows, 3 * hidden}, qkv, unchanged());
+    const Tensor out = r.out("out", DType::f32, {rows, hidden}, close_to(kTol));
+    const Tensor lse = r.out("lse", DType::f32, {rows, heads}, close_to(kTol));
+    r.backend().attention_forward(sl, tqkv, heads, d, out, lse);
+    if (!backward) return;
+    r.backend().attention_backward(
+        sl, tqkv, out, lse,
+        r.in("dout", DType::f32, {rows, hidden}, random_floats(g, rows * hidden), unchanged()),
+        heads, d, r.out("dqkv", DType::f32, {rows, 3 * hidden}, close_to(kAttnBwdTol)));
+  };
+  c.reference = [=](const std::string& what, const OpRun& cpu) {
+    const HostLayout& l = cpu.host_layout(0);
+    const DropoutStream ds = stream_of(cpu.dropout());
+    Vec qd = cpu.doubles("qkv");
+    if (!backward) {
+      Vec want_out(static_cast<size_t>(l.rows * hidden), 0.0),
+          want_lse(static_cast<size_t>(l.rows * heads), 0.0);
+      for (size_t s = 0; s < l.seq_len.size(); ++s) {
+        Vec lse;
+        const Vec o = ref::attention_seq(qd, l, s, heads, hidden, ds, &lse);
+        for (int32_t i = 0; i < l.seq_len[s]; ++i) {
+          std::copy_n(o.begin() + i * hidden, hidden, want_out.begin() + l.row(s, i) * hidden);
+          std::copy_n(lse.begin() + i * heads, heads, want_lse.begin() + l.row(s, i) * heads);
+        }
+      }
+      expect_close(what, cpu.doubles("out"), want_out, kTol);
+      expect_close(what + " lse", cpu.doubles("lse"), want_lse, kTol);
+      return;
+    }
+    const int64_t ld = 3 * hidden;
+    const Vec rd = cpu.doubles("dout");
+    auto pick_rng = make_rng(std::hash<std::string>{}(what) + 1);
+    const std::vector<size_t> idx =
+        coords ? some_coords(pick_rng, qd.size(), coords) : all_coords(qd.size());
+    Vec fd;
+    for (size_t i : idx) {
+      const int32_t s = l.token_seq[static_cast<int64_t>(i) / ld];
+      if (s < 0) {  // padding: not an input of anything
+        fd.push_back(0.0);
+        continue;
+      }
+      auto loss = [&](const Vec& q) {
+        const Vec o = ref::attention_seq(q, l, static_cast<size_t>(s), heads, hidden, ds);
+        double sum = 0;
+        for (int32_t t = 0; t < l.seq_len[s]; ++t)
+          for (int64_t k = 0; k < hidden; ++k) sum += rd[l.row(s, t) * hidden + k] * o[t * hidden + k];
+        return sum;
+      };
+      fd.push_back(fd_gradient(loss, qd, {i})[0]);
+    }
+    expect_close(what, pick(cpu.doubles("dqkv"), idx), fd, kTol);
+  };
+  cases.push_back(std::move(c));
+}
+
+}  // namespace
+
 OpCases attention_cases(bool emulated) {
   OpCases cases;
   auto add = [&cases](const std::string& name, std::vector<int32_t> lens, int layout,
@@ -821,6 +1097,16 @@ OpCases attention_cases(bool emulated) {
   }
   add("long", emulated ? std::vector<int32_t>{300, 1} : std::vector<int32_t>{512, 300, 1}, 0, 128,
       2, 0.1f);
+  add_attention_reference(cases, true, {1, 2, 5, 8, 3}, 8, 2, 0.f, 0);
+  add_attention_reference(cases, true, {1, 2, 5, 8, 3}, 8, 2, 0.2f, 0);
+  // The mixed lengths up to 200 would add minutes to the emulated build's run of the backend
+  // runner; there its cases above cover the same tiles and tails.
+  if (emulated) return cases;
+  add_attention_reference(cases, false, {}, 48, 3, 0.f, 0);
+  add_attention_reference(cases, false, {}, 48, 3, 0.1f, 0);
+  add_attention_reference(cases, false, {}, 14, 2, 0.1f, 0);  // odd head dim 7
+  add_attention_reference(cases, true, {}, 32, 2, 0.f, 300);
+  add_attention_reference(cases, true, {}, 32, 2, 0.1f, 300);
   return cases;
 }
 
@@ -971,6 +1257,56 @@ OpCases softmax_cross_entropy_cases() {
 // of the logits may flip a correct count: within 2. Shapes: small ones (one block), one with dx
 // and db but no dw (the column-sum path), and 2300 masked tokens over the BERT vocabulary, which
 // takes three blocks (dx summed over them in fp32).
+namespace {
+
+// The reference's MLM case (fp32, m 13, H 16, vocabulary 97, every value uniform, scale
+// 1 / (m + 5)): the loss (accumulated unscaled) and the correct count against the double loop,
+// and dx, dw, db against central differences of scale * loss over every coordinate, rel L2 kTol
+// (dw, db: the increments onto random values).
+void add_mlm_loss_reference(OpCases& cases) {
+  const int64_t m = 13, h = 16, v = 97;
+  const float scale = 1.f / static_cast<float>(m + 5);
+  OpCase c;
+  c.name = fmt::format("mlm_loss m{} h{} v{}", m, h, v);
+  c.run = [=](OpRun& r) {
+    auto& g = r.rng();
+    const auto x = random_floats(g, m * h), w = random_floats(g, v * h), b = random_floats(g, v);
+    const auto labels = random_ints(g, m, 0, static_cast<int32_t>(v - 1));
+    const auto dw0 = random_floats(g, v * h), db0 = random_floats(g, v);
+    r.backend().mlm_loss(r.in("x", DType::f32, {m, h}, x, unchanged()),
+                         r.in("w", DType::f32, {v, h}, w, unchanged()),
+                         r.in("bias", DType::f32, {v}, b, unchanged()),
+                         r.in("labels", {m}, labels), scale,
+                         r.out("logits_ws", DType::f32, {m, v}, Check{}),
+                         r.acc("loss", DType::f32, {1}, {0.f}, close_to(1e-6)),
+                         r.acc("correct", {1}, {0}, bits()),
+                         r.out("dx", DType::f32, {m, h}, close_to(kTol)),
+                         r.acc("dw", DType::f32, {v, h}, dw0, close_to(kTol)),
+                         r.acc("db", DType::f32, {v}, db0, close_to(kTol)));
+  };
+  c.reference = [=](const std::string& what, const OpRun& cpu) {
+    Vec xd = cpu.doubles("x"), wd = cpu.doubles("w"), bd = cpu.doubles("bias");
+    const std::vector<int32_t> labels = ints_of(cpu.doubles("labels"));
+    auto loss = [&](int* correct) {
+      return ref::softmax_xent(ref::linear(xd, wd, &bd, m, h, v), labels, m, v, 1.0, correct);
+    };
+    int want_correct = 0;
+    const double want = loss(&want_correct);
+    expect_close(what + " loss", {cpu.doubles("loss")[0]}, {want}, kTol);
+    EXPECT_EQ(cpu.doubles("correct")[0], want_correct) << what;
+    auto f = [&](const Vec&) { return loss(nullptr) * scale; };
+    expect_close(what + " dx (FD)", cpu.doubles("dx"), fd_gradient(f, xd, all_coords(xd.size())),
+                 kTol);
+    expect_close(what + " dw (FD)", increments(cpu, "dw"),
+                 fd_gradient(f, wd, all_coords(wd.size())), kTol);
+    expect_close(what + " db (FD)", increments(cpu, "db"),
+                 fd_gradient(f, bd, all_coords(bd.size())), kTol);
+  };
+  cases.push_back(std::move(c));
+}
+
+}  // namespace
+
 OpCases mlm_loss_cases() {
   OpCases cases;
   auto add = [&cases](DType t, int64_t m, int64_t h, int64_t v, bool backward, bool dw, bool db) {
@@ -1013,6 +1349,7 @@ OpCases mlm_loss_cases() {
                           std::array<int64_t, 5>{64, 64, 512, 0, 1},
                           std::array<int64_t, 5>{2300, 64, 30528, 1, 1}})
       for (bool backward : {false, true}) add(t, s[0], s[1], s[2], backward, s[3], s[4]);
+  add_mlm_loss_reference(cases);
   return cases;
 }
 
@@ -1036,6 +1373,99 @@ OpCases mlm_loss_cases() {
 // Measured over 1000 seeds (the 16-bit cases), worst against kTol: dlogits 1.1e-6 (margin 9),
 // logits 7.6e-7 (13), cls_b 2.9e-7 (34), the other gradients 2.5e-7 (39), dx 1.3e-4 against
 // 1e-2 (80); the loss reached 5.3e-3 of its bound (188), and a flipped label 4.4e3 of it.
+namespace {
+
+// The reference's NSP case (fp32, H 12, lengths 5, 1, 9, 3, 7 packed into rows of 12, scale 1/9,
+// the global sample count): the loss and the correct count against the double loop, and every
+// gradient against central differences of scale * loss over every coordinate, rel L2 kTol. The
+// gradients are ADDED to small values (0.01): rounding the sums to fp32 (an ulp of the starting
+// value) then stays far below the tolerance (starting values of order 1 put it at 1e-5, and one
+// seed in a few hundred over kTol). cls_b's gradient is scale sum_s (p_s - onehot_s): with
+// p ~ 1/2 its terms carry the labels' signs and cancel when the labels balance, while their fp32
+// rounding does not (2 seeds in 1000 reached 1.6e-4 of the remainder); it is measured against
+// max(its norm, the norm such a sum of s random-sign terms of size scale / 2 has), as the model
+// tests' nsp_bias_error does. The backend runner holds the loss to nsp_loss_bound, cls_b as
+// the cases above (against |cls_b| + 2 scale s), the other outputs to kTol.
+void add_nsp_loss_reference(OpCases& cases) {
+  const int64_t h = 12;
+  const float scale = 1.f / 9.f;
+  OpCase c;
+  c.name = "nsp_loss h12 packed";
+  c.run = [=](OpRun& r) {
+    auto& g = r.rng();
+    const std::vector<int32_t> lens = {5, 1, 9, 3, 7};
+    const HostLayout l = packed(lens, random_sample_ids(g, lens.size()), 12);
+    const int64_t rows = l.rows, s = static_cast<int64_t>(lens.size());
+    const auto x = random_floats(g, rows * h), wp = random_floats(g, h * h, 0.5f),
+               bp = random_floats(g, h), wc = random_floats(g, 2 * h), bc = random_floats(g, 2);
+    const auto labels = random_ints(g, s, 0, 1);
+    const auto dx0 = random_floats(g, rows * h, 0.01f), dwp0 = random_floats(g, h * h, 0.01f),
+               dbp0 = random_floats(g, h, 0.01f), dwc0 = random_floats(g, 2 * h, 0.01f),
+               dbc0 = random_floats(g, 2, 0.01f);
+    const SeqLayout sl = r.layout(l);
+    const PoolerParams p{r.in("dense_w", DType::f32, {h, h}, wp),
+                         r.in("dense_b", DType::f32, {h}, bp), r.in("cls_w", DType::f32, {2, h}, wc),
+                         r.in("cls_b", DType::f32, {2}, bc)};
+    r.backend().nsp_loss(
+        sl, r.in("x", DType::f32, {rows, h}, x, unchanged()), p, r.in("labels", {s}, labels),
+        scale, r.out("workspace", DType::f32, {nsp_workspace_elems(s, h)}, Check{}),
+        r.acc("loss", DType::f32, {1}, {0.f}, Check{}), r.acc("correct", {1}, {0}, bits()),
+        r.acc("dx", DType::f32, {rows, h}, dx0, close_to(kTol)),
+        PoolerParams{r.acc("d dense_w", DType::f32, {h, h}, dwp0, close_to(kTol)),
+                     r.acc("d dense_b", DType::f32, {h}, dbp0, close_to(kTol)),
+                     r.acc("d cls_w", DType::f32, {2, h}, dwc0, close_to(kTol)),
+                     r.acc("d cls_b", DType::f32, {2}, dbc0, Check{})});
+  };
+  c.compare = [=](const std::string& what, const OpRun& want, const OpRun& got) {
+    const HostLayout& l = want.host_layout(0);
+    const int64_t s = static_cast<int64_t>(l.seq_len.size());
+    auto floats = [&](const char* name) {
+      const Vec d = want.doubles(name);
+      return std::vector<float>(d.begin(), d.end());
+    };
+    // The op accumulates the unscaled sum of the cross-entropies: the bound's scale is 1.
+    const double bound = nsp_loss_bound(l, floats("x"), floats("dense_w"), floats("dense_b"),
+                                        floats("cls_w"), floats("cls_b"),
+                                        ints_of(want.doubles("labels")), 0.0, 1.0, h);
+    expect_bound(what + " loss / its rounding bound",
+                 std::abs(got.doubles("loss")[0] - want.doubles("loss")[0]) / bound, 1.0);
+    const Vec gb = got.doubles("d cls_b"), wb = want.doubles("d cls_b");
+    double db2 = 0, b2 = 0;
+    for (size_t i = 0; i < 2; ++i) db2 += (gb[i] - wb[i]) * (gb[i] - wb[i]), b2 += wb[i] * wb[i];
+    expect_measure(what + " cls_b / (|cls_b| + 2 scale s)",
+                   std::sqrt(db2) / (std::sqrt(b2) + 2 * scale * static_cast<double>(s)), kTol);
+  };
+  c.reference = [=](const std::string& what, const OpRun& cpu) {
+    const HostLayout& l = cpu.host_layout(0);
+    const int64_t s = static_cast<int64_t>(l.seq_len.size());
+    Vec xd = cpu.doubles("x"), wpd = cpu.doubles("dense_w"), bpd = cpu.doubles("dense_b"),
+        wcd = cpu.doubles("cls_w"), bcd = cpu.doubles("cls_b");
+    const std::vector<int32_t> labels = ints_of(cpu.doubles("labels"));
+    int want_correct = 0;
+    const double want = ref::nsp(xd, l, h, wpd, bpd, wcd, bcd, labels, &want_correct);
+    expect_close(what + " loss", {cpu.doubles("loss")[0]}, {want}, kTol);
+    EXPECT_EQ(cpu.doubles("correct")[0], want_correct) << what;
+    auto f = [&](const Vec&) { return scale * ref::nsp(xd, l, h, wpd, bpd, wcd, bcd, labels); };
+    expect_close(what + " dx (FD)", increments(cpu, "dx"), fd_gradient(f, xd, all_coords(xd.size())),
+                 kTol);
+    expect_close(what + " d dense_w (FD)", increments(cpu, "d dense_w"),
+                 fd_gradient(f, wpd, all_coords(wpd.size())), kTol);
+    expect_close(what + " d dense_b (FD)", increments(cpu, "d dense_b"),
+                 fd_gradient(f, bpd, all_coords(bpd.size())), kTol);
+    expect_close(what + " d cls_w (FD)", increments(cpu, "d cls_w"),
+                 fd_gradient(f, wcd, all_coords(wcd.size())), kTol);
+    const Vec got = increments(cpu, "d cls_b"), fd = fd_gradient(f, bcd, all_coords(bcd.size()));
+    double d2 = 0, n2 = 0;
+    for (size_t i = 0; i < got.size(); ++i) d2 += (got[i] - fd[i]) * (got[i] - fd[i]), n2 += fd[i] * fd[i];
+    const double floor = 0.5 * scale * std::sqrt(2.0 * static_cast<double>(s));
+    expect_measure(what + " d cls_b (FD) / max(|d cls_b|, its noise floor)",
+                   std::sqrt(d2) / std::max(std::sqrt(n2), floor), kTol);
+  };
+  cases.push_back(std::move(c));
+}
+
+}  // namespace
+
 OpCases nsp_loss_cases() {
   OpCases cases;
   auto add = [&cases](DType t, int64_t h, bool grads) {
@@ -1126,6 +1556,7 @@ OpCases nsp_loss_cases() {
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t h : {int64_t{40}, int64_t{130}})
       for (bool grads : {false, true}) add(t, h, grads);
+  add_nsp_loss_reference(cases);
   return cases;
 }
 

@@ -66,27 +66,16 @@ inline constexpr double kFp32Tol = 1e-5;
 inline constexpr double kMinExact = 0.98;
 inline constexpr uint16_t kNaN16 = 0x7FC1;  // a NaN as bf16 and as f16
 
-// ---- 16-bit formats ---------------------------------------------------------------------------
-uint16_t round16(DType t, float x);
-float widen16(DType t, uint16_t b);
-std::vector<uint16_t> round16(DType t, const std::vector<float>& v);
-std::vector<float> widen16(DType t, const std::vector<uint16_t>& v);
+// ---- 16-bit formats (round16, widen16, is_lowp: ops_test_util.h) -----------------------------
 // One unit in the last place of the format at |x|.
 double ulp16(DType t, double x);
-inline bool is_lowp(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // Normal(0, s) values (the low-precision cases draw these; the fp32 cases random_floats).
 std::vector<float> randn(std::mt19937_64& rng, size_t n, float s = 1.f);
 
-// A host view of a vector (tests build their host tensors with it).
-template <typename T>
-Tensor hv(std::vector<T>& v, std::initializer_list<int64_t> dims) {
-  return view(v.data(), dims);
-}
-
-// The dropout of one site of a test: step 1234 unless given.
-Dropout make_dropout(float p, uint64_t seed, DropoutSite site, uint32_t layer = 0,
-                     uint32_t step = 1234);
+// Sequence lengths 1..200 with the edge cases always present (1, 2, odd, 200) and `extra` random
+// others, shuffled (the attention cases and tests).
+std::vector<int32_t> mixed_lengths(std::mt19937_64& rng, int extra);
 
 // A bound on |loss - loss'| of two fp32 evaluations of the NSP loss in any summation order
 // (derived in op_cases.cpp).
@@ -154,6 +143,10 @@ class OpRun {
   SeqLayout layout(const HostLayout& l);
   const HostLayout& host_layout(size_t i) const { return host_layouts_.at(i); }
 
+  // The case's dropout (drawn from rng()), kept for its reference.
+  void set_dropout(const Dropout& d) { dropout_ = d; }
+  const Dropout& dropout() const { return dropout_; }
+
   bool has(const std::string& name) const { return index_.count(name) > 0; }
   const GuardedBytes& buf(const std::string& name) const;
   std::vector<double> doubles(const std::string& name) const { return buf(name).doubles(); }
@@ -180,6 +173,7 @@ class OpRun {
   std::map<std::string, size_t> index_;
   std::vector<std::unique_ptr<LayoutOn>> layouts_;
   std::vector<HostLayout> host_layouts_;
+  Dropout dropout_;
 };
 
 // ---- cases --------------------------------------------------------------------------------
@@ -191,7 +185,8 @@ struct OpCase {
   // `want` (the CPU backend's run).
   std::function<void(const std::string& what, const OpRun& want, const OpRun& got)> compare;
   // The reference runner's check of the CPU backend's run against double loops and finite
-  // differences; cases without one are left to the backend runner.
+  // differences; cases without one are left to the backend runner. Each tolerance is the one
+  // its hand-written test had, with its derivation beside the case.
   std::function<void(const std::string& what, const OpRun& cpu)> reference;
 };
 using OpCases = std::vector<OpCase>;

@@ -78,6 +78,43 @@ inline void expect_close(const std::string& what, const std::vector<double>& got
 // (docs/testing.md#margins).
 constexpr double kTol = 1e-5;
 
+// ---- 16-bit formats ---------------------------------------------------------------------------
+inline bool is_lowp(DType t) { return t == DType::bf16 || t == DType::f16; }
+inline uint16_t round16(DType t, float x) {
+  return t == DType::bf16 ? lowp::float_to_bf16(x) : lowp::float_to_f16(x);
+}
+inline float widen16(DType t, uint16_t b) {
+  return t == DType::bf16 ? lowp::bf16_to_float(b) : lowp::f16_to_float(b);
+}
+inline std::vector<uint16_t> round16(DType t, const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = round16(t, v[i]);
+  return b;
+}
+inline std::vector<float> widen16(DType t, const std::vector<uint16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = widen16(t, v[i]);
+  return f;
+}
+
+// A host view of a vector (tests build their host tensors with it).
+template <typename T>
+Tensor hv(std::vector<T>& v, std::initializer_list<int64_t> dims) {
+  return view(v.data(), dims);
+}
+
+// The dropout of one site of a test: layer 0 and step 1234 unless given.
+inline Dropout make_dropout(float p, uint64_t seed, DropoutSite site, uint32_t layer = 0,
+                            uint32_t step = 1234) {
+  Dropout d;
+  d.p = p;
+  d.seed = seed;
+  d.step = step;
+  d.layer = layer;
+  d.site = site;
+  return d;
+}
+
 // Where a guarded buffer lives: host memory, or a device's (cuda_test_util.h's cuda_memory()),
 // with the copies in and out. A device's copies see every op issued so far (cudaMemcpy waits for
 // the backends' blocking streams).

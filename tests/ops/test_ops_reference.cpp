@@ -15,8 +15,13 @@ namespace {
 
 REFERENCE_TEST(LinearForward, linear_forward_cases())
 REFERENCE_TEST(LinearBackward, linear_backward_cases())
+REFERENCE_TEST(Embedding, embedding_cases())
+REFERENCE_TEST(ResidualLayerNorm, residual_layernorm_cases())
+REFERENCE_TEST(Attention, attention_cases(false))
 REFERENCE_TEST(GatherRows, gather_rows_cases())
 REFERENCE_TEST(SoftmaxCrossEntropy, softmax_cross_entropy_cases())
+REFERENCE_TEST(MlmLoss, mlm_loss_cases())
+REFERENCE_TEST(NspLoss, nsp_loss_cases())
 REFERENCE_TEST(L2Norm, l2_norm_cases())
 
 }  // namespace
