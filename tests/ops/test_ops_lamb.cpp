@@ -16,6 +16,17 @@ namespace {
 
 using Vec = std::vector<double>;
 
+// sum_squares and norm_from_sum_squares refuse the wrong dtypes (the sums are f64, the norm f32).
+TEST(SumSquares, RefusesWrongDtypes) {
+  auto be = make_cpu_backend();
+  float f = 0;
+  std::vector<float> x(4, 1.f);
+  EXPECT_THROW(be->sum_squares(view(x.data(), {4}), view(&f, {1})), Error);  // out is f64
+  double d = 4;
+  EXPECT_THROW(be->norm_from_sum_squares(view(&f, {1}), view(&f, {1})), Error);  // sum is f64
+  EXPECT_THROW(be->norm_from_sum_squares(view(&d, {1}), view(&d, {1})), Error);  // out is f32
+}
+
 // The state of the naive reference optimizer.
 struct RefLamb {
   Vec w, m, v;
