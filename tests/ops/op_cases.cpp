@@ -520,10 +520,11 @@ OpCases linear_backward_cases() {
       r.backend().linear_backward(tx, tw, tdout, tdx, tdw, tdb, o);
     };
     // Against central differences of the double forward of L = sum(dout * y) wrt every
-    // coordinate of every input, on the shapes up to n k m = 15000 (the reference's, 9x7x5 and
-    // 33x17x24, and the GPU's 1x8x3): the cost is coordinates x n k m, and the GPU's larger
-    // shapes would take the reference runner's time past the hand-written test's.
-    if (!lowp && n * k * m <= 15000)
+    // coordinate of every input, on the reference's shapes (9x7x5 and 33x17x24). Not on the
+    // GPU's: their cost is coordinates x n k m, and on the one-row 1x8x3 the finite differences'
+    // own error against gradients of 3 to 24 elements reached half the tolerance (5.0e-6 in 200
+    // seeds, margin 2); the backend runner holds those shapes to the CPU backend.
+    if (!lowp && n > 1 && n * k * m <= 15000)
       c.reference = [=](const std::string& what, const OpRun& cpu) {
         const Epilogue ep = out_gelu ? bias_gelu_epilogue(form)
                             : with_bias ? Epilogue::bias
