@@ -24,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-GPU_TESTS="test_device test_cuda_ops test_cuda_fmha test_cuda_model test_cuda_precision test_cuda_lowp_ops test_cuda_trainer test_nccl_allreduce"
+GPU_TESTS="test_device test_backend_ops test_cuda_fmha test_cuda_model test_cuda_precision test_cuda_trainer test_nccl_allreduce"
 GPU_TARGETS="$GPU_TESTS mpi_train_driver bench_gpu_ops bench_fmha_gpu bench_gpu_step bench_mst"
 
 # ---- packing (no GPU needed) ------------------------------------------------------------------
@@ -90,8 +90,8 @@ if [ -d "$BUNDLE/bin" ]; then
     done
   done
   step "binaries" "carried bundle $BUNDLE"
-  if ldd "$BIN/test_cuda_ops" | grep -q "not found"; then
-    ldd "$BIN/test_cuda_ops" | grep "not found" | tee -a "$SUMMARY"
+  if ldd "$BIN/test_backend_ops" | grep -q "not found"; then
+    ldd "$BIN/test_backend_ops" | grep "not found" | tee -a "$SUMMARY"
     step "RESULT" "FAILED: libraries missing (above)"; exit 1
   fi
 else
@@ -113,8 +113,8 @@ fi
 # ---- gpu tests ------------------------------------------------------------------------------
 rc=0
 # Time limits (seconds) keep the worst case under 8 minutes; a normal run takes 1-2.
-declare -A LIMIT=([test_device]=30 [test_cuda_ops]=110 [test_cuda_fmha]=60 [test_cuda_model]=90
-                 [test_cuda_precision]=40 [test_cuda_lowp_ops]=50 [test_cuda_trainer]=60
+declare -A LIMIT=([test_device]=30 [test_backend_ops]=160 [test_cuda_fmha]=60 [test_cuda_model]=90
+                 [test_cuda_precision]=40 [test_cuda_trainer]=60
                  [test_nccl_allreduce]=30)
 for t in $GPU_TESTS; do
   [ -x "$BIN/$t" ] || { step "$t" "MISSING binary"; rc=1; continue; }
@@ -138,19 +138,19 @@ done
 # Bisection aids when the op tests fail: the same tests without cuBLASLt epilogues (DEFAULT GEMMs
 # plus kernels), and compute-sanitizer's memcheck on the kernel-heavy tests (works on this
 # workplace's Firecracker H200 machines; slow, hence the filter and the timeout).
-if ! grep -q '^\[  PASSED  \]' "$OUTDIR/test_cuda_ops.log" || grep -q '^\[  FAILED  \]' "$OUTDIR/test_cuda_ops.log"; then
-  PACKBERT_CUDA_SYNC=1 PACKBERT_CUDA_NO_EPILOGUES=1 timeout 60 "$BIN/test_cuda_ops" --gtest_color=no \
-    > "$OUTDIR/test_cuda_ops_no_epilogues.log" 2>&1
-  step "  without epilogues" "$(grep -c '^\[       OK \]' "$OUTDIR/test_cuda_ops_no_epilogues.log") passed, $(grep -c '^\[  FAILED  \] [A-Za-z].* ([0-9]* ms)$' "$OUTDIR/test_cuda_ops_no_epilogues.log") failed"
+if ! grep -q '^\[  PASSED  \]' "$OUTDIR/test_backend_ops.log" || grep -q '^\[  FAILED  \]' "$OUTDIR/test_backend_ops.log"; then
+  PACKBERT_CUDA_SYNC=1 PACKBERT_CUDA_NO_EPILOGUES=1 timeout 60 "$BIN/test_backend_ops" --gtest_color=no \
+    --gtest_filter='BackendOps.*:BackendOpsCuda.*' > "$OUTDIR/test_backend_ops_no_epilogues.log" 2>&1
+  step "  without epilogues" "$(grep -c '^\[       OK \]' "$OUTDIR/test_backend_ops_no_epilogues.log") passed, $(grep -c '^\[  FAILED  \] [A-Za-z].* ([0-9]* ms)$' "$OUTDIR/test_backend_ops_no_epilogues.log") failed"
   if command -v compute-sanitizer > /dev/null; then
-    timeout 90 compute-sanitizer --tool memcheck --print-limit 20 "$BIN/test_cuda_ops" --gtest_color=no \
-      --gtest_filter='CudaOps.Attention:CudaOps.ResidualLayerNorm:CudaOps.Embedding*:CudaOps.Lamb*:CudaOps.Softmax*' \
+    timeout 90 compute-sanitizer --tool memcheck --print-limit 20 "$BIN/test_backend_ops" --gtest_color=no \
+      --gtest_filter='BackendOps.Attention:BackendOps.ResidualLayerNorm:BackendOps.Embedding:BackendOps.Lamb*:BackendOps.Softmax*' \
       > "$OUTDIR/memcheck.log" 2>&1
     step "  memcheck" "$(grep -m1 'ERROR SUMMARY' "$OUTDIR/memcheck.log" || echo 'no summary (timeout?)')"
   fi
 fi
 # The worst measured error per op group (the [ops-error] lines), and every failure line.
-grep -h '^\[ops-error\]\|^\[model-error\]' "$OUTDIR"/test_cuda_*.log > "$OUTDIR/errors.txt"
+grep -h '^\[ops-error\]\|^\[model-error\]' "$OUTDIR"/test_cuda_*.log "$OUTDIR"/test_backend_ops.log > "$OUTDIR/errors.txt"
 grep -h -B1 -A4 'Failure$' "$OUTDIR"/test_*.log | head -60 > "$OUTDIR/failures.txt"
 
 # ---- multi-GPU: NCCL training against the CPU -------------------------------------------------

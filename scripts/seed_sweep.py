@@ -8,9 +8,9 @@ tolerance: the evidence a tolerance needs (docs/testing.md, "Tolerances").
                                                         # every sweep of a plan, then its table
 
 COMMAND is a test binary with its arguments, e.g.
-  scripts/seed_sweep.py --seeds 1000 --jobs 2 -- build/tests/test_ops_linear
-  scripts/seed_sweep.py --seeds 200 -- build-emu/tests/test_cuda_lowp_ops \\
-      --gtest_filter=CudaLowpOps.NspLossLowpMatchesCpuEmulation
+  scripts/seed_sweep.py --seeds 1000 --jobs 2 -- build/tests/test_ops_reference
+  scripts/seed_sweep.py --seeds 200 -- build-emu/tests/emulation/test_backend_ops \\
+      --gtest_filter=BackendOpsLowp.NspLoss
 Each run gets PACKBERT_TEST_SEED=<a fresh 64-bit seed> (tests/common/test_util.h) and is read for
 the lines every randomized comparison prints (tests/common/measure.h):
   [measure] NAME ERROR <= TOLERANCE

@@ -40,115 +40,19 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common/lowp_convert.h"
+#include "../ops/op_cases.h"
 #include "cuda_test_util.h"
 
 namespace packbert::test {
 namespace {
 
-constexpr double kAttnBwdTol = 2e-5;  // the fp32 attention's backward (test_cuda_ops.cpp)
-
 double out_tol(DType t) { return t == DType::bf16 ? 1e-2 : 2.5e-3; }
 double grad_tol(DType t) { return t == DType::bf16 ? 1e-2 : 2.5e-3; }
 
-struct Backends {
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
-  std::unique_ptr<Backend> gpu;
-  explicit Backends(bool validate_indices = true) {
-    CudaBackendOptions o;
-    o.sync_each_op = true;  // a fault names its op
-    o.validate_indices = validate_indices;
-    gpu = make_cuda_backend(0, o);
-  }
-};
-
-Tensor hv(std::vector<float>& v, std::initializer_list<int64_t> dims) { return view(v.data(), dims); }
-
-Dropout make_dropout(float p, uint64_t seed) {
-  Dropout d;
-  d.p = p;
-  d.seed = seed;
-  d.step = 4321;
-  d.layer = 11;
-  d.site = DropoutSite::attention_probs;
-  return d;
+// The attention probabilities' dropout of layer 11, step 4321.
+Dropout fmha_dropout(float p, uint64_t seed) {
+  return make_dropout(p, seed, DropoutSite::attention_probs, 11, 4321);
 }
-
-uint16_t to16(DType t, float f) {
-  return t == DType::bf16 ? lowp::float_to_bf16(f) : lowp::float_to_f16(f);
-}
-float from16(DType t, uint16_t h) {
-  return t == DType::bf16 ? lowp::bf16_to_float(h) : lowp::f16_to_float(h);
-}
-std::vector<uint16_t> round16(DType t, const std::vector<float>& v) {
-  std::vector<uint16_t> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = to16(t, v[i]);
-  return r;
-}
-std::vector<float> widen16(DType t, const std::vector<uint16_t>& v) {
-  std::vector<float> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = from16(t, v[i]);
-  return r;
-}
-
-// DevBuf for bf16 / f16 (cuda_test_util.h's pattern is not a NaN in 16 bits): 0x7FFF has an
-// all-ones exponent and a non-zero mantissa in both formats, so an unwritten element reads as
-// NaN either way. 64 guard elements keep data() 16-byte aligned, as the kernels require.
-class Dev16 {
- public:
-  static constexpr size_t kGuard = 64;
-  static constexpr uint16_t kPattern = 0x7FFF;
-
-  Dev16(DType dtype, std::initializer_list<int64_t> dims) : dtype_(dtype), dims_(dims) {
-    n_ = 1;
-    for (int64_t d : dims_) n_ *= static_cast<size_t>(d);
-    const std::vector<uint16_t> pattern(n_ + 2 * kGuard, kPattern);
-    base_ = static_cast<uint16_t*>(cuda_alloc(pattern.size() * 2));
-    cuda_ok(cudaMemcpy(base_, pattern.data(), pattern.size() * 2, cudaMemcpyHostToDevice),
-            "Dev16 fill");
-  }
-  Dev16(DType dtype, std::initializer_list<int64_t> dims, const std::vector<uint16_t>& init)
-      : Dev16(dtype, dims) {
-    EXPECT_EQ(init.size(), n_);
-    cuda_ok(cudaMemcpy(data(), init.data(), n_ * 2, cudaMemcpyHostToDevice), "Dev16 set");
-  }
-  ~Dev16() { cuda_free(base_); }
-  Dev16(const Dev16&) = delete;
-  Dev16& operator=(const Dev16&) = delete;
-
-  uint16_t* data() const { return base_ + kGuard; }
-  Tensor tensor() const {
-    Tensor t(static_cast<void*>(data()), dtype_, {}, Device::cuda);
-    t.ndim = static_cast<int>(dims_.size());
-    for (size_t i = 0; i < dims_.size(); ++i) t.shape[i] = dims_[i];
-    return t;
-  }
-  std::vector<uint16_t> bits() const { return read(data(), n_); }
-  std::vector<float> floats() const { return widen16(dtype_, bits()); }
-  bool guards_intact() const {
-    for (uint16_t v : read(base_, kGuard))
-      if (v != kPattern) return false;
-    for (uint16_t v : read(data() + n_, kGuard))
-      if (v != kPattern) return false;
-    return true;
-  }
-  size_t non_finite() const {
-    size_t c = 0;
-    for (float f : floats()) c += !std::isfinite(f);
-    return c;
-  }
-
- private:
-  static std::vector<uint16_t> read(const uint16_t* src, size_t n) {
-    std::vector<uint16_t> h(n);
-    if (n) cuda_ok(cudaMemcpy(h.data(), src, n * 2, cudaMemcpyDeviceToHost), "Dev16 read");
-    return h;
-  }
-  DType dtype_;
-  std::vector<int64_t> dims_;
-  size_t n_ = 0;
-  uint16_t* base_ = nullptr;
-};
 
 // Columns [c0, c0 + w) of every sequence row of a [rows, width] buffer (padding rows left out,
 // they are checked for exact zeros separately).
@@ -223,7 +127,7 @@ Reference cpu_reference(Backends& b, const HostLayout& l, std::vector<float>& qk
 void lowp_case(Backends& b, std::mt19937_64& rng, DType dt, const HostLayout& l, int heads,
                float p, const std::string& name) {
   const int64_t rows = l.rows, hidden = int64_t{heads} * 64;
-  const Dropout d = make_dropout(p, rng());
+  const Dropout d = fmha_dropout(p, rng());
   // Scale 2: scores of std ~1.3, so the softmax is far from uniform.
   const std::vector<uint16_t> qkv16 = round16(dt, random_floats(rng, rows * 3 * hidden, 2.f));
   const std::vector<uint16_t> dy16 = round16(dt, random_floats(rng, rows * hidden));
@@ -239,7 +143,7 @@ void lowp_case(Backends& b, std::mt19937_64& rng, DType dt, const HostLayout& l,
       fmt::format("fmha {} {} heads{} p{}", dtype_name(dt), name, heads, p);
   EXPECT_TRUE(dout.guards_intact()) << what << " out: write outside the buffer";
   EXPECT_EQ(dout.non_finite(), 0u) << what << " out: unwritten or non-finite elements";
-  EXPECT_DEV_OUTPUT_OK(dlse);
+  EXPECT_OUTPUT_OK(dlse);
   const std::vector<float> out = dout.floats(), lse = dlse.values();
   EXPECT_EQ(nonzero_padding(dout.bits(), l, hidden), 0u) << what << " out padding rows";
   EXPECT_EQ(nonzero_padding(lse, l, heads), 0u) << what << " lse padding rows";
@@ -357,7 +261,7 @@ TEST(CudaFmha, HostLengthsGiveTheSameBitsAndAreChecked) {
   const HostLayout l = unpadded(kMixed, ids);
   const int heads = 2;
   const int64_t rows = l.rows, hidden = int64_t{heads} * 64;
-  const Dropout d = make_dropout(0.1f, rng());
+  const Dropout d = fmha_dropout(0.1f, rng());
   const std::vector<uint16_t> qkv16 =
       round16(DType::bf16, random_floats(rng, rows * 3 * hidden, 2.f));
   DevLayout dl(l);
@@ -383,11 +287,11 @@ TEST(CudaFmha, HostLengthsGiveTheSameBitsAndAreChecked) {
   EXPECT_NE(e.find("host_seq_len[3]"), std::string::npos) << e;
 }
 
-// The fp32 kernels through the grouped launch: the tolerances of test_cuda_ops.cpp.
+// The fp32 kernels through the grouped launch: the tolerances of the op table (tests/ops/op_cases.h).
 void f32_case(Backends& b, std::mt19937_64& rng, const HostLayout& l, int64_t hidden, int heads,
               float p, const std::string& name) {
   const int64_t rows = l.rows;
-  const Dropout d = make_dropout(p, rng());
+  const Dropout d = fmha_dropout(p, rng());
   auto qkv = random_floats(rng, rows * 3 * hidden), dy = random_floats(rng, rows * hidden);
   const Reference ref = cpu_reference(b, l, qkv, dy, hidden, heads, d);
   DevLayout dl(l);
@@ -395,15 +299,15 @@ void f32_case(Backends& b, std::mt19937_64& rng, const HostLayout& l, int64_t hi
       dlse({rows, heads}), ddqkv({rows, 3 * hidden});
   b.gpu->attention_forward(dl.view(), dq.tensor(), heads, d, dout.tensor(), dlse.tensor());
   const std::string what = fmt::format("fp32 grouped {} H{} heads{} p{}", name, hidden, heads, p);
-  EXPECT_DEV_OUTPUT_OK(dout);
-  EXPECT_DEV_OUTPUT_OK(dlse);
+  EXPECT_OUTPUT_OK(dout);
+  EXPECT_OUTPUT_OK(dlse);
   EXPECT_EQ(nonzero_padding(dout.values(), l, hidden), 0u) << what;
   expect_close(what + " out", dout.doubles(), dbl(ref.out), kTol);
   expect_close(what + " lse", dlse.doubles(), dbl(ref.lse), kTol);
   DevBuf<float> hout({rows, hidden}, ref.out), hlse({rows, heads}, ref.lse);
   b.gpu->attention_backward(dl.view(), dq.tensor(), hout.tensor(), hlse.tensor(), ddy.tensor(),
                             heads, d, ddqkv.tensor());
-  EXPECT_DEV_OUTPUT_OK(ddqkv);
+  EXPECT_OUTPUT_OK(ddqkv);
   EXPECT_EQ(nonzero_padding(ddqkv.values(), l, 3 * hidden), 0u) << what;
   expect_close(what + " dqkv", ddqkv.doubles(), dbl(ref.dqkv), kAttnBwdTol);
 }
@@ -429,7 +333,7 @@ TEST(CudaFmha, DtypeDispatch) {
   const HostLayout l = unpadded(lens, random_sample_ids(rng, lens.size()));
   DevLayout dl(l);
   const int64_t rows = l.rows;
-  const Dropout d = make_dropout(0.f, 1);
+  const Dropout d = fmha_dropout(0.f, 1);
   const std::vector<uint16_t> qkv16 =
       round16(DType::bf16, random_floats(rng, rows * 3 * 128, 1.f));
   Dev16 dq(DType::bf16, {rows, 384}, qkv16);
@@ -441,7 +345,7 @@ TEST(CudaFmha, DtypeDispatch) {
                            hv(ref_lse, {rows, 2}));
   DevBuf<float> out32({rows, 128});
   b.gpu->attention_forward(dl.view(), dq.tensor(), 2, d, out32.tensor(), lse.tensor());
-  EXPECT_DEV_OUTPUT_OK(out32);
+  EXPECT_OUTPUT_OK(out32);
   expect_close("fmha dispatch bf16 qkv, f32 out", out32.doubles(), dbl(ref_out), kTol);
   // lse is never low precision; a mismatched shape is an error naming the argument.
   Dev16 out16(DType::bf16, {rows, 128}), lse16(DType::bf16, {rows, 2});

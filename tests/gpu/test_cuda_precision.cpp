@@ -29,7 +29,7 @@
 
 #include "../model/model_test_util.h"
 #include "kernels/common/lowp_convert.h"
-#include "lowp_test_util.h"
+#include "cuda_test_util.h"
 
 namespace packbert::test {
 namespace {
@@ -112,7 +112,7 @@ TEST(CudaPrecision, LambWritesTheRoundedCopy) {
   const std::vector<uint16_t> gl = read16(low, n);
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(gl[static_cast<size_t>(i)], lowp::float_to_bf16(gw[static_cast<size_t>(i)])) << i;
-  // The master weights are the CPU's fp32 step's to LAMB's GPU tolerance (test_cuda_ops).
+  // The master weights are the CPU's fp32 step's to LAMB's GPU tolerance (the op table, tests/ops/op_cases.cpp).
   std::vector<float> norms(6);
   float gnc = gn;
   cpu->lamb_step(lamb_table(rows.data(), 3), cfg, view(&gnc, {1}), view(w.data(), {n}),

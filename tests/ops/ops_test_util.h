@@ -14,9 +14,12 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/common/lowp_convert.h"
 #include "measure.h"
 #include "test_util.h"
 
@@ -75,80 +78,203 @@ inline void expect_close(const std::string& what, const std::vector<double>& got
 // (docs/testing.md#margins).
 constexpr double kTol = 1e-5;
 
-// An output buffer with guard regions on both sides filled with a NaN bit pattern. Outputs are
-// pre-filled with NaN too, so "every element written" and "nothing outside written" are both
-// checkable.
+// ---- 16-bit formats ---------------------------------------------------------------------------
+inline bool is_lowp(DType t) { return t == DType::bf16 || t == DType::f16; }
+inline uint16_t round16(DType t, float x) {
+  return t == DType::bf16 ? lowp::float_to_bf16(x) : lowp::float_to_f16(x);
+}
+inline float widen16(DType t, uint16_t b) {
+  return t == DType::bf16 ? lowp::bf16_to_float(b) : lowp::f16_to_float(b);
+}
+inline std::vector<uint16_t> round16(DType t, const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = round16(t, v[i]);
+  return b;
+}
+inline std::vector<float> widen16(DType t, const std::vector<uint16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = widen16(t, v[i]);
+  return f;
+}
+
+// A host view of a vector (tests build their host tensors with it).
 template <typename T>
-class Guarded {
+Tensor hv(std::vector<T>& v, std::initializer_list<int64_t> dims) {
+  return view(v.data(), dims);
+}
+
+// The dropout of one site of a test: layer 0 and step 1234 unless given.
+inline Dropout make_dropout(float p, uint64_t seed, DropoutSite site, uint32_t layer = 0,
+                            uint32_t step = 1234) {
+  Dropout d;
+  d.p = p;
+  d.seed = seed;
+  d.step = step;
+  d.layer = layer;
+  d.site = site;
+  return d;
+}
+
+// Where a guarded buffer lives: host memory, or a device's (cuda_test_util.h's cuda_memory()),
+// with the copies in and out. A device's copies see every op issued so far (cudaMemcpy waits for
+// the backends' blocking streams).
+struct Memory {
+  Device device;
+  void* (*allocate)(size_t bytes);
+  void (*release)(void* p);
+  void (*upload)(void* dst, const void* src, size_t bytes);    // host -> memory
+  void (*download)(void* dst, const void* src, size_t bytes);  // memory -> host
+};
+
+inline const Memory& host_memory() {
+  static const Memory m{Device::cpu, [](size_t bytes) -> void* { return ::operator new(bytes); },
+                        [](void* p) { ::operator delete(p); },
+                        [](void* d, const void* s, size_t b) { std::memcpy(d, s, b); },
+                        [](void* d, const void* s, size_t b) { std::memcpy(d, s, b); }};
+  return m;
+}
+
+// A buffer of n elements of one dtype between two guard regions of kGuard elements, in host or
+// device memory (Memory). Guards and written outputs hold a NaN bit pattern (f32 0x7FC0DEAD, 8
+// bytes 0x7FF8DEAD7FC0DEAD, 16 bits 0x7FC1, ints the same bytes), so "every element written"
+// and "nothing outside written" are both checkable; inputs and accumulated outputs start from
+// given values instead.
+class GuardedBytes {
  public:
   static constexpr size_t kGuard = 64;
-  static constexpr uint32_t kPattern = 0x7FC0DEADu;  // a quiet NaN as f32
 
-  Guarded(std::initializer_list<int64_t> dims) : dims_(dims) {
+  GuardedBytes(const Memory& mem, DType t, std::vector<int64_t> dims)
+      : mem_(&mem), dtype_(t), dims_(std::move(dims)), esize_(dtype_size(t)) {
     n_ = 1;
-    for (int64_t d : dims) n_ *= static_cast<size_t>(d);
-    storage_.resize(n_ + 2 * kGuard);
-    fill_pattern(storage_.data(), storage_.size());
+    for (int64_t d : dims_) n_ *= static_cast<size_t>(d);
+    base_ = static_cast<uint8_t*>(mem_->allocate((n_ + 2 * kGuard) * esize_));
+    const std::vector<uint8_t> p = pattern(n_ + 2 * kGuard);
+    mem_->upload(base_, p.data(), p.size());
   }
-  // Outputs that accumulate (+=) start from given values instead of NaN.
-  Guarded(std::initializer_list<int64_t> dims, const std::vector<T>& init) : Guarded(dims) {
-    EXPECT_EQ(init.size(), n_);
-    std::copy(init.begin(), init.end(), data());
-  }
+  ~GuardedBytes() { mem_->release(base_); }
+  GuardedBytes(const GuardedBytes&) = delete;
+  GuardedBytes& operator=(const GuardedBytes&) = delete;
 
-  T* data() { return storage_.data() + kGuard; }
-  const T* data() const { return storage_.data() + kGuard; }
+  DType dtype() const { return dtype_; }
   size_t size() const { return n_; }
-  Tensor tensor() {
-    Tensor t(static_cast<void*>(data()), DTypeOf<T>::value, {});
+  void* raw() const { return base_ + kGuard * esize_; }
+  Tensor tensor() const {
+    Tensor t(raw(), dtype_, {}, mem_->device);
     t.ndim = static_cast<int>(dims_.size());
     for (size_t i = 0; i < dims_.size(); ++i) t.shape[i] = dims_[i];
     return t;
   }
-  std::vector<T> values() const { return {data(), data() + n_}; }
-  std::vector<double> doubles() const { return {data(), data() + n_}; }
+  // The n elements' bytes, written and read back.
+  void set_bytes(const void* src) { mem_->upload(raw(), src, n_ * esize_); }
+  std::vector<uint8_t> bytes() const { return read(static_cast<const uint8_t*>(raw()), n_); }
+  // The elements widened to double (16-bit floats through their format).
+  std::vector<double> doubles() const;
 
-  // Both guards untouched.
   bool guards_intact() const {
-    return std::memcmp(storage_.data(), pattern_of(kGuard).data(), kGuard * sizeof(T)) == 0 &&
-           std::memcmp(storage_.data() + kGuard + n_, pattern_of(kGuard).data(),
-                       kGuard * sizeof(T)) == 0;
+    const std::vector<uint8_t> p = pattern(kGuard);
+    return read(base_, kGuard) == p && read(base_ + (kGuard + n_) * esize_, kGuard) == p;
   }
   // Elements still holding the pre-fill pattern (never written).
   size_t unwritten() const {
+    const std::vector<uint8_t> b = bytes(), p = pattern(1);
     size_t c = 0;
-    const auto p = pattern_of(1);
-    for (size_t i = 0; i < n_; ++i) c += std::memcmp(&data()[i], p.data(), sizeof(T)) == 0;
+    for (size_t i = 0; i < n_; ++i) c += std::memcmp(&b[i * esize_], p.data(), esize_) == 0;
     return c;
   }
-  // Any NaN / inf (floats only).
+  // Any NaN / inf (float dtypes; ints have none).
   size_t non_finite() const {
     size_t c = 0;
-    for (size_t i = 0; i < n_; ++i) c += !std::isfinite(static_cast<double>(data()[i]));
+    if (dtype_ == DType::i32 || dtype_ == DType::i64 || dtype_ == DType::i8 || dtype_ == DType::u8)
+      return 0;
+    for (double v : doubles()) c += !std::isfinite(v);
     return c;
   }
 
  private:
-  static void fill_pattern(T* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      if constexpr (sizeof(T) == 4) {
-        std::memcpy(&p[i], &kPattern, 4);
-      } else {
-        const uint64_t wide = (uint64_t{0x7FF8DEAD} << 32) | kPattern;
-        std::memcpy(&p[i], &wide, sizeof(T));
-      }
-    }
+  std::vector<uint8_t> read(const uint8_t* src, size_t n) const {
+    std::vector<uint8_t> h(n * esize_);
+    if (n) mem_->download(h.data(), src, h.size());
+    return h;
   }
-  static std::vector<T> pattern_of(size_t n) {
-    std::vector<T> v(n);
-    fill_pattern(v.data(), n);
+  std::vector<uint8_t> pattern(size_t n) const {
+    std::vector<uint8_t> v(n * esize_);
+    const uint64_t wide = 0x7FF8DEAD7FC0DEADull;
+    const uint32_t word = 0x7FC0DEADu;
+    const uint16_t half = 0x7FC1;
+    for (size_t i = 0; i < n; ++i) {
+      uint8_t* p = &v[i * esize_];
+      if (esize_ == 8) std::memcpy(p, &wide, 8);
+      else if (esize_ == 4) std::memcpy(p, &word, 4);
+      else if (esize_ == 2) std::memcpy(p, &half, 2);
+      else *p = 0xDE;
+    }
     return v;
   }
 
+  const Memory* mem_;
+  DType dtype_;
   std::vector<int64_t> dims_;
+  size_t esize_;
   size_t n_ = 0;
-  std::vector<T> storage_;
+  uint8_t* base_ = nullptr;
 };
+
+// A typed GuardedBytes: Guarded<float> out({n, m}) in host memory, Guarded<float>(cuda_memory(),
+// {n, m}, init) on the device; uint16_t holds bf16 or f16 (the dtype given).
+template <typename T>
+class Guarded : public GuardedBytes {
+ public:
+  explicit Guarded(std::initializer_list<int64_t> dims) : Guarded(host_memory(), dims) {}
+  Guarded(std::initializer_list<int64_t> dims, const std::vector<T>& init)
+      : Guarded(host_memory(), dims, init) {}
+  Guarded(const Memory& mem, std::vector<int64_t> dims, DType t = default_dtype())
+      : GuardedBytes(mem, t, std::move(dims)) {}
+  Guarded(const Memory& mem, std::vector<int64_t> dims, const std::vector<T>& init,
+          DType t = default_dtype())
+      : GuardedBytes(mem, t, std::move(dims)) {
+    set(init);
+  }
+
+  // The first element (host or device memory).
+  T* data() const { return static_cast<T*>(raw()); }
+  void set(const std::vector<T>& v) {
+    EXPECT_EQ(v.size(), size());
+    if (v.size() == size()) set_bytes(v.data());
+  }
+  std::vector<T> values() const {
+    const std::vector<uint8_t> b = bytes();
+    std::vector<T> v(size());
+    if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
+    return v;
+  }
+
+ private:
+  static constexpr DType default_dtype() {
+    if constexpr (std::is_same_v<T, uint16_t>) return DType::bf16;
+    else return DTypeOf<T>::value;
+  }
+};
+inline std::vector<double> GuardedBytes::doubles() const {
+  const std::vector<uint8_t> b = bytes();
+  std::vector<double> d(n_);
+  for (size_t i = 0; i < n_; ++i) {
+    const uint8_t* p = &b[i * esize_];
+    switch (dtype_) {
+      case DType::f32: { float v; std::memcpy(&v, p, 4); d[i] = v; break; }
+      case DType::f64: std::memcpy(&d[i], p, 8); break;
+      case DType::i32: { int32_t v; std::memcpy(&v, p, 4); d[i] = v; break; }
+      case DType::i64: { int64_t v; std::memcpy(&v, p, 8); d[i] = static_cast<double>(v); break; }
+      case DType::bf16: case DType::f16: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        d[i] = dtype_ == DType::bf16 ? lowp::bf16_to_float(v) : lowp::f16_to_float(v);
+        break;
+      }
+      default: d[i] = *p; break;
+    }
+  }
+  return d;
+}
 
 // Asserts the guards are intact and (for written outputs) that nothing still holds NaN.
 #define EXPECT_OUTPUT_OK(buf)                                                        \
@@ -224,6 +350,37 @@ struct HostLayout {
   }
   // Row of token p of sequence s.
   int64_t row(size_t s, int32_t p) const { return seq_start[s] + p; }
+};
+
+// A HostLayout's arrays in host or device memory (Memory), as a SeqLayout of that memory.
+struct LayoutOn {
+  LayoutOn(const Memory& mem, const HostLayout& h)
+      : rows(h.rows),
+        max_len(h.max_len),
+        num_seqs(static_cast<int64_t>(h.seq_len.size())),
+        seq_start(mem, {num_seqs}, h.seq_start),
+        seq_len(mem, {num_seqs}, h.seq_len),
+        sample_id(mem, {num_seqs}, h.sample_id),
+        token_seq(mem, {rows}, h.token_seq),
+        token_pos(mem, {rows}, h.token_pos) {}
+  SeqLayout view() const {
+    SeqLayout l;
+    l.rows = rows;
+    l.num_seqs = static_cast<int32_t>(num_seqs);
+    l.max_len = max_len;
+    l.seq_start = seq_start.tensor();
+    l.seq_len = seq_len.tensor();
+    l.sample_id = sample_id.tensor();
+    l.token_seq = token_seq.tensor();
+    l.token_pos = token_pos.tensor();
+    return l;
+  }
+  int64_t rows;
+  int32_t max_len;
+  int64_t num_seqs;
+  Guarded<int32_t> seq_start, seq_len;
+  Guarded<int64_t> sample_id;
+  Guarded<int32_t> token_seq, token_pos;
 };
 
 // Sequences placed at the given starts in a buffer of `rows` rows (the rest is padding).

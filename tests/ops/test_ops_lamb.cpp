@@ -1,6 +1,7 @@
-// l2_norm and lamb_step against a naive double loop of NVIDIA apex FusedLAMB's formulas
-// (adam_w_mode, grad averaging, bias correction, global-norm clipping, per-tensor trust ratio
-// only where weight decay applies), over several steps.
+// lamb_step against a naive double loop of NVIDIA apex FusedLAMB's formulas (adam_w_mode, grad
+// averaging, bias correction, global-norm clipping, per-tensor trust ratio only where weight
+// decay applies), over several steps (l2_norm and sum_squares: the op table, op_cases.h, run
+// by test_ops_reference.cpp).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -15,47 +16,9 @@ namespace {
 
 using Vec = std::vector<double>;
 
-TEST(L2Norm, MatchesDouble) {
-  auto rng = make_rng(71);
+// sum_squares and norm_from_sum_squares refuse the wrong dtypes (the sums are f64, the norm f32).
+TEST(SumSquares, RefusesWrongDtypes) {
   auto be = make_cpu_backend();
-  for (int64_t n : {1, 8191, 8192, 100003}) {
-    const auto x = random_floats(rng, n);
-    Guarded<float> out({1});
-    be->l2_norm(view(x.data(), {n}), out.tensor());
-    double s = 0;
-    for (float v : x) s += static_cast<double>(v) * v;
-    EXPECT_OUTPUT_OK(out);
-    expect_close(fmt::format("l2_norm n={}", n), {out.data()[0]}, {std::sqrt(s)}, kTol);
-  }
-}
-
-// sum_squares: the double l2_norm roots, so sqrt of it rounds to l2_norm's bits; and sums of
-// consecutive pieces add up to the whole to double rounding (a sharded global norm). Worst over
-// 1000 seeds: 1.8e-13 against a naive double sum of 100003 squares (bar 1e-12), 5.0e-15 for
-// the pieces (bar 1e-13).
-TEST(SumSquares, IsTheSumL2NormRootsAndAddsOverPieces) {
-  auto rng = make_rng(72);
-  auto be = make_cpu_backend();
-  for (int64_t n : {1, 8191, 8192, 100003}) {
-    auto x = random_floats(rng, n);
-    double got = -1, naive = 0;
-    be->sum_squares(view(x.data(), {n}), view(&got, {1}));
-    for (float v : x) naive += static_cast<double>(v) * v;
-    expect_measure(fmt::format("sum_squares n={} vs a naive double sum (rel)", n),
-                   std::abs(got - naive) / naive, 1e-12);
-    float norm = 0, from_sum = -1;
-    be->l2_norm(view(x.data(), {n}), view(&norm, {1}));
-    EXPECT_EQ(static_cast<float>(std::sqrt(got)), norm) << n;
-    be->norm_from_sum_squares(view(&got, {1}), view(&from_sum, {1}));
-    EXPECT_EQ(from_sum, norm) << n;
-    if (n < 3) continue;
-    const int64_t cut = n / 3;
-    double a = 0, b = 0;
-    be->sum_squares(view(x.data(), {cut}), view(&a, {1}));
-    be->sum_squares(view(x.data() + cut, {n - cut}), view(&b, {1}));
-    expect_measure(fmt::format("sum_squares n={}: two pieces vs the whole (rel)", n),
-                   std::abs(a + b - got) / got, 1e-13);
-  }
   float f = 0;
   std::vector<float> x(4, 1.f);
   EXPECT_THROW(be->sum_squares(view(x.data(), {4}), view(&f, {1})), Error);  // out is f64

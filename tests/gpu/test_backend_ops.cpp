@@ -1,0 +1,369 @@
+// The backend runner of the op table (tests/ops/op_cases.h), labels gpu and emulated: every
+// case of every op on the CUDA backend against the CPU backend (the executable specification) on
+// the same inputs, in fp32 (BackendOps.*) and, as a mode, in bf16 / f16 against the CPU
+// backend's emulation of low precision (BackendOpsLowp.*); the tolerances are the table's. Then
+// the CUDA backend's own checks that are no per-op case (BackendOpsCuda.*): copies, epilogues
+// refused at run time, the embedding scatter's order at scale, the MLM backward's blocks, native
+// kernels without staging. Without a device every test prints "skipped: no CUDA device".
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "kernels/device.h"
+
+#ifdef PACKBERT_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "../ops/op_cases.h"
+#include "cuda_test_util.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace packbert::test {
+namespace {
+
+// Every case of the mode, on the CPU backend and the CUDA backend.
+void run_cases(const OpCases& cases, bool lowp) {
+  Backends b;
+  EXPECT_GT(run_against(cases, lowp, *b.cpu, host_memory(), *b.gpu, cuda_memory()), 0)
+      << "no case of this mode";
+}
+
+#define BACKEND_OPS_TEST(suite, op, cases, lowp) \
+  TEST(suite, op) {                               \
+    PB_REQUIRE_CUDA_DEVICE();                     \
+    run_cases(cases, lowp);                       \
+  }
+
+BACKEND_OPS_TEST(BackendOps, LinearForward, linear_forward_cases(), false)
+BACKEND_OPS_TEST(BackendOps, LinearBackward, linear_backward_cases(), false)
+BACKEND_OPS_TEST(BackendOps, Embedding, embedding_cases(), false)
+BACKEND_OPS_TEST(BackendOps, ResidualLayerNorm, residual_layernorm_cases(), false)
+BACKEND_OPS_TEST(BackendOps, Attention, attention_cases(kEmulated), false)
+BACKEND_OPS_TEST(BackendOps, GatherRows, gather_rows_cases(), false)
+BACKEND_OPS_TEST(BackendOps, SoftmaxCrossEntropy, softmax_cross_entropy_cases(), false)
+BACKEND_OPS_TEST(BackendOps, MlmLoss, mlm_loss_cases(), false)
+BACKEND_OPS_TEST(BackendOps, NspLoss, nsp_loss_cases(), false)
+BACKEND_OPS_TEST(BackendOps, L2Norm, l2_norm_cases(), false)
+BACKEND_OPS_TEST(BackendOps, LambStep, lamb_step_cases(), false)
+
+BACKEND_OPS_TEST(BackendOpsLowp, LinearForward, linear_forward_cases(), true)
+BACKEND_OPS_TEST(BackendOpsLowp, LinearBackward, linear_backward_cases(), true)
+BACKEND_OPS_TEST(BackendOpsLowp, Embedding, embedding_cases(), true)
+BACKEND_OPS_TEST(BackendOpsLowp, ResidualLayerNorm, residual_layernorm_cases(), true)
+BACKEND_OPS_TEST(BackendOpsLowp, GatherRows, gather_rows_cases(), true)
+BACKEND_OPS_TEST(BackendOpsLowp, MlmLoss, mlm_loss_cases(), true)
+BACKEND_OPS_TEST(BackendOpsLowp, NspLoss, nsp_loss_cases(), true)
+
+// ---- the CUDA backend's own checks ------------------------------------------------------------
+TEST(BackendOpsCuda, CopyAndZero) {
+  PB_REQUIRE_CUDA_DEVICE();
+  Backends b;
+  auto rng = make_rng(1);
+  auto x = random_floats(rng, 1001);
+  DevBuf<float> d({1001}), e({1001});
+  b.gpu->copy(d.tensor(), hv(x, {1001}));
+  b.gpu->copy(e.tensor(), d.tensor());
+  std::vector<float> back(1001, 0.f);
+  b.gpu->copy(hv(back, {1001}), e.tensor());
+  EXPECT_EQ(back, x);
+  EXPECT_TRUE(e.guards_intact());
+  b.gpu->zero(e.tensor());
+  for (float v : e.values()) ASSERT_EQ(v, 0.f);
+  EXPECT_TRUE(e.guards_intact());
+  EXPECT_THROW(b.gpu->zero(hv(x, {1001})), Error);  // a host tensor is refused
+}
+
+// An epilogue that cuBLASLt's heuristic offers but its matmul refuses (the emulated cuBLASLt's
+// test-only switch, PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES): every op falls back to DEFAULT +
+// its kernel with the CPU's results, and each refusal is met once per shape, never retried.
+TEST(BackendOpsCuda, EpiloguesRefusedAtRunTime) {
+  PB_REQUIRE_CUDA_DEVICE();
+  if (!kEmulated) GTEST_SKIP() << "the refusal is the emulated cuBLASLt's switch";
+  struct Switch {
+    Switch() { setenv("PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES", "1", 1); }
+    ~Switch() { unsetenv("PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES"); }
+  } refuse;
+  Backends b;
+  auto rng = make_rng(31);
+  const int64_t n = 37, k = 24, m = 40;  // k, m % 8 == 0: GELU_AUX_BIAS and DGELU are asked for
+  auto x = random_floats(rng, n * k), w = random_floats(rng, m * k), bias = random_floats(rng, m);
+  auto g = random_floats(rng, n * m), dw0 = random_floats(rng, m * k), db0 = random_floats(rng, m);
+  auto xpre = random_floats(rng, n * k, 2.f);
+  std::vector<float> out(n * m), pre(n * m), dx(n * k), dw = dw0, db = db0;
+  LinearBackwardOptions ho, go;
+  ho.gelu = go.gelu = Gelu::tanh;
+  ho.x_gelu_pre = hv(xpre, {n, k});
+  b.cpu->linear_forward(hv(x, {n, k}), hv(w, {m, k}), hv(bias, {m}), Epilogue::bias_gelu_tanh,
+                        hv(out, {n, m}), hv(pre, {n, m}));
+  b.cpu->linear_backward(hv(x, {n, k}), hv(w, {m, k}), hv(g, {n, m}), hv(dx, {n, k}),
+                         hv(dw, {m, k}), hv(db, {m}), ho);
+  testing::internal::CaptureStderr();
+  for (int call = 0; call < 2; ++call) {
+    DevBuf<float> dxin({n, k}, x), dwin({m, k}, w), dbias({m}, bias), dg({n, m}, g);
+    DevBuf<float> dxpre({n, k}, xpre), dout({n, m}), dpre({n, m}), ddx({n, k});
+    DevBuf<float> ddw({m, k}, dw0), ddb({m}, db0);
+    go.x_gelu_pre = dxpre.tensor();
+    b.gpu->linear_forward(dxin.tensor(), dwin.tensor(), dbias.tensor(), Epilogue::bias_gelu_tanh,
+                          dout.tensor(), dpre.tensor());
+    b.gpu->linear_backward(dxin.tensor(), dwin.tensor(), dg.tensor(), ddx.tensor(),
+                           ddw.tensor(), ddb.tensor(), go);
+    const std::string what = fmt::format("refused epilogues, call {}", call);
+    EXPECT_OUTPUT_OK(dout);
+    EXPECT_OUTPUT_OK(ddx);
+    // The kernels compute the tanh GELU of common/math.h: the fp32 tolerance, not the epilogues'.
+    expect_close(what + " out", dout.doubles(), dbl(out), kTol);
+    expect_close(what + " pre", dpre.doubles(), dbl(pre), kTol);
+    expect_close(what + " dx", ddx.doubles(), dbl(dx), kTol);
+    expect_close(what + " dw", ddw.doubles(), dbl(dw), kTol);
+    expect_close(what + " db", ddb.doubles(), dbl(db), kTol);
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  auto count = [&err](const std::string& needle) {
+    size_t c = 0;
+    for (size_t at = err.find(needle); at != std::string::npos; at = err.find(needle, at + 1)) ++c;
+    return c;
+  };
+  // GELU_AUX_BIAS, then BIAS (forward), BGRADB and DGELU (backward): four refusals in all, each
+  // met by the matmul once and remembered by the backend for the second call.
+  EXPECT_EQ(count("refused at run time (m="), 4u) << err;
+  EXPECT_EQ(count("cuBLASLt refused epilogue"), 4u) << err;
+}
+
+// The embedding tables' scatter (cuda::embedding_scatter) at a batch's scale, against the host
+// loop in row order (the CPU backend's): a table element hit by at most 256 rows adds them in
+// row order on the GPU too -- the same bits; the [MASK]-like word hit by ~1,200 rows and the two
+// token types (~1,500 each) add 256-row pieces in order -- within fp32 rounding of another
+// grouping. Padding rows add nothing; tables not given are skipped.
+TEST(BackendOpsCuda, EmbeddingScatterOrderAtScale) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto rng = make_rng(21);
+  const int64_t h = 70, vocab = 1000, positions = 512, types = 2, hot = 7;
+  std::vector<int32_t> lens(12);
+  for (auto& n : lens) n = static_cast<int32_t>(1 + rng() % 512);
+  const HostLayout l = padded(lens, random_sample_ids(rng, lens.size()), 512);
+  const int64_t rows = l.rows;
+  auto tok = random_ints(rng, rows, 0, vocab - 1), seg = random_ints(rng, rows, 0, types - 1);
+  for (auto& t : tok)
+    if (rng() % 5 < 2) t = hot;
+  const auto d = random_floats(rng, rows * h);
+  const auto w0 = random_floats(rng, vocab * h), p0 = random_floats(rng, positions * h),
+             t0 = random_floats(rng, types * h);
+  std::vector<float> w = w0, p = p0, t = t0;
+  std::vector<int64_t> hits(static_cast<size_t>(vocab), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (l.token_seq[r] < 0) continue;
+    ++hits[static_cast<size_t>(tok[r])];
+    for (int64_t c = 0; c < h; ++c) {
+      w[tok[r] * h + c] += d[r * h + c];
+      p[l.token_pos[r] * h + c] += d[r * h + c];
+      t[seg[r] * h + c] += d[r * h + c];
+    }
+  }
+  DevLayout dl(l);
+  const SeqLayout sl = dl.view();
+  cuda::DeviceLayout layout;
+  layout.seq_start = sl.seq_start.ptr<int32_t>();
+  layout.seq_len = sl.seq_len.ptr<int32_t>();
+  layout.sample_id = sl.sample_id.ptr<int64_t>();
+  layout.token_seq = sl.token_seq.ptr<int32_t>();
+  layout.token_pos = sl.token_pos.ptr<int32_t>();
+  layout.rows = rows;
+  layout.num_seqs = sl.num_seqs;
+  layout.max_len = sl.max_len;
+  DevBuf<int32_t> dtok({rows}, tok), dseg({rows}, seg);
+  DevBuf<float> dd({rows, h}, d), dw({vocab, h}, w0), dp({positions, h}, p0), dt({types, h}, t0);
+  const size_t bytes = cuda::embedding_scatter_scratch_bytes(rows, h, vocab + positions + types);
+  ASSERT_GT(bytes, 0u);
+  void* scratch = cuda_alloc(bytes);
+  cuda_ok(cuda::embedding_scatter(layout, dtok.tensor().ptr<int32_t>(),
+                                  dseg.tensor().ptr<int32_t>(), h, dd.tensor().ptr<float>(),
+                                  dw.tensor().ptr<float>(), vocab, dp.tensor().ptr<float>(),
+                                  positions, dt.tensor().ptr<float>(), types, scratch, bytes,
+                                  nullptr),
+          "embedding_scatter");
+  cuda_ok(cudaDeviceSynchronize(), "embedding_scatter");
+  std::printf("[ops-error] embedding_scatter: %lld rows, word %lld hit %lld times\n",
+              static_cast<long long>(rows), static_cast<long long>(hot),
+              static_cast<long long>(hits[static_cast<size_t>(hot)]));
+  ASSERT_GT(hits[static_cast<size_t>(hot)], 256) << "the test needs a word cut into pieces";
+  const std::vector<float> gw = dw.values(), gp = dp.values(), gt = dt.values();
+  EXPECT_EQ(gp, p) << "positions: each hit <= 12 times, added in row order";
+  int64_t differ = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (hits[static_cast<size_t>(v)] > 256) continue;
+    for (int64_t c = 0; c < h; ++c) differ += gw[v * h + c] != w[v * h + c];
+  }
+  EXPECT_EQ(differ, 0) << "words hit <= 256 times: row order, the same bits";
+  auto rows_of = [h](const std::vector<float>& a, int64_t r) {
+    return std::vector<double>(a.begin() + r * h, a.begin() + (r + 1) * h);
+  };
+  // Pieces and the CPU's one running sum are two fp32 summation orders of ~1500 (a token
+  // type) or ~1200 (the hot word) terms: each is off the exact sum by about sqrt(n) 2^-24
+  // ~ 2e-6 relative (1.06e-6 measured between them on an H200 for the types).
+  expect_close("embedding_scatter hot word (pieces)", rows_of(gw, hot), rows_of(w, hot), 1e-5);
+  expect_close("embedding_scatter token types (pieces)", dbl(gt), dbl(t), 1e-5);
+  // Only the word table given: the others stay as they were.
+  dw.set(w0);
+  dp.set(p0);
+  cuda_ok(cuda::embedding_scatter(layout, dtok.tensor().ptr<int32_t>(),
+                                  dseg.tensor().ptr<int32_t>(), h, dd.tensor().ptr<float>(),
+                                  dw.tensor().ptr<float>(), vocab, nullptr, positions, nullptr,
+                                  types, scratch, bytes, nullptr),
+          "embedding_scatter");
+  cuda_ok(cudaDeviceSynchronize(), "embedding_scatter");
+  EXPECT_EQ(dp.values(), p0);
+  expect_close("embedding_scatter word table alone", dw.doubles(), dbl(w), 1e-5);
+  EXPECT_TRUE(dw.guards_intact() && dp.guards_intact() && dt.guards_intact());
+  cuda_free(scratch);
+}
+
+// The blocks of the MLM decoder's backward (vocabulary columns, cuda_heads.cpp): their rounded
+// gradient [m, block] fits the 64 MiB of scratch unless a block is at its minimum of 8 columns,
+// blocks are multiples of 8 columns (but a whole vocabulary that fits), and the shape of the
+// test below takes three.
+TEST(BackendOpsCuda, MlmBackwardBlocksFitTheirScratch) {
+  const int64_t budget = int64_t{64} << 20;
+  for (const int64_t m : {int64_t{1}, int64_t{37}, int64_t{1099}, int64_t{1100}, int64_t{2300},
+                          int64_t{2432}, int64_t{5000000}})
+    for (const int64_t v : {int64_t{5}, int64_t{512}, int64_t{30528}}) {
+      const int64_t b = mlm_backward_block_columns(m, v, 2);
+      const std::string what = fmt::format("m {} v {}: block {}", m, v, b);
+      ASSERT_GE(b, 1) << what;
+      ASSERT_LE(b, v) << what;
+      if (b > 8) {
+        EXPECT_LE(m * b * 2, budget) << what;
+      }
+      if (m * v * 2 <= budget) {
+        EXPECT_EQ(b, v) << what;  // one block when it all fits
+      } else {
+        EXPECT_EQ(b % 8, 0) << what;
+        EXPECT_GT(m * (b + 8) * 2, budget) << what;  // and no smaller than it need be
+      }
+    }
+  const int64_t b = mlm_backward_block_columns(2300, 30528, 2);
+  EXPECT_EQ((30528 + b - 1) / b, 3);
+}
+
+// The native bf16 / f16 LayerNorm and embedding kernels are asserted by the memory they do not
+// use: the adapter widens every low-precision tensor into a grow-only fp32 staging buffer of
+// [rows, H] on first use, the native forward kernels allocate nothing and the native LayerNorm
+// backward one fp32 [rows, H] buffer (dx for dbias). A fresh backend's first calls on a large
+// shape are measured with cudaMemGetInfo. embedding_backward stages one [rows, H] buffer either
+// way (dout widened, or the fp32 gradient scratch), so it is not told apart here; it dispatches
+// on the same predicate as the forward.
+TEST(BackendOpsCuda, NativeKernelsNeedNoStaging) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto rng = make_rng(603);
+  const DType t = DType::bf16;
+  const int64_t rows = 4096, h = 1024, vocab = 64, positions = 64;
+  const double copy = static_cast<double>(rows * h) * sizeof(float);  // one fp32 [rows, H]
+  std::vector<int32_t> lens(64, 64);
+  const HostLayout l = unpadded(lens, random_sample_ids(rng, lens.size()));
+  DevLayout dl(l);
+  Dev16 x(t, {rows, h}, round16(t, random_floats(rng, rows * h))), out(t, {rows, h}),
+      ln_in(t, {rows, h}), dx(t, {rows, h});
+  DevBuf<float> bias({h}, random_floats(rng, h)), gamma({h}, random_floats(rng, h)),
+      beta({h}, random_floats(rng, h)), mean({rows}), rstd({rows}),
+      dbias({h}, random_floats(rng, h)), word({vocab, h}, random_floats(rng, vocab * h)),
+      pos({positions, h}, random_floats(rng, positions * h)),
+      type({2, h}, random_floats(rng, 2 * h));
+  DevBuf<int32_t> tok({rows}, random_ints(rng, rows, 0, vocab - 1)),
+      seg({rows}, random_ints(rng, rows, 0, 1));
+  const Dropout d = make_dropout(0.1f, rng(), DropoutSite::ffn_output, 1, 4321);
+  const EmbeddingParams ep{word.tensor(), pos.tensor(), type.tensor(), gamma.tensor(),
+                           beta.tensor()};
+  // NSP over the 64 sequences: its weights in bf16, its biases, workspace and gradients fp32.
+  const int64_t s = static_cast<int64_t>(lens.size());
+  Dev16 wp(t, {h, h}, round16(t, random_floats(rng, h * h, 0.03f))),
+      wc(t, {2, h}, round16(t, random_floats(rng, 2 * h)));
+  DevBuf<float> bp({h}, random_floats(rng, h)), bc({2}, random_floats(rng, 2)),
+      nsp_ws({nsp_workspace_elems(s, h)}), loss({1}, {0.f}), gwp({h, h}), gbp({h}), gwc({2, h}),
+      gbc({2});
+  DevBuf<int32_t> labels({s}, random_ints(rng, s, 0, 1)), correct({1}, {0});
+  for (DevBuf<float>* g : {&gwp, &gbp, &gwc, &gbc}) g->set(std::vector<float>(g->size(), 0.f));
+  const PoolerParams np{wp.tensor(), bp.tensor(), wc.tensor(), bc.tensor()};
+  const PoolerParams ng{gwp.tensor(), gbp.tensor(), gwc.tensor(), gbc.tensor()};
+  auto used = [] {
+    size_t free_b = 0, total_b = 0;
+    cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return static_cast<double>(total_b - free_b);
+  };
+  {
+    // Loads the kernels (lazy module loading allocates device memory of its own) on a small shape.
+    auto warm = make_cuda_backend(0, CudaBackendOptions{});
+    std::vector<int32_t> small = {3};
+    const HostLayout sl = unpadded(small, random_sample_ids(rng, 1));
+    DevLayout sdl(sl);
+    Dev16 sx(t, {3, h}, round16(t, random_floats(rng, 3 * h))), so(t, {3, h}), sln(t, {3, h}),
+        sdx(t, {3, h});
+    DevBuf<float> sm({3}), sr({3});
+    DevBuf<int32_t> st({3}, {1, 2, 3}), ss({3}, {0, 1, 0});
+    warm->residual_layernorm_forward(sdl.view(), sx.tensor(), bias.tensor(), Tensor(),
+                                     {gamma.tensor(), beta.tensor()}, d, so.tensor(), sln.tensor(),
+                                     sm.tensor(), sr.tensor());
+    warm->residual_layernorm_backward(sdl.view(), so.tensor(), sln.tensor(), sm.tensor(),
+                                      sr.tensor(), {gamma.tensor(), Tensor()}, d, sdx.tensor(),
+                                      Tensor(), dbias.tensor(), {});
+    warm->embedding_forward(sdl.view(), st.tensor(), ss.tensor(), ep, d, so.tensor(), sm.tensor(),
+                            sr.tensor());
+    warm->nsp_loss(sdl.view(), sx.tensor(), np, Tensor(labels.data(), DType::i32, {1},
+                                                        Device::cuda),
+                   1.f, Tensor(nsp_ws.data(), DType::f32, {nsp_workspace_elems(1, h)},
+                               Device::cuda),
+                   loss.tensor(), correct.tensor(), sdx.tensor(), ng);
+    cuda_synchronize(*warm);
+  }
+  auto gpu = make_cuda_backend(0, CudaBackendOptions{});
+  cuda_synchronize(*gpu);
+  double before = used();
+  gpu->residual_layernorm_forward(dl.view(), x.tensor(), bias.tensor(), Tensor(),
+                                  {gamma.tensor(), beta.tensor()}, d, out.tensor(),
+                                  ln_in.tensor(), mean.tensor(), rstd.tensor());
+  cuda_synchronize(*gpu);
+  double grew = used() - before;
+  std::printf("[lowp-error] residual_layernorm_forward staging %.1f MiB\n", grew / 1048576.0);
+  EXPECT_LT(grew, 0.5 * copy) << "residual_layernorm_forward staged its bf16 tensors";
+  before = used();
+  gpu->residual_layernorm_backward(dl.view(), out.tensor(), ln_in.tensor(), mean.tensor(),
+                                   rstd.tensor(), {gamma.tensor(), Tensor()}, d, dx.tensor(),
+                                   Tensor(), dbias.tensor(), {});
+  cuda_synchronize(*gpu);
+  grew = used() - before;
+  std::printf("[lowp-error] residual_layernorm_backward staging %.1f MiB\n", grew / 1048576.0);
+  EXPECT_LT(grew, 1.5 * copy) << "residual_layernorm_backward staged its bf16 tensors";
+  before = used();
+  gpu->embedding_forward(dl.view(), tok.tensor(), seg.tensor(), ep, d, out.tensor(),
+                         mean.tensor(), rstd.tensor());
+  cuda_synchronize(*gpu);
+  grew = used() - before;
+  std::printf("[lowp-error] embedding_forward staging %.1f MiB\n", grew / 1048576.0);
+  EXPECT_LT(grew, 0.5 * copy) << "embedding_forward staged its bf16 output";
+  // nsp_loss: the adapter widens x and dx (one copy each, dx both ways); the native path the
+  // [CLS] rows and the weights (dense_w [h, h]: a quarter of one copy here).
+  before = used();
+  gpu->nsp_loss(dl.view(), x.tensor(), np, labels.tensor(), 1.f / static_cast<float>(s),
+                nsp_ws.tensor(), loss.tensor(), correct.tensor(), dx.tensor(), ng);
+  cuda_synchronize(*gpu);
+  grew = used() - before;
+  std::printf("[lowp-error] nsp_loss staging %.1f MiB\n", grew / 1048576.0);
+  EXPECT_LT(grew, 0.5 * copy) << "nsp_loss staged its bf16 tensors";
+  EXPECT_TRUE(out.guards_intact() && ln_in.guards_intact() && dx.guards_intact());
+}
+
+}  // namespace
+}  // namespace packbert::test
+
+#else  // no CUDA in this build
+
+TEST(BackendOps, Skipped) {
+  std::cout << "skipped: no CUDA device (" << packbert::describe_devices() << ")" << std::endl;
+  GTEST_SKIP() << "skipped: no CUDA device";
+}
+
+#endif
