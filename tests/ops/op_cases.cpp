@@ -1130,7 +1130,13 @@ OpCases gather_rows_cases() {
       std::vector<int32_t> idx;
       if (repeats == 1) {
         idx = random_ints(g, m, 0, static_cast<int32_t>(rows - 1));
-        idx[3] = idx[7];
+        // A repeated index: its two gradients add up (m >= 5 in every case); the short case
+        // also touches the first and the last row, as the hand-written test did.
+        idx[3] = idx[static_cast<size_t>(m > 7 ? 7 : 4)];
+        if (m < 8) {
+          idx[1] = 0;
+          idx[2] = static_cast<int32_t>(rows - 1);
+        }
       } else {
         idx.resize(static_cast<size_t>(rows));
         for (int64_t i = 0; i < rows; ++i) idx[static_cast<size_t>(i)] = static_cast<int32_t>(i);
