@@ -51,4 +51,16 @@ BackendBuffer Backend::alloc(DType dtype, std::initializer_list<int64_t> dims) {
   return BackendBuffer(this, p, n, Tensor(p, dtype, dims, device()));
 }
 
+void Backend::lamb_step(const Tensor& table, const LambConfig& config,
+                        const Tensor& global_grad_norm, const Tensor& params, const Tensor& grads,
+                        const Tensor& m, const Tensor& v, const Tensor& norms_ws,
+                        const Tensor& params_lowp, const Tensor& record) {
+  PB_REQUIRE(table.defined() && table.ndim == 2, "lamb_step: table is {}, expected i64 [T, 3]",
+             table.str());
+  const BackendBuffer sums = alloc(DType::f64, {table.dim(0), 2});
+  lamb_update(table, config, global_grad_norm, params, grads, m, v, sums.tensor(), record);
+  lamb_apply(table, config, global_grad_norm, sums.tensor(), params, grads, params_lowp, norms_ws);
+  synchronize();  // nothing in flight may read the sums when they go
+}
+
 }  // namespace packbert

@@ -242,7 +242,7 @@ class Backend {
   // out = dropout(LayerNorm(word[input_ids] + position[token_pos] + token_type[segment_ids])).
   // input_ids, segment_ids: i32 [rows] (padding rows: any valid id, e.g. 0). out: [rows, H].
   // Saves ln_mean, ln_rstd: f32 [rows] (the sum is re-gathered in backward). Site: embedding.
-  // lowp: out; word, position, token_type (the model passes its fp32 tables).
+  // lowp: out; word, position, token_type (the model passes its 16-bit tables).
   virtual void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
                                  const Tensor& segment_ids, const EmbeddingParams& params,
                                  const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,
@@ -376,29 +376,47 @@ class Backend {
   // its ranks' sums, added on the device: no host round trip.
   virtual void norm_from_sum_squares(const Tensor& sum, const Tensor& out) = 0;
   // One LAMB step (apex FusedLAMB: adam_w_mode, grad averaging, bias correction) over the flat
-  // f32 buffers params (fp32 master weights), grads, m, v, all [n]. table i64 [T, 3] of
-  // LambTensor rows, in HOST memory on every backend (it shapes the launch, as host_seq_len
-  // does attention's): a device backend derives its work list from it once and keeps that on
-  // the device while the rows and the weight decay stay the same, so a step reads nothing back
-  // and waits for nothing. global_grad_norm f32 [1] (the all-reduced gradient norm): gradients are
-  // divided by max(1, norm / max_grad_norm). Per tensor: u = m^/(sqrt(v^)+eps) + wd*w (wd only
-  // for decay tensors), w -= lr * (decay tensor and wd != 0 and both norms > 0 ? ||w||/||u|| : 1).
-  // params, m, v are updated in place; grads is overwritten with u (as apex does, saving a
-  // buffer); norms_ws f32 [2T] receives ||w|| (before the step) and ||u|| per tensor. Table
-  // rows ascend by offset without overlap; elements outside every row are left alone.
-  // params_lowp (optional) bf16 / f16 [n]: the low-precision copy of the weights that mixed
-  // precision's GEMMs read, written in the same pass: round-to-nearest-even of each updated
-  // master weight (elements outside every row are left alone). Without it the op is the fp32
-  // step, bit for bit.
+  // f32 buffers params (fp32 master weights), grads, m, v, all [n], in two passes, so that a
+  // tensor cut between ranks (the sharded optimizer, optim/distributed_lamb.h) has the sums of
+  // its norms added over the ranks in between. table i64 [T, 3] of LambTensor rows, in HOST
+  // memory on every backend (it shapes the launch, as host_seq_len does attention's): a device
+  // backend derives its work list from it once and keeps that on the device while the rows and
+  // the weight decay stay the same, so a step reads nothing back and waits for nothing. Rows
+  // ascend by offset without overlap; elements outside every row are left alone.
+  // global_grad_norm f32 [1] (the all-reduced gradient norm): gradients are divided by
+  // max(1, norm / max_grad_norm). Per tensor: u = m^/(sqrt(v^)+eps) + wd*w (wd only for decay
+  // tensors), w -= lr * (decay tensor and wd != 0 and both norms > 0 ? ||w||/||u|| : 1).
   // A non-finite global_grad_norm / grad_scale skips the step on the device, with no read-back:
-  // params, m, v and params_lowp stay as they were (grads and norms_ws are then unspecified).
-  // record (optional) i32 [3] keeps count (common/math.h, lamb_record_step): [0] skipped steps,
-  // [1] the current run of them (0 after a step that updated), [2] the longest run.
-  virtual void lamb_step(const Tensor& table, const LambConfig& config,
-                         const Tensor& global_grad_norm, const Tensor& params,
-                         const Tensor& grads, const Tensor& m, const Tensor& v,
-                         const Tensor& norms_ws, const Tensor& params_lowp = Tensor(),
-                         const Tensor& record = Tensor()) = 0;
+  // params, m, v and params_lowp stay as they were (grads, sums and norms_ws are then
+  // unspecified).
+  //
+  // lamb_update: m and v updated in place, grads overwritten with u (as apex does, saving a
+  // buffer), and sums f64 [T, 2] = (sum of w^2 before the step, sum of u^2) per row, each added
+  // in a fixed order within the row (l2_norm's blocks from the row's first element). record
+  // (optional) i32 [3] keeps count (common/math.h, lamb_record_step): [0] skipped steps, [1]
+  // the current run of them (0 after a step that updated), [2] the longest run.
+  virtual void lamb_update(const Tensor& table, const LambConfig& config,
+                           const Tensor& global_grad_norm, const Tensor& params,
+                           const Tensor& grads, const Tensor& m, const Tensor& v,
+                           const Tensor& sums, const Tensor& record = Tensor()) = 0;
+  // lamb_apply: the norms of each row from its sums (the square root rounded to f32, as
+  // l2_norm), the trust ratio, and w -= step * u with u read from grads. params_lowp (optional)
+  // bf16 / f16 [n]: the low-precision copy of the weights that mixed precision's GEMMs read,
+  // written in the same pass: round-to-nearest-even of each updated master weight (elements
+  // outside every row are left alone). Without it the op is the fp32 step, bit for bit.
+  // norms_ws (optional) f32 [2T] receives ||w|| (before the step) of every row, then ||u||.
+  virtual void lamb_apply(const Tensor& table, const LambConfig& config,
+                          const Tensor& global_grad_norm, const Tensor& sums,
+                          const Tensor& params, const Tensor& grads,
+                          const Tensor& params_lowp = Tensor(),
+                          const Tensor& norms_ws = Tensor()) = 0;
+  // lamb_update then lamb_apply over the same sums: the whole step on one device (tests and
+  // benchmarks; it allocates its f64 [T, 2] sums on every call, the optimizer keeps its own).
+  // norms_ws f32 [2T] as lamb_apply's.
+  void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
+                 const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                 const Tensor& norms_ws, const Tensor& params_lowp = Tensor(),
+                 const Tensor& record = Tensor());
 
   // ---- precision -------------------------------------------------------------------------
   // dst = src in another float dtype, same element count, no overlap: f32 -> bf16 / f16 rounds

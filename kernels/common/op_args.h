@@ -268,17 +268,17 @@ inline NspDims nsp_loss_args(const OpArgs& a, const SeqLayout& layout, const Ten
   return {h, s};
 }
 
-// lamb_step: table i64 [T, 3], the flat buffers [n], the norms workspace [2T]; the config's
-// ranges (the table's contents are check_lamb_table's, where the table is on the host).
+// lamb_update / lamb_apply: table i64 [T, 3], the flat buffers [n], the sums f64 [T, 2]; the
+// config's ranges (the table's contents are check_lamb_table's, where the table is on the host).
 struct LambDims {
   int64_t num_tensors = 0, n = 0;
 };
 
-inline LambDims lamb_step_args(const OpArgs& a, const Tensor& table, const LambConfig& cfg,
-                               const Tensor& global_grad_norm, const Tensor& params,
-                               const Tensor& grads, const Tensor& m, const Tensor& v,
-                               const Tensor& norms_ws, const Tensor& record = Tensor()) {
-  // The table is host memory on every backend (backend.h, lamb_step).
+inline LambDims lamb_update_args(const OpArgs& a, const Tensor& table, const LambConfig& cfg,
+                                 const Tensor& global_grad_norm, const Tensor& params,
+                                 const Tensor& grads, const Tensor& m, const Tensor& v,
+                                 const Tensor& sums, const Tensor& record = Tensor()) {
+  // The table is host memory on every backend (backend.h, lamb_update).
   OpArgs(a.op, Device::cpu)("table", table, DType::i64, {kAnyDim, 3});
   const int64_t num_tensors = table.dim(0);
   a("params", params, DType::f32, {kAnyDim});
@@ -287,8 +287,24 @@ inline LambDims lamb_step_args(const OpArgs& a, const Tensor& table, const LambC
   a("m", m, DType::f32, {n});
   a("v", v, DType::f32, {n});
   a("global_grad_norm", global_grad_norm, DType::f32, {1});
-  a("norms_ws", norms_ws, DType::f32, {2 * num_tensors});
+  a("sums", sums, DType::f64, {num_tensors, 2});
   a.optional("record", record, DType::i32, {3});
+  check_lamb_config(a.op, cfg);
+  return {num_tensors, n};
+}
+
+inline LambDims lamb_apply_args(const OpArgs& a, const Tensor& table, const LambConfig& cfg,
+                                const Tensor& global_grad_norm, const Tensor& sums,
+                                const Tensor& params, const Tensor& grads,
+                                const Tensor& norms_ws) {
+  OpArgs(a.op, Device::cpu)("table", table, DType::i64, {kAnyDim, 3});
+  const int64_t num_tensors = table.dim(0);
+  a("params", params, DType::f32, {kAnyDim});
+  const int64_t n = params.dim(0);
+  a("grads", grads, DType::f32, {n});
+  a("global_grad_norm", global_grad_norm, DType::f32, {1});
+  a("sums", sums, DType::f64, {num_tensors, 2});
+  a.optional("norms_ws", norms_ws, DType::f32, {2 * num_tensors});
   check_lamb_config(a.op, cfg);
   return {num_tensors, n};
 }

@@ -81,10 +81,13 @@ class CpuBackend final : public Backend {
   void l2_norm(const Tensor& x, const Tensor& out) override;
   void sum_squares(const Tensor& x, const Tensor& out) override;
   void norm_from_sum_squares(const Tensor& sum, const Tensor& out) override;
-  void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
-                 const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                 const Tensor& norms_ws, const Tensor& params_lowp = Tensor(),
-                 const Tensor& record = Tensor()) override;
+  void lamb_update(const Tensor& table, const LambConfig& config,
+                   const Tensor& global_grad_norm, const Tensor& params, const Tensor& grads,
+                   const Tensor& m, const Tensor& v, const Tensor& sums,
+                   const Tensor& record = Tensor()) override;
+  void lamb_apply(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
+                  const Tensor& sums, const Tensor& params, const Tensor& grads,
+                  const Tensor& params_lowp = Tensor(), const Tensor& norms_ws = Tensor()) override;
   void convert(const Tensor& dst, const Tensor& src) override;
 
  private:
@@ -99,7 +102,8 @@ class CpuBackend final : public Backend {
   // The sequences of a layout by decreasing length (ties: by index), the attention ops' task
   // order; grow-only.
   const int32_t* longest_first(const SeqLayout& layout);
-  // lamb_step's grow-only tables: the first work item of each tensor, each tensor's step size.
+  // lamb_update / lamb_apply's grow-only tables: the first work item of each row, each row's
+  // step size.
   int64_t* lamb_blocks(int64_t num_tensors);
   float* lamb_step_sizes(int64_t num_tensors);
 

@@ -36,20 +36,35 @@ void CpuBackend::norm_from_sum_squares(const Tensor& sum, const Tensor& out) {
   out.ptr<float>()[0] = static_cast<float>(std::sqrt(sum.ptr<double>()[0]));
 }
 
-void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
-                           const Tensor& global_grad_norm, const Tensor& params,
-                           const Tensor& grads, const Tensor& m, const Tensor& v,
-                           const Tensor& norms_ws, const Tensor& params_lowp,
-                           const Tensor& record) {
-  const char* op = "lamb_step";
-  const auto [num_tensors, n] = checks::lamb_step_args(checks::OpArgs(op, Device::cpu), table, cfg,
-                                                       global_grad_norm, params, grads, m, v,
-                                                       norms_ws, record);
-  if (params_lowp.defined()) {
-    PB_REQUIRE(params_lowp.dtype == DType::bf16 || params_lowp.dtype == DType::f16,
-               "{}: params_lowp is {}, expected bf16 or f16", op, params_lowp.str());
-    cpu::expect(op, "params_lowp", params_lowp, params_lowp.dtype, {n});
+namespace {
+
+// The work items of a LAMB table: the fixed kSumBlock blocks of every row, counted from the
+// row's first element (the blocks of sum_squares, so each row's sum is the same fixed-order sum
+// as sum_squares gives over the row). first[t]: the first item of row t; first[T]: the count.
+struct LambItems {
+  const LambTensor* rows;
+  const int64_t* first;
+  int64_t num_rows;
+  int64_t count() const { return first[num_rows]; }
+  int64_t row_of(int64_t item) const {  // binary search of first
+    return static_cast<int64_t>(std::upper_bound(first, first + num_rows + 1, item) - first) - 1;
   }
+  int64_t begin(int64_t item, int64_t row) const { return (item - first[row]) * kSumBlock; }
+  int64_t len(int64_t item, int64_t row) const {
+    return std::min(kSumBlock, rows[row].size - begin(item, row));
+  }
+};
+
+}  // namespace
+
+void CpuBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
+                             const Tensor& global_grad_norm, const Tensor& params,
+                             const Tensor& grads, const Tensor& m, const Tensor& v,
+                             const Tensor& sums, const Tensor& record) {
+  const char* op = "lamb_update";
+  const auto [num_tensors, n] = checks::lamb_update_args(
+      checks::OpArgs(op, Device::cpu), table, cfg, global_grad_norm, params, grads, m, v, sums,
+      record);
   static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
@@ -70,80 +85,99 @@ void CpuBackend::lamb_step(const Tensor& table, const LambConfig& cfg,
                                      cfg.max_grad_norm) *
                    cfg.grad_scale;
 
-  float* w = params.ptr<float>();
+  const float* w = params.ptr<float>();
   float* g = grads.ptr<float>();
   float* mp = m.ptr<float>();
   float* vp = v.ptr<float>();
-  float* wnorm = norms_ws.ptr<float>();
-  float* unorm = wnorm + num_tensors;
-  // Per tensor, like apex: ||w|| before the step, u (into the gradient buffer), ||u||, w -= step.
-  // All tensors at once, in one parallel region: the work items are the fixed kSumBlock blocks
-  // of every tensor (the blocks of sum_squares, so each norm is the same fixed-order sum as
-  // sum_squares gives), and the per-tensor norms are finished between the phases. A region per
-  // tensor and phase would be ~4 per tensor (hundreds per step), each a fork/join whose cost
-  // is small on an idle machine but grows to a scheduler tick when other processes share it.
-  int64_t* first = lamb_blocks(num_tensors);  // first[t]: the first item of tensor t
+  double* out = sums.ptr<double>();
+  // All rows at once, in one parallel region over the blocks of every row, the per-row sums
+  // finished between the phases. A region per tensor and phase would be ~4 per tensor (hundreds
+  // per step), each a fork/join whose cost is small on an idle machine but grows to a scheduler
+  // tick when other processes share it.
+  int64_t* first = lamb_blocks(num_tensors);
   first[0] = 0;
   for (int64_t t = 0; t < num_tensors; ++t)
     first[t + 1] = first[t] + (entries[t].size + kSumBlock - 1) / kSumBlock;
-  const int64_t items = first[num_tensors];
-  double* partial = reduction_scratch(static_cast<size_t>(items));
-  float* step_size = lamb_step_sizes(num_tensors);
-  // The tensor of each item (binary search of first).
-  auto tensor_of = [&](int64_t item) {
-    return static_cast<int64_t>(std::upper_bound(first, first + num_tensors + 1, item) - first) - 1;
-  };
-  auto finish_norms = [&](float* norms) {
+  const LambItems items{entries, first, num_tensors};
+  double* partial = reduction_scratch(static_cast<size_t>(items.count()));
+  auto finish = [&](int64_t column) {
     for (int64_t t = 0; t < num_tensors; ++t) {
       double total = 0.0;
       for (int64_t b = first[t]; b < first[t + 1]; ++b) total += partial[b];
-      norms[t] = static_cast<float>(std::sqrt(total));
+      out[2 * t + column] = total;
     }
   };
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t t = tensor_of(item), i0 = (item - first[t]) * kSumBlock;
-      const float* wt = w + entries[t].offset;
-      partial[item] = block_sum_squares(wt + i0, std::min(kSumBlock, entries[t].size - i0));
+    for (int64_t item = 0; item < items.count(); ++item) {
+      const int64_t t = items.row_of(item);
+      partial[item] = block_sum_squares(w + entries[t].offset + items.begin(item, t),
+                                        items.len(item, t));
     }
 #pragma omp single
-    finish_norms(wnorm);
+    finish(0);
 #pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t t = tensor_of(item), i0 = (item - first[t]) * kSumBlock;
-      const LambTensor& e = entries[t];
-      const float decay = e.decay == 1 ? cfg.weight_decay : 0.f;
-      const int64_t len = std::min(kSumBlock, e.size - i0);
-      float* wt = w + e.offset + i0;
-      float* gt = g + e.offset + i0;
-      float* mt = mp + e.offset + i0;
-      float* vt = vp + e.offset + i0;
-      for (int64_t i = 0; i < len; ++i) gt[i] = lamb_update(gt[i], wt[i], mt[i], vt[i], c, decay);
-      partial[item] = block_sum_squares(gt, len);
+    for (int64_t item = 0; item < items.count(); ++item) {
+      const int64_t t = items.row_of(item);
+      const int64_t at = entries[t].offset + items.begin(item, t), len = items.len(item, t);
+      const float decay = entries[t].decay == 1 ? cfg.weight_decay : 0.f;
+      for (int64_t i = at; i < at + len; ++i)
+        g[i] = packbert::lamb_update(g[i], w[i], mp[i], vp[i], c, decay);
+      partial[item] = block_sum_squares(g + at, len);
     }
 #pragma omp single
-    {
-      finish_norms(unorm);
-      // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
-      for (int64_t t = 0; t < num_tensors; ++t)
-        step_size[t] = lamb_step_size(cfg.lr, wnorm[t], unorm[t],
-                                      entries[t].decay == 1 && cfg.weight_decay != 0.f);
+    finish(1);
+  }
+}
+
+void CpuBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
+                            const Tensor& global_grad_norm, const Tensor& sums,
+                            const Tensor& params, const Tensor& grads, const Tensor& params_lowp,
+                            const Tensor& norms_ws) {
+  const char* op = "lamb_apply";
+  const auto [num_tensors, n] = checks::lamb_apply_args(
+      checks::OpArgs(op, Device::cpu), table, cfg, global_grad_norm, sums, params, grads,
+      norms_ws);
+  if (params_lowp.defined()) {
+    PB_REQUIRE(params_lowp.dtype == DType::bf16 || params_lowp.dtype == DType::f16,
+               "{}: params_lowp is {}, expected bf16 or f16", op, params_lowp.str());
+    cpu::expect(op, "params_lowp", params_lowp, params_lowp.dtype, {n});
+  }
+  const auto* entries = static_cast<const LambTensor*>(table.data);
+  checks::check_lamb_table(op, entries, num_tensors, n);
+  if (!lamb_norm_is_finite(global_grad_norm.ptr<float>()[0], cfg.grad_scale)) return;
+
+  const double* in = sums.ptr<double>();
+  float* step_size = lamb_step_sizes(num_tensors);
+  for (int64_t t = 0; t < num_tensors; ++t) {
+    const auto wnorm = static_cast<float>(std::sqrt(in[2 * t]));
+    const auto unorm = static_cast<float>(std::sqrt(in[2 * t + 1]));
+    if (norms_ws.defined()) {
+      norms_ws.ptr<float>()[t] = wnorm;
+      norms_ws.ptr<float>()[num_tensors + t] = unorm;
     }
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t t = tensor_of(item), i0 = (item - first[t]) * kSumBlock;
-      const int64_t len = std::min(kSumBlock, entries[t].size - i0);
-      const float st = step_size[t];
-      float* wt = w + entries[t].offset + i0;
-      const float* gt = g + entries[t].offset + i0;
-      for (int64_t i = 0; i < len; ++i) wt[i] -= st * gt[i];
-      // The low-precision copy in the same pass, while the block is in cache.
-      if (params_lowp.defined())
-        cpu::convert(static_cast<uint16_t*>(params_lowp.data) + entries[t].offset + i0,
-                     params_lowp.dtype, wt, DType::f32, len);
-    }
+    // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
+    step_size[t] = lamb_step_size(cfg.lr, wnorm, unorm,
+                                  entries[t].decay == 1 && cfg.weight_decay != 0.f);
+  }
+  int64_t* first = lamb_blocks(num_tensors);
+  first[0] = 0;
+  for (int64_t t = 0; t < num_tensors; ++t)
+    first[t + 1] = first[t] + (entries[t].size + kSumBlock - 1) / kSumBlock;
+  const LambItems items{entries, first, num_tensors};
+  float* w = params.ptr<float>();
+  const float* u = grads.ptr<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t item = 0; item < items.count(); ++item) {
+    const int64_t t = items.row_of(item);
+    const int64_t at = entries[t].offset + items.begin(item, t), len = items.len(item, t);
+    const float st = step_size[t];
+    for (int64_t i = at; i < at + len; ++i) w[i] -= st * u[i];
+    // The low-precision copy in the same pass, while the block is in cache.
+    if (params_lowp.defined())
+      cpu::convert(static_cast<uint16_t*>(params_lowp.data) + at, params_lowp.dtype, w + at,
+                   DType::f32, len);
   }
 }
 

@@ -191,10 +191,13 @@ class CudaBackend final : public Backend {
   void l2_norm(const Tensor& x, const Tensor& out) override;
   void sum_squares(const Tensor& x, const Tensor& out) override;
   void norm_from_sum_squares(const Tensor& sum, const Tensor& out) override;
-  void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
-                 const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                 const Tensor& norms_ws, const Tensor& params_lowp = Tensor(),
-                 const Tensor& record = Tensor()) override;
+  void lamb_update(const Tensor& table, const LambConfig& config,
+                   const Tensor& global_grad_norm, const Tensor& params, const Tensor& grads,
+                   const Tensor& m, const Tensor& v, const Tensor& sums,
+                   const Tensor& record = Tensor()) override;
+  void lamb_apply(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
+                  const Tensor& sums, const Tensor& params, const Tensor& grads,
+                  const Tensor& params_lowp = Tensor(), const Tensor& norms_ws = Tensor()) override;
   void convert(const Tensor& dst, const Tensor& src) override;
 
  private:
@@ -316,6 +319,9 @@ class CudaBackend final : public Backend {
   size_t scratch_b_bytes_ = 0;
   // LAMB's work list, derived from the table on the host and uploaded once: it stays valid while
   // the rows and the weight decay it was made from (kept here to compare) stay the same.
+  // lamb_work returns it (chunks, then at lamb_range_at_ the row ranges), rebuilt when needed.
+  const char* lamb_work(const char* op, const LambTensor* entries, int64_t num_tensors,
+                        float weight_decay);
   std::vector<LambTensor> lamb_rows_;
   float lamb_weight_decay_ = 0.f;
   void* lamb_work_ = nullptr;  // chunks, then (at lamb_range_at_) the tensor ranges

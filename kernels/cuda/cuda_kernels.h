@@ -128,19 +128,23 @@ struct LambArgs {
   float lr, beta1, beta2, beta3, bias_correction1, bias_correction2, eps, max_grad_norm;
   float grad_scale;  // LambConfig::grad_scale (folded into the clip divisor)
 };
-// norms_ws: [2T] (||w|| then ||u||); partial: doubles, one per chunk. params_lowp (may be null):
-// the low-precision weight copy, written round(w) in the update's pass. A non-finite
-// global_grad_norm / grad_scale skips the update; record (may be null) i32 [3] counts it
-// (common/math.h, lamb_record_step).
-cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
-                      int64_t num_tensors, const LambArgs& args, const float* global_grad_norm,
-                      float* params, float* grads, float* m, float* v, float* norms_ws,
-                      double* partial, void* params_lowp, FloatFormat lowp_format,
-                      int32_t* record, cudaStream_t s);
-// Only the record's update (a LAMB step over an empty table: a rank of a sharded optimizer that
-// owns no tensor still counts the step).
-cudaError_t lamb_record(const float* global_grad_norm, float grad_scale, int32_t* record,
+// lamb_update: m, v and grads := u over the chunks, sums f64 [T, 2] per row (partial: doubles,
+// one per chunk); a non-finite global_grad_norm / grad_scale skips it, and record (may be null)
+// i32 [3] counts that (common/math.h, lamb_record_step). An empty table only updates the record
+// (a rank of a sharded optimizer with no element of its own still counts the step).
+cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
+                        const LambTensorRange* tensors, int64_t num_tensors, const LambArgs& args,
+                        const float* global_grad_norm, const float* params, float* grads,
+                        float* m, float* v, double* sums, double* partial, int32_t* record,
                         cudaStream_t s);
+// lamb_apply: w -= step * u with the norms from sums; params_lowp (may be null): the
+// low-precision weight copy, written round(w) in the same pass; norms_ws (may be null) f32 [2T]
+// (||w|| then ||u||).
+cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
+                       int64_t num_tensors, float lr, float grad_scale,
+                       const float* global_grad_norm, const double* sums, float* params,
+                       const float* grads, void* params_lowp, FloatFormat lowp_format,
+                       float* norms_ws, cudaStream_t s);
 
 // ---- LayerNorm family (embedding_kernels.cu, layernorm_kernels.cu) -------------------------
 // backend.h's kLayerNormEps (the .cu files do not include backend.h; cuda_backend.cpp

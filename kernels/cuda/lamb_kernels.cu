@@ -1,6 +1,7 @@
-// LAMB over a work list of chunks: per-tensor norms of the weights and of the update (partials
-// per chunk, added per tensor in order), the update itself, its application (and the
-// low-precision weight copy), and the skipped-step record.
+// LAMB over a work list of chunks, in two passes (backend.h, lamb_update / lamb_apply): per-row
+// sums of squares of the weights and of the update (partials per chunk, added per row in order)
+// with the update itself and the skipped-step record; then the norms, the trust ratio and the
+// update's application (and the low-precision weight copy).
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_util.cuh"
 
@@ -19,14 +20,22 @@ __global__ void lamb_sumsq_kernel(const LambChunk* chunks, const float* x, doubl
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-// One thread per tensor: its chunks' partials in order.
-__global__ void lamb_tensor_norm_kernel(const LambTensorRange* tensors, int64_t num_tensors,
-                                        const double* partial, float* norms) {
+// One thread per row: its chunks' partials in order, into column `column` of sums [T, 2].
+__global__ void lamb_row_sum_kernel(const LambTensorRange* tensors, int64_t num_tensors,
+                                    const double* partial, double* sums, int column) {
   const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (t >= num_tensors) return;
   double s = 0.0;
   for (int64_t k = 0; k < tensors[t].chunks; ++k) s += partial[tensors[t].first_chunk + k];
-  norms[t] = static_cast<float>(sqrt(s));
+  sums[2 * t + column] = s;
+}
+
+// One thread per row: the norms from the sums (lamb_apply's norms_ws).
+__global__ void lamb_norms_kernel(int64_t num_tensors, const double* sums, float* norms) {
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (t >= num_tensors) return;
+  norms[t] = static_cast<float>(sqrt(sums[2 * t]));
+  norms[num_tensors + t] = static_cast<float>(sqrt(sums[2 * t + 1]));
 }
 
 __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
@@ -48,7 +57,7 @@ __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRang
   const float decay = tensors[ch.tensor].decay;
   double s = 0.0;
   for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
-    const float u = lamb_update(g[i], w[i], m[i], v[i], c, decay);
+    const float u = packbert::lamb_update(g[i], w[i], m[i], v[i], c, decay);
     g[i] = u;
     s += static_cast<double>(u) * u;
   }
@@ -57,14 +66,15 @@ __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRang
 }
 
 __global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
-                                  float lr, int64_t num_tensors, const float* norms, float* w,
-                                  const float* u, void* w_lowp, FloatFormat lowp_format,
+                                  float lr, const double* sums, float* w, const float* u,
+                                  void* w_lowp, FloatFormat lowp_format,
                                   const float* global_grad_norm, float grad_scale) {
   if (!lamb_norm_is_finite(global_grad_norm[0], grad_scale)) return;  // skipped step
   const LambChunk ch = chunks[blockIdx.x];
   const LambTensorRange t = tensors[ch.tensor];
-  const float step = lamb_step_size(lr, norms[ch.tensor], norms[num_tensors + ch.tensor],
-                                    t.adapt != 0);
+  const auto wnorm = static_cast<float>(sqrt(sums[2 * ch.tensor]));
+  const auto unorm = static_cast<float>(sqrt(sums[2 * ch.tensor + 1]));
+  const float step = lamb_step_size(lr, wnorm, unorm, t.adapt != 0);
   for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
     const float nw = w[i] - step * u[i];
     w[i] = nw;
@@ -80,45 +90,54 @@ __global__ void lamb_record_kernel(const float* global_grad_norm, float grad_sca
 
 }  // namespace
 
-cudaError_t lamb_record(const float* global_grad_norm, float grad_scale, int32_t* record,
+cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
+                        const LambTensorRange* tensors, int64_t num_tensors, const LambArgs& a,
+                        const float* global_grad_norm, const float* params, float* grads,
+                        float* m, float* v, double* sums, double* partial, int32_t* record,
                         cudaStream_t s) {
-  PB_LAUNCH(1, 1, 0, s, lamb_record_kernel)(global_grad_norm, grad_scale, record);
-  return launched();
-}
-
-cudaError_t lamb_step(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
-                      int64_t num_tensors, const LambArgs& a, const float* global_grad_norm,
-                      float* params, float* grads, float* m, float* v, float* norms_ws,
-                      double* partial, void* params_lowp, FloatFormat lowp_format,
-                      int32_t* record, cudaStream_t s) {
-  if (num_tensors == 0) return cudaSuccess;
-  const unsigned tgrid = grid_for(num_tensors, 128);
-  const auto cgrid = static_cast<unsigned>(num_chunks);
   cudaError_t e;
-  // ||w|| per tensor (before the step).
-  if (num_chunks > 0) {
-    PB_LAUNCH(cgrid, kThreads, 0, s, lamb_sumsq_kernel)(chunks, params, partial);
+  if (num_tensors > 0) {
+    const unsigned tgrid = grid_for(num_tensors, 128);
+    const auto cgrid = static_cast<unsigned>(num_chunks);
+    // sum of w^2 per row (before the step).
+    if (num_chunks > 0) {
+      PB_LAUNCH(cgrid, kThreads, 0, s, lamb_sumsq_kernel)(chunks, params, partial);
+      if ((e = launched()) != cudaSuccess) return e;
+    }
+    PB_LAUNCH(tgrid, 128, 0, s, lamb_row_sum_kernel)(tensors, num_tensors, partial, sums, 0);
     if ((e = launched()) != cudaSuccess) return e;
-  }
-  PB_LAUNCH(tgrid, 128, 0, s, lamb_tensor_norm_kernel)(tensors, num_tensors, partial, norms_ws);
-  if ((e = launched()) != cudaSuccess) return e;
-  // u into the gradient buffer, m and v in place, ||u|| per tensor.
-  if (num_chunks > 0) {
-    PB_LAUNCH(cgrid, kThreads, 0, s, lamb_update_kernel)(
-        chunks, tensors, a, global_grad_norm, params, grads, m, v, partial);
-    if ((e = launched()) != cudaSuccess) return e;
-  }
-  PB_LAUNCH(tgrid, 128, 0, s, lamb_tensor_norm_kernel)(
-      tensors, num_tensors, partial, norms_ws + num_tensors);
-  if ((e = launched()) != cudaSuccess) return e;
-  if (num_chunks > 0) {
-    PB_LAUNCH(cgrid, kThreads, 0, s, lamb_apply_kernel)(
-        chunks, tensors, a.lr, num_tensors, norms_ws, params, grads, params_lowp, lowp_format,
-        global_grad_norm, a.grad_scale);
+    // u into the gradient buffer, m and v in place, sum of u^2 per row.
+    if (num_chunks > 0) {
+      PB_LAUNCH(cgrid, kThreads, 0, s, lamb_update_kernel)(
+          chunks, tensors, a, global_grad_norm, params, grads, m, v, partial);
+      if ((e = launched()) != cudaSuccess) return e;
+    }
+    PB_LAUNCH(tgrid, 128, 0, s, lamb_row_sum_kernel)(tensors, num_tensors, partial, sums, 1);
     if ((e = launched()) != cudaSuccess) return e;
   }
   if (record) {
     PB_LAUNCH(1, 1, 0, s, lamb_record_kernel)(global_grad_norm, a.grad_scale, record);
+    if ((e = launched()) != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
+                       int64_t num_tensors, float lr, float grad_scale,
+                       const float* global_grad_norm, const double* sums, float* params,
+                       const float* grads, void* params_lowp, FloatFormat lowp_format,
+                       float* norms_ws, cudaStream_t s) {
+  if (num_tensors == 0) return cudaSuccess;
+  cudaError_t e;
+  if (norms_ws) {
+    PB_LAUNCH(grid_for(num_tensors, 128), 128, 0, s, lamb_norms_kernel)(num_tensors, sums,
+                                                                        norms_ws);
+    if ((e = launched()) != cudaSuccess) return e;
+  }
+  if (num_chunks > 0) {
+    PB_LAUNCH(static_cast<unsigned>(num_chunks), kThreads, 0, s, lamb_apply_kernel)(
+        chunks, tensors, lr, sums, params, grads, params_lowp, lowp_format, global_grad_norm,
+        grad_scale);
     if ((e = launched()) != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -92,6 +92,20 @@ class GradBucketTransport {
   // Outside a round: the in-place sum over ranks of a few f64 values in the buffer's memory,
   // ordered as all_gather (ShardExchange::sum).
   virtual void allreduce_sum(const Tensor& values) = 0;
+  // Outside a round: all-gathers in groups that the reader waits for one by one
+  // (ShardExchange::start_gathers): group g's parts (each the owned parts of `pieces` of its
+  // buffer, from their owners to every rank), started in order after the work issued so far;
+  // wait_group(g) makes whoever reads next (the compute stream for NCCL) wait for group g
+  // only. The host transport moves each group when started and has nothing to wait for.
+  struct GatherPart {
+    Tensor buffer;
+    std::vector<GradBucket> pieces;
+  };
+  virtual void start_groups(const std::vector<std::vector<GatherPart>>& groups) {
+    for (const auto& group : groups)
+      for (const GatherPart& part : group) all_gather(part.pieces, part.buffer);
+  }
+  virtual void wait_group(int /*group*/) {}
 };
 
 class GradBucketScheduler {

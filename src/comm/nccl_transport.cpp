@@ -92,7 +92,9 @@ class NcclTransport final : public GradBucketTransport {
       // After a complete step every bucket is done (the optimizer that followed finish() has
       // been waited for), so a clean shutdown destroys the communicator; anything else aborts.
       const bool clean = !failed_ && !in_round_ && std::uncaught_exceptions() == 0 &&
-                         (started_ == 0 || cudaEventQuery(done_[started_ - 1]) == cudaSuccess);
+                         (started_ == 0 || cudaEventQuery(done_[started_ - 1]) == cudaSuccess) &&
+                         (groups_started_ == 0 ||
+                          cudaEventQuery(group_done_[groups_started_ - 1]) == cudaSuccess);
       if (clean) {
         (void)ncclCommDestroy(comm_);
       } else {
@@ -164,40 +166,51 @@ class NcclTransport final : public GradBucketTransport {
 
   void all_gather(const std::vector<GradBucket>& buckets, const Tensor& buffer) override {
     PB_REQUIRE(!failed_, "nccl transport: the communicator was aborted after an earlier error");
-    ncclDataType_t type = ncclFloat;
-    switch (buffer.dtype) {
-      case DType::f32: type = ncclFloat; break;
-      case DType::bf16: type = ncclBfloat16; break;
-      case DType::f16: type = ncclFloat16; break;
-      default:
-        PB_THROW("nccl transport: all_gather of a {} buffer (f32, bf16 or f16)",
-                 dtype_name(buffer.dtype));
-    }
     if (buckets.empty()) return;
     PB_NCCL_CUDA(cudaSetDevice(device_));
-    const size_t elem = dtype_size(buffer.dtype);
-    char* base = static_cast<char*>(buffer.data);
     // One event covers every write to the buffer issued so far; the compute stream then waits
     // for the last gather (the communication stream runs them in order).
     PB_NCCL_CUDA(cudaEventRecord(ready_[0], compute_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[0], 0));
     // An all-gather of unequal parts: one in-place ncclBroadcast per owner, in one group.
     PB_NCCL_NCCL(ncclGroupStart());
-    for (const GradBucket& b : buckets) {
-      const std::vector<int64_t> counts = bucket_part_counts(b, bounds_);
-      char* at = base + static_cast<size_t>(b.offset) * elem;
-      for (size_t r = 0; r < counts.size(); ++r) {
-        if (counts[r] > 0)
-          PB_NCCL_NCCL(ncclBroadcast(at, at, static_cast<size_t>(counts[r]), type,
-                                     static_cast<int>(r), comm_, comm_stream_));
-        at += static_cast<size_t>(counts[r]) * elem;
-      }
-    }
+    broadcast_parts(buckets, buffer);
     PB_NCCL_NCCL(ncclGroupEnd());
     PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
     watch("NCCL all-gather (shard exchange)", ready_[0], done_[0]);
     check_async();
+  }
+
+  void start_groups(const std::vector<std::vector<GatherPart>>& groups) override {
+    PB_REQUIRE(!failed_, "nccl transport: the communicator was aborted after an earlier error");
+    if (groups.empty()) return;
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    while (group_done_.size() < groups.size()) {
+      cudaEvent_t e = nullptr;
+      PB_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      group_done_.push_back(e);
+    }
+    // One event covers every write issued so far (the optimizer's update); the groups then run
+    // in order on the communication stream, each marking its end for the readers of its part.
+    PB_NCCL_CUDA(cudaEventRecord(ready_[0], compute_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[0], 0));
+    for (size_t g = 0; g < groups.size(); ++g) {
+      PB_NCCL_NCCL(ncclGroupStart());
+      for (const GatherPart& part : groups[g]) broadcast_parts(part.pieces, part.buffer);
+      PB_NCCL_NCCL(ncclGroupEnd());
+      PB_NCCL_CUDA(cudaEventRecord(group_done_[g], comm_stream_));
+    }
+    groups_started_ = groups.size();
+    watch("NCCL all-gather (shard exchange, by layer)", ready_[0], group_done_[groups.size() - 1]);
+    check_async();
+  }
+
+  void wait_group(int group) override {
+    PB_REQUIRE(group >= 0 && static_cast<size_t>(group) < groups_started_,
+               "nccl transport: wait for gather group {} of {}", group, groups_started_);
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, group_done_[static_cast<size_t>(group)], 0));
   }
 
   void allreduce_sum(const Tensor& values) override {
@@ -217,6 +230,32 @@ class NcclTransport final : public GradBucketTransport {
   }
 
  private:
+  // Inside an NCCL group: each piece's owned parts of buffer from their owners to every rank,
+  // one in-place ncclBroadcast per owner (an all-gather of unequal parts).
+  void broadcast_parts(const std::vector<GradBucket>& pieces, const Tensor& buffer) {
+    ncclDataType_t type = ncclFloat;
+    switch (buffer.dtype) {
+      case DType::f32: type = ncclFloat; break;
+      case DType::bf16: type = ncclBfloat16; break;
+      case DType::f16: type = ncclFloat16; break;
+      default:
+        PB_THROW("nccl transport: all_gather of a {} buffer (f32, bf16 or f16)",
+                 dtype_name(buffer.dtype));
+    }
+    const size_t elem = dtype_size(buffer.dtype);
+    char* base = static_cast<char*>(buffer.data);
+    for (const GradBucket& b : pieces) {
+      const std::vector<int64_t> counts = bucket_part_counts(b, bounds_);
+      char* at = base + static_cast<size_t>(b.offset) * elem;
+      for (size_t r = 0; r < counts.size(); ++r) {
+        if (counts[r] > 0)
+          PB_NCCL_NCCL(ncclBroadcast(at, at, static_cast<size_t>(counts[r]), type,
+                                     static_cast<int>(r), comm_, comm_stream_));
+        at += static_cast<size_t>(counts[r]) * elem;
+      }
+    }
+  }
+
   // The constructor's work: the device current, the buffer checked, the stream and events.
   void create(size_t num_buckets) {
     PB_NCCL_CUDA(cudaSetDevice(device_));
@@ -269,8 +308,10 @@ class NcclTransport final : public GradBucketTransport {
   void release() {
     for (cudaEvent_t e : ready_) (void)cudaEventDestroy(e);
     for (cudaEvent_t e : done_) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : group_done_) (void)cudaEventDestroy(e);
     ready_.clear();
     done_.clear();
+    group_done_.clear();
     if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
     comm_stream_ = nullptr;
   }
@@ -303,6 +344,8 @@ class NcclTransport final : public GradBucketTransport {
   float* grads_;
   cudaStream_t comm_stream_ = nullptr;
   std::vector<cudaEvent_t> ready_, done_;  // per bucket
+  std::vector<cudaEvent_t> group_done_;    // per gather group (start_groups)
+  size_t groups_started_ = 0;
   ncclComm_t comm_ = nullptr;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<AsyncWatch> watch_;

@@ -3,8 +3,13 @@
 // a checkpoint, and to sum its partial norms.
 //
 //   all_gather      each bucket's parts of a buffer laid out as the gradient (f32, bf16 or f16),
-//                   from their owners to every rank, in place (the weights after an update)
+//                   from their owners to every rank, in place (the weights after an update);
+//                   or only the parts of given ranges of it
 //   gather_to_root  the owned parts of host arrays onto one rank (a checkpoint's moments)
+//   gather_to_all   the same onto every rank (the sharded master weights, whole)
+//   start_gathers   all_gather of ranges in groups, each waited for on its own by its reader
+//   / wait_gather   (the weights of one layer before its forward, while the later layers'
+//                   still travel)
 //   sum             in-place sum over ranks of a few f64 values in the backend's memory
 //
 // Ownership is the gradient reducer's: rank r owns the elements [shard_bounds[r],
@@ -20,6 +25,10 @@
 // on the host, and on NCCL by an AsyncWatch on each collective (comm/nccl_transport.h).
 #pragma once
 
+#include <cstdint>
+#include <utility>
+#include <vector>
+
 #include "comm/grad_reducer.h"
 
 namespace packbert {
@@ -33,14 +42,28 @@ class ShardExchange {
   // Each bucket's parts of buffer (f32, bf16 or f16 [num_elems] on the backend's device, laid
   // out as the gradient) from their owners to every rank, in place.
   void all_gather(const Tensor& buffer);
+  // The same over the ranges [first, second) of the buffer only (ascending, not overlapping):
+  // the parts of them each rank owns, to every rank.
+  void all_gather(const Tensor& buffer, const std::vector<std::pair<int64_t, int64_t>>& ranges);
+  // Ranges of buffers (as all_gather's) in groups: groups[g] lists (buffer, ranges) pairs.
+  // Started in order after the work issued so far; wait_gather(g) makes the reader (NCCL: the
+  // backend's stream; MPI moves every group before start_gathers returns) wait for group g
+  // only. Every group must be waited for before its buffers are written again.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  void start_gathers(const std::vector<std::vector<std::pair<Tensor, Ranges>>>& groups);
+  void wait_gather(int group);
   // The owned parts of host arrays onto rank root: mine holds this rank's elements
   // [shard_bounds[rank], shard_bounds[rank + 1]); all (root only; ignored elsewhere) receives
   // the whole [num_elems] array. Blocking and collective. One rank: a copy.
   void gather_to_root(const float* mine, float* all, int root);
+  // The same onto every rank (all: [num_elems] on every rank).
+  void gather_to_all(const float* mine, float* all);
   // In-place sum over ranks of a few f64 values (at most 2^20) in the backend's memory.
   void sum(const Tensor& values);
 
  private:
+  // The ranges as pieces inside the reducer's buckets (each fits an int count), by offset.
+  std::vector<GradBucket> pieces(const Tensor& buffer, const Ranges& ranges) const;
   GradReducer& reducer_;
 };
 

@@ -88,11 +88,39 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
       g.ffn_in_w = low.layers[l].ffn_in_w;
       g.ffn_out_w = low.layers[l].ffn_out_w;
     }
-    gemm_weights_.embeddings.word = low.embeddings.word;  // the tied decoder reads it (mlm_loss)
+    // The embedding tables: the lookup and the tied decoder (mlm_loss) read the 16-bit copy, as
+    // the GEMMs do, so that a sharded optimizer gathers them in 16 bits (DistributedLamb).
+    gemm_weights_.embeddings.word = low.embeddings.word;
+    gemm_weights_.embeddings.position = low.embeddings.position;
+    gemm_weights_.embeddings.token_type = low.embeddings.token_type;
     gemm_weights_.mlm_dense_w = low.mlm_dense_w;
     gemm_weights_.pooler_nsp.dense_w = low.pooler_nsp.dense_w;
     gemm_weights_.pooler_nsp.cls_w = low.pooler_nsp.cls_w;
     refresh_lowp_params();
+  }
+  // What the ops read in fp32: every tensor but those replaced above by their 16-bit copy.
+  std::vector<const Tensor*> gemm_only;
+  if (options.precision != Precision::fp32) {
+    for (const LayerWeights& g : weights_.layers)
+      for (const Tensor* w : {&g.qkv_w, &g.attn_out_w, &g.ffn_in_w, &g.ffn_out_w})
+        gemm_only.push_back(w);
+    for (const Tensor* w : {&weights_.mlm_dense_w, &weights_.pooler_nsp.dense_w,
+                            &weights_.pooler_nsp.cls_w, &weights_.embeddings.word,
+                            &weights_.embeddings.position, &weights_.embeddings.token_type})
+      gemm_only.push_back(w);
+  }
+  for (const ParamTensor& t : table_.tensors()) {
+    // A view may cover several table rows (the fused query | key | value weight).
+    const float* at = static_cast<const float*>(params.data) + t.offset;
+    const bool skip = std::any_of(gemm_only.begin(), gemm_only.end(), [&](const Tensor* w) {
+      const auto* first = static_cast<const float*>(w->data);
+      return at >= first && at < first + w->numel();
+    });
+    if (skip || t.size == 0) continue;
+    if (!fp32_ranges_.empty() && fp32_ranges_.back().second == t.offset)
+      fp32_ranges_.back().second = t.offset + t.size;
+    else
+      fp32_ranges_.emplace_back(t.offset, t.offset + t.size);
   }
   if (grads.defined()) {
     check_device("Bert", "grads", grads, backend.device());
@@ -112,6 +140,18 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
     ready_groups_.emplace_back(layer_first(l),
                                l + 1 < config.layers ? layer_first(l + 1) : heads_first);
   ready_groups_.emplace_back(0, layer_first(0));
+  // The same groups in forward order, as ranges of the flat buffer.
+  const auto& rows = table_.tensors();
+  auto span = [&](int first, int last) {  // tensors [first, last)
+    int64_t lo = table_.total(), hi = 0;
+    for (int i = first; i < last; ++i) {
+      lo = std::min(lo, rows[static_cast<size_t>(i)].offset);
+      hi = std::max(hi, rows[static_cast<size_t>(i)].offset + rows[static_cast<size_t>(i)].size);
+    }
+    return std::pair<int64_t, int64_t>(lo, std::max(lo, hi));
+  };
+  for (auto g = ready_groups_.rbegin(); g != ready_groups_.rend(); ++g)
+    forward_groups_.push_back(span(g->first, g->second));
 }
 
 Bert::~Bert() = default;
@@ -284,14 +324,19 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   upload_batch(backend_, batch, a);
 
   // Embeddings: LayerNorm(word + position + token type), dropout.
-  backend_.embedding_forward(a.layout, a.input_ids, a.segment_ids, weights_.embeddings,
+  if (weights_ready_) weights_ready_(0);
+  backend_.embedding_forward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
                              dropout(DropoutSite::embedding, 0), a.hidden[0], a.emb_ln_mean,
                              a.emb_ln_rstd);
   // Encoder.
-  for (int64_t l = 0; l < config_.layers; ++l) encoder_layer_forward(l);
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    if (weights_ready_) weights_ready_(static_cast<int>(l) + 1);
+    encoder_layer_forward(l);
+  }
   // Heads, loss and (with gradients) the gradient wrt the encoder output.
   const int64_t slot = options.defer_metrics ? 1 + static_cast<int64_t>(deferred_.size()) : 0;
   const Tensor sums = metric_slot(slot);
+  if (weights_ready_) weights_ready_(static_cast<int>(config_.layers) + 1);
   heads(global_masked, global_samples, options, sums);
 
   result.masked_tokens = batch.num_masked();
@@ -524,7 +569,7 @@ void Bert::backward(const GradientReady& ready) {
     announce(static_cast<size_t>(config_.layers - l));
   }
   // dhidden[cur] is scratch to the op from here on.
-  backend_.embedding_backward(a.layout, a.input_ids, a.segment_ids, weights_.embeddings,
+  backend_.embedding_backward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
                               dropout(DropoutSite::embedding, 0), a.emb_ln_mean, a.emb_ln_rstd,
                               a.dhidden[cur], grads_.embeddings);
   announce(ready_groups_.size() - 1);

@@ -75,8 +75,9 @@ struct BertOptions {
   // resumes in another), which is why this is an option of the run and not of BertConfig.
   // bf16 / fp16: activations (hidden states, QKV, attention context, MLP, the heads' token
   // buffers and every activation gradient) are stored in that type, the GEMMs read a copy of
-  // the weight matrices in that type (lowp_params(), refreshed by LAMB in its update pass),
-  // biases and LayerNorm parameters are read in fp32. The arena shrinks accordingly.
+  // the weight matrices and embedding tables in that type (lowp_params(), refreshed by LAMB in
+  // its update pass), biases and LayerNorm parameters are read in fp32. The arena shrinks
+  // accordingly.
   Precision precision = Precision::fp32;
 };
 
@@ -188,6 +189,21 @@ class Bert {
   // any other way (initialisation, checkpoint load, a test) calls refresh_lowp_params().
   const Tensor& lowp_params() const { return params_lowp_; }
   void refresh_lowp_params();
+  // The parts [begin, end) of the flat fp32 master weights that the ops read in fp32, ascending
+  // and merged where adjacent: the whole buffer under fp32; under bf16 / fp16 everything but the
+  // weight matrices and embedding tables, which the ops read from the 16-bit copy: the biases
+  // and LayerNorm parameters. A sharded optimizer keeps these current on every rank, and the
+  // 16-bit copy of everything (optim/distributed_lamb.h).
+  const std::vector<std::pair<int64_t, int64_t>>& fp32_ranges() const { return fp32_ranges_; }
+  // The parameters by the part of a forward that first reads them, in forward order: [0] the
+  // embeddings, [1 + l] encoder layer l, [L + 1] the pooler and heads; each the range [begin,
+  // end) of the flat buffer its tensors span (the table is laid out in this order: params.h).
+  const std::vector<std::pair<int64_t, int64_t>>& forward_groups() const {
+    return forward_groups_;
+  }
+  // Called with a group's index before a forward's first op that reads its weights: a sharded optimizer whose gather of the weights still runs makes the
+  // backend's stream wait for that group only (optim/distributed_lamb.h). None: no call.
+  void set_weights_ready(std::function<void(int group)> hook) { weights_ready_ = std::move(hook); }
 
   struct Activations;  // model/activations.h
 
@@ -209,14 +225,17 @@ class Bert {
   BertOptions options_;
   ParamTable table_;
   BertWeights weights_;       // fp32 master weights
-  // What the ops read: weights_ with every GEMM weight matrix (encoder, MLM transform and
-  // decoder, pooler, NSP classifier) a view of params_lowp_ under bf16 / fp16. The embedding
-  // lookups, biases and LayerNorm parameters stay fp32.
+  // What the ops read: weights_ with every weight matrix (encoder, MLM transform and decoder,
+  // pooler, NSP classifier) and the embedding tables a view of params_lowp_ under bf16 / fp16.
+  // Biases and LayerNorm parameters stay fp32.
   BertWeights gemm_weights_;
   BertWeights grads_;
   Tensor params_;             // the master weights, for refresh_lowp_params()
   Tensor params_lowp_;
   BackendBuffer lowp_memory_;  // params_lowp_'s memory
+  std::vector<std::pair<int64_t, int64_t>> fp32_ranges_;
+  std::vector<std::pair<int64_t, int64_t>> forward_groups_;
+  std::function<void(int)> weights_ready_;
   bool has_grads_ = false;
   // Tensor index ranges [first, last) in the order backward() finishes them: heads, layer
   // L-1 .. layer 0, embeddings.

@@ -64,6 +64,11 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
       options_(options) {
   check_options(options_);
   check_table(params_, num_elems_);
+  // Empty tensors have nothing to update (and no norm to sum).
+  params_.erase(std::remove_if(params_.begin(), params_.end(),
+                               [](const LambParam& p) { return p.size == 0; }),
+                params_.end());
+  const auto all_tensors = static_cast<int64_t>(params_.size());
   if (shard) {
     PB_REQUIRE(shard->sum_over_ranks, "lamb: a shard needs its sum over ranks");
     PB_REQUIRE(0 <= shard->begin && shard->begin <= shard->end && shard->end <= num_elems_,
@@ -71,15 +76,15 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
     shard_ = *shard;
     begin_ = shard->begin;
     end_ = shard->end;
+    // The pieces inside the shard: consecutive rows of the sorted table, clipped.
     std::vector<LambParam> own;
-    for (const LambParam& p : params_) {
-      const bool inside = p.offset >= begin_ && p.offset + p.size <= end_;
-      const bool outside = p.offset + p.size <= begin_ || p.offset >= end_;
-      PB_REQUIRE(inside || outside || p.size == 0,
-                 "lamb: tensor '{}' (offset {}, size {}) straddles the shard [{}, {}) (shards "
-                 "are cut at tensor boundaries: optim/sharding.h)",
-                 p.name, p.offset, p.size, begin_, end_);
-      if (inside && p.size > 0) own.push_back(p);
+    sums_first_ = all_tensors;
+    for (int64_t t = 0; t < all_tensors; ++t) {
+      const LambParam& p = params_[static_cast<size_t>(t)];
+      const int64_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.size, end_);
+      if (lo >= hi) continue;
+      if (own.empty()) sums_first_ = t;
+      own.push_back({p.name, lo, hi - lo, p.no_decay});
     }
     params_ = std::move(own);
   }
@@ -97,6 +102,10 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
   scalars_ = backend_.alloc(DType::u8, {kScalarBytes});
   norms_buffer_ = backend_.alloc(DType::f32, {2 * num_tensors});
   if (shard) squares_ = backend_.alloc(DType::f64, {1});
+  sums_buffer_ = backend_.alloc(DType::f64, {2 * std::max<int64_t>(all_tensors, 1)});
+  sums_all_ = Tensor(sums_buffer_.data(), DType::f64, {2 * all_tensors}, backend_.device());
+  sums_ = Tensor(static_cast<double*>(sums_buffer_.data()) + 2 * std::min(sums_first_, all_tensors),
+                 DType::f64, {num_tensors, 2}, backend_.device());
   m_ = m_buffer_.tensor();
   v_ = v_buffer_.tensor();
   grad_norm_ = scalars_.tensor(DType::f32, {1});
@@ -109,7 +118,15 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
 }
 
 size_t Lamb::state_bytes() const {
-  return m_buffer_.bytes() + v_buffer_.bytes() + norms_buffer_.bytes() + scalars_.bytes();
+  return m_buffer_.bytes() + v_buffer_.bytes() + norms_buffer_.bytes() + scalars_.bytes() +
+         squares_.bytes() + sums_buffer_.bytes();
+}
+
+size_t Lamb::state_bytes_for(int64_t len, int64_t tensors, int64_t all_tensors, bool sharded) {
+  // As the constructor allocates them (Backend::alloc gives at least one byte).
+  auto buffer = [](int64_t bytes) { return static_cast<size_t>(std::max<int64_t>(bytes, 1)); };
+  return 2 * buffer(4 * len) + buffer(8 * tensors) + buffer(kScalarBytes) +
+         (sharded ? buffer(8) : 0) + buffer(16 * std::max<int64_t>(all_tensors, 1));
 }
 
 LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp,
@@ -180,10 +197,15 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   cfg.max_grad_norm = options_.max_grad_norm;
   cfg.step = info.step;
   cfg.grad_scale = grad_scale;
-  // A non-finite norm makes this a no-op on the device (and counts it in the record).
-  backend_.lamb_step(table_, cfg, grad_norm_, own_params, own_grads, m_, v_, norms_, own_lowp,
-                     record_);
-  // lamb_step left the update direction in grads; the next accumulation starts from zero.
+  // A non-finite norm makes both passes no-ops on the device (and counts it in the record); the
+  // sums still go round, so every rank makes the same collectives.
+  if (sharded()) backend_.zero(sums_all_);
+  backend_.lamb_update(table_, cfg, grad_norm_, own_params, own_grads, m_, v_, sums_, record_);
+  // Sharded: the sums of a tensor cut between ranks are its pieces' sums added, in the order
+  // the collective adds them (double rounding, then the square root rounds to f32).
+  if (sharded()) shard_.sum_over_ranks(sums_all_);
+  backend_.lamb_apply(table_, cfg, grad_norm_, sums_, own_params, own_grads, own_lowp, norms_);
+  // lamb_update left the update direction in grads; the next accumulation starts from zero.
   if (own_grads.numel() > 0) backend_.zero(own_grads);
   info.skipped = !finite;
   if (finite) steps_done_ = info.step;

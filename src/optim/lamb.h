@@ -59,11 +59,13 @@ struct LambOptions {
   // its step number: the host cannot know, so the bias correction and the schedule advance.
 };
 
-// One rank's part of a sharded optimizer (optim.sharded; the cut: optim/sharding.h). The rank
-// owns the tensors inside [begin, end) of the flat buffers, keeps m and v for them only and
-// updates only them; whoever drives it all-gathers the weights afterwards. The global gradient
-// norm is the square root of the sum over ranks of each rank's squared norm (one small sum over
-// ranks per step, in the backend's memory: on a GPU with NCCL the host never waits for it).
+// One rank's part of a sharded optimizer (optim.sharded; the cut: optim/sharding.h, the
+// optimizer that drives it: optim/distributed_lamb.h). The rank owns the elements [begin, end)
+// of the flat buffers, keeps m and v for them only and updates only them; a tensor may be cut
+// anywhere, its pieces on several ranks. Norms over ranks come from sums over ranks: the global
+// gradient norm from each rank's sum of squares, each tensor's ||w|| and ||u|| from the sums
+// of its pieces (Backend::lamb_update / lamb_apply). Two small sums over ranks per step, in the
+// backend's memory (on a GPU with NCCL the host never waits for them).
 struct LambShard {
   int64_t begin = 0;
   int64_t end = 0;
@@ -92,8 +94,8 @@ class Lamb {
   // params: the parameter table in any order; rows may leave gaps (alignment) but must not
   // overlap or leave [0, num_elems). Throws Error naming the offending tensor. The state (m, v
   // and the norms) is the backend's memory; the table stays on the host (Backend::lamb_step).
-  // shard (optional): this rank's part of a sharded optimizer; every tensor must lie wholly
-  // inside or outside it (Error naming one that straddles), and it may own none.
+  // shard (optional): this rank's part of a sharded optimizer; it may cut tensors, and own
+  // nothing.
   Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
        const LrSchedule& schedule, const LambOptions& options = {},
        const LambShard* shard = nullptr);
@@ -133,12 +135,17 @@ class Lamb {
   int64_t shard_begin() const { return begin_; }
   int64_t shard_end() const { return end_; }
   bool sharded() const { return static_cast<bool>(shard_.sum_over_ranks); }
-  // Bytes of optimizer state this rank holds on the backend's device (m, v, norms, scalars).
+  // Bytes of optimizer state this rank holds on the backend's device (m, v, norms, sums,
+  // scalars).
   size_t state_bytes() const;
-  // The tensors this rank updates, sorted by offset (the order of tensor_norms()), offsets in
-  // the whole buffer.
+  // The same for a rank owning `len` elements that cut `tensors` of the table's `all_tensors`
+  // non-empty ones (any rank's, from the cut alone).
+  static size_t state_bytes_for(int64_t len, int64_t tensors, int64_t all_tensors, bool sharded);
+  // The tensors (or their pieces) this rank updates, sorted by offset (the order of
+  // tensor_norms()), offsets and sizes in the whole buffer, clipped to the shard.
   const std::vector<LambParam>& params() const { return params_; }
-  // f32 [2T] on the device: ||w|| (before the last step) then ||u|| of each tensor.
+  // f32 [2T] on the device: ||w|| (before the last step) then ||u|| of each tensor params()
+  // lists (of the whole tensor, all its pieces, when sharded).
   const Tensor& tensor_norms() const { return norms_; }
 
   const LrSchedule& schedule() const { return schedule_; }
@@ -160,7 +167,11 @@ class Lamb {
   // scalars_: the global norm (f32) then the skip record (i32 [3]), read back in one copy.
   BackendBuffer m_buffer_, v_buffer_, scalars_, norms_buffer_;
   BackendBuffer squares_;  // sharded: this rank's sum of squared gradients (f64 [1])
-  Tensor m_, v_, grad_norm_, record_, norms_;  // their views
+  // The per-tensor sums of squares (w, u) of every tensor of the table, f64 [T_all, 2]: the
+  // rows of this rank's pieces at sums_first_; sharded, the rest zero and summed over ranks.
+  BackendBuffer sums_buffer_;
+  int64_t sums_first_ = 0;
+  Tensor m_, v_, grad_norm_, record_, norms_, sums_all_, sums_;  // their views
   int64_t skips_seen_ = 0;  // record[0] at the last read
 };
 

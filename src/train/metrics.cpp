@@ -47,6 +47,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["activation_capacity_bytes"] = r.activation_capacity_bytes;
   j["arena_allocations"] = r.arena_allocations;
   j["optimizer_state_bytes"] = r.optimizer_state_bytes;
+  j["bytes_sent_per_step"] = r.bytes_sent_per_step;
   nlohmann::json kinds = nlohmann::json::object();
   for (const auto& [kind, bytes] : r.activation_bytes_by_kind) kinds[kind] = bytes;
   j["activation_bytes_by_kind"] = kinds;
@@ -189,6 +190,7 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
     r.mst_chunks = act->mst_chunks;
   }
   r.optimizer_state_bytes = context.optimizer_state_bytes;
+  r.bytes_sent_per_step = context.bytes_sent_per_step;
   r.skipped_steps = context.skipped_steps;
   *this = ProgressAccumulator(now);
   return r;

@@ -50,7 +50,11 @@ struct ProgressRecord {
   int64_t activation_peak_bytes = 0;  // activation arena high-water mark; 0 = not measured
   int64_t activation_capacity_bytes = 0;  // the arena allocated (TrainerOptions::reserve)
   int64_t arena_allocations = 0;      // times it was allocated: 1 = reserved once, never grown
-  int64_t optimizer_state_bytes = 0;  // LAMB state this rank holds (1/N of it when sharded)
+  // The optimizer state of the rank that holds most (moments, norms, mixed precision's fp32
+  // master weights: optim/distributed_lamb.h), and the bytes one step's gradient and optimizer
+  // collectives make the rank that sends most send (0 on one rank).
+  int64_t optimizer_state_bytes = 0;
+  int64_t bytes_sent_per_step = 0;
   // Its split by kind of buffer (model/arena.h ActivationKind names, in that order; sums to
   // activation_peak_bytes); empty = not measured.
   std::vector<std::pair<std::string, int64_t>> activation_bytes_by_kind;
@@ -76,6 +80,7 @@ struct ProgressContext {
   double elapsed_s = 0;   // since training started
   const ActivationReport* activation = nullptr;  // null: not measured
   int64_t optimizer_state_bytes = 0;
+  int64_t bytes_sent_per_step = 0;
 };
 
 // The steps since the previous progress record. Loss is the mean over the steps; MLM loss and

@@ -251,6 +251,7 @@ void log_progress(ProgressAccumulator& progress, const RunState& st, double elap
   at.elapsed_s = elapsed_s;
   at.activation = &act;
   at.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
+  at.bytes_sent_per_step = trainer.bytes_sent_per_step();
   const ProgressRecord r = progress.close(at);
   if (trainer.rank() == 0) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
   metrics.write(to_json(r));
@@ -344,24 +345,25 @@ class Evaluations {
 };
 
 // A checkpoint of the run at `st` under checkpoint.dir (none when that is unset). Collective:
-// rank 0 writes it, after a sharded optimizer has gathered its moments there. Returns its
+// rank 0 writes it, after a sharded optimizer has gathered its state there. Returns its
 // directory on rank 0 ("" elsewhere and when none is written).
 std::string save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& trainer,
                             const RunState& st, const DataLoader& loader) {
   if (c.checkpoint.dir.empty()) return {};
   std::string dir;
   const bool root = trainer.rank() == 0;
-  std::vector<float> m, v;
+  std::vector<float> params, m, v;
   if (root) {
-    m.resize(static_cast<size_t>(trainer.table().total()));
-    v.resize(m.size());
+    params.resize(static_cast<size_t>(trainer.table().total()));
+    m.resize(params.size());
+    v.resize(params.size());
   }
-  if (root || trainer.optimizer_sharded()) trainer.save_optimizer_state(m.data(), v.data(), 0);
+  trainer.save_state(params.data(), m.data(), v.data(), 0);
   if (root) {
     const auto t0 = Clock::now();
     CheckpointWrite w;
     w.table = &trainer.table();
-    w.params = trainer.params().data();
+    w.params = params.data();
     w.m = m.data();
     w.v = v.data();
     w.step = st.step;

@@ -8,7 +8,6 @@
 #include "comm/mpi_check.h"
 #include "core/error.h"
 #include "kernels/common/philox.h"
-#include "optim/sharding.h"
 #include "train/batching.h"
 
 namespace packbert {
@@ -63,42 +62,36 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   reduce.bucket_bytes = options_.bucket_bytes;
   reduce.device_transport = options_.gpu_transport;
   reduce.cuda_device = options_.cuda_device;
-  int world = 1, rank = 0;
+  int world = 1;
   int initialized = 0;
   PB_MPI_CHECK(MPI_Initialized(&initialized));
-  if (initialized) {
-    PB_MPI_CHECK(MPI_Comm_size(comm, &world));
-    PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  }
-  const bool sharded = options_.sharded && world > 1;  // a world of one: nothing to shard
-  if (sharded) reduce.shard_bounds = plan_tensor_shards(lamb_params(table), n, world);
+  if (initialized) PB_MPI_CHECK(MPI_Comm_size(comm, &world));
+  reduce.shard_bounds = DistributedLamb::shard_bounds(n, world);
   reducer_ = std::make_unique<GradReducer>(comm, backend, replica_.grads(), grad_spans(table),
                                            reduce);
-  exchange_ = std::make_unique<ShardExchange>(*reducer_);
   metric_sums_ = std::make_unique<MetricSums>(comm);
-  LambShard shard;
-  if (sharded) {
-    shard.begin = reduce.shard_bounds[static_cast<size_t>(rank)];
-    shard.end = reduce.shard_bounds[static_cast<size_t>(rank) + 1];
-    shard.sum_over_ranks = [this](const Tensor& values) { exchange_->sum(values); };
-  }
-  lamb_ = std::make_unique<Lamb>(backend, lamb_params(table), n, LrSchedule(options_.lr),
-                                 options_.lamb, sharded ? &shard : nullptr);
+  Bert& bert = replica_.bert();
+  OptimizedBuffers buffers{replica_.params(), replica_.grads(), bert.lowp_params(),
+                           bert.fp32_ranges(), bert.forward_groups()};
+  optimizer_ = std::make_unique<DistributedLamb>(backend, lamb_params(table), *reducer_,
+                                                 std::move(buffers), LrSchedule(options_.lr),
+                                                 options_.lamb, options_.sharded);
+  // A sharded step's weights arrive layer by layer: each layer of the next forward (or of an
+  // evaluation) waits for its own.
+  DistributedLamb* optimizer = optimizer_.get();
+  bert.set_weights_ready([optimizer](int group) { optimizer->wait_weights(group); });
 }
 
-void Trainer::save_optimizer_state(float* m, float* v, int root) {
-  if (!lamb_->sharded()) {
-    if (rank() == root) lamb_->save_moments(m, v);
-    return;
-  }
-  // Each rank's range through the host to root (a checkpoint is rare: no device gather, and no
-  // rank but root holds the whole state).
-  std::vector<float> mine(static_cast<size_t>(lamb_->shard_end() - lamb_->shard_begin()));
-  const bool at_root = rank() == root;
-  for (const auto& [moment, all] : {std::pair{&lamb_->m(), m}, std::pair{&lamb_->v(), v}}) {
-    if (!mine.empty()) replica_.backend().copy(view(mine.data(), {moment->numel()}), *moment);
-    exchange_->gather_to_root(mine.data(), at_root ? all : nullptr, root);
-  }
+void Trainer::save_state(float* params, float* m, float* v, int root) {
+  optimizer_->save_state(params, m, v, root);
+}
+
+const std::vector<float>& Trainer::params() {
+  optimizer_->sync_weights();
+  if (!optimizer_->master_sharded()) return replica_.host_params();
+  gathered_params_.resize(static_cast<size_t>(replica_.table().total()));
+  optimizer_->gather_params(gathered_params_.data());
+  return gathered_params_;
 }
 
 Trainer::~Trainer() = default;
@@ -129,7 +122,6 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   GradReducer& reducer = *reducer_;
   Bert& bert = replica_.bert();
   Backend& backend = replica_.backend();
-  const Tensor& params = replica_.params();
   const Tensor& grads = replica_.grads();
   const int64_t n = replica_.table().total();
   const GradientReady ready = [&reducer](int tensor) { reducer.ready_tensor(tensor); };
@@ -143,8 +135,7 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     // backward start the buckets as the layers finish (earlier micro-steps' ready() calls are
     // ignored outside a round).
     const bool last = m + 1 == micro_steps;
-    if (last)
-      reducer.begin(lamb_->sharded() ? GradCollective::reduce_scatter : GradCollective::allreduce);
+    if (last) reducer.begin(optimizer_->collective());
     bert.backward(last ? ready : GradientReady{});
     local[kMasked] += static_cast<double>(r.masked_tokens);
     local[kSequences] += static_cast<double>(r.sequences);
@@ -156,26 +147,16 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.step = batch.step;
   out.allreduce = reducer.finish();  // grads now hold the sum over ranks: the global gradient
   if (inspect_grads) {
-    // Sharded: each rank holds the sum of its range only; the others' come for the hook.
-    if (lamb_->sharded()) exchange_->all_gather(grads);
+    optimizer_->gather_gradient();  // sharded: each rank holds the sum of its range only
     host_grads_.resize(static_cast<size_t>(n));
     backend.copy(view(host_grads_.data(), {n}), grads);
     inspect_grads(host_grads_.data(), n);
   }
 
   // Mixed precision: LAMB also rewrites the GEMMs' low-precision weight copy, and divides the
-  // loss scale out of the gradients.
+  // loss scale out of the gradients. Afterwards every rank holds the weights the model reads.
   const bool read = read_optimizer || backend.device() == Device::cpu || scaler_ != nullptr;
-  const LambStepInfo info = lamb_->step(params, grads, bert.lowp_params(), loss_scale, read);
-  if (lamb_->sharded()) {
-    // Every rank updated its own tensors: the weights (and their low-precision copy) go round.
-    exchange_->all_gather(params);
-    if (bert.lowp_params().defined()) exchange_->all_gather(bert.lowp_params());
-    // LAMB zeroed the gradient it owns; the rest holds this rank's unreduced sums.
-    const int64_t begin = lamb_->shard_begin(), end = lamb_->shard_end();
-    if (begin > 0) backend.zero(slice(grads, 0, begin));
-    if (end < n) backend.zero(slice(grads, end, n - end));
-  }
+  const LambStepInfo info = optimizer_->step(loss_scale, read);
   out.loss_scale = loss_scale;
   if (scaler_) scaler_->update(!info.skipped);
   replica_.mark_params_changed();
@@ -212,13 +193,16 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   return out;
 }
 
-void Trainer::load_params(const float* params) { replica_.load_params(params); }
+void Trainer::load_params(const float* params) {
+  optimizer_->sync_weights();  // no gather in flight may write them afterwards
+  replica_.load_params(params);
+}
 
 void Trainer::load_state(const float* params, const float* m, const float* v,
                          int64_t lamb_steps_done) {
   load_params(params);
-  lamb_->load_moments(m, v);
-  lamb_->set_steps_done(lamb_steps_done);
+  optimizer_->load_moments(m, v);
+  optimizer_->set_steps_done(lamb_steps_done);
   replica_.backend().zero(replica_.grads());
 }
 

@@ -7,10 +7,11 @@
 //                                            micro-step each finished tensor starts its bucket's
 //                                            reduction (comm/grad_reducer.h: MPI or NCCL)
 //   GradReducer::finish()                    every rank now holds the global batch's gradient
-//   (optional inspection of that gradient)   tests dump it here: Lamb::step zeroes it
-//   Lamb::step                               global norm, clipping, trust ratio; grads := 0
-//                                            (sharded: LAMB its range, the trainer the rest)
-//   (sharded: ShardExchange::all_gather)     every rank gets the weights the others updated
+//                                            (sharded: the sum of its own range of it)
+//   (optional inspection of that gradient)   tests dump it here: the optimizer zeroes it
+//   DistributedLamb::step                    global norm, clipping, trust ratio; grads := 0;
+//                                            every rank then holds the weights the model reads
+//                                            (optim/distributed_lamb.h: replicated or sharded)
 //   MetricSums::sum                          loss and accuracies of the whole global batch
 //
 // Because the loss is normalised by global counts and dropout is keyed by sample ids, the
@@ -29,12 +30,12 @@
 #include "data/loader/loader.h"
 #include "comm/grad_reducer.h"
 #include "comm/metric_sums.h"
-#include "comm/shard_exchange.h"
 #include "model/batch.h"
 #include "model/bert.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "model/replica.h"
+#include "optim/distributed_lamb.h"
 #include "optim/lamb.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -62,9 +63,9 @@ struct TrainerOptions {
   Device device = Device::cpu;
   int cuda_device = 0;
   GradTransport gpu_transport = GradTransport::nccl;
-  // optim.sharded: each rank keeps the LAMB state of, and updates, only the tensors of its range
-  // (optim/sharding.h); the gradient is reduce-scattered and the weights all-gathered. A world
-  // of one is unsharded.
+  // optim.sharded: each rank keeps the LAMB state of, and updates, only its range of the flat
+  // buffer (optim/distributed_lamb.h); the gradient is reduce-scattered and the weights the
+  // model reads all-gathered. A world of one is unsharded.
   bool sharded = false;
   // The largest micro-batch the run expects (train/batching.h largest_micro_batch): the
   // activation arena is sized for it once, at construction, so that the step loop never
@@ -123,17 +124,19 @@ class Trainer {
 
   // ---- state, for checkpoints ----------------------------------------------------------------
   // Every rank must load the same state (the replicas stay bitwise identical).
-  // params, m, v: host arrays of table().total() floats. save_optimizer_state writes the
-  // moments into m and v on rank root; sharded it is collective (every rank sends its range,
-  // and only root's arrays are written: the others may pass null), unsharded only root needs
-  // to call it.
-  void save_optimizer_state(float* m, float* v, int root = 0);
-  bool optimizer_sharded() const { return lamb_->sharded(); }
-  // Bytes of optimizer state (LAMB's moments and norms) this rank holds.
-  size_t optimizer_state_bytes() const { return lamb_->state_bytes(); }
+  // params, m, v: host arrays of table().total() floats. save_state writes the weights and the
+  // moments into them on rank root. Collective: every rank calls it (a sharded optimizer sends
+  // its range; only root's arrays are written, the others may pass null).
+  void save_state(float* params, float* m, float* v, int root = 0);
+  bool optimizer_sharded() const { return optimizer_->sharded(); }
+  // Bytes of optimizer state (moments, norms; mixed precision's fp32 master weights) of the
+  // rank that holds most (optim/distributed_lamb.h).
+  size_t optimizer_state_bytes() const { return optimizer_->largest_state_bytes(); }
+  // Bytes one step's gradient and optimizer collectives make the rank that sends most send.
+  int64_t bytes_sent_per_step() const { return optimizer_->largest_bytes_sent(); }
   void load_state(const float* params, const float* m, const float* v, int64_t lamb_steps_done);
   void load_params(const float* params);  // weights only (--init-checkpoint)
-  int64_t lamb_steps_done() const { return lamb_->steps_done(); }
+  int64_t lamb_steps_done() const { return optimizer_->steps_done(); }
   // fp16's loss scale and clean-step count (optim/loss_scaler.h): part of the state an exact
   // resume restores (the default state for fp32 / bf16, where setting it is an error).
   LossScalerState loss_scaler_state() const;
@@ -142,8 +145,10 @@ class Trainer {
   ActivationReport activation_report() const { return replica_.bert().activation_report(); }
 
   const ParamTable& table() const { return replica_.table(); }
-  // Host copy of the parameters (copied from the backend's buffer when it changed).
-  const std::vector<float>& params() const { return replica_.host_params(); }
+  // Host copy of the parameters (copied from the backend's buffer when it changed). Collective
+  // when no rank holds them whole (a sharded mixed-precision optimizer gathers them: every rank
+  // must call it).
+  const std::vector<float>& params();
   int rank() const { return reducer_->rank(); }
   int world_size() const { return reducer_->size(); }
   const TrainerOptions& options() const { return options_; }
@@ -154,10 +159,10 @@ class Trainer {
   // Lamb::step) and the model.
   ModelReplica replica_;
   std::vector<float> host_grads_;  // for ReducedGradHook only
-  std::unique_ptr<Lamb> lamb_;
+  std::vector<float> gathered_params_;  // params() of a sharded mixed-precision run
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   std::unique_ptr<GradReducer> reducer_;    // the gradient's rounds
-  std::unique_ptr<ShardExchange> exchange_;  // sharded: the weights' gathers, the moments to root
+  std::unique_ptr<DistributedLamb> optimizer_;  // LAMB, replicated or sharded
   std::unique_ptr<MetricSums> metric_sums_;  // the step's loss sums and counts
 };
 

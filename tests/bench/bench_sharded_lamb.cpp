@@ -75,7 +75,7 @@ int run(int argc, char** argv, int rank, int size) {
     for (size_t i = 0; i < host.size(); ++i) host[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
     backend->copy(w.tensor(), view(host.data(), {n}));
   }
-  const std::vector<int64_t> bounds = plan_tensor_shards(params, n, size);
+  const std::vector<int64_t> bounds = plan_shards(n, size);
   const int64_t mine_begin = bounds[static_cast<size_t>(rank)];
   const int64_t mine_end = bounds[static_cast<size_t>(rank) + 1];
   // The copy bandwidth over this rank's range (the whole buffer when only the replicated row

@@ -174,13 +174,20 @@ class TimedBackend final : public Backend {
   void norm_from_sum_squares(const Tensor& sum, const Tensor& out) override {
     timed(OpKind::optimizer, [&] { inner_.norm_from_sum_squares(sum, out); });
   }
-  void lamb_step(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
-                 const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                 const Tensor& norms_ws, const Tensor& params_lowp,
-                 const Tensor& record) override {
+  void lamb_update(const Tensor& table, const LambConfig& config,
+                   const Tensor& global_grad_norm, const Tensor& params, const Tensor& grads,
+                   const Tensor& m, const Tensor& v, const Tensor& sums,
+                   const Tensor& record) override {
     timed(OpKind::optimizer, [&] {
-      inner_.lamb_step(table, config, global_grad_norm, params, grads, m, v, norms_ws,
-                       params_lowp, record);
+      inner_.lamb_update(table, config, global_grad_norm, params, grads, m, v, sums, record);
+    });
+  }
+  void lamb_apply(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
+                  const Tensor& sums, const Tensor& params, const Tensor& grads,
+                  const Tensor& params_lowp, const Tensor& norms_ws) override {
+    timed(OpKind::optimizer, [&] {
+      inner_.lamb_apply(table, config, global_grad_norm, sums, params, grads, params_lowp,
+                        norms_ws);
     });
   }
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <regex>
 
+#include "measure.h"
 #include "train_cli_util.h"
 
 namespace packbert::test {
@@ -361,10 +362,20 @@ TEST_F(TrainCli, UnwritableCheckpointDirectoryFailsBeforeTraining) {
 }
 
 // One rank killed: mpirun ends the others (they do not hang in a collective).
-// optim.sharded through the binary: a sharded 2-rank run equals the unsharded one bit for bit
-// (losses and checkpoint files: gathered on write), and a checkpoint of either resumes the
-// other, at another rank count (rounding only: the sums over ranks run in another order).
-TEST_F(TrainCli, ShardedCheckpointsResumeAcrossShardingAndRankCounts) {
+// optim.sharded through the binary (the demo's tiny model):
+// - a sharded 2-rank run equals the unsharded one bit for bit (losses, gradient norms and
+//   checkpoint files: gathered on write). The cut lies inside tensors, whose norms then add two
+//   pieces' double sums in another order: equal after the rounding to f32 but with a chance of
+//   about 1e-8 per norm (tests/gpu/test_cuda_trainer.cpp derives it);
+// - sharded runs at 2 and 4 ranks follow the unsharded 1-rank run within 1e-6 relative per
+//   step's loss (the bar is 1e-5; unsharded runs at other rank counts differ by 3e-8 ..
+//   5e-8: tests/CMakeLists.txt, mpi_train_check_*), with at most 0.3x of its optimizer state on
+//   the rank that holds most at 4 ranks (1/4 of the moments, plus the per-tensor sums);
+// - a sharded 4-rank checkpoint resumes unsharded at 1 rank, and an unsharded 2-rank one sharded
+//   at 3, on the same losses (rounding only: the sums over ranks run in another order);
+// - in bf16 the sharded step sends fewer bytes than the replicated one (the reduce-scatter,
+//   the 16-bit weights and the fp32 values the model reads, against the all-reduce).
+TEST_F(TrainCli, ShardedRunsFollowTheUnshardedOneAndResumeAcrossRankCounts) {
   const std::string args = "--eval.at_end=false --eval.every_samples=0 ";
   auto train = [&](const std::string& name, int np, const std::string& more) {
     const std::string dir = run_dir(name);
@@ -372,18 +383,36 @@ TEST_F(TrainCli, ShardedCheckpointsResumeAcrossShardingAndRankCounts) {
     EXPECT_EQ(run_command(cmd), 0) << read_file(dir + "/log.txt");
     return dir;
   };
+  const std::string np1 = train("plain_np1", 1, "");
   const std::string plain = train("plain_np2", 2, "");
   const std::string sharded = train("sharded_np2", 2, "--optim.sharded=true");
+  const std::string sharded4 = train("sharded_np4", 4, "--optim.sharded=true");
+  const auto one = read_records(np1 + "/metrics.jsonl", "train");
   const auto want = read_records(plain + "/metrics.jsonl", "train");
   const auto got = read_records(sharded + "/metrics.jsonl", "train");
+  const auto got4 = read_records(sharded4 + "/metrics.jsonl", "train");
+  ASSERT_EQ(one.size(), 12u);
   ASSERT_EQ(want.size(), 12u);
   ASSERT_EQ(got.size(), 12u);
+  ASSERT_EQ(got4.size(), 12u);
+  double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     for (const char* key : {"loss", "grad_norm"})
       EXPECT_EQ(got[i].at(key).get<double>(), want[i].at(key).get<double>()) << key << " " << i;
-    EXPECT_LT(got[i].at("optimizer_state_bytes").get<int64_t>(),
-              want[i].at("optimizer_state_bytes").get<int64_t>());  // rank 0's share
+    const double ref = one[i].at("loss").get<double>();
+    for (const auto* run : {&got, &got4})
+      worst = std::max(worst, std::abs((*run)[i].at("loss").get<double>() - ref) / ref);
   }
+  expect_measure("sharded np 2 and 4 against unsharded np 1: loss, worst step (rel)", worst, 1e-6);
+  const auto state = [](const nlohmann::json& r) {
+    return static_cast<double>(r.at("optimizer_state_bytes").get<int64_t>());
+  };
+  std::printf("optimizer state of the largest rank: np1 %.0f B, np2 %.0f B, np2 sharded %.0f B, "
+              "np4 sharded %.0f B\n",
+              state(one.back()), state(want.back()), state(got.back()), state(got4.back()));
+  EXPECT_EQ(state(want.back()), state(one.back()));  // replicated: every rank holds it all
+  expect_measure("np4 sharded state over np1 unsharded", state(got4.back()) / state(one.back()),
+                 0.3);
   // The tensors of both files, byte for byte (the data after the safetensors header; the
   // headers' metadata may differ: the trainer state records the config, sharding included).
   auto tensor_bytes = [](const std::string& path) {
@@ -403,8 +432,8 @@ TEST_F(TrainCli, ShardedCheckpointsResumeAcrossShardingAndRankCounts) {
     const char* more;
     std::string from;
   };
-  for (const Resume& r : {Resume{"sharded_to_plain_np1", 1, "", sharded},
-                          Resume{"plain_to_sharded_np3", 3, "--optim.sharded=true", plain}}) {
+  for (const Resume& r : {Resume{"sharded_np4_to_plain_np1", 1, "", sharded4},
+                          Resume{"plain_np2_to_sharded_np3", 3, "--optim.sharded=true", plain}}) {
     const std::string dir =
         train(r.name, r.np, std::string(r.more) + " --resume " + r.from + "/ckpt/step_00000009");
     const auto rest = read_records(dir + "/metrics.jsonl", "train");
@@ -412,12 +441,26 @@ TEST_F(TrainCli, ShardedCheckpointsResumeAcrossShardingAndRankCounts) {
     for (const auto& rec : rest) {
       const auto step = rec.at("step").get<int64_t>();
       const double a = rec.at("loss").get<double>();
-      const double b = want[static_cast<size_t>(step - 1)].at("loss").get<double>();
-      std::printf("%s: step %lld loss %.9f, unsharded 2 ranks %.9f\n", r.name,
+      const double b = one[static_cast<size_t>(step - 1)].at("loss").get<double>();
+      std::printf("%s: step %lld loss %.9f, unsharded 1 rank %.9f\n", r.name,
                   static_cast<long long>(step), a, b);
       EXPECT_LE(std::abs(a - b), 1e-6 * std::abs(b)) << r.name << " step " << step;
     }
   }
+  // bf16: the bytes a step sends, replicated against sharded, at 4 ranks.
+  const std::string bf16 = "--train.max_steps=2 --checkpoint.every_steps=0 --train.precision=bf16 ";
+  const auto sent = [&](const std::string& name, const std::string& more) {
+    const auto recs = read_records(train(name, 4, bf16 + more) + "/metrics.jsonl", "train");
+    return recs.empty() ? int64_t{-1} : recs.back().at("bytes_sent_per_step").get<int64_t>();
+  };
+  const int64_t replicated = sent("bf16_plain_np4", ""), split = sent("bf16_sharded_np4",
+                                                                        "--optim.sharded=true");
+  std::printf("bf16, 4 ranks: bytes sent per step by the rank that sends most: replicated %lld, "
+              "sharded %lld (%.2fx)\n",
+              static_cast<long long>(replicated), static_cast<long long>(split),
+              static_cast<double>(split) / static_cast<double>(replicated));
+  EXPECT_GT(split, 0);
+  EXPECT_LE(split, replicated);
 }
 
 TEST_F(TrainCli, KilledRankEndsTheJobWithinAMinute) {

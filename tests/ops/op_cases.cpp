@@ -1670,6 +1670,121 @@ OpCases lamb_step_cases() {
     };
     cases.push_back(std::move(c));
   }
+  // The sharded optimizer's step (optim/distributed_lamb.h): the buffer cut at two random
+  // elements, one inside the 20000-element tensor, each piece updated on its own with the rows
+  // clipped to it, the pieces' per-row sums added (on the host here, over ranks there), then
+  // each piece applied. Against the whole step on the same inputs: m, v and u bit for bit (they
+  // do not depend on the norms); each row's sums to 1e-11 relative (two fixed-order double sums
+  // of <= 20000 positive terms differ by at most 2 (n - 1) 2^-53 = 4.4e-12 relative), so each f32
+  // norm is equal or one ulp away (2^-24 relative), the step size lr * ||w|| / ||u|| within two
+  // ulps (2^-22), and each weight w - step * u within 2^-22 |step * u| plus one rounding of w
+  // (2^-24 |w|): the bar is 2^-21 (|w| + |w_initial - w|), twice that.
+  {
+    OpCase c;
+    c.name = "lamb_update and lamb_apply of pieces cut inside tensors";
+    c.run = [=](OpRun& r) {
+      auto& g = r.rng();
+      const auto w = random_floats(g, n), gr = random_floats(g, n), m = random_floats(g, n, 0.1f);
+      auto v = random_floats(g, n, 0.1f);
+      for (auto& x : v) x = std::abs(x);
+      const int64_t cut1 = std::uniform_int_distribution<int64_t>(1101, 21099)(g);
+      const int64_t cut2 = std::uniform_int_distribution<int64_t>(cut1 + 1, n - 1)(g);
+      LambConfig cfg;
+      cfg.lr = 1e-3f;
+      cfg.step = 5;
+      const Tensor gnorm = r.in("global norm", DType::f32, {1}, {2.5f});
+      const Tensor norms = r.out("norms", DType::f32, {2 * t}, close_to(1e-6));
+      const Tensor tw = r.acc("params", DType::f32, {n}, w, close_to(kTol));
+      const Tensor tu = r.acc("update", DType::f32, {n}, gr, close_to(kTol));
+      const Tensor tm = r.acc("m", DType::f32, {n}, m, close_to(kTol));
+      const Tensor tv = r.acc("v", DType::f32, {n}, v, close_to(kTol));
+      r.backend().lamb_step(lamb_table(first.data(), t), cfg, gnorm, tw, tu, tm, tv, norms);
+      const Tensor sw = r.acc("params (pieces)", DType::f32, {n}, w, close_to(kTol));
+      const Tensor su = r.acc("update (pieces)", DType::f32, {n}, gr, close_to(kTol));
+      const Tensor sm = r.acc("m (pieces)", DType::f32, {n}, m, close_to(kTol));
+      const Tensor sv = r.acc("v (pieces)", DType::f32, {n}, v, close_to(kTol));
+      // A piece past the last row holds none; the op still needs a table pointer.
+      static const LambTensor kNoRow{0, 0, 0};
+      auto table_of = [](const std::vector<LambTensor>& rows) {
+        return lamb_table(rows.empty() ? &kNoRow : rows.data(), static_cast<int64_t>(rows.size()));
+      };
+      struct Piece {
+        int64_t begin, end;
+        std::vector<LambTensor> rows;
+        std::vector<int64_t> global;  // the row of `first` each row clips
+        Tensor sums;
+      };
+      std::vector<Piece> pieces = {{0, cut1, {}, {}, {}}, {cut1, cut2, {}, {}, {}},
+                                   {cut2, n, {}, {}, {}}};
+      std::vector<double> total(static_cast<size_t>(2 * t), 0.0);
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        Piece& p = pieces[k];
+        for (int64_t i = 0; i < t; ++i) {
+          const int64_t lo = std::max(first[i].offset, p.begin);
+          const int64_t hi = std::min(first[i].offset + first[i].size, p.end);
+          if (lo >= hi) continue;
+          p.rows.push_back({lo - p.begin, hi - lo, first[i].decay});
+          p.global.push_back(i);
+        }
+        const auto rows = static_cast<int64_t>(p.rows.size());
+        const int64_t len = p.end - p.begin;
+        p.sums = r.out(fmt::format("sums of piece {}", k), DType::f64, {rows, 2}, Check{});
+        r.backend().lamb_update(table_of(p.rows), cfg, gnorm,
+                                slice(sw, p.begin, len), slice(su, p.begin, len),
+                                slice(sm, p.begin, len), slice(sv, p.begin, len), p.sums);
+        const std::vector<double> got = r.doubles(fmt::format("sums of piece {}", k));
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < 2; ++j)
+            total[static_cast<size_t>(2 * p.global[static_cast<size_t>(i)] + j)] +=
+                got[static_cast<size_t>(2 * i + j)];
+      }
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        Piece& p = pieces[k];
+        const auto rows = static_cast<int64_t>(p.rows.size());
+        std::vector<double> mine;
+        for (int64_t gi : p.global)
+          for (int64_t j = 0; j < 2; ++j) mine.push_back(total[static_cast<size_t>(2 * gi + j)]);
+        if (rows > 0)
+          r.backend().copy(p.sums, Tensor(mine.data(), DType::f64, {rows, 2}, Device::cpu));
+        const int64_t len = p.end - p.begin;
+        r.backend().lamb_apply(table_of(p.rows), cfg, gnorm, p.sums,
+                               slice(sw, p.begin, len), slice(su, p.begin, len));
+      }
+      const std::string what = fmt::format("{} (cuts {}, {})", r.backend().name(), cut1, cut2);
+      EXPECT_EQ(r.doubles("update (pieces)"), r.doubles("update")) << what;
+      EXPECT_EQ(r.doubles("m (pieces)"), r.doubles("m")) << what;
+      EXPECT_EQ(r.doubles("v (pieces)"), r.doubles("v")) << what;
+      const std::vector<double> wn = r.doubles("norms");
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = 0; j < 2; ++j) {
+          const double whole = static_cast<double>(wn[static_cast<size_t>(j * t + i)]);
+          const double split = std::sqrt(total[static_cast<size_t>(2 * i + j)]);
+          EXPECT_LE(std::abs(split - whole), 1e-11 * whole + 2e-7 * whole)
+              << what << ": row " << i << (j ? " ||u||" : " ||w||");
+        }
+      const std::vector<double> whole = r.doubles("params"), split = r.doubles("params (pieces)");
+      double worst = 0;
+      for (size_t i = 0; i < whole.size(); ++i) {
+        const double bar = std::ldexp(std::abs(whole[i]) + std::abs(w[i] - whole[i]), -21);
+        worst = std::max(worst, std::abs(split[i] - whole[i]) / std::max(bar, 1e-30));
+      }
+      expect_measure(what + ": pieces vs whole, weights (of the derived bar)", worst, 1.0);
+    };
+    // On the CPU (where run() above also compares the pieces with the whole): each row's
+    // ||w|| against a naive double sum of the initial weights, to f32 rounding (2^-24 relative).
+    c.reference = [=](const std::string& what, const OpRun& cpu) {
+      const std::vector<double> w0 = cpu.initial("params"), norms = cpu.doubles("norms");
+      for (int64_t i = 0; i < t; ++i) {
+        double s2 = 0;
+        for (int64_t k = first[i].offset; k < first[i].offset + first[i].size; ++k)
+          s2 += w0[static_cast<size_t>(k)] * w0[static_cast<size_t>(k)];
+        EXPECT_LE(std::abs(norms[static_cast<size_t>(i)] - std::sqrt(s2)),
+                  1e-7 * std::sqrt(s2))
+            << what << ": row " << i;
+      }
+    };
+    cases.push_back(std::move(c));
+  }
   OpCase c;
   c.name = "lamb_step skipped, then stepped";
   c.run = [=](OpRun& r) {

@@ -23,6 +23,9 @@ REFERENCE_TEST(SoftmaxCrossEntropy, softmax_cross_entropy_cases())
 REFERENCE_TEST(MlmLoss, mlm_loss_cases())
 REFERENCE_TEST(NspLoss, nsp_loss_cases())
 REFERENCE_TEST(L2Norm, l2_norm_cases())
+// The pieces case only: the rest of the LAMB table is checked against apex's formulas by
+// test_ops_lamb.cpp, and against the CPU by the backend runner.
+REFERENCE_TEST(LambPieces, lamb_step_cases())
 
 }  // namespace
 }  // namespace packbert::test

@@ -1,0 +1,216 @@
+#include "optim/distributed_lamb.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "core/error.h"
+#include "optim/sharding.h"
+
+namespace packbert {
+
+namespace {
+
+// An all-reduce of `bytes` over `ranks` ranks, as a ring sends it from each rank.
+int64_t allreduce_sent(int64_t bytes, int ranks) {
+  return ranks > 1 ? 2 * (ranks - 1) * bytes / ranks : 0;
+}
+
+// Elements of [lo, hi) inside the ranges.
+int64_t overlap(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t lo, int64_t hi) {
+  int64_t n = 0;
+  for (const auto& [a, b] : ranges) n += std::max<int64_t>(0, std::min(b, hi) - std::max(a, lo));
+  return n;
+}
+
+}  // namespace
+
+std::vector<int64_t> DistributedLamb::shard_bounds(int64_t num_elems, int ranks) {
+  return plan_shards(num_elems, ranks);
+}
+
+DistributedLamb::DistributedLamb(Backend& backend, std::vector<LambParam> params,
+                                 GradReducer& reducer, OptimizedBuffers buffers,
+                                 const LrSchedule& schedule, const LambOptions& options,
+                                 bool sharded)
+    : backend_(backend), reducer_(reducer), buffers_(std::move(buffers)), table_(params) {
+  const int64_t n = buffers_.params.defined() ? buffers_.params.numel() : 0;
+  PB_REQUIRE(buffers_.grads.defined() && buffers_.grads.numel() == n,
+             "optimizer: gradient {} for {} weights", buffers_.grads.str(), n);
+  exchange_ = std::make_unique<ShardExchange>(reducer_);
+  LambShard shard;
+  const bool shard_it = sharded && reducer_.size() > 1;  // a world of one: nothing to shard
+  if (shard_it) {
+    const std::vector<int64_t>& bounds = reducer_.shard_bounds();
+    const auto me = static_cast<size_t>(reducer_.rank());
+    shard.begin = bounds[me];
+    shard.end = bounds[me + 1];
+    shard.sum_over_ranks = [this](const Tensor& values) { exchange_->sum(values); };
+  }
+  lamb_ = std::make_unique<Lamb>(backend_, std::move(params), n, schedule, options,
+                                 shard_it ? &shard : nullptr);
+  if (!shard_it) return;
+  // The step's gathers by forward group: what the model reads of each group's range.
+  std::vector<std::pair<int64_t, int64_t>> groups = buffers_.forward_groups;
+  if (groups.empty()) groups.emplace_back(0, n);
+  for (const LambParam& p : table_) {
+    const bool covered = p.size == 0 || std::any_of(groups.begin(), groups.end(), [&](auto g) {
+      return g.first <= p.offset && p.offset + p.size <= g.second;
+    });
+    PB_REQUIRE(covered, "optimizer: tensor '{}' (offset {}, size {}) lies in no forward group",
+               p.name, p.offset, p.size);
+  }
+  for (const auto& [a, b] : groups) {
+    std::vector<std::pair<Tensor, ShardExchange::Ranges>> group;
+    if (buffers_.params_lowp.defined()) {
+      group.push_back({buffers_.params_lowp, {{a, b}}});
+      ShardExchange::Ranges fp32;
+      for (const auto& [lo, hi] : buffers_.fp32_ranges)
+        if (std::max(lo, a) < std::min(hi, b)) fp32.emplace_back(std::max(lo, a), std::min(hi, b));
+      if (!fp32.empty()) group.push_back({buffers_.params, std::move(fp32)});
+    } else {
+      group.push_back({buffers_.params, {{a, b}}});
+    }
+    gathers_.push_back(std::move(group));
+  }
+}
+
+DistributedLamb::~DistributedLamb() {
+  if (!gathers_in_flight_ || std::uncaught_exceptions() > 0) return;
+  try {
+    sync_weights();
+    backend_.synchronize();  // a dead peer: the watchdog aborts the communicator, which frees it
+  } catch (...) {
+    // The communicator's failure was reported where it happened; nothing to add at teardown.
+  }
+}
+
+void DistributedLamb::wait_weights(int group) {
+  if (gathers_in_flight_) exchange_->wait_gather(group);
+}
+
+void DistributedLamb::sync_weights() {
+  if (!gathers_in_flight_) return;
+  for (size_t g = 0; g < gathers_.size(); ++g) exchange_->wait_gather(static_cast<int>(g));
+  gathers_in_flight_ = false;
+}
+
+void DistributedLamb::gather_gradient() {
+  if (sharded()) exchange_->all_gather(buffers_.grads);
+}
+
+LambStepInfo DistributedLamb::step(float grad_scale, bool read_back) {
+  const Tensor& params = buffers_.params;
+  const Tensor& grads = buffers_.grads;
+  sync_weights();  // the previous step's gathers read and write what LAMB writes now
+  const LambStepInfo info =
+      lamb_->step(params, grads, buffers_.params_lowp, grad_scale, read_back);
+  if (!sharded()) return info;
+  // Every rank updated its own range: what the model reads goes round, group by group.
+  exchange_->start_gathers(gathers_);
+  gathers_in_flight_ = true;
+  // LAMB zeroed the gradient it owns; the rest holds this rank's unreduced sums.
+  const int64_t n = params.numel(), begin = lamb_->shard_begin(), end = lamb_->shard_end();
+  if (begin > 0) backend_.zero(slice(grads, 0, begin));
+  if (end < n) backend_.zero(slice(grads, end, n - end));
+  return info;
+}
+
+void DistributedLamb::save_state(float* params, float* m, float* v, int root) {
+  sync_weights();
+  const bool at_root = reducer_.rank() == root;
+  const int64_t n = buffers_.params.numel();
+  if (!sharded()) {
+    if (!at_root) return;
+    backend_.copy(view(params, {n}), buffers_.params);
+    lamb_->save_moments(m, v);
+    return;
+  }
+  // Each rank's range through the host to root (a checkpoint is rare: no device gather, and no
+  // rank but root holds the whole state). An fp32 run's weights are whole on every rank.
+  const int64_t begin = lamb_->shard_begin(), len = lamb_->shard_end() - begin;
+  staging_.resize(static_cast<size_t>(len));
+  for (const auto& [what, all] : {std::pair{&lamb_->m(), m}, std::pair{&lamb_->v(), v}}) {
+    if (len > 0) backend_.copy(view(staging_.data(), {len}), *what);
+    exchange_->gather_to_root(staging_.data(), at_root ? all : nullptr, root);
+  }
+  if (master_sharded()) {
+    if (len > 0) backend_.copy(view(staging_.data(), {len}), slice(buffers_.params, begin, len));
+    exchange_->gather_to_root(staging_.data(), at_root ? params : nullptr, root);
+  } else if (at_root) {
+    backend_.copy(view(params, {n}), buffers_.params);
+  }
+}
+
+void DistributedLamb::gather_params(float* host) {
+  sync_weights();
+  const int64_t n = buffers_.params.numel();
+  if (!master_sharded()) {
+    backend_.copy(view(host, {n}), buffers_.params);
+    return;
+  }
+  const int64_t begin = lamb_->shard_begin(), len = lamb_->shard_end() - begin;
+  staging_.resize(static_cast<size_t>(len));
+  if (len > 0) backend_.copy(view(staging_.data(), {len}), slice(buffers_.params, begin, len));
+  exchange_->gather_to_all(staging_.data(), host);
+}
+
+size_t DistributedLamb::state_bytes(int rank) const {
+  const int64_t n = buffers_.params.numel();
+  int64_t begin = 0, end = n;
+  if (sharded()) {
+    const std::vector<int64_t>& bounds = reducer_.shard_bounds();
+    begin = bounds[static_cast<size_t>(rank)];
+    end = bounds[static_cast<size_t>(rank) + 1];
+  }
+  int64_t tensors = 0, all = 0;
+  for (const LambParam& p : table_) {
+    if (p.size == 0) continue;
+    ++all;
+    if (std::max(p.offset, begin) < std::min(p.offset + p.size, end)) ++tensors;
+  }
+  size_t bytes = Lamb::state_bytes_for(end - begin, tensors, all, sharded());
+  // Mixed precision's fp32 master weights are the optimizer's. They are whole on every rank:
+  // the model reads parts of them in fp32, from the same flat buffer.
+  if (buffers_.params_lowp.defined()) bytes += static_cast<size_t>(n) * sizeof(float);
+  return bytes;
+}
+
+size_t DistributedLamb::largest_state_bytes() const {
+  size_t most = 0;
+  for (int r = 0; r < reducer_.size(); ++r) most = std::max(most, state_bytes(r));
+  return most;
+}
+
+int64_t DistributedLamb::bytes_sent(int rank) const {
+  const int ranks = reducer_.size();
+  const int64_t n = buffers_.params.numel();
+  if (ranks == 1) return 0;
+  if (!sharded()) return allreduce_sent(n * 4, ranks);  // the gradient's all-reduce
+  const std::vector<int64_t>& bounds = reducer_.shard_bounds();
+  const int64_t begin = bounds[static_cast<size_t>(rank)];
+  const int64_t end = bounds[static_cast<size_t>(rank) + 1];
+  const int64_t own = end - begin;
+  int64_t all = 0;
+  for (const LambParam& p : table_) all += p.size > 0;
+  int64_t sent = (n - own) * 4;                 // the gradient's reduce-scatter
+  sent += allreduce_sent(8, ranks);             // the global norm's sum of squares
+  sent += allreduce_sent(16 * all, ranks);      // the per-tensor sums
+  if (buffers_.params_lowp.defined()) {
+    sent += (n - own) * static_cast<int64_t>(dtype_size(buffers_.params_lowp.dtype));
+    int64_t fp32 = 0;
+    for (const auto& [a, b] : buffers_.fp32_ranges) fp32 += b - a;
+    sent += (fp32 - overlap(buffers_.fp32_ranges, begin, end)) * 4;
+  } else {
+    sent += (n - own) * 4;                      // the fp32 weights
+  }
+  return sent;
+}
+
+int64_t DistributedLamb::largest_bytes_sent() const {
+  int64_t most = 0;
+  for (int r = 0; r < reducer_.size(); ++r) most = std::max(most, bytes_sent(r));
+  return most;
+}
+
+}  // namespace packbert

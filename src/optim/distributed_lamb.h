@@ -1,0 +1,144 @@
+// The optimizer a training step calls: LAMB (optim/lamb.h) over the flat parameter buffer,
+// replicated on every rank or sharded over them (optim.sharded), with everything sharding needs
+// in this one type: the cut (optim/sharding.h), the collectives that give every rank the weights
+// the others updated (comm/shard_exchange.h), the checkpoint state's gathers, and the figures a
+// run reports (the largest rank's state, the bytes a step sends). Trainer::step calls step()
+// and never asks which it is.
+//
+// One step, after the gradient's round (GradReducer, collective()):
+//
+//   replicated (all-reduce)          sharded over N ranks (reduce-scatter: each rank holds the
+//                                    sum of its own range [begin, end) of the gradient)
+//   global gradient norm             each rank's sum of squares of its range, summed over ranks
+//   lamb_update over the buffer      lamb_update over its range: m, v, u and per-tensor sums of
+//                                    squares (a tensor cut between ranks: of its piece)
+//                                    the per-tensor sums summed over ranks (16 B per tensor)
+//   lamb_apply                       lamb_apply over its range (and its part of the 16-bit copy)
+//                                    all-gather: fp32 runs the fp32 weights; bf16 / fp16 the
+//                                    16-bit copy the GEMMs and the embedding lookup read, and
+//                                    the fp32 values of the parts the model reads in fp32
+//                                    (Bert::fp32_ranges: biases, LayerNorm), layer by layer in
+//                                    forward order (Bert::forward_groups), not waited for here
+//   grads := 0                       grads := 0 (its range by LAMB, the rest here)
+//
+// Overlap. The reduce-scatter overlaps the backward (GradReducer). The all-gather overlaps the
+// next forward: on NCCL each layer's group of gathers ends in an event, and the model's hook
+// (Bert::set_weights_ready, installed by the trainer: wait_weights) makes the backend's stream
+// wait for a layer's group just before that layer's first op, while the later layers' weights
+// still travel. Everything that reads or writes the weights otherwise waits for all of them
+// first (sync_weights: the next step, checkpoints, a host copy). MPI moves every group at once.
+//
+// Equivalence: the update of every element is the replicated one's but for the order in which
+// double sums are added (the global norm's, and each cut tensor's ||w|| and ||u||: per rank, then
+// over ranks), which the rounding to f32 almost always hides (tests/CMakeLists.txt, sharded
+// runs). Checkpoints are the replicated run's files: save_state gathers the moments (and, in
+// mixed precision, the master weights, which no rank holds whole) on one rank, and each rank
+// takes its range when loading, so a checkpoint resumes sharded or not at any rank count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "comm/grad_reducer.h"
+#include "comm/shard_exchange.h"
+#include "optim/lamb.h"
+
+namespace packbert {
+
+// The buffers the optimizer updates, all on the backend's device and laid out as the gradient.
+struct OptimizedBuffers {
+  Tensor params;       // f32 [n]: the fp32 master weights (the model's weights in an fp32 run)
+  Tensor grads;        // f32 [n]: the reduced gradient; zero after a step
+  Tensor params_lowp;  // bf16 / f16 [n]: the copy the GEMMs read (mixed precision), or none
+  // The parts of params the model reads in fp32 (Bert::fp32_ranges): a sharded mixed-precision
+  // step gathers only these of the fp32 weights.
+  std::vector<std::pair<int64_t, int64_t>> fp32_ranges;
+  // The weights by the part of the forward that reads them, in forward order
+  // (Bert::forward_groups); empty: one group, the whole buffer.
+  std::vector<std::pair<int64_t, int64_t>> forward_groups;
+};
+
+class DistributedLamb {
+ public:
+  // The cut for `ranks` ranks (plan_shards): the reducer must be built with it
+  // (GradReducerOptions::shard_bounds) before the optimizer.
+  static std::vector<int64_t> shard_bounds(int64_t num_elems, int ranks);
+
+  // Collective over the reducer's ranks. sharded with one rank is replicated. The reducer (and
+  // the buffers) must outlive the optimizer.
+  DistributedLamb(Backend& backend, std::vector<LambParam> params, GradReducer& reducer,
+                  OptimizedBuffers buffers, const LrSchedule& schedule,
+                  const LambOptions& options, bool sharded);
+  // A clean end waits for the last step's gathers (a communicator torn down under them would be
+  // aborted); while an exception unwinds, nothing waits (a peer may have died).
+  ~DistributedLamb();
+  DistributedLamb(const DistributedLamb&) = delete;
+  DistributedLamb& operator=(const DistributedLamb&) = delete;
+
+  bool sharded() const { return lamb_->sharded(); }
+  // How the gradient round before step() must reduce (GradReducer::begin).
+  GradCollective collective() const {
+    return sharded() ? GradCollective::reduce_scatter : GradCollective::allreduce;
+  }
+  // After the round: the whole reduced gradient on every rank, for an inspection before step()
+  // (sharded, each rank holds only its range's sum until this gathers the others').
+  void gather_gradient();
+  // One update (Lamb::step's arguments): afterwards every rank holds the weights the model
+  // reads (sharded on NCCL: once the forward's hook has waited for each group, or after
+  // sync_weights), and grads is zero.
+  LambStepInfo step(float grad_scale, bool read_back);
+  // Before forward group g's first op (Bert::set_weights_ready): the backend's stream waits
+  // for that group's gather, if one is in flight.
+  void wait_weights(int group);
+  // The backend's stream waits for every gather in flight: whoever reads or writes the weights
+  // from here on sees the step's weights.
+  void sync_weights();
+
+  // ---- checkpoint state ----------------------------------------------------------------------
+  int64_t steps_done() const { return lamb_->steps_done(); }
+  void set_steps_done(int64_t steps) { lamb_->set_steps_done(steps); }
+  // Collective: the master weights, m and v (host arrays of n floats) written on rank root
+  // (the other ranks' arrays are neither written nor read, and may be null).
+  void save_state(float* params, float* m, float* v, int root);
+  // m and v of the whole buffer (host, n floats each, the same on every rank): each rank takes
+  // its range. The weights are the model's to load (and then whole on every rank).
+  void load_moments(const float* m, const float* v) { lamb_->load_moments(m, v); }
+  // Collective when master_sharded(): the master weights, whole, into host (n floats) on every
+  // rank.
+  void gather_params(float* host);
+  // No rank holds every current fp32 master weight (a sharded mixed-precision run: each rank
+  // keeps only its range and the fp32 parts the model reads current).
+  bool master_sharded() const { return sharded() && buffers_.params_lowp.defined(); }
+
+  // ---- reports -------------------------------------------------------------------------------
+  // Bytes of optimizer state on rank r, on the device: LAMB's moments, norms and sums (Lamb::
+  // state_bytes), and in mixed precision the fp32 master weights (an fp32 run's weights are the
+  // model's). Computed from the cut, the same on every rank.
+  size_t state_bytes(int rank) const;
+  size_t largest_state_bytes() const;
+  // Bytes a step's collectives make rank r send (the gradient's round included), by the ring
+  // algorithms' count: an all-reduce of S bytes sends 2 (N - 1) / N S; a reduce-scatter or
+  // all-gather of S bytes of which the rank owns p sends S - p (a ring sends every part but one,
+  // which is the rank's own to within one part's imbalance). Computed from the cut.
+  int64_t bytes_sent(int rank) const;
+  int64_t largest_bytes_sent() const;
+
+  const Lamb& lamb() const { return *lamb_; }
+
+ private:
+  Backend& backend_;
+  GradReducer& reducer_;
+  OptimizedBuffers buffers_;
+  std::vector<LambParam> table_;  // the whole table (state_bytes of every rank)
+  std::unique_ptr<ShardExchange> exchange_;
+  std::unique_ptr<Lamb> lamb_;
+  // The gathers of a sharded step, by forward group: (buffer, ranges) pairs.
+  std::vector<std::vector<std::pair<Tensor, ShardExchange::Ranges>>> gathers_;
+  bool gathers_in_flight_ = false;
+  std::vector<float> staging_;  // this rank's range of a host gather
+};
+
+}  // namespace packbert
