@@ -44,7 +44,8 @@
 // emulator (every mma's registers, every barrier of a file), which proves less and, keyed by
 // file and line, breaks silently when the kernel is edited. On the GPU the switch is the
 // constant false, so `if (!PB_MUTANT(m)) __syncthreads();` is `__syncthreads();` to the
-// compiler. Mutant 6 is not a kernel's: the emulated runtime plants it (cudaStreamWaitEvent).
+// compiler. Mutants 6 and 7 are not a kernel's: the emulated runtime plants 6
+// (cudaStreamWaitEvent), the NCCL transport 7 (in emulated builds only).
 #ifdef PACKBERT_CUDA_EMULATION
 #define PB_MUTANT(which) (::packbert::emu::mutant() == static_cast<int>(which))
 #else
@@ -60,6 +61,9 @@ enum class Mutant : int {
   comm_stream_wait = 6,        // the NCCL transport's communication stream not waiting for a
                                // bucket's ready event (planted by the emulated runtime's
                                // cudaStreamWaitEvent, kernels/cuda_emu/runtime.cpp)
+  gather_group_wait = 7,       // the backend's stream not waiting for a group of the sharded
+                               // optimizer's gathers before reading it (planted in the NCCL
+                               // transport's wait_group, src/comm/nccl_transport.cpp)
 };
 }  // namespace packbert::cuda
 

@@ -13,6 +13,9 @@
 #include "core/error.h"
 #include "core/watchdog.h"
 #include "comm/mpi_check.h"
+#ifdef PACKBERT_CUDA_EMULATION
+#include "kernels/cuda/device_seams.cuh"  // PB_MUTANT (the emulated build only)
+#endif
 
 namespace packbert {
 
@@ -210,6 +213,11 @@ class NcclTransport final : public GradBucketTransport {
     PB_REQUIRE(group >= 0 && static_cast<size_t>(group) < groups_started_,
                "nccl transport: wait for gather group {} of {}", group, groups_started_);
     PB_NCCL_CUDA(cudaSetDevice(device_));
+#ifdef PACKBERT_CUDA_EMULATION
+    // Planted mistake (kernels/cuda/device_seams.cuh, Mutant::gather_group_wait): the reader
+    // does not wait for the group it is about to read.
+    if (PB_MUTANT(cuda::Mutant::gather_group_wait)) return;
+#endif
     PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, group_done_[static_cast<size_t>(group)], 0));
   }
 

@@ -193,9 +193,9 @@ std::vector<Key> make_keys() {
   k.push_back(key("optim.max_grad_norm", &C::optim, &O::max_grad_norm,
                   "clip the global gradient norm to this"));
   k.push_back(key("optim.sharded", &C::optim, &O::sharded,
-                  "sharded LAMB: each rank keeps the moments of, and updates, the tensors "
-                  "of its 1/N range; gradients reduce-scattered, weights all-gathered (one "
-                  "rank: no-op)"));
+                  "sharded LAMB: each rank keeps the moments of, and updates, its 1/N of "
+                  "the parameters (cut anywhere); gradients reduce-scattered, the weights the "
+                  "model reads all-gathered layer by layer (one rank: no-op)"));
   // [data]
   k.push_back(key("data.train_dir", &C::data, &D::train_dir,
                   "training shards: a directory of .h5 files or one file"));

@@ -98,29 +98,28 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
     gemm_weights_.pooler_nsp.cls_w = low.pooler_nsp.cls_w;
     refresh_lowp_params();
   }
-  // What the ops read in fp32: every tensor but those replaced above by their 16-bit copy.
-  std::vector<const Tensor*> gemm_only;
+  // What the ops read in fp32 (fp32_read_ranges' rule): exactly the tensors not replaced above
+  // by their 16-bit copy, which a sharded optimizer relies on to gather the rest in 16 bits.
+  fp32_ranges_ = fp32_read_ranges(table_, options.precision != Precision::fp32);
   if (options.precision != Precision::fp32) {
-    for (const LayerWeights& g : weights_.layers)
+    std::vector<const Tensor*> low16;
+    for (const LayerWeights& g : gemm_weights_.layers)
       for (const Tensor* w : {&g.qkv_w, &g.attn_out_w, &g.ffn_in_w, &g.ffn_out_w})
-        gemm_only.push_back(w);
-    for (const Tensor* w : {&weights_.mlm_dense_w, &weights_.pooler_nsp.dense_w,
-                            &weights_.pooler_nsp.cls_w, &weights_.embeddings.word,
-                            &weights_.embeddings.position, &weights_.embeddings.token_type})
-      gemm_only.push_back(w);
-  }
-  for (const ParamTensor& t : table_.tensors()) {
-    // A view may cover several table rows (the fused query | key | value weight).
-    const float* at = static_cast<const float*>(params.data) + t.offset;
-    const bool skip = std::any_of(gemm_only.begin(), gemm_only.end(), [&](const Tensor* w) {
-      const auto* first = static_cast<const float*>(w->data);
-      return at >= first && at < first + w->numel();
-    });
-    if (skip || t.size == 0) continue;
-    if (!fp32_ranges_.empty() && fp32_ranges_.back().second == t.offset)
-      fp32_ranges_.back().second = t.offset + t.size;
-    else
-      fp32_ranges_.emplace_back(t.offset, t.offset + t.size);
+        low16.push_back(w);
+    for (const Tensor* w : {&gemm_weights_.mlm_dense_w, &gemm_weights_.pooler_nsp.dense_w,
+                            &gemm_weights_.pooler_nsp.cls_w, &gemm_weights_.embeddings.word,
+                            &gemm_weights_.embeddings.position,
+                            &gemm_weights_.embeddings.token_type})
+      low16.push_back(w);
+    int64_t low_elems = 0;
+    for (const Tensor* w : low16) low_elems += w->numel();
+    int64_t fp32_elems = 0;
+    for (const auto& [a, b] : fp32_ranges_) fp32_elems += b - a;
+    int64_t all = 0;
+    for (const ParamTensor& t : table_.tensors()) all += t.size;
+    PB_REQUIRE(low_elems + fp32_elems == all,
+               "model: {} elements read in 16 bits and {} in fp32 of {} (fp32_read_ranges)",
+               low_elems, fp32_elems, all);
   }
   if (grads.defined()) {
     check_device("Bert", "grads", grads, backend.device());

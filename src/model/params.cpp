@@ -1,5 +1,7 @@
 #include "model/params.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include <fmt/format.h>
@@ -205,6 +207,22 @@ void init_parameters(const ParamTable& table, const InitOptions& options, float*
         p[4 * block + k] = static_cast<float>(options.std * z[k]);
     }
   }
+}
+
+std::vector<std::pair<int64_t, int64_t>> fp32_read_ranges(const ParamTable& table, bool mixed) {
+  std::vector<const ParamTensor*> rows;
+  for (const ParamTensor& t : table.tensors())
+    if (t.size > 0 && (!mixed || t.shape.size() != 2)) rows.push_back(&t);
+  std::sort(rows.begin(), rows.end(),
+            [](const ParamTensor* a, const ParamTensor* b) { return a->offset < b->offset; });
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const ParamTensor* t : rows) {
+    if (!out.empty() && out.back().second == t->offset)
+      out.back().second = t->offset + t->size;
+    else
+      out.emplace_back(t->offset, t->offset + t->size);
+  }
+  return out;
 }
 
 }  // namespace packbert

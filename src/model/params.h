@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -80,6 +81,13 @@ struct BertWeights {
 // flat: f32 [table.total()] on any device (views only, nothing is read); or the bf16 / f16 copy
 // of the weights that mixed precision's GEMMs read (BertOptions::precision), laid out the same.
 BertWeights bind_weights(const ParamTable& table, const Tensor& flat);
+
+// What mixed precision's ops read in fp32 (BertOptions::precision): the 1-D tensors (biases,
+// LayerNorm parameters); every 2-D tensor (the weight matrices and the embedding tables) they
+// read from the 16-bit copy (Bert checks that it binds exactly these). The ranges [begin, end)
+// of the flat buffer those tensors fill, ascending and merged where adjacent; with mixed =
+// false (fp32) every tensor's.
+std::vector<std::pair<int64_t, int64_t>> fp32_read_ranges(const ParamTable& table, bool mixed);
 
 // The view of one table entry with its own shape.
 Tensor tensor_view(const Tensor& flat, const ParamTensor& t);

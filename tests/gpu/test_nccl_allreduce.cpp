@@ -15,7 +15,8 @@
 //     uneven ownership (shard_bounds with ranks that own nothing): all-reduce and reduce-scatter
 //     rounds against the exact sum within the fp32 bound gamma_np * sum |x|, bitwise the same
 //     whatever the readiness order and timing and on every rank; ShardExchange::all_gather of
-//     f32, bf16 and f16 bit for bit (and the same bits from both transports); ShardExchange::sum
+//     f32, bf16 and f16 bit for bit (and the same bits from both transports), also in groups
+//     each read right after its own wait (start_gathers / wait_gather); ShardExchange::sum
 //     of an f64 device tensor. The test starts mpirun on its own binary; the ranks find PACKBERT_NCCL_TEST_CHILD
 //     set and run the body.
 #include <gtest/gtest.h>
@@ -555,6 +556,37 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
       const std::vector<float> got = read_device<float>(stream.s, grads.data(), n);
       EXPECT_EQ(std::memcmp(got.data(), f32_want.data(), n * 4), 0) << "f32 all_gather";
       if (bucket_bytes == 4012) result.gathered.push_back(hash_of(got));
+    }
+    // The same f32 gather in three groups of ranges (ShardExchange::start_gathers, as the
+    // sharded optimizer gathers layer by layer), each read on the backend's stream right after
+    // its wait_gather and before the later groups are waited for: each group must arrive whole
+    // (on NCCL the reader waits for that group's event only; the emulated streams run as late
+    // as CUDA allows, so a reader that does not wait sees the old bits).
+    {
+      write_device(stream.s, grads.data(), f32_mine);
+      std::mt19937_64 cut_rng(mix(seed ^ 0x9au, static_cast<uint64_t>(bucket_bytes)));
+      int64_t c1 = std::uniform_int_distribution<int64_t>(1, t.n - 2)(cut_rng);
+      int64_t c2 = std::uniform_int_distribution<int64_t>(1, t.n - 2)(cut_rng);
+      if (c1 > c2) std::swap(c1, c2);
+      const int64_t cuts[] = {0, c1, c2, t.n};
+      std::vector<std::vector<std::pair<Tensor, ShardExchange::Ranges>>> groups;
+      for (int g = 0; g < 3; ++g)
+        groups.push_back({{device_view(grads.data(), t.n), {{cuts[g], cuts[g + 1]}}}});
+      float* reader = static_cast<float*>(cuda_alloc(n * 4));
+      ShardExchange exchange(ar);
+      exchange.start_gathers(groups);
+      for (int g = 0; g < 3; ++g) {
+        exchange.wait_gather(g);
+        const auto first = static_cast<size_t>(cuts[g]);
+        const auto count = static_cast<size_t>(cuts[g + 1] - cuts[g]);
+        cuda_ok(cudaMemcpyAsync(reader + first, grads.data() + first, count * 4,
+                                cudaMemcpyDeviceToDevice, stream.s),
+                "read a group");
+      }
+      const std::vector<float> got = read_device<float>(stream.s, reader, n);
+      cuda_free(reader);
+      EXPECT_EQ(std::memcmp(got.data(), f32_want.data(), n * 4), 0)
+          << "f32 all_gather in groups, cut at " << c1 << " and " << c2;
     }
     void* half = cuda_alloc(n * 2);
     for (DType dt : {DType::bf16, DType::f16}) {

@@ -121,7 +121,8 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_EQ(j.at("mst_chunks"), 0);
   EXPECT_EQ(j.at("skipped_steps"), 2);
   EXPECT_EQ(j.at("optimizer_state_bytes"), 0);
-  EXPECT_EQ(j.size(), 29u);
+  EXPECT_EQ(j.at("bytes_sent_per_step"), 0);
+  EXPECT_EQ(j.size(), 30u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
@@ -147,7 +148,9 @@ TEST(Metrics, OptimizerStateBytesInJsonAndProgressLine) {
   ProgressRecord r = sample_record();
   EXPECT_EQ(format_progress_line(r, 1000).find("opt "), std::string::npos);  // 0: not shown
   r.optimizer_state_bytes = int64_t{5} << 20;
+  r.bytes_sent_per_step = int64_t{7} << 20;
   EXPECT_EQ(to_json(r).at("optimizer_state_bytes"), int64_t{5} << 20);
+  EXPECT_EQ(to_json(r).at("bytes_sent_per_step"), int64_t{7} << 20);
   const std::string s = format_progress_line(r, 1000);
   EXPECT_NE(s.find("opt 5.00 MiB"), std::string::npos) << s;
 }
@@ -367,6 +370,7 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
   at.max_steps = 1;
   at.activation = &act;
   at.optimizer_state_bytes = int64_t{5} << 20;
+  at.bytes_sent_per_step = 123456789;
   const ProgressRecord r = acc.close(at, t0 + milliseconds(100));
   EXPECT_EQ(r.step, 1);
   EXPECT_DOUBLE_EQ(r.eta_s, 0);
@@ -375,6 +379,7 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
   EXPECT_EQ(r.activation_capacity_bytes, int64_t{7} << 29);
   EXPECT_EQ(r.arena_allocations, 2);
   EXPECT_EQ(r.optimizer_state_bytes, int64_t{5} << 20);
+  EXPECT_EQ(r.bytes_sent_per_step, 123456789);
   // Every kind, in ActivationKind's order, zeros included.
   ASSERT_EQ(r.activation_bytes_by_kind.size(), static_cast<size_t>(kActivationKinds));
   for (int k = 0; k < kActivationKinds; ++k)
