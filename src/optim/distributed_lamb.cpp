@@ -25,6 +25,50 @@ int64_t overlap(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t 
 
 }  // namespace
 
+size_t optimizer_state_bytes(const OptimizerLayout& layout, const std::vector<int64_t>& bounds,
+                             bool sharded, int rank) {
+  const int64_t n = layout.num_elems;
+  int64_t begin = 0, end = n;
+  if (sharded && bounds.size() > 2) {
+    begin = bounds.at(static_cast<size_t>(rank));
+    end = bounds.at(static_cast<size_t>(rank) + 1);
+  }
+  int64_t tensors = 0, all = 0;
+  for (const LambParam& p : layout.table) {
+    if (p.size == 0) continue;
+    ++all;
+    if (std::max(p.offset, begin) < std::min(p.offset + p.size, end)) ++tensors;
+  }
+  size_t bytes = Lamb::state_bytes_for(end - begin, tensors, all, sharded && bounds.size() > 2);
+  if (layout.lowp_bytes > 0) bytes += static_cast<size_t>(n) * sizeof(float);
+  return bytes;
+}
+
+int64_t optimizer_bytes_sent(const OptimizerLayout& layout, const std::vector<int64_t>& bounds,
+                             bool sharded, int rank) {
+  const auto ranks = static_cast<int>(bounds.size()) - 1;
+  const int64_t n = layout.num_elems;
+  if (ranks <= 1) return 0;
+  if (!sharded) return allreduce_sent(n * 4, ranks);  // the gradient's all-reduce
+  const int64_t begin = bounds.at(static_cast<size_t>(rank));
+  const int64_t end = bounds.at(static_cast<size_t>(rank) + 1);
+  const int64_t own = end - begin;
+  int64_t all = 0;
+  for (const LambParam& p : layout.table) all += p.size > 0;
+  int64_t sent = (n - own) * 4;             // the gradient's reduce-scatter
+  sent += allreduce_sent(8, ranks);         // the global norm's sum of squares
+  sent += allreduce_sent(16 * all, ranks);  // the per-tensor sums
+  if (layout.lowp_bytes > 0) {
+    sent += (n - own) * static_cast<int64_t>(layout.lowp_bytes);  // the 16-bit copy
+    int64_t fp32 = 0;
+    for (const auto& [a, b] : layout.fp32_ranges) fp32 += b - a;
+    sent += (fp32 - overlap(layout.fp32_ranges, begin, end)) * 4;  // what is read in fp32
+  } else {
+    sent += (n - own) * 4;  // the fp32 weights
+  }
+  return sent;
+}
+
 std::vector<int64_t> DistributedLamb::shard_bounds(int64_t num_elems, int ranks) {
   return plan_shards(num_elems, ranks);
 }
@@ -155,25 +199,17 @@ void DistributedLamb::gather_params(float* host) {
   exchange_->gather_to_all(staging_.data(), host);
 }
 
+OptimizerLayout DistributedLamb::layout() const {
+  OptimizerLayout l;
+  l.num_elems = buffers_.params.numel();
+  l.table = table_;
+  l.lowp_bytes = buffers_.params_lowp.defined() ? dtype_size(buffers_.params_lowp.dtype) : 0;
+  l.fp32_ranges = buffers_.fp32_ranges;
+  return l;
+}
+
 size_t DistributedLamb::state_bytes(int rank) const {
-  const int64_t n = buffers_.params.numel();
-  int64_t begin = 0, end = n;
-  if (sharded()) {
-    const std::vector<int64_t>& bounds = reducer_.shard_bounds();
-    begin = bounds[static_cast<size_t>(rank)];
-    end = bounds[static_cast<size_t>(rank) + 1];
-  }
-  int64_t tensors = 0, all = 0;
-  for (const LambParam& p : table_) {
-    if (p.size == 0) continue;
-    ++all;
-    if (std::max(p.offset, begin) < std::min(p.offset + p.size, end)) ++tensors;
-  }
-  size_t bytes = Lamb::state_bytes_for(end - begin, tensors, all, sharded());
-  // Mixed precision's fp32 master weights are the optimizer's. They are whole on every rank:
-  // the model reads parts of them in fp32, from the same flat buffer.
-  if (buffers_.params_lowp.defined()) bytes += static_cast<size_t>(n) * sizeof(float);
-  return bytes;
+  return optimizer_state_bytes(layout(), reducer_.shard_bounds(), sharded(), rank);
 }
 
 size_t DistributedLamb::largest_state_bytes() const {
@@ -183,28 +219,7 @@ size_t DistributedLamb::largest_state_bytes() const {
 }
 
 int64_t DistributedLamb::bytes_sent(int rank) const {
-  const int ranks = reducer_.size();
-  const int64_t n = buffers_.params.numel();
-  if (ranks == 1) return 0;
-  if (!sharded()) return allreduce_sent(n * 4, ranks);  // the gradient's all-reduce
-  const std::vector<int64_t>& bounds = reducer_.shard_bounds();
-  const int64_t begin = bounds[static_cast<size_t>(rank)];
-  const int64_t end = bounds[static_cast<size_t>(rank) + 1];
-  const int64_t own = end - begin;
-  int64_t all = 0;
-  for (const LambParam& p : table_) all += p.size > 0;
-  int64_t sent = (n - own) * 4;                 // the gradient's reduce-scatter
-  sent += allreduce_sent(8, ranks);             // the global norm's sum of squares
-  sent += allreduce_sent(16 * all, ranks);      // the per-tensor sums
-  if (buffers_.params_lowp.defined()) {
-    sent += (n - own) * static_cast<int64_t>(dtype_size(buffers_.params_lowp.dtype));
-    int64_t fp32 = 0;
-    for (const auto& [a, b] : buffers_.fp32_ranges) fp32 += b - a;
-    sent += (fp32 - overlap(buffers_.fp32_ranges, begin, end)) * 4;
-  } else {
-    sent += (n - own) * 4;                      // the fp32 weights
-  }
-  return sent;
+  return optimizer_bytes_sent(layout(), reducer_.shard_bounds(), sharded(), rank);
 }
 
 int64_t DistributedLamb::largest_bytes_sent() const {

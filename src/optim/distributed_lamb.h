@@ -61,6 +61,29 @@ struct OptimizedBuffers {
   std::vector<std::pair<int64_t, int64_t>> forward_groups;
 };
 
+// What an optimizer's figures depend on (state_bytes, bytes_sent below): the same for every
+// rank and known before any rank exists (benchmarks compute them for any rank count).
+struct OptimizerLayout {
+  int64_t num_elems = 0;
+  std::vector<LambParam> table;
+  size_t lowp_bytes = 0;  // bytes of an element of the 16-bit copy (mixed precision); 0: fp32
+  std::vector<std::pair<int64_t, int64_t>> fp32_ranges;  // OptimizedBuffers::fp32_ranges
+};
+
+// Bytes of optimizer state on rank `rank` of bounds.size() - 1 ranks cut at bounds
+// (DistributedLamb::shard_bounds; replicated when !sharded): LAMB's moments, norms and sums
+// (Lamb::state_bytes_for), and in mixed precision the fp32 master weights (an fp32 run's
+// weights are the model's). The master weights stay whole on every rank: the model reads parts
+// of them in fp32 from the same flat buffer (the biases and LayerNorm parameters).
+size_t optimizer_state_bytes(const OptimizerLayout& layout, const std::vector<int64_t>& bounds,
+                             bool sharded, int rank);
+// Bytes a step's collectives make that rank send (the gradient's round included), by the ring
+// algorithms' count: an all-reduce of S bytes sends 2 (N - 1) / N S; a reduce-scatter or
+// all-gather of S bytes of which the rank owns p sends S - p (a ring sends every part but one,
+// which is the rank's own to within one part's imbalance).
+int64_t optimizer_bytes_sent(const OptimizerLayout& layout, const std::vector<int64_t>& bounds,
+                             bool sharded, int rank);
+
 class DistributedLamb {
  public:
   // The cut for `ranks` ranks (plan_shards): the reducer must be built with it
@@ -113,18 +136,13 @@ class DistributedLamb {
   // keeps only its range and the fp32 parts the model reads current).
   bool master_sharded() const { return sharded() && buffers_.params_lowp.defined(); }
 
-  // ---- reports -------------------------------------------------------------------------------
-  // Bytes of optimizer state on rank r, on the device: LAMB's moments, norms and sums (Lamb::
-  // state_bytes), and in mixed precision the fp32 master weights (an fp32 run's weights are the
-  // model's). Computed from the cut, the same on every rank.
+  // ---- reports ----------------------------------------------------------------------------
+  // optimizer_state_bytes and optimizer_bytes_sent of rank r of this optimizer's ranks.
   size_t state_bytes(int rank) const;
   size_t largest_state_bytes() const;
-  // Bytes a step's collectives make rank r send (the gradient's round included), by the ring
-  // algorithms' count: an all-reduce of S bytes sends 2 (N - 1) / N S; a reduce-scatter or
-  // all-gather of S bytes of which the rank owns p sends S - p (a ring sends every part but one,
-  // which is the rank's own to within one part's imbalance). Computed from the cut.
   int64_t bytes_sent(int rank) const;
   int64_t largest_bytes_sent() const;
+  OptimizerLayout layout() const;
 
   const Lamb& lamb() const { return *lamb_; }
 
