@@ -309,9 +309,10 @@ int run_timed(const Args& args, int rank, int size) {
   if (host_memory && !fits(base_bytes, node, &need, &available)) {
     if (rank == 0)
       std::cout << fmt::format(
-          "bench_sharded_lamb: BERT-{} {} at {} rank(s) does not fit this host: the weights, "
-          "16-bit copy and gradient need {:.1f} GiB over its ranks, {:.1f} GiB available\n",
-          args.model, precision_name(args.precision), size, gib(need), gib(available));
+          "bench_sharded_lamb: BERT-{} {} at {} rank(s) does not fit this host: the weights{} "
+          "and the gradient need {:.1f} GiB over its ranks, {:.1f} GiB available\n",
+          args.model, precision_name(args.precision), size, mixed ? ", the 16-bit copy" : "",
+          gib(need), gib(available));
     MPI_Comm_free(&node);
     return 0;
   }
