@@ -250,16 +250,18 @@ void reset_peak_rss() {
   out << "5";
 }
 
-// Whether `bytes` more per rank fit the host: the ranks of each host summed against the least
-// MemAvailable any of them sees, with a margin. The same answer on every rank.
+// Whether `bytes` more per rank fit the host: the ranks of each host summed, +10% + 0.5 GiB,
+// against the least MemAvailable any of them sees (both returned). The same answer on every
+// rank.
 bool fits(double bytes, MPI_Comm node, double* need, double* available) {
   double host_need = 0, avail = mem_available(), least = 0;
   MPI_Allreduce(&bytes, &host_need, 1, MPI_DOUBLE, MPI_SUM, node);
   MPI_Allreduce(&avail, &least, 1, MPI_DOUBLE, MPI_MIN, node);
-  const int ok_here = least <= 0 || host_need * 1.1 + 512.0 * (1 << 20) <= least;
+  const double with_margin = host_need * 1.1 + 512.0 * (1 << 20);
+  const int ok_here = least <= 0 || with_margin <= least;
   int ok = 0;
   MPI_Allreduce(&ok_here, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  *need = host_need;
+  *need = with_margin;  // what the messages report: the margin included
   *available = least;
   return ok != 0;
 }
