@@ -1768,7 +1768,9 @@ OpCases lamb_step_cases() {
         const double bar = std::ldexp(std::abs(whole[i]) + std::abs(w[i] - whole[i]), -21);
         worst = std::max(worst, std::abs(split[i] - whole[i]) / std::max(bar, 1e-30));
       }
-      expect_measure(what + ": pieces vs whole, weights (of the derived bar)", worst, 1.0);
+      expect_measure(std::string(r.backend().name()) +
+                         ": pieces vs whole, weights (of the derived bar)",
+                     worst, 1.0);
     };
     // On the CPU (where run() above also compares the pieces with the whole): each row's
     // ||w|| against a naive double sum of the initial weights, to f32 rounding (2^-24 relative).
