@@ -42,9 +42,11 @@ class MpiTransport final : public GradBucketTransport {
 
   void begin_round(GradCollective collective) override {
     collective_ = collective;
-    // Sized before any request points into it: bucket k's shard sum lands at its offset.
+    // Sized before any request points into it: this rank's range only, each bucket's part at
+    // its place in the range (the whole gradient's size would cost every rank (N - 1) / N of a
+    // gradient more).
     if (collective == GradCollective::reduce_scatter)
-      shard_scratch_.resize(static_cast<size_t>(grads_.numel()));
+      shard_scratch_.resize(static_cast<size_t>(std::max<int64_t>(own_end() - own_begin(), 1)));
     std::fill(requests_.begin(), requests_.end(), MPI_REQUEST_NULL);
     round_buckets_.clear();
     started_ = 0;
@@ -63,8 +65,9 @@ class MpiTransport final : public GradBucketTransport {
       // The sum of this rank's part lands in scratch (MPI's in-place form would put it at the
       // bucket's start); complete_all() moves it into place.
       const std::vector<int> counts = part_counts(b);
-      PB_MPI_CHECK(MPI_Ireduce_scatter(h, shard_scratch_.data() + b.offset, counts.data(),
-                                       MPI_FLOAT, MPI_SUM, comm_, req));
+      const GradBucket mine = own_part(b);
+      float* recv = shard_scratch_.data() + (mine.size > 0 ? mine.offset - own_begin() : 0);
+      PB_MPI_CHECK(MPI_Ireduce_scatter(h, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, req));
     }
     round_buckets_.push_back(b);
     started_ = k + 1;
@@ -92,7 +95,7 @@ class MpiTransport final : public GradBucketTransport {
         first = mine.offset;
         size = mine.size;
         if (size == 0) continue;
-        std::memcpy(host_grads_ + first, shard_scratch_.data() + b.offset,
+        std::memcpy(host_grads_ + first, shard_scratch_.data() + (first - own_begin()),
                     static_cast<size_t>(size) * sizeof(float));
       }
       if (staged_) backend_.copy(slice(grads_, first, size), view(host_grads_ + first, {size}));
@@ -155,6 +158,8 @@ class MpiTransport final : public GradBucketTransport {
     const std::vector<int64_t> c = bucket_part_counts(b, bounds_);
     return std::vector<int>(c.begin(), c.end());
   }
+  int64_t own_begin() const { return bounds_[static_cast<size_t>(rank_)]; }
+  int64_t own_end() const { return bounds_[static_cast<size_t>(rank_) + 1]; }
   GradBucket own_part(const GradBucket& b) const {
     GradBucket p = b;
     p.offset = std::max(b.offset, bounds_[static_cast<size_t>(rank_)]);
