@@ -296,6 +296,54 @@ TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
   EXPECT_EQ(end.at("checkpoint"), fs::absolute(final_ckpt).string()) << end;
 }
 
+// --init-checkpoint beside a checkpoint that --resume auto finds under checkpoint.dir (phase 2
+// of a job run with phase 1's checkpoint directory): an error before any training naming both
+// and the way to choose, never the resume alone; a checkpoint the same --init-checkpoint run
+// wrote (a requeued or resubmitted job) is resumed, and the log says so.
+TEST_F(TrainCli, InitCheckpointBesideAResumeCandidateIsNeverSilent) {
+  const std::string args = "--eval.at_end=false --eval.every_samples=0 --checkpoint.every_steps=0 ";
+  const std::string phase1 = run_dir("phase1");
+  ASSERT_EQ(run_command(train_cmd(phase1, args + "--train.max_steps=2")), 0)
+      << read_file(phase1 + "/log.txt");
+  const std::string init = phase1 + "/ckpt/step_00000002";
+  ASSERT_TRUE(fs::exists(init + "/trainer_state.json"));
+
+  // Phase 2 in phase 1's checkpoint directory: refused.
+  std::string out;
+  EXPECT_NE(run_command(train_cmd(phase1, args + "--train.max_steps=4 --resume auto "
+                                                 "--init-checkpoint " + init),
+                        &out),
+            0);
+  out = read_file(phase1 + "/log.txt");
+  EXPECT_NE(out.find("--init-checkpoint " + init + " and a checkpoint to resume, " + init),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("started from train.seed (no --init-checkpoint)"), std::string::npos) << out;
+  EXPECT_NE(out.find("To continue that run, drop --init-checkpoint"), std::string::npos) << out;
+  EXPECT_NE(out.find("give a checkpoint.dir that holds no checkpoints"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step 1/"), std::string::npos) << "trained before failing:\n" << out;
+  EXPECT_FALSE(fs::exists(phase1 + "/ckpt/step_00000004"));
+
+  // Phase 2 in a directory of its own: starts from the weights, then (the same command again,
+  // as a requeued job runs it) resumes its own checkpoint.
+  const std::string phase2 = run_dir("phase2");
+  const std::string cmd2 = args + "--resume auto --init-checkpoint " + init;
+  ASSERT_EQ(run_command(train_cmd(phase2, cmd2 + " --train.max_steps=2")), 0)
+      << read_file(phase2 + "/log.txt");
+  out = read_file(phase2 + "/log.txt");
+  EXPECT_NE(out.find("loaded from " + init + " (weights only)"), std::string::npos) << out;
+  ASSERT_EQ(run_command(train_cmd(phase2, cmd2 + " --train.max_steps=3")), 0)
+      << read_file(phase2 + "/log.txt");
+  out = read_file(phase2 + "/log.txt");
+  const std::string own = phase2 + "/ckpt/step_00000002";
+  EXPECT_NE(out.find("resume: " + own + " was written by a run started from --init-checkpoint " +
+                     init + ", as this one is"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("loaded from " + own), std::string::npos) << out;
+  EXPECT_EQ(read_records(phase2 + "/metrics.jsonl", "train").back().at("step").get<int64_t>(), 3);
+}
+
 TEST_F(TrainCli, DivergenceIsSkippedThenAborts) {
   const std::string dir = run_dir("nan");
   std::string out;
