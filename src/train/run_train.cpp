@@ -41,7 +41,13 @@ namespace {
 
 std::atomic<int> g_stop_signal{0};
 
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+// A stop signal: the run stops after the step in flight (stop_requested), and until the ranks
+// agree to, the collective watchdog bounds every wait of the step (core/watchdog.h): a rank that
+// waits for a dead peer then ends the job in seconds instead of at the launcher's SIGKILL.
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  CollectiveWatchdog::global().note_stop_signal(sig);
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
@@ -224,6 +230,7 @@ bool stop_requested(MPI_Comm comm) {
   int stop = g_stop_signal.load() != 0 ? 1 : 0;
   const WatchScope watch("MPI_Allreduce (stop flag)");
   PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, comm));
+  if (stop != 0) CollectiveWatchdog::global().stop_agreed();  // every rank is alive and stops
   return stop != 0;
 }
 
@@ -422,7 +429,7 @@ std::string save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& traine
   }
   // A rank-0 write error throws there and aborts the job; the others wait for it here so a
   // completed checkpoint is announced before anyone exits.
-  const WatchScope watch("MPI_Barrier (checkpoint)");
+  const WatchScope watch("MPI_Barrier (checkpoint)", WatchScope::kCurrentStep, StopBound::kNone);
   PB_MPI_CHECK(MPI_Barrier(comm));
   return dir;
 }
@@ -446,9 +453,9 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   PB_MPI_CHECK(MPI_Comm_size(comm, &world));
   validate_train_config(c, world, ConfigPurpose::train);
+  CollectiveWatchdog& watchdog = CollectiveWatchdog::global();  // made before the handler uses it
   install_stop_signal_handlers();
   const bool root = rank == 0;
-  CollectiveWatchdog& watchdog = CollectiveWatchdog::global();
   watchdog.set_step(0);
   const WatchdogRun watch_collectives(c, rank);
 

@@ -1,6 +1,7 @@
 // `packbert train` and `packbert eval` through the binary: config errors before any work,
 // metrics / eval / checkpoints of a real run, exact resume after SIGKILL, SIGTERM preemption,
-// divergence, an unwritable checkpoint directory, and a rank killed under mpirun.
+// divergence, an unwritable checkpoint directory, a rank killed under mpirun, a stop signal
+// while a peer is stuck, and --init-checkpoint beside a checkpoint to resume.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -526,6 +527,37 @@ TEST_F(TrainCli, KilledRankEndsTheJobWithinAMinute) {
   std::printf("mpirun exited %d, %.1f s after rank 1 was killed\n", rc, s);
   EXPECT_NE(rc, -1) << "still running 60 s after a rank died\n" << read_file(dir + "/log.txt");
   EXPECT_NE(rc, 0);
+}
+
+// A stop signal to a rank whose peer is stuck (stopped with SIGSTOP, as a dead or hung one looks
+// to it): the rank cannot finish the step, and instead of waiting for train.collective_timeout_s
+// (or a launcher's SIGKILL) it ends the job within the watchdog's stop bound (5 s), naming the
+// signal and the collective, without a checkpoint.
+TEST_F(TrainCli, StopSignalWithAStuckPeerEndsTheJobInSeconds) {
+  const std::string dir = run_dir("stuckpeer");
+  Background p(mpirun(2) + train_cmd(dir, "--train.max_steps=100000 --checkpoint.every_steps=0 "
+                                          "--eval.every_samples=0"));
+  ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 2)) << read_file(dir + "/log.txt");
+  const std::string log = read_file(dir + "/log.txt");
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(log, m0, std::regex(R"(\[rank 0\].*pid (\d+))"))) << log;
+  ASSERT_TRUE(std::regex_search(log, m1, std::regex(R"(\[rank 1\].*pid (\d+))"))) << log;
+  ASSERT_EQ(kill(std::stoi(m1[1]), SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0 now waits for it
+  ASSERT_EQ(kill(std::stoi(m0[1]), SIGTERM), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = p.wait(60);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("mpirun exited %d, %.1f s after SIGTERM to rank 0 with rank 1 stopped\n", rc, s);
+  const std::string out = read_file(dir + "/log.txt");
+  ASSERT_NE(rc, -1) << "still running 60 s after the signal\n" << out;
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_LT(s, 20.0) << out;  // 5 s and the watchdog's tick; a loaded machine gets slack
+  EXPECT_NE(out.find("collective watchdog: rank 0 received signal 15 "), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("another rank is dead or stuck"), std::string::npos) << out;
+  for (const auto& e : fs::directory_iterator(dir + "/ckpt"))
+    ADD_FAILURE() << "a checkpoint was written: " << e.path();
 }
 
 }  // namespace
