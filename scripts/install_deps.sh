@@ -3,8 +3,9 @@
 #
 #   scripts/install_deps.sh            Debian packages to build packbert and run it and the demo
 #   scripts/install_deps.sh --tests    and the test tooling: more Debian packages (h5py, numpy,
-#                                      torch, Boost.Context for the emulated CUDA build), and the
-#                                      PyPI tools in the virtual environment .venv/ of the repo
+#                                      torch, Boost.Context for the emulated CUDA build, Slurm and
+#                                      munge), and the PyPI tools in the virtual environment .venv/
+#                                      of the repo
 #
 # Idempotent: packages already present are left alone. CUDA is expected at /usr/local/cuda
 # (the CUDA backend is optional; without nvcc, cuBLASLt or NCCL the build is CPU-only).
@@ -18,7 +19,7 @@ tests=0
 for arg in "$@"; do
   case "$arg" in
     --tests) tests=1 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install_deps: unknown option '$arg' (expected --tests or --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,6 +54,8 @@ TEST_APT_PACKAGES=(
   python3-h5py python3-numpy          # shards read and written the way other tools do
   python3-torch python3-yaml          # Hugging Face round trip, reference scripts, mlperf-logging
   python3-xxhash                      # checkpoint checksums in scripts/convert_hf_checkpoint.py
+  slurmctld slurmd slurm-client munge # the Slurm script under a real Slurm (tests/slurm)
+  libpmix-dev                         # libpmix.so, which Slurm's pmix plugin (srun --mpi=pmix) loads
 )
 # With --tests, from PyPI into .venv:
 # - transformers 4.44.2 (4.57 disables its models with torch < 2, Debian has 1.13; 5.x dropped

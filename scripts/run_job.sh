@@ -3,7 +3,7 @@
 # exits 0 when the run ended cleanly: finished, or stopped on a signal with its checkpoint
 # written. The launch scripts end with it (run_mlperf_8gpu.sh, slurm_bert_large.sbatch).
 #
-#   scripts/run_job.sh [--forward SIG] END_FILE LAUNCHER [ARG...]
+#   scripts/run_job.sh [--forward SIG] [--on-stop COMMAND] END_FILE LAUNCHER [ARG...]
 #
 # END_FILE is the run's log.end_file: rank 0 writes it last, after the final checkpoint is
 # complete (docs/training.md, Faults), so it tells a clean stop from a failure. This script
@@ -22,16 +22,25 @@
 #
 # Exit status:
 # - END_FILE says the run stopped on a signal: 0 when the checkpoint it names exists, else 1
-#   (no checkpoint.dir: nothing to resume from);
+#   (no checkpoint.dir: nothing to resume from); with --on-stop, a stop with its checkpoint
+#   then runs COMMAND (bash -c, in this environment, with RUN_JOB_CHECKPOINT set to the
+#   checkpoint) and exits with its status (slurm_bert_large.sbatch requeues the job there);
 # - END_FILE says it finished or reached its target: 0 after a signal was passed on (the
 #   launcher's own status then tells of the signal, not of the run), else the launcher's;
 # - no END_FILE: the launcher's status (the run failed, never started, or only printed).
 set -uo pipefail
 
 forward=TERM
-if [ "${1:-}" = "--forward" ]; then forward=${2:-}; shift 2; fi
+on_stop=
+while [ $# -ge 2 ]; do
+  case "$1" in
+    --forward) forward=$2; shift 2 ;;
+    --on-stop) on_stop=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
 if [ $# -lt 2 ] || ! kill -l "$forward" > /dev/null 2>&1; then
-  echo "usage: $0 [--forward SIG] END_FILE LAUNCHER [ARG...]" >&2
+  echo "usage: $0 [--forward SIG] [--on-stop COMMAND] END_FILE LAUNCHER [ARG...]" >&2
   exit 2
 fi
 end_file=$1; shift
@@ -90,7 +99,9 @@ if [ "$reason" = signal ]; then
   if [ -n "$checkpoint" ] && [ "$checkpoint" != null ] && [ -d "$checkpoint" ]; then
     echo "run_job: stopped by signal $(field signal) after step $step, checkpoint" \
       "$checkpoint ($launcher exited $status)" >&2
-    exit 0
+    [ -z "$on_stop" ] && exit 0
+    RUN_JOB_CHECKPOINT=$checkpoint bash -c "$on_stop"
+    exit
   fi
   echo "run_job: stopped by signal $(field signal) after step $step without a checkpoint" \
     "(checkpoint: $checkpoint; $launcher exited $status)" >&2

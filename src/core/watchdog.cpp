@@ -90,13 +90,40 @@ std::string CollectiveWatchdog::message(const WatchScope& s, double waited_s) co
       timeout_s_);
 }
 
+void CollectiveWatchdog::note_stop_signal(int signal) {
+  if (stop_agreed_.load(std::memory_order_relaxed)) return;
+  int64_t none = 0;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          Clock::now().time_since_epoch())
+                          .count();
+  if (stop_signal_ns_.compare_exchange_strong(none, now == 0 ? 1 : now))
+    stop_signal_.store(signal, std::memory_order_relaxed);
+}
+
+int64_t CollectiveWatchdog::stop_bound_since_ns() const {
+  if (stop_agreed_.load(std::memory_order_relaxed)) return 0;
+  return stop_signal_ns_.load(std::memory_order_relaxed);
+}
+
+std::string CollectiveWatchdog::stop_message(const char* collective, int64_t step,
+                                             double waited_s, double since_signal_s) const {
+  return fmt::format(
+      "collective watchdog: rank {} received signal {} {:.1f} s ago, while it waits in {} at "
+      "step {}{} (for {:.1f} s): a rank that can stop reaches the stop within {} s of the signal "
+      "(the step in flight), so another rank is dead or stuck, and this one can neither finish "
+      "the step nor write a checkpoint; aborting the job without one",
+      rank_, stop_signal_.load(std::memory_order_relaxed), since_signal_s, collective, step,
+      step == 0 ? " (before the first step)" : "", waited_s, stop_bound_s_);
+}
+
 void CollectiveWatchdog::run() {
   const auto timeout = std::chrono::duration<double>(timeout_s_);
-  // Checked ten times per timeout, at most once a second: a hang is seen within 10% (or 1 s) of
-  // the timeout, and an idle check of a short list costs nothing.
-  const auto period = std::clamp(std::chrono::duration_cast<Clock::duration>(timeout / 10),
-                                 Clock::duration(std::chrono::milliseconds(1)),
-                                 Clock::duration(std::chrono::seconds(1)));
+  const auto stop_bound = std::chrono::duration<double>(stop_bound_s_);
+  // Checked ten times per timeout (or stop bound), at most once a second: a hang is seen within
+  // 10% (or 1 s) of it, and an idle check of a short list costs nothing.
+  const auto period = std::clamp(
+      std::chrono::duration_cast<Clock::duration>(std::min(timeout, stop_bound) / 10),
+      Clock::duration(std::chrono::milliseconds(1)), Clock::duration(std::chrono::seconds(1)));
   std::unique_lock<std::mutex> lk(mu_);
   while (!stopping_) {
     cv_.wait_for(lk, period);
@@ -104,11 +131,23 @@ void CollectiveWatchdog::run() {
     check_async(lk);
     if (stopping_) break;
     const Clock::time_point now = Clock::now();
+    const int64_t signal_ns = stop_bound_since_ns();
+    const Clock::time_point signal_at{std::chrono::duration_cast<Clock::duration>(
+        std::chrono::nanoseconds(signal_ns))};
     for (WatchScope* s = head_; s; s = s->next_) {
-      if (s->fired_ || now - s->start_ < timeout) continue;
+      if (s->fired_) continue;
+      const double waited = std::chrono::duration<double>(now - s->start_).count();
+      std::string text;
+      if (now - s->start_ >= timeout) {
+        text = message(*s, waited);
+      } else if (signal_ns != 0 && s->bound_ == StopBound::kBounded &&
+                 now - std::max(s->start_, signal_at) >= stop_bound) {
+        text = stop_message(s->collective_, s->step_, waited,
+                            std::chrono::duration<double>(now - signal_at).count());
+      } else {
+        continue;
+      }
       s->fired_ = true;
-      const std::string text =
-          message(*s, std::chrono::duration<double>(now - s->start_).count());
       // Not under the lock: the action may take long (MPI_Abort) or return (tests), and the
       // scope may close meanwhile; s is not touched again (the next tick rescans).
       lk.unlock();
@@ -135,11 +174,23 @@ void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lk) {
       e.front().started = nullptr;
       e.front().start = Clock::now();
     }
-    const double waited = std::chrono::duration<double>(Clock::now() - e.front().start).count();
-    if (waited < timeout_s_) continue;
+    const Clock::time_point now = Clock::now();
+    const double waited = std::chrono::duration<double>(now - e.front().start).count();
+    const int64_t signal_ns = stop_bound_since_ns();
+    const Clock::time_point signal_at{std::chrono::duration_cast<Clock::duration>(
+        std::chrono::nanoseconds(signal_ns))};
+    const bool past_stop_bound =
+        signal_ns != 0 &&
+        std::chrono::duration<double>(now - std::max(e.front().start, signal_at)).count() >=
+            stop_bound_s_;
+    if (waited < timeout_s_ && !past_stop_bound) continue;
     w->fired_ = true;
     const AsyncWatch::Entry& oldest = e.front();
-    const std::string text = fmt::format(
+    const std::string text = waited < timeout_s_
+        ? stop_message(oldest.collective, oldest.step, waited,
+                       std::chrono::duration<double>(now - signal_at).count()) +
+              "; the NCCL communicator is aborted first"
+        : fmt::format(
         "collective watchdog: rank {}: {} at step {}{} has not completed after {:.1f} s, past "
         "train.collective_timeout_s = {}; another rank never joined it (stuck or dead; the ranks "
         "that waited log this line too, unless the abort ends them first); aborting the NCCL "
@@ -190,8 +241,10 @@ size_t AsyncWatch::pending() const {
   return entries_.size();
 }
 
-WatchScope::WatchScope(CollectiveWatchdog& watchdog, const char* collective, int64_t step)
-    : collective_(collective), step_(step == kCurrentStep ? watchdog.step() : step) {
+WatchScope::WatchScope(CollectiveWatchdog& watchdog, const char* collective, int64_t step,
+                       StopBound bound)
+    : collective_(collective), step_(step == kCurrentStep ? watchdog.step() : step),
+      bound_(bound) {
   if (!watchdog.enabled()) return;
   watchdog_ = &watchdog;
   start_ = std::chrono::steady_clock::now();

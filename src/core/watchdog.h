@@ -18,6 +18,17 @@
 // may nest: each is a node of an intrusive list under one mutex, so a scope allocates nothing.
 // With the watchdog off (timeout 0, the default of a fresh object) a scope costs one atomic load.
 //
+// A stop signal (SIGTERM, SIGINT, SIGUSR1: run_train stops after the step in flight and
+// checkpoints) also bounds the waits: from the signal until the ranks agree to stop (the stop-flag
+// all-reduce after each step), a collective that waits longer than stop_bound_s (5 s by default)
+// after the later of its start and the signal fires as a timeout does, with a message that names
+// the collective and the signal. A healthy rank reaches that all-reduce within the step in flight,
+// and the ranks of a step wait in its collectives only for each other's imbalance, so such a wait
+// means a peer is dead or stuck: the rank could neither finish the step nor checkpoint, and under
+// Slurm it would wait for the SIGKILL that follows the SIGTERM after KillWait (srun
+// --kill-on-bad-exit sends that SIGTERM to every other task when one dies). A wait whose length
+// is one rank's I/O (the checkpoint barrier while rank 0 writes) opts out (StopBound::kNone).
+//
 // A collective the host does not wait for (an NCCL round: the device's stream waits, and the
 // host only blocks later, in whatever synchronisation comes next) is watched by an AsyncWatch:
 // its owner arms it with a poll that says, without blocking, whether the collective completed
@@ -40,6 +51,10 @@ namespace packbert {
 
 class WatchScope;
 class AsyncWatch;
+
+// Whether a stop signal bounds a wait (see the top): kBounded for the collectives of a step,
+// kNone for a wait on one rank's I/O.
+enum class StopBound { kBounded, kNone };
 
 class CollectiveWatchdog {
  public:
@@ -68,6 +83,18 @@ class CollectiveWatchdog {
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   double timeout_s() const { return timeout_s_; }
 
+  // Seconds a wait may last after a stop signal (see the top); the default's reason: a step's
+  // imbalance is well under it, and it ends a job with a dead rank well within Slurm's
+  // default KillWait of 30 s.
+  static constexpr double kStopBoundSeconds = 5.0;
+  void set_stop_bound_s(double s) { stop_bound_s_ = s; }
+  double stop_bound_s() const { return stop_bound_s_; }
+  // A stop signal arrived: from now until stop_agreed() waits are also bounded by
+  // stop_bound_s(). Async-signal-safe (call it from the handler); the first call counts.
+  void note_stop_signal(int signal);
+  // The ranks agreed to stop: the checkpoint and the end that follow wait as usual.
+  void stop_agreed() { stop_agreed_.store(true, std::memory_order_relaxed); }
+
   // The optimizer step the training loop is on (1-based, as the progress lines count; 0 before
   // the first): the step of scopes that do not name one.
   void set_step(int64_t step) { step_.store(step, std::memory_order_relaxed); }
@@ -81,10 +108,19 @@ class CollectiveWatchdog {
   void check_async(std::unique_lock<std::mutex>& lk);
   void run();
   std::string message(const WatchScope& s, double waited_s) const;
+  // Nanoseconds (steady clock) of the stop signal when one bounds the waits now, else 0.
+  int64_t stop_bound_since_ns() const;
+  std::string stop_message(const char* collective, int64_t step, double waited_s,
+                           double since_signal_s) const;
 
   std::atomic<bool> enabled_{false};
   std::atomic<int64_t> step_{0};
   double timeout_s_ = 0;
+  double stop_bound_s_ = kStopBoundSeconds;
+  std::atomic<int64_t> stop_signal_ns_{0};  // steady clock of the first stop signal; 0: none
+  std::atomic<int> stop_signal_{0};
+  std::atomic<bool> stop_agreed_{false};
+  static_assert(std::atomic<int64_t>::is_always_lock_free, "note_stop_signal runs in a handler");
   int rank_ = 0;
   Action action_;
 
@@ -98,14 +134,16 @@ class CollectiveWatchdog {
 
 // Open around a blocking wait on a collective: WatchScope w("MPI_Barrier (checkpoint)");
 // collective: a string literal (kept by pointer). step: the optimizer step the collective belongs
-// to; kCurrentStep takes the watchdog's set_step().
+// to; kCurrentStep takes the watchdog's set_step(). bound: whether a stop signal bounds it.
 class WatchScope {
  public:
   static constexpr int64_t kCurrentStep = INT64_MIN;
 
-  explicit WatchScope(const char* collective, int64_t step = kCurrentStep)
-      : WatchScope(CollectiveWatchdog::global(), collective, step) {}
-  WatchScope(CollectiveWatchdog& watchdog, const char* collective, int64_t step = kCurrentStep);
+  explicit WatchScope(const char* collective, int64_t step = kCurrentStep,
+                      StopBound bound = StopBound::kBounded)
+      : WatchScope(CollectiveWatchdog::global(), collective, step, bound) {}
+  WatchScope(CollectiveWatchdog& watchdog, const char* collective, int64_t step = kCurrentStep,
+             StopBound bound = StopBound::kBounded);
   ~WatchScope();
   WatchScope(const WatchScope&) = delete;
   WatchScope& operator=(const WatchScope&) = delete;
@@ -115,6 +153,7 @@ class WatchScope {
   CollectiveWatchdog* watchdog_ = nullptr;  // null: the watchdog was off when the scope opened
   const char* collective_;
   int64_t step_;
+  StopBound bound_;
   std::chrono::steady_clock::time_point start_;
   bool fired_ = false;
   WatchScope* prev_ = nullptr;

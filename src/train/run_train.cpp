@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <toml++/toml.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -40,7 +41,13 @@ namespace {
 
 std::atomic<int> g_stop_signal{0};
 
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+// A stop signal: the run stops after the step in flight (stop_requested), and until the ranks
+// agree to, the collective watchdog bounds every wait of the step (core/watchdog.h): a rank that
+// waits for a dead peer then ends the job in seconds instead of at the launcher's SIGKILL.
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  CollectiveWatchdog::global().note_stop_signal(sig);
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
@@ -69,6 +76,50 @@ struct StartState {
   std::optional<LoaderPosition> loader;
   std::string from;  // what it was loaded from, for the log
 };
+
+// The path a checkpoint names, made comparable: absolute, with links and dots resolved as far as
+// it exists.
+std::string comparable_path(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? std::filesystem::absolute(path).lexically_normal().string() : p.string();
+}
+
+// checkpoint.init_checkpoint of the run that wrote a checkpoint (its trainer_state.json records
+// the effective config as TOML); "" when it started from train.seed or the config is unreadable.
+std::string recorded_init_checkpoint(const std::string& config_toml) {
+  try {
+    const toml::table t = toml::parse(config_toml, std::string_view{});
+    return t["checkpoint"]["init_checkpoint"].value_or(std::string());
+  } catch (const toml::parse_error&) {
+    return {};
+  }
+}
+
+// --init-checkpoint beside a checkpoint to resume (a resubmitted or requeued job gives both):
+// the checkpoint is this run's own, and is resumed, when the run that wrote it started from the
+// same init checkpoint; any other is an error before any training, naming both and how to
+// choose (docs/training.md, Checkpoints), so that weights given on the command line are never
+// ignored silently.
+void check_init_beside_resume(const TrainConfig& c, const std::string& resume,
+                              const std::string& recorded_config) {
+  const std::string& init = c.checkpoint.init_checkpoint;
+  const std::string recorded = recorded_init_checkpoint(recorded_config);
+  if (!recorded.empty() && comparable_path(recorded) == comparable_path(init)) {
+    spdlog::info("resume: {} was written by a run started from --init-checkpoint {}, as this "
+                 "one is: resuming it (the init checkpoint is not read again)",
+                 resume, init);
+    return;
+  }
+  PB_THROW(
+      "--init-checkpoint {} and a checkpoint to resume, {} (checkpoint.resume = \"{}\", "
+      "checkpoint.dir = \"{}\"), were both given, and that checkpoint was written by a run "
+      "that started from {}: resuming it would ignore {}. To continue that run, drop "
+      "--init-checkpoint; to start from {}, give a checkpoint.dir that holds no checkpoints "
+      "(CKPT_DIR for scripts/slurm_bert_large.sbatch) or drop --resume",
+      init, resume, c.checkpoint.resume, c.checkpoint.dir,
+      recorded.empty() ? std::string("train.seed (no --init-checkpoint)") : recorded, init, init);
+}
 
 StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& trainer) {
   StartState st;
@@ -110,6 +161,8 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
       trainer.set_loss_scaler_state(*state.loss_scale);
     PB_REQUIRE(st.run.step == r.step, "{}: trainer_state.json says step {}, the checkpoint {}",
                resume, st.run.step, r.step);
+    if (!c.checkpoint.init_checkpoint.empty())
+      check_init_beside_resume(c, resume, state.config);
     st.from = resume;
   } else if (!c.checkpoint.init_checkpoint.empty()) {
     load_model_weights(c.checkpoint.init_checkpoint, trainer.table(), params.data());
@@ -177,6 +230,7 @@ bool stop_requested(MPI_Comm comm) {
   int stop = g_stop_signal.load() != 0 ? 1 : 0;
   const WatchScope watch("MPI_Allreduce (stop flag)");
   PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, comm));
+  if (stop != 0) CollectiveWatchdog::global().stop_agreed();  // every rank is alive and stops
   return stop != 0;
 }
 
@@ -375,7 +429,7 @@ std::string save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& traine
   }
   // A rank-0 write error throws there and aborts the job; the others wait for it here so a
   // completed checkpoint is announced before anyone exits.
-  const WatchScope watch("MPI_Barrier (checkpoint)");
+  const WatchScope watch("MPI_Barrier (checkpoint)", WatchScope::kCurrentStep, StopBound::kNone);
   PB_MPI_CHECK(MPI_Barrier(comm));
   return dir;
 }
@@ -399,9 +453,9 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   PB_MPI_CHECK(MPI_Comm_size(comm, &world));
   validate_train_config(c, world, ConfigPurpose::train);
+  CollectiveWatchdog& watchdog = CollectiveWatchdog::global();  // made before the handler uses it
   install_stop_signal_handlers();
   const bool root = rank == 0;
-  CollectiveWatchdog& watchdog = CollectiveWatchdog::global();
   watchdog.set_step(0);
   const WatchdogRun watch_collectives(c, rank);
 

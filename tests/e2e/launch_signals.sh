@@ -5,7 +5,8 @@
 #   of the last step; the same stop without a checkpoint directory exits 1;
 # - a rank killed with SIGKILL: non-zero, and no end.json;
 # - scripts/slurm_bert_large.sbatch, with srun replaced by a stand-in that runs its one task
-#   itself, exits 0 after SIGTERM to the batch script.
+#   itself and scontrol by one that records the call, exits 0 after SIGTERM to the batch script
+#   and requeues the job.
 # Plain mpirun exits 1 after it passed on a SIGTERM, so these statuses are the scripts' own
 # (scripts/run_job.sh).
 #
@@ -181,22 +182,34 @@ finish
 [[ ! -e $work/rank_killed/end.json ]] || fail "rank_killed: $(cat "$work/rank_killed/end.json")"
 echo "rank_killed: exit status $rc, no end.json"
 
-# 5. The Slurm script, run as Slurm runs it (from the submit directory), with an srun that runs
-# its one task itself: SIGTERM to the batch script reaches the task through run_job.sh.
-mkdir -p "$work/fake_bin"
+# 5. The Slurm script, run as Slurm runs it (from the submit directory), with stand-ins for srun
+# (it runs its one task itself) and scontrol (the job is RUNNING; a requeue is recorded): SIGTERM
+# to the batch script reaches the task through run_job.sh, and the stop with its checkpoint
+# requeues the job (tests/slurm/test_sbatch.sh runs the script under a real Slurm).
+mkdir -p "$work/fake_bin" "$work/slurm"
 cat > "$work/fake_bin/srun" <<'EOF'
 #!/usr/bin/env bash
 while [[ ${1:-} == --* ]]; do shift; done  # srun's options
 exec "$@"
 EOF
-chmod +x "$work/fake_bin/srun"
-mkdir -p "$work/slurm"
-start slurm env -C "$repo" PATH="$work/fake_bin:$PATH" CKPT_DIR="$work/slurm/ckpt" \
-  PACKBERT="$packbert" OMP_NUM_THREADS=1 bash scripts/slurm_bert_large.sbatch \
-  "$work/config.toml" --log.metrics_file="$work/slurm/metrics.jsonl"
-wait_step "$work/slurm/metrics.jsonl" 2
+cat > "$work/fake_bin/scontrol" <<EOF
+#!/usr/bin/env bash
+case "\$1 \${2:-}" in
+  "show job") printf 'JobId=%s JobName=packbert-bert-large\n   JobState=RUNNING Reason=None\n   Requeue=1 Restarts=0\n' "\$3" ;;
+  requeue*) echo "\$*" >> "$work/slurm/requeued" ;;
+  *) exit 1 ;;
+esac
+EOF
+chmod +x "$work/fake_bin/srun" "$work/fake_bin/scontrol"
+start slurm env -C "$repo" PATH="$work/fake_bin:$PATH" SLURM_JOB_ID=4242 \
+  SLURM_JOB_NAME=packbert-bert-large CKPT_DIR="$work/slurm/ckpt" OUT="$work/slurm/out" \
+  PACKBERT="$packbert" OMP_NUM_THREADS=1 bash scripts/slurm_bert_large.sbatch "$work/config.toml"
+wait_step "$work/slurm/out/metrics.jsonl" 2
 kill -TERM "$job_pid"
 finish
-expect_clean_stop slurm "$work/slurm/ckpt/end.json" "$work/slurm/metrics.jsonl" \
+expect_clean_stop slurm "$work/slurm/out/end.json" "$work/slurm/out/metrics.jsonl" \
   "$work/slurm/ckpt" 15
+[[ $(cat "$work/slurm/requeued" 2>/dev/null) == "requeue 4242" ]] ||
+  fail "slurm: the job was not requeued (scontrol calls: $(cat "$work/slurm/requeued" 2>&1))"
+echo "slurm: requeued"
 echo "ok"

@@ -1,6 +1,7 @@
 // `packbert train` and `packbert eval` through the binary: config errors before any work,
 // metrics / eval / checkpoints of a real run, exact resume after SIGKILL, SIGTERM preemption,
-// divergence, an unwritable checkpoint directory, and a rank killed under mpirun.
+// divergence, an unwritable checkpoint directory, a rank killed under mpirun, a stop signal
+// while a peer is stuck, and --init-checkpoint beside a checkpoint to resume.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -296,6 +297,54 @@ TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
   EXPECT_EQ(end.at("checkpoint"), fs::absolute(final_ckpt).string()) << end;
 }
 
+// --init-checkpoint beside a checkpoint that --resume auto finds under checkpoint.dir (phase 2
+// of a job run with phase 1's checkpoint directory): an error before any training naming both
+// and the way to choose, never the resume alone; a checkpoint the same --init-checkpoint run
+// wrote (a requeued or resubmitted job) is resumed, and the log says so.
+TEST_F(TrainCli, InitCheckpointBesideAResumeCandidateIsNeverSilent) {
+  const std::string args = "--eval.at_end=false --eval.every_samples=0 --checkpoint.every_steps=0 ";
+  const std::string phase1 = run_dir("phase1");
+  ASSERT_EQ(run_command(train_cmd(phase1, args + "--train.max_steps=2")), 0)
+      << read_file(phase1 + "/log.txt");
+  const std::string init = phase1 + "/ckpt/step_00000002";
+  ASSERT_TRUE(fs::exists(init + "/trainer_state.json"));
+
+  // Phase 2 in phase 1's checkpoint directory: refused.
+  std::string out;
+  EXPECT_NE(run_command(train_cmd(phase1, args + "--train.max_steps=4 --resume auto "
+                                                 "--init-checkpoint " + init),
+                        &out),
+            0);
+  out = read_file(phase1 + "/log.txt");
+  EXPECT_NE(out.find("--init-checkpoint " + init + " and a checkpoint to resume, " + init),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("started from train.seed (no --init-checkpoint)"), std::string::npos) << out;
+  EXPECT_NE(out.find("To continue that run, drop --init-checkpoint"), std::string::npos) << out;
+  EXPECT_NE(out.find("give a checkpoint.dir that holds no checkpoints"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step 1/"), std::string::npos) << "trained before failing:\n" << out;
+  EXPECT_FALSE(fs::exists(phase1 + "/ckpt/step_00000004"));
+
+  // Phase 2 in a directory of its own: starts from the weights, then (the same command again,
+  // as a requeued job runs it) resumes its own checkpoint.
+  const std::string phase2 = run_dir("phase2");
+  const std::string cmd2 = args + "--resume auto --init-checkpoint " + init;
+  ASSERT_EQ(run_command(train_cmd(phase2, cmd2 + " --train.max_steps=2")), 0)
+      << read_file(phase2 + "/log.txt");
+  out = read_file(phase2 + "/log.txt");
+  EXPECT_NE(out.find("loaded from " + init + " (weights only)"), std::string::npos) << out;
+  ASSERT_EQ(run_command(train_cmd(phase2, cmd2 + " --train.max_steps=3")), 0)
+      << read_file(phase2 + "/log.txt");
+  out = read_file(phase2 + "/log.txt");
+  const std::string own = phase2 + "/ckpt/step_00000002";
+  EXPECT_NE(out.find("resume: " + own + " was written by a run started from --init-checkpoint " +
+                     init + ", as this one is"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("loaded from " + own), std::string::npos) << out;
+  EXPECT_EQ(read_records(phase2 + "/metrics.jsonl", "train").back().at("step").get<int64_t>(), 3);
+}
+
 TEST_F(TrainCli, DivergenceIsSkippedThenAborts) {
   const std::string dir = run_dir("nan");
   std::string out;
@@ -478,6 +527,37 @@ TEST_F(TrainCli, KilledRankEndsTheJobWithinAMinute) {
   std::printf("mpirun exited %d, %.1f s after rank 1 was killed\n", rc, s);
   EXPECT_NE(rc, -1) << "still running 60 s after a rank died\n" << read_file(dir + "/log.txt");
   EXPECT_NE(rc, 0);
+}
+
+// A stop signal to a rank whose peer is stuck (stopped with SIGSTOP, as a dead or hung one looks
+// to it): the rank cannot finish the step, and instead of waiting for train.collective_timeout_s
+// (or a launcher's SIGKILL) it ends the job within the watchdog's stop bound (5 s), naming the
+// signal and the collective, without a checkpoint.
+TEST_F(TrainCli, StopSignalWithAStuckPeerEndsTheJobInSeconds) {
+  const std::string dir = run_dir("stuckpeer");
+  Background p(mpirun(2) + train_cmd(dir, "--train.max_steps=100000 --checkpoint.every_steps=0 "
+                                          "--eval.every_samples=0"));
+  ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 2)) << read_file(dir + "/log.txt");
+  const std::string log = read_file(dir + "/log.txt");
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(log, m0, std::regex(R"(\[rank 0\].*pid (\d+))"))) << log;
+  ASSERT_TRUE(std::regex_search(log, m1, std::regex(R"(\[rank 1\].*pid (\d+))"))) << log;
+  ASSERT_EQ(kill(std::stoi(m1[1]), SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0 now waits for it
+  ASSERT_EQ(kill(std::stoi(m0[1]), SIGTERM), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = p.wait(60);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("mpirun exited %d, %.1f s after SIGTERM to rank 0 with rank 1 stopped\n", rc, s);
+  const std::string out = read_file(dir + "/log.txt");
+  ASSERT_NE(rc, -1) << "still running 60 s after the signal\n" << out;
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_LT(s, 20.0) << out;  // 5 s and the watchdog's tick; a loaded machine gets slack
+  EXPECT_NE(out.find("collective watchdog: rank 0 received signal 15 "), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("another rank is dead or stuck"), std::string::npos) << out;
+  for (const auto& e : fs::directory_iterator(dir + "/ckpt"))
+    ADD_FAILURE() << "a checkpoint was written: " << e.path();
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // fire once with the rank, collective and step; scopes that close in time, and every scope of a
 // watchdog that is off, never do; the default action ends the process with the watchdog's code.
 // Asynchronous watches (an NCCL round the host does not wait for): polled until complete, and
-// past the timeout the owner's abort runs before the message and the action.
+// past the timeout the owner's abort runs before the message and the action. After a stop
+// signal, the waits of the step are bounded by a few seconds (a dead peer).
 // The whole job under mpirun with a stopped rank: tests/mpi/watchdog_sigstop.sh.
 #include <gtest/gtest.h>
 
@@ -272,6 +273,81 @@ TEST(AsyncWatch, OffArmsNothing) {
   FakeCollective a;
   watch.arm("NCCL all-reduce (optimizer sums)", a.poll());
   EXPECT_EQ(watch.pending(), 0u);
+}
+
+// A stop signal bounds the waits of a step (the run would otherwise wait for the launcher's
+// SIGKILL with a dead peer): a scope open across the signal fires stop_bound_s after it, one
+// opened later stop_bound_s after it opened, naming the signal and the collective; the
+// checkpoint barrier (StopBound::kNone) and every wait after the ranks agreed to stop keep the
+// usual timeout.
+TEST(CollectiveWatchdog, AStopSignalBoundsTheWaitsOfTheStep) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(60.0, 3, fired.action());
+  wd.set_stop_bound_s(0.3);
+  wd.set_step(12);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    WatchScope before(wd, "all-reduce (gradient reducer)");
+    WatchScope barrier(wd, "MPI_Barrier (checkpoint)", WatchScope::kCurrentStep,
+                       StopBound::kNone);
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(fired.count(), 0u) << "no signal yet: the 60 s timeout holds";
+    const auto signal_at = std::chrono::steady_clock::now();
+    wd.note_stop_signal(15);
+    wd.note_stop_signal(10);  // the first signal counts
+    ASSERT_EQ(fired.wait_for(1), 1u);
+    EXPECT_GE(std::chrono::steady_clock::now() - signal_at, 300ms);
+    std::this_thread::sleep_for(400ms);  // the barrier does not fire
+    EXPECT_EQ(fired.count(), 1u);
+  }
+  {
+    WatchScope after(wd, "MPI_Allreduce (stop flag)", 13);  // opened after the signal
+    const auto opened = std::chrono::steady_clock::now();
+    ASSERT_EQ(fired.wait_for(2), 2u);
+    EXPECT_GE(std::chrono::steady_clock::now() - opened, 300ms);
+  }
+  wd.stop_agreed();
+  {
+    WatchScope end(wd, "MPI_Barrier (checkpoint)");
+    std::this_thread::sleep_for(700ms);
+  }
+  wd.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);
+  ASSERT_EQ(fired.count(), 2u);
+  const std::string& m = fired.messages[0];
+  EXPECT_NE(m.find("collective watchdog: rank 3 received signal 15 "), std::string::npos) << m;
+  EXPECT_NE(m.find(" s ago, while it waits in all-reduce (gradient reducer) at step 12 (for "),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("reaches the stop within 0.3 s of the signal"), std::string::npos) << m;
+  EXPECT_NE(m.find("aborting the job without one"), std::string::npos) << m;
+  EXPECT_NE(fired.messages[1].find("waits in MPI_Allreduce (stop flag) at step 13"),
+            std::string::npos)
+      << fired.messages[1];
+}
+
+// The same bound for a collective the host does not wait for (NCCL): aborted, then reported.
+TEST(AsyncWatch, AStopSignalBoundsAnIncompleteCollective) {
+  CollectiveWatchdog wd;
+  Fired fired;
+  wd.configure(60.0, 1, fired.action());
+  wd.set_stop_bound_s(0.2);
+  std::atomic<int> aborts{0};
+  AsyncWatch watch(wd, [&] { ++aborts; });
+  FakeCollective a;
+  watch.arm("NCCL all-reduce (gradient reducer)", a.poll(), 5);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(fired.count(), 0u);
+  wd.note_stop_signal(10);
+  ASSERT_EQ(fired.wait_for(1), 1u);
+  wd.stop();
+  EXPECT_EQ(aborts.load(), 1);
+  const std::string& m = fired.messages[0];
+  EXPECT_NE(m.find("rank 1 received signal 10 "), std::string::npos) << m;
+  EXPECT_NE(m.find("waits in NCCL all-reduce (gradient reducer) at step 5"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("the NCCL communicator is aborted first"), std::string::npos) << m;
 }
 
 TEST(CollectiveWatchdogDeathTest, DefaultActionLogsAndExits) {
