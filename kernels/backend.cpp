@@ -38,6 +38,24 @@ Tensor BackendBuffer::tensor(DType dtype, std::initializer_list<int64_t> dims) c
   return t;
 }
 
+void Backend::upload(const std::vector<HostUpload>& copies) {
+  for (const HostUpload& c : copies) {
+    PB_REQUIRE(c.src != nullptr || c.dst.bytes() == 0, "upload: no host source for {}",
+               c.dst.str());
+    if (c.dst.bytes() == 0) continue;
+    copy(c.dst, Tensor(const_cast<void*>(c.src), c.dst.dtype, {c.dst.numel()}, Device::cpu));
+  }
+}
+
+void Backend::read(const std::vector<HostRead>& reads) {
+  for (const HostRead& r : reads) {
+    PB_REQUIRE(r.dst != nullptr || r.src.bytes() == 0, "read: no host destination for {}",
+               r.src.str());
+    if (r.src.bytes() == 0) continue;
+    copy(Tensor(r.dst, r.src.dtype, {r.src.numel()}, Device::cpu), r.src);
+  }
+}
+
 BackendBuffer Backend::alloc(size_t bytes) {
   // At least one byte, so that even an empty buffer's view is defined (not "none").
   const size_t n = std::max<size_t>(bytes, 1);

@@ -48,6 +48,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 #include <initializer_list>
 #include <memory>
 #include <utility>
@@ -208,6 +209,17 @@ class BackendBuffer {
   Tensor view_;
 };
 
+// What the host asked of a device since the process started: host synchronisations, launches
+// (kernels, library calls, memsets), graph launches and copies with a pageable host side
+// (kernels/cuda/counters.h says exactly what counts). All zero for the CPU backend, which has no
+// device to wait for.
+struct BackendCounters {
+  int64_t host_syncs = 0;
+  int64_t launches = 0;
+  int64_t graph_launches = 0;
+  int64_t pageable_copies = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -231,12 +243,32 @@ class Backend {
   // the ops (the NCCL gradient transport, src/comm/nccl_transport.h); the model and the
   // optimizer never need it.
   virtual void* native_stream() const { return nullptr; }
+  // The process's counts of host work (BackendCounters); the trainer reports them per step.
+  virtual BackendCounters counters() const { return {}; }
 
   // t = 0 (any dtype).
   virtual void zero(const Tensor& t) = 0;
   // dst = src: same dtype and element count (shapes may differ), no overlap. One side may be
   // host memory: the batch upload and the read-back of loss scalars go through here.
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  // Host arrays into tensors of the backend's device, in op order: each dst receives its
+  // dst.bytes() from src, host memory the caller may reuse once upload returns. The batch
+  // upload's path. The default copies each with copy(); the CUDA backend stages them in pinned
+  // memory of its own (two buffers used in turn) and copies them asynchronously, so that the
+  // host does not wait for the device (kernels/cuda/cuda_backend.cpp).
+  struct HostUpload {
+    Tensor dst;
+    const void* src = nullptr;
+  };
+  virtual void upload(const std::vector<HostUpload>& copies);
+  // Tensors of the backend's device into host memory, as the ops issued so far leave them, with
+  // one wait for all of them: each dst receives src.bytes(). The default copies each with
+  // copy(); the CUDA backend copies them into pinned memory and waits once.
+  struct HostRead {
+    void* dst = nullptr;
+    Tensor src;
+  };
+  virtual void read(const std::vector<HostRead>& reads);
 
   // ---- embeddings ------------------------------------------------------------------------
   // out = dropout(LayerNorm(word[input_ids] + position[token_pos] + token_type[segment_ids])).

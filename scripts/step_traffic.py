@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Device memory traffic and host synchronisations of one BERT training step on the CUDA
-backend, before and after three changes, computed from the code's sizes (no GPU needed):
+"""Device memory traffic of one BERT training step on the CUDA backend, before and after two
+changes, computed from the code's sizes (no GPU needed):
 
   MLM decoder backward (bf16)  row blocks -> vocabulary blocks
                                (kernels/cuda/cuda_heads.cpp, mlm_loss_lowp): the
@@ -9,9 +9,9 @@ backend, before and after three changes, computed from the code's sizes (no GPU 
   NSP head (bf16)              the widening adapter (kernels/common/lowp_adapter.h nsp_loss:
                                x and dx [rows, H] staged in fp32) -> nsp_loss_lowp (the [CLS]
                                rows and the weights widened)
-  loss read-back               four D2H copies, each a stream synchronisation, per micro-step
-                               (src/model/bert.cpp) -> the sums left on the device and read once
-                               per optimizer step (Bert::deferred_results, train/trainer.cpp)
+
+The host's synchronisations, launches and pageable copies per step are counted, not computed:
+scripts/step_counts.py.
 
 The default is BERT-Large phase 2 as configs/bert_large_phase2_mlperf.toml runs it: bf16, 32
 samples per GPU and micro-step (global batch 256 on 8 GPUs, no accumulation), unpadded, M = 1,
@@ -34,8 +34,6 @@ MIB = 1 << 20
 BLOCK_BYTES = 64 * MIB  # kMlmBackwardBlockBytes (cuda_heads.cpp)
 BF16 = 2
 F32 = 4
-UPLOADS = 10  # arrays upload_batch copies per micro-step (src/model/activations.cpp)
-LOSS_WORDS = 4  # mlm / nsp loss sums, mlm / nsp correct counts
 
 
 def histogram(path):
@@ -108,14 +106,6 @@ def nsp_after(rows, s, h):
     return total
 
 
-def syncs(micro_steps, logged):
-    """Host waits for the stream per optimizer step (CudaBackend::copy with a host side)."""
-    lamb = 1 if logged else 0  # Lamb::step reads its scalars back on logged steps only
-    before = micro_steps * (UPLOADS + LOSS_WORDS) + lamb
-    after = micro_steps * UPLOADS + 1 + lamb
-    return before, after
-
-
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -161,17 +151,6 @@ def main():
         print(f"| NSP head staging (bf16) | {name} | {rows} | {m} | "
               f"{ms * nsp_before(rows, b, h) / gb:.3f} | {ms * nsp_after(rows, b, h) / gb:.4f} "
               f"| - |")
-    print()
-    print("| host synchronisations per optimizer step | before | after |")
-    print("| --- | --- | --- |")
-    for logged in (False, True):
-        sb, sa = syncs(a.micro_steps, logged)
-        what = "logged step" if logged else "unlogged step"
-        print(f"| {what} (of which loss read-backs) | {sb} ({a.micro_steps * LOSS_WORDS}) | "
-              f"{sa} (1) |")
-    print()
-    print(f"(the remaining {UPLOADS} per micro-step are the batch uploads, a synchronous copy "
-          f"from pageable host memory each)")
 
 
 if __name__ == "__main__":

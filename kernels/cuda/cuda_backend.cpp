@@ -51,7 +51,7 @@ void cuda_free(void* p) {
   if (!p) return;
   // Never throws (it runs in destructors); a failure here means an earlier fault, which the
   // next checked call reports.
-  (void)cudaFree(p);
+  (void)cuda::device_free(p);
 }
 
 void cuda_synchronize(Backend& backend) {
@@ -90,13 +90,18 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)
 CudaBackend::~CudaBackend() {
   // Destructors never throw: errors here follow an earlier fault that was already reported.
   cudaSetDevice(device_);
-  if (stream_) cudaStreamSynchronize(stream_);
+  if (stream_) cuda::stream_synchronize(stream_);
   fmha_.reset();
-  cudaFree(workspace_);
-  cudaFree(scratch_d_);
-  cudaFree(scratch_f_);
-  cudaFree(scratch_b_);
-  cudaFree(lamb_work_);
+  cuda::device_free(workspace_);
+  cuda::device_free(scratch_d_);
+  cuda::device_free(scratch_f_);
+  cuda::device_free(scratch_b_);
+  cuda::device_free(lamb_work_);
+  cuda::host_free(download_);
+  for (UploadStaging& s : upload_staging_) {
+    cuda::host_free(s.data);
+    if (s.done) cudaEventDestroy(s.done);
+  }
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -112,18 +117,28 @@ void CudaBackend::free_memory(void* p) {
   cuda_free(p);
 }
 
+BackendCounters CudaBackend::counters() const {
+  const cuda::HostWork w = cuda::host_work();
+  BackendCounters c;
+  c.host_syncs = w.host_syncs;
+  c.launches = w.launches;
+  c.graph_launches = w.graph_launches;
+  c.pageable_copies = w.pageable_copies;
+  return c;
+}
+
 void CudaBackend::begin(const char* op) { PB_CUDA_OP(op, cudaSetDevice(device_)); }
 
 void CudaBackend::end(const char* op) {
   if (!options_.sync_each_op) return;
-  PB_CUDA_OP(op, cudaStreamSynchronize(stream_));
+  PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
   PB_CUDA_OP(op, cudaGetLastError());
 }
 
 void CudaBackend::synchronize(const char* op) {
   const trace::Range range("synchronize");
   begin(op);
-  PB_CUDA_OP(op, cudaStreamSynchronize(stream_));
+  PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
 }
 
 void CudaBackend::launched(const char* op, const char* kernel, cudaError_t e) {
@@ -163,9 +178,9 @@ template <typename T>
 std::vector<T> CudaBackend::to_host(const char* op, const Tensor& t) {
   std::vector<T> h(static_cast<size_t>(t.numel()));
   if (!h.empty()) {
-    PB_CUDA_OP(op, cudaMemcpyAsync(h.data(), t.ptr<T>(), t.bytes(), cudaMemcpyDeviceToHost,
+    PB_CUDA_OP(op, cuda::memcpy_async(h.data(), t.ptr<T>(), t.bytes(), cudaMemcpyDeviceToHost,
                                    stream_));
-    PB_CUDA_OP(op, cudaStreamSynchronize(stream_));
+    PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
   }
   return h;
 }
@@ -213,7 +228,8 @@ void CudaBackend::check_indices(const char* op, const char* name, const Tensor& 
 namespace {
 void* grow(const char* op, void*& p, size_t& have, size_t want) {
   if (want <= have) return p;
-  if (p) PB_CUDA_OP(op, cudaFree(p));  // cudaFree waits for the work that may still use it
+  // cudaFree waits for the work that may still use it.
+  if (p) PB_CUDA_OP(op, cuda::device_free(p));
   p = nullptr;
   have = 0;
   const size_t bytes = want + want / 4;
@@ -245,7 +261,7 @@ cuda::FloatFormat float_format(const char* op, const char* name, const Tensor& t
 }
 
 CudaLowpStaging::~CudaLowpStaging() {
-  for (void* p : slots_) (void)cudaFree(p);
+  for (void* p : slots_) (void)cuda::device_free(p);
 }
 
 float* CudaLowpStaging::scratch(int slot, int64_t n) {
@@ -298,7 +314,7 @@ void CudaBackend::zero(const Tensor& t) {
   check_device(op, "t", t, Device::cuda);
   check_pointer(op, "t", t);
   begin(op);
-  if (t.bytes()) PB_CUDA_OP(op, cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
+  if (t.bytes()) PB_CUDA_OP(op, cuda::memset_async(t.data, 0, t.bytes(), stream_));
   end(op);
 }
 
@@ -320,12 +336,123 @@ void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
     std::memcpy(dst.data, src.data, src.bytes());
     return;
   }
+  // Small copies with a host side (the per-step ones: scalars, loss sums) go through pinned
+  // memory of the backend's: an upload is staged and asynchronous (upload()), a read-back one
+  // copy into pinned memory and one wait. Large ones (weights, checkpoints) go directly: they
+  // are rare, and pinned buffers of their size would be a waste.
+  const size_t bytes = src.bytes();
+  if (src.device == Device::cpu && dst.device == Device::cuda && bytes <= kStagedCopyBytes) {
+    upload({{dst, src.data}});
+    return;
+  }
+  if (dst.device == Device::cpu && src.device == Device::cuda && bytes <= kStagedCopyBytes) {
+    read({{dst.data, src}});
+    return;
+  }
   begin(op);
-  PB_CUDA_OP(op, cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream_));
+  PB_CUDA_OP(op, cuda::memcpy_async(dst.data, src.data, bytes, cudaMemcpyDefault, stream_));
   // With host memory on either side the copy is complete when copy() returns: a read-back is
   // on the host, and the caller may reuse an uploaded host buffer at once.
   if (dst.device == Device::cpu || src.device == Device::cpu)
-    PB_CUDA_OP(op, cudaStreamSynchronize(stream_));
+    PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
+  end(op);
+}
+
+// The batch's arrays: each into the next staging buffer (pinned), then copied by the stream.
+// The host waits only when that buffer's previous copies, issued two uploads ago, have not run
+// yet (a query first: on a device that keeps up they have, and nothing waits).
+void CudaBackend::upload(const std::vector<HostUpload>& copies) {
+  const trace::Range range("upload");
+  const char* op = "upload";
+  constexpr size_t kAlign = 256;
+  size_t total = 0;
+  for (const HostUpload& c : copies) {
+    PB_REQUIRE(c.dst.defined(), "{}: a destination is missing", op);
+    PB_REQUIRE(c.src != nullptr || c.dst.bytes() == 0, "{}: no host source for {}", op,
+               c.dst.str());
+    check_device(op, "dst", c.dst, Device::cuda);
+    check_pointer(op, "dst", c.dst);
+    total += (c.dst.bytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  if (total == 0) return;
+  begin(op);
+  UploadStaging& s = upload_staging_[static_cast<size_t>(next_upload_)];
+  next_upload_ = 1 - next_upload_;
+  if (s.pending) {
+    const cudaError_t q = cudaEventQuery(s.done);
+    if (q == cudaErrorNotReady)
+      PB_CUDA_OP(op, cuda::event_synchronize(s.done));
+    else
+      PB_CUDA_OP(op, q);
+    s.pending = false;
+  }
+  if (total > s.bytes) {  // the first uploads, and a batch larger than any before
+    PB_CUDA_OP(op, cuda::host_free(s.data));
+    s.data = nullptr;
+    s.bytes = 0;
+    const size_t bytes = total + total / 4;
+    PB_CUDA_OP(op, cudaMallocHost(&s.data, bytes));
+    s.bytes = bytes;
+  }
+  if (!s.done) PB_CUDA_OP(op, cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  auto* staged = static_cast<char*>(s.data);
+  for (const HostUpload& c : copies) {
+    const size_t n = c.dst.bytes();
+    if (n == 0) continue;
+    std::memcpy(staged, c.src, n);
+    PB_CUDA_OP(op, cuda::memcpy_async(c.dst.data, staged, n, cudaMemcpyHostToDevice, stream_));
+    staged += (n + kAlign - 1) / kAlign * kAlign;
+  }
+  PB_CUDA_OP(op, cudaEventRecord(s.done, stream_));
+  s.pending = true;
+  end(op);
+}
+
+// Every source into the pinned read-back buffer, one wait, then out to the destinations. More
+// than the buffer holds: copy() each (large read-backs are rare: weights, checkpoints).
+void CudaBackend::read(const std::vector<HostRead>& reads) {
+  const trace::Range range("read");
+  const char* op = "read";
+  constexpr size_t kAlign = 256;
+  size_t total = 0;
+  for (const HostRead& r : reads) {
+    PB_REQUIRE(r.src.defined() && (r.dst != nullptr || r.src.bytes() == 0),
+               "{}: a source or a host destination is missing", op);
+    check_device(op, "src", r.src, Device::cuda);
+    check_pointer(op, "src", r.src);
+    total += (r.src.bytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  if (total == 0) return;
+  if (total > kStagedCopyBytes) {
+    for (const HostRead& r : reads) {
+      if (r.src.bytes() == 0) continue;
+      begin(op);
+      PB_CUDA_OP(op, cuda::memcpy_async(r.dst, r.src.data, r.src.bytes(),
+                                        cudaMemcpyDeviceToHost, stream_));
+      PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
+    }
+    end(op);
+    return;
+  }
+  begin(op);
+  if (!download_) {
+    PB_CUDA_OP(op, cudaMallocHost(&download_, kStagedCopyBytes));
+  }
+  auto* staged = static_cast<char*>(download_);
+  for (const HostRead& r : reads) {
+    const size_t n = r.src.bytes();
+    if (n == 0) continue;
+    PB_CUDA_OP(op, cuda::memcpy_async(staged, r.src.data, n, cudaMemcpyDeviceToHost, stream_));
+    staged += (n + kAlign - 1) / kAlign * kAlign;
+  }
+  PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
+  staged = static_cast<char*>(download_);
+  for (const HostRead& r : reads) {
+    const size_t n = r.src.bytes();
+    if (n == 0) continue;
+    std::memcpy(r.dst, staged, n);
+    staged += (n + kAlign - 1) / kAlign * kAlign;
+  }
   end(op);
 }
 
@@ -373,7 +500,7 @@ void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, 
                                as_f32(dx), index, "dout", as_f32(dout));
   begin(op);
   check_indices(op, "index", index, rows);
-  if (dx.bytes()) PB_CUDA_OP(op, cudaMemsetAsync(dx.data, 0, dx.bytes(), stream_));
+  if (dx.bytes()) PB_CUDA_OP(op, cuda::memset_async(dx.data, 0, dx.bytes(), stream_));
   if (m * h > 0) {
     auto* scratch = static_cast<uint32_t*>(
         scratch_bytes(op, static_cast<size_t>(rows + 1) * sizeof(uint32_t)));
@@ -478,9 +605,9 @@ const char* CudaBackend::lamb_work(const char* op, const LambTensor* entries,
   const size_t range_at = (chunk_bytes + 255) / 256 * 256;
   const size_t bytes = range_at + std::max<size_t>(ranges.size(), 1) * sizeof(cuda::LambTensorRange);
   // The previous list may still be read by a launch in flight: wait before replacing it.
-  PB_CUDA_OP(op, cudaStreamSynchronize(stream_));
+  PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
   if (bytes > lamb_work_bytes_) {
-    PB_CUDA_OP(op, cudaFree(lamb_work_));
+    PB_CUDA_OP(op, cuda::device_free(lamb_work_));
     lamb_work_ = nullptr;
     lamb_work_bytes_ = 0;
     PB_CUDA_OP(op, cudaMalloc(&lamb_work_, bytes));
@@ -488,9 +615,9 @@ const char* CudaBackend::lamb_work(const char* op, const LambTensor* entries,
   }
   char* w = static_cast<char*>(lamb_work_);
   if (chunk_bytes)
-    PB_CUDA_OP(op, cudaMemcpy(w, chunks.data(), chunk_bytes, cudaMemcpyHostToDevice));
+    PB_CUDA_OP(op, cuda::memcpy_sync(w, chunks.data(), chunk_bytes, cudaMemcpyHostToDevice));
   if (!ranges.empty())
-    PB_CUDA_OP(op, cudaMemcpy(w + range_at, ranges.data(),
+    PB_CUDA_OP(op, cuda::memcpy_sync(w + range_at, ranges.data(),
                               ranges.size() * sizeof(cuda::LambTensorRange),
                               cudaMemcpyHostToDevice));
   lamb_rows_.assign(entries, entries + num_tensors);

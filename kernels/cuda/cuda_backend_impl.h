@@ -15,6 +15,7 @@
 #include "kernels/common/lowp_adapter.h"
 #include "kernels/common/op_args.h"
 #include "core/trace.h"
+#include "kernels/cuda/counters.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/fmha.h"
@@ -135,11 +136,14 @@ class CudaBackend final : public Backend {
   void free_memory(void* p) override;
   void synchronize() override { synchronize("synchronize"); }
   void* native_stream() const override { return stream_; }
+  BackendCounters counters() const override;
   void synchronize(const char* op);
   cudaStream_t stream() const { return stream_; }  // every op runs on it (native_stream())
 
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
+  void upload(const std::vector<HostUpload>& copies) override;
+  void read(const std::vector<HostRead>& reads) override;
 
   void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
                          const Tensor& segment_ids, const EmbeddingParams& params,
@@ -332,6 +336,20 @@ class CudaBackend final : public Backend {
   CudaLowpStaging lowp_{stream_};
   // Attention's auxiliary streams, events and work list (grouped launch, cuda/fmha.h).
   std::unique_ptr<cuda::FmhaStreams> fmha_;
+  // upload()'s pinned staging, two buffers used in turn: the host fills one while the stream
+  // may still copy from the other; `done` is recorded after a buffer's copies.
+  struct UploadStaging {
+    void* data = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;  // done recorded and perhaps not yet reached
+  };
+  std::array<UploadStaging, 2> upload_staging_{};
+  int next_upload_ = 0;
+  // read()'s pinned buffer (allocated at the first), kStagedCopyBytes: read() and copy() stage
+  // host copies up to this size.
+  static constexpr size_t kStagedCopyBytes = size_t{4} << 20;
+  void* download_ = nullptr;
 };
 
 }  // namespace packbert

@@ -170,7 +170,10 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
   const cublasStatus_t st = cublasLtMatmul(lt_, d.op, &g.alpha, g.a, d.a, g.b, d.b, &g.beta,
                                            g.c, d.c, g.c, d.c, &it->second.algo, workspace_,
                                            workspace_bytes_, stream_);
-  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    cuda::count_launch();
+    return true;
+  }
   if (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT) PB_CUBLASLT_OP(op, st);
   // The heuristic offered this epilogue but the matmul refused it (a refusal returns before
   // any work is queued): the same fallback as a refused heuristic, remembered for the shape so

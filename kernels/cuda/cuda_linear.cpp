@@ -26,7 +26,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
   bool bias_done = false;
   if (k == 0) {
-    PB_CUDA_OP(op, cudaMemsetAsync(c, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
+    PB_CUDA_OP(op, cuda::memset_async(c, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
   } else {
     GemmCall g = forward_gemm_call(x.data, w.data, c, n, k, m, CUDA_R_32F);
     if (epilogue == Epilogue::bias_gelu_tanh && gelu_aux_gemm(op, g, out.data, b)) {
@@ -86,7 +86,8 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
     float* d = dx.ptr<float>();
     if (m == 0) {
       if (!opt.dx_accumulate)
-        PB_CUDA_OP(op, cudaMemsetAsync(d, 0, static_cast<size_t>(n * k) * sizeof(float), stream_));
+        PB_CUDA_OP(op, cuda::memset_async(d, 0, static_cast<size_t>(n * k) * sizeof(float),
+                                          stream_));
     } else {
       const bool fused = input_grad_gemm(op, w.data, g, d, n, k, m, opt.dx_accumulate,
                                          CUDA_R_32F, CUDA_R_32F,
@@ -125,10 +126,11 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
   void* c = has_gelu(epilogue) ? pre.data : out.data;
   const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
   if (k == 0) {
-    PB_CUDA_OP(op, cudaMemsetAsync(c, 0, static_cast<size_t>(n * m) * dtype_size(t), stream_));
+    PB_CUDA_OP(op, cuda::memset_async(c, 0, static_cast<size_t>(n * m) * dtype_size(t), stream_));
     if (b) {  // bias only: through fp32 scratch
       float* tmp = scratch_floats(op, static_cast<size_t>(n * m));
-      PB_CUDA_OP(op, cudaMemsetAsync(tmp, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
+      PB_CUDA_OP(op, cuda::memset_async(tmp, 0, static_cast<size_t>(n * m) * sizeof(float),
+                                        stream_));
       launched(op, "add_bias_rows", cuda::add_bias_rows(tmp, b, n, m, stream_));
       launched(op, "convert", cuda::convert(tmp, cuda::FloatFormat::f32, c, f, n * m, stream_));
     }
@@ -208,8 +210,8 @@ bool CudaBackend::linear_backward_lowp(const Tensor& x, const Tensor& w, const T
   if (dx.defined() && k > 0) {
     if (m == 0) {
       if (!opt.dx_accumulate)
-        PB_CUDA_OP(op, cudaMemsetAsync(dx.data, 0, static_cast<size_t>(n * k) * dtype_size(t),
-                                       stream_));
+        PB_CUDA_OP(op, cuda::memset_async(dx.data, 0, static_cast<size_t>(n * k) * dtype_size(t),
+                                          stream_));
     } else {  // dx += in fp32, rounded once
       const bool fused = input_grad_gemm(op, w.data, g, dx.data, n, k, m, opt.dx_accumulate,
                                          cuda_type(t), cuda_type(t),

@@ -57,14 +57,14 @@ void saxpy(int n, float a, const float* x_host, const float* y_host, float* out_
   PB_CUDA_CHECK(cudaMalloc(&x, bytes));
   PB_CUDA_CHECK(cudaMalloc(&y, bytes));
   PB_CUDA_CHECK(cudaMalloc(&out, bytes));
-  PB_CUDA_CHECK(cudaMemcpy(x, x_host, bytes, cudaMemcpyHostToDevice));
-  PB_CUDA_CHECK(cudaMemcpy(y, y_host, bytes, cudaMemcpyHostToDevice));
+  PB_CUDA_CHECK(memcpy_sync(x, x_host, bytes, cudaMemcpyHostToDevice));
+  PB_CUDA_CHECK(memcpy_sync(y, y_host, bytes, cudaMemcpyHostToDevice));
   PB_LAUNCH((n + 255) / 256, 256, 0, 0, saxpy_kernel)(n, a, x, y, out);
   PB_CUDA_CHECK(cudaGetLastError());
-  PB_CUDA_CHECK(cudaMemcpy(out_host, out, bytes, cudaMemcpyDeviceToHost));
-  PB_CUDA_CHECK(cudaFree(x));
-  PB_CUDA_CHECK(cudaFree(y));
-  PB_CUDA_CHECK(cudaFree(out));
+  PB_CUDA_CHECK(memcpy_sync(out_host, out, bytes, cudaMemcpyDeviceToHost));
+  PB_CUDA_CHECK(device_free(x));
+  PB_CUDA_CHECK(device_free(y));
+  PB_CUDA_CHECK(device_free(out));
 }
 
 }  // namespace packbert::cuda

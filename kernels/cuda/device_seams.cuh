@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cuda/counters.h"
+
 #ifdef PACKBERT_CUDA_EMULATION
 #include "kernels/cuda_emu/launch.h"
 #include "kernels/cuda_emu/ptx.h"
@@ -20,12 +22,15 @@
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...) is PB_LAUNCH(grid, block, shared_bytes,
 // stream, kernel)(args...). The kernel comes last: a template's commas stay inside __VA_ARGS__.
+// Each launch is counted (counters.h).
 #ifdef PACKBERT_CUDA_EMULATION
-#define PB_LAUNCH(grid, block, shared, stream, ...)                       \
-  ::packbert::emu::launcher(#__VA_ARGS__, grid, block, shared, stream, \
+#define PB_LAUNCH(grid, block, shared, stream, ...)                                           \
+  ::packbert::emu::launcher(#__VA_ARGS__, grid, block, shared,                             \
+                            ::packbert::cuda::counted_launch(stream),                      \
                             [](const auto&... args) { __VA_ARGS__(args...); })
 #else
-#define PB_LAUNCH(grid, block, shared, stream, ...) __VA_ARGS__<<<grid, block, shared, stream>>>
+#define PB_LAUNCH(grid, block, shared, stream, ...) \
+  __VA_ARGS__<<<grid, block, shared, ::packbert::cuda::counted_launch(stream)>>>
 #endif
 
 // extern __shared__ T name[]: the launch's dynamic shared memory.

@@ -225,21 +225,25 @@ cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
   e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, rows_in, rows_out,
                                       items, 0, bits, stream);
   if (e != cudaSuccess) return e;
+  count_launch();
   // counts beyond the runs stay 0, so the scans below read defined values only.
-  if ((e = cudaMemsetAsync(counts, 0, static_cast<size_t>(n) * 4, stream)) != cudaSuccess) return e;
+  if ((e = memset_async(counts, 0, static_cast<size_t>(n) * 4, stream)) != cudaSuccess) return e;
   temp_bytes = s.temp_bytes;
   e = cub::DeviceRunLengthEncode::Encode(temp, temp_bytes, keys_out, unique, counts, num_runs,
                                          items, stream);
   if (e != cudaSuccess) return e;
+  count_launch();
   temp_bytes = s.temp_bytes;
   e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, counts, offsets, items, stream);
   if (e != cudaSuccess) return e;
+  count_launch();
   PB_LAUNCH(grid_for(n, 256), 256, 0, stream, count_pieces_kernel)(
       unique, counts, num_runs, limit, pieces, n);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   temp_bytes = s.temp_bytes;
   e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, pieces, piece_offsets, items, stream);
   if (e != cudaSuccess) return e;
+  count_launch();
 
   const dim3 block(kColumns);
   const auto col_blocks = static_cast<unsigned>((h + kColumns - 1) / kColumns);

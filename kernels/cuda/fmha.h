@@ -116,17 +116,22 @@ class FmhaStreams {
   void fork(const char* op, cudaStream_t main);
   void join(const char* op, cudaStream_t main, int used);
   void release();  // destroys what exists (the destructor, and a constructor that failed)
+  void release_order();  // frees the work list's buffers (the caller waited for their users)
 
   cudaStream_t streams_[kStreams] = {};
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t join_[kStreams] = {};
-  // The last uploaded plan.order: its device copy, and its pinned host source (kept, to compare
-  // with the next plan and to outlive the copy). Grow-only, order_capacity_ entries each.
+  // The last uploaded plan.order: its device copy and a host copy to compare the next plan with.
+  // It is copied from one of two pinned buffers, used in turn, so that the host need not wait
+  // for the copy out of the other; uploaded_[i] is recorded after the last copy out of
+  // order_h_[i]. Grow-only, order_capacity_ entries each.
   int32_t* order_d_ = nullptr;
-  int32_t* order_h_ = nullptr;
-  size_t order_size_ = 0;
+  int32_t* order_h_[2] = {};
+  cudaEvent_t uploaded_[2] = {};
+  int order_next_ = 0;
+  bool have_order_ = false;
+  std::vector<int32_t> order_last_;
   size_t order_capacity_ = 0;
-  cudaEvent_t uploaded_ = nullptr;  // recorded after the last copy out of order_h_
   float* workspace_d_ = nullptr;
   size_t workspace_capacity_ = 0;
 };

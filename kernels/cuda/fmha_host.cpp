@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "kernels/common/op_checks.h"
+#include "kernels/cuda/counters.h"
 #include "core/error.h"
 
 namespace packbert::cuda {
@@ -32,8 +33,9 @@ FmhaStreams::FmhaStreams() {
                   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     check_error(op, "cudaEventCreateWithFlags",
                 cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-    check_error(op, "cudaEventCreateWithFlags",
-                cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : uploaded_)
+      check_error(op, "cudaEventCreateWithFlags",
+                  cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (cudaEvent_t& e : join_)
       check_error(op, "cudaEventCreateWithFlags",
                   cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -48,15 +50,10 @@ FmhaStreams::~FmhaStreams() { release(); }
 void FmhaStreams::release() {
   // Never throws; the backend synchronised its stream (which joined every auxiliary stream).
   for (cudaStream_t& s : streams_) {
-    if (s) cudaStreamSynchronize(s);
+    if (s) stream_synchronize(s);
   }
-  cudaFree(order_d_);
-  order_d_ = nullptr;
-  order_capacity_ = 0;
-  cudaFreeHost(order_h_);
-  order_h_ = nullptr;
-  order_size_ = 0;
-  cudaFree(workspace_d_);
+  release_order();
+  device_free(workspace_d_);
   workspace_d_ = nullptr;
   workspace_capacity_ = 0;
   for (cudaEvent_t& e : join_) {
@@ -65,58 +62,74 @@ void FmhaStreams::release() {
   }
   if (fork_) cudaEventDestroy(fork_);
   fork_ = nullptr;
-  if (uploaded_) cudaEventDestroy(uploaded_);
-  uploaded_ = nullptr;
+  for (cudaEvent_t& e : uploaded_) {
+    if (e) cudaEventDestroy(e);
+    e = nullptr;
+  }
   for (cudaStream_t& s : streams_) {
     if (s) cudaStreamDestroy(s);
     s = nullptr;
   }
 }
 
+void FmhaStreams::release_order() {
+  device_free(order_d_);
+  order_d_ = nullptr;
+  order_capacity_ = 0;
+  for (int32_t*& h : order_h_) {
+    host_free(h);
+    h = nullptr;
+  }
+  have_order_ = false;
+  order_last_.clear();
+}
+
 // Every attention op of a step (each layer's forward and backward) has the same layout, hence
 // the same plan: the device copy of the last order serves them all, and a new order (a new
 // batch) is copied once, from pinned memory (a pageable source would be staged by the driver,
-// which may synchronise).
+// which may synchronise). The device copy is rewritten in stream order, after the kernels of the
+// earlier batches that read it.
 const int32_t* FmhaStreams::upload(const char* op, const FmhaPlan& plan, cudaStream_t main) {
   const size_t n = plan.order.size();
-  if (order_h_ && n == order_size_ &&
-      std::equal(plan.order.begin(), plan.order.end(), order_h_))
-    return order_d_;
-  // The pinned source of the previous copy is rewritten below: that copy must have finished (it
-  // was issued at least one batch ago).
-  check_error(op, "cudaEventSynchronize (attention work list)", cudaEventSynchronize(uploaded_));
+  if (have_order_ && plan.order == order_last_) return order_d_;
   if (n > order_capacity_) {
-    // Kernels of an earlier call may still read the old list: wait for them (the grow happens
-    // only until the largest batch has been seen).
-    check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(main));
-    cudaFree(order_d_);
-    cudaFreeHost(order_h_);
-    order_d_ = nullptr;
-    order_h_ = nullptr;
-    order_capacity_ = 0;
-    order_size_ = 0;
+    // Kernels of an earlier call may still read the old list, and copies out of the pinned
+    // buffers may be pending: wait for them (the grow happens only until the largest batch has
+    // been seen).
+    check_error(op, "cudaStreamSynchronize", stream_synchronize(main));
+    release_order();
     const size_t cap = n + n / 4 + 64;
     check_error(op, "cudaMalloc of the attention work list",
                 cudaMalloc(&order_d_, cap * sizeof(int32_t)));
-    check_error(op, "cudaMallocHost of the attention work list",
-                cudaMallocHost(&order_h_, cap * sizeof(int32_t)));
+    for (int32_t*& h : order_h_)
+      check_error(op, "cudaMallocHost of the attention work list",
+                  cudaMallocHost(&h, cap * sizeof(int32_t)));
     order_capacity_ = cap;
   }
-  std::copy(plan.order.begin(), plan.order.end(), order_h_);
-  order_size_ = n;
+  // The pinned buffer used two uploads ago: the host rewrites it once its copy has run (a query
+  // first; the host waits only when the device is that far behind).
+  const int i = order_next_;
+  order_next_ = 1 - order_next_;
+  const cudaError_t q = cudaEventQuery(uploaded_[i]);
+  check_error(op, "cudaEventSynchronize (attention work list)",
+              q == cudaErrorNotReady ? event_synchronize(uploaded_[i]) : q);
+  std::copy(plan.order.begin(), plan.order.end(), order_h_[i]);
+  order_last_ = plan.order;
+  have_order_ = true;
   if (n) {
     check_error(op, "cudaMemcpyAsync of the attention work list",
-                cudaMemcpyAsync(order_d_, order_h_, n * sizeof(int32_t),
-                                cudaMemcpyHostToDevice, main));
-    check_error(op, "cudaEventRecord (attention work list)", cudaEventRecord(uploaded_, main));
+                memcpy_async(order_d_, order_h_[i], n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             main));
+    check_error(op, "cudaEventRecord (attention work list)",
+                cudaEventRecord(uploaded_[i], main));
   }
   return order_d_;
 }
 
 float* FmhaStreams::workspace(const char* op, size_t n, cudaStream_t main) {
   if (n > workspace_capacity_) {
-    check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(main));
-    cudaFree(workspace_d_);
+    check_error(op, "cudaStreamSynchronize", stream_synchronize(main));
+    device_free(workspace_d_);
     workspace_d_ = nullptr;
     workspace_capacity_ = 0;
     const size_t cap = n + n / 4 + 64;
@@ -189,7 +202,7 @@ std::vector<T> copy_to_host(const char* op, const Tensor& t, cudaStream_t s) {
   if (!h.empty())
     FmhaStreams::check_error(
         op, "cudaMemcpyAsync of the layout",
-        cudaMemcpyAsync(h.data(), t.data, t.bytes(), cudaMemcpyDeviceToHost, s));
+        memcpy_async(h.data(), t.data, t.bytes(), cudaMemcpyDeviceToHost, s));
   return h;
 }
 }  // namespace
@@ -205,7 +218,7 @@ std::vector<int32_t> fmha_host_lengths(const char* op, const SeqLayout& l, bool 
     const auto sample = copy_to_host<int64_t>(op, l.sample_id, s);
     const auto tseq = copy_to_host<int32_t>(op, l.token_seq, s);
     const auto tpos = copy_to_host<int32_t>(op, l.token_pos, s);
-    FmhaStreams::check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(s));
+    FmhaStreams::check_error(op, "cudaStreamSynchronize", stream_synchronize(s));
     checks::check_layout_arrays(
         op, l, {start.data(), len.data(), sample.data(), tseq.data(), tpos.data()}, l.rows);
     if (l.host_seq_len != nullptr)
@@ -214,7 +227,7 @@ std::vector<int32_t> fmha_host_lengths(const char* op, const SeqLayout& l, bool 
                    "{}: layout host_seq_len[{}] = {} but seq_len[{}] = {}", op, i,
                    l.host_seq_len[i], i, len[static_cast<size_t>(i)]);
   } else {
-    FmhaStreams::check_error(op, "cudaStreamSynchronize", cudaStreamSynchronize(s));
+    FmhaStreams::check_error(op, "cudaStreamSynchronize", stream_synchronize(s));
   }
   return len;
 }

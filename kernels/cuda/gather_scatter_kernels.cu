@@ -95,8 +95,8 @@ cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, voi
   if (m * h == 0) return cudaSuccess;
   uint32_t* first = scratch;
   uint32_t* repeated = scratch + rows;
-  cudaError_t e = cudaMemsetAsync(first, 0xff, static_cast<size_t>(rows) * sizeof(uint32_t), s);
-  if (e == cudaSuccess) e = cudaMemsetAsync(repeated, 0, sizeof(uint32_t), s);
+  cudaError_t e = memset_async(first, 0xff, static_cast<size_t>(rows) * sizeof(uint32_t), s);
+  if (e == cudaSuccess) e = memset_async(repeated, 0, sizeof(uint32_t), s);
   if (e != cudaSuccess) return e;
   PB_LAUNCH(grid_for(m, kThreads), kThreads, 0, s, scatter_first_kernel)(index, first, m);
   PB_LAUNCH(grid_for(m, kThreads), kThreads, 0, s, scatter_repeated_kernel)(

@@ -107,8 +107,13 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
 
 void upload_batch(Backend& be, const Batch& b, Bert::Activations& a) {
   // Empty arrays (no masked token) have nothing to copy and no host pointer to copy from.
+  std::vector<Backend::HostUpload> copies;
   auto put = [&](const Tensor& dst, const auto& src) {
-    if (!src.empty()) be.copy(dst, view(src.data(), {static_cast<int64_t>(src.size())}));
+    if (src.empty()) return;
+    PB_CHECK(dst.numel() == static_cast<int64_t>(src.size()) &&
+                 dst.bytes() == src.size() * sizeof(src[0]),
+             "upload of {} elements into {}", src.size(), dst.str());
+    copies.push_back({dst, src.data()});
   };
   put(a.input_ids, b.input_ids);
   put(a.segment_ids, b.segment_ids);
@@ -120,6 +125,7 @@ void upload_batch(Backend& be, const Batch& b, Bert::Activations& a) {
   put(a.nsp_labels, b.nsp_labels);
   put(a.masked_rows, b.masked_rows);
   put(a.masked_labels, b.masked_labels);
+  be.upload(copies);
   // Kept on the host too, so that a device backend plans attention without a read-back.
   a.host_seq_len = b.seq_len;
   a.layout.host_seq_len = a.host_seq_len.empty() ? nullptr : a.host_seq_len.data();

@@ -367,24 +367,40 @@ Tensor Bert::metric_slot(int64_t slot) {
                 {kMetricWords}, backend_.device());
 }
 
-std::vector<ForwardResult> Bert::deferred_results() {
-  std::vector<ForwardResult> out;
-  if (deferred_.empty()) return out;
+Tensor Bert::deferred_sums() const {
   constexpr int64_t slot_bytes = 4 * kMetricWords;
-  const auto n = static_cast<int64_t>(deferred_.size());
-  std::vector<uint8_t> host(static_cast<size_t>(n * slot_bytes));
-  // Slots 1 .. n, in one copy.
-  backend_.copy(view(host.data(), {n * slot_bytes}),
-                Tensor(static_cast<char*>(metric_slots_.data()) + slot_bytes, DType::u8,
-                       {n * slot_bytes}, backend_.device()));
-  for (int64_t i = 0; i < n; ++i) {
-    const Deferred& d = deferred_[static_cast<size_t>(i)];
+  // Slots 1 .. n, n the last deferred call that computed on the device (an empty batch's slot
+  // holds nothing and may lie beyond the buffer).
+  int64_t n = 0;
+  for (size_t i = 0; i < deferred_.size(); ++i)
+    if (deferred_[i].on_device) n = static_cast<int64_t>(i) + 1;
+  if (n == 0) return Tensor();
+  return Tensor(static_cast<char*>(metric_slots_.data()) + slot_bytes, DType::u8,
+                {n * slot_bytes}, backend_.device());
+}
+
+std::vector<ForwardResult> Bert::take_deferred_results(const void* sums) {
+  constexpr int64_t slot_bytes = 4 * kMetricWords;
+  std::vector<ForwardResult> out;
+  const auto* host = static_cast<const uint8_t*>(sums);
+  for (size_t i = 0; i < deferred_.size(); ++i) {
+    const Deferred& d = deferred_[i];
     out.push_back(d.result);
-    if (d.on_device)
-      set_metrics(out.back(), host.data() + i * slot_bytes, d.global_masked, d.global_samples);
+    if (d.on_device) {
+      PB_CHECK(host != nullptr, "model: deferred results without their sums");
+      set_metrics(out.back(), host + static_cast<int64_t>(i) * slot_bytes, d.global_masked,
+                  d.global_samples);
+    }
   }
   deferred_.clear();
   return out;
+}
+
+std::vector<ForwardResult> Bert::deferred_results() {
+  const Tensor sums = deferred_sums();
+  std::vector<uint8_t> host(sums.defined() ? sums.bytes() : 0);
+  if (!host.empty()) backend_.read({{host.data(), sums}});
+  return take_deferred_results(host.empty() ? nullptr : host.data());
 }
 
 // x = hidden[l] -> hidden[l + 1], post-LN:

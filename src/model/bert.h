@@ -163,6 +163,11 @@ class Bert {
   // call order, equal to what those calls would have returned without it; the list is then
   // empty again. One copy from the device (the host waits for every op issued so far).
   std::vector<ForwardResult> deferred_results();
+  // The same in two parts, for a caller that reads the sums with other values in one wait
+  // (Backend::read): the device bytes deferred_results() would copy (none: an undefined tensor),
+  // then the results from a host copy of them (null when there were none).
+  Tensor deferred_sums() const;
+  std::vector<ForwardResult> take_deferred_results(const void* sums);
   // Gradients of the last forward() (which had gradients on) += into grads; `ready` (optional)
   // hears of each tensor as its gradient becomes final (see GradientReady).
   void backward(const GradientReady& ready = {});

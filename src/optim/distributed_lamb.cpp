@@ -143,12 +143,13 @@ void DistributedLamb::gather_gradient() {
   if (sharded()) exchange_->all_gather(buffers_.grads);
 }
 
-LambStepInfo DistributedLamb::step(float grad_scale, bool read_back) {
+LambStepInfo DistributedLamb::step(float grad_scale, bool read_back,
+                                   const std::vector<Backend::HostRead>& also_read) {
   const Tensor& params = buffers_.params;
   const Tensor& grads = buffers_.grads;
   sync_weights();  // the previous step's gathers read and write what LAMB writes now
   const LambStepInfo info =
-      lamb_->step(params, grads, buffers_.params_lowp, grad_scale, read_back);
+      lamb_->step(params, grads, buffers_.params_lowp, grad_scale, read_back, also_read);
   if (!sharded()) return info;
   // Every rank updated its own range: what the model reads goes round, group by group.
   exchange_->start_gathers(gathers_);

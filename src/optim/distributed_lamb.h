@@ -112,7 +112,8 @@ class DistributedLamb {
   // One update (Lamb::step's arguments): afterwards every rank holds the weights the model
   // reads (sharded on NCCL: once the forward's hook has waited for each group, or after
   // sync_weights), and grads is zero.
-  LambStepInfo step(float grad_scale, bool read_back);
+  LambStepInfo step(float grad_scale, bool read_back,
+                    const std::vector<Backend::HostRead>& also_read = {});
   // Before forward group g's first op (Bert::set_weights_ready): the backend's stream waits
   // for that group's gather, if one is in flight.
   void wait_weights(int group);

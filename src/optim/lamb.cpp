@@ -130,7 +130,8 @@ size_t Lamb::state_bytes_for(int64_t len, int64_t tensors, int64_t all_tensors, 
 }
 
 LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp,
-                        float grad_scale, bool read_back) {
+                        float grad_scale, bool read_back,
+                        const std::vector<Backend::HostRead>& also_read) {
   const trace::Range range("lamb");
   const char* op = "Lamb::step";
   check_tensor(op, "params", params, DType::f32, {num_elems_});
@@ -166,6 +167,7 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
     backend_.l2_norm(own_grads, grad_norm_);
   }
   bool finite = true;
+  if (!read_back && !also_read.empty()) backend_.read(also_read);
   if (read_back) {
     // One copy: the norm, and the record of the steps before this one.
     struct {
@@ -173,7 +175,9 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
       int32_t record[3];
     } host;
     static_assert(sizeof(host) == kScalarBytes, "Lamb::scalars_ layout");
-    backend_.copy(Tensor(&host, DType::u8, {kScalarBytes}), scalars_.tensor());
+    std::vector<Backend::HostRead> reads = also_read;
+    reads.push_back({&host, scalars_.tensor()});
+    backend_.read(reads);
     info.read_back = true;
     info.grad_norm = host.norm / grad_scale;  // exact for the power-of-two loss scales
     finite = std::isfinite(info.grad_norm);

@@ -117,8 +117,11 @@ class Lamb {
   // read_back: read the gradient norm and the skip record back (a 16-byte copy: on a GPU it
   // waits for the stream). Without it the step never waits; see LambOptions for what a
   // non-finite gradient does then.
+  // also_read: other host reads (Backend::read) to make in the same wait, before the update is
+  // issued (the trainer's loss sums); with read_back false they are the step's only wait.
   LambStepInfo step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp = {},
-                    float grad_scale = 1.0f, bool read_back = true);
+                    float grad_scale = 1.0f, bool read_back = true,
+                    const std::vector<Backend::HostRead>& also_read = {});
 
   // ---- state, for checkpoints ----------------------------------------------------------------
   int64_t steps_done() const { return steps_done_; }

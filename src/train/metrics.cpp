@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -48,6 +49,9 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["arena_allocations"] = r.arena_allocations;
   j["optimizer_state_bytes"] = r.optimizer_state_bytes;
   j["bytes_sent_per_step"] = r.bytes_sent_per_step;
+  j["host_syncs_per_step"] = r.host_syncs_per_step;
+  j["launches_per_step"] = r.launches_per_step;
+  j["pageable_copies_per_step"] = r.pageable_copies_per_step;
   nlohmann::json kinds = nlohmann::json::object();
   for (const auto& [kind, bytes] : r.activation_bytes_by_kind) kinds[kind] = bytes;
   j["activation_bytes_by_kind"] = kinds;
@@ -131,19 +135,44 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
   return s;
 }
 
-ProgressAccumulator::ProgressAccumulator(Clock::time_point start) : start_(start) {}
+ProgressAccumulator::ProgressAccumulator(Clock::time_point start, const HostWorkCounts& work)
+    : start_(start), work_start_(work) {}
+
+void ProgressAccumulator::exclude(double seconds, const HostWorkCounts& work) {
+  excluded_s_ += seconds;
+  work_excluded_.host_syncs += work.host_syncs;
+  work_excluded_.launches += work.launches;
+  work_excluded_.pageable_copies += work.pageable_copies;
+}
+
+void ProgressAccumulator::add_losses(const StepLosses& l) {
+  ++loss_steps_;
+  loss_ += l.loss;
+  masked_ += l.masked_tokens;
+  loss_samples_ += l.samples;
+  mlm_loss_ += l.mlm_loss * static_cast<double>(l.masked_tokens);
+  nsp_loss_ += l.nsp_loss * static_cast<double>(l.samples);
+  mlm_ok_ += l.mlm_accuracy * static_cast<double>(l.masked_tokens);
+  nsp_ok_ += l.nsp_accuracy * static_cast<double>(l.samples);
+}
 
 void ProgressAccumulator::add(const StepMetrics& m, const StepBatch& batch) {
   ++steps_;
   samples_ += m.samples;
   tokens_ += m.tokens;
   rows_ += m.rows;
-  masked_ += m.masked_tokens;
-  loss_ += m.loss;
-  mlm_loss_ += m.mlm_loss * static_cast<double>(m.masked_tokens);
-  nsp_loss_ += m.nsp_loss * static_cast<double>(m.samples);
-  mlm_ok_ += m.mlm_accuracy * static_cast<double>(m.masked_tokens);
-  nsp_ok_ += m.nsp_accuracy * static_cast<double>(m.samples);
+  for (const StepLosses& l : m.earlier_losses) add_losses(l);
+  if (m.losses_read) {
+    StepLosses l;
+    l.loss = m.loss;
+    l.mlm_loss = m.mlm_loss;
+    l.nsp_loss = m.nsp_loss;
+    l.mlm_accuracy = m.mlm_accuracy;
+    l.nsp_accuracy = m.nsp_accuracy;
+    l.masked_tokens = m.masked_tokens;
+    l.samples = m.samples;
+    add_losses(l);
+  }
   wait_ += batch.wait_seconds;
   imbalance_ += batch.imbalance;
   step_ = batch.step + 1;
@@ -162,11 +191,14 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   r.epoch = epoch_;
   r.samples = context.samples;
   r.tokens = context.tokens;
-  r.loss = loss_ / steps;
-  r.mlm_loss = masked_ > 0 ? mlm_loss_ / static_cast<double>(masked_) : 0;
-  r.nsp_loss = nsp_loss_ / static_cast<double>(samples_);
-  r.mlm_accuracy = masked_ > 0 ? mlm_ok_ / static_cast<double>(masked_) : 0;
-  r.nsp_accuracy = nsp_ok_ / static_cast<double>(samples_);
+  // The losses of the steps read (all of them, unless the run stopped on an unread step and
+  // nobody called add_losses for it); NaN when none was.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  r.loss = loss_steps_ > 0 ? loss_ / static_cast<double>(loss_steps_) : nan;
+  r.mlm_loss = masked_ > 0 ? mlm_loss_ / static_cast<double>(masked_) : loss_steps_ > 0 ? 0 : nan;
+  r.nsp_loss = loss_samples_ > 0 ? nsp_loss_ / static_cast<double>(loss_samples_) : nan;
+  r.mlm_accuracy = masked_ > 0 ? mlm_ok_ / static_cast<double>(masked_) : loss_steps_ > 0 ? 0 : nan;
+  r.nsp_accuracy = loss_samples_ > 0 ? nsp_ok_ / static_cast<double>(loss_samples_) : nan;
   r.lr = lr_;
   r.grad_norm = grad_norm_;
   r.loss_scale = loss_scale_;
@@ -191,8 +223,17 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   }
   r.optimizer_state_bytes = context.optimizer_state_bytes;
   r.bytes_sent_per_step = context.bytes_sent_per_step;
+  const HostWorkCounts& w = context.host_work;
+  auto per_step = [&](int64_t now_count, int64_t start_count, int64_t excluded) {
+    return static_cast<double>(now_count - start_count - excluded) / steps;
+  };
+  r.host_syncs_per_step =
+      per_step(w.host_syncs, work_start_.host_syncs, work_excluded_.host_syncs);
+  r.launches_per_step = per_step(w.launches, work_start_.launches, work_excluded_.launches);
+  r.pageable_copies_per_step =
+      per_step(w.pageable_copies, work_start_.pageable_copies, work_excluded_.pageable_copies);
   r.skipped_steps = context.skipped_steps;
-  *this = ProgressAccumulator(now);
+  *this = ProgressAccumulator(now, context.host_work);
   return r;
 }
 

@@ -21,6 +21,15 @@ namespace packbert {
 struct ActivationReport;  // model/bert.h
 struct StepBatch;         // data/loader/loader.h
 struct StepMetrics;       // train/trainer.h
+struct StepLosses;        // train/trainer.h
+
+// What the host asked of the device, cumulative (the backend's counts: kernels/backend.h,
+// BackendCounters; zero on the CPU backend).
+struct HostWorkCounts {
+  int64_t host_syncs = 0;
+  int64_t launches = 0;
+  int64_t pageable_copies = 0;
+};
 
 struct ProgressRecord {
   int64_t step = 0;     // optimizer steps done (1-based index of the last one)
@@ -55,6 +64,11 @@ struct ProgressRecord {
   // collectives make the rank that sends most send (0 on one rank).
   int64_t optimizer_state_bytes = 0;
   int64_t bytes_sent_per_step = 0;
+  // The backend's host synchronisations, launches and pageable copies over the interval divided
+  // by its steps (HostWorkCounts; evaluation and checkpoints taken out); 0 on the CPU backend.
+  double host_syncs_per_step = 0;
+  double launches_per_step = 0;
+  double pageable_copies_per_step = 0;
   // Its split by kind of buffer (model/arena.h ActivationKind names, in that order; sums to
   // activation_peak_bytes); empty = not measured.
   std::vector<std::pair<std::string, int64_t>> activation_bytes_by_kind;
@@ -81,6 +95,7 @@ struct ProgressContext {
   const ActivationReport* activation = nullptr;  // null: not measured
   int64_t optimizer_state_bytes = 0;
   int64_t bytes_sent_per_step = 0;
+  HostWorkCounts host_work;  // the counts now
 };
 
 // The steps since the previous progress record. Loss is the mean over the steps; MLM loss and
@@ -90,22 +105,32 @@ class ProgressAccumulator {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // The interval starts at `start`.
-  explicit ProgressAccumulator(Clock::time_point start = Clock::now());
+  // The interval starts at `start`, when the host work counts were `work`.
+  explicit ProgressAccumulator(Clock::time_point start = Clock::now(),
+                               const HostWorkCounts& work = {});
 
-  // One optimizer step and this rank's batch of it (data wait and imbalance).
+  // One optimizer step and this rank's batch of it (data wait and imbalance). Its losses count
+  // where they were read: a step that reads brings those of the unread steps before it
+  // (StepMetrics::earlier_losses).
   void add(const StepMetrics& m, const StepBatch& batch);
-  // Seconds within the interval that were not training (evaluation, checkpoints).
-  void exclude(double seconds) { excluded_s_ += seconds; }
+  // Losses read after their step was added (Trainer::read_losses: a stop on an unread step).
+  void add_losses(const StepLosses& losses);
+  // Seconds within the interval that were not training (evaluation, checkpoints), and the host
+  // work they did.
+  void exclude(double seconds, const HostWorkCounts& work = {});
   int64_t steps() const { return steps_; }
 
   // The record of the interval so far (at least one step); its step, epoch, lr, gradient norm
-  // and loss scale are the last step's. The next interval starts at `now`.
+  // and loss scale are the last step's. The next interval starts at `now`, with the context's
+  // host work counts.
   ProgressRecord close(const ProgressContext& context, Clock::time_point now = Clock::now());
 
  private:
   Clock::time_point start_;
-  int64_t steps_ = 0, samples_ = 0, tokens_ = 0, rows_ = 0, masked_ = 0;
+  HostWorkCounts work_start_, work_excluded_;
+  int64_t steps_ = 0, samples_ = 0, tokens_ = 0, rows_ = 0;
+  // Of the steps whose losses were read: how many, their masked tokens and samples.
+  int64_t loss_steps_ = 0, masked_ = 0, loss_samples_ = 0;
   double loss_ = 0, mlm_loss_ = 0, nsp_loss_ = 0, mlm_ok_ = 0, nsp_ok_ = 0, wait_ = 0;
   double imbalance_ = 0, excluded_s_ = 0;
   // Of the last step.

@@ -267,7 +267,7 @@ class SkippedSteps {
       ++skipped;
       spdlog::info("step {}: fp16 gradient overflow at loss scale {}; the update was skipped and "
                    "the scale halved", step, m.loss_scale);
-    } else if (m.skipped || !std::isfinite(m.loss)) {
+    } else if (m.skipped || (m.losses_read && !std::isfinite(m.loss))) {
       ++skipped;
       ++nonfinite_in_row_;
       spdlog::warn("step {}: non-finite {} (loss {}, gradient norm {}); the update was skipped "
@@ -293,6 +293,23 @@ class SkippedSteps {
   int64_t nonfinite_in_row_ = 0;
 };
 
+HostWorkCounts host_work(const Trainer& trainer) {
+  const BackendCounters c = trainer.host_work();
+  HostWorkCounts w;
+  w.host_syncs = c.host_syncs;
+  w.launches = c.launches;
+  w.pageable_copies = c.pageable_copies;
+  return w;
+}
+
+HostWorkCounts operator-(const HostWorkCounts& a, const HostWorkCounts& b) {
+  HostWorkCounts d;
+  d.host_syncs = a.host_syncs - b.host_syncs;
+  d.launches = a.launches - b.launches;
+  d.pageable_copies = a.pageable_copies - b.pageable_copies;
+  return d;
+}
+
 // Ends the progress interval at `st`: the progress line (rank 0) and the metrics record.
 void log_progress(ProgressAccumulator& progress, const RunState& st, double elapsed_s,
                   const TrainConfig& c, const Trainer& trainer, MetricsWriter& metrics) {
@@ -306,6 +323,7 @@ void log_progress(ProgressAccumulator& progress, const RunState& st, double elap
   at.activation = &act;
   at.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
   at.bytes_sent_per_step = trainer.bytes_sent_per_step();
+  at.host_work = host_work(trainer);
   const ProgressRecord r = progress.close(at);
   if (trainer.rank() == 0) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
   metrics.write(to_json(r));
@@ -499,8 +517,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   MlperfBlocks blocks(ml, every > 0 ? every : c.train.max_steps * c.train.global_batch_size);
   blocks.open(st.samples);
   Evaluations evals(comm, c, trainer, eval_set ? &*eval_set : nullptr, ml, metrics, st.samples);
-  ProgressAccumulator progress;
   const auto run_t0 = Clock::now();
+  ProgressAccumulator progress(run_t0, host_work(trainer));
   SkippedSteps skipped(c, trainer_opts.loss_scaler.min_scale);
   bool target_reached = false, stopped = false;
 
@@ -521,10 +539,15 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
     const bool stop = stop_requested(comm);
     const bool last_step = st.step >= c.train.max_steps;
-    if (st.step % c.log.every_steps == 0 || last_step || stop)
+    if (st.step % c.log.every_steps == 0 || last_step || stop) {
+      // A stop after an unread step: its losses, and those of the unread ones before it.
+      for (const StepLosses& l : trainer.read_losses()) progress.add_losses(l);
       log_progress(progress, st, seconds_since(run_t0), c, trainer, metrics);
+    }
 
-    const auto side_t0 = Clock::now();  // evaluation and checkpoints do not count as training
+    // Evaluation and checkpoints do not count as training (time and host work).
+    const auto side_t0 = Clock::now();
+    const HostWorkCounts side_work0 = host_work(trainer);
     if (evals.due(st.samples)) {
       blocks.close();
       target_reached = evals.run(st.step, st.samples);
@@ -533,7 +556,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     const bool finishing = last_step || target_reached || stop;
     if (!finishing && c.checkpoint.every_steps > 0 && st.step % c.checkpoint.every_steps == 0)
       save_checkpoint(comm, c, trainer, st, loader);
-    progress.exclude(seconds_since(side_t0));
+    progress.exclude(seconds_since(side_t0), host_work(trainer) - side_work0);
     if (stop) {
       stopped = true;
       spdlog::warn("signal {} received: stopping after step {}", g_stop_signal.load(), st.step);

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "comm/mpi_check.h"
 #include "core/error.h"
@@ -13,6 +14,9 @@
 namespace packbert {
 
 namespace {
+
+// A step's counts, summed over the ranks every step (Trainer::sum_metrics).
+enum Count : size_t { kMasked, kSequences, kTokens, kRows, kCounts };
 
 std::vector<LambParam> lamb_params(const ParamTable& table) {
   std::vector<LambParam> out;
@@ -109,14 +113,14 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   fwd.dropout = options_.dropout;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   fwd.loss_scale = loss_scale;
-  fwd.defer_metrics = true;  // the losses are read once, after the optimizer step is issued
+  // The losses stay on the device: read after the optimizer step is issued, on a step that
+  // reads (read_losses below), together with those of the unread steps before it.
+  fwd.defer_metrics = true;
 
-  // Local sums of this rank's micro-steps, all-reduced after the gradients (a blocking
-  // collective must not run inside the all-reduce round): one array, so that one collective
-  // sums them all, with a name for every slot.
-  enum Sum : size_t { kLoss, kMlmLoss, kNspLoss, kMlmCorrect, kNspCorrect, kMasked, kSequences,
-                      kTokens, kRows, kSums };
-  std::array<double, kSums> local{};
+  // This rank's counts of its micro-steps (the host knows them), all-reduced after the
+  // gradients (a blocking collective must not run inside the all-reduce round) in the one
+  // collective that also sums the losses read (sum_metrics).
+  std::vector<double> local(kCounts, 0.0);
   const size_t micro_steps = batch.micro_batches.size();
   PB_REQUIRE(micro_steps > 0, "train step {}: no micro-batches", batch.step);
   GradReducer& reducer = *reducer_;
@@ -156,7 +160,14 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   // Mixed precision: LAMB also rewrites the GEMMs' low-precision weight copy, and divides the
   // loss scale out of the gradients. Afterwards every rank holds the weights the model reads.
   const bool read = read_optimizer || backend.device() == Device::cpu || scaler_ != nullptr;
-  const LambStepInfo info = optimizer_->step(loss_scale, read);
+  // The losses of this step and the unread ones before it come back in the optimizer's wait.
+  unread_.push_back({batch.step, micro_steps, batch.global_masked_tokens, batch.global_samples});
+  const bool read_losses = read_optimizer || scaler_ != nullptr;
+  const Tensor loss_sums = read_losses ? bert.deferred_sums() : Tensor();
+  std::vector<uint8_t> loss_bytes(loss_sums.defined() ? loss_sums.bytes() : 0);
+  std::vector<Backend::HostRead> also_read;
+  if (!loss_bytes.empty()) also_read.push_back({loss_bytes.data(), loss_sums});
+  const LambStepInfo info = optimizer_->step(loss_scale, read, also_read);
   out.loss_scale = loss_scale;
   if (scaler_) scaler_->update(!info.skipped);
   replica_.mark_params_changed();
@@ -167,30 +178,93 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.unread_skips = info.unread_skips;
   out.longest_skipped_run = info.longest_skipped_run;
 
-  for (const ForwardResult& r : bert.deferred_results()) {  // one read of the micro-steps'
-    local[kLoss] += r.loss;
-    local[kMlmLoss] += r.mlm_loss_sum;
-    local[kNspLoss] += r.nsp_loss_sum;
-    local[kMlmCorrect] += static_cast<double>(r.mlm_correct);
-    local[kNspCorrect] += static_cast<double>(r.nsp_correct);
-  }
-  metric_sums_->sum(local.data(), static_cast<int>(local.size()), "MPI_Allreduce (step metrics)");
+  std::vector<ForwardResult> results;
+  if (read_losses)
+    results = bert.take_deferred_results(loss_bytes.empty() ? nullptr : loss_bytes.data());
+  std::vector<StepLosses> losses = sum_metrics(local, read_losses ? &results : nullptr);
   const double masked = local[kMasked], seqs = local[kSequences];
   PB_REQUIRE(static_cast<int64_t>(masked) == batch.global_masked_tokens &&
                  static_cast<int64_t>(seqs) == batch.global_samples,
              "train step {}: the ranks trained {} sequences / {} masked tokens, the plan says "
              "{} / {}",
              batch.step, seqs, masked, batch.global_samples, batch.global_masked_tokens);
-  out.loss = local[kLoss];
-  out.mlm_loss = masked > 0 ? local[kMlmLoss] / masked : 0.0;
-  out.nsp_loss = local[kNspLoss] / seqs;
-  out.mlm_accuracy = masked > 0 ? local[kMlmCorrect] / masked : 0.0;
-  out.nsp_accuracy = local[kNspCorrect] / seqs;
+  out.losses_read = read_losses;
+  if (read_losses) {
+    const StepLosses& l = losses.back();
+    out.loss = l.loss;
+    out.mlm_loss = l.mlm_loss;
+    out.nsp_loss = l.nsp_loss;
+    out.mlm_accuracy = l.mlm_accuracy;
+    out.nsp_accuracy = l.nsp_accuracy;
+    losses.pop_back();
+    out.earlier_losses = std::move(losses);
+  } else {
+    out.loss = out.mlm_loss = out.nsp_loss = out.mlm_accuracy = out.nsp_accuracy =
+        std::numeric_limits<double>::quiet_NaN();
+  }
   out.samples = batch.global_samples;
   out.masked_tokens = batch.global_masked_tokens;
   out.tokens = static_cast<int64_t>(local[kTokens]);
   out.rows = static_cast<int64_t>(local[kRows]);
   return out;
+}
+
+std::vector<StepLosses> Trainer::sum_metrics(std::vector<double>& counts,
+                                             const std::vector<ForwardResult>* results_read) {
+  enum LossSum : size_t { kLoss, kMlmLoss, kNspLoss, kMlmCorrect, kNspCorrect, kLossSums };
+  std::vector<double> sums = counts;
+  const bool read = results_read != nullptr;
+  if (read) {  // every unread micro-step's results, in order
+    const std::vector<ForwardResult>& results = *results_read;
+    size_t at = 0;
+    for (const UnreadStep& u : unread_) {
+      std::array<double, kLossSums> s{};
+      for (size_t i = 0; i < u.micro_steps; ++i, ++at) {
+        PB_CHECK(at < results.size(), "train: {} deferred results for the unread steps",
+                 results.size());
+        const ForwardResult& r = results[at];
+        s[kLoss] += r.loss;
+        s[kMlmLoss] += r.mlm_loss_sum;
+        s[kNspLoss] += r.nsp_loss_sum;
+        s[kMlmCorrect] += static_cast<double>(r.mlm_correct);
+        s[kNspCorrect] += static_cast<double>(r.nsp_correct);
+      }
+      sums.insert(sums.end(), s.begin(), s.end());
+    }
+    PB_CHECK(at == results.size(), "train: {} deferred results, the unread steps had {}",
+             results.size(), at);
+  }
+  if (!sums.empty())
+    metric_sums_->sum(sums.data(), static_cast<int>(sums.size()), "MPI_Allreduce (step metrics)");
+  std::copy(sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(counts.size()),
+            counts.begin());
+  std::vector<StepLosses> out;
+  if (!read) return out;
+  for (size_t k = 0; k < unread_.size(); ++k) {
+    const UnreadStep& u = unread_[k];
+    const double* s = sums.data() + counts.size() + k * kLossSums;
+    const auto masked = static_cast<double>(u.masked_tokens);
+    const auto samples = static_cast<double>(u.samples);
+    StepLosses l;
+    l.step = u.step;
+    l.loss = s[kLoss];
+    l.mlm_loss = masked > 0 ? s[kMlmLoss] / masked : 0.0;
+    l.nsp_loss = s[kNspLoss] / samples;
+    l.mlm_accuracy = masked > 0 ? s[kMlmCorrect] / masked : 0.0;
+    l.nsp_accuracy = s[kNspCorrect] / samples;
+    l.masked_tokens = u.masked_tokens;
+    l.samples = u.samples;
+    out.push_back(l);
+  }
+  unread_.clear();
+  return out;
+}
+
+std::vector<StepLosses> Trainer::read_losses() {
+  if (unread_.empty()) return {};
+  std::vector<double> none;
+  const std::vector<ForwardResult> results = replica_.bert().deferred_results();
+  return sum_metrics(none, &results);
 }
 
 void Trainer::load_params(const float* params) {

@@ -73,6 +73,18 @@ struct TrainerOptions {
   BatchShape reserve;
 };
 
+// The losses of one optimizer step, over the whole global batch.
+struct StepLosses {
+  int64_t step = 0;            // StepBatch::step
+  double loss = 0;             // MLM mean + NSP mean
+  double mlm_loss = 0;         // mean MLM token loss
+  double nsp_loss = 0;
+  double mlm_accuracy = 0;
+  double nsp_accuracy = 0;
+  int64_t masked_tokens = 0;   // what the means are over
+  int64_t samples = 0;
+};
+
 // What one optimizer step did, over the whole global batch (all ranks, all micro-steps).
 struct StepMetrics {
   int64_t step = 0;            // StepBatch::step
@@ -95,6 +107,12 @@ struct StepMetrics {
   int64_t tokens = 0;          // real tokens of the global batch
   int64_t rows = 0;            // rows the model computed over, padding included (all ranks)
   GradReduceStats allreduce;  // the gradient reduction's round
+  // The losses stay on the device until a step that reads the optimizer (every step in fp16,
+  // whose loss scaler needs them): there loss .. nsp_accuracy are the step's own and
+  // earlier_losses those of the unread steps since the previous read, in step order. On an
+  // unread step losses_read is false and loss .. nsp_accuracy are NaN.
+  bool losses_read = true;
+  std::vector<StepLosses> earlier_losses;
 };
 
 // Called between GradReducer::finish() and Lamb::step with the reduced gradient (a host copy,
@@ -113,10 +131,15 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // One optimizer step from this rank's part of a global batch (micro-batches may be empty).
-  // read_optimizer: read the gradient norm and LAMB's skip record back (StepMetrics); on CUDA
-  // the other steps' optimizer never waits for the device. The CPU backend and fp16 always read.
+  // read_optimizer: read the losses (of this step and the unread ones before it), the gradient
+  // norm and LAMB's skip record back (StepMetrics); on CUDA the other steps never wait for the
+  // device. fp16 always reads; the CPU backend always reads the optimizer's scalars.
   StepMetrics step(const StepBatch& batch, const ReducedGradHook& inspect_grads = {},
                    bool read_optimizer = true);
+
+  // The losses of the steps since the last read (StepMetrics::earlier_losses), read now: for a
+  // run that stops after an unread step. Collective.
+  std::vector<StepLosses> read_losses();
 
   // The model the steps train: evaluation runs on it between steps (train/evaluate.h), forward
   // only, inside the arena the constructor reserved.
@@ -141,6 +164,9 @@ class Trainer {
   // resume restores (the default state for fp32 / bf16, where setting it is an error).
   LossScalerState loss_scaler_state() const;
   void set_loss_scaler_state(const LossScalerState& state);
+  // What the host asked of the device so far (kernels/backend.h): the metrics' per-step
+  // host synchronisations, launches and pageable copies.
+  BackendCounters host_work() const { return replica_.backend().counters(); }
   // The training steps' activation memory (evaluation's forwards are not counted).
   ActivationReport activation_report() const { return replica_.bert().activation_report(); }
 
@@ -164,6 +190,20 @@ class Trainer {
   std::unique_ptr<GradReducer> reducer_;    // the gradient's rounds
   std::unique_ptr<DistributedLamb> optimizer_;  // LAMB, replicated or sharded
   std::unique_ptr<MetricSums> metric_sums_;  // the step's loss sums and counts
+  // The steps whose losses are still on the device (Bert::deferred_results holds their
+  // micro-steps' sums, in order): each one's micro-step count and global counts.
+  struct UnreadStep {
+    int64_t step = 0;
+    size_t micro_steps = 0;
+    int64_t masked_tokens = 0;
+    int64_t samples = 0;
+  };
+  std::vector<UnreadStep> unread_;
+  // Sums counts over the ranks in place and, given the unread steps' micro-step results (read
+  // from the device), their loss sums too, in one collective; returns those steps' losses and
+  // forgets them, or nothing.
+  std::vector<StepLosses> sum_metrics(std::vector<double>& counts,
+                                      const std::vector<ForwardResult>* results_read);
 };
 
 }  // namespace packbert

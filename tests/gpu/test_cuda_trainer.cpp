@@ -31,6 +31,7 @@
 #include "train/trainer.h"
 #include "test_util.h"
 #ifdef PACKBERT_CUDA_EMULATION
+#include "kernels/cuda/counters.h"
 #include "kernels/cuda_emu/runtime.h"
 #endif
 
@@ -57,13 +58,25 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
   Trainer gpu(MPI_COMM_WORLD, o), unread(MPI_COMM_WORLD, o);
   ASSERT_EQ(cpu.params(), gpu.params()) << "the same seed must give the same initial weights";
   const std::vector<float> before = cpu.params();
+  std::vector<double> gpu_losses;
   for (int64_t s = 0; s < 3; ++s) {
     batch.step = s;
     const StepMetrics a = cpu.step(batch), b = gpu.step(batch);
     const StepMetrics u = unread.step(batch, {}, /*read_optimizer=*/s == 2);
+    gpu_losses.push_back(b.loss);
     EXPECT_EQ(u.optimizer_read, s == 2);
     EXPECT_EQ(u.grad_norm, s == 2 ? b.grad_norm : -1.f) << "step " << s;
     EXPECT_EQ(u.unread_skips, 0);
+    // The unread steps' losses stay on the device and arrive with the read, bit for bit.
+    EXPECT_EQ(u.losses_read, s == 2);
+    if (s == 2) {
+      EXPECT_EQ(u.loss, b.loss);
+      ASSERT_EQ(u.earlier_losses.size(), 2u);
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT_EQ(u.earlier_losses[k].step, static_cast<int64_t>(k));
+        EXPECT_EQ(u.earlier_losses[k].loss, gpu_losses[k]) << "step " << k;
+      }
+    }
     const double err = std::abs(b.loss - a.loss) / std::abs(a.loss);
     std::printf("[trainer-error] step %lld: loss cpu %.6f cuda %.6f (rel %.2e), grad norm %.5f "
                 "vs %.5f\n",
@@ -140,12 +153,18 @@ void sharded_rank() {
   Trainer sharded(MPI_COMM_WORLD, o);
   ASSERT_TRUE(sharded.optimizer_sharded());
   ASSERT_LT(sharded.optimizer_state_bytes(), plain.optimizer_state_bytes());
+  double step1_loss = 0;
   for (int64_t s = 0; s < 3; ++s) {
     batch.step = s;
     const StepMetrics a = plain.step(batch), b = sharded.step(batch, {}, /*read=*/s != 1);
-    EXPECT_EQ(a.loss, b.loss) << "step " << s;
+    if (s == 1) step1_loss = a.loss;
     if (s != 1) {
+      EXPECT_EQ(a.loss, b.loss) << "step " << s;
       EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+    }
+    if (s == 2) {  // step 1's loss, unread there, arrives here
+      ASSERT_EQ(b.earlier_losses.size(), 1u);
+      EXPECT_EQ(b.earlier_losses[0].loss, step1_loss);
     }
   }
   EXPECT_EQ(plain.params(), sharded.params());
@@ -251,6 +270,125 @@ TEST(CudaTrainerSharded, TwoRanksMatchTheUnshardedRunBitForBit) {
   std::cout << out;
   EXPECT_EQ(rc, 0) << "the ranks failed (output above)";
   EXPECT_NE(out.find("[  PASSED  ] 1 test"), std::string::npos);
+}
+
+// The backend's counts of host work (kernels/cuda/counters.h: host synchronisations, launches,
+// pageable copies) are the runtime's: in the emulated build the runtime counts the same calls
+// itself (kernels/cuda_emu/runtime.h), and over a trainer's construction, six steps (two
+// reading the losses and the optimizer back) and its destruction, in fp32 and bf16, the two
+// agree exactly. So no call escapes the backend's counting, and the metrics' per-step figures
+// (host_syncs_per_step, ...) are exact here and mean the same on a GPU. Single ops pin what
+// counts: a small upload is staged in pinned memory (no wait, no pageable copy), a small
+// read-back one wait, a large upload a pageable copy and a wait, a zero a launch (a memset), a
+// synchronisation one. After the first step (which allocates the arena and the staging
+// buffers) a step that does not read waits for the device 0 times and one that reads once, and
+// no step copies from or to pageable memory. Prints the counts per step.
+TEST(CudaTrainer, HostWorkCountsAreTheRuntimes) {
+  PB_REQUIRE_CUDA_DEVICE();
+  if (!kEmulated) GTEST_SKIP() << "compares with the emulated runtime's own counts";
+#ifdef PACKBERT_CUDA_EMULATION
+  auto delta = [](const cuda::HostWork& a, const cuda::HostWork& b) {
+    return cuda::HostWork{b.host_syncs - a.host_syncs, b.launches - a.launches,
+                          b.graph_launches - a.graph_launches,
+                          b.pageable_copies - a.pageable_copies};
+  };
+  auto runtime = [] {
+    const emu::Counters c = emu::counters();
+    return cuda::HostWork{c.host_syncs, c.launches, c.graph_launches, c.pageable_copies};
+  };
+  auto expect_same = [](const cuda::HostWork& backend, const cuda::HostWork& rt,
+                        const std::string& what) {
+    EXPECT_EQ(backend.host_syncs, rt.host_syncs) << what << ": host synchronisations";
+    EXPECT_EQ(backend.launches, rt.launches) << what << ": launches";
+    EXPECT_EQ(backend.graph_launches, rt.graph_launches) << what << ": graph launches";
+    EXPECT_EQ(backend.pageable_copies, rt.pageable_copies) << what << ": pageable copies";
+  };
+
+  {  // single ops
+    auto be = make_cuda_backend(0);
+    BackendBuffer buf = be->alloc(DType::f32, {64});
+    std::vector<float> host(64, 1.f), back(64, 0.f);
+    cuda::HostWork b0 = cuda::host_work(), r0 = runtime();
+    be->copy(buf.tensor(), view(host.data(), {64}));
+    cuda::HostWork d = delta(b0, cuda::host_work());
+    expect_same(d, delta(r0, runtime()), "small upload");
+    EXPECT_EQ(d.pageable_copies, 0);
+    EXPECT_EQ(d.host_syncs, 0);
+    EXPECT_EQ(d.launches, 0);
+    b0 = cuda::host_work(), r0 = runtime();
+    be->copy(view(back.data(), {64}), buf.tensor());
+    d = delta(b0, cuda::host_work());
+    expect_same(d, delta(r0, runtime()), "small read-back");
+    EXPECT_EQ(back, host);
+    EXPECT_EQ(d.pageable_copies, 0);
+    EXPECT_EQ(d.host_syncs, 1);
+    const int64_t big = (int64_t{4} << 20) / 4 + 1;  // one float more than copy() stages
+    BackendBuffer large = be->alloc(DType::f32, {big});
+    std::vector<float> big_host(static_cast<size_t>(big), 2.f);
+    b0 = cuda::host_work(), r0 = runtime();
+    be->copy(large.tensor(), view(big_host.data(), {big}));
+    d = delta(b0, cuda::host_work());
+    expect_same(d, delta(r0, runtime()), "large upload");
+    EXPECT_EQ(d.pageable_copies, 1);
+    EXPECT_EQ(d.host_syncs, 1);
+    b0 = cuda::host_work(), r0 = runtime();
+    be->zero(buf.tensor());
+    d = delta(b0, cuda::host_work());
+    expect_same(d, delta(r0, runtime()), "zero");
+    EXPECT_EQ(d.launches, 1);
+    EXPECT_EQ(d.host_syncs, 0);
+    b0 = cuda::host_work(), r0 = runtime();
+    be->synchronize();
+    d = delta(b0, cuda::host_work());
+    expect_same(d, delta(r0, runtime()), "synchronize");
+    EXPECT_EQ(d.host_syncs, 1);
+    const BackendCounters c = be->counters();
+    const cuda::HostWork now = cuda::host_work();
+    EXPECT_EQ(c.host_syncs, now.host_syncs);
+    EXPECT_EQ(c.launches, now.launches);
+    EXPECT_EQ(c.pageable_copies, now.pageable_copies);
+  }
+
+  std::mt19937_64 rng(test_seed());
+  StepBatch batch = random_step_batch(rng, 10, 2, 5, kMaxSeqLen, 10);  // two micro-steps
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    TrainerOptions o;
+    o.config = bert_preset("tiny");
+    o.bert.precision = p;
+    o.max_seq_len = kMaxSeqLen;
+    o.init_seed = rng();
+    o.dropout_seed = rng();
+    o.lr.base_lr = 1e-2;
+    o.lr.max_steps = 10;
+    o.device = Device::cuda;
+    const cuda::HostWork b0 = cuda::host_work(), r0 = runtime();
+    {
+      Trainer t(MPI_COMM_WORLD, o);
+      for (int64_t s = 0; s < 6; ++s) {
+        batch.step = s;
+        const bool read = s % 3 == 2;
+        const cuda::HostWork before = cuda::host_work(), rt_before = runtime();
+        t.step(batch, {}, read);
+        const cuda::HostWork d = delta(before, cuda::host_work());
+        expect_same(d, delta(rt_before, runtime()),
+                    std::string(precision_name(p)) + " step " + std::to_string(s));
+        std::printf("[host-work] %s step %lld (%s): %lld host syncs, %lld launches, %lld graph "
+                    "launches, %lld pageable copies\n",
+                    precision_name(p), static_cast<long long>(s),
+                    read ? "read" : "not read", static_cast<long long>(d.host_syncs),
+                    static_cast<long long>(d.launches), static_cast<long long>(d.graph_launches),
+                    static_cast<long long>(d.pageable_copies));
+        EXPECT_GT(d.launches, 0);
+        if (s > 0) {
+          EXPECT_EQ(d.host_syncs, read ? 1 : 0) << precision_name(p) << " step " << s;
+          EXPECT_EQ(d.pageable_copies, 0) << precision_name(p) << " step " << s;
+        }
+      }
+    }
+    expect_same(delta(b0, cuda::host_work()), delta(r0, runtime()),
+                std::string(precision_name(p)) + " construction, steps and destruction");
+  }
+#endif
 }
 
 }  // namespace

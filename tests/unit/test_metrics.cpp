@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,8 @@ ProgressRecord sample_record() {
   r.activation_capacity_bytes = int64_t{96} << 20;
   r.arena_allocations = 1;
   r.skipped_steps = 2;
+  r.host_syncs_per_step = 0.25;
+  r.launches_per_step = 12.5;
   return r;
 }
 
@@ -122,7 +125,10 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_EQ(j.at("skipped_steps"), 2);
   EXPECT_EQ(j.at("optimizer_state_bytes"), 0);
   EXPECT_EQ(j.at("bytes_sent_per_step"), 0);
-  EXPECT_EQ(j.size(), 30u);
+  EXPECT_DOUBLE_EQ(j.at("host_syncs_per_step").get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(j.at("launches_per_step").get<double>(), 12.5);
+  EXPECT_DOUBLE_EQ(j.at("pageable_copies_per_step").get<double>(), 0);
+  EXPECT_EQ(j.size(), 33u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
@@ -387,4 +393,41 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
               activation_kind_name(static_cast<ActivationKind>(k)));
   EXPECT_EQ(to_json(r).at("activation_bytes_by_kind").at("mlp"), int64_t{2} << 30);
   EXPECT_EQ(to_json(r).at("activation_bytes_by_kind").at("batch"), 0);
+}
+
+// Host work per step: the counts at the close less those at the interval's start and those of
+// the excluded work (evaluation, checkpoints), over the interval's steps; the next interval
+// starts from the close's counts.
+TEST(Metrics, ProgressAccumulatorHostWorkPerStep) {
+  std::mt19937_64 rng(test::test_seed());
+  std::uniform_int_distribution<int64_t> count(0, 1000);
+  const Clock::time_point t0{};
+  HostWorkCounts start{count(rng), count(rng), count(rng)};
+  ProgressAccumulator acc(t0, start);
+  const int64_t steps = 1 + count(rng) % 7;
+  for (int64_t i = 0; i < steps; ++i) {
+    const Step s = step_of(i, 0, 5.0, 0.1, 20, 100);
+    acc.add(s.m, s.batch);
+  }
+  const HostWorkCounts side{count(rng), count(rng), count(rng)};
+  acc.exclude(0.5, side);
+  const HostWorkCounts per_step{count(rng), count(rng), count(rng)};
+  ProgressContext at;
+  at.max_steps = 100;
+  at.host_work = {start.host_syncs + side.host_syncs + steps * per_step.host_syncs,
+                  start.launches + side.launches + steps * per_step.launches,
+                  start.pageable_copies + side.pageable_copies + steps * per_step.pageable_copies};
+  const ProgressRecord r = acc.close(at, t0 + milliseconds(1000));
+  EXPECT_DOUBLE_EQ(r.host_syncs_per_step, static_cast<double>(per_step.host_syncs));
+  EXPECT_DOUBLE_EQ(r.launches_per_step, static_cast<double>(per_step.launches));
+  EXPECT_DOUBLE_EQ(r.pageable_copies_per_step, static_cast<double>(per_step.pageable_copies));
+  // The next interval: one step, one more sync than the close's counts.
+  const Step s = step_of(steps, 0, 5.0, 0.1, 20, 100);
+  acc.add(s.m, s.batch);
+  ProgressContext next = at;
+  next.host_work.host_syncs += 1;
+  const ProgressRecord q = acc.close(next, t0 + milliseconds(2000));
+  EXPECT_DOUBLE_EQ(q.host_syncs_per_step, 1);
+  EXPECT_DOUBLE_EQ(q.launches_per_step, 0);
+  EXPECT_DOUBLE_EQ(q.pageable_copies_per_step, 0);
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "model/replica.h"
 #include "train/batching.h"
 #include "train/evaluate.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 #include "measure.h"
 #include "test_util.h"
@@ -66,6 +68,90 @@ TEST(TrainStep, LossFallsOnAFixedBatch) {
   expect_measure("1.2 nats / the loss drop over 30 steps", 1.2 / (loss.front() - loss.back()),
                  1.0);
   expect_measure("1 - MLM accuracy at step 30", 1 - last_mlm_accuracy, 0.2);
+}
+
+// The losses of steps that do not read stay on the device and arrive with the next read
+// (StepMetrics::earlier_losses) or with Trainer::read_losses: bit for bit the values a trainer
+// that reads every step reports, an evaluation between unread steps notwithstanding, and the
+// progress record over the interval is the same number.
+TEST(TrainStep, UnreadLossesArriveWithTheNextRead) {
+  cpu::set_num_threads(1);
+  std::mt19937_64 rng(test_seed());
+  StepBatch batch = random_step_batch(rng, 8, 2, 16, kMaxSeqLen, 10);
+  TrainerOptions o;
+  o.config = bert_preset("tiny");
+  o.max_seq_len = kMaxSeqLen;
+  o.init_seed = rng();
+  o.dropout_seed = rng();
+  o.lr.base_lr = 1e-2;
+  o.lr.max_steps = 10;
+  Trainer every(MPI_COMM_WORLD, o), unread(MPI_COMM_WORLD, o);
+  EvalSet set;
+  set.samples = random_step_batch(rng, 6, 1, 16, kMaxSeqLen, 10).micro_batches[0].samples;
+  for (size_t i = 0; i < set.samples.size(); ++i) set.samples[i].id = static_cast<int64_t>(i);
+  set.total = static_cast<int64_t>(set.samples.size());
+
+  auto same = [](const StepLosses& l, const StepMetrics& m, int64_t step) {
+    EXPECT_EQ(l.step, step);
+    EXPECT_EQ(l.loss, m.loss) << "step " << step;
+    EXPECT_EQ(l.mlm_loss, m.mlm_loss) << "step " << step;
+    EXPECT_EQ(l.nsp_loss, m.nsp_loss) << "step " << step;
+    EXPECT_EQ(l.mlm_accuracy, m.mlm_accuracy) << "step " << step;
+    EXPECT_EQ(l.nsp_accuracy, m.nsp_accuracy) << "step " << step;
+    EXPECT_EQ(l.masked_tokens, m.masked_tokens);
+    EXPECT_EQ(l.samples, m.samples);
+  };
+  const ProgressAccumulator::Clock::time_point t0{};
+  ProgressAccumulator acc_every(t0), acc_unread(t0);
+  std::vector<StepMetrics> want;
+  std::vector<StepLosses> arrived;
+  for (int64_t s = 0; s < 6; ++s) {
+    batch.step = s;
+    const StepMetrics a = every.step(batch);
+    const StepMetrics b = unread.step(batch, {}, /*read_optimizer=*/s == 2);
+    ASSERT_TRUE(a.losses_read);
+    ASSERT_TRUE(std::isfinite(a.loss));
+    EXPECT_TRUE(a.earlier_losses.empty());
+    want.push_back(a);
+    acc_every.add(a, batch);
+    acc_unread.add(b, batch);
+    EXPECT_EQ(b.losses_read, s == 2);
+    if (s == 2) {
+      EXPECT_EQ(b.loss, a.loss);
+      EXPECT_EQ(b.mlm_accuracy, a.mlm_accuracy);
+      arrived.insert(arrived.end(), b.earlier_losses.begin(), b.earlier_losses.end());
+    } else {
+      EXPECT_TRUE(std::isnan(b.loss)) << "step " << s;
+      EXPECT_TRUE(b.earlier_losses.empty());
+    }
+    if (s == 3) {  // an evaluation between two unread steps
+      const EvalResult ea =
+          evaluate(MPI_COMM_WORLD, every.replica(), set, set.total, kMaxSeqLen, 0);
+      const EvalResult eb =
+          evaluate(MPI_COMM_WORLD, unread.replica(), set, set.total, kMaxSeqLen, 0);
+      EXPECT_EQ(ea.mlm_loss, eb.mlm_loss);
+    }
+  }
+  ASSERT_EQ(arrived.size(), 2u);
+  const std::vector<StepLosses> rest = unread.read_losses();
+  ASSERT_EQ(rest.size(), 3u);
+  EXPECT_TRUE(unread.read_losses().empty()) << "losses read twice";
+  for (const StepLosses& l : rest) acc_unread.add_losses(l);
+  arrived.insert(arrived.end(), rest.begin(), rest.end());
+  for (size_t k = 0; k < 5; ++k) {
+    const size_t step = k < 2 ? k : k + 1;  // steps 0, 1 and 3, 4, 5 (2 read itself)
+    same(arrived[k], want[step], static_cast<int64_t>(step));
+  }
+  ProgressContext at;
+  at.max_steps = 6;
+  const ProgressRecord ra = acc_every.close(at, t0 + std::chrono::seconds(1));
+  const ProgressRecord rb = acc_unread.close(at, t0 + std::chrono::seconds(1));
+  EXPECT_EQ(ra.loss, rb.loss);
+  EXPECT_EQ(ra.mlm_loss, rb.mlm_loss);
+  EXPECT_EQ(ra.nsp_loss, rb.nsp_loss);
+  EXPECT_EQ(ra.mlm_accuracy, rb.mlm_accuracy);
+  EXPECT_EQ(ra.nsp_accuracy, rb.nsp_accuracy);
+  EXPECT_TRUE(std::isfinite(rb.loss));
 }
 
 // Evaluation between steps runs inside the arena the trainer reserved: it neither grows it nor

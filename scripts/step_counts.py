@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Host work per training step on the CUDA backend: host synchronisations, launches and
+pageable copies, as the metrics JSONL reports them (host_syncs_per_step,
+launches_per_step, pageable_copies_per_step; kernels/cuda/counters.h says what counts). Run
+with the emulated build's packbert, where the counts are exact (the emulated runtime checks
+them: tests/gpu/test_cuda_trainer.cpp, CudaTrainer.HostWorkCountsAreTheRuntimes); on a GPU
+build they are the same calls.
+
+It prepares a small part of the bundled corpus, then trains the demo's tiny model
+(configs/demo_tiny_cpu.toml) with train.device = "cuda" for --steps steps at each precision and
+log.every_steps (no evaluation, no checkpoints), and prints, per case, the figures of the
+records after the first (the first interval holds the arena's and the buffers' first
+allocations):
+
+    python3 scripts/step_counts.py --packbert build-emu/src/packbert [--steps 12] [--work DIR]
+        [--check]
+
+--check (the emulated ctest emu_step_counts) exits 1 unless, in every case, a step waits for the
+device at most once per log.every_steps steps (host_syncs_per_step <= 1 / every) and no step
+copies from or to pageable memory.
+"""
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run(cmd, log):
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        sys.stderr.write(open(log).read()[-4000:])
+        sys.exit(f"step_counts: {' '.join(cmd)} failed ({r.returncode}); log {log}")
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--packbert", required=True, help="the emulated build's packbert binary")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=16, help="train.global_batch_size")
+    ap.add_argument("--micro-steps", type=int, default=2,
+                    help="train.gradient_accumulation_steps")
+    ap.add_argument("--work", default=None, help="a directory to keep (default: a temporary one)")
+    ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated")
+    ap.add_argument("--every", default="1,4", help="log.every_steps values, comma-separated")
+    ap.add_argument("--check", action="store_true",
+                    help="fail unless syncs/step <= 1 / log.every_steps and no pageable copy")
+    a = ap.parse_args()
+    work = a.work or tempfile.mkdtemp(prefix="step_counts.")
+    os.makedirs(work, exist_ok=True)
+
+    # A few hundred documents of the corpus are enough for a few steps.
+    corpus = os.path.join(work, "corpus.txt.gz")
+    with gzip.open(os.path.join(root, "data", "kjv-bible-docs.txt.gz"), "rt") as src, \
+            gzip.open(corpus, "wt") as dst:
+        for i, line in enumerate(src):
+            if i >= 4000:
+                break
+            dst.write(line)
+    data = os.path.join(work, "data")
+    if not os.path.isdir(os.path.join(data, "train")):
+        run([a.packbert, "prepare", "--config", os.path.join(root, "configs", "prepare_demo.toml"),
+             "--input", corpus, "--output", data, "--prepare.eval_samples=0",
+             f"--prepare.vocab={root}/data/vocab.txt"],
+            os.path.join(work, "prepare.log"))
+
+    print(f"tiny model, {a.batch} samples per step in {a.micro_steps} micro-steps, unpadded, "
+          f"max_seq_len 128; per step, the mean over the records after the first")
+    print()
+    print("| precision | log.every_steps | host syncs/step | launches/step | "
+          "pageable copies/step |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    failures = []
+    for precision in a.precisions.split(","):
+        for every in (int(e) for e in a.every.split(",")):
+            name = f"{precision}_every{every}"
+            metrics = os.path.join(work, name + ".jsonl")
+            if os.path.exists(metrics):
+                os.remove(metrics)
+            run([a.packbert, "train", "--config",
+                 os.path.join(root, "configs", "demo_tiny_cpu.toml"),
+                 f"--data.train_dir={data}/train", "--data.eval_dir=",
+                 f"--data.vocab={root}/data/vocab.txt", "--checkpoint.dir=",
+                 "--checkpoint.every_steps=0",
+                 "--eval.every_samples=0", "--eval.at_end=false",
+                 f"--train.max_steps={a.steps}", f"--train.global_batch_size={a.batch}",
+                 f"--train.gradient_accumulation_steps={a.micro_steps}",
+                 f"--train.precision={precision}", "--train.device=cuda",
+                 f"--log.every_steps={every}", f"--log.metrics_file={metrics}"],
+                os.path.join(work, name + ".log"))
+            recs = [json.loads(l) for l in open(metrics) if l.strip()]
+            train = [r for r in recs if r.get("event") == "train"][1:]
+            if not train:
+                sys.exit(f"step_counts: {metrics} has fewer than two train records")
+            steps = 0
+            sums = {"host_syncs_per_step": 0.0, "launches_per_step": 0.0,
+                    "pageable_copies_per_step": 0.0}
+            first = [r for r in recs if r.get("event") == "train"][0]["step"]
+            prev = first
+            for r in train:
+                n = r["step"] - prev
+                prev = r["step"]
+                steps += n
+                for k in sums:
+                    sums[k] += r.get(k, 0.0) * n
+            cells = " | ".join(f"{sums[k] / steps:.2f}" for k in sums)
+            print(f"| {precision} | {every} | {cells} |")
+            syncs = sums["host_syncs_per_step"] / steps
+            pageable = sums["pageable_copies_per_step"] / steps
+            if syncs > 1.0 / every + 1e-9 or pageable > 0:
+                failures.append(f"{precision}, log.every_steps {every}: {syncs:.2f} host syncs "
+                                f"per step (at most {1.0 / every:.2f}), {pageable:.2f} pageable "
+                                f"copies per step (0)")
+    print()
+    print(f"(work directory: {work})")
+    if a.check and failures:
+        for f in failures:
+            print(f"step_counts: {f}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
