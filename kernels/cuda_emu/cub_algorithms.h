@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <numeric>
 #include <string>
@@ -47,6 +48,14 @@ namespace cub {
 namespace emulation {
 
 constexpr size_t kFixedTempBytes = 1024;
+
+// Queues a call's work and counts it as one launch (runtime.h, counters).
+inline cudaError_t enqueue_counted(cudaStream_t stream, const char* call,
+                                   std::function<void()> work) {
+  const cudaError_t e = packbert::emu::enqueue(stream, call, std::move(work));
+  if (e == cudaSuccess) packbert::emu::count_launch();
+  return e;
+}
 
 template <typename NumItemsT>
 size_t item_count(NumItemsT num_items) {
@@ -186,7 +195,7 @@ struct DeviceRadixSort {
     if ((e = em::check_device(kCall, all)) != cudaSuccess) return e;
 
     const size_t temp_bytes = temp_storage_bytes;
-    return packbert::emu::enqueue(stream, kCall, [=] {
+    return em::enqueue_counted(stream, kCall, [=] {
       std::memset(d_temp_storage, 0xff, temp_bytes);
       if (n == 0) return;
       const int bits = end_bit - begin_bit;
@@ -242,7 +251,7 @@ struct DeviceRunLengthEncode {
     if ((e = em::check_device(kCall, all)) != cudaSuccess) return e;
 
     const size_t temp_bytes = temp_storage_bytes;
-    return packbert::emu::enqueue(stream, kCall, [=] {
+    return em::enqueue_counted(stream, kCall, [=] {
       std::memset(d_temp_storage, 0xff, temp_bytes);
       size_t runs = 0;
       for (size_t i = 0; i < n;) {
@@ -289,7 +298,7 @@ struct DeviceScan {
     if ((e = em::check_device(kCall, all)) != cudaSuccess) return e;
 
     const size_t temp_bytes = temp_storage_bytes;
-    return packbert::emu::enqueue(stream, kCall, [=] {
+    return em::enqueue_counted(stream, kCall, [=] {
       std::memset(d_temp_storage, 0xff, temp_bytes);
       Accumulator sum{};
       for (size_t i = 0; i < n; ++i) {

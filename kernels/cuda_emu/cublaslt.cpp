@@ -485,5 +485,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
   const cudaError_t e = emu::enqueue(stream, call, [p, alpha_d, beta_d, A, B, C, D, bias, aux] {
     run_matmul(p, alpha_d, beta_d, A, B, C, D, bias, aux);
   });
+  if (e == cudaSuccess) emu::count_launch();
   return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }

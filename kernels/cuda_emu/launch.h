@@ -28,6 +28,7 @@ class Launcher {
 
   template <typename... A>
   void operator()(A&&... args) const {
+    count_launch();
     auto call = std::make_shared<Call<std::decay_t<A>...>>(
         kernel_, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
     std::string bad;

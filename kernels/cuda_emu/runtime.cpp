@@ -104,6 +104,16 @@ State& state() {
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 
+struct CounterAtomics {
+  std::atomic<int64_t> host_syncs{0}, launches{0}, graph_launches{0}, pageable_copies{0};
+};
+CounterAtomics& counter_atomics() {
+  static CounterAtomics c;
+  return c;
+}
+void bump(std::atomic<int64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
+void count_sync() { bump(counter_atomics().host_syncs); }
+
 // cudaErrorNotReady (a query of unfinished work) is an answer, not an error: CUDA never makes
 // it the last error, so a later launch's cudaGetLastError does not report it.
 cudaError_t fail(cudaError_t e) {
@@ -287,6 +297,18 @@ cudaError_t enqueue_async(cudaStream_t stream, const char* what, std::function<v
 
 int current_device() { return t_device; }
 
+Counters counters() {
+  CounterAtomics& a = counter_atomics();
+  Counters c;
+  c.host_syncs = a.host_syncs.load(std::memory_order_relaxed);
+  c.launches = a.launches.load(std::memory_order_relaxed);
+  c.graph_launches = a.graph_launches.load(std::memory_order_relaxed);
+  c.pageable_copies = a.pageable_copies.load(std::memory_order_relaxed);
+  return c;
+}
+
+void count_launch() { bump(counter_atomics().launches); }
+
 bool device_range(const void* p, size_t bytes) {
   std::lock_guard<std::recursive_mutex> lock(state().mutex);
   return find(p, bytes) != nullptr;
@@ -431,6 +453,7 @@ cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  emu::count_sync();
   Lock lock(state().mutex);
   emu::flush_all();
   return emu::sticky_or(cudaSuccess);
@@ -463,6 +486,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   Lock lock(state().mutex);
   if (!p) return emu::sticky_or(cudaSuccess);
+  emu::count_sync();
   emu::flush_all();  // cudaFree waits for the device
   auto it = state().allocations.find(reinterpret_cast<uintptr_t>(p));
   if (it == state().allocations.end() || it->second.kind != emu::Memory::device) {
@@ -487,6 +511,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 cudaError_t cudaFreeHost(void* p) {
   Lock lock(state().mutex);
   if (!p) return cudaSuccess;
+  emu::count_sync();
   emu::flush_all();
   auto it = state().allocations.find(reinterpret_cast<uintptr_t>(p));
   if (it == state().allocations.end() || it->second.kind != emu::Memory::pinned)
@@ -517,6 +542,10 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   Lock lock(state().mutex);
+  emu::count_sync();
+  if (n > 0 && ((!emu::is_device(src) && !emu::is_pinned(src)) ||
+                (!emu::is_device(dst) && !emu::is_pinned(dst))))
+    emu::bump(emu::counter_atomics().pageable_copies);
   if (state().sticky) return emu::sticky_or(cudaSuccess);
   const cudaError_t e = emu::check_copy("cudaMemcpy", dst, src, n, kind);
   if (e != cudaSuccess) return emu::fail(e);
@@ -534,6 +563,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   if (n == 0) return cudaSuccess;
   const bool pageable_src = !emu::is_device(src) && !emu::is_pinned(src);
   const bool pageable_dst = !emu::is_device(dst) && !emu::is_pinned(dst);
+  if (pageable_src || pageable_dst) emu::bump(emu::counter_atomics().pageable_copies);
+  if (pageable_dst) emu::count_sync();  // returns once the copy is complete
   cudaError_t r;
   if (pageable_src) {
     // Staged at the call: the caller may reuse its buffer at once.
@@ -554,6 +585,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
 
 cudaError_t cudaMemset(void* p, int value, size_t n) {
   Lock lock(state().mutex);
+  emu::count_sync();
   if (state().sticky) return emu::sticky_or(cudaSuccess);
   if (n && !emu::find(p, n)) {
     emu::complain("cudaMemset", emu::describe(p, n));
@@ -572,6 +604,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
     return emu::fail(cudaErrorInvalidValue);
   }
   if (n == 0) return cudaSuccess;
+  emu::count_launch();
   return emu::sticky_or(
       emu::enqueue(stream, "cudaMemsetAsync", [p, value, n] { std::memset(p, value, n); }));
 }
@@ -614,6 +647,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  emu::count_sync();
   Lock lock(state().mutex);
   CUstream_st* s = emu::resolve(stream);
   if (s->destroyed) return emu::fail(cudaErrorInvalidResourceHandle);
@@ -692,6 +726,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  emu::count_sync();
   Lock lock(state().mutex);
   if (!event) return emu::fail(cudaErrorInvalidResourceHandle);
   if (event->stream && !event->stream->legacy) emu::flush(event->stream, event->seq);

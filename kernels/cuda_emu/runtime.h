@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -90,5 +91,23 @@ struct NvtxEvent {
   std::thread::id thread;
 };
 std::vector<NvtxEvent> take_nvtx_events();
+
+// What the host asked of the device since the process started, counted by the runtime itself
+// (the exact figures the backend's own counts, kernels/cuda/counters.h, are checked against):
+//   host_syncs       cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
+//                    cudaMemcpy, cudaMemset, cudaFree and cudaFreeHost (of memory), and
+//                    cudaMemcpyAsync into pageable memory
+//   launches         kernels, cuBLASLt matmuls and cub calls (count_launch), cudaMemsetAsync
+//   graph_launches   cudaGraphLaunch
+//   pageable_copies  cudaMemcpy and cudaMemcpyAsync with a host side that is not pinned
+struct Counters {
+  int64_t host_syncs = 0;
+  int64_t launches = 0;
+  int64_t graph_launches = 0;
+  int64_t pageable_copies = 0;
+};
+Counters counters();
+// The emulated libraries count their calls that enqueue work.
+void count_launch();
 
 }  // namespace packbert::emu
