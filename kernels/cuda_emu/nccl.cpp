@@ -7,7 +7,8 @@
 // the stream gets there, not at the call, and a stream that does not wait for the event that
 // orders it after the producer's writes sends what the buffer held before (as on a GPU). Calls
 // between ncclGroupStart and ncclGroupEnd are checked at the call and enqueued at the group's
-// end, in call order.
+// end, in call order. On a capturing stream a collective is recorded into the CUDA graph and
+// runs at each of the graph's launches.
 //
 // Matching. The worker runs its communicator's collectives one at a time, in the order its
 // stream reached them. Each begins with an MPI_Allgather of a header (kind, type, count, root and
@@ -301,13 +302,21 @@ struct ncclComm {
 
 namespace {
 
-// Gives op its index on the communicator and puts it on the stream: handed to the worker when
-// the stream reaches it, complete when the worker has written the result.
+// Puts op on the stream: handed to the worker when the stream reaches it, complete when the
+// worker has written the result. Each run is a fresh Op with the next index on the
+// communicator, taken at the call, or, captured into a CUDA graph, at each of its launches (the
+// ranks replay their graphs in the same order, so their indices still agree).
 cudaError_t enqueue_op(ncclComm_t comm, cudaStream_t stream, std::shared_ptr<Op> o) {
-  o->h.index = comm->issued++;
   return packbert::emu::enqueue_async(
-      stream, kind_name(static_cast<Kind>(o->h.kind)), [comm, o] { comm->post(o); },
-      [o] { return o->done.load(); });
+      stream, kind_name(static_cast<Kind>(o->h.kind)), [comm, o] {
+        auto run = std::make_shared<Op>();
+        run->h = o->h;
+        run->h.index = comm->issued++;
+        run->send = o->send;
+        run->recv = o->recv;
+        return packbert::emu::AsyncRun{[comm, run] { comm->post(run); },
+                                       [run] { return run->done.load(); }};
+      });
 }
 
 // A collective's checks at the call (NCCL's argument errors), then its enqueueing (or, inside a

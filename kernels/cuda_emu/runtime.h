@@ -19,6 +19,12 @@
 // sharing one memory and one set of streams. cudaSetDevice is per host thread; an allocation
 // remembers the device current when it was made (cudaPointerGetAttributes).
 //
+// Stream capture (CUDA graphs: cudaStreamBeginCapture ... cudaGraphLaunch; runtime.cpp describes
+// the model): work enqueued on a capturing stream, through enqueue and enqueue_async as through
+// the runtime API, is recorded into the capture's graph instead of run, and a graph launch
+// enqueues the recorded work again, in capture order, on the launch stream. The calls CUDA
+// forbids during a capture return its errors and invalidate the capture.
+//
 // A fault (a kernel's deadlock or disagreeing warp, a library call on memory that is not the
 // device's, ...) is sticky, as on a GPU: it is printed once to stderr with what failed, every
 // later call returns cudaErrorLaunchFailure, and queued work no longer runs.
@@ -37,12 +43,27 @@
 namespace packbert::emu {
 
 // Runs `work` on `stream` in stream order (at once on the legacy default stream). `what` names
-// it in error messages. Returns the sticky error, if any, else cudaSuccess.
+// it in error messages. Returns the sticky error, if any, else cudaSuccess. On a capturing
+// stream `work` is recorded, and runs at each launch of the graph (so it must be callable more
+// than once, and read what it uses when it runs).
 cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()> work);
 
-// Work that completes asynchronously: `start` runs when the stream reaches it, and the stream's
-// later work waits until `done` returns true (polled; called from any thread, so it must only
-// read state the work's own thread publishes, e.g. an atomic).
+// One run of work that completes asynchronously: `start` runs when the stream reaches it, and
+// the stream's later work waits until `done` returns true (polled; called from any thread, so it
+// must only read state the work's own thread publishes, e.g. an atomic).
+struct AsyncRun {
+  std::function<void()> start;
+  std::function<bool()> done;
+};
+
+// Asynchronous work whose runs `issue` makes: called at once, or, on a capturing stream, at
+// each cudaGraphLaunch of the graph (in the host's call order, at the launch call), so that each
+// run has its own completion state (the NCCL emulation's collectives take their index on the
+// communicator there).
+cudaError_t enqueue_async(cudaStream_t stream, const char* what, std::function<AsyncRun()> issue);
+
+// The same with one start and done for every run: a graph's replay calls `start` again and polls
+// the same `done`.
 cudaError_t enqueue_async(cudaStream_t stream, const char* what, std::function<void()> start,
                           std::function<bool()> done);
 
@@ -100,6 +121,8 @@ std::vector<NvtxEvent> take_nvtx_events();
 //   launches         kernels, cuBLASLt matmuls and cub calls (count_launch), cudaMemsetAsync
 //   graph_launches   cudaGraphLaunch
 //   pageable_copies  cudaMemcpy and cudaMemcpyAsync with a host side that is not pinned
+// Captured work is counted once, when captured (its launches); a graph launch adds 1 to
+// graph_launches and nothing else, however many launches its replay runs again.
 struct Counters {
   int64_t host_syncs = 0;
   int64_t launches = 0;

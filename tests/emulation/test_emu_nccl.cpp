@@ -19,6 +19,8 @@
 //     called; mismatched calls print the emulation's diagnostic and hang until ncclCommAbort.
 //   - Two ranks on one device (PACKBERT_EMU_DEVICES=1): ncclCommInitRank fails with
 //     ncclInvalidUsage, ncclGetLastError saying "Duplicate GPU detected".
+//   - Collectives captured into a CUDA graph (stream capture), alone and grouped: each launch of
+//     the graph runs them again with the buffers' current contents, in order with eager ones.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -403,6 +405,66 @@ void stream_order(ncclComm_t comm, uint64_t seed, int rank, int np) {
   CUDA_OK(cudaStreamDestroy(b));
 }
 
+// Collectives captured into a CUDA graph (one alone, two in a group) run at each launch of the
+// graph, sending what their buffers hold then; each launch issues them afresh (a run of its
+// own, which the stream waits for: a copy of the results captured after them sees them), in
+// order with an eager collective issued between launches.
+void captured_collectives(ncclComm_t comm, uint64_t seed, int rank, int np) {
+  cudaStream_t s = make_stream();
+  Case alone{Kind::all_reduce, ncclFloat32, 301, false, 0, 8001};
+  Case grouped_a{Kind::all_gather, ncclBfloat16, 37, false, 0, 8002};
+  Case grouped_b{Kind::reduce_scatter, ncclFloat16, 19, true, 0, 8003};
+  const std::vector<Case*> cases = {&alone, &grouped_a, &grouped_b};
+  std::vector<void*> copies;
+  for (Case* c : cases) {
+    c->prepare(seed, rank, np);
+    copies.push_back(dev_alloc(c->recv_elems * c->es));
+  }
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  NCCL_OK(alone.issue(comm, s));
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(grouped_a.issue(comm, s));
+  NCCL_OK(grouped_b.issue(comm, s));
+  NCCL_OK(ncclGroupEnd());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CUDA_OK(cudaMemcpyAsync(copies[i], cases[i]->recv, cases[i]->recv_elems * cases[i]->es,
+                            cudaMemcpyDeviceToDevice, s));
+  }
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (uint64_t launch = 1; launch <= 3; ++launch) {
+    // New contributions, written before the launch: the launch sends them.
+    for (Case* c : cases) {
+      for (int q = 0; q < np; ++q)
+        c->all[static_cast<size_t>(q)] = values(c->type, seed, c->salt + 100 * launch, q,
+                                                c->send_elems);
+      const std::vector<char>& mine = c->all[static_cast<size_t>(rank)];
+      CUDA_OK(cudaMemcpy(c->send, mine.data(), mine.size(), cudaMemcpyHostToDevice));
+    }
+    Case eager{Kind::all_reduce, ncclFloat32, 77, false, 0, 8100 + launch};
+    eager.prepare(seed, rank, np);
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    NCCL_OK(eager.issue(comm, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    const std::string what = "captured, launch " + std::to_string(launch);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      cases[i]->verify(what);
+      Case copy = *cases[i];
+      copy.recv = copies[i];
+      copy.verify(what + ", the copy captured after the collectives");
+    }
+    eager.verify("eager, after launch " + std::to_string(launch));
+    free_case(eager);
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  for (Case* c : cases) free_case(*c);
+  for (void* p : copies) CUDA_OK(cudaFree(p));
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
 // Rank 1 calls 0.5 s late: the others' queries answer cudaErrorNotReady until then.
 void not_ready_until_every_rank_calls(ncclComm_t comm, uint64_t seed, int rank, int np) {
   constexpr double kLate = 0.5;
@@ -543,6 +605,7 @@ void run_collectives_rank(int np) {
   grouped_calls(comm, s, seed, mpi.rank, np);
   stream_order(comm, seed, mpi.rank, np);
   not_ready_until_every_rank_calls(comm, seed, mpi.rank, np);
+  captured_collectives(comm, seed, mpi.rank, np);
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
   CUDA_OK(cudaStreamDestroy(s));
   abort_ends_the_wait(seed, mpi.rank, np);
