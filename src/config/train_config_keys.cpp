@@ -235,7 +235,8 @@ std::vector<Key> make_keys() {
   k.push_back(key("eval.at_end", &C::eval, &E::at_end, "evaluate after the last step"));
   // [log]
   k.push_back(key("log.every_steps", &C::log, &L::every_steps,
-                  "progress line and metrics record interval, steps"));
+                  "progress line and metrics record interval, steps (the GPU's losses and optimizer "
+                  "scalars are read on these steps only)"));
   k.push_back(key("log.metrics_file", &C::log, &L::metrics_file,
                   "JSONL metrics (scripts/plot_metrics.py); \"\" = none"));
   k.push_back(
