@@ -249,18 +249,26 @@ class Backend {
   // t = 0 (any dtype).
   virtual void zero(const Tensor& t) = 0;
   // dst = src: same dtype and element count (shapes may differ), no overlap. One side may be
-  // host memory: the batch upload and the read-back of loss scalars go through here.
+  // host memory (weights, checkpoints; small copies go through upload and read).
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
   // Host arrays into tensors of the backend's device, in op order: each dst receives its
-  // dst.bytes() from src, host memory the caller may reuse once upload returns. The batch
-  // upload's path. The default copies each with copy(); the CUDA backend stages them in pinned
-  // memory of its own (two buffers used in turn) and copies them asynchronously, so that the
-  // host does not wait for the device (kernels/cuda/cuda_backend.cpp).
+  // dst.bytes() from src, host memory the caller may reuse once upload returns. The default
+  // copies each with copy(); the CUDA backend stages them in pinned memory of its own (two
+  // buffers used in turn) and copies them asynchronously, so that the host does not wait for
+  // the device (kernels/cuda/cuda_backend.cpp). The batch goes up through prefetch (below).
   struct HostUpload {
     Tensor dst;
     const void* src = nullptr;
   };
   virtual void upload(const std::vector<HostUpload>& copies);
+  // upload() ahead of the ops: the copies may run while ops issued before this call still run
+  // (the CUDA backend copies on a stream of its own, so the next micro-batch goes up during the
+  // current one's compute), and the ops issued after it see the data. Its copies wait only for
+  // the ops issued before the PREVIOUS prefetch() call, so the destinations must not be memory
+  // that ops issued since then use: the model's batch, in two buffers used in turn
+  // (src/model/bert.h), was last read by the micro-step before the previous one. The default
+  // is upload().
+  virtual void prefetch(const std::vector<HostUpload>& copies) { upload(copies); }
   // Tensors of the backend's device into host memory, as the ops issued so far leave them, with
   // one wait for all of them: each dst receives src.bytes(). The default copies each with
   // copy(); the CUDA backend copies them into pinned memory and waits once.

@@ -85,12 +85,15 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)
   PB_CUDA_OP(op, cudaMalloc(&workspace_, kWorkspaceBytes));
   workspace_bytes_ = kWorkspaceBytes;
   fmha_ = std::make_unique<cuda::FmhaStreams>();
+  PB_CUDA_OP(op, cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  PB_CUDA_OP(op, cudaEventCreateWithFlags(&prefetch_issued_, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
   // Destructors never throw: errors here follow an earlier fault that was already reported.
   cudaSetDevice(device_);
   if (stream_) cuda::stream_synchronize(stream_);
+  if (copy_stream_) cuda::stream_synchronize(copy_stream_);
   fmha_.reset();
   cuda::device_free(workspace_);
   cuda::device_free(scratch_d_);
@@ -102,7 +105,9 @@ CudaBackend::~CudaBackend() {
     cuda::host_free(s.data);
     if (s.done) cudaEventDestroy(s.done);
   }
+  if (prefetch_issued_) cudaEventDestroy(prefetch_issued_);
   if (lt_) cublasLtDestroy(lt_);
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -363,7 +368,27 @@ void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
 // yet (a query first: on a device that keeps up they have, and nothing waits).
 void CudaBackend::upload(const std::vector<HostUpload>& copies) {
   const trace::Range range("upload");
-  const char* op = "upload";
+  stage_and_copy("upload", copies, stream_);
+  end("upload");
+}
+
+// The same staging, copied on copy_stream_: after the ops issued before the previous
+// prefetch() (the event recorded then), before the ops issued after this one (stream_ waits for
+// the copies' event). No host wait beyond the staging buffer's, as upload().
+void CudaBackend::prefetch(const std::vector<HostUpload>& copies) {
+  const trace::Range range("prefetch");
+  const char* op = "prefetch";
+  begin(op);
+  if (prefetch_recorded_) PB_CUDA_OP(op, cudaStreamWaitEvent(copy_stream_, prefetch_issued_, 0));
+  PB_CUDA_OP(op, cudaEventRecord(prefetch_issued_, stream_));
+  prefetch_recorded_ = true;
+  if (cudaEvent_t copied = stage_and_copy(op, copies, copy_stream_))
+    PB_CUDA_OP(op, cudaStreamWaitEvent(stream_, copied, 0));
+  end(op);
+}
+
+cudaEvent_t CudaBackend::stage_and_copy(const char* op, const std::vector<HostUpload>& copies,
+                                        cudaStream_t on) {
   constexpr size_t kAlign = 256;
   size_t total = 0;
   for (const HostUpload& c : copies) {
@@ -374,7 +399,7 @@ void CudaBackend::upload(const std::vector<HostUpload>& copies) {
     check_pointer(op, "dst", c.dst);
     total += (c.dst.bytes() + kAlign - 1) / kAlign * kAlign;
   }
-  if (total == 0) return;
+  if (total == 0) return nullptr;
   begin(op);
   UploadStaging& s = upload_staging_[static_cast<size_t>(next_upload_)];
   next_upload_ = 1 - next_upload_;
@@ -400,12 +425,12 @@ void CudaBackend::upload(const std::vector<HostUpload>& copies) {
     const size_t n = c.dst.bytes();
     if (n == 0) continue;
     std::memcpy(staged, c.src, n);
-    PB_CUDA_OP(op, cuda::memcpy_async(c.dst.data, staged, n, cudaMemcpyHostToDevice, stream_));
+    PB_CUDA_OP(op, cuda::memcpy_async(c.dst.data, staged, n, cudaMemcpyHostToDevice, on));
     staged += (n + kAlign - 1) / kAlign * kAlign;
   }
-  PB_CUDA_OP(op, cudaEventRecord(s.done, stream_));
+  PB_CUDA_OP(op, cudaEventRecord(s.done, on));
   s.pending = true;
-  end(op);
+  return s.done;
 }
 
 // Every source into the pinned read-back buffer, one wait, then out to the destinations. More

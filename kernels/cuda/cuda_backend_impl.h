@@ -143,6 +143,8 @@ class CudaBackend final : public Backend {
   void zero(const Tensor& t) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void upload(const std::vector<HostUpload>& copies) override;
+  void prefetch(const std::vector<HostUpload>& copies) override;
+  cudaStream_t copy_stream() const { return copy_stream_; }  // prefetch()'s copies
   void read(const std::vector<HostRead>& reads) override;
 
   void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
@@ -346,6 +348,17 @@ class CudaBackend final : public Backend {
   };
   std::array<UploadStaging, 2> upload_staging_{};
   int next_upload_ = 0;
+  // Stages copies into the next UploadStaging and copies them on `on` (stream_ for upload(),
+  // copy_stream_ for prefetch()); returns that staging's `done` event, recorded after them
+  // (nullptr when there was nothing to copy).
+  cudaEvent_t stage_and_copy(const char* op, const std::vector<HostUpload>& copies,
+                             cudaStream_t on);
+  // prefetch()'s stream (non-blocking: it orders with stream_ only through events), and the
+  // event recorded on stream_ at each prefetch() (the ops issued before it), which the next
+  // prefetch()'s copies wait for.
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t prefetch_issued_ = nullptr;
+  bool prefetch_recorded_ = false;
   // read()'s pinned buffer (allocated at the first), kStagedCopyBytes: read() and copy() stage
   // host copies up to this size.
   static constexpr size_t kStagedCopyBytes = size_t{4} << 20;

@@ -4,10 +4,40 @@
 
 namespace packbert {
 
+void carve_batch(Carver& c, const BatchShape& shape, Bert::Activations& a) {
+  const DType i32 = DType::i32;
+  const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
+  a.input_ids = c.take(i32, {rows});
+  a.segment_ids = c.take(i32, {rows});
+  a.token_seq = c.take(i32, {rows});
+  a.token_pos = c.take(i32, {rows});
+  a.seq_start = c.take(i32, {s});
+  a.seq_len = c.take(i32, {s});
+  a.sample_id = c.take(DType::i64, {s});
+  a.nsp_labels = c.take(i32, {s});
+  a.masked_rows = c.take(i32, {m});
+  a.masked_labels = c.take(i32, {m});
+  a.layout.rows = rows;
+  a.layout.num_seqs = static_cast<int32_t>(s);
+  a.layout.max_len = shape.max_len;
+  a.layout.seq_start = a.seq_start;
+  a.layout.seq_len = a.seq_len;
+  a.layout.sample_id = a.sample_id;
+  a.layout.token_seq = a.token_seq;
+  a.layout.token_pos = a.token_pos;
+}
+
+size_t batch_bytes(const BatchShape& shape) {
+  Carver measure(nullptr, Device::cpu);
+  Bert::Activations scratch;
+  carve_batch(measure, shape, scratch);
+  return measure.used();
+}
+
 void carve_activations(Carver& c, const BertConfig& config, const BatchShape& shape,
                        const ActivationPlan& plan, Bert::Activations& a) {
   using K = ActivationKind;
-  const DType f32 = DType::f32, i32 = DType::i32;
+  const DType f32 = DType::f32;
   const DType act = plan.act;  // token-wise activations and their gradients
   const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
   const int64_t h = config.hidden, inter = config.intermediate;
@@ -17,25 +47,6 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   a.shape = shape;
   a.gradients = gradients;
   a.plan = plan;
-
-  a.input_ids = c.take(K::batch, i32, {rows});
-  a.segment_ids = c.take(K::batch, i32, {rows});
-  a.token_seq = c.take(K::batch, i32, {rows});
-  a.token_pos = c.take(K::batch, i32, {rows});
-  a.seq_start = c.take(K::batch, i32, {s});
-  a.seq_len = c.take(K::batch, i32, {s});
-  a.sample_id = c.take(K::batch, DType::i64, {s});
-  a.nsp_labels = c.take(K::batch, i32, {s});
-  a.masked_rows = c.take(K::batch, i32, {m});
-  a.masked_labels = c.take(K::batch, i32, {m});
-  a.layout.rows = rows;
-  a.layout.num_seqs = static_cast<int32_t>(s);
-  a.layout.max_len = shape.max_len;
-  a.layout.seq_start = a.seq_start;
-  a.layout.seq_len = a.seq_len;
-  a.layout.sample_id = a.sample_id;
-  a.layout.token_seq = a.token_seq;
-  a.layout.token_pos = a.token_pos;
 
   a.emb_ln_mean = c.take(K::layernorm, f32, {rows});
   a.emb_ln_rstd = c.take(K::layernorm, f32, {rows});
@@ -125,7 +136,7 @@ void upload_batch(Backend& be, const Batch& b, Bert::Activations& a) {
   put(a.nsp_labels, b.nsp_labels);
   put(a.masked_rows, b.masked_rows);
   put(a.masked_labels, b.masked_labels);
-  be.upload(copies);
+  be.prefetch(copies);
   // Kept on the host too, so that a device backend plans attention without a read-back.
   a.host_seq_len = b.seq_len;
   a.layout.host_seq_len = a.host_seq_len.empty() ? nullptr : a.host_seq_len.data();

@@ -1,5 +1,6 @@
-// What one micro-batch keeps in the arena: the uploaded batch, the activations backward reads,
-// and the backward's scratch. Internal to the model (bert.cpp and activations.cpp).
+// What one micro-batch keeps: the uploaded batch (in one of the model's two batch buffers), and
+// in the arena the activations backward reads and the backward's scratch. Internal to the model
+// (bert.cpp and activations.cpp).
 #pragma once
 
 #include <vector>
@@ -49,7 +50,7 @@ struct Bert::Activations {
   bool gradients = false;
   ActivationPlan plan;
 
-  // The batch on the device.
+  // The batch on the device (carve_batch, in one of the model's two batch buffers).
   Tensor input_ids, segment_ids;          // i32 [rows]
   Tensor token_seq, token_pos;            // i32 [rows]
   Tensor seq_start, seq_len;              // i32 [seqs]
@@ -82,12 +83,19 @@ struct Bert::Activations {
   Tensor mlp_dpre;                        // [chunk, I] d(FFN pre) of one MLP chunk
 };
 
+// Lays the batch's device tensors (ids, layout arrays, labels) and act.layout over them out from
+// the carver, charged to no kind: a model batch buffer, outside the arena. batch_bytes is the
+// size of that carve.
+void carve_batch(Carver& carver, const BatchShape& shape, Bert::Activations& act);
+size_t batch_bytes(const BatchShape& shape);
+
 // Lays the activations of a batch of `shape` out from the carver (measure with a null base).
 // Every buffer is charged to its ActivationKind (carver.used_by_kind()).
 void carve_activations(Carver& carver, const BertConfig& config, const BatchShape& shape,
                        const ActivationPlan& plan, Bert::Activations& act);
 
-// Copies the host batch into act's device tensors.
+// Copies the host batch into act's device tensors (Backend::prefetch: their buffer must be one
+// no op issued since the previous prefetch reads, the model's two buffers used in turn).
 void upload_batch(Backend& backend, const Batch& batch, Bert::Activations& act);
 
 }  // namespace packbert

@@ -23,7 +23,6 @@ void Arena::reserve(size_t bytes) {
 
 const char* activation_kind_name(ActivationKind kind) {
   switch (kind) {
-    case ActivationKind::batch: return "batch";
     case ActivationKind::hidden: return "hidden";
     case ActivationKind::attention: return "attention";
     case ActivationKind::layernorm: return "layernorm";
@@ -47,13 +46,18 @@ void Arena::note_use(size_t bytes, const ActivationBytes& by_kind) {
 }
 
 Tensor Carver::take(ActivationKind kind, DType dtype, std::initializer_list<int64_t> dims) {
+  const size_t before = used_;
+  Tensor t = take(dtype, dims);
+  by_kind_[static_cast<int>(kind)] += used_ - before;
+  return t;
+}
+
+Tensor Carver::take(DType dtype, std::initializer_list<int64_t> dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   Tensor t(base_ ? base_ + used_ : nullptr, dtype, dims, device_);
-  const size_t aligned = (bytes + kAlign - 1) / kAlign * kAlign;
-  used_ += aligned;
-  by_kind_[static_cast<int>(kind)] += aligned;
+  used_ += (bytes + kAlign - 1) / kAlign * kAlign;
   return t;
 }
 

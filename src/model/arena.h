@@ -17,7 +17,6 @@ namespace packbert {
 // What an arena buffer holds, for the activation-memory report (Bert::activation_report). The
 // accounting is the carve itself, so it is the same on every device.
 enum class ActivationKind : int {
-  batch,         // the uploaded batch (ids, layout arrays, labels)
   hidden,        // hidden states: each layer's input/output, the attention block output h1
   attention,     // QKV, attention context, softmax log-sum-exp
   layernorm,     // LayerNorm saves: residual-LN inputs, means, rstds
@@ -28,7 +27,7 @@ enum class ActivationKind : int {
   count
 };
 constexpr int kActivationKinds = static_cast<int>(ActivationKind::count);
-// "batch", "hidden", "attention", "layernorm", "mlp", "mlm_logits", "heads", "grad_scratch".
+// "hidden", "attention", "layernorm", "mlp", "mlm_logits", "heads", "grad_scratch".
 const char* activation_kind_name(ActivationKind kind);
 using ActivationBytes = std::array<size_t, kActivationKinds>;
 
@@ -75,6 +74,8 @@ class Carver {
   Carver(void* base, Device device) : base_(static_cast<char*>(base)), device_(device) {}
   // The next buffer, charged to `kind` (its bytes rounded up to kAlign).
   Tensor take(ActivationKind kind, DType dtype, std::initializer_list<int64_t> dims);
+  // The next buffer, charged to no kind: a carve outside the arena (the model's batch buffers).
+  Tensor take(DType dtype, std::initializer_list<int64_t> dims);
   size_t used() const { return used_; }
   const ActivationBytes& used_by_kind() const { return by_kind_; }
 

@@ -235,11 +235,20 @@ ActivationReport Bert::activation_report() const {
   r.mst_chunks = last_mst_chunks_;
   r.mlp_chunk_rows = act_->plan.mlp_chunk_rows;
   r.mlm_chunk_rows = act_->plan.mlm_chunk_rows;
+  r.batch_buffer_bytes = batch_buffers_[0].bytes() + batch_buffers_[1].bytes();
   return r;
 }
 
 void Bert::reserve(const BatchShape& shape, bool gradients) {
   arena_.reserve(activation_bytes(shape, gradients));
+  for (BackendBuffer& b : batch_buffers_) grow_batch_buffer(b, batch_bytes(shape));
+}
+
+void Bert::grow_batch_buffer(BackendBuffer& buffer, size_t bytes) {
+  if (bytes <= buffer.bytes()) return;
+  buffer.reset();  // first: the old one's memory is given back before the new one is taken
+  // Headroom as the arena's: a batch a few tokens longer does not reallocate.
+  buffer = backend_.alloc(bytes + bytes / 16);
 }
 
 Dropout Bert::dropout(DropoutSite site, uint32_t layer) const {
@@ -308,19 +317,26 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   seed_ = seed;
   dropout_on_ = options.dropout;
 
-  // The arena: measure, grow if this batch is the largest yet, carve, upload.
+  // The batch into the next of the two batch buffers (its upload may overlap the previous
+  // micro-step's compute, which reads the other one). The arena: measure, grow if this batch is
+  // the largest yet, carve.
   const BatchShape shape = batch.shape();
+  Activations& a = *act_;
+  BackendBuffer& batch_buffer = batch_buffers_[next_batch_buffer_];
+  next_batch_buffer_ = 1 - next_batch_buffer_;
+  grow_batch_buffer(batch_buffer, batch_bytes(shape));
+  Carver batch_carver(batch_buffer.data(), backend_.device());
+  carve_batch(batch_carver, shape, a);
+  upload_batch(backend_, batch, a);
   last_mst_chunks_ = mst_chunks_for(shape, options.gradients);
   const ActivationPlan p = plan(shape, options.gradients, last_mst_chunks_);
   arena_.reserve(plan_bytes(shape, p));
-  Activations& a = *act_;
   Carver carver(arena_.data(), backend_.device());
   carve_activations(carver, config_, shape, p, a);
   // The report describes the arena's purpose: a model with gradients reports its training
   // forwards (an evaluation between steps neither moves its peak nor its last step), a
   // forward-only model its evaluation forwards.
   if (options.gradients || !has_grads_) arena_.note_use(carver.used(), carver.used_by_kind());
-  upload_batch(backend_, batch, a);
 
   // Embeddings: LayerNorm(word + position + token type), dropout.
   if (weights_ready_) weights_ready_(0);

@@ -95,6 +95,9 @@ struct ActivationReport {
   int64_t mst_chunks = 1;           // M of the last forward (auto resolved)
   int64_t mlp_chunk_rows = 0;       // rows per MLP chunk (0: intermediate kept per layer)
   int64_t mlm_chunk_rows = 0;       // masked rows per decoder call (0: all)
+  // Outside the arena: the uploaded batch's two buffers (ids, layout arrays, labels; used in
+  // turn, so that the next micro-batch's upload overlaps this one's compute), bytes allocated.
+  size_t batch_buffer_bytes = 0;
 };
 
 // Inspection of the heads' logits in a forward pass without gradients, for tests: the losses
@@ -172,8 +175,9 @@ class Bert {
   // hears of each tensor as its gradient becomes final (see GradientReady).
   void backward(const GradientReady& ready = {});
 
-  // Sizes the arena for the largest micro-batch expected so that the step loop never
-  // allocates; forward() grows it anyway when a batch needs more (arena_allocations() counts).
+  // Sizes the arena and the two batch buffers for the largest micro-batch expected so that the
+  // step loop never allocates; forward() grows them anyway when a batch needs more
+  // (arena_allocations() counts the arena's).
   void reserve(const BatchShape& shape, bool gradients = true);
   // Arena bytes a batch of this shape needs (with the M that forward() would use for it).
   size_t activation_bytes(const BatchShape& shape, bool gradients = true) const;
@@ -246,6 +250,12 @@ class Bert {
   // L-1 .. layer 0, embeddings.
   std::vector<std::pair<int, int>> ready_groups_;
   Arena arena_;
+  // The uploaded batch: two buffers used in turn, so that a micro-batch's upload
+  // (Backend::prefetch) overlaps the previous micro-step's compute. Model-owned, outside the
+  // arena, grow-only (reserve() sizes both).
+  BackendBuffer batch_buffers_[2];
+  int next_batch_buffer_ = 0;
+  void grow_batch_buffer(BackendBuffer& buffer, size_t bytes);
   std::unique_ptr<Activations> act_;
   int64_t last_mst_chunks_ = 1;
   // The step in flight (dropout keys, and whether backward() may run).

@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
                     mib(kind(row.bytes, ActivationKind::mlm_logits)),
                     mib(kind(row.bytes, ActivationKind::heads)),
                     mib(kind(row.bytes, ActivationKind::grad_scratch)),
-                    mib(kind(row.bytes, ActivationKind::batch)),
+                    mib(rep.batch_buffer_bytes),
                     mib(test::intermediate_bytes(row.bytes)), row.seconds, row.seconds / base,
                     mib(l24), row.formula_ok ? "" : "  FORMULA MISMATCH");
         std::fflush(stdout);

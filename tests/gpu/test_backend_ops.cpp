@@ -4,7 +4,8 @@
 // backend's emulation of low precision (BackendOpsLowp.*); the tolerances are the table's. Then
 // the CUDA backend's own checks that are no per-op case (BackendOpsCuda.*): copies, epilogues
 // refused at run time, the embedding scatter's order at scale, the MLM backward's blocks, native
-// kernels without staging. Without a device every test prints "skipped: no CUDA device".
+// kernels without staging, prefetch's overlap. Without a device every test prints "skipped: no
+// CUDA device".
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -15,9 +16,12 @@
 
 #ifdef PACKBERT_HAVE_CUDA
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "../ops/op_cases.h"
 #include "cuda_test_util.h"
@@ -354,6 +358,96 @@ TEST(BackendOpsCuda, NativeKernelsNeedNoStaging) {
   std::printf("[lowp-error] nsp_loss staging %.1f MiB\n", grew / 1048576.0);
   EXPECT_LT(grew, 0.5 * copy) << "nsp_loss staged its bf16 tensors";
   EXPECT_TRUE(out.guards_intact() && ln_in.guards_intact() && dx.guards_intact());
+}
+
+// ---- Backend::prefetch -----------------------------------------------------------------------
+// A host function on the compute stream that holds it until opened (or 20 s pass).
+struct Gate {
+  std::atomic<bool> open{false}, timed_out{false};
+};
+void CUDART_CB hold_stream(void* p) {
+  auto* g = static_cast<Gate*>(p);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!g->open.load()) {
+    if (std::chrono::steady_clock::now() > until) {
+      g->timed_out = true;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// n i32 of device memory, read on a stream of its own (not ordered after the backend's).
+std::vector<int32_t> read_aside(const int32_t* d, size_t n) {
+  cudaStream_t side = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  std::vector<int32_t> h(n);
+  cuda_ok(cudaMemcpyAsync(h.data(), d, n * 4, cudaMemcpyDeviceToHost, side), "read aside");
+  cuda_ok(cudaStreamSynchronize(side), "cudaStreamSynchronize");
+  cuda_ok(cudaStreamDestroy(side), "cudaStreamDestroy");
+  return h;
+}
+
+// The model's batch upload (Backend::prefetch, two buffers used in turn) overlaps the ops issued
+// before it: its copies complete while the compute stream is held by ops issued before it (an
+// upload in stream order would wait for them); the ops issued after it see the data; and a copy
+// into a buffer that ops issued before the previous prefetch read waits for them.
+TEST(BackendOpsCuda, PrefetchOverlapsTheOpsBeforeIt) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto be = make_cuda_backend(0, CudaBackendOptions{});  // no wait after each op
+  auto* cb = dynamic_cast<CudaBackend*>(be.get());
+  ASSERT_NE(cb, nullptr);
+  auto rng = make_rng(604);
+  const int64_t n = 4099;
+  auto ints = [&] { return random_ints(rng, static_cast<size_t>(n), -1000000, 1000000); };
+  const std::vector<int32_t> a0 = ints(), a1 = ints(), b1 = ints(), a2 = ints(), b2 = ints();
+  DevBuf<int32_t> a({n}), b({n}), c({n}), c2({n});
+  // An op issued after a prefetch sees its data (the stream waits for the copies): the backend's
+  // stream alone is waited for.
+  be->prefetch({{a.tensor(), a0.data()}});
+  be->copy(c.tensor(), a.tensor());
+  be->synchronize();
+  EXPECT_EQ(c.values(), a0) << "an op issued after a prefetch did not see its data";
+
+  be->prefetch({{b.tensor(), b1.data()}});  // the buffers in turn: b, a, b, a, b
+  be->prefetch({{a.tensor(), a1.data()}});
+  // The stream is held; an op issued after it reads a (the previous micro-step's batch).
+  Gate gate;
+  cuda_ok(cudaLaunchHostFunc(cb->stream(), hold_stream, &gate), "cudaLaunchHostFunc");
+  be->copy(c.tensor(), a.tensor());
+  // The next prefetch, into the other buffer, waits only for the ops before the previous one.
+  const std::vector<int32_t> b3 = ints();
+  be->prefetch({{b.tensor(), b3.data()}});
+  cuda_ok(cudaStreamSynchronize(cb->copy_stream()), "cudaStreamSynchronize");
+  EXPECT_EQ(read_aside(b.data(), static_cast<size_t>(n)), b3)
+      << "the prefetch did not complete while the ops issued before it were held";
+  gate.open = true;
+  be->synchronize();
+  EXPECT_FALSE(gate.timed_out.load());
+  EXPECT_EQ(c.values(), a1) << "an op issued after a prefetch did not see its data";
+  EXPECT_EQ(b.values(), b3);
+
+  // Held again: an op reads a, then a prefetch into b, then one into a again, which must wait
+  // for that op (issued before the previous prefetch): the copy stream is synchronised while
+  // the hold lasts, and the op still reads a's old values.
+  Gate gate2;
+  cuda_ok(cudaLaunchHostFunc(cb->stream(), hold_stream, &gate2), "cudaLaunchHostFunc");
+  be->copy(c2.tensor(), a.tensor());
+  be->prefetch({{b.tensor(), b2.data()}});
+  be->prefetch({{a.tensor(), a2.data()}});
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    gate2.open = true;
+  });
+  cuda_ok(cudaStreamSynchronize(cb->copy_stream()), "cudaStreamSynchronize");
+  opener.join();
+  be->synchronize();
+  EXPECT_FALSE(gate2.timed_out.load());
+  EXPECT_EQ(c2.values(), a1) << "a prefetch overwrote a buffer before an earlier op read it";
+  EXPECT_EQ(a.values(), a2);
+  EXPECT_EQ(b.values(), b2);
+  EXPECT_TRUE(a.guards_intact() && b.guards_intact() && c.guards_intact() &&
+              c2.guards_intact());
 }
 
 }  // namespace

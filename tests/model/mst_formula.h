@@ -54,7 +54,6 @@ inline ActivationBytes predicted_activation_bytes(const BertConfig& c, int64_t r
                                               : masked;
   ActivationBytes k{};
   auto at = [&](ActivationKind kind) -> size_t& { return k[static_cast<int>(kind)]; };
-  at(ActivationKind::batch) = 4 * f(rows) + 3 * f(s) + f(s, 8) + 2 * f(masked);
   at(ActivationKind::hidden) = ios * f(rows * h) + sets * f(rows * h);
   at(ActivationKind::attention) = sets * (f(rows * 3 * h) + f(rows * h) + f(rows * c.heads));
   at(ActivationKind::layernorm) = 2 * f(rows) + sets * (2 * f(rows * h) + 4 * f(rows));

@@ -392,7 +392,7 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
     EXPECT_EQ(r.activation_bytes_by_kind[static_cast<size_t>(k)].first,
               activation_kind_name(static_cast<ActivationKind>(k)));
   EXPECT_EQ(to_json(r).at("activation_bytes_by_kind").at("mlp"), int64_t{2} << 30);
-  EXPECT_EQ(to_json(r).at("activation_bytes_by_kind").at("batch"), 0);
+  EXPECT_EQ(to_json(r).at("activation_bytes_by_kind").at("grad_scratch"), 0);
 }
 
 // Host work per step: the counts at the close less those at the interval's start and those of
