@@ -91,16 +91,17 @@ class FmhaStreams {
   template <typename Launch>
   void run(const char* op, const FmhaPlan& plan, cudaStream_t main, Launch&& launch) {
     const int32_t* order = upload(op, plan, main);
-    fork(op, main);
-    cudaError_t first_error = cudaSuccess;
     const int n = static_cast<int>(plan.buckets.size());
+    const int used = n < kStreams ? n : kStreams;
+    fork(op, main, used);
+    cudaError_t first_error = cudaSuccess;
     for (int i = 0; i < n; ++i) {
       const FmhaBucket& b = plan.buckets[static_cast<size_t>(n - 1 - i)];
       const AttnWork w{order + b.first, static_cast<int32_t>(b.count), b.max_len};
       const cudaError_t e = launch(w, streams_[i % kStreams]);
       if (e != cudaSuccess && first_error == cudaSuccess) first_error = e;
     }
-    join(op, main, n < kStreams ? n : kStreams);
+    join(op, main, used);
     check_error(op, "the bucket launches", first_error);
   }
 
@@ -113,7 +114,10 @@ class FmhaStreams {
 
  private:
   const int32_t* upload(const char* op, const FmhaPlan& plan, cudaStream_t main);
-  void fork(const char* op, cudaStream_t main);
+  // The first `used` auxiliary streams wait for main's work so far (fork), and main for
+  // theirs (join). Only the streams a launch uses fork, so that every forked stream is joined:
+  // a stream capture (CUDA graphs) refuses to end with a forked stream left unjoined.
+  void fork(const char* op, cudaStream_t main, int used);
   void join(const char* op, cudaStream_t main, int used);
   void release();  // destroys what exists (the destructor, and a constructor that failed)
   void release_order();  // frees the work list's buffers (the caller waited for their users)

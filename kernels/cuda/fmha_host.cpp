@@ -140,10 +140,10 @@ float* FmhaStreams::workspace(const char* op, size_t n, cudaStream_t main) {
   return workspace_d_;
 }
 
-void FmhaStreams::fork(const char* op, cudaStream_t main) {
+void FmhaStreams::fork(const char* op, cudaStream_t main, int used) {
   check_error(op, "cudaEventRecord (fork)", cudaEventRecord(fork_, main));
-  for (cudaStream_t s : streams_)
-    check_error(op, "cudaStreamWaitEvent (fork)", cudaStreamWaitEvent(s, fork_, 0));
+  for (int i = 0; i < used; ++i)
+    check_error(op, "cudaStreamWaitEvent (fork)", cudaStreamWaitEvent(streams_[i], fork_, 0));
 }
 
 void FmhaStreams::join(const char* op, cudaStream_t main, int used) {

@@ -4,8 +4,8 @@
 // backend's emulation of low precision (BackendOpsLowp.*); the tolerances are the table's. Then
 // the CUDA backend's own checks that are no per-op case (BackendOpsCuda.*): copies, epilogues
 // refused at run time, the embedding scatter's order at scale, the MLM backward's blocks, native
-// kernels without staging, prefetch's overlap. Without a device every test prints "skipped: no
-// CUDA device".
+// kernels without staging, prefetch's overlap, an encoder layer's ops captured into a CUDA
+// graph. Without a device every test prints "skipped: no CUDA device".
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -448,6 +448,134 @@ TEST(BackendOpsCuda, PrefetchOverlapsTheOpsBeforeIt) {
   EXPECT_EQ(b.values(), b2);
   EXPECT_TRUE(a.guards_intact() && b.guards_intact() && c.guards_intact() &&
               c2.guards_intact());
+}
+
+
+// ---- CUDA graphs ------------------------------------------------------------------------------
+// A device buffer of dtype t: random values of scale `scale` (16-bit ones rounded), or zeros.
+std::unique_ptr<GuardedBytes> dev_random(std::mt19937_64& rng, DType t, std::vector<int64_t> dims,
+                                         float scale) {
+  auto g = std::make_unique<GuardedBytes>(cuda_memory(), t, std::move(dims));
+  const std::vector<float> v = random_floats(rng, g->size(), scale);
+  if (t == DType::f32) {
+    g->set_bytes(v.data());
+  } else {
+    const std::vector<uint16_t> bits = round16(t, v);
+    g->set_bytes(bits.data());
+  }
+  return g;
+}
+
+// Graph readiness of an encoder layer's ops: after one eager run (which sizes the backend's
+// scratch, workspaces and attention work list), the forward and backward of a layer -- linear
+// with bias and GELU epilogues, attention with dropout over the grouped multi-stream launch,
+// residual LayerNorm with dropout -- captured on the backend's stream end the capture without
+// error (no host wait, allocation or pageable copy inside, every forked stream joined) and the
+// graph's replay writes the same bits as the eager run, in fp32 and bf16.
+TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
+  PB_REQUIRE_CUDA_DEVICE();
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    CudaBackendOptions o;
+    o.validate_indices = false;  // the trainer's setting: index checks read back and wait
+    auto be = make_cuda_backend(0, o);
+    auto* cb = dynamic_cast<CudaBackend*>(be.get());
+    ASSERT_NE(cb, nullptr);
+    auto rng = make_rng(605);
+    const int heads = 2;
+    const int64_t h = 64 * heads, inter = 4 * h;
+    const std::vector<int32_t> lens = {30, 1, 65, 129};
+    const HostLayout hl = unpadded(lens, random_sample_ids(rng, lens.size()));
+    const int64_t rows = hl.rows;
+    DevLayout dl(hl);
+    SeqLayout l = dl.view();
+    l.host_seq_len = lens.data();
+    const float p = 0.1f;
+    const Dropout att = make_dropout(p, rng(), DropoutSite::attention_probs, 1, 7);
+    const Dropout res = make_dropout(p, rng(), DropoutSite::ffn_output, 1, 7);
+    auto act = [&](std::vector<int64_t> dims) { return dev_random(rng, t, std::move(dims), 1.f); };
+    auto f32 = [&](std::vector<int64_t> dims, float scale = 1.f) {
+      return dev_random(rng, DType::f32, std::move(dims), scale);
+    };
+    // Inputs (read only).
+    auto x = act({rows, h}), wqkv = dev_random(rng, t, {3 * h, h}, 0.1f), bqkv = f32({3 * h});
+    auto w1 = dev_random(rng, t, {inter, h}, 0.1f), b1 = f32({inter});
+    auto gamma = f32({h}), beta = f32({h}), dy = act({rows, h});
+    // Written by the layer.
+    auto qkv = act({rows, 3 * h}), ctx = act({rows, h}), lse = f32({rows, heads});
+    auto ln_in = act({rows, h}), mean = f32({rows}), rstd = f32({rows}), y = act({rows, h});
+    auto pre = act({rows, inter}), gel = act({rows, inter});
+    auto dln_out = act({rows, h}), dres = act({rows, h}), dctx = act({rows, h});
+    auto dqkv = act({rows, 3 * h}), dx = act({rows, h}), dgel = act({rows, inter});
+    auto dbias = f32({h}), dgamma = f32({h}), dbeta = f32({h}), dwqkv = f32({3 * h, h});
+    auto dbqkv = f32({3 * h}), dw1 = f32({inter, h}), db1 = f32({inter});
+    const std::vector<GuardedBytes*> written = {
+        qkv.get(), ctx.get(), lse.get(), ln_in.get(), mean.get(), rstd.get(), y.get(),
+        pre.get(), gel.get(), dln_out.get(), dres.get(), dctx.get(), dqkv.get(), dx.get(),
+        dgel.get(), dbias.get(), dgamma.get(), dbeta.get(), dwqkv.get(), dbqkv.get(),
+        dw1.get(), db1.get()};
+    const LayerNormParams ln{gamma->tensor(), beta->tensor()};
+    auto layer = [&] {
+      for (GuardedBytes* g : {dbias.get(), dgamma.get(), dbeta.get(), dwqkv.get(), dbqkv.get(),
+                              dw1.get(), db1.get()})
+        be->zero(g->tensor());  // the gradients accumulate
+      be->linear_forward(x->tensor(), wqkv->tensor(), bqkv->tensor(), Epilogue::bias,
+                         qkv->tensor(), Tensor());
+      be->attention_forward(l, qkv->tensor(), heads, att, ctx->tensor(), lse->tensor());
+      be->residual_layernorm_forward(l, ctx->tensor(), Tensor(), x->tensor(), ln, res,
+                                     y->tensor(), ln_in->tensor(), mean->tensor(),
+                                     rstd->tensor());
+      be->linear_forward(y->tensor(), w1->tensor(), b1->tensor(), Epilogue::bias_gelu,
+                         gel->tensor(), pre->tensor());
+      // Backward: a GELU MLP's first GEMM (dgel is the gradient wrt gel, made from dy), the
+      // LayerNorm, attention and the QKV projection.
+      be->copy(dgel->tensor(), gel->tensor());
+      LinearBackwardOptions lo;
+      lo.out_gelu_pre = pre->tensor();
+      be->linear_backward(y->tensor(), w1->tensor(), dgel->tensor(), dln_out->tensor(),
+                          dw1->tensor(), db1->tensor(), lo);
+      be->residual_layernorm_backward(l, dln_out->tensor(), ln_in->tensor(), mean->tensor(),
+                                      rstd->tensor(), ln, res, dctx->tensor(), dres->tensor(),
+                                      dbias->tensor(), {dgamma->tensor(), dbeta->tensor()});
+      be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(),
+                             heads, att, dqkv->tensor());
+      be->linear_backward(x->tensor(), wqkv->tensor(), dqkv->tensor(), dx->tensor(),
+                          dwqkv->tensor(), dbqkv->tensor());
+    };
+    layer();  // eager: sizes what the ops keep
+    be->synchronize();
+    std::vector<std::vector<uint8_t>> eager;
+    for (GuardedBytes* g : written) eager.push_back(g->bytes());
+    for (GuardedBytes* g : written) be->zero(g->tensor());
+
+    ASSERT_EQ(cudaStreamBeginCapture(cb->stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    std::string error;
+    try {
+      layer();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(cb->stream(), &graph);
+    ASSERT_EQ(error, "") << "an op failed during the capture";
+    ASSERT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    be->synchronize();
+    for (size_t i = 0; i < written.size(); ++i) {  // the capture ran nothing
+      const std::vector<uint8_t> b = written[i]->bytes();
+      EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](uint8_t v) { return v == 0; }))
+          << "tensor " << i << " was written during the capture";
+    }
+    ASSERT_EQ(cudaGraphLaunch(exec, cb->stream()), cudaSuccess);
+    be->synchronize();
+    for (size_t i = 0; i < written.size(); ++i) {
+      EXPECT_EQ(written[i]->bytes(), eager[i]) << "tensor " << i << " differs after the replay";
+      EXPECT_TRUE(written[i]->guards_intact()) << "tensor " << i;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
 }
 
 }  // namespace
