@@ -77,6 +77,13 @@ struct SeqLayout {
   // reading seq_len back, which would wait for the stream; with index validation on it checks
   // the copy against seq_len.
   const int32_t* host_seq_len = nullptr;
+  // Attention's launches from num_seqs and max_len alone, never from the lengths: one grid of
+  // num_seqs x max_len (a block past a shorter sequence's end exits at once), sequences in
+  // layout order, no lengths read on the host and no work list uploaded. So the launches are the
+  // same for every batch of this num_seqs and max_len, as a CUDA graph replayed over new batches
+  // needs; max_len is then a bound every sequence keeps to. The same results, bit for bit, as
+  // the length-bucketed launches (more blocks that exit at once). The CPU backend ignores it.
+  bool fixed_launch = false;
 };
 
 enum class DropoutSite : uint32_t {
@@ -95,6 +102,11 @@ struct Dropout {
   uint32_t step = 0;
   uint32_t layer = 0;    // encoder layer; the embedding uses 0 (the site tells them apart)
   DropoutSite site = DropoutSite::embedding;
+  // Optional: i32 [1] in the backend's memory holding the step (equal to `step` when the op is
+  // issued), read when the op runs instead of `step`, so that a CUDA graph captured at one step
+  // replays with the masks of the step its memory holds then (the model uploads it with each
+  // batch). Its value must keep to the step's range (< 2^24), which is checked on `step`.
+  Tensor device_step;
 };
 
 // The two GELUs BERT checkpoints are trained with: the exact x Phi(x) (erf; Hugging Face's

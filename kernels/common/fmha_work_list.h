@@ -82,4 +82,19 @@ inline FmhaPlan plan_fmha(const int32_t* seq_len, int64_t num_seqs) {
   return plan;
 }
 
+// The plan of a fixed launch (SeqLayout::fixed_launch): every sequence in one grid sized by the
+// bound max_len, in layout order (an empty order: the kernels then take sequences 0 .. count-1),
+// so it depends on num_seqs and max_len alone. tokens and work are left 0: the lengths are not
+// known on the host.
+inline FmhaPlan plan_fmha_fixed(int64_t num_seqs, int32_t max_len) {
+  FmhaPlan plan;
+  if (num_seqs == 0) return plan;
+  FmhaBucket b;
+  b.index = fmha_bucket_of(max_len);
+  b.max_len = max_len;
+  b.count = num_seqs;
+  plan.buckets.push_back(b);
+  return plan;
+}
+
 }  // namespace packbert

@@ -66,7 +66,13 @@ inline DropoutStream checked_dropout_stream(const char* op, const Dropout& d, in
              elements, heads, max_position);
   PB_REQUIRE(d.step < kDropoutMaxStep, "{}: dropout step {} outside the key range (< {})", op,
              d.step, kDropoutMaxStep);
-  return make_dropout_stream(d.p, d.seed, d.step, d.layer, site);
+  DropoutStream s = make_dropout_stream(d.p, d.seed, d.step, d.layer, site);
+  if (d.device_step.defined()) {
+    PB_REQUIRE(d.device_step.dtype == DType::i32 && d.device_step.numel() == 1,
+               "{}: the dropout's device step is {}, expected i32[1]", op, d.device_step.str());
+    s.step_at = static_cast<const uint32_t*>(d.device_step.data);
+  }
+  return s;
 }
 
 // Every index in [0, bound).

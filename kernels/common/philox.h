@@ -85,6 +85,9 @@ struct DropoutStream {
   uint32_t layer_site = 0;      // layer | site << 8
   uint32_t threshold = 0;       // element dropped iff its bits < threshold; 0 = keep all
   float scale = 1.0f;           // 1 / (1 - p): kept elements are scaled so E[out] = in
+  // Where set, the step is this word of the op's memory as it is when a kernel runs, not `step`
+  // (dropout_now): a CUDA graph's replay then draws the masks of the step of the moment.
+  const uint32_t* step_at = nullptr;
 };
 
 // p in [0, 1); layer < kDropoutMaxLayer, site < kDropoutMaxSite (the backend checks ranges).
@@ -104,6 +107,16 @@ inline DropoutStream make_dropout_stream(float p, uint64_t seed, uint32_t step, 
 }
 
 PB_HD bool dropout_enabled(const DropoutStream& s) { return s.threshold != 0; }
+
+// s with the step it has now: read from step_at where it has one. Every kernel that draws masks
+// calls it once, at its start; the functions below read `step`.
+PB_HD DropoutStream dropout_now(DropoutStream s) {
+  if (s.step_at != nullptr) {
+    s.step = *s.step_at;
+    s.step_at = nullptr;
+  }
+  return s;
+}
 
 // The Philox counter of elements [4 * (element / 4), +4) of one (sample, head, position).
 PB_HD Philox4x32 dropout_counter(const DropoutStream& s, uint64_t sample_id, uint32_t head,

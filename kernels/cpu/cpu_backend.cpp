@@ -56,7 +56,8 @@ void check_layout(const char* op, const SeqLayout& l, int64_t rows) {
 
 DropoutStream dropout_stream(const char* op, const Dropout& d, int64_t elements, int64_t heads,
                              int64_t max_position) {
-  return checks::checked_dropout_stream(op, d, elements, heads, max_position);
+  // The CPU's ops run when they are called: the device step (host memory here) is read now.
+  return dropout_now(checks::checked_dropout_stream(op, d, elements, heads, max_position));
 }
 
 void row_dropout_factors(const DropoutStream& s, const SeqLayout& layout, int64_t row, int64_t n,

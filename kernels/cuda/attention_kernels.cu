@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a,
   if (q0 >= len) return;  // the whole block
   const int64_t start = a.l.seq_start[seq];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool drop = dropout_enabled(a.ds);
+  const DropoutStream dstream = dropout_now(a.ds);  // the step of this run
+  const bool drop = dropout_enabled(dstream);
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[seq]) : 0;
   load_rows(a, start, len, 0, head, q0, kBlockRows, Qs);
 
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a,
       const float alpha = expf(m[r] - mnew);        // 0 on the first tile (m = -inf)
       const float p = kvalid ? expf(s - mnew) : 0.0f;
       lsum[r] = lsum[r] * alpha + warp_sum(p);
-      const float f = drop ? key_dropout_factor(a.ds, sample, head, qi, k0, lane) : 1.0f;
+      const float f = drop ? key_dropout_factor(dstream, sample, head, qi, k0, lane) : 1.0f;
       const float pf = p * f;
       #pragma unroll
       for (int t = 0; t < kDims; ++t) acc[r][t] *= alpha;
@@ -196,7 +197,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, cons
   if (q0 >= len) return;
   const int64_t start = a.l.seq_start[seq];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool drop = dropout_enabled(a.ds);
+  const DropoutStream dstream = dropout_now(a.ds);  // the step of this run
+  const bool drop = dropout_enabled(dstream);
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[seq]) : 0;
   load_rows(a, start, len, 0, head, q0, kBlockRows, Qs);
   load_rows_h(a, dout, start, len, head, q0, kBlockRows, dOs);
@@ -225,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, cons
       const float s = dot_rows(Qs + qr * kS, Ks + lane * kS, a.d) * a.scale;
       const float dp = dot_rows(dOs + qr * kS, Vs + lane * kS, a.d);
       const float p = kvalid ? expf(s - lse_r[r]) : 0.0f;
-      const float f = drop ? key_dropout_factor(a.ds, sample, head, qi, k0, lane) : 1.0f;
+      const float f = drop ? key_dropout_factor(dstream, sample, head, qi, k0, lane) : 1.0f;
       const float ds = p * (f * dp - delta[r]);
       #pragma unroll
       for (int j = 0; j < kTile; ++j) {
@@ -265,7 +267,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
   if (kb0 >= len) return;
   const int64_t start = a.l.seq_start[seq];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool drop = dropout_enabled(a.ds);
+  const DropoutStream dstream = dropout_now(a.ds);  // the step of this run
+  const bool drop = dropout_enabled(dstream);
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[seq]) : 0;
   load_rows(a, start, len, 1, head, kb0, kBlockRows, Kb);
   load_rows(a, start, len, 2, head, kb0, kBlockRows, Vb);
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
     // One Philox call: this query's words for the warp's 4 keys (kbase is a multiple of 4).
     Philox4x32 bits{};
     if (drop)
-      bits = dropout_bits4(a.ds, sample, static_cast<uint32_t>(head), static_cast<uint32_t>(qi),
+      bits = dropout_bits4(dstream, sample, static_cast<uint32_t>(head), static_cast<uint32_t>(qi),
                            static_cast<uint32_t>(kbase));
     #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -307,7 +310,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
       const float s = dot_rows(Qs + lane * kS, Kb + kr * kS, a.d) * a.scale;
       const float dp = dot_rows(dOs + lane * kS, Vb + kr * kS, a.d);
       const float p = qvalid ? expf(s - lse_i) : 0.0f;
-      const float f = drop ? dropout_factor(a.ds, bits.v[r]) : 1.0f;
+      const float f = drop ? dropout_factor(dstream, bits.v[r]) : 1.0f;
       const float pf = p * f;
       const float ds = p * (f * dp - delta_i);
       #pragma unroll

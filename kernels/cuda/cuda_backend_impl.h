@@ -232,6 +232,12 @@ class CudaBackend final : public Backend {
   };
   AttnLaunch attention_launch(const char* op, const SeqLayout& layout, int64_t rows,
                               int64_t heads, const Dropout& dropout);
+  // checks::checked_dropout_stream, and the device step (if any) checked as this GPU's memory.
+  DropoutStream dropout_stream(const char* op, const Dropout& d, int64_t elements, int64_t heads,
+                               int64_t max_position);
+  // The grouped launch's plan: length buckets from launch.lens, or SeqLayout::fixed_launch's one
+  // grid.
+  static FmhaPlan attention_plan(const SeqLayout& layout, const AttnLaunch& launch);
   template <typename T>
   std::vector<T> to_host(const char* op, const Tensor& t);
   void check_indices(const char* op, const char* name, const Tensor& index, int64_t bound);

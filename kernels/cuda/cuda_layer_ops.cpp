@@ -69,7 +69,7 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
   require_grid(op, rows);
   begin(op);
   const cuda::DeviceLayout dl = device_layout(op, layout, rows);
-  const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
+  const DropoutStream ds = dropout_stream(op, dropout, h, 1, layout.max_len);
   if (options_.validate_indices && rows > 0) {
     const auto ids = to_host<int32_t>(op, input_ids);
     const auto segs = to_host<int32_t>(op, segment_ids);
@@ -153,7 +153,7 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
              "{}: {} rows exceed the column-sum grid", op, rows);
   begin(op);
   const cuda::DeviceLayout dl = device_layout(op, layout, rows);
-  const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
+  const DropoutStream ds = dropout_stream(op, dropout, h, 1, layout.max_len);
   // Ids were validated by the forward; backward trusts them (same buffers, same step).
   if (rows == 0 || h == 0) return end(op);
   auto ptr = [](const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
@@ -238,7 +238,7 @@ void CudaBackend::residual_layernorm_forward(const SeqLayout& layout, const Tens
   }
   require_grid(op, rows);
   begin(op);
-  const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
+  const DropoutStream ds = dropout_stream(op, dropout, h, 1, layout.max_len);
   cuda::DeviceLayout dl;
   dl.rows = rows;
   if (dropout_enabled(ds)) dl = device_layout(op, layout, rows);
@@ -305,7 +305,7 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
   PB_REQUIRE((rows + cuda::kColumnChunk - 1) / cuda::kColumnChunk <= 65535,
              "{}: {} rows exceed the column-sum grid", op, rows);
   begin(op);
-  const DropoutStream ds = checks::checked_dropout_stream(op, dropout, h, 1, layout.max_len);
+  const DropoutStream ds = dropout_stream(op, dropout, h, 1, layout.max_len);
   cuda::DeviceLayout dl;
   dl.rows = rows;
   if (dropout_enabled(ds)) dl = device_layout(op, layout, rows);
@@ -363,6 +363,17 @@ AttnShape attention_dims(const char* op, const SeqLayout& layout, const Tensor& 
 }
 }  // namespace
 
+DropoutStream CudaBackend::dropout_stream(const char* op, const Dropout& d, int64_t elements,
+                                          int64_t heads, int64_t max_position) {
+  if (d.p > 0.f) expect_optional(op, "dropout.device_step", d.device_step, DType::i32, {1});
+  return checks::checked_dropout_stream(op, d, elements, heads, max_position);
+}
+
+FmhaPlan CudaBackend::attention_plan(const SeqLayout& layout, const AttnLaunch& launch) {
+  return layout.fixed_launch ? plan_fmha_fixed(layout.num_seqs, layout.max_len)
+                             : plan_fmha(launch.lens.data(), layout.num_seqs);
+}
+
 CudaBackend::AttnLaunch CudaBackend::attention_launch(const char* op, const SeqLayout& layout,
                                                       int64_t rows, int64_t heads,
                                                       const Dropout& dropout) {
@@ -374,8 +385,10 @@ CudaBackend::AttnLaunch CudaBackend::attention_launch(const char* op, const SeqL
     const cuda::ScopedClear once(options_.validate_indices);
     a.dl = device_layout(op, layout, rows);
   }
-  a.lens = cuda::fmha_host_lengths(op, layout, options_.validate_indices, stream_);
-  a.ds = checks::checked_dropout_stream(op, dropout, layout.max_len, heads, layout.max_len);
+  // A fixed launch needs no lengths; validation still reads and checks them.
+  if (!layout.fixed_launch || options_.validate_indices)
+    a.lens = cuda::fmha_host_lengths(op, layout, options_.validate_indices, stream_);
+  a.ds = dropout_stream(op, dropout, layout.max_len, heads, layout.max_len);
   return a;
 }
 
@@ -408,7 +421,7 @@ void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, 
            cuda::fmha_zero_padding_rows(dl, out.data, hidden, native ? 2 : 4, stream_));
   launched(op, "fmha_zero_padding_rows",
            cuda::fmha_zero_padding_rows(dl, lse.data, heads, 4, stream_));
-  const FmhaPlan plan = plan_fmha(launch.lens.data(), layout.num_seqs);
+  const FmhaPlan plan = attention_plan(layout, launch);
   cuda::fmha_check_grid(op, plan, native ? cuda::kFmhaTile : cuda::kAttentionF32Tile);
   if (!plan.buckets.empty()) {
     const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);
@@ -445,7 +458,7 @@ void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
   if (rows == 0) return end(op);
   launched(op, "fmha_zero_padding_rows",
            cuda::fmha_zero_padding_rows(dl, dqkv.data, 3 * hidden, native ? 2 : 4, stream_));
-  const FmhaPlan plan = plan_fmha(launch.lens.data(), layout.num_seqs);
+  const FmhaPlan plan = attention_plan(layout, launch);
   cuda::fmha_check_grid(op, plan, native ? cuda::kFmhaTile : cuda::kAttentionF32Tile);
   if (!plan.buckets.empty()) {
     const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);

@@ -45,6 +45,7 @@ template <typename Tab, typename Out>
 __global__ void embedding_forward_kernel(DeviceLayout l, EmbeddingSum<Tab> sum, const float* gamma,
                                          const float* beta, int64_t h, DropoutStream ds, Out* out,
                                          float* mean, float* rstd) {
+  ds = dropout_now(ds);  // the step of this run
   __shared__ float scratch[96];
   const int64_t row = blockIdx.x;
   Out* y = out + row * h;
@@ -83,6 +84,7 @@ __global__ void embedding_forward_kernel(DeviceLayout l, EmbeddingSum<Tab> sum, 
 template <typename D>
 __global__ void embedding_dropout_backward_kernel(DeviceLayout l, int64_t h, DropoutStream ds,
                                                   const D* dout, float* d) {
+  ds = dropout_now(ds);  // the step of this run
   const int64_t row = blockIdx.x, o = row * h;
   const bool padding = l.token_seq[row] < 0;
   const RowKey key = row_key(l, ds, row);

@@ -90,14 +90,16 @@ class FmhaStreams {
   // Every launch is joined even when one fails; the first error is then thrown, naming op.
   template <typename Launch>
   void run(const char* op, const FmhaPlan& plan, cudaStream_t main, Launch&& launch) {
-    const int32_t* order = upload(op, plan, main);
+    // An empty order (a fixed launch's plan): sequences in layout order, nothing uploaded.
+    const int32_t* order = plan.order.empty() ? nullptr : upload(op, plan, main);
     const int n = static_cast<int>(plan.buckets.size());
     const int used = n < kStreams ? n : kStreams;
     fork(op, main, used);
     cudaError_t first_error = cudaSuccess;
     for (int i = 0; i < n; ++i) {
       const FmhaBucket& b = plan.buckets[static_cast<size_t>(n - 1 - i)];
-      const AttnWork w{order + b.first, static_cast<int32_t>(b.count), b.max_len};
+      const AttnWork w{order ? order + b.first : nullptr, static_cast<int32_t>(b.count),
+                       b.max_len};
       const cudaError_t e = launch(w, streams_[i % kStreams]);
       if (e != cudaSuccess && first_error == cudaSuccess) first_error = e;
     }

@@ -57,7 +57,8 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   const uint16_t* vbase = qbase + 2 * a.hidden;
   const uint16_t* obase = a.out + bw.start * a.hidden + hoff;
   const uint16_t* dobase = a.dout + bw.start * a.hidden + hoff;
-  const bool drop = dropout_enabled(a.ds);
+  const DropoutStream dstream = dropout_now(a.ds);  // the step of this run
+  const bool drop = dropout_enabled(dstream);
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;
 
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
       float f[4] = {1.f, 1.f, 1.f, 1.f};
-      if (drop) dropout_query_rows(a.ds, sample, head, qa, qb, k0 + n * 8, t, f);
+      if (drop) dropout_query_rows(dstream, sample, head, qa, qb, k0 + n * 8, t, f);
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + n * 8 + 2 * t + (e & 1);
@@ -162,7 +163,8 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
   const uint16_t* kbase = qbase + a.hidden;
   const uint16_t* vbase = qbase + 2 * a.hidden;
   const uint16_t* dobase = a.dout + bw.start * a.hidden + hoff;
-  const bool drop = dropout_enabled(a.ds);
+  const DropoutStream dstream = dropout_now(a.ds);  // the step of this run
+  const bool drop = dropout_enabled(dstream);
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int kslab = bw.row0 + warp * 16;  // this warp's 16 keys
   const int ka = kslab + g, kb = ka + 8;  // this thread's two key rows
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
     #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
       float f[4] = {1.f, 1.f, 1.f, 1.f};
-      if (drop) dropout_key_rows(a.ds, sample, head, kslab, q0 + n * 8 + 2 * t, lane, f);
+      if (drop) dropout_key_rows(dstream, sample, head, kslab, q0 + n * 8 + 2 * t, lane, f);
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qt = n * 8 + 2 * t + (e & 1);

@@ -24,7 +24,8 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
   const uint16_t* qbase = a.qkv + bw.start * ld + static_cast<int64_t>(head) * kD;
   const uint16_t* kbase = qbase + a.hidden;
   const uint16_t* vbase = qbase + 2 * a.hidden;
-  const bool drop = dropout_enabled(a.ds);
+  const DropoutStream dstream = dropout_now(a.ds);  // the step of this run
+  const bool drop = dropout_enabled(dstream);
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;  // this thread's two query rows
 
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
       #pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
         float f[4];
-        dropout_query_rows(a.ds, sample, head, qa, qb, k0 + n * 8, t, f);
+        dropout_query_rows(dstream, sample, head, qa, qb, k0 + n * 8, t, f);
         #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] *= f[e];
       }

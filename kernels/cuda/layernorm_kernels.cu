@@ -28,6 +28,7 @@ __global__ void residual_ln_forward_kernel(DeviceLayout l, const T* x, const flo
                                            const T* residual, const float* gamma,
                                            const float* beta, DropoutStream ds, int64_t h,
                                            T* out, T* ln_in, float* mean, float* rstd) {
+  ds = dropout_now(ds);  // the step of this run
   __shared__ float scratch[96];
   PB_EXTERN_SHARED(float, staged);  // low precision only: the row's fp32 h
   const int64_t row = blockIdx.x, o = row * h;
@@ -73,6 +74,7 @@ __global__ void residual_ln_backward_kernel(DeviceLayout l, const T* dout, const
                                             const float* mean, const float* rstd,
                                             const float* gamma, DropoutStream ds, int64_t h,
                                             T* dx, T* dresidual, float* dx32) {
+  ds = dropout_now(ds);  // the step of this run
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x, o = row * h;
   const float mu = mean[row], rs = rstd[row];

@@ -17,6 +17,7 @@ void carve_batch(Carver& c, const BatchShape& shape, Bert::Activations& a) {
   a.nsp_labels = c.take(i32, {s});
   a.masked_rows = c.take(i32, {m});
   a.masked_labels = c.take(i32, {m});
+  a.step = c.take(i32, {1});
   a.layout.rows = rows;
   a.layout.num_seqs = static_cast<int32_t>(s);
   a.layout.max_len = shape.max_len;
@@ -116,7 +117,7 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   }
 }
 
-void upload_batch(Backend& be, const Batch& b, Bert::Activations& a) {
+void upload_batch(Backend& be, const Batch& b, uint32_t step, Bert::Activations& a) {
   // Empty arrays (no masked token) have nothing to copy and no host pointer to copy from.
   std::vector<Backend::HostUpload> copies;
   auto put = [&](const Tensor& dst, const auto& src) {
@@ -136,6 +137,8 @@ void upload_batch(Backend& be, const Batch& b, Bert::Activations& a) {
   put(a.nsp_labels, b.nsp_labels);
   put(a.masked_rows, b.masked_rows);
   put(a.masked_labels, b.masked_labels);
+  const std::vector<uint32_t> step_word = {step};
+  put(a.step, step_word);
   be.prefetch(copies);
   // Kept on the host too, so that a device backend plans attention without a read-back.
   a.host_seq_len = b.seq_len;

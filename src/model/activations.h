@@ -57,6 +57,7 @@ struct Bert::Activations {
   Tensor sample_id;                       // i64 [seqs]
   Tensor nsp_labels;                      // i32 [seqs]
   Tensor masked_rows, masked_labels;      // i32 [masked]
+  Tensor step;                            // i32 [1]: the step (the dropouts' device_step)
   SeqLayout layout;                       // over the tensors above
   std::vector<int32_t> host_seq_len;      // the batch's seq_len on the host (layout.host_seq_len)
 
@@ -94,8 +95,9 @@ size_t batch_bytes(const BatchShape& shape);
 void carve_activations(Carver& carver, const BertConfig& config, const BatchShape& shape,
                        const ActivationPlan& plan, Bert::Activations& act);
 
-// Copies the host batch into act's device tensors (Backend::prefetch: their buffer must be one
-// no op issued since the previous prefetch reads, the model's two buffers used in turn).
-void upload_batch(Backend& backend, const Batch& batch, Bert::Activations& act);
+// Copies the host batch and the step into act's device tensors (Backend::prefetch: their buffer
+// must be one no op issued since the previous prefetch reads, the model's two buffers used in
+// turn).
+void upload_batch(Backend& backend, const Batch& batch, uint32_t step, Bert::Activations& act);
 
 }  // namespace packbert

@@ -257,6 +257,7 @@ Dropout Bert::dropout(DropoutSite site, uint32_t layer) const {
     d.p = site == DropoutSite::attention_probs ? config_.attention_dropout : config_.hidden_dropout;
   d.seed = seed_;
   d.step = step_;
+  d.device_step = act_->step;  // the same step, uploaded with the batch
   d.layer = layer;
   d.site = site;
   return d;
@@ -327,7 +328,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   grow_batch_buffer(batch_buffer, batch_bytes(shape));
   Carver batch_carver(batch_buffer.data(), backend_.device());
   carve_batch(batch_carver, shape, a);
-  upload_batch(backend_, batch, a);
+  upload_batch(backend_, batch, step_, a);
   last_mst_chunks_ = mst_chunks_for(shape, options.gradients);
   const ActivationPlan p = plan(shape, options.gradients, last_mst_chunks_);
   arena_.reserve(plan_bytes(shape, p));

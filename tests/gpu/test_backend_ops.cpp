@@ -5,7 +5,8 @@
 // the CUDA backend's own checks that are no per-op case (BackendOpsCuda.*): copies, epilogues
 // refused at run time, the embedding scatter's order at scale, the MLM backward's blocks, native
 // kernels without staging, prefetch's overlap, an encoder layer's ops captured into a CUDA
-// graph. Without a device every test prints "skipped: no CUDA device".
+// graph, attention's fixed launch replayed over new batches, the dropout step read from device
+// memory when the ops run. Without a device every test prints "skipped: no CUDA device".
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -452,17 +454,61 @@ TEST(BackendOpsCuda, PrefetchOverlapsTheOpsBeforeIt) {
 
 
 // ---- CUDA graphs ------------------------------------------------------------------------------
-// A device buffer of dtype t: random values of scale `scale` (16-bit ones rounded), or zeros.
+// Random values of scale `scale` into an f32, bf16 or f16 buffer (16-bit ones rounded).
+void fill_random(std::mt19937_64& rng, GuardedBytes& g, float scale) {
+  const std::vector<float> v = random_floats(rng, g.size(), scale);
+  if (g.dtype() == DType::f32) {
+    g.set_bytes(v.data());
+  } else {
+    const std::vector<uint16_t> bits = round16(g.dtype(), v);
+    g.set_bytes(bits.data());
+  }
+}
+
+// The ops `issue` enqueues, captured on the backend's stream and instantiated; destroyed with it.
+// An op's error or the capture's is a test failure and leaves exec null.
+struct CapturedGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CapturedGraph() = default;
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+std::unique_ptr<CapturedGraph> capture(CudaBackend& cb, const std::function<void()>& issue) {
+  auto g = std::make_unique<CapturedGraph>();
+  EXPECT_EQ(cudaStreamBeginCapture(cb.stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  std::string error;
+  try {
+    issue();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const cudaError_t ended = cudaStreamEndCapture(cb.stream(), &g->graph);
+  EXPECT_EQ(error, "") << "an op failed during the capture";
+  EXPECT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended);
+  if (error.empty() && ended == cudaSuccess) {
+    EXPECT_EQ(cudaGraphInstantiate(&g->exec, g->graph, 0), cudaSuccess);
+  }
+  return g;
+}
+
+// A CUDA backend as the trainer makes it: no index validation (which reads back and waits).
+std::unique_ptr<Backend> trainer_backend() {
+  CudaBackendOptions o;
+  o.validate_indices = false;
+  return make_cuda_backend(0, o);
+}
+CudaBackend& as_cuda(Backend& b) { return dynamic_cast<CudaBackend&>(b); }
+
+// A device buffer of dtype t filled by fill_random.
 std::unique_ptr<GuardedBytes> dev_random(std::mt19937_64& rng, DType t, std::vector<int64_t> dims,
                                          float scale) {
   auto g = std::make_unique<GuardedBytes>(cuda_memory(), t, std::move(dims));
-  const std::vector<float> v = random_floats(rng, g->size(), scale);
-  if (t == DType::f32) {
-    g->set_bytes(v.data());
-  } else {
-    const std::vector<uint16_t> bits = round16(t, v);
-    g->set_bytes(bits.data());
-  }
+  fill_random(rng, *g, scale);
   return g;
 }
 
@@ -476,11 +522,8 @@ TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
   PB_REQUIRE_CUDA_DEVICE();
   for (DType t : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(t));
-    CudaBackendOptions o;
-    o.validate_indices = false;  // the trainer's setting: index checks read back and wait
-    auto be = make_cuda_backend(0, o);
-    auto* cb = dynamic_cast<CudaBackend*>(be.get());
-    ASSERT_NE(cb, nullptr);
+    auto be = trainer_backend();
+    CudaBackend* cb = &as_cuda(*be);
     auto rng = make_rng(605);
     const int heads = 2;
     const int64_t h = 64 * heads, inter = 4 * h;
@@ -548,33 +591,219 @@ TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
     for (GuardedBytes* g : written) eager.push_back(g->bytes());
     for (GuardedBytes* g : written) be->zero(g->tensor());
 
-    ASSERT_EQ(cudaStreamBeginCapture(cb->stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    std::string error;
-    try {
-      layer();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(cb->stream(), &graph);
-    ASSERT_EQ(error, "") << "an op failed during the capture";
-    ASSERT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    const auto graph = capture(*cb, layer);
+    ASSERT_NE(graph->exec, nullptr);
     be->synchronize();
     for (size_t i = 0; i < written.size(); ++i) {  // the capture ran nothing
       const std::vector<uint8_t> b = written[i]->bytes();
       EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](uint8_t v) { return v == 0; }))
           << "tensor " << i << " was written during the capture";
     }
-    ASSERT_EQ(cudaGraphLaunch(exec, cb->stream()), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(graph->exec, cb->stream()), cudaSuccess);
     be->synchronize();
     for (size_t i = 0; i < written.size(); ++i) {
       EXPECT_EQ(written[i]->bytes(), eager[i]) << "tensor " << i << " differs after the replay";
       EXPECT_TRUE(written[i]->guards_intact()) << "tensor " << i;
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+  }
+}
+
+
+// SeqLayout::fixed_launch: attention in one grid sized by the bound, from num_seqs and max_len
+// alone. Bit for bit the length-bucketed launch's results, and a graph captured over one batch
+// replays correctly over another of the same rows, sequences and bound but other lengths,
+// positions and inputs (its layout arrays and inputs rewritten in place), in fp32 and bf16.
+TEST(BackendOpsCuda, FixedLaunchAttentionReplaysOverNewBatches) {
+  PB_REQUIRE_CUDA_DEVICE();
+  const int heads = 2;
+  const int64_t h = 64 * heads;
+  const int32_t bound = 160;  // the slot length of the padded layout
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    auto be = trainer_backend();
+    CudaBackend* cb = &as_cuda(*be);
+    auto rng = make_rng(606);
+    auto lengths = [&] {
+      std::vector<int32_t> v = random_ints(rng, 5, 1, bound);
+      v[0] = bound;  // a full slot and a one-token sequence always
+      v[1] = 1;
+      return v;
+    };
+    const std::vector<int32_t> lens_a = lengths(), lens_b = lengths();
+    const HostLayout ha = padded(lens_a, random_sample_ids(rng, lens_a.size()), bound);
+    const HostLayout hb = padded(lens_b, random_sample_ids(rng, lens_b.size()), bound);
+    ASSERT_EQ(ha.rows, hb.rows);
+    const int64_t rows = ha.rows;
+    DevLayout dl(ha);
+    SeqLayout fixed = dl.view();
+    fixed.max_len = bound;
+    fixed.fixed_launch = true;
+    SeqLayout bucketed = dl.view();  // the same device arrays, planned from the lengths
+    const Dropout d = make_dropout(0.1f, rng(), DropoutSite::attention_probs, 3, 11);
+    auto qkv = dev_random(rng, t, {rows, 3 * h}, 2.f), dy = dev_random(rng, t, {rows, h}, 1.f);
+    auto out = dev_random(rng, t, {rows, h}, 1.f), dqkv = dev_random(rng, t, {rows, 3 * h}, 1.f);
+    auto lse = dev_random(rng, DType::f32, {rows, heads}, 1.f);
+    const std::vector<GuardedBytes*> written = {out.get(), lse.get(), dqkv.get()};
+    auto attention = [&](const SeqLayout& l) {
+      be->attention_forward(l, qkv->tensor(), heads, d, out->tensor(), lse->tensor());
+      be->attention_backward(l, qkv->tensor(), out->tensor(), lse->tensor(), dy->tensor(),
+                             heads, d, dqkv->tensor());
+    };
+    auto results = [&] {
+      be->synchronize();
+      std::vector<std::vector<uint8_t>> r;
+      for (GuardedBytes* g : written) r.push_back(g->bytes());
+      return r;
+    };
+    const char* names[] = {"out", "lse", "dqkv"};
+    // Batch a: the fixed launch against the bucketed one.
+    bucketed.host_seq_len = lens_a.data();
+    attention(bucketed);
+    const auto want_a = results();
+    for (GuardedBytes* g : written) be->zero(g->tensor());
+    attention(fixed);
+    const auto got_a = results();
+    for (size_t i = 0; i < written.size(); ++i)
+      EXPECT_EQ(got_a[i], want_a[i]) << names[i] << ": the fixed launch differs";
+
+    // Captured over batch a, replayed over batch b.
+    const auto graph = capture(*cb, [&] { attention(fixed); });
+    ASSERT_NE(graph->exec, nullptr);
+    be->synchronize();
+    dl.seq_start.set(hb.seq_start);
+    dl.seq_len.set(hb.seq_len);
+    dl.sample_id.set(hb.sample_id);
+    dl.token_seq.set(hb.token_seq);
+    dl.token_pos.set(hb.token_pos);
+    fill_random(rng, *qkv, 2.f);
+    fill_random(rng, *dy, 1.f);
+    bucketed.host_seq_len = lens_b.data();
+    attention(bucketed);
+    const auto want_b = results();
+    ASSERT_NE(want_b[0], want_a[0]);
+    for (GuardedBytes* g : written) be->zero(g->tensor());
+    ASSERT_EQ(cudaGraphLaunch(graph->exec, cb->stream()), cudaSuccess);
+    const auto got_b = results();
+    for (size_t i = 0; i < written.size(); ++i) {
+      EXPECT_EQ(got_b[i], want_b[i]) << names[i] << ": the replay over batch b differs";
+      EXPECT_TRUE(written[i]->guards_intact()) << names[i];
+    }
+  }
+}
+
+
+// Dropout::device_step: the ops that draw masks (embedding, residual LayerNorm, attention;
+// forward and backward) read the step from device memory when they run. A graph captured while
+// that memory holds one step and replayed after it was set to another writes the bits of an
+// eager run at the other step, in fp32 and bf16.
+TEST(BackendOpsCuda, DropoutStepIsReadWhenTheOpsRun) {
+  PB_REQUIRE_CUDA_DEVICE();
+  const int heads = 2;
+  const int64_t h = 64 * heads, vocab = 50, positions = 200;
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    auto be = trainer_backend();
+    CudaBackend* cb = &as_cuda(*be);
+    auto rng = make_rng(607);
+    const std::vector<int32_t> lens = {77, 1, 130};
+    const HostLayout hl = unpadded(lens, random_sample_ids(rng, lens.size()));
+    const int64_t rows = hl.rows;
+    DevLayout dl(hl);
+    SeqLayout l = dl.view();
+    l.host_seq_len = lens.data();
+    DevBuf<int32_t> ids({rows}, random_ints(rng, static_cast<size_t>(rows), 0, vocab - 1));
+    DevBuf<int32_t> seg({rows}, random_ints(rng, static_cast<size_t>(rows), 0, 1));
+    const uint32_t step_a = 17, step_b = 4242;
+    DevBuf<int32_t> step({1}, {static_cast<int32_t>(step_a)});
+    auto tab = [&](std::vector<int64_t> dims) { return dev_random(rng, t, std::move(dims), 0.5f); };
+    auto f32 = [&](std::vector<int64_t> dims) {
+      return dev_random(rng, DType::f32, std::move(dims), 1.f);
+    };
+    auto word = tab({vocab, h}), pos = tab({positions, h}), type = tab({2, h});
+    auto gamma = f32({h}), beta = f32({h});
+    auto qkv = dev_random(rng, t, {rows, 3 * h}, 2.f), dy = dev_random(rng, t, {rows, h}, 1.f);
+    auto emb = tab({rows, h}), emb_mean = f32({rows}), emb_rstd = f32({rows}), demb = tab({rows, h});
+    auto ctx = tab({rows, h}), lse = f32({rows, heads}), dqkv = tab({rows, 3 * h});
+    auto y = tab({rows, h}), ln_in = tab({rows, h}), mean = f32({rows}), rstd = f32({rows});
+    auto dctx = tab({rows, h}), dres = tab({rows, h});
+    auto gword = f32({vocab, h}), gpos = f32({positions, h}), gtype = f32({2, h});
+    auto ggamma = f32({h}), gbeta = f32({h}), dbias = f32({h}), dlg = f32({h}), dlb = f32({h});
+    const std::vector<GuardedBytes*> written = {
+        emb.get(), emb_mean.get(), emb_rstd.get(), ctx.get(), lse.get(), y.get(), ln_in.get(),
+        mean.get(), rstd.get(), dctx.get(), dres.get(), dqkv.get(), demb.get(), gword.get(),
+        gpos.get(), gtype.get(), ggamma.get(), gbeta.get(), dbias.get(), dlg.get(), dlb.get()};
+    const EmbeddingParams ep{word->tensor(), pos->tensor(), type->tensor(), gamma->tensor(),
+                             beta->tensor()};
+    const EmbeddingParams eg{gword->tensor(), gpos->tensor(), gtype->tensor(), ggamma->tensor(),
+                             gbeta->tensor()};
+    const LayerNormParams ln{gamma->tensor(), beta->tensor()};
+    const uint64_t seed = rng();
+    // The ops at host step `host_step`, with the device step or without it (issued, not
+    // waited for).
+    auto issue = [&](uint32_t host_step, bool device) {
+      auto drop = [&](DropoutSite site, float p) {
+        Dropout d = make_dropout(p, seed, site, 2, host_step);
+        if (device) d.device_step = step.tensor();
+        return d;
+      };
+      const Dropout de = drop(DropoutSite::embedding, 0.1f);
+      const Dropout da = drop(DropoutSite::attention_probs, 0.1f);
+      const Dropout dr = drop(DropoutSite::attention_output, 0.1f);
+      for (GuardedBytes* g : {gword.get(), gpos.get(), gtype.get(), ggamma.get(), gbeta.get(),
+                              dbias.get(), dlg.get(), dlb.get()})
+        be->zero(g->tensor());
+      be->embedding_forward(l, ids.tensor(), seg.tensor(), ep, de, emb->tensor(),
+                            emb_mean->tensor(), emb_rstd->tensor());
+      be->attention_forward(l, qkv->tensor(), heads, da, ctx->tensor(), lse->tensor());
+      be->residual_layernorm_forward(l, ctx->tensor(), beta->tensor(), emb->tensor(), ln, dr,
+                                     y->tensor(), ln_in->tensor(), mean->tensor(),
+                                     rstd->tensor());
+      be->residual_layernorm_backward(l, dy->tensor(), ln_in->tensor(), mean->tensor(),
+                                      rstd->tensor(), ln, dr, dctx->tensor(), dres->tensor(),
+                                      dbias->tensor(), {dlg->tensor(), dlb->tensor()});
+      be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(),
+                             heads, da, dqkv->tensor());
+      be->copy(demb->tensor(), dres->tensor());
+      be->embedding_backward(l, ids.tensor(), seg.tensor(), ep, de, emb_mean->tensor(),
+                             emb_rstd->tensor(), demb->tensor(), eg);
+    };
+    auto results = [&] {
+      be->synchronize();
+      std::vector<std::vector<uint8_t>> r;
+      for (GuardedBytes* g : written) r.push_back(g->bytes());
+      for (GuardedBytes* g : written) be->zero(g->tensor());
+      return r;
+    };
+    auto differ = [&](const std::vector<std::vector<uint8_t>>& a,
+                      const std::vector<std::vector<uint8_t>>& b) {
+      std::string which;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (a[i] != b[i]) which += " " + std::to_string(i);
+      return which;
+    };
+    issue(step_a, false);
+    const auto at_a = results();
+    issue(step_b, false);
+    const auto at_b = results();
+    // The masks are the step's: the embedding output, the attention context and the gradients
+    // of qkv and the word table differ between the steps (statistics taken before a dropout,
+    // lse and the LayerNorm beta's gradient do not).
+    for (size_t i : {0, 3, 11, 13})
+      EXPECT_TRUE(at_a[i] != at_b[i]) << "tensor " << i << " is the same at both steps";
+    issue(step_a, true);
+    EXPECT_EQ(differ(results(), at_a), "") << "the device step, equal to the host's, changed these";
+
+    // Captured while the device step holds step_a, replayed after it was set to step_b.
+    const auto graph = capture(*cb, [&] { issue(step_a, true); });
+    ASSERT_NE(graph->exec, nullptr);
+    be->synchronize();
+    step.set({static_cast<int32_t>(step_b)});
+    ASSERT_EQ(cudaGraphLaunch(graph->exec, cb->stream()), cudaSuccess);
+    EXPECT_EQ(differ(results(), at_b), "") << "the replay at step_b differs in these";
+    step.set({static_cast<int32_t>(step_a)});
+    ASSERT_EQ(cudaGraphLaunch(graph->exec, cb->stream()), cudaSuccess);
+    EXPECT_EQ(differ(results(), at_a), "") << "the replay at step_a differs in these";
+    for (GuardedBytes* g : written) EXPECT_TRUE(g->guards_intact());
   }
 }
 

@@ -1,7 +1,8 @@
 // The attention work list (kernels/common/fmha_work_list.h) that the CUDA backend launches as one grid
 // per length bucket: every sequence in exactly one bucket, buckets ascending and non-empty, each
 // bucket's members inside its bound and sorted longest first, max_len its longest member, the
-// totals, determinism, and edge cases (no sequences, one, every bound exactly, longer than 512).
+// totals, determinism, and edge cases (no sequences, one, every bound exactly, longer than 512);
+// and the fixed launch's single grid.
 // Plain host C++: runs in CI although the kernels it feeds do not.
 #include <gtest/gtest.h>
 
@@ -139,6 +140,22 @@ TEST(FmhaPlan, WikipediaHistogram) {
   const int64_t single = static_cast<int64_t>(lens.size()) * ((longest + 63) / 64);
   EXPECT_LE(bucketed, single);
   EXPECT_GE(plan.buckets.size(), 2u);
+}
+
+// A fixed launch's plan (SeqLayout::fixed_launch): one grid of every sequence in layout order,
+// sized by the bound, whatever the lengths; nothing for no sequences.
+TEST(FmhaPlan, FixedLaunch) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{4096}})
+    for (int32_t bound : {1, 128, 129, 512, 777}) {
+      const FmhaPlan p = plan_fmha_fixed(n, bound);
+      ASSERT_EQ(p.buckets.size(), 1u);
+      EXPECT_TRUE(p.order.empty());  // layout order: the kernels take 0 .. count-1
+      EXPECT_EQ(p.buckets[0].count, n);
+      EXPECT_EQ(p.buckets[0].first, 0);
+      EXPECT_EQ(p.buckets[0].max_len, bound);
+      EXPECT_EQ(p.buckets[0].index, fmha_bucket_of(bound));
+    }
+  EXPECT_TRUE(plan_fmha_fixed(0, 512).buckets.empty());
 }
 
 }  // namespace
