@@ -32,6 +32,28 @@ void BackendBuffer::reset() {
   view_ = Tensor();
 }
 
+BackendGraph& BackendGraph::operator=(BackendGraph&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = std::exchange(o.owner_, nullptr);
+    handle_ = std::exchange(o.handle_, nullptr);
+  }
+  return *this;
+}
+
+void BackendGraph::reset() {
+  if (owner_ && handle_) owner_->destroy_graph(handle_);
+  owner_ = nullptr;
+  handle_ = nullptr;
+}
+
+void Backend::begin_capture() { PB_THROW("{}: this backend records no graphs", name()); }
+BackendGraph Backend::end_capture() { PB_THROW("{}: this backend records no graphs", name()); }
+void Backend::replay(const BackendGraph&) {
+  PB_THROW("{}: this backend records no graphs", name());
+}
+void Backend::destroy_graph(void*) noexcept {}
+
 Tensor BackendBuffer::tensor(DType dtype, std::initializer_list<int64_t> dims) const {
   const Tensor t(view_.data, dtype, dims, view_.device);
   PB_REQUIRE(t.bytes() <= bytes_, "buffer of {} bytes viewed as {}", bytes_, t.str());

@@ -221,6 +221,28 @@ class BackendBuffer {
   Tensor view_;
 };
 
+// A recorded sequence of ops (a CUDA graph), made by Backend::end_capture and replayed by
+// Backend::replay on the memory and with the host arguments it was recorded with (device memory
+// it reads, a dropout's device_step among it, is read as it is at the replay). Owned by the
+// backend that made it and given back when this object goes; move-only; must not outlive it.
+class BackendGraph {
+ public:
+  BackendGraph() = default;
+  BackendGraph(Backend* owner, void* handle) : owner_(owner), handle_(handle) {}
+  ~BackendGraph() { reset(); }
+  BackendGraph(BackendGraph&& o) noexcept { *this = std::move(o); }
+  BackendGraph& operator=(BackendGraph&& o) noexcept;
+  BackendGraph(const BackendGraph&) = delete;
+  BackendGraph& operator=(const BackendGraph&) = delete;
+  void reset();  // gives the graph back (never throws)
+  void* handle() const { return handle_; }
+  bool defined() const { return handle_ != nullptr; }
+
+ private:
+  Backend* owner_ = nullptr;
+  void* handle_ = nullptr;
+};
+
 // What the host asked of a device since the process started: host synchronisations, launches
 // (kernels, library calls, memsets), graph launches and copies with a pageable host side
 // (kernels/cuda/counters.h says exactly what counts). All zero for the CPU backend, which has no
@@ -257,6 +279,26 @@ class Backend {
   virtual void* native_stream() const { return nullptr; }
   // The process's counts of host work (BackendCounters); the trainer reports them per step.
   virtual BackendCounters counters() const { return {}; }
+
+  // ---- graphs ------------------------------------------------------------------------------
+  // Whether ops can be recorded into a BackendGraph (the CUDA backend: CUDA graphs by stream
+  // capture; the CPU backend's ops run when they are called, so it records nothing).
+  virtual bool supports_graphs() const { return false; }
+  // The ops issued from begin_capture() until end_capture() are recorded, not run. They must
+  // not wait for the device, allocate, or copy pageable memory (a backend that grows a scratch
+  // buffer in an op does so on the op's first call: run the ops once before capturing them).
+  // end_capture() returns the graph ready to replay; after an op failed during the capture,
+  // call it anyway (it ends the capture) and discard what it returns. An Error where
+  // unsupported.
+  virtual void begin_capture();
+  virtual BackendGraph end_capture();
+  // Runs the recorded ops again, in op order with the ops issued around it.
+  virtual void replay(const BackendGraph& graph);
+  // Gives a graph's resources back (BackendGraph::reset calls it; never throws).
+  virtual void destroy_graph(void* handle) noexcept;
+  // Changes whenever memory of the backend's own that ops read (scratch buffers, workspaces)
+  // was freed for a larger one: a graph recorded before then must not be replayed.
+  virtual int64_t memory_epoch() const { return 0; }
 
   // t = 0 (any dtype).
   virtual void zero(const Tensor& t) = 0;

@@ -8,6 +8,7 @@ namespace {
 
 struct Atomics {
   std::atomic<int64_t> host_syncs{0}, launches{0}, graph_launches{0}, pageable_copies{0};
+  std::atomic<int64_t> regrowths{0};
 };
 Atomics& atomics() {
   static Atomics a;
@@ -38,6 +39,9 @@ HostWork host_work() {
   w.pageable_copies = a.pageable_copies.load(std::memory_order_relaxed);
   return w;
 }
+
+void note_regrowth() { add(atomics().regrowths); }
+int64_t regrowths() { return atomics().regrowths.load(std::memory_order_relaxed); }
 
 cudaStream_t counted_launch(cudaStream_t s) {
   add(atomics().launches);
@@ -88,6 +92,11 @@ cudaError_t memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKin
 cudaError_t memset_async(void* p, int value, size_t bytes, cudaStream_t s) {
   if (bytes > 0) add(atomics().launches);
   return cudaMemsetAsync(p, value, bytes, s);
+}
+
+cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t s) {
+  add(atomics().graph_launches);
+  return cudaGraphLaunch(exec, s);
 }
 
 }  // namespace packbert::cuda

@@ -37,6 +37,12 @@ struct HostWork {
 // The counts since the process started.
 HostWork host_work();
 
+// How often memory that recorded ops may read (a backend's scratch buffers and workspaces) was
+// freed for a larger one, in the process: a graph recorded before such a regrowth reads freed
+// memory. Each regrowth calls note_regrowth (Backend::memory_epoch reports the count).
+void note_regrowth();
+int64_t regrowths();
+
 // Counts one launch and returns s (PB_LAUNCH's stream argument).
 cudaStream_t counted_launch(cudaStream_t s);
 // Counts one launch of a library call (cuBLASLt, cub) that enqueued work.
@@ -51,5 +57,6 @@ cudaError_t memcpy_sync(void* dst, const void* src, size_t bytes, cudaMemcpyKind
 cudaError_t memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                          cudaStream_t s);
 cudaError_t memset_async(void* p, int value, size_t bytes, cudaStream_t s);
+cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t s);
 
 }  // namespace packbert::cuda

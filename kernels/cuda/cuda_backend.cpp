@@ -132,6 +132,55 @@ BackendCounters CudaBackend::counters() const {
   return c;
 }
 
+// ---- graphs: stream capture on stream_ (thread-local mode: other host threads, the loader's
+// and MPI's, may call the runtime meanwhile) --------------------------------------------------
+namespace {
+struct CudaGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+};
+}  // namespace
+
+void CudaBackend::begin_capture() {
+  const char* op = "begin_capture";
+  begin(op);
+  PB_REQUIRE(!options_.sync_each_op && !options_.validate_indices,
+             "{}: a backend that waits after each op or validates indices (both wait for the "
+             "device) cannot record graphs",
+             op);
+  PB_CUDA_OP(op, cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+}
+
+BackendGraph CudaBackend::end_capture() {
+  const char* op = "end_capture";
+  begin(op);
+  auto g = std::make_unique<CudaGraph>();
+  PB_CUDA_OP(op, cudaStreamEndCapture(stream_, &g->graph));
+  const cudaError_t e = cudaGraphInstantiate(&g->exec, g->graph, 0);
+  if (e != cudaSuccess) {
+    cudaGraphDestroy(g->graph);
+    PB_CUDA_OP(op, e);
+  }
+  return BackendGraph(this, g.release());
+}
+
+void CudaBackend::replay(const BackendGraph& graph) {
+  const char* op = "replay";
+  PB_REQUIRE(graph.defined(), "{}: no graph", op);
+  begin(op);
+  PB_CUDA_OP(op, cuda::graph_launch(static_cast<CudaGraph*>(graph.handle())->exec, stream_));
+  end(op);
+}
+
+void CudaBackend::destroy_graph(void* handle) noexcept {
+  auto* g = static_cast<CudaGraph*>(handle);
+  if (!g) return;
+  cudaSetDevice(device_);
+  if (g->exec) cudaGraphExecDestroy(g->exec);
+  if (g->graph) cudaGraphDestroy(g->graph);
+  delete g;
+}
+
 void CudaBackend::begin(const char* op) { PB_CUDA_OP(op, cudaSetDevice(device_)); }
 
 void CudaBackend::end(const char* op) {
@@ -233,8 +282,11 @@ void CudaBackend::check_indices(const char* op, const char* name, const Tensor& 
 namespace {
 void* grow(const char* op, void*& p, size_t& have, size_t want) {
   if (want <= have) return p;
-  // cudaFree waits for the work that may still use it.
-  if (p) PB_CUDA_OP(op, cuda::device_free(p));
+  // cudaFree waits for the work that may still use it; a graph recorded with it may not.
+  if (p) {
+    PB_CUDA_OP(op, cuda::device_free(p));
+    cuda::note_regrowth();
+  }
   p = nullptr;
   have = 0;
   const size_t bytes = want + want / 4;

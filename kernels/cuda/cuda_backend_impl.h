@@ -137,6 +137,12 @@ class CudaBackend final : public Backend {
   void synchronize() override { synchronize("synchronize"); }
   void* native_stream() const override { return stream_; }
   BackendCounters counters() const override;
+  bool supports_graphs() const override { return true; }
+  void begin_capture() override;
+  BackendGraph end_capture() override;
+  void replay(const BackendGraph& graph) override;
+  void destroy_graph(void* handle) noexcept override;
+  int64_t memory_epoch() const override { return cuda::regrowths(); }
   void synchronize(const char* op);
   cudaStream_t stream() const { return stream_; }  // every op runs on it (native_stream())
 
