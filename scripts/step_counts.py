@@ -13,7 +13,11 @@ records after the first (the first interval holds the arena's and the buffers' f
 allocations):
 
     python3 scripts/step_counts.py --packbert build-emu/src/packbert [--steps 12] [--work DIR]
-        [--check]
+        [--graphs off,segmented] [--layout padded] [--check]
+
+--graphs runs each case once per train.cuda_graphs value (segmented replays each encoder
+layer's recorded graph for batches of a shape it has seen: the padded layout's micro-batches
+share a few shapes, the unpadded layout's rarely repeat).
 
 --check (the emulated ctest emu_step_counts) exits 1 unless, in every case, a step waits for the
 device at most once per log.every_steps steps (host_syncs_per_step <= 1 / every) and no step
@@ -48,6 +52,8 @@ def main():
     ap.add_argument("--work", default=None, help="a directory to keep (default: a temporary one)")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated")
     ap.add_argument("--every", default="1,4", help="log.every_steps values, comma-separated")
+    ap.add_argument("--graphs", default="off", help="train.cuda_graphs values, comma-separated")
+    ap.add_argument("--layout", default="unpadded", help="train.layout")
     ap.add_argument("--check", action="store_true",
                     help="fail unless syncs/step <= 1 / log.every_steps and no pageable copy")
     a = ap.parse_args()
@@ -69,53 +75,56 @@ def main():
              f"--prepare.vocab={root}/data/vocab.txt"],
             os.path.join(work, "prepare.log"))
 
-    print(f"tiny model, {a.batch} samples per step in {a.micro_steps} micro-steps, unpadded, "
+    print(f"tiny model, {a.batch} samples per step in {a.micro_steps} micro-steps, {a.layout}, "
           f"max_seq_len 128; per step, the mean over the records after the first")
     print()
-    print("| precision | log.every_steps | host syncs/step | launches/step | "
+    print("| precision | cuda_graphs | log.every_steps | host syncs/step | launches/step | "
           "pageable copies/step |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
     failures = []
-    for precision in a.precisions.split(","):
-        for every in (int(e) for e in a.every.split(",")):
-            name = f"{precision}_every{every}"
-            metrics = os.path.join(work, name + ".jsonl")
-            if os.path.exists(metrics):
-                os.remove(metrics)
-            run([a.packbert, "train", "--config",
-                 os.path.join(root, "configs", "demo_tiny_cpu.toml"),
-                 f"--data.train_dir={data}/train", "--data.eval_dir=",
-                 f"--data.vocab={root}/data/vocab.txt", "--checkpoint.dir=",
-                 "--checkpoint.every_steps=0",
-                 "--eval.every_samples=0", "--eval.at_end=false",
-                 f"--train.max_steps={a.steps}", f"--train.global_batch_size={a.batch}",
-                 f"--train.gradient_accumulation_steps={a.micro_steps}",
-                 f"--train.precision={precision}", "--train.device=cuda",
-                 f"--log.every_steps={every}", f"--log.metrics_file={metrics}"],
-                os.path.join(work, name + ".log"))
-            recs = [json.loads(l) for l in open(metrics) if l.strip()]
-            train = [r for r in recs if r.get("event") == "train"][1:]
-            if not train:
-                sys.exit(f"step_counts: {metrics} has fewer than two train records")
-            steps = 0
-            sums = {"host_syncs_per_step": 0.0, "launches_per_step": 0.0,
-                    "pageable_copies_per_step": 0.0}
-            first = [r for r in recs if r.get("event") == "train"][0]["step"]
-            prev = first
-            for r in train:
-                n = r["step"] - prev
-                prev = r["step"]
-                steps += n
-                for k in sums:
-                    sums[k] += r.get(k, 0.0) * n
-            cells = " | ".join(f"{sums[k] / steps:.2f}" for k in sums)
-            print(f"| {precision} | {every} | {cells} |")
-            syncs = sums["host_syncs_per_step"] / steps
-            pageable = sums["pageable_copies_per_step"] / steps
-            if syncs > 1.0 / every + 1e-9 or pageable > 0:
-                failures.append(f"{precision}, log.every_steps {every}: {syncs:.2f} host syncs "
-                                f"per step (at most {1.0 / every:.2f}), {pageable:.2f} pageable "
-                                f"copies per step (0)")
+    cases = [(p, g, int(e)) for p in a.precisions.split(",") for g in a.graphs.split(",")
+             for e in a.every.split(",")]
+    for precision, graphs, every in cases:
+        name = f"{precision}_{graphs}_every{every}"
+        metrics = os.path.join(work, name + ".jsonl")
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        run([a.packbert, "train", "--config",
+             os.path.join(root, "configs", "demo_tiny_cpu.toml"),
+             f"--data.train_dir={data}/train", "--data.eval_dir=",
+             f"--data.vocab={root}/data/vocab.txt", "--checkpoint.dir=",
+             "--checkpoint.every_steps=0",
+             "--eval.every_samples=0", "--eval.at_end=false",
+             f"--train.max_steps={a.steps}", f"--train.global_batch_size={a.batch}",
+             f"--train.gradient_accumulation_steps={a.micro_steps}",
+             f"--train.precision={precision}", "--train.device=cuda",
+             f"--train.cuda_graphs={graphs}", f"--train.layout={a.layout}",
+             f"--log.every_steps={every}", f"--log.metrics_file={metrics}"],
+            os.path.join(work, name + ".log"))
+        recs = [json.loads(l) for l in open(metrics) if l.strip()]
+        train = [r for r in recs if r.get("event") == "train"][1:]
+        if not train:
+            sys.exit(f"step_counts: {metrics} has fewer than two train records")
+        steps = 0
+        sums = {"host_syncs_per_step": 0.0, "launches_per_step": 0.0,
+                "pageable_copies_per_step": 0.0}
+        first = [r for r in recs if r.get("event") == "train"][0]["step"]
+        prev = first
+        for r in train:
+            n = r["step"] - prev
+            prev = r["step"]
+            steps += n
+            for k in sums:
+                sums[k] += r.get(k, 0.0) * n
+        cells = " | ".join(f"{sums[k] / steps:.2f}" for k in sums)
+        print(f"| {precision} | {graphs} | {every} | {cells} |")
+        syncs = sums["host_syncs_per_step"] / steps
+        pageable = sums["pageable_copies_per_step"] / steps
+        if syncs > 1.0 / every + 1e-9 or pageable > 0:
+            failures.append(f"{precision}, cuda_graphs {graphs}, log.every_steps {every}: "
+                            f"{syncs:.2f} host syncs "
+                            f"per step (at most {1.0 / every:.2f}), {pageable:.2f} pageable "
+                            f"copies per step (0)")
     print()
     print(f"(work directory: {work})")
     if a.check and failures:

@@ -41,6 +41,10 @@ const EnumTable<Precision>& precision_table() {
   static const auto t = named({Precision::fp32, Precision::bf16, Precision::fp16}, precision_name);
   return t;
 }
+const EnumTable<CudaGraphs>& cuda_graphs_table() {
+  static const auto t = named({CudaGraphs::off, CudaGraphs::segmented}, cuda_graphs_name);
+  return t;
+}
 const EnumTable<Recompute>& recompute_table() {
   static const auto t = named({Recompute::none, Recompute::mlp, Recompute::layer}, recompute_name);
   return t;
@@ -158,6 +162,11 @@ std::vector<Key> make_keys() {
                   "fp16 with fp32 master weights, LayerNorm statistics, losses and "
                   "gradient sums (fp16 adds dynamic loss scaling; on the CPU backend the "
                   "low precision is emulated, for testing)"));
+  k.push_back(key("train.cuda_graphs", &C::train, &T::cuda_graphs, cuda_graphs_table(),
+                  "device = cuda: off (every kernel launched by the host) or segmented (each "
+                  "encoder layer's forward and backward recorded as a CUDA graph at its batch "
+                  "shape's second use, then replayed: the same bits, fewer launches; the "
+                  "embeddings, heads and optimizer stay op by op)"));
   k.push_back(key("train.gpu_allreduce", &C::train, &T::gpu_allreduce, gpu_allreduce_table(),
                   "device = cuda, several ranks: nccl (gradient buckets all-reduced on a "
                   "communication stream during the backward) or host (each bucket staged "
@@ -278,6 +287,7 @@ const char* config_name(Recompute v) { return config::enum_name(recompute_table(
 const char* config_name(Gelu v) { return config::enum_name(gelu_table(), v); }
 const char* config_name(Device v) { return config::enum_name(device_table(), v); }
 const char* config_name(Precision v) { return config::enum_name(precision_table(), v); }
+const char* config_name(CudaGraphs v) { return config::enum_name(cuda_graphs_table(), v); }
 const char* config_name(GpuAllreduce v) { return config::enum_name(gpu_allreduce_table(), v); }
 const char* config_name(SubmissionDivision v) { return config::enum_name(division_table(), v); }
 const char* config_name(SubmissionStatus v) { return config::enum_name(status_table(), v); }

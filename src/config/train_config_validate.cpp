@@ -30,6 +30,9 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
   PB_REQUIRE(!check_paths || c.train.device != Device::cuda || cuda_built(),
              "train.device = \"cuda\", but this build has no CUDA backend (configure with "
              "-DPACKBERT_CUDA=ON)");
+  PB_REQUIRE(c.train.cuda_graphs == CudaGraphs::off || c.train.device == Device::cuda,
+             "train.cuda_graphs = \"{}\" records CUDA graphs: it needs train.device = \"cuda\"",
+             cuda_graphs_name(c.train.cuda_graphs));
   const auto& m = c.model;
   PB_REQUIRE(m.layers >= 1, "model.layers ({}) must be >= 1", m.layers);
   PB_REQUIRE(m.hidden >= 1, "model.hidden ({}) must be >= 1", m.hidden);

@@ -7,6 +7,7 @@ namespace packbert {
 void carve_batch(Carver& c, const BatchShape& shape, Bert::Activations& a) {
   const DType i32 = DType::i32;
   const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
+  a.step = c.take(i32, {1});  // first: its place depends on no count
   a.input_ids = c.take(i32, {rows});
   a.segment_ids = c.take(i32, {rows});
   a.token_seq = c.take(i32, {rows});
@@ -17,7 +18,6 @@ void carve_batch(Carver& c, const BatchShape& shape, Bert::Activations& a) {
   a.nsp_labels = c.take(i32, {s});
   a.masked_rows = c.take(i32, {m});
   a.masked_labels = c.take(i32, {m});
-  a.step = c.take(i32, {1});
   a.layout.rows = rows;
   a.layout.num_seqs = static_cast<int32_t>(s);
   a.layout.max_len = shape.max_len;
@@ -90,6 +90,23 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
     a.mlp_pre = c.take(K::mlp, act, {mlp_chunk, inter});
     a.mlp_act = c.take(K::mlp, act, {mlp_chunk, inter});
   }
+  // The encoder's backward buffers (rows only) before the heads' (masked tokens, sequences), so
+  // that everything an encoder layer reads or writes sits at offsets fixed by the rows and the
+  // plan: a layer's recorded graph (BertOptions::cuda_graphs) serves batches whose masked-token
+  // counts differ.
+  a.dhidden[0] = a.dhidden[1] = a.dtmp = a.dctx = a.dwide = a.mlp_dpre = Tensor();
+  if (gradients) {
+    a.dhidden[0] = c.take(K::grad_scratch, act, {rows, h});
+    a.dhidden[1] = c.take(K::grad_scratch, act, {rows, h});
+    a.dtmp = c.take(K::grad_scratch, act, {rows, h});
+    a.dctx = c.take(K::grad_scratch, act, {rows, h});
+    if (mlp_chunk > 0) {
+      a.dwide = c.take(K::grad_scratch, act, {rows, 3 * h});
+      a.mlp_dpre = c.take(K::mlp, act, {mlp_chunk, inter});
+    } else {
+      a.dwide = c.take(K::grad_scratch, act, {rows, std::max(inter, 3 * h)});
+    }
+  }
   a.mlm_x = c.take(K::heads, act, {m, h});
   a.mlm_pre = c.take(K::heads, act, {m, h});
   a.mlm_act = c.take(K::heads, act, {m, h});
@@ -100,21 +117,10 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   a.nsp_ws = c.take(K::heads, f32, {nsp_workspace_elems(s, h)});
 
   a.mlm_dout = a.mlm_dact = a.mlm_dx = Tensor();
-  a.dhidden[0] = a.dhidden[1] = a.dtmp = a.dctx = a.dwide = a.mlp_dpre = Tensor();
   if (!gradients) return;
   a.mlm_dout = c.take(K::heads, act, {m, h});
   a.mlm_dact = c.take(K::heads, act, {m, h});
   a.mlm_dx = c.take(K::heads, act, {m, h});
-  a.dhidden[0] = c.take(K::grad_scratch, act, {rows, h});
-  a.dhidden[1] = c.take(K::grad_scratch, act, {rows, h});
-  a.dtmp = c.take(K::grad_scratch, act, {rows, h});
-  a.dctx = c.take(K::grad_scratch, act, {rows, h});
-  if (mlp_chunk > 0) {
-    a.dwide = c.take(K::grad_scratch, act, {rows, 3 * h});
-    a.mlp_dpre = c.take(K::mlp, act, {mlp_chunk, inter});
-  } else {
-    a.dwide = c.take(K::grad_scratch, act, {rows, std::max(inter, 3 * h)});
-  }
 }
 
 void upload_batch(Backend& be, const Batch& b, uint32_t step, Bert::Activations& a) {

@@ -178,6 +178,64 @@ DType precision_dtype(Precision p) {
   return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
 }
 
+const char* cuda_graphs_name(CudaGraphs g) {
+  return g == CudaGraphs::segmented ? "segmented" : "off";
+}
+
+CudaGraphs parse_cuda_graphs(const std::string& s) {
+  for (CudaGraphs g : {CudaGraphs::off, CudaGraphs::segmented})
+    if (s == cuda_graphs_name(g)) return g;
+  PB_THROW("model: cuda_graphs '{}' is not one of off, segmented", s);
+}
+
+bool Bert::LayerGraphKey::operator==(const LayerGraphKey& o) const {
+  return backward == o.backward && layer == o.layer && batch == o.batch && arena == o.arena &&
+         shape.rows == o.shape.rows && shape.seqs == o.shape.seqs &&
+         shape.max_len == o.shape.max_len &&
+         mlp_chunk_rows == o.mlp_chunk_rows && layer_recompute == o.layer_recompute &&
+         gradients == o.gradients && dropout == o.dropout && seed == o.seed &&
+         memory_epoch == o.memory_epoch;
+}
+
+// The layer's ops: run, recorded (then replayed), or replayed (BertOptions::cuda_graphs).
+void Bert::run_layer(bool backward, int64_t l, const std::function<void()>& ops) {
+  if (!graphs_now_) return ops();
+  const Activations& a = *act_;
+  LayerGraphKey key;
+  key.backward = backward;
+  key.layer = l;
+  key.batch = a.input_ids.data;
+  key.arena = arena_.data();
+  key.shape = a.shape;
+  key.shape.max_len = a.layout.max_len;  // the bound the attention launches from
+  key.mlp_chunk_rows = a.plan.mlp_chunk_rows;
+  key.layer_recompute = a.plan.layer_recompute;
+  key.gradients = a.gradients;
+  key.dropout = dropout_on_;
+  key.seed = seed_;
+  key.memory_epoch = backend_.memory_epoch();
+  // Graphs of an earlier epoch read memory the backend has freed: never again.
+  if (!layer_graphs_.empty() && layer_graphs_.front().key.memory_epoch != key.memory_epoch)
+    layer_graphs_.clear();
+  for (LayerGraph& g : layer_graphs_) {
+    if (!(g.key == key)) continue;
+    if (!g.graph.defined()) {  // the second use: record
+      backend_.begin_capture();
+      try {
+        ops();
+      } catch (...) {
+        (void)backend_.end_capture();  // ends the capture; the graph is discarded
+        throw;
+      }
+      g.graph = backend_.end_capture();
+    }
+    backend_.replay(g.graph);
+    return;
+  }
+  if (layer_graphs_.size() < kMaxLayerGraphs) layer_graphs_.push_back({key, BackendGraph()});
+  ops();
+}
+
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::none: return "none";
@@ -328,6 +386,13 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   grow_batch_buffer(batch_buffer, batch_bytes(shape));
   Carver batch_carver(batch_buffer.data(), backend_.device());
   carve_batch(batch_carver, shape, a);
+  // With graphs, attention launches from the slot / pack length as its bound, so that every
+  // batch of this shape records and replays the same launches.
+  graphs_now_ = options_.cuda_graphs == CudaGraphs::segmented && backend_.supports_graphs();
+  if (graphs_now_) {
+    a.layout.fixed_launch = true;
+    a.layout.max_len = std::max(batch.max_len, batch.max_seq_len);
+  }
   upload_batch(backend_, batch, step_, a);
   last_mst_chunks_ = mst_chunks_for(shape, options.gradients);
   const ActivationPlan p = plan(shape, options.gradients, last_mst_chunks_);
@@ -347,7 +412,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // Encoder.
   for (int64_t l = 0; l < config_.layers; ++l) {
     if (weights_ready_) weights_ready_(static_cast<int>(l) + 1);
-    encoder_layer_forward(l);
+    run_layer(false, l, [&] { encoder_layer_forward(l); });
   }
   // Heads, loss and (with gradients) the gradient wrt the encoder output.
   const int64_t slot = options.defer_metrics ? 1 + static_cast<int64_t>(deferred_.size()) : 0;
@@ -596,7 +661,7 @@ void Bert::backward(const GradientReady& ready) {
   // dhidden[0] holds dL/d(encoder output) from the heads; the two buffers alternate.
   int cur = 0;
   for (int64_t l = config_.layers - 1; l >= 0; --l) {
-    encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]);
+    run_layer(true, l, [&] { encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]); });
     cur = 1 - cur;
     announce(static_cast<size_t>(config_.layers - l));
   }

@@ -46,6 +46,17 @@ const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 // weights (the flat parameter buffer), fp32 LayerNorm statistics, lse, logits and losses, and
 // accumulate every parameter gradient in fp32 (kernels/backend.h, Precision). fp16's narrow
 // range needs loss scaling (optim/loss_scaler.h; ForwardOptions::loss_scale).
+// CUDA graphs (BertOptions::cuda_graphs): segmented records each encoder layer's forward, and
+// its backward, into a graph the first time a batch of that shape comes again, and replays it
+// for later batches of the shape (one launch instead of a layer's dozens); the embeddings and
+// the heads run op by op, and the hooks (weights_ready, gradient ready) run between the layers
+// as without graphs. Attention then launches from the sequence count and the length bound
+// (SeqLayout::fixed_launch) and the dropouts read their step from device memory, so a replay
+// computes what the ops would, bit for bit. A backend without graphs (the CPU) runs the ops.
+enum class CudaGraphs { off, segmented };
+const char* cuda_graphs_name(CudaGraphs g);          // "off", "segmented"
+CudaGraphs parse_cuda_graphs(const std::string& s);  // the names above; Error otherwise
+
 enum class Precision { fp32, bf16, fp16 };
 const char* precision_name(Precision p);           // "fp32", "bf16", "fp16"
 Precision parse_precision(const std::string& s);   // the names above; Error otherwise
@@ -79,6 +90,7 @@ struct BertOptions {
   // its update pass), biases and LayerNorm parameters are read in fp32. The arena shrinks
   // accordingly.
   Precision precision = Precision::fp32;
+  CudaGraphs cuda_graphs = CudaGraphs::off;
 };
 
 // Activation memory (the arena) of a Bert, by kind of buffer (model/arena.h ActivationKind).
@@ -258,6 +270,31 @@ class Bert {
   void grow_batch_buffer(BackendBuffer& buffer, size_t bytes);
   std::unique_ptr<Activations> act_;
   int64_t last_mst_chunks_ = 1;
+  // CudaGraphs::segmented: one entry per (layer, direction, everything the recorded ops' host
+  // arguments depend on); the graph is recorded at the key's second use (its first ran the ops
+  // and sized what the backend keeps) and replayed from then on. At most kMaxLayerGraphs
+  // entries: beyond, the ops run one by one.
+  struct LayerGraphKey {
+    bool backward = false;
+    int64_t layer = 0;
+    const void* batch = nullptr;  // the batch buffer
+    const void* arena = nullptr;
+    BatchShape shape;  // rows, seqs and the attention bound as max_len; not the masked count,
+                       // which places nothing a layer reads (carve_batch, carve_activations)
+    int64_t mlp_chunk_rows = 0;  // the plan's (ActivationPlan)
+    bool layer_recompute = false, gradients = false, dropout = false;
+    uint64_t seed = 0;
+    int64_t memory_epoch = 0;  // Backend::memory_epoch
+    bool operator==(const LayerGraphKey& o) const;
+  };
+  struct LayerGraph {
+    LayerGraphKey key;
+    BackendGraph graph;  // none until the second use
+  };
+  static constexpr size_t kMaxLayerGraphs = 256;
+  std::vector<LayerGraph> layer_graphs_;
+  bool graphs_now_ = false;  // this forward's batch runs its layers through layer_graphs_
+  void run_layer(bool backward, int64_t l, const std::function<void()>& ops);
   // The step in flight (dropout keys, and whether backward() may run).
   uint32_t step_ = 0;
   uint64_t seed_ = 0;

@@ -1,7 +1,7 @@
 // gpu label: the whole model (src/model/bert.h) on the CUDA backend, with its arena in the
 // backend's memory (Backend::alloc), against the CPU backend on the tiny config: one forward + backward
 // with dropout on, in the unpadded and padded layouts; the loss and every parameter gradient;
-// with either GELU.
+// with either GELU; and the segmented CUDA graphs against the ops run one by one.
 //
 // Tolerance: rel L2 <= 1e-4 per tensor (the bound). Both sides are fp32; the GPU sums
 // in other orders (cuBLASLt tiles, tree reductions, online softmax), and the errors of ~1e-6
@@ -92,6 +92,74 @@ TEST(CudaModel, TinyBertTanhGeluMatchesCpu) {
   check_tiny_bert(Gelu::tanh, 5e-3);
 }
 
+
+// BertOptions::cuda_graphs = segmented: each encoder layer's forward and backward recorded at a
+// shape's second use and replayed after gives the loss and every gradient of the ops run one by
+// one, bit for bit, step after step with dropout on (a new step, new batches of the padded
+// layout's one shape, and an unpadded batch of another shape between them), in fp32 and bf16;
+// once recorded, a step launches a graph per layer and direction and fewer kernels.
+TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
+  PB_REQUIRE_CUDA_DEVICE();
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    auto rng = model_rng(102);
+    CudaBackendOptions bo;
+    bo.validate_indices = false;  // the trainer's backend (validation waits for the device)
+    auto gpu = make_cuda_backend(0, bo);
+    const BertConfig config = bert_preset("tiny");
+    HostModel m(config, rng());
+    const int64_t total = m.table.total();
+    DevBuf<float> params({total}, m.params), grads_off({total}), grads_on({total});
+    BertOptions off, on;
+    off.precision = on.precision = precision;
+    on.cuda_graphs = CudaGraphs::segmented;
+    Bert eager(m.config, *gpu, params.tensor(), grads_off.tensor(), off);
+    Bert graphed(m.config, *gpu, params.tensor(), grads_on.tensor(), on);
+    const uint64_t seed = rng();
+    BackendCounters before_off{}, before_on{};
+    int64_t launches_off = 0, launches_on = 0, graphs_on = 0;
+    for (int step = 0; step < 8; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      std::vector<int> lengths(6);
+      for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));  // 5 .. 64
+      const auto samples = model_samples(rng, lengths, 10, m.config.real_vocab_size);
+      const BatchLayout layout = step == 5 ? BatchLayout::unpadded : BatchLayout::padded;
+      const Batch batch = make_batch(samples, layout, kMaxSeqLen);
+      const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+      const auto s = static_cast<uint32_t>(1000 + 7 * step);
+      auto run = [&](Bert& bert, DevBuf<float>& grads, BackendCounters& before) {
+        gpu->zero(grads.tensor());
+        gpu->synchronize();
+        before = gpu->counters();
+        const ForwardResult r = bert.forward(batch, gm, gs, s, seed);
+        bert.backward();
+        gpu->synchronize();
+        return r;
+      };
+      const ForwardResult want = run(eager, grads_off, before_off);
+      const BackendCounters after_off = gpu->counters();
+      const ForwardResult got = run(graphed, grads_on, before_on);
+      const BackendCounters after_on = gpu->counters();
+      EXPECT_EQ(got.loss, want.loss);
+      EXPECT_EQ(got.mlm_correct, want.mlm_correct);
+      EXPECT_EQ(got.nsp_correct, want.nsp_correct);
+      EXPECT_EQ(grads_on.values(), grads_off.values()) << "the gradients differ";
+      if (step >= 6) {  // both batch buffers' graphs recorded (steps 2 and 3), replayed
+        launches_off += after_off.launches - before_off.launches;
+        launches_on += after_on.launches - before_on.launches;
+        graphs_on += after_on.graph_launches - before_on.graph_launches;
+        EXPECT_EQ(after_off.graph_launches, before_off.graph_launches);
+      }
+    }
+    EXPECT_EQ(graphs_on, 2 * 2 * config.layers) << "a graph per layer and direction, per step";
+    EXPECT_LT(launches_on, launches_off);
+    std::printf("[graphs] %s: launches per step %lld op by op, %lld with segmented graphs (+%lld "
+                "graph launches)\n",
+                precision_name(precision), static_cast<long long>(launches_off / 2),
+                static_cast<long long>(launches_on / 2), static_cast<long long>(graphs_on / 2));
+    EXPECT_TRUE(grads_on.guards_intact() && grads_off.guards_intact() && params.guards_intact());
+  }
+}
 }  // namespace
 }  // namespace packbert::test
 

@@ -9,7 +9,7 @@
 //   mpi_train_driver run DIR --out OUTDIR [--steps N] [--batch B] [--micro M]
 //                            [--layout unpadded|packed|padded] [--lr X] [--no-dropout]
 //                            [--precision fp32|bf16|fp16] [--sharded] [--device cpu|cuda]
-//                            [--gpu-allreduce nccl|host]
+//                            [--gpu-allreduce nccl|host] [--cuda-graphs off|segmented]
 //     Builds the data loader (global batch B samples in M micro-steps), the tiny BERT
 //     (initialised from the manifest's seed: identical on every rank) and LAMB, and trains N
 //     steps, dropout on. Rank 0 writes to OUTDIR:
@@ -125,6 +125,7 @@ void run_mode(const Args& a, int rank, int size) {
   to.dropout_seed = seed ^ 0xd209;
   to.dropout = !a.has("no-dropout");
   to.bert.precision = parse_precision(a.str("precision", "fp32"));
+  to.bert.cuda_graphs = parse_cuda_graphs(a.str("cuda-graphs", "off"));
   to.sharded = a.has("sharded");
   const std::string device = a.str("device", "cpu");
   PB_REQUIRE(device == "cpu" || device == "cuda", "--device {}: cpu or cuda", device);
@@ -178,6 +179,16 @@ void run_mode(const Args& a, int rank, int size) {
           m.step, m.loss, m.mlm_loss, m.nsp_loss, m.mlm_accuracy, m.grad_norm, m.lr,
           m.allreduce.buckets, m.allreduce.started_before_finish);
     }
+  }
+  // Segmented graphs on a device: each layer's graphs recorded and replayed (every step's
+  // micro-batches sharing a shape), else the comparison with a run without them proves nothing.
+  if (to.bert.cuda_graphs != CudaGraphs::off && to.device == Device::cuda) {
+    const BackendCounters c = trainer.host_work();
+    PB_REQUIRE(c.graph_launches > 0, "--cuda-graphs {}: no graph was replayed in {} steps",
+               cuda_graphs_name(to.bert.cuda_graphs), steps);
+    if (rank == 0)
+      std::cout << fmt::format("graph launches {} kernel launches {}\n", c.graph_launches,
+                               c.launches);
   }
   const std::vector<float>& params = trainer.params();
   require_same_on_all_ranks(params.data(), static_cast<int64_t>(params.size()), "parameters",

@@ -339,6 +339,9 @@ TEST(TrainConfig, ValidationNamesTheKey) {
         "max_position_embeddings 1048577 > 1048576 (dropout key range)");
   check({"train.max_steps=16777216"}, 1,
         "train.max_steps (16777216) must be < 16777216 (the dropout key's step range)");
+  check({"train.cuda_graphs=segmented"}, 1,
+        "train.cuda_graphs = \"segmented\" records CUDA graphs: it needs train.device = "
+        "\"cuda\"");
 
   // The same batch is fine on fewer ranks, and for evaluation.
   const TrainConfig c =
@@ -502,6 +505,13 @@ TEST(TrainConfig, DerivedOptions) {
   EXPECT_EQ(o.prefetch_steps, 3);
   EXPECT_EQ(o.last_step, LastStepPolicy::drop);
   EXPECT_EQ(o.seed, c.train.seed);
+  // The model's options: precision and CUDA graphs pass through.
+  const TrainConfig g = load_train_config(
+      "", {"train.device=cuda", "train.cuda_graphs=segmented", "train.precision=bf16"});
+  const TrainerOptions t = trainer_options(g, bert_preset("tiny"), 1);
+  EXPECT_EQ(t.bert.cuda_graphs, CudaGraphs::segmented);
+  EXPECT_EQ(t.bert.precision, Precision::bf16);
+  EXPECT_EQ(trainer_options(c, bert_preset("tiny"), 1).bert.cuda_graphs, CudaGraphs::off);
 }
 
 TEST(TrainConfig, KeyRegistry) {
