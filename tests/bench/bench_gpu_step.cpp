@@ -13,6 +13,10 @@
 //                                          arena formula and the free memory, at most 4096)
 //                  [--memory-fraction 0.85] (share of the free memory the arena may take)
 //                  [--steps 5] [--warmup 2] [--layouts unpadded,padded]
+//                  [--graphs off,segmented] (train.cuda_graphs: each layout runs with each;
+//                                          segmented warms up 4 steps at least, so that both
+//                                          batch buffers' layer graphs are recorded, and has
+//                                          no split: its ops are not timed one by one)
 //                  [--lengths-out FILE]   (one line "length masked" per sample, for
 //                                          scripts/bench_hf_gpu.py: the same batch for
 //                                          Hugging Face, padded to max_len)
@@ -121,6 +125,7 @@ double measure_gemm_peak(Backend& be, DType t) {
 
 int run(int argc, char** argv) {
   std::string model = "large", precision_name_arg = "bf16", layouts_arg = "unpadded,padded";
+  std::string graphs_arg = "off,segmented";
   std::string gelu = "erf";
   std::string lengths_out, hist_path = bench::default_histogram_path(PACKBERT_REPO_DATA);
   int max_len = 512, steps = 5, warmup = 2;
@@ -135,6 +140,7 @@ int run(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::max(1, std::atoi(argv[i + 1]));
     if (!std::strcmp(argv[i], "--warmup")) warmup = std::max(0, std::atoi(argv[i + 1]));
     if (!std::strcmp(argv[i], "--layouts")) layouts_arg = argv[i + 1];
+    if (!std::strcmp(argv[i], "--graphs")) graphs_arg = argv[i + 1];
     if (!std::strcmp(argv[i], "--lengths-out")) lengths_out = argv[i + 1];
     if (!std::strcmp(argv[i], "--histogram")) hist_path = argv[i + 1];
     if (!std::strcmp(argv[i], "--gelu")) gelu = argv[i + 1];
@@ -233,8 +239,8 @@ int run(int argc, char** argv) {
     be.zero(gv);
   };
 
-  std::printf("%-9s %8s %9s %10s %12s %9s %9s %8s %10s\n", "layout", "rows", "step ms",
-              "samples/s", "tokens/s", "TFLOP/s", "% peak", "% H200", "arena GiB");
+  std::printf("%-9s %-9s %8s %9s %10s %12s %9s %9s %8s %10s\n", "layout", "graphs", "rows",
+              "step ms", "samples/s", "tokens/s", "TFLOP/s", "% peak", "% H200", "arena GiB");
   struct Split {
     std::string layout;
     bench::TimedBackend::Seconds s;
@@ -242,16 +248,22 @@ int run(int argc, char** argv) {
   };
   std::vector<Split> splits;
   double lamb_ms = 0;
-  for (const std::string& lname : bench::split_commas(layouts_arg)) {
+  for (const std::string& lname : bench::split_commas(layouts_arg))
+  for (const std::string& gname : bench::split_commas(graphs_arg)) {
     const BatchLayout layout = parse_batch_layout(lname);
+    const CudaGraphs graphs = parse_cuda_graphs(gname);
     const Batch batch =
         make_batch(samples, layout, max_len, packbert::test::pack_samples(samples, max_len));
+    // Graphs on the backend itself: the timing wrapper records none.
+    Backend& be = graphs == CudaGraphs::off ? static_cast<Backend&>(timed) : *cuda_be;
+    BertOptions gbo = bo;
+    gbo.cuda_graphs = graphs;
     std::unique_ptr<Bert> bert;
     try {
-      bert = std::make_unique<Bert>(config, timed, pv, gv, bo);
+      bert = std::make_unique<Bert>(config, be, pv, gv, gbo);
       bert->reserve(batch.shape());
     } catch (const std::exception& e) {
-      std::printf("%-9s %8lld  does not fit: %s\n", lname.c_str(),
+      std::printf("%-9s %-9s %8lld  does not fit: %s\n", lname.c_str(), gname.c_str(),
                   static_cast<long long>(batch.rows), e.what());
       continue;
     }
@@ -259,9 +271,10 @@ int run(int argc, char** argv) {
     auto step = [&] {
       bert->forward(batch, masked, n, step_no++, 1);
       bert->backward();
-      lamb(timed, bert->lowp_params());
+      lamb(be, bert->lowp_params());
     };
-    for (int w = 0; w < warmup; ++w) step();
+    const int warm = graphs == CudaGraphs::off ? warmup : std::max(warmup, 4);
+    for (int w = 0; w < warm; ++w) step();
     cuda_synchronize(*cuda_be);
     double best = 1e30;
     for (int k = 0; k < steps; ++k) {
@@ -270,6 +283,14 @@ int run(int argc, char** argv) {
       cuda_synchronize(*cuda_be);
       best = std::min(best, seconds_since(t0));
     }
+    const double rate = flops.total / best;
+    std::printf("%-9s %-9s %8lld %9.1f %10.0f %12.0f %9.1f %8.1f%% %7.1f%% %10.2f\n",
+                lname.c_str(), gname.c_str(), static_cast<long long>(batch.rows), best * 1e3,
+                static_cast<double>(n) / best, static_cast<double>(tokens) / best, rate / 1e12,
+                100.0 * rate / gemm_peak, 100.0 * rate / kH200DenseBf16,
+                static_cast<double>(bert->activation_report().peak_bytes) / (1 << 30));
+    std::fflush(stdout);
+    if (graphs != CudaGraphs::off) continue;  // the split and LAMB alone: op by op only
     timed.set_enabled(true);
     timed.reset();
     const auto t0 = Clock::now();
@@ -285,13 +306,6 @@ int run(int argc, char** argv) {
       cuda_synchronize(*cuda_be);
       lamb_ms = seconds_since(l0) * 1e3 / reps;
     }
-    const double rate = flops.total / best;
-    std::printf("%-9s %8lld %9.1f %10.0f %12.0f %9.1f %8.1f%% %7.1f%% %10.2f\n", lname.c_str(),
-                static_cast<long long>(batch.rows), best * 1e3, static_cast<double>(n) / best,
-                static_cast<double>(tokens) / best, rate / 1e12, 100.0 * rate / gemm_peak,
-                100.0 * rate / kH200DenseBf16,
-                static_cast<double>(bert->activation_report().peak_bytes) / (1 << 30));
-    std::fflush(stdout);
   }
 
   std::printf("\nstep split, ms (one step with a synchronisation around every op):\n%-9s", "layout");
