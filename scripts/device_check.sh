@@ -2,9 +2,10 @@
 # One prepared check on a machine with a CUDA GPU: the `gpu` tests (every CUDA op against the CPU
 # backend, the tensor-core attention, the whole tiny model in fp32 / bf16 / fp16, the trainer,
 # the NCCL path), with 2 or more GPUs NCCL training at np 2..N against the CPU, and the GPU
-# benchmarks (ops, attention against PyTorch's flash SDPA, the
-# BERT-Large step against Hugging Face, MST), with a short summary table at the end. Meant to
-# finish in under 8 minutes on an H200: benchmarks that would start after 7 minutes are skipped.
+# benchmarks (ops, attention against PyTorch's flash SDPA, the BERT-Large step against Hugging
+# Face and with the encoder layers' CUDA graphs at batch 48 and 8, MST), with a short summary
+# table at the end. Meant to finish in under 8 minutes on an H200: benchmarks that would start
+# after 7 minutes are skipped.
 #
 #   scripts/device_check.sh --bundle [DIR]   HERE (no GPU needed): build build-gpu with CUDA
 #                                            (sm_80 + sm_90; PACKBERT_BUNDLE_BUILD and
@@ -222,7 +223,13 @@ PY=python3; command -v "$PY" > /dev/null || PY=true
 # the Wikipedia histogram), then Hugging Face on exactly those samples padded to 512 (with its
 # own fastest GELU, the erf one: one fused PyTorch kernel, where gelu_new is several).
 bench bench_gpu_step 150 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 --warmup 1 \
-  --lengths-out "$OUTDIR/lengths.txt"
+  --graphs off --lengths-out "$OUTDIR/lengths.txt"
+# The encoder layers' CUDA graphs (train.cuda_graphs = segmented) against none, at NVIDIA's
+# per-GPU batch 48 and a scale run's 8, padded (whose micro-batches share a shape).
+bench bench_gpu_step_graphs48 90 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 \
+  --warmup 1 --batch 48 --layouts padded --graphs off,segmented
+bench bench_gpu_step_graphs8 90 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 \
+  --warmup 1 --batch 8 --layouts padded --graphs off,segmented
 [ -s "$OUTDIR/lengths.txt" ] && bench bench_hf_gpu 150 "$PY" scripts/bench_hf_gpu.py "$OUTDIR/lengths.txt" --steps 3 --warmup 1
 # Our attention against PyTorch's flash SDPA, BERT-Large heads at fixed length 512.
 bench bench_fmha_gpu 60 "$BIN/bench_fmha_gpu"
@@ -233,18 +240,23 @@ bench bench_gpu_ops 60 "$BIN/bench_gpu_ops"
 bench bench_mst 120 "$BIN/bench_mst" --device cuda --lens 512,2048,8192 --reps 2
 
 # The headline numbers against the targets (BERT-Large phase 2, bf16, one H200).
-ours=$(awk '$1 == "unpadded" && $4 ~ /^[0-9.]+$/ {print $4; exit}' "$OUTDIR/bench_gpu_step.txt" 2>/dev/null)
+ours=$(awk '$1 == "unpadded" && $2 == "off" && $5 ~ /^[0-9.]+$/ {print $5; exit}' "$OUTDIR/bench_gpu_step.txt" 2>/dev/null)
 hf=$(awk '$1 == "hf-padded" {print $5; exit}' "$OUTDIR/bench_hf_gpu.txt" 2>/dev/null)
 lamb=$(sed -n 's/^LAMB step over .*: \([0-9.]*\) ms.*/\1/p' "$OUTDIR/bench_gpu_step.txt" 2>/dev/null)
 [ -n "$ours" ] && step "samples/s (ours)" "$ours (target >= 1100)"
 [ -n "$hf" ] && step "samples/s (HF+SDPA)" "$hf$( [ -n "$ours" ] && awk -v a="$ours" -v b="$hf" 'BEGIN{printf "  ours/HF %.2fx (target >= 2.5x)", a/b}')"
 [ -n "$lamb" ] && step "LAMB step" "$lamb ms (target <= 3 ms)"
+for b in 48 8; do
+  g=$(awk '$1 == "padded" && $5 ~ /^[0-9.]+$/ {printf "%s %s  ", $2, $5}' "$OUTDIR/bench_gpu_step_graphs$b.txt" 2>/dev/null)
+  [ -n "$g" ] && step "samples/s, batch $b, graphs" "$g"
+done
 
 echo
 echo "== largest op errors (all in $OUTDIR/errors.txt) =="
 awk '{print $NF, $0}' "$OUTDIR/errors.txt" | sort -g | tail -8 | cut -d' ' -f2-
 if [ -s "$OUTDIR/failures.txt" ]; then echo "== first failures =="; head -30 "$OUTDIR/failures.txt"; fi
-for b in bench_gpu_step bench_hf_gpu bench_fmha_gpu bench_flash_sdpa bench_gpu_ops bench_mst; do
+for b in bench_gpu_step bench_gpu_step_graphs48 bench_gpu_step_graphs8 bench_hf_gpu bench_fmha_gpu \
+         bench_flash_sdpa bench_gpu_ops bench_mst; do
   [ -f "$OUTDIR/$b.txt" ] && { echo "== $b =="; tail -40 "$OUTDIR/$b.txt"; }
 done
 echo
