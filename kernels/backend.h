@@ -292,13 +292,12 @@ class Backend {
   // unsupported.
   virtual void begin_capture();
   virtual BackendGraph end_capture();
-  // Runs the recorded ops again, in op order with the ops issued around it.
+  // Runs the recorded ops again, in op order with the ops issued around it. A graph stays valid
+  // while the memory it was recorded with does: the backend's own (scratch it outgrows is kept
+  // while a graph lives) and the caller's.
   virtual void replay(const BackendGraph& graph);
   // Gives a graph's resources back (BackendGraph::reset calls it; never throws).
   virtual void destroy_graph(void* handle) noexcept;
-  // Changes whenever memory of the backend's own that ops read (scratch buffers, workspaces)
-  // was freed for a larger one: a graph recorded before then must not be replayed.
-  virtual int64_t memory_epoch() const { return 0; }
 
   // t = 0 (any dtype).
   virtual void zero(const Tensor& t) = 0;

@@ -2,13 +2,14 @@
 #include "kernels/cuda/counters.h"
 
 #include <atomic>
+#include <mutex>
+#include <vector>
 
 namespace packbert::cuda {
 namespace {
 
 struct Atomics {
   std::atomic<int64_t> host_syncs{0}, launches{0}, graph_launches{0}, pageable_copies{0};
-  std::atomic<int64_t> regrowths{0};
 };
 Atomics& atomics() {
   static Atomics a;
@@ -40,8 +41,44 @@ HostWork host_work() {
   return w;
 }
 
-void note_regrowth() { add(atomics().regrowths); }
-int64_t regrowths() { return atomics().regrowths.load(std::memory_order_relaxed); }
+struct Retired {
+  std::mutex mutex;
+  int64_t graphs = 0;
+  std::vector<void*> memory;
+};
+Retired& retired() {
+  static Retired r;
+  return r;
+}
+
+cudaError_t retire(void* p) {
+  if (!p) return cudaSuccess;
+  Retired& r = retired();
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.graphs > 0) {
+      r.memory.push_back(p);
+      return cudaSuccess;
+    }
+  }
+  return device_free(p);
+}
+
+void graph_made() {
+  std::lock_guard<std::mutex> lock(retired().mutex);
+  ++retired().graphs;
+}
+
+void graph_gone() {
+  std::vector<void*> free_now;
+  {
+    Retired& r = retired();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (--r.graphs > 0) return;
+    free_now.swap(r.memory);
+  }
+  for (void* p : free_now) (void)device_free(p);  // cudaFree waits for the work using it
+}
 
 cudaStream_t counted_launch(cudaStream_t s) {
   add(atomics().launches);

@@ -37,11 +37,14 @@ struct HostWork {
 // The counts since the process started.
 HostWork host_work();
 
-// How often memory that recorded ops may read (a backend's scratch buffers and workspaces) was
-// freed for a larger one, in the process: a graph recorded before such a regrowth reads freed
-// memory. Each regrowth calls note_regrowth (Backend::memory_epoch reports the count).
-void note_regrowth();
-int64_t regrowths();
+// A recorded graph reads the buffers it was recorded with. A backend's grow-only buffers (scratch,
+// workspaces) give their outgrown memory back through retire(): at once while no graph of the
+// process lives, else when the last one goes (graph_made / graph_gone count them), so that no
+// replay reads freed memory. The buffers are per-op scratch, so a graph and the ops after the
+// growth never share one.
+cudaError_t retire(void* device_memory);
+void graph_made();
+void graph_gone();  // the last graph: frees what was retired meanwhile
 
 // Counts one launch and returns s (PB_LAUNCH's stream argument).
 cudaStream_t counted_launch(cudaStream_t s);

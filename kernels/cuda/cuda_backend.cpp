@@ -161,6 +161,7 @@ BackendGraph CudaBackend::end_capture() {
     cudaGraphDestroy(g->graph);
     PB_CUDA_OP(op, e);
   }
+  cuda::graph_made();
   return BackendGraph(this, g.release());
 }
 
@@ -179,6 +180,7 @@ void CudaBackend::destroy_graph(void* handle) noexcept {
   if (g->exec) cudaGraphExecDestroy(g->exec);
   if (g->graph) cudaGraphDestroy(g->graph);
   delete g;
+  cuda::graph_gone();
 }
 
 void CudaBackend::begin(const char* op) { PB_CUDA_OP(op, cudaSetDevice(device_)); }
@@ -282,11 +284,9 @@ void CudaBackend::check_indices(const char* op, const char* name, const Tensor& 
 namespace {
 void* grow(const char* op, void*& p, size_t& have, size_t want) {
   if (want <= have) return p;
-  // cudaFree waits for the work that may still use it; a graph recorded with it may not.
-  if (p) {
-    PB_CUDA_OP(op, cuda::device_free(p));
-    cuda::note_regrowth();
-  }
+  // Freed now (cudaFree waits for the work that may still use it), or once no recorded graph
+  // that may read it lives.
+  if (p) PB_CUDA_OP(op, cuda::retire(p));
   p = nullptr;
   have = 0;
   const size_t bytes = want + want / 4;

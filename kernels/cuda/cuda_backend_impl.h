@@ -142,7 +142,6 @@ class CudaBackend final : public Backend {
   BackendGraph end_capture() override;
   void replay(const BackendGraph& graph) override;
   void destroy_graph(void* handle) noexcept override;
-  int64_t memory_epoch() const override { return cuda::regrowths(); }
   void synchronize(const char* op);
   cudaStream_t stream() const { return stream_; }  // every op runs on it (native_stream())
 

@@ -97,7 +97,6 @@ const int32_t* FmhaStreams::upload(const char* op, const FmhaPlan& plan, cudaStr
     // buffers may be pending: wait for them (the grow happens only until the largest batch has
     // been seen).
     check_error(op, "cudaStreamSynchronize", stream_synchronize(main));
-    if (order_d_) note_regrowth();
     release_order();
     const size_t cap = n + n / 4 + 64;
     check_error(op, "cudaMalloc of the attention work list",
@@ -130,8 +129,7 @@ const int32_t* FmhaStreams::upload(const char* op, const FmhaPlan& plan, cudaStr
 float* FmhaStreams::workspace(const char* op, size_t n, cudaStream_t main) {
   if (n > workspace_capacity_) {
     check_error(op, "cudaStreamSynchronize", stream_synchronize(main));
-    if (workspace_d_) note_regrowth();  // graphs recorded with it read freed memory
-    device_free(workspace_d_);
+    check_error(op, "cudaFree of the attention workspace", retire(workspace_d_));
     workspace_d_ = nullptr;
     workspace_capacity_ = 0;
     const size_t cap = n + n / 4 + 64;

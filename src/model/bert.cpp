@@ -193,8 +193,7 @@ bool Bert::LayerGraphKey::operator==(const LayerGraphKey& o) const {
          shape.rows == o.shape.rows && shape.seqs == o.shape.seqs &&
          shape.max_len == o.shape.max_len &&
          mlp_chunk_rows == o.mlp_chunk_rows && layer_recompute == o.layer_recompute &&
-         gradients == o.gradients && dropout == o.dropout && seed == o.seed &&
-         memory_epoch == o.memory_epoch;
+         gradients == o.gradients && dropout == o.dropout && seed == o.seed;
 }
 
 // The layer's ops: run, recorded (then replayed), or replayed (BertOptions::cuda_graphs).
@@ -213,10 +212,6 @@ void Bert::run_layer(bool backward, int64_t l, const std::function<void()>& ops)
   key.gradients = a.gradients;
   key.dropout = dropout_on_;
   key.seed = seed_;
-  key.memory_epoch = backend_.memory_epoch();
-  // Graphs of an earlier epoch read memory the backend has freed: never again.
-  if (!layer_graphs_.empty() && layer_graphs_.front().key.memory_epoch != key.memory_epoch)
-    layer_graphs_.clear();
   for (LayerGraph& g : layer_graphs_) {
     if (!(g.key == key)) continue;
     if (!g.graph.defined()) {  // the second use: record

@@ -284,7 +284,6 @@ class Bert {
     int64_t mlp_chunk_rows = 0;  // the plan's (ActivationPlan)
     bool layer_recompute = false, gradients = false, dropout = false;
     uint64_t seed = 0;
-    int64_t memory_epoch = 0;  // Backend::memory_epoch
     bool operator==(const LayerGraphKey& o) const;
   };
   struct LayerGraph {

@@ -97,7 +97,8 @@ TEST(CudaModel, TinyBertTanhGeluMatchesCpu) {
 // shape's second use and replayed after gives the loss and every gradient of the ops run one by
 // one, bit for bit, step after step with dropout on (a new step, new batches of the padded
 // layout's one shape, and an unpadded batch of another shape between them), in fp32 and bf16;
-// once recorded, a step launches a graph per layer and direction and fewer kernels.
+// once recorded, a step launches a graph per layer and direction and fewer kernels; and
+// evaluation's forwards, whose layers replay their own graphs.
 TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
   PB_REQUIRE_CUDA_DEVICE();
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
@@ -115,6 +116,11 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
     on.cuda_graphs = CudaGraphs::segmented;
     Bert eager(m.config, *gpu, params.tensor(), grads_off.tensor(), off);
     Bert graphed(m.config, *gpu, params.tensor(), grads_on.tensor(), on);
+    // Sized for the largest batch up front, as the trainer does: an arena that grew for a batch
+    // with more masked tokens would move, and the layers' graphs with it.
+    const BatchShape largest{6 * kMaxSeqLen, 6 * 10, 6, kMaxSeqLen};
+    eager.reserve(largest);
+    graphed.reserve(largest);
     const uint64_t seed = rng();
     BackendCounters before_off{}, before_on{};
     int64_t launches_off = 0, launches_on = 0, graphs_on = 0;
@@ -152,6 +158,30 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
       }
     }
     EXPECT_EQ(graphs_on, 2 * 2 * config.layers) << "a graph per layer and direction, per step";
+
+    // Evaluation (forward only, no dropout, a model without gradients): its layers' graphs too.
+    Bert eval_off(m.config, *gpu, params.tensor(), Tensor(), off);
+    Bert eval_on(m.config, *gpu, params.tensor(), Tensor(), on);
+    eval_off.reserve(largest, false);
+    eval_on.reserve(largest, false);
+    ForwardOptions fo;
+    fo.gradients = false;
+    fo.dropout = false;
+    const BackendCounters eval_before = gpu->counters();
+    for (int k = 0; k < 5; ++k) {
+      std::vector<int> lengths(6);
+      for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));
+      const auto samples = model_samples(rng, lengths, 10, m.config.real_vocab_size);
+      const Batch batch = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
+      const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+      const ForwardResult want = eval_off.forward(batch, gm, gs, 0, seed, fo);
+      const ForwardResult got = eval_on.forward(batch, gm, gs, 0, seed, fo);
+      EXPECT_EQ(got.loss, want.loss) << "evaluation batch " << k;
+      EXPECT_EQ(got.mlm_correct, want.mlm_correct) << "evaluation batch " << k;
+    }
+    // Recorded at the third and fourth batches (each batch buffer's second use), replayed at
+    // the fifth: a graph per layer at each of the three.
+    EXPECT_EQ(gpu->counters().graph_launches - eval_before.graph_launches, 3 * config.layers);
     EXPECT_LT(launches_on, launches_off);
     std::printf("[graphs] %s: launches per step %lld op by op, %lld with segmented graphs (+%lld "
                 "graph launches)\n",
