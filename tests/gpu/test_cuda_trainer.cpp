@@ -30,6 +30,7 @@
 #include "cuda_test_util.h"
 #include "train/trainer.h"
 #include "test_util.h"
+#include "trainer_test_util.h"
 #ifdef PACKBERT_CUDA_EMULATION
 #include "kernels/cuda/counters.h"
 #include "kernels/cuda_emu/runtime.h"
@@ -44,14 +45,8 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
   PB_REQUIRE_CUDA_DEVICE();
   std::mt19937_64 rng(test_seed());
   StepBatch batch = random_step_batch(rng, 10, 2, 5, kMaxSeqLen, 10);
-  TrainerOptions o;
-  o.config = bert_preset("tiny");
+  TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-2, 10);
   o.layout = BatchLayout::unpadded;
-  o.max_seq_len = kMaxSeqLen;
-  o.init_seed = rng();
-  o.dropout_seed = rng();
-  o.lr.base_lr = 1e-2;
-  o.lr.max_steps = 10;
   o.lr.num_warmup_steps = 1;
   Trainer cpu(MPI_COMM_WORLD, o);
   o.device = Device::cuda;
@@ -137,13 +132,7 @@ void sharded_rank() {
   StepBatch batch = random_step_batch(rng, 6, 2, 5, kMaxSeqLen, 10);
   batch.global_samples *= 2;
   batch.global_masked_tokens *= 2;
-  TrainerOptions o;
-  o.config = bert_preset("tiny");
-  o.max_seq_len = kMaxSeqLen;
-  o.init_seed = rng();
-  o.dropout_seed = rng();
-  o.lr.base_lr = 1e-2;
-  o.lr.max_steps = 10;
+  TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-2, 10);
   o.lr.num_warmup_steps = 1;
   o.device = Device::cuda;
   o.gpu_transport = GradTransport::mpi;
@@ -194,13 +183,7 @@ TEST(CudaTrainer, NvtxRangesNestThePhasesAndTheOps) {
 #ifdef PACKBERT_CUDA_EMULATION
   std::mt19937_64 rng(test_seed());
   StepBatch batch = random_step_batch(rng, 6, 2, 5, kMaxSeqLen, 10);  // two micro-steps
-  TrainerOptions o;
-  o.config = bert_preset("tiny");
-  o.max_seq_len = kMaxSeqLen;
-  o.init_seed = rng();
-  o.dropout_seed = rng();
-  o.lr.base_lr = 1e-2;
-  o.lr.max_steps = 10;
+  TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-2, 10);
   o.device = Device::cuda;
   o.bucket_bytes = 256 << 10;  // several buckets
   {
@@ -352,14 +335,8 @@ TEST(CudaTrainer, HostWorkCountsAreTheRuntimes) {
   std::mt19937_64 rng(test_seed());
   StepBatch batch = random_step_batch(rng, 10, 2, 5, kMaxSeqLen, 10);  // two micro-steps
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    TrainerOptions o;
-    o.config = bert_preset("tiny");
+    TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-2, 10);
     o.bert.precision = p;
-    o.max_seq_len = kMaxSeqLen;
-    o.init_seed = rng();
-    o.dropout_seed = rng();
-    o.lr.base_lr = 1e-2;
-    o.lr.max_steps = 10;
     o.device = Device::cuda;
     const cuda::HostWork b0 = cuda::host_work(), r0 = runtime();
     {

@@ -45,6 +45,7 @@
 #include "comm/shard_exchange.h"
 #include "mpi_self_test.h"
 #include "test_util.h"
+#include "trainer_test_util.h"
 #include "train/trainer.h"
 
 namespace packbert::test {
@@ -283,13 +284,7 @@ TEST(CudaTrainerAllreduce, NcclAndHostPathsAgreeOnOneRank) {
   PB_REQUIRE_CUDA_DEVICE();
   std::mt19937_64 rng(test_seed());
   StepBatch batch = random_step_batch(rng, 8, 2, 5, 64, 10);
-  TrainerOptions o;
-  o.config = bert_preset("tiny");
-  o.max_seq_len = 64;
-  o.init_seed = rng();
-  o.dropout_seed = rng();
-  o.lr.base_lr = 1e-2;
-  o.lr.max_steps = 10;
+  TrainerOptions o = tiny_trainer_options(rng, 64, 1e-2, 10);
   o.lr.num_warmup_steps = 1;
   o.device = Device::cuda;
   o.bucket_bytes = 64 << 10;  // many buckets

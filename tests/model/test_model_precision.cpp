@@ -19,6 +19,7 @@
 #include "optim/lamb.h"
 #include "optim/loss_scaler.h"
 #include "train/trainer.h"
+#include "trainer_test_util.h"
 
 namespace packbert::test {
 namespace {
@@ -320,13 +321,7 @@ TEST(LossScaler, TrainerSkipsAndHalvesThenGrows) {
   cpu::set_num_threads(1);
   std::mt19937_64 rng(test_seed());
   StepBatch batch = random_step_batch(rng, 6, 1, 16, kMaxSeqLen, 8);
-  TrainerOptions o;
-  o.config = bert_preset("tiny");
-  o.max_seq_len = kMaxSeqLen;
-  o.init_seed = rng();
-  o.dropout_seed = rng();
-  o.lr.base_lr = 1e-3;
-  o.lr.max_steps = 100;
+  TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-3, 100);
   o.lr.num_warmup_steps = 1;
   o.bert.precision = Precision::fp16;
   o.loss_scaler.init_scale = 1073741824.f;  // 2^30: the fp16 gradients overflow

@@ -19,6 +19,7 @@
 #include "train/trainer.h"
 #include "measure.h"
 #include "test_util.h"
+#include "trainer_test_util.h"
 
 namespace packbert::test {
 namespace {
@@ -34,15 +35,9 @@ TEST(TrainStep, LossFallsOnAFixedBatch) {
   StepBatch batch = random_step_batch(rng, 8, 2, 16, kMaxSeqLen, 10);
   ASSERT_GT(batch.global_masked_tokens, 0);
 
-  TrainerOptions o;
-  o.config = bert_preset("tiny");
+  TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 2e-2, 30);
   o.layout = BatchLayout::packed;
-  o.max_seq_len = kMaxSeqLen;
-  o.init_seed = rng();
-  o.dropout_seed = rng();
   o.dropout = true;  // the real step: the loss must fall through the dropout noise too
-  o.lr.base_lr = 2e-2;
-  o.lr.max_steps = 30;
   o.lr.num_warmup_steps = 3;
   Trainer trainer(MPI_COMM_WORLD, o);
   ASSERT_EQ(trainer.world_size(), 1);
@@ -78,13 +73,7 @@ TEST(TrainStep, UnreadLossesArriveWithTheNextRead) {
   cpu::set_num_threads(1);
   std::mt19937_64 rng(test_seed());
   StepBatch batch = random_step_batch(rng, 8, 2, 16, kMaxSeqLen, 10);
-  TrainerOptions o;
-  o.config = bert_preset("tiny");
-  o.max_seq_len = kMaxSeqLen;
-  o.init_seed = rng();
-  o.dropout_seed = rng();
-  o.lr.base_lr = 1e-2;
-  o.lr.max_steps = 10;
+  TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-2, 10);
   Trainer every(MPI_COMM_WORLD, o), unread(MPI_COMM_WORLD, o);
   EvalSet set;
   set.samples = random_step_batch(rng, 6, 1, 16, kMaxSeqLen, 10).micro_batches[0].samples;
