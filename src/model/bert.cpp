@@ -227,7 +227,15 @@ void Bert::run_layer(bool backward, int64_t l, const std::function<void()>& ops)
     backend_.replay(g.graph);
     return;
   }
-  if (layer_graphs_.size() < kMaxLayerGraphs) layer_graphs_.push_back({key, BackendGraph()});
+  const size_t capacity = kGraphShapes * 2 * static_cast<size_t>(config_.layers);
+  if (layer_graphs_.size() >= capacity) {
+    layer_graphs_.erase(std::remove_if(layer_graphs_.begin(), layer_graphs_.end(),
+                                       [](const LayerGraph& g) { return !g.graph.defined(); }),
+                        layer_graphs_.end());
+    if (layer_graphs_.size() >= capacity)
+      layer_graphs_.erase(layer_graphs_.begin(), layer_graphs_.begin() + capacity / 2);
+  }
+  layer_graphs_.push_back({key, BackendGraph()});
   ops();
 }
 

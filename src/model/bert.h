@@ -272,8 +272,10 @@ class Bert {
   int64_t last_mst_chunks_ = 1;
   // CudaGraphs::segmented: one entry per (layer, direction, everything the recorded ops' host
   // arguments depend on); the graph is recorded at the key's second use (its first ran the ops
-  // and sized what the backend keeps) and replayed from then on. At most kMaxLayerGraphs
-  // entries: beyond, the ops run one by one.
+  // and sized what the backend keeps) and replayed from then on. At most kGraphShapes x 2 x
+  // layers entries: when full, the entries used once (no graph) go, and if that frees nothing,
+  // the older half, so that shapes seen once (a last partial batch, an evaluation's) never keep
+  // a recurring shape from being recorded.
   struct LayerGraphKey {
     bool backward = false;
     int64_t layer = 0;
@@ -290,7 +292,7 @@ class Bert {
     LayerGraphKey key;
     BackendGraph graph;  // none until the second use
   };
-  static constexpr size_t kMaxLayerGraphs = 256;
+  static constexpr size_t kGraphShapes = 16;
   std::vector<LayerGraph> layer_graphs_;
   bool graphs_now_ = false;  // this forward's batch runs its layers through layer_graphs_
   void run_layer(bool backward, int64_t l, const std::function<void()>& ops);

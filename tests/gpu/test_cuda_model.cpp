@@ -190,6 +190,44 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
     EXPECT_TRUE(grads_on.guards_intact() && grads_off.guards_intact() && params.guards_intact());
   }
 }
+
+// The table of layer graphs is bounded (16 shapes' worth); shapes seen once must not keep a
+// recurring one from being recorded: after 40 one-off shapes (forward only, one sequence of 5 to
+// 44 tokens each), a batch that comes 5 times is recorded at its third and fourth forwards
+// (each batch buffer's second use) and replayed at its fifth, with the ops' losses.
+TEST(CudaModel, SegmentedGraphsOutliveOneOffShapes) {
+  PB_REQUIRE_CUDA_DEVICE();
+  auto rng = model_rng(103);
+  CudaBackendOptions bo;
+  bo.validate_indices = false;
+  auto gpu = make_cuda_backend(0, bo);
+  const BertConfig config = bert_preset("tiny");
+  HostModel m(config, rng());
+  DevBuf<float> params({m.table.total()}, m.params);
+  BertOptions off, on;
+  on.cuda_graphs = CudaGraphs::segmented;
+  Bert eager(m.config, *gpu, params.tensor(), Tensor(), off);
+  Bert graphed(m.config, *gpu, params.tensor(), Tensor(), on);
+  const BatchShape largest{kMaxSeqLen, 10, 1, kMaxSeqLen};
+  eager.reserve(largest, false);
+  graphed.reserve(largest, false);
+  ForwardOptions fo;
+  fo.gradients = false;
+  fo.dropout = false;
+  auto forward = [&](const std::vector<Sample>& samples) {
+    const Batch batch = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
+    const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+    const ForwardResult want = eager.forward(batch, gm, gs, 0, 1, fo);
+    const ForwardResult got = graphed.forward(batch, gm, gs, 0, 1, fo);
+    EXPECT_EQ(got.loss, want.loss) << batch.rows << " rows";
+  };
+  for (int len = 5; len < 45; ++len)
+    forward(model_samples(rng, {len}, 10, m.config.real_vocab_size));
+  const auto recurring = model_samples(rng, {50}, 10, m.config.real_vocab_size);
+  const BackendCounters before = gpu->counters();
+  for (int k = 0; k < 5; ++k) forward(recurring);
+  EXPECT_EQ(gpu->counters().graph_launches - before.graph_launches, 3 * config.layers);
+}
 }  // namespace
 }  // namespace packbert::test
 
