@@ -67,7 +67,9 @@ struct SeqLayout {
   int32_t num_seqs = 0;
   int32_t max_len = 0;   // the longest sequence (sizes the CPU attention scratch)
   Tensor seq_start;      // i32 [num_seqs]: row of each sequence's first token ([CLS])
-  Tensor seq_len;        // i32 [num_seqs]: tokens of each sequence, >= 1
+  Tensor seq_len;        // i32 [num_seqs]: tokens of each sequence, >= 1; or 0, an empty slot
+                         // (no row names it: a fixed-capacity batch's unused sequence, which
+                         // the token-wise ops skip; nsp_loss, reading each [CLS], refuses it)
   Tensor sample_id;      // i64 [num_seqs]: global sample id (the dropout key), < 2^44
   Tensor token_seq;      // i32 [rows]: sequence of each row, -1 for padding
   Tensor token_pos;      // i32 [rows]: position inside its sequence (0 for padding); this is

@@ -20,19 +20,26 @@ struct HostLayoutArrays {
   const int32_t* token_pos;
 };
 
+// What an op makes of a sequence slot of length 0 (SeqLayout::seq_len): the token-wise ops
+// skip it (no row names it); an op that reads each sequence's first row (NSP's [CLS]) refuses it.
+enum class EmptySeqs { allowed, refused };
+
 // Ranges, sequences disjoint, token_seq / token_pos consistent with seq_start / seq_len,
 // max_len >= every length, sample ids inside the dropout key. O(rows).
 inline void check_layout_arrays(const char* op, const SeqLayout& l, const HostLayoutArrays& a,
-                                int64_t rows) {
+                                int64_t rows, EmptySeqs empty = EmptySeqs::allowed) {
   PB_REQUIRE(l.rows == rows, "{}: layout has {} rows, the buffers {}", op, l.rows, rows);
   PB_REQUIRE(l.num_seqs >= 0 && l.max_len >= 0, "{}: layout with {} sequences, max_len {}", op,
              l.num_seqs, l.max_len);
   int64_t covered = 0;
   for (int64_t i = 0; i < l.num_seqs; ++i) {
     const int64_t start = a.seq_start[i], len = a.seq_len[i];
-    PB_REQUIRE(len >= 1 && len <= l.max_len && start >= 0 && start + len <= rows,
+    PB_REQUIRE(len >= 0 && len <= l.max_len && start >= 0 && start + len <= rows,
                "{}: sequence {} at row {} with length {} does not fit {} rows (max_len {})", op,
                i, start, len, rows, l.max_len);
+    PB_REQUIRE(len >= 1 || empty == EmptySeqs::allowed,
+               "{}: sequence {} is an empty slot (length 0): this op reads every sequence's "
+               "first token", op, i);
     PB_REQUIRE(a.sample_id[i] >= 0 && static_cast<uint64_t>(a.sample_id[i]) < kDropoutMaxSampleId,
                "{}: sequence {} has sample id {} outside [0, 2^44)", op, i, a.sample_id[i]);
     for (int64_t p = 0; p < len; ++p) {

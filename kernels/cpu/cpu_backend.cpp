@@ -37,7 +37,7 @@ void expect_optional(const char* op, const char* name, const Tensor& t, DType dt
   if (t.defined()) expect(op, name, t, dtype, dims);
 }
 
-void check_layout(const char* op, const SeqLayout& l, int64_t rows) {
+void check_layout(const char* op, const SeqLayout& l, int64_t rows, checks::EmptySeqs empty) {
   PB_REQUIRE(l.rows == rows, "{}: layout has {} rows, the buffers {}", op, l.rows, rows);
   PB_REQUIRE(l.num_seqs >= 0 && l.max_len >= 0, "{}: layout with {} sequences, max_len {}", op,
              l.num_seqs, l.max_len);
@@ -51,7 +51,7 @@ void check_layout(const char* op, const SeqLayout& l, int64_t rows) {
                               {l.seq_start.ptr<int32_t>(), l.seq_len.ptr<int32_t>(),
                                l.sample_id.ptr<int64_t>(), l.token_seq.ptr<int32_t>(),
                                l.token_pos.ptr<int32_t>()},
-                              rows);
+                              rows, empty);
 }
 
 DropoutStream dropout_stream(const char* op, const Dropout& d, int64_t elements, int64_t heads,

@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "kernels/backend.h"
+#include "kernels/common/op_checks.h"
 #include "kernels/common/philox.h"
 
 namespace packbert::cpu {
@@ -17,8 +18,10 @@ void expect_optional(const char* op, const char* name, const Tensor& t, DType dt
                      std::initializer_list<int64_t> dims);
 
 // Validates a layout against `rows` token rows: ranges, sequences disjoint, token_seq and
-// token_pos consistent with seq_start / seq_len, max_len >= every length. O(rows).
-void check_layout(const char* op, const SeqLayout& layout, int64_t rows);
+// token_pos consistent with seq_start / seq_len, max_len >= every length; an empty slot
+// (length 0) only where `empty` allows it. O(rows).
+void check_layout(const char* op, const SeqLayout& layout, int64_t rows,
+                  checks::EmptySeqs empty = checks::EmptySeqs::allowed);
 
 // The Philox stream of one dropout site, after checking p, layer and site and that `elements`
 // (per row: hidden size, or sequence length for attention), heads and positions fit the key.

@@ -133,7 +133,7 @@ void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Pooler
   const char* op = "nsp_loss";
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cpu), layout, x, params,
                                             workspace, dx, grads);
-  cpu::check_layout(op, layout, layout.rows);
+  cpu::check_layout(op, layout, layout.rows, checks::EmptySeqs::refused);
 
   float* ws = workspace.ptr<float>();
   const Tensor cls = view(ws, {s, h});                   // each sequence's [CLS] row

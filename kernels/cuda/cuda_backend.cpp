@@ -241,7 +241,8 @@ std::vector<T> CudaBackend::to_host(const char* op, const Tensor& t) {
   return h;
 }
 
-cuda::DeviceLayout CudaBackend::device_layout(const char* op, const SeqLayout& l, int64_t rows) {
+cuda::DeviceLayout CudaBackend::device_layout(const char* op, const SeqLayout& l, int64_t rows,
+                                              checks::EmptySeqs empty) {
   PB_REQUIRE(l.rows == rows, "{}: layout has {} rows, the buffers {}", op, l.rows, rows);
   PB_REQUIRE(l.num_seqs >= 0 && l.max_len >= 0, "{}: layout with {} sequences, max_len {}", op,
              l.num_seqs, l.max_len);
@@ -258,7 +259,8 @@ cuda::DeviceLayout CudaBackend::device_layout(const char* op, const SeqLayout& l
     const auto tseq = to_host<int32_t>(op, l.token_seq);
     const auto tpos = to_host<int32_t>(op, l.token_pos);
     checks::check_layout_arrays(
-        op, l, {start.data(), len.data(), sample.data(), tseq.data(), tpos.data()}, rows);
+        op, l, {start.data(), len.data(), sample.data(), tseq.data(), tpos.data()}, rows,
+        empty);
   }
   cuda::DeviceLayout d;
   // A "none" view of 0 elements has no pointer; kernels never read it then.

@@ -13,6 +13,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/common/lowp_adapter.h"
+#include "kernels/common/op_checks.h"
 #include "kernels/common/op_args.h"
 #include "core/trace.h"
 #include "kernels/cuda/counters.h"
@@ -226,7 +227,9 @@ class CudaBackend final : public Backend {
     return [this](const char* op, const char* name, const Tensor& t) { check_pointer(op, name, t); };
   }
   // Shapes and devices of the layout's tensors; with validate_indices also their contents.
-  cuda::DeviceLayout device_layout(const char* op, const SeqLayout& layout, int64_t rows);
+  // An empty slot (length 0) only where `empty` allows it.
+  cuda::DeviceLayout device_layout(const char* op, const SeqLayout& layout, int64_t rows,
+                                   checks::EmptySeqs empty = checks::EmptySeqs::allowed);
   // What attention_forward and attention_backward set up alike once their tensors are checked
   // (cuda_layer_ops.cpp): the device layout, the sequence lengths on the host (for the grouped
   // launch; read once, validation included) and the dropout stream.

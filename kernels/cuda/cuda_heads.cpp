@@ -156,7 +156,7 @@ void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Poole
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()),
                                             layout, x, params, workspace, dx, grads);
   begin(op);
-  device_layout(op, layout, layout.rows);
+  device_layout(op, layout, layout.rows, checks::EmptySeqs::refused);
   if (s == 0) return end(op);
   gather_rows(x, layout.seq_start, nsp_workspace(workspace, s, h)[0]);
   nsp_head(workspace, s, h, params, labels, grad_scale, loss_sum, num_correct, dx.defined(),
@@ -226,7 +226,7 @@ bool CudaBackend::nsp_loss_lowp(const SeqLayout& layout, const Tensor& x,
                                             layout, shape_of(x), shapes, workspace,
                                             shape_of(dx), grads);
   begin(op);
-  const cuda::DeviceLayout dl = device_layout(op, layout, layout.rows);
+  const cuda::DeviceLayout dl = device_layout(op, layout, layout.rows, checks::EmptySeqs::refused);
   if (s == 0) {
     end(op);
     return true;

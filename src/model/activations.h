@@ -59,6 +59,8 @@ struct Bert::Activations {
   Tensor masked_rows, masked_labels;      // i32 [masked]
   Tensor step;                            // i32 [1]: the step (the dropouts' device_step)
   SeqLayout layout;                       // over the tensors above
+  SeqLayout nsp_layout;                   // layout over the batch's own sequences: without the
+                                          // empty slots a graphed batch's layout ends in
   std::vector<int32_t> host_seq_len;      // the batch's seq_len on the host (layout.host_seq_len)
 
   // Forward.

@@ -1,5 +1,7 @@
 #include "model/batch.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace packbert {
@@ -39,6 +41,32 @@ SeqLayout Batch::host_layout() const {
   l.token_pos = view(token_pos.data(), {rows});
   l.host_seq_len = seq_len.empty() ? nullptr : seq_len.data();
   return l;
+}
+
+int64_t row_capacity(int64_t rows) {
+  if (rows <= 0) return rows;
+  int shift = 0;
+  while ((int64_t{2} << shift) <= rows) ++shift;  // shift = floor(log2 rows)
+  const int64_t step = int64_t{1} << std::max(4, shift - 4);
+  return (rows + step - 1) / step * step;
+}
+
+Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs) {
+  PB_REQUIRE(rows >= b.rows && seqs >= b.num_seqs(),
+             "batch: a capacity of {} rows / {} sequences below the batch's {} / {}", rows, seqs,
+             b.rows, b.num_seqs());
+  Batch out = b;
+  out.rows = rows;
+  const auto r = static_cast<size_t>(rows), s = static_cast<size_t>(seqs);
+  out.input_ids.resize(r, 0);
+  out.segment_ids.resize(r, 0);
+  out.token_seq.resize(r, -1);
+  out.token_pos.resize(r, 0);
+  out.seq_start.resize(s, static_cast<int32_t>(b.rows));
+  out.seq_len.resize(s, 0);
+  out.sample_id.resize(s, 0);
+  out.nsp_labels.resize(s, 0);
+  return out;
 }
 
 }  // namespace packbert

@@ -66,4 +66,15 @@ struct Batch {
   SeqLayout host_layout() const;
 };
 
+// Fixed capacities, for CUDA graphs (BertOptions::cuda_graphs): a recorded layer serves every
+// batch whose rows and sequence slots are the same, so a batch is laid into a capacity that
+// few batches share. Rows round up to a multiple of 2^max(4, floor(log2 rows) - 4): 16
+// capacities per doubling, at most 1/16 more rows than tokens (padding rows at the end).
+int64_t row_capacity(int64_t rows);
+// The batch with padding rows after its last row up to `rows` rows, and empty sequence slots
+// (seq_len 0, at the row after the last token, sample id 0, NSP label 0; SeqLayout::seq_len)
+// after its last sequence up to `seqs`: every token, label and sequence where it was, so the
+// model computes the same loss and gradients.
+Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs);
+
 }  // namespace packbert

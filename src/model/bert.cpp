@@ -251,7 +251,30 @@ const char* recompute_name(Recompute r) {
 namespace {
 constexpr int64_t kMaxAutoChunks = 64;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
 }  // namespace
+
+bool Bert::graphs_on() const {
+  return options_.cuda_graphs == CudaGraphs::segmented && backend_.supports_graphs();
+}
+
+BatchShape Bert::capacity(const BatchShape& shape, bool gradients) const {
+  if (!graphs_on() || shape.seqs == 0) return shape;
+  BatchShape c = shape;
+  c.rows = row_capacity(shape.rows);
+  c.seqs = std::max(seq_capacity_[gradients ? 1 : 0], next_pow2(shape.seqs));
+  return c;
+}
+
+void Bert::grow_seq_capacity(int64_t seqs, bool gradients) {
+  if (!graphs_on()) return;
+  int64_t& cap = seq_capacity_[gradients ? 1 : 0];
+  cap = std::max(cap, next_pow2(seqs));
+}
 
 ActivationPlan Bert::plan(const BatchShape& shape, bool gradients, int64_t m) const {
   ActivationPlan p;
@@ -282,7 +305,8 @@ int64_t Bert::mst_chunks_for(const BatchShape& shape, bool gradients) const {
 }
 
 size_t Bert::activation_bytes(const BatchShape& shape, bool gradients) const {
-  return plan_bytes(shape, plan(shape, gradients, mst_chunks_for(shape, gradients)));
+  const BatchShape c = capacity(shape, gradients);
+  return plan_bytes(c, plan(c, gradients, mst_chunks_for(c, gradients)));
 }
 
 ActivationReport Bert::activation_report() const {
@@ -301,8 +325,10 @@ ActivationReport Bert::activation_report() const {
 }
 
 void Bert::reserve(const BatchShape& shape, bool gradients) {
+  grow_seq_capacity(shape.seqs, gradients);
   arena_.reserve(activation_bytes(shape, gradients));
-  for (BackendBuffer& b : batch_buffers_) grow_batch_buffer(b, batch_bytes(shape));
+  for (BackendBuffer& b : batch_buffers_)
+    grow_batch_buffer(b, batch_bytes(capacity(shape, gradients)));
 }
 
 void Bert::grow_batch_buffer(BackendBuffer& buffer, size_t bytes) {
@@ -379,24 +405,41 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   seed_ = seed;
   dropout_on_ = options.dropout;
 
+  // With graphs, a layer recorded for one batch is replayed for the next of the same shape:
+  // the batch is laid into a capacity many batches share (padding rows up to row_capacity,
+  // empty sequence slots up to a power of two that only grows), and attention launches from
+  // the slot / pack length as its bound (SeqLayout::fixed_launch).
+  graphs_now_ = graphs_on();
+  Batch fixed;
+  if (graphs_now_) {
+    grow_seq_capacity(batch.num_seqs(), options.gradients);
+    const BatchShape c = capacity(batch.shape(), options.gradients);
+    fixed = with_capacity(batch, c.rows, c.seqs);
+  }
+  const Batch& laid = graphs_now_ ? fixed : batch;
+
   // The batch into the next of the two batch buffers (its upload may overlap the previous
   // micro-step's compute, which reads the other one). The arena: measure, grow if this batch is
   // the largest yet, carve.
-  const BatchShape shape = batch.shape();
+  const BatchShape shape = laid.shape();
   Activations& a = *act_;
   BackendBuffer& batch_buffer = batch_buffers_[next_batch_buffer_];
   next_batch_buffer_ = 1 - next_batch_buffer_;
   grow_batch_buffer(batch_buffer, batch_bytes(shape));
   Carver batch_carver(batch_buffer.data(), backend_.device());
   carve_batch(batch_carver, shape, a);
-  // With graphs, attention launches from the slot / pack length as its bound, so that every
-  // batch of this shape records and replays the same launches.
-  graphs_now_ = options_.cuda_graphs == CudaGraphs::segmented && backend_.supports_graphs();
   if (graphs_now_) {
     a.layout.fixed_launch = true;
     a.layout.max_len = std::max(batch.max_len, batch.max_seq_len);
   }
-  upload_batch(backend_, batch, step_, a);
+  upload_batch(backend_, laid, step_, a);
+  // NSP reads each sequence's [CLS]: the batch's own sequences, not the empty slots after them.
+  const int64_t seqs = batch.num_seqs();
+  a.nsp_layout = a.layout;
+  a.nsp_layout.num_seqs = static_cast<int32_t>(seqs);
+  a.nsp_layout.seq_start = rows_of(a.seq_start, 0, seqs);
+  a.nsp_layout.seq_len = rows_of(a.seq_len, 0, seqs);
+  a.nsp_layout.sample_id = rows_of(a.sample_id, 0, seqs);
   last_mst_chunks_ = mst_chunks_for(shape, options.gradients);
   const ActivationPlan p = plan(shape, options.gradients, last_mst_chunks_);
   arena_.reserve(plan_bytes(shape, p));
@@ -627,14 +670,15 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
     backend_.zero(a.dhidden[0]);
   }
 
-  backend_.nsp_loss(a.layout, y, gemm_weights_.pooler_nsp, a.nsp_labels,
+  const int64_t seqs = a.nsp_layout.num_seqs, h = config_.hidden;
+  backend_.nsp_loss(a.nsp_layout, y, gemm_weights_.pooler_nsp, rows_of(a.nsp_labels, 0, seqs),
                     static_cast<float>(options.loss_scale / static_cast<double>(global_samples)),
-                    a.nsp_ws,
+                    rows_of(a.nsp_ws, 0, nsp_workspace_elems(seqs, h)),
                     nsp_loss_sum, nsp_correct, grad ? a.dhidden[0] : Tensor(),
                     grad ? grads_.pooler_nsp : PoolerParams{});
   if (options.nsp_logits) {
     // nsp_loss leaves the logits in its workspace (backend.h nsp_loss).
-    const int64_t s = a.layout.num_seqs, h = config_.hidden;
+    const int64_t s = seqs;
     std::vector<float> host(static_cast<size_t>(s * 2));
     const Tensor logits(a.nsp_ws.ptr<float>() + 4 * s * h, DType::f32, {s, 2},
                         a.nsp_ws.device);

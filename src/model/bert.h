@@ -191,7 +191,8 @@ class Bert {
   // step loop never allocates; forward() grows them anyway when a batch needs more
   // (arena_allocations() counts the arena's).
   void reserve(const BatchShape& shape, bool gradients = true);
-  // Arena bytes a batch of this shape needs (with the M that forward() would use for it).
+  // Arena bytes a batch of this shape needs (with the M that forward() would use for it, and,
+  // with graphs, in the capacity forward() lays it into).
   size_t activation_bytes(const BatchShape& shape, bool gradients = true) const;
   // The M forward() uses for a batch of this shape (mst_chunks, or auto from the budget).
   int64_t mst_chunks_for(const BatchShape& shape, bool gradients = true) const;
@@ -293,6 +294,15 @@ class Bert {
     BackendGraph graph;  // none until the second use
   };
   static constexpr size_t kGraphShapes = 16;
+  // Whether forwards run their layers through layer_graphs_ (the option, on a backend that
+  // records graphs), and the capacity a batch of `shape` is laid into then (the shape itself
+  // otherwise): row_capacity rows, and sequence slots the largest power of two needed so far
+  // by forwards with / without gradients (seq_capacity_[1] / [0]), so that a training run's
+  // slots stop changing after its first batches.
+  bool graphs_on() const;
+  BatchShape capacity(const BatchShape& shape, bool gradients) const;
+  void grow_seq_capacity(int64_t seqs, bool gradients);
+  int64_t seq_capacity_[2] = {0, 0};
   std::vector<LayerGraph> layer_graphs_;
   bool graphs_now_ = false;  // this forward's batch runs its layers through layer_graphs_
   void run_layer(bool backward, int64_t l, const std::function<void()>& ops);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <set>
 
 #include "kernels/common/philox.h"
 #include "kernels/device.h"
@@ -93,6 +94,44 @@ TEST(CudaModel, TinyBertTanhGeluMatchesCpu) {
 }
 
 
+// The tiny model twice over the same weights: op by op and with segmented graphs, each with a
+// gradient of its own, on one backend as the trainer's (no index validation, which waits for
+// the device), both sized for the largest batch up front as the trainer does (an arena that grew
+// for a batch with more masked tokens would move, and the layers' graphs with it).
+struct GraphedPair {
+  GraphedPair(std::mt19937_64& rng, Precision precision, const BatchShape& largest)
+      : gpu(make_cuda_backend(0, backend_options())),
+        config(bert_preset("tiny")),
+        m(config, rng()),
+        params({m.table.total()}, m.params),
+        grads_off({m.table.total()}),
+        grads_on({m.table.total()}),
+        off(bert_options(precision, CudaGraphs::off)),
+        on(bert_options(precision, CudaGraphs::segmented)),
+        eager(m.config, *gpu, params.tensor(), grads_off.tensor(), off),
+        graphed(m.config, *gpu, params.tensor(), grads_on.tensor(), on) {
+    eager.reserve(largest);
+    graphed.reserve(largest);
+  }
+  static CudaBackendOptions backend_options() {
+    CudaBackendOptions bo;
+    bo.validate_indices = false;
+    return bo;
+  }
+  static BertOptions bert_options(Precision precision, CudaGraphs graphs) {
+    BertOptions o;
+    o.precision = precision;
+    o.cuda_graphs = graphs;
+    return o;
+  }
+  std::unique_ptr<Backend> gpu;
+  BertConfig config;
+  HostModel m;
+  DevBuf<float> params, grads_off, grads_on;
+  BertOptions off, on;
+  Bert eager, graphed;
+};
+
 // BertOptions::cuda_graphs = segmented: each encoder layer's forward and backward recorded at a
 // shape's second use and replayed after gives the loss and every gradient of the ops run one by
 // one, bit for bit, step after step with dropout on (a new step, new batches of the padded
@@ -104,23 +143,8 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(precision_name(precision));
     auto rng = model_rng(102);
-    CudaBackendOptions bo;
-    bo.validate_indices = false;  // the trainer's backend (validation waits for the device)
-    auto gpu = make_cuda_backend(0, bo);
-    const BertConfig config = bert_preset("tiny");
-    HostModel m(config, rng());
-    const int64_t total = m.table.total();
-    DevBuf<float> params({total}, m.params), grads_off({total}), grads_on({total});
-    BertOptions off, on;
-    off.precision = on.precision = precision;
-    on.cuda_graphs = CudaGraphs::segmented;
-    Bert eager(m.config, *gpu, params.tensor(), grads_off.tensor(), off);
-    Bert graphed(m.config, *gpu, params.tensor(), grads_on.tensor(), on);
-    // Sized for the largest batch up front, as the trainer does: an arena that grew for a batch
-    // with more masked tokens would move, and the layers' graphs with it.
     const BatchShape largest{6 * kMaxSeqLen, 6 * 10, 6, kMaxSeqLen};
-    eager.reserve(largest);
-    graphed.reserve(largest);
+    GraphedPair pair(rng, precision, largest);
     const uint64_t seed = rng();
     BackendCounters before_off{}, before_on{};
     int64_t launches_off = 0, launches_on = 0, graphs_on = 0;
@@ -128,28 +152,28 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
       SCOPED_TRACE("step " + std::to_string(step));
       std::vector<int> lengths(6);
       for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));  // 5 .. 64
-      const auto samples = model_samples(rng, lengths, 10, m.config.real_vocab_size);
+      const auto samples = model_samples(rng, lengths, 10, pair.m.config.real_vocab_size);
       const BatchLayout layout = step == 5 ? BatchLayout::unpadded : BatchLayout::padded;
       const Batch batch = make_batch(samples, layout, kMaxSeqLen);
       const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
       const auto s = static_cast<uint32_t>(1000 + 7 * step);
       auto run = [&](Bert& bert, DevBuf<float>& grads, BackendCounters& before) {
-        gpu->zero(grads.tensor());
-        gpu->synchronize();
-        before = gpu->counters();
+        pair.gpu->zero(grads.tensor());
+        pair.gpu->synchronize();
+        before = pair.gpu->counters();
         const ForwardResult r = bert.forward(batch, gm, gs, s, seed);
         bert.backward();
-        gpu->synchronize();
+        pair.gpu->synchronize();
         return r;
       };
-      const ForwardResult want = run(eager, grads_off, before_off);
-      const BackendCounters after_off = gpu->counters();
-      const ForwardResult got = run(graphed, grads_on, before_on);
-      const BackendCounters after_on = gpu->counters();
+      const ForwardResult want = run(pair.eager, pair.grads_off, before_off);
+      const BackendCounters after_off = pair.gpu->counters();
+      const ForwardResult got = run(pair.graphed, pair.grads_on, before_on);
+      const BackendCounters after_on = pair.gpu->counters();
       EXPECT_EQ(got.loss, want.loss);
       EXPECT_EQ(got.mlm_correct, want.mlm_correct);
       EXPECT_EQ(got.nsp_correct, want.nsp_correct);
-      EXPECT_EQ(grads_on.values(), grads_off.values()) << "the gradients differ";
+      EXPECT_EQ(pair.grads_on.values(), pair.grads_off.values()) << "the gradients differ";
       if (step >= 6) {  // both batch buffers' graphs recorded (steps 2 and 3), replayed
         launches_off += after_off.launches - before_off.launches;
         launches_on += after_on.launches - before_on.launches;
@@ -157,21 +181,22 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
         EXPECT_EQ(after_off.graph_launches, before_off.graph_launches);
       }
     }
-    EXPECT_EQ(graphs_on, 2 * 2 * config.layers) << "a graph per layer and direction, per step";
+    EXPECT_EQ(graphs_on, 2 * 2 * pair.config.layers)
+        << "a graph per layer and direction, per step";
 
     // Evaluation (forward only, no dropout, a model without gradients): its layers' graphs too.
-    Bert eval_off(m.config, *gpu, params.tensor(), Tensor(), off);
-    Bert eval_on(m.config, *gpu, params.tensor(), Tensor(), on);
+    Bert eval_off(pair.m.config, *pair.gpu, pair.params.tensor(), Tensor(), pair.off);
+    Bert eval_on(pair.m.config, *pair.gpu, pair.params.tensor(), Tensor(), pair.on);
     eval_off.reserve(largest, false);
     eval_on.reserve(largest, false);
     ForwardOptions fo;
     fo.gradients = false;
     fo.dropout = false;
-    const BackendCounters eval_before = gpu->counters();
+    const BackendCounters eval_before = pair.gpu->counters();
     for (int k = 0; k < 5; ++k) {
       std::vector<int> lengths(6);
       for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));
-      const auto samples = model_samples(rng, lengths, 10, m.config.real_vocab_size);
+      const auto samples = model_samples(rng, lengths, 10, pair.m.config.real_vocab_size);
       const Batch batch = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
       const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
       const ForwardResult want = eval_off.forward(batch, gm, gs, 0, seed, fo);
@@ -181,19 +206,86 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
     }
     // Recorded at the third and fourth batches (each batch buffer's second use), replayed at
     // the fifth: a graph per layer at each of the three.
-    EXPECT_EQ(gpu->counters().graph_launches - eval_before.graph_launches, 3 * config.layers);
+    EXPECT_EQ(pair.gpu->counters().graph_launches - eval_before.graph_launches,
+              3 * pair.config.layers);
     EXPECT_LT(launches_on, launches_off);
     std::printf("[graphs] %s: launches per step %lld op by op, %lld with segmented graphs (+%lld "
                 "graph launches)\n",
                 precision_name(precision), static_cast<long long>(launches_off / 2),
                 static_cast<long long>(launches_on / 2), static_cast<long long>(graphs_on / 2));
-    EXPECT_TRUE(grads_on.guards_intact() && grads_off.guards_intact() && params.guards_intact());
+    EXPECT_TRUE(pair.grads_on.guards_intact() && pair.grads_off.guards_intact() &&
+                pair.params.guards_intact());
+  }
+}
+
+// Unpadded batches rarely repeat a shape; laid into a capacity (padding rows up to
+// row_capacity, empty sequence slots up to a power of two), they share one. Batches of 5 to 8
+// sequences and 241 to 256 tokens all take 256 rows and 8 slots: each layer is recorded at its
+// batch buffer's second use and replayed from then on, and every step gives the bits of the
+// same batch run op by op without the padding.
+TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
+  PB_REQUIRE_CUDA_DEVICE();
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    auto rng = model_rng(104);
+    GraphedPair pair(rng, precision, {256, 8 * 10, 8, kMaxSeqLen});
+    const uint64_t seed = rng();
+    int64_t graphs = 0;
+    std::vector<int64_t> rows_seen, seqs_seen;
+    for (int step = 0; step < 8; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      // n sequences of 5 .. 64 tokens whose total is in [241, 256] (5 x 64 >= 256): random
+      // lengths, then the total moved into the range one token at a time on sequences that can
+      // take it.
+      const int n = 5 + static_cast<int>(rng() % 4);
+      const int target = 241 + static_cast<int>(rng() % 16);
+      std::vector<int> lengths(static_cast<size_t>(n));
+      for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));
+      int sum = 0;
+      for (int len : lengths) sum += len;
+      for (size_t i = 0; sum != target; i = (i + 1) % lengths.size()) {
+        if (sum < target && lengths[i] < kMaxSeqLen) ++lengths[i], ++sum;
+        if (sum > target && lengths[i] > 5) --lengths[i], --sum;
+      }
+      const auto samples = model_samples(rng, lengths, 10, pair.m.config.real_vocab_size);
+      const Batch batch = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
+      rows_seen.push_back(batch.rows);
+      seqs_seen.push_back(batch.num_seqs());
+      const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+      const auto s = static_cast<uint32_t>(2000 + 3 * step);
+      auto run = [&](Bert& bert, DevBuf<float>& grads) {
+        pair.gpu->zero(grads.tensor());
+        const ForwardResult r = bert.forward(batch, gm, gs, s, seed);
+        bert.backward();
+        pair.gpu->synchronize();
+        return r;
+      };
+      const ForwardResult want = run(pair.eager, pair.grads_off);
+      const BackendCounters before = pair.gpu->counters();
+      const ForwardResult got = run(pair.graphed, pair.grads_on);
+      const int64_t replays = pair.gpu->counters().graph_launches - before.graph_launches;
+      EXPECT_EQ(got.loss, want.loss);
+      EXPECT_EQ(got.mlm_correct, want.mlm_correct);
+      EXPECT_EQ(got.nsp_correct, want.nsp_correct);
+      EXPECT_EQ(got.sequences, want.sequences);
+      EXPECT_EQ(pair.grads_on.values(), pair.grads_off.values()) << "the gradients differ";
+      // Steps 0 and 1 run each batch buffer's first use op by op; from step 2 on every layer
+      // replays in both directions.
+      EXPECT_EQ(replays, step < 2 ? 0 : 2 * pair.config.layers);
+      graphs += replays;
+    }
+    EXPECT_EQ(graphs, 6 * 2 * pair.config.layers);
+    // The batches did differ in shape: without the capacity they would not have replayed.
+    EXPECT_GT(std::set<int64_t>(rows_seen.begin(), rows_seen.end()).size(), 1u);
+    EXPECT_TRUE(pair.grads_on.guards_intact() && pair.grads_off.guards_intact() &&
+                pair.params.guards_intact());
   }
 }
 
 // The table of layer graphs is bounded (16 shapes' worth); shapes seen once must not keep a
-// recurring one from being recorded: after 40 one-off shapes (forward only, one sequence of 5 to
-// 44 tokens each), a batch that comes 5 times is recorded at its third and fourth forwards
+// recurring one from being recorded: after 40 one-off shapes (forward only, one sequence of 44
+// tokens under 40 different attention bounds, the max_seq_len of its make_batch), a batch that
+// comes 5 times is recorded at its third and fourth forwards
 // (each batch buffer's second use) and replayed at its fifth, with the ops' losses.
 TEST(CudaModel, SegmentedGraphsOutliveOneOffShapes) {
   PB_REQUIRE_CUDA_DEVICE();
@@ -214,18 +306,18 @@ TEST(CudaModel, SegmentedGraphsOutliveOneOffShapes) {
   ForwardOptions fo;
   fo.gradients = false;
   fo.dropout = false;
-  auto forward = [&](const std::vector<Sample>& samples) {
-    const Batch batch = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
+  auto forward = [&](const std::vector<Sample>& samples, int max_seq_len) {
+    const Batch batch = make_batch(samples, BatchLayout::unpadded, max_seq_len);
     const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
     const ForwardResult want = eager.forward(batch, gm, gs, 0, 1, fo);
     const ForwardResult got = graphed.forward(batch, gm, gs, 0, 1, fo);
     EXPECT_EQ(got.loss, want.loss) << batch.rows << " rows";
   };
-  for (int len = 5; len < 45; ++len)
-    forward(model_samples(rng, {len}, 10, m.config.real_vocab_size));
+  for (int bound = kMaxSeqLen + 1; bound <= kMaxSeqLen + 40; ++bound)
+    forward(model_samples(rng, {44}, 10, m.config.real_vocab_size), bound);
   const auto recurring = model_samples(rng, {50}, 10, m.config.real_vocab_size);
   const BackendCounters before = gpu->counters();
-  for (int k = 0; k < 5; ++k) forward(recurring);
+  for (int k = 0; k < 5; ++k) forward(recurring, kMaxSeqLen);
   EXPECT_EQ(gpu->counters().graph_launches - before.graph_launches, 3 * config.layers);
 }
 }  // namespace

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
+#include <set>
+#include <string>
 
 #include "model_test_util.h"
 
@@ -154,6 +157,101 @@ TEST(ModelBatch, BadInputIsAnErrorNamingTheSample) {
   expect_error(good, "got 2 samples and no packs", BatchLayout::packed);
   EXPECT_THROW(parse_batch_layout("ragged"), Error);
   EXPECT_EQ(parse_batch_layout("packed"), BatchLayout::packed);
+}
+
+// row_capacity: at least the rows, at most 1/16 more (or 15 rows below 256), idempotent, and 16
+// capacities per doubling, which bounds the shapes a graphed run records.
+TEST(ModelBatch, RowCapacityRoundsUpBySixteenthsOfAnOctave) {
+  EXPECT_EQ(row_capacity(0), 0);
+  std::map<int, std::set<int64_t>> per_octave;
+  for (int64_t rows = 1; rows <= 70000; ++rows) {
+    const int64_t c = row_capacity(rows);
+    ASSERT_GE(c, rows);
+    ASSERT_LE(c - rows, std::max<int64_t>(15, rows / 16)) << rows;
+    ASSERT_EQ(row_capacity(c), c) << rows;
+    int octave = 0;
+    while ((int64_t{2} << octave) <= rows) ++octave;
+    per_octave[octave].insert(c);
+  }
+  for (const auto& [octave, caps] : per_octave)
+    if (octave >= 8 && octave < 16) {  // 2^k, then 16 steps up to 2^(k+1) (the next octave's)
+      EXPECT_EQ(caps.size(), 17u) << "octave " << octave;
+      EXPECT_EQ(*caps.begin(), int64_t{1} << octave);
+      EXPECT_EQ(*caps.rbegin(), int64_t{2} << octave);
+    }
+}
+
+// with_capacity keeps every token, label and sequence where it was and adds only padding rows
+// and empty slots; the CPU backend's attention gives the real rows the same bits over it, and
+// NSP, which reads every [CLS], refuses an empty slot by name.
+TEST(ModelBatch, CapacityAddsPaddingRowsAndEmptySlotsOnly) {
+  auto rng = model_rng(11);
+  const auto samples = model_samples(rng, {7, 30, 5, 19}, 6, 1000);
+  const Batch b = make_batch(samples, BatchLayout::unpadded, 32);
+  const int64_t rows = row_capacity(b.rows) + 16, seqs = 8;
+  const Batch c = with_capacity(b, rows, seqs);
+  ASSERT_EQ(c.rows, rows);
+  ASSERT_EQ(c.num_seqs(), seqs);
+  EXPECT_EQ(c.num_tokens(), b.num_tokens());
+  EXPECT_EQ(c.masked_rows, b.masked_rows);
+  EXPECT_EQ(c.masked_labels, b.masked_labels);
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool real = r < b.rows;
+    const auto i = static_cast<size_t>(r);
+    EXPECT_EQ(c.input_ids[i], real ? b.input_ids[i] : 0);
+    EXPECT_EQ(c.segment_ids[i], real ? b.segment_ids[i] : 0);
+    EXPECT_EQ(c.token_seq[i], real ? b.token_seq[i] : -1);
+    EXPECT_EQ(c.token_pos[i], real ? b.token_pos[i] : 0);
+  }
+  for (int64_t k = 0; k < seqs; ++k) {
+    const bool real = k < b.num_seqs();
+    const auto i = static_cast<size_t>(k);
+    EXPECT_EQ(c.seq_start[i], real ? b.seq_start[i] : b.rows);
+    EXPECT_EQ(c.seq_len[i], real ? b.seq_len[i] : 0);
+    EXPECT_EQ(c.sample_id[i], real ? b.sample_id[i] : 0);
+    EXPECT_EQ(c.nsp_labels[i], real ? b.nsp_labels[i] : 0);
+  }
+  EXPECT_THROW(with_capacity(b, b.rows - 1, seqs), Error);
+  EXPECT_THROW(with_capacity(b, rows, b.num_seqs() - 1), Error);
+
+  auto be = make_cpu_backend();
+  const int heads = 2;
+  const int64_t h = 16;
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> qkv(static_cast<size_t>(rows * 3 * h));
+  for (float& v : qkv) v = normal(rng);
+  auto attend = [&](const Batch& batch) {
+    std::vector<float> out(static_cast<size_t>(batch.rows * h), -1.f);
+    std::vector<float> lse(static_cast<size_t>(batch.rows * heads), -1.f);
+    be->attention_forward(batch.host_layout(), view(qkv.data(), {batch.rows, 3 * h}), heads,
+                          Dropout{}, view(out.data(), {batch.rows, h}),
+                          view(lse.data(), {batch.rows, int64_t{heads}}));
+    return out;
+  };
+  const std::vector<float> plain = attend(b), padded = attend(c);
+  EXPECT_TRUE(std::equal(plain.begin(), plain.end(), padded.begin()))
+      << "the real rows' attention changed";
+  EXPECT_TRUE(std::all_of(padded.begin() + b.rows * h, padded.end(),
+                          [](float v) { return v == 0.f; }))
+      << "a padding row's output is not 0";
+
+  std::vector<float> x(static_cast<size_t>(rows * h), 0.5f), w(static_cast<size_t>(h * h), 0.f),
+      bias(static_cast<size_t>(h), 0.f), cw(static_cast<size_t>(2 * h), 0.f), cb(2, 0.f);
+  const PoolerParams p{view(w.data(), {h, h}), view(bias.data(), {h}),
+                       view(cw.data(), {2, h}), view(cb.data(), {2})};
+  std::vector<float> ws(static_cast<size_t>(nsp_workspace_elems(seqs, h)));
+  float loss = 0.f;
+  int32_t correct = 0;
+  try {
+    be->nsp_loss(c.host_layout(), view(x.data(), {rows, h}), p,
+                 view(const_cast<int32_t*>(c.nsp_labels.data()), {seqs}), 1.f,
+                 view(ws.data(), {static_cast<int64_t>(ws.size())}), view(&loss, {1}),
+                 view(&correct, {1}), Tensor(), PoolerParams{});
+    ADD_FAILURE() << "nsp_loss took a layout with empty slots";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence 4 is an empty slot"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -1067,7 +1067,8 @@ OpCases attention_cases(bool emulated) {
       const auto ids = random_sample_ids(g, lens.size());
       const HostLayout l = layout == 0   ? unpadded(lens, ids)
                            : layout == 1 ? padded(lens, ids, 128)
-                                         : packed(lens, ids, 128);
+                           : layout == 2 ? packed(lens, ids, 128)
+                                         : with_empty_slots(unpadded(lens, ids), 21, 3);
       const int64_t rows = l.rows;
       const Dropout d = make_dropout(p, g(), DropoutSite::attention_probs, 7);
       auto qkv = random_floats(g, rows * 3 * hidden), dy = random_floats(g, rows * hidden);
@@ -1092,6 +1093,7 @@ OpCases attention_cases(bool emulated) {
     add("unpadded", lens, 0, 128, 2, p);  // head dim 64
     add("padded", lens, 1, 96, 3, p);     // head dim 32
     add("packed", lens, 2, 40, 2, p);     // head dim 20
+    add("unpadded, 21 padding rows and 3 empty slots after", lens, 3, 64, 2, p);
     add("one token", {1}, 0, 64, 4, p);
   }
   add("long", emulated ? std::vector<int32_t>{300, 1} : std::vector<int32_t>{512, 300, 1}, 0, 128,

@@ -438,6 +438,21 @@ inline HostLayout packed(const std::vector<int32_t>& lens, const std::vector<int
   return place(lens, ids, starts, static_cast<int64_t>(fill.size()) * max_seq_len);
 }
 
+// A fixed-capacity batch's layout (model/batch.h with_capacity): `l` followed by `extra_rows`
+// padding rows and `slots` empty sequence slots (length 0, at the row after the last, id 0).
+inline HostLayout with_empty_slots(HostLayout l, int64_t extra_rows, int slots) {
+  const auto end = static_cast<int32_t>(l.rows);
+  l.rows += extra_rows;
+  l.token_seq.resize(static_cast<size_t>(l.rows), -1);
+  l.token_pos.resize(static_cast<size_t>(l.rows), 0);
+  for (int i = 0; i < slots; ++i) {
+    l.seq_start.push_back(end);
+    l.seq_len.push_back(0);
+    l.sample_id.push_back(0);
+  }
+  return l;
+}
+
 // Copies rows of sequence s from a [rows, width] buffer of layout `from` into the same
 // sequence's rows of a buffer of layout `to` (moving a batch between layouts).
 template <typename T>
