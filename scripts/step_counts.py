@@ -16,8 +16,8 @@ allocations):
         [--graphs off,segmented] [--layout padded] [--check]
 
 --graphs runs each case once per train.cuda_graphs value (segmented replays each encoder
-layer's recorded graph for batches of a shape it has seen: the padded layout's micro-batches
-share a few shapes, the unpadded layout's rarely repeat).
+layer's recorded graph for batches of a capacity it has seen: the padded layout's micro-batches
+share a few, the unpadded layout's more, since each capacity is recorded at its second use).
 
 --check (the emulated ctest emu_step_counts) exits 1 unless, in every case, a step waits for the
 device at most once per log.every_steps steps (host_syncs_per_step <= 1 / every) and no step

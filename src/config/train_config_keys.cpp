@@ -165,8 +165,9 @@ std::vector<Key> make_keys() {
   k.push_back(key("train.cuda_graphs", &C::train, &T::cuda_graphs, cuda_graphs_table(),
                   "device = cuda: off (every kernel launched by the host) or segmented (each "
                   "encoder layer's forward and backward recorded as a CUDA graph at its batch "
-                  "shape's second use, then replayed: the same bits, fewer launches; the "
-                  "embeddings, heads and optimizer stay op by op)"));
+                  "shape's second use, then replayed: fewer launches; batches padded to a "
+                  "shared row and sequence capacity, at most 1/16 more rows; the embeddings, "
+                  "heads and optimizer stay op by op)"));
   k.push_back(key("train.gpu_allreduce", &C::train, &T::gpu_allreduce, gpu_allreduce_table(),
                   "device = cuda, several ranks: nccl (gradient buckets all-reduced on a "
                   "communication stream during the backward) or host (each bucket staged "
