@@ -198,7 +198,7 @@ bool Bert::LayerGraphKey::operator==(const LayerGraphKey& o) const {
 
 // The layer's ops: run, recorded (then replayed), or replayed (BertOptions::cuda_graphs).
 void Bert::run_layer(bool backward, int64_t l, const std::function<void()>& ops) {
-  if (!graphs_now_) return ops();
+  if (!graphs_on()) return ops();
   const Activations& a = *act_;
   LayerGraphKey key;
   key.backward = backward;
@@ -409,14 +409,14 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // the batch is laid into a capacity many batches share (padding rows up to row_capacity,
   // empty sequence slots up to a power of two that only grows), and attention launches from
   // the slot / pack length as its bound (SeqLayout::fixed_launch).
-  graphs_now_ = graphs_on();
+  const bool graphs = graphs_on();
   Batch fixed;
-  if (graphs_now_) {
+  if (graphs) {
     grow_seq_capacity(batch.num_seqs(), options.gradients);
     const BatchShape c = capacity(batch.shape(), options.gradients);
     fixed = with_capacity(batch, c.rows, c.seqs);
   }
-  const Batch& laid = graphs_now_ ? fixed : batch;
+  const Batch& laid = graphs ? fixed : batch;
 
   // The batch into the next of the two batch buffers (its upload may overlap the previous
   // micro-step's compute, which reads the other one). The arena: measure, grow if this batch is
@@ -428,7 +428,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   grow_batch_buffer(batch_buffer, batch_bytes(shape));
   Carver batch_carver(batch_buffer.data(), backend_.device());
   carve_batch(batch_carver, shape, a);
-  if (graphs_now_) {
+  if (graphs) {
     a.layout.fixed_launch = true;
     a.layout.max_len = std::max(batch.max_len, batch.max_seq_len);
   }

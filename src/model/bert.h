@@ -304,7 +304,6 @@ class Bert {
   void grow_seq_capacity(int64_t seqs, bool gradients);
   int64_t seq_capacity_[2] = {0, 0};
   std::vector<LayerGraph> layer_graphs_;
-  bool graphs_now_ = false;  // this forward's batch runs its layers through layer_graphs_
   void run_layer(bool backward, int64_t l, const std::function<void()>& ops);
   // The step in flight (dropout keys, and whether backward() may run).
   uint32_t step_ = 0;
