@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Host work per training step on the CUDA backend: host synchronisations, launches and
-pageable copies, as the metrics JSONL reports them (host_syncs_per_step,
-launches_per_step, pageable_copies_per_step; kernels/cuda/counters.h says what counts). Run
+"""Host work per training step on the CUDA backend: host synchronisations, launches, graph
+launches and pageable copies, as the metrics JSONL reports them (host_syncs_per_step,
+launches_per_step, graph_launches_per_step, pageable_copies_per_step; kernels/cuda/counters.h
+says what counts; "all launches" adds the kernel and the graph launches). Run
 with the emulated build's packbert, where the counts are exact (the emulated runtime checks
 them: tests/gpu/test_cuda_trainer.cpp, CudaTrainer.HostWorkCountsAreTheRuntimes); on a GPU
 build they are the same calls.
@@ -16,8 +17,9 @@ allocations):
         [--graphs off,segmented] [--layout padded] [--check]
 
 --graphs runs each case once per train.cuda_graphs value (segmented replays each encoder
-layer's recorded graph for batches of a capacity it has seen: the padded layout's micro-batches
-share a few, the unpadded layout's more, since each capacity is recorded at its second use).
+layer's recorded graph for batches of a capacity it has seen, full a micro-step's whole forward
+and backward: the padded layout's micro-batches share a few capacities, the unpadded layout's
+more, since each capacity is recorded at its second use).
 
 --check (the emulated ctest emu_step_counts) exits 1 unless, in every case, a step waits for the
 device at most once per log.every_steps steps (host_syncs_per_step <= 1 / every) and no step
@@ -79,8 +81,8 @@ def main():
           f"max_seq_len 128; per step, the mean over the records after the first")
     print()
     print("| precision | cuda_graphs | log.every_steps | host syncs/step | launches/step | "
-          "pageable copies/step |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+          "graph launches/step | all launches/step | pageable copies/step |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     failures = []
     cases = [(p, g, int(e)) for p in a.precisions.split(",") for g in a.graphs.split(",")
              for e in a.every.split(",")]
@@ -107,7 +109,7 @@ def main():
             sys.exit(f"step_counts: {metrics} has fewer than two train records")
         steps = 0
         sums = {"host_syncs_per_step": 0.0, "launches_per_step": 0.0,
-                "pageable_copies_per_step": 0.0}
+                "graph_launches_per_step": 0.0, "pageable_copies_per_step": 0.0}
         first = [r for r in recs if r.get("event") == "train"][0]["step"]
         prev = first
         for r in train:
@@ -116,8 +118,11 @@ def main():
             steps += n
             for k in sums:
                 sums[k] += r.get(k, 0.0) * n
-        cells = " | ".join(f"{sums[k] / steps:.2f}" for k in sums)
-        print(f"| {precision} | {graphs} | {every} | {cells} |")
+        per = {k: v / steps for k, v in sums.items()}
+        every_launch = per["launches_per_step"] + per["graph_launches_per_step"]
+        print(f"| {precision} | {graphs} | {every} | {per['host_syncs_per_step']:.2f} | "
+              f"{per['launches_per_step']:.2f} | {per['graph_launches_per_step']:.2f} | "
+              f"{every_launch:.2f} | {per['pageable_copies_per_step']:.2f} |")
         syncs = sums["host_syncs_per_step"] / steps
         pageable = sums["pageable_copies_per_step"] / steps
         if syncs > 1.0 / every + 1e-9 or pageable > 0:

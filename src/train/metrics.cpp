@@ -52,6 +52,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["host_syncs_per_step"] = r.host_syncs_per_step;
   j["launches_per_step"] = r.launches_per_step;
   j["pageable_copies_per_step"] = r.pageable_copies_per_step;
+  j["graph_launches_per_step"] = r.graph_launches_per_step;
   nlohmann::json kinds = nlohmann::json::object();
   for (const auto& [kind, bytes] : r.activation_bytes_by_kind) kinds[kind] = bytes;
   j["activation_bytes_by_kind"] = kinds;
@@ -143,6 +144,7 @@ void ProgressAccumulator::exclude(double seconds, const HostWorkCounts& work) {
   work_excluded_.host_syncs += work.host_syncs;
   work_excluded_.launches += work.launches;
   work_excluded_.pageable_copies += work.pageable_copies;
+  work_excluded_.graph_launches += work.graph_launches;
 }
 
 void ProgressAccumulator::add_losses(const StepLosses& l) {
@@ -232,6 +234,8 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   r.launches_per_step = per_step(w.launches, work_start_.launches, work_excluded_.launches);
   r.pageable_copies_per_step =
       per_step(w.pageable_copies, work_start_.pageable_copies, work_excluded_.pageable_copies);
+  r.graph_launches_per_step =
+      per_step(w.graph_launches, work_start_.graph_launches, work_excluded_.graph_launches);
   r.skipped_steps = context.skipped_steps;
   *this = ProgressAccumulator(now, context.host_work);
   return r;

@@ -29,6 +29,7 @@ struct HostWorkCounts {
   int64_t host_syncs = 0;
   int64_t launches = 0;
   int64_t pageable_copies = 0;
+  int64_t graph_launches = 0;  // CUDA graphs replayed (train.cuda_graphs), not in launches
 };
 
 struct ProgressRecord {
@@ -64,11 +65,13 @@ struct ProgressRecord {
   // collectives make the rank that sends most send (0 on one rank).
   int64_t optimizer_state_bytes = 0;
   int64_t bytes_sent_per_step = 0;
-  // The backend's host synchronisations, launches and pageable copies over the interval divided
-  // by its steps (HostWorkCounts; evaluation and checkpoints taken out); 0 on the CPU backend.
+  // The backend's host synchronisations, launches, pageable copies and graph launches over the
+  // interval divided by its steps (HostWorkCounts; evaluation and checkpoints taken out); 0 on
+  // the CPU backend.
   double host_syncs_per_step = 0;
   double launches_per_step = 0;
   double pageable_copies_per_step = 0;
+  double graph_launches_per_step = 0;
   // Its split by kind of buffer (model/arena.h ActivationKind names, in that order; sums to
   // activation_peak_bytes); empty = not measured.
   std::vector<std::pair<std::string, int64_t>> activation_bytes_by_kind;

@@ -299,6 +299,7 @@ HostWorkCounts host_work(const Trainer& trainer) {
   w.host_syncs = c.host_syncs;
   w.launches = c.launches;
   w.pageable_copies = c.pageable_copies;
+  w.graph_launches = c.graph_launches;
   return w;
 }
 
@@ -307,6 +308,7 @@ HostWorkCounts operator-(const HostWorkCounts& a, const HostWorkCounts& b) {
   d.host_syncs = a.host_syncs - b.host_syncs;
   d.launches = a.launches - b.launches;
   d.pageable_copies = a.pageable_copies - b.pageable_copies;
+  d.graph_launches = a.graph_launches - b.graph_launches;
   return d;
 }
 

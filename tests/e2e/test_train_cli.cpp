@@ -118,7 +118,8 @@ TEST_F(TrainCli, RunWritesMetricsEvalsCheckpointsAndEvalAgrees) {
     EXPECT_TRUE(std::isfinite(train[i].at("loss").get<double>()));
     EXPECT_GT(train[i].at("tokens_per_s").get<double>(), 0);
     // The CPU backend has no device to wait for, launch on or copy to.
-    for (const char* k : {"host_syncs_per_step", "launches_per_step", "pageable_copies_per_step"})
+    for (const char* k : {"host_syncs_per_step", "launches_per_step", "pageable_copies_per_step",
+                          "graph_launches_per_step"})
       EXPECT_EQ(train[i].at(k).get<double>(), 0) << k;
   }
   // Eval every 32 samples = every 4 steps: after steps 4, 8, 12 (the last one is also the end).

@@ -59,6 +59,7 @@ ProgressRecord sample_record() {
   r.skipped_steps = 2;
   r.host_syncs_per_step = 0.25;
   r.launches_per_step = 12.5;
+  r.graph_launches_per_step = 4;
   return r;
 }
 
@@ -128,7 +129,8 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_DOUBLE_EQ(j.at("host_syncs_per_step").get<double>(), 0.25);
   EXPECT_DOUBLE_EQ(j.at("launches_per_step").get<double>(), 12.5);
   EXPECT_DOUBLE_EQ(j.at("pageable_copies_per_step").get<double>(), 0);
-  EXPECT_EQ(j.size(), 33u);
+  EXPECT_DOUBLE_EQ(j.at("graph_launches_per_step").get<double>(), 4);
+  EXPECT_EQ(j.size(), 34u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
@@ -402,25 +404,27 @@ TEST(Metrics, ProgressAccumulatorHostWorkPerStep) {
   std::mt19937_64 rng(test::test_seed());
   std::uniform_int_distribution<int64_t> count(0, 1000);
   const Clock::time_point t0{};
-  HostWorkCounts start{count(rng), count(rng), count(rng)};
+  HostWorkCounts start{count(rng), count(rng), count(rng), count(rng)};
   ProgressAccumulator acc(t0, start);
   const int64_t steps = 1 + count(rng) % 7;
   for (int64_t i = 0; i < steps; ++i) {
     const Step s = step_of(i, 0, 5.0, 0.1, 20, 100);
     acc.add(s.m, s.batch);
   }
-  const HostWorkCounts side{count(rng), count(rng), count(rng)};
+  const HostWorkCounts side{count(rng), count(rng), count(rng), count(rng)};
   acc.exclude(0.5, side);
-  const HostWorkCounts per_step{count(rng), count(rng), count(rng)};
+  const HostWorkCounts per_step{count(rng), count(rng), count(rng), count(rng)};
   ProgressContext at;
   at.max_steps = 100;
   at.host_work = {start.host_syncs + side.host_syncs + steps * per_step.host_syncs,
                   start.launches + side.launches + steps * per_step.launches,
-                  start.pageable_copies + side.pageable_copies + steps * per_step.pageable_copies};
+                  start.pageable_copies + side.pageable_copies + steps * per_step.pageable_copies,
+                  start.graph_launches + side.graph_launches + steps * per_step.graph_launches};
   const ProgressRecord r = acc.close(at, t0 + milliseconds(1000));
   EXPECT_DOUBLE_EQ(r.host_syncs_per_step, static_cast<double>(per_step.host_syncs));
   EXPECT_DOUBLE_EQ(r.launches_per_step, static_cast<double>(per_step.launches));
   EXPECT_DOUBLE_EQ(r.pageable_copies_per_step, static_cast<double>(per_step.pageable_copies));
+  EXPECT_DOUBLE_EQ(r.graph_launches_per_step, static_cast<double>(per_step.graph_launches));
   // The next interval: one step, one more sync than the close's counts.
   const Step s = step_of(steps, 0, 5.0, 0.1, 20, 100);
   acc.add(s.m, s.batch);
@@ -430,4 +434,5 @@ TEST(Metrics, ProgressAccumulatorHostWorkPerStep) {
   EXPECT_DOUBLE_EQ(q.host_syncs_per_step, 1);
   EXPECT_DOUBLE_EQ(q.launches_per_step, 0);
   EXPECT_DOUBLE_EQ(q.pageable_copies_per_step, 0);
+  EXPECT_DOUBLE_EQ(q.graph_launches_per_step, 0);
 }
