@@ -2,6 +2,7 @@
 #include "kernels/backend.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -53,6 +54,34 @@ void Backend::replay(const BackendGraph&) {
   PB_THROW("{}: this backend records no graphs", name());
 }
 void Backend::destroy_graph(void*) noexcept {}
+
+BackendGraph Backend::record_and_replay(const std::function<void()>& ops) {
+  begin_capture();
+  try {
+    ops();
+  } catch (...) {
+    (void)end_capture();  // ends the capture; the graph is discarded
+    throw;
+  }
+  BackendGraph graph = end_capture();
+  replay(graph);
+  return graph;
+}
+
+void Backend::write_floats(const Tensor& dst, const float* values, int n) {
+  PB_REQUIRE(n >= 0 && n <= 8 && dst.dtype == DType::f32 && dst.numel() == n,
+             "write_floats: {} values into {}", n, dst.str());
+  copy(dst, Tensor(const_cast<float*>(values), DType::f32, {n}, Device::cpu));
+}
+
+LambStepScalars lamb_step_scalars(const LambConfig& c) {
+  LambStepScalars s;
+  s.lr = c.lr;
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), c.step));
+  s.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), c.step));
+  s.grad_scale = c.grad_scale;
+  return s;
+}
 
 Tensor BackendBuffer::tensor(DType dtype, std::initializer_list<int64_t> dims) const {
   const Tensor t(view_.data, dtype, dims, view_.device);

@@ -48,6 +48,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 #include <initializer_list>
 #include <memory>
@@ -69,7 +70,7 @@ struct SeqLayout {
   Tensor seq_start;      // i32 [num_seqs]: row of each sequence's first token ([CLS])
   Tensor seq_len;        // i32 [num_seqs]: tokens of each sequence, >= 1; or 0, an empty slot
                          // (no row names it: a fixed-capacity batch's unused sequence, which
-                         // the token-wise ops skip; nsp_loss, reading each [CLS], refuses it)
+                         // the token-wise ops skip and nsp_loss leaves out)
   Tensor sample_id;      // i64 [num_seqs]: global sample id (the dropout key), < 2^44
   Tensor token_seq;      // i32 [rows]: sequence of each row, -1 for padding
   Tensor token_pos;      // i32 [rows]: position inside its sequence (0 for padding); this is
@@ -109,6 +110,18 @@ struct Dropout {
   // replays with the masks of the step its memory holds then (the model uploads it with each
   // batch). Its value must keep to the step's range (< 2^24), which is checked on `step`.
   Tensor device_step;
+};
+
+// The factor a loss's gradient is multiplied by (softmax_cross_entropy, mlm_loss, nsp_loss): the
+// step's 1 / global count times the loss scale. Optional: f32 [1] in the backend's memory holding
+// the factor (equal to `value` when the op is issued), read when the op runs instead of `value`,
+// so that a CUDA graph captured at one step replays with the factor of the step its memory holds
+// then (the model uploads it with each batch). A float converts to a factor without one.
+struct GradScale {
+  float value = 1.f;
+  Tensor device;
+  GradScale(float v = 1.f) : value(v) {}  // NOLINT: implicit, a plain factor
+  GradScale(float v, const Tensor& d) : value(v), device(d) {}
 };
 
 // The two GELUs BERT checkpoints are trained with: the exact x Phi(x) (erf; Hugging Face's
@@ -179,7 +192,23 @@ struct LambConfig {
   // scaling): the op divides it out before clipping and the moments. 1: the plain step, bit for
   // bit; a power of two keeps the division exact.
   float grad_scale = 1.0f;
+  // Optional: f32 [4] in the backend's memory holding lamb_step_scalars(*this) when the op is
+  // issued, read when the op runs instead of lr, step and grad_scale, so that a CUDA graph of the
+  // step recorded at one step replays with the rate, the bias corrections and the loss scale its
+  // memory holds then (the optimizer writes them each step: Backend::write_floats).
+  Tensor step_scalars;
 };
+
+// What lamb_update and lamb_apply take from the LambConfig fields that change from step to step:
+// the rate, the bias corrections (1 - beta^step in double, rounded, on every backend) and the loss
+// scale. LambConfig::step_scalars holds these four floats in this order.
+struct LambStepScalars {
+  float lr = 0.f;
+  float bias_correction1 = 0.f;
+  float bias_correction2 = 0.f;
+  float grad_scale = 1.f;
+};
+LambStepScalars lamb_step_scalars(const LambConfig& c);
 
 // The i64 [n, 3] view of a LAMB table (host memory, see lamb_step).
 inline Tensor lamb_table(const LambTensor* rows, int64_t n) {
@@ -300,9 +329,17 @@ class Backend {
   virtual void replay(const BackendGraph& graph);
   // Gives a graph's resources back (BackendGraph::reset calls it; never throws).
   virtual void destroy_graph(void* handle) noexcept;
+  // The ops recorded (begin_capture .. end_capture; a failure among them ends the capture and is
+  // rethrown) and the graph replayed once: for the second use of ops whose first ran them.
+  BackendGraph record_and_replay(const std::function<void()>& ops);
 
   // t = 0 (any dtype).
   virtual void zero(const Tensor& t) = 0;
+  // dst f32 [n] = values (n <= 8, from the host) in op order, with nothing staged and nothing
+  // waited for: per-step scalars that a recorded graph reads (LambConfig::step_scalars). The
+  // default copies them; the CUDA backend launches one kernel that carries them as arguments.
+  // Not during a capture (the values would be recorded).
+  virtual void write_floats(const Tensor& dst, const float* values, int n);
   // dst = src: same dtype and element count (shapes may differ), no overlap. One side may be
   // host memory (weights, checkpoints; small copies go through upload and read).
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
@@ -417,6 +454,8 @@ class Backend {
 
   // ---- masked positions ----------------------------------------------------------------
   // out[i] = x[index[i]]: x [rows, H], index i32 [M] (rows of the masked positions), out [M, H].
+  // An index of -1 is a slot of a fixed-capacity batch's masked positions that holds none: its
+  // out row is 0, and the backward adds nothing for it.
   // lowp: x, out (and dout, dx of the backward).
   virtual void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) = 0;
   // dx = 0, then dx[index[i]] += dout[i] in order of i. dx [rows, H] is written whole.
@@ -425,36 +464,39 @@ class Backend {
 
   // ---- losses ------------------------------------------------------------------------------
   // Per row: loss = logsumexp(logits) - logits[label]; correct = (first argmax == label).
-  // logits [m, V], labels i32 [m] in [0, V). loss_sum f32 [1] += sum of row losses (unscaled);
-  // num_correct i32 [1] += correct rows. dlogits [m, V] (optional, may alias logits) =
-  // (softmax - onehot(label)) * grad_scale.
+  // logits [m, V], labels i32 [m] in [0, V), or -1: a row that is left out (no loss, never
+  // correct, its dlogits 0; a fixed-capacity batch's unused masked slot). loss_sum f32 [1] += sum
+  // of row losses (unscaled); num_correct i32 [1] += correct rows. dlogits [m, V] (optional, may
+  // alias logits) = (softmax - onehot(label)) * grad_scale.
   // lowp: logits, dlogits (loss_sum is f32).
   virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
-                                     float grad_scale, const Tensor& loss_sum,
+                                     const GradScale& grad_scale, const Tensor& loss_sum,
                                      const Tensor& num_correct, const Tensor& dlogits) = 0;
   // The MLM decoder and loss over a chunk of m masked tokens, forward and backward at once (the
   // loss is the graph's end, so the logits never outlive the chunk -- the MST feature calls it
   // per chunk). logits = x w^T + b with x [m, H] (the transform's output), w [V, H] (tied word
   // embeddings), b [V]; logits_ws [m, V] is the workspace. loss_sum, num_correct as above;
-  // grad_scale = 1 / global masked-token count. If dx [m, H] is given: dx written, dw += and
+  // grad_scale = 1 / global masked-token count; a label of -1 leaves its row out (as in
+  // softmax_cross_entropy). If dx [m, H] is given: dx written, dw += and
   // db += (both optional); if dx is none, forward only.
   // lowp: x, w, dx; b, logits_ws, dw, db are f32 (the logits never leave fp32; CUDA rounds
   // their gradient to the operands' type for the two backward GEMMs, the CPU does not).
   virtual void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                        float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                        const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                         const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                         const Tensor& db) = 0;
   // Pooler + NSP over each sequence's first token: pooled = tanh(x[cls] Wp^T + bp),
   // logits = pooled Wc^T + bc, cross-entropy with labels i32 [num_seqs] in {0, 1}.
   // x [rows, H]; loss_sum, num_correct accumulate as above; grad_scale = 1 / global sample
-  // count. workspace f32 [nsp_workspace_elems(num_seqs, H)]; when dx is none the logits
+  // count. An empty slot (seq_len 0) is left out: no loss, not counted, no gradient, its label
+  // not read. workspace f32 [nsp_workspace_elems(num_seqs, H)]; when dx is none the logits
   // f32 [num_seqs, 2] are left at workspace offset 4 * num_seqs * H (read by evaluation
   // hooks; with dx that memory holds their gradient). If dx [rows, H] is given, the
   // gradient is ADDED into dx's [CLS] rows (after gather_rows_backward wrote dx) and the
   // defined tensors of grads accumulate (+=).
   // lowp: x, dx, params.dense_w, params.cls_w; the biases, workspace and grads are f32.
   virtual void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                        const Tensor& labels, float grad_scale, const Tensor& workspace,
+                        const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
                         const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                         const PoolerParams& grads) = 0;
 

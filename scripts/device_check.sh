@@ -3,7 +3,7 @@
 # backend, the tensor-core attention, the whole tiny model in fp32 / bf16 / fp16, the trainer,
 # the NCCL path), with 2 or more GPUs NCCL training at np 2..N against the CPU, and the GPU
 # benchmarks (ops, attention against PyTorch's flash SDPA, the BERT-Large step against Hugging
-# Face and with the encoder layers' CUDA graphs at batch 48 and 8, MST), with a short summary
+# Face and with CUDA graphs, segmented and full, at batch 48 and 8, MST), with a short summary
 # table at the end. Meant to finish in under 8 minutes on an H200: benchmarks that would start
 # after 7 minutes are skipped.
 #
@@ -224,12 +224,13 @@ PY=python3; command -v "$PY" > /dev/null || PY=true
 # own fastest GELU, the erf one: one fused PyTorch kernel, where gelu_new is several).
 bench bench_gpu_step 150 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 --warmup 1 \
   --graphs off --lengths-out "$OUTDIR/lengths.txt"
-# The encoder layers' CUDA graphs (train.cuda_graphs = segmented) against none, at NVIDIA's
-# per-GPU batch 48 and a scale run's 8, padded (whose micro-batches share a shape).
-bench bench_gpu_step_graphs48 90 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 \
-  --warmup 1 --batch 48 --layouts padded --graphs off,segmented
-bench bench_gpu_step_graphs8 90 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 \
-  --warmup 1 --batch 8 --layouts padded --graphs off,segmented
+# CUDA graphs (train.cuda_graphs: segmented, the encoder layers; full, a micro-step's whole
+# forward and backward) against none, at NVIDIA's per-GPU batch 48 and a scale run's 8, padded
+# (whose micro-batches share a shape).
+bench bench_gpu_step_graphs48 120 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 \
+  --warmup 1 --batch 48 --layouts padded --graphs off,segmented,full
+bench bench_gpu_step_graphs8 120 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 \
+  --warmup 1 --batch 8 --layouts padded --graphs off,segmented,full
 [ -s "$OUTDIR/lengths.txt" ] && bench bench_hf_gpu 150 "$PY" scripts/bench_hf_gpu.py "$OUTDIR/lengths.txt" --steps 3 --warmup 1
 # Our attention against PyTorch's flash SDPA, BERT-Large heads at fixed length 512.
 bench bench_fmha_gpu 60 "$BIN/bench_fmha_gpu"

@@ -272,7 +272,7 @@ inline void gather_rows_backward(Backend& be, Staging& st, const Tensor& dout,
 }
 
 inline void softmax_cross_entropy(Backend& be, Staging& st, const Tensor& logits,
-                                  const Tensor& labels, float grad_scale, const Tensor& loss_sum,
+                                  const Tensor& labels, const GradScale& grad_scale, const Tensor& loss_sum,
                                   const Tensor& num_correct, const Tensor& dlogits) {
   Call c("softmax_cross_entropy", st);
   const Tensor ls = c.in("logits", logits), ds = c.out("dlogits", dlogits);  // may alias
@@ -282,7 +282,7 @@ inline void softmax_cross_entropy(Backend& be, Staging& st, const Tensor& logits
 }
 
 inline void mlm_loss(Backend& be, Staging& st, const Tensor& x, const Tensor& w, const Tensor& b,
-                     const Tensor& labels, float grad_scale, const Tensor& logits_ws,
+                     const Tensor& labels, const GradScale& grad_scale, const Tensor& logits_ws,
                      const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                      const Tensor& dw, const Tensor& db) {
   Call c("mlm_loss", st);
@@ -294,7 +294,7 @@ inline void mlm_loss(Backend& be, Staging& st, const Tensor& x, const Tensor& w,
 }
 
 inline void nsp_loss(Backend& be, Staging& st, const SeqLayout& layout, const Tensor& x,
-                     const PoolerParams& params, const Tensor& labels, float grad_scale,
+                     const PoolerParams& params, const Tensor& labels, const GradScale& grad_scale,
                      const Tensor& workspace, const Tensor& loss_sum, const Tensor& num_correct,
                      const Tensor& dx, const PoolerParams& grads) {
   Call c("nsp_loss", st);

@@ -201,8 +201,10 @@ struct SoftmaxDims {
 };
 
 inline SoftmaxDims softmax_cross_entropy_args(const OpArgs& a, const Tensor& logits,
-                                              const Tensor& labels, const Tensor& loss_sum,
-                                              const Tensor& num_correct, const Tensor& dlogits) {
+                                              const Tensor& labels, const GradScale& grad_scale,
+                                              const Tensor& loss_sum, const Tensor& num_correct,
+                                              const Tensor& dlogits) {
+  a.optional("grad_scale.device", grad_scale.device, DType::f32, {1});
   a("logits", logits, DType::f32, {kAnyDim, kAnyDim});
   const int64_t m = logits.dim(0), v = logits.dim(1);
   a("labels", labels, DType::i32, {m});
@@ -235,7 +237,7 @@ inline MlmDims mlm_loss_args(const OpArgs& a, const Tensor& x, const Tensor& w,
 }
 
 inline void mlm_loss_by_ops(Backend& be, const OpArgs& a, const Tensor& x, const Tensor& w,
-                            const Tensor& b, const Tensor& labels, float grad_scale,
+                            const Tensor& b, const Tensor& labels, const GradScale& grad_scale,
                             const Tensor& logits_ws, const Tensor& loss_sum,
                             const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                             const Tensor& db) {
@@ -252,10 +254,12 @@ struct NspDims {
 };
 
 inline NspDims nsp_loss_args(const OpArgs& a, const SeqLayout& layout, const Tensor& x,
-                             const PoolerParams& params, const Tensor& workspace,
-                             const Tensor& dx, const PoolerParams& grads) {
+                             const PoolerParams& params, const Tensor& labels,
+                             const Tensor& workspace, const Tensor& dx,
+                             const PoolerParams& grads) {
   a("x", x, DType::f32, {layout.rows, kAnyDim});
   const int64_t h = x.dim(1), s = layout.num_seqs;
+  a("labels", labels, DType::i32, {s});
   a("params.dense_w", params.dense_w, DType::f32, {h, h});
   a("params.dense_b", params.dense_b, DType::f32, {h});
   a("params.cls_w", params.cls_w, DType::f32, {2, h});
@@ -290,6 +294,7 @@ inline LambDims lamb_update_args(const OpArgs& a, const Tensor& table, const Lam
   a("sums", sums, DType::f64, {num_tensors, 2});
   a.optional("record", record, DType::i32, {3});
   check_lamb_config(a.op, cfg);
+  a.optional("config.step_scalars", cfg.step_scalars, DType::f32, {4});
   return {num_tensors, n};
 }
 
@@ -306,6 +311,7 @@ inline LambDims lamb_apply_args(const OpArgs& a, const Tensor& table, const Lamb
   a("sums", sums, DType::f64, {num_tensors, 2});
   a.optional("norms_ws", norms_ws, DType::f32, {2 * num_tensors});
   check_lamb_config(a.op, cfg);
+  a.optional("config.step_scalars", cfg.step_scalars, DType::f32, {4});
   return {num_tensors, n};
 }
 

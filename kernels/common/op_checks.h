@@ -82,12 +82,13 @@ inline DropoutStream checked_dropout_stream(const char* op, const Dropout& d, in
   return s;
 }
 
-// Every index in [0, bound).
+// Every index in [0, bound), or -1 where the op allows an unused slot (allow_none).
 inline void check_indices(const char* op, const char* name, const int32_t* idx, int64_t n,
-                          int64_t bound) {
+                          int64_t bound, bool allow_none = false) {
   for (int64_t i = 0; i < n; ++i)
-    PB_REQUIRE(idx[i] >= 0 && idx[i] < bound, "{}: {}[{}] = {} outside [0, {})", op, name, i,
-               idx[i], bound);
+    PB_REQUIRE((idx[i] >= 0 && idx[i] < bound) || (allow_none && idx[i] == -1),
+               "{}: {}[{}] = {} outside [0, {}){}", op, name, i, idx[i], bound,
+               allow_none ? " and not -1" : "");
 }
 
 // The LAMB table: rows ascend by offset without overlap, inside [0, n), decay 0 or 1.

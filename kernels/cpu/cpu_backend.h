@@ -66,15 +66,15 @@ class CpuBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) override;
   void gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) override;
 
-  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const GradScale& grad_scale,
                              const Tensor& loss_sum, const Tensor& num_correct,
                              const Tensor& dlogits) override;
   void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                 const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                 const Tensor& db) override;
   void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                const Tensor& labels, float grad_scale, const Tensor& workspace,
+                const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
                 const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                 const PoolerParams& grads) override;
 

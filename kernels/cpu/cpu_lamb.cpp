@@ -55,6 +55,13 @@ struct LambItems {
   }
 };
 
+// The config's per-step scalars: its step_scalars (host memory here) when given.
+LambStepScalars step_scalars(const LambConfig& cfg) {
+  if (!cfg.step_scalars.defined()) return lamb_step_scalars(cfg);
+  const float* s = cfg.step_scalars.ptr<float>();
+  return {s[0], s[1], s[2], s[3]};
+}
+
 }  // namespace
 
 void CpuBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
@@ -68,7 +75,8 @@ void CpuBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
   static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
-  const bool update = lamb_norm_is_finite(global_grad_norm.ptr<float>()[0], cfg.grad_scale);
+  const LambStepScalars sc = step_scalars(cfg);
+  const bool update = lamb_norm_is_finite(global_grad_norm.ptr<float>()[0], sc.grad_scale);
   if (record.defined()) lamb_record_step(record.ptr<int32_t>(), update);
   if (!update) return;
 
@@ -76,14 +84,14 @@ void CpuBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
   c.beta1 = cfg.beta1;
   c.beta2 = cfg.beta2;
   c.beta3 = 1.0f - cfg.beta1;
-  c.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta1), cfg.step));
-  c.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta2), cfg.step));
+  c.bias_correction1 = sc.bias_correction1;
+  c.bias_correction2 = sc.bias_correction2;
   c.eps = cfg.eps;
   // The loss scale folds into the clip divisor: u reads grad / (clip * scale). With scale 1
   // both operations are exact, so the fp32 step is unchanged bit for bit.
-  c.clip_divisor = lamb_clip_divisor(global_grad_norm.ptr<float>()[0] / cfg.grad_scale,
+  c.clip_divisor = lamb_clip_divisor(global_grad_norm.ptr<float>()[0] / sc.grad_scale,
                                      cfg.max_grad_norm) *
-                   cfg.grad_scale;
+                   sc.grad_scale;
 
   const float* w = params.ptr<float>();
   float* g = grads.ptr<float>();
@@ -146,7 +154,8 @@ void CpuBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
   }
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
-  if (!lamb_norm_is_finite(global_grad_norm.ptr<float>()[0], cfg.grad_scale)) return;
+  const LambStepScalars sc = step_scalars(cfg);
+  if (!lamb_norm_is_finite(global_grad_norm.ptr<float>()[0], sc.grad_scale)) return;
 
   const double* in = sums.ptr<double>();
   float* step_size = lamb_step_sizes(num_tensors);
@@ -158,7 +167,7 @@ void CpuBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
       norms_ws.ptr<float>()[num_tensors + t] = unorm;
     }
     // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
-    step_size[t] = lamb_step_size(cfg.lr, wnorm, unorm,
+    step_size[t] = lamb_step_size(sc.lr, wnorm, unorm,
                                   entries[t].decay == 1 && cfg.weight_decay != 0.f);
   }
   int64_t* first = lamb_blocks(num_tensors);

@@ -276,10 +276,10 @@ cuda::DeviceLayout CudaBackend::device_layout(const char* op, const SeqLayout& l
 }
 
 void CudaBackend::check_indices(const char* op, const char* name, const Tensor& index,
-                                int64_t bound) {
+                                int64_t bound, bool allow_none) {
   if (!options_.validate_indices) return;
   const auto h = to_host<int32_t>(op, index);
-  checks::check_indices(op, name, h.data(), static_cast<int64_t>(h.size()), bound);
+  checks::check_indices(op, name, h.data(), static_cast<int64_t>(h.size()), bound, allow_none);
 }
 
 // ---- scratch ---------------------------------------------------------------------------------
@@ -374,6 +374,21 @@ void CudaBackend::zero(const Tensor& t) {
   check_pointer(op, "t", t);
   begin(op);
   if (t.bytes()) PB_CUDA_OP(op, cuda::memset_async(t.data, 0, t.bytes(), stream_));
+  end(op);
+}
+
+void CudaBackend::write_floats(const Tensor& dst, const float* values, int n) {
+  const trace::Range range("write_floats");
+  const char* op = "write_floats";
+  PB_REQUIRE(n >= 0 && n <= 8 && dst.dtype == DType::f32 && dst.numel() == n,
+             "{}: {} values into {}", op, n, dst.str());
+  check_device(op, "dst", dst, Device::cuda);
+  check_pointer(op, "dst", dst);
+  if (n == 0) return;
+  cuda::FloatArgs a{};
+  std::copy(values, values + n, a.v);
+  begin(op);
+  launched(op, op, cuda::write_floats(dst.ptr<float>(), a, n, stream_));
   end(op);
 }
 
@@ -561,7 +576,7 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor
   const auto [rows, h, m] = checks::gather_rows_args(
       checks::OpArgs(op, Device::cuda, pointer_check()), "x", as_f32(x), index, "out", as_f32(out));
   begin(op);
-  check_indices(op, "index", index, rows);
+  check_indices(op, "index", index, rows, true);
   if (m * h > 0)
     launched(op, "gather_rows",
              cuda::gather_rows(x.data, index.ptr<int32_t>(), out.data, float_format(op, "x", x),
@@ -578,7 +593,7 @@ void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, 
       checks::gather_rows_args(checks::OpArgs(op, Device::cuda, pointer_check()), "dx",
                                as_f32(dx), index, "dout", as_f32(dout));
   begin(op);
-  check_indices(op, "index", index, rows);
+  check_indices(op, "index", index, rows, true);
   if (dx.bytes()) PB_CUDA_OP(op, cuda::memset_async(dx.data, 0, dx.bytes(), stream_));
   if (m * h > 0) {
     auto* scratch = static_cast<uint32_t*>(
@@ -593,7 +608,7 @@ void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, 
 
 // ---- losses ----------------------------------------------------------------------------------
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
-                                        float grad_scale, const Tensor& loss_sum,
+                                        const GradScale& grad_scale, const Tensor& loss_sum,
                                         const Tensor& num_correct, const Tensor& dlogits) {
   const trace::Range range("softmax_cross_entropy");
   if (lowp::any({&logits, &loss_sum, &dlogits}))
@@ -602,15 +617,18 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   const char* op = "softmax_cross_entropy";
   const auto [m, v] =
       checks::softmax_cross_entropy_args(checks::OpArgs(op, Device::cuda, pointer_check()), logits,
-                                         labels, loss_sum, num_correct, dlogits);
+                                         labels, grad_scale, loss_sum, num_correct, dlogits);
   PB_REQUIRE(m <= 0x7fffffff, "{}: {} rows exceed the grid", op, m);
   begin(op);
-  check_indices(op, "labels", labels, v);
+  check_indices(op, "labels", labels, v, true);
   if (m > 0) {
     double* rows = scratch_doubles(op, 2 * static_cast<size_t>(m));
     launched(op, "softmax_cross_entropy",
              cuda::softmax_cross_entropy(logits.ptr<float>(), labels.ptr<int32_t>(), m, v,
-                                         grad_scale,
+                                         grad_scale.value,
+                                         grad_scale.device.defined()
+                                             ? grad_scale.device.ptr<float>()
+                                             : nullptr,
                                          dlogits.defined() ? dlogits.ptr<float>() : nullptr,
                                          rows, rows + m, loss_sum.ptr<float>(),
                                          num_correct.ptr<int32_t>(), stream_));
@@ -720,17 +738,20 @@ void CudaBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
   checks::check_lamb_table(op, entries, num_tensors, n);
   const char* ws = lamb_work(op, entries, num_tensors, cfg.weight_decay);
   const int64_t num_chunks = lamb_num_chunks_;
+  // As the CPU backend: the bias corrections in double, then rounded (lamb_step_scalars); the
+  // kernels read them from step_scalars instead when it is given.
+  const LambStepScalars sc = lamb_step_scalars(cfg);
   cuda::LambArgs a;
-  a.lr = cfg.lr;
+  a.lr = sc.lr;
   a.beta1 = cfg.beta1;
   a.beta2 = cfg.beta2;
   a.beta3 = 1.0f - cfg.beta1;
-  // As the CPU backend: the bias corrections in double, then rounded.
-  a.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta1), cfg.step));
-  a.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta2), cfg.step));
+  a.bias_correction1 = sc.bias_correction1;
+  a.bias_correction2 = sc.bias_correction2;
   a.eps = cfg.eps;
   a.max_grad_norm = cfg.max_grad_norm;
-  a.grad_scale = cfg.grad_scale;
+  a.grad_scale = sc.grad_scale;
+  a.step_scalars = cfg.step_scalars.defined() ? cfg.step_scalars.ptr<float>() : nullptr;
   double* partial = scratch_doubles(op, static_cast<size_t>(std::max<int64_t>(num_chunks, 1)));
   launched(op, op,
            cuda::lamb_update(reinterpret_cast<const cuda::LambChunk*>(ws), num_chunks,
@@ -767,7 +788,9 @@ void CudaBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
   launched(op, op,
            cuda::lamb_apply(reinterpret_cast<const cuda::LambChunk*>(ws), lamb_num_chunks_,
                             reinterpret_cast<const cuda::LambTensorRange*>(ws + lamb_range_at_),
-                            num_tensors, cfg.lr, cfg.grad_scale, global_grad_norm.ptr<float>(),
+                            num_tensors, cfg.lr, cfg.grad_scale,
+                            cfg.step_scalars.defined() ? cfg.step_scalars.ptr<float>() : nullptr,
+                            global_grad_norm.ptr<float>(),
                             sums.ptr<double>(), n ? params.ptr<float>() : nullptr,
                             n ? grads.ptr<float>() : nullptr,
                             n && params_lowp.defined() ? params_lowp.data : nullptr, lowp_format,

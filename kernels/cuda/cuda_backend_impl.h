@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -147,6 +148,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }  // every op runs on it (native_stream())
 
   void zero(const Tensor& t) override;
+  void write_floats(const Tensor& dst, const float* values, int n) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void upload(const std::vector<HostUpload>& copies) override;
   void prefetch(const std::vector<HostUpload>& copies) override;
@@ -188,15 +190,15 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) override;
   void gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) override;
 
-  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const GradScale& grad_scale,
                              const Tensor& loss_sum, const Tensor& num_correct,
                              const Tensor& dlogits) override;
   void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                 const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                 const Tensor& db) override;
   void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                const Tensor& labels, float grad_scale, const Tensor& workspace,
+                const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
                 const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                 const PoolerParams& grads) override;
 
@@ -248,7 +250,8 @@ class CudaBackend final : public Backend {
   static FmhaPlan attention_plan(const SeqLayout& layout, const AttnLaunch& launch);
   template <typename T>
   std::vector<T> to_host(const char* op, const Tensor& t);
-  void check_indices(const char* op, const char* name, const Tensor& index, int64_t bound);
+  void check_indices(const char* op, const char* name, const Tensor& index, int64_t bound,
+                     bool allow_none = false);
   // Grow-only device scratch (the documented exception to "the caller provides every buffer"):
   // doubles for the fixed-order reductions, floats for a bias gradient, bytes for LAMB's work
   // list. Warm after the first step of the largest shape.
@@ -294,7 +297,7 @@ class CudaBackend final : public Backend {
   // mlm_loss with x, w (and dx) bf16 / f16: the decoder GEMMs on the low-precision operands
   // (cuda_heads.cpp); false for a combination it does not take (the adapter's then).
   bool mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                     float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                     const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                      const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                      const Tensor& db);
 
@@ -302,11 +305,14 @@ class CudaBackend final : public Backend {
   // the fp32 head from the gathered cls rows to dcls (the weights fp32); the bf16 / f16 path
   // (false for a combination it does not take: the adapter's then).
   static std::array<Tensor, 5> nsp_workspace(const Tensor& workspace, int64_t s, int64_t h);
+  static bool may_have_empty_slots(const SeqLayout& layout);
+  std::pair<Tensor, Tensor> nsp_slots(const char* op, const SeqLayout& layout,
+                                      const Tensor& labels, int32_t* scratch, bool derive);
   void nsp_head(const Tensor& workspace, int64_t s, int64_t h, const PoolerParams& params,
-                const Tensor& labels, float grad_scale, const Tensor& loss_sum,
+                const Tensor& labels, const GradScale& grad_scale, const Tensor& loss_sum,
                 const Tensor& num_correct, bool backward, const PoolerParams& grads);
   bool nsp_loss_lowp(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                     const Tensor& labels, float grad_scale, const Tensor& workspace,
+                     const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
                      const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                      const PoolerParams& grads);
 

@@ -11,7 +11,7 @@ namespace packbert {
 
 // ---- MLM ---------------------------------------------------------------------------------------
 void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                           float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                           const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                            const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                            const Tensor& db) {
   const trace::Range range("mlm_loss");
@@ -54,7 +54,7 @@ int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes) {
 }
 
 bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b,
-                                const Tensor& labels, float grad_scale, const Tensor& logits_ws,
+                                const Tensor& labels, const GradScale& grad_scale, const Tensor& logits_ws,
                                 const Tensor& loss_sum, const Tensor& num_correct,
                                 const Tensor& dx, const Tensor& dw, const Tensor& db) {
   const char* op = "mlm_loss";
@@ -105,8 +105,11 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
   void* g16 = scratch + dx_bytes;
   const char* wb = static_cast<const char*>(w.data);
   float up = 1.f;
-  if (t == DType::f16 && grad_scale != 0.f && std::isfinite(grad_scale))
-    up = std::ldexp(1.f, 9 - std::ilogb(grad_scale));  // |g| <= |grad_scale| < 2^(ilogb + 1)
+  // With a device factor (GradScale::device), from the value it had when issued: a graph
+  // replays this power of two (the model keys its graphs by it in f16).
+  const float gs = grad_scale.value;
+  if (t == DType::f16 && gs != 0.f && std::isfinite(gs))
+    up = std::ldexp(1.f, 9 - std::ilogb(gs));  // |g| <= |grad_scale| < 2^(ilogb + 1)
   const float down = 1.f / up;                         // exact: a power of two
   for (int64_t c0 = 0; c0 < v; c0 += block) {
     const int64_t n = std::min(block, v - c0);
@@ -139,7 +142,7 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
 
 // ---- NSP ---------------------------------------------------------------------------------------
 void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                           const Tensor& labels, float grad_scale, const Tensor& workspace,
+                           const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
                            const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                            const PoolerParams& grads) {
   const trace::Range range("nsp_loss");
@@ -154,23 +157,50 @@ void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Poole
   }
   const char* op = "nsp_loss";
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()),
-                                            layout, x, params, workspace, dx, grads);
+                                            layout, x, params, labels, workspace, dx, grads);
   begin(op);
-  device_layout(op, layout, layout.rows, checks::EmptySeqs::refused);
+  device_layout(op, layout, layout.rows, checks::EmptySeqs::allowed);
   if (s == 0) return end(op);
-  gather_rows(x, layout.seq_start, nsp_workspace(workspace, s, h)[0]);
-  nsp_head(workspace, s, h, params, labels, grad_scale, loss_sum, num_correct, dx.defined(),
+  // Scratch: the slots' [CLS] rows and labels (nsp_slots), then the scatter's.
+  const int64_t slot_words = may_have_empty_slots(layout) ? (2 * s + 63) / 64 * 64 : 0;
+  auto* scratch = static_cast<int32_t*>(scratch_bytes(
+      op, static_cast<size_t>(slot_words + layout.rows + 1) * sizeof(int32_t)));
+  const auto [cls_row, slot_label] = nsp_slots(op, layout, labels, scratch, slot_words > 0);
+  gather_rows(x, cls_row, nsp_workspace(workspace, s, h)[0]);
+  nsp_head(workspace, s, h, params, slot_label, grad_scale, loss_sum, num_correct, dx.defined(),
            grads);
   if (!dx.defined()) return end(op);
-  // dx[seq_start[i]] += dcls[i]; the starts are distinct (a valid layout).
-  auto* scratch = static_cast<uint32_t*>(
-      scratch_bytes(op, static_cast<size_t>(layout.rows + 1) * sizeof(uint32_t)));
+  // dx[cls_row[i]] += dcls[i]; the rows are distinct (a valid layout), -1 skipped.
   launched(op, "scatter_add_rows_ordered",
            cuda::scatter_add_rows_ordered(nsp_workspace(workspace, s, h)[3].data,
-                                          layout.seq_start.ptr<int32_t>(), dx.data,
-                                          cuda::FloatFormat::f32, s, h, layout.rows, scratch,
+                                          cls_row.ptr<int32_t>(), dx.data,
+                                          cuda::FloatFormat::f32, s, h, layout.rows,
+                                          reinterpret_cast<uint32_t*>(scratch + slot_words),
                                           stream_));
   end(op);
+}
+
+// Whether a layout may hold empty slots (seq_len 0) as far as the host can tell without waiting:
+// a fixed launch (a graph's layout: the same ops whatever the lengths) or no host copy of the
+// lengths may; otherwise the host copy says.
+bool CudaBackend::may_have_empty_slots(const SeqLayout& layout) {
+  if (layout.fixed_launch || !layout.host_seq_len) return true;
+  return std::any_of(layout.host_seq_len, layout.host_seq_len + layout.num_seqs,
+                     [](int32_t n) { return n == 0; });
+}
+
+// The NSP head's [CLS] rows and labels, with -1 for both in empty slots (nsp_slots, into
+// scratch: 2 s words) when there may be any; else the layout's starts and the labels as given.
+std::pair<Tensor, Tensor> CudaBackend::nsp_slots(const char* op, const SeqLayout& layout,
+                                                 const Tensor& labels, int32_t* scratch,
+                                                 bool derive) {
+  if (!derive) return {layout.seq_start, labels};
+  const int64_t s = layout.num_seqs;
+  launched(op, "nsp_slots",
+           cuda::nsp_slots(layout.seq_start.ptr<int32_t>(), layout.seq_len.ptr<int32_t>(),
+                           labels.ptr<int32_t>(), s, scratch, scratch + s, stream_));
+  return {Tensor(scratch, DType::i32, {s}, Device::cuda),
+          Tensor(scratch + s, DType::i32, {s}, Device::cuda)};
 }
 
 // The CPU's workspace layout exactly: [cls | pooled | dpooled | dcls] (s x h each), then the
@@ -185,7 +215,7 @@ std::array<Tensor, 5> CudaBackend::nsp_workspace(const Tensor& workspace, int64_
 }
 
 void CudaBackend::nsp_head(const Tensor& workspace, int64_t s, int64_t h,
-                           const PoolerParams& params, const Tensor& labels, float grad_scale,
+                           const PoolerParams& params, const Tensor& labels, const GradScale& grad_scale,
                            const Tensor& loss_sum, const Tensor& num_correct, bool backward,
                            const PoolerParams& grads) {
   const char* op = "nsp_loss";
@@ -208,7 +238,7 @@ void CudaBackend::nsp_head(const Tensor& workspace, int64_t s, int64_t h,
 // dx's [CLS] rows in fp32 and rounded once -- the CPU emulation's arithmetic exactly.
 bool CudaBackend::nsp_loss_lowp(const SeqLayout& layout, const Tensor& x,
                                 const PoolerParams& params, const Tensor& labels,
-                                float grad_scale, const Tensor& workspace,
+                                const GradScale& grad_scale, const Tensor& workspace,
                                 const Tensor& loss_sum, const Tensor& num_correct,
                                 const Tensor& dx, const PoolerParams& grads) {
   const char* op = "nsp_loss";
@@ -223,10 +253,10 @@ bool CudaBackend::nsp_loss_lowp(const SeqLayout& layout, const Tensor& x,
   shapes.dense_w = shape_of(params.dense_w);
   shapes.cls_w = shape_of(params.cls_w);
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()),
-                                            layout, shape_of(x), shapes, workspace,
+                                            layout, shape_of(x), shapes, labels, workspace,
                                             shape_of(dx), grads);
   begin(op);
-  const cuda::DeviceLayout dl = device_layout(op, layout, layout.rows, checks::EmptySeqs::refused);
+  device_layout(op, layout, layout.rows, checks::EmptySeqs::allowed);
   if (s == 0) {
     end(op);
     return true;
@@ -236,25 +266,31 @@ bool CudaBackend::nsp_loss_lowp(const SeqLayout& layout, const Tensor& x,
   // Scratch: the widened dense_w [h, h] and cls_w [2, h], the [CLS] rows as gathered [s, h].
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t wp_bytes = aligned(h * h * 4), wc_bytes = aligned(2 * h * 4);
+  const int64_t slot_bytes = may_have_empty_slots(layout) ? aligned(2 * s * 4) : 0;
   char* scratch = static_cast<char*>(
-      scratch_bytes(op, static_cast<size_t>(wp_bytes + wc_bytes + s * h * es)));
+      scratch_bytes(op, static_cast<size_t>(wp_bytes + wc_bytes + slot_bytes + s * h * es)));
   PoolerParams wide = params;
   wide.dense_w = Tensor(scratch, DType::f32, {h, h}, Device::cuda);
   wide.cls_w = Tensor(scratch + wp_bytes, DType::f32, {2, h}, Device::cuda);
-  void* cls16 = scratch + wp_bytes + wc_bytes;
+  const auto [cls_row, slot_label] =
+      nsp_slots(op, layout, labels, reinterpret_cast<int32_t*>(scratch + wp_bytes + wc_bytes),
+                slot_bytes > 0);
+  void* cls16 = scratch + wp_bytes + wc_bytes + slot_bytes;
   const cuda::FloatFormat f32 = cuda::FloatFormat::f32;
   launched(op, "convert", cuda::convert(params.dense_w.data, f, wide.dense_w.data, f32, h * h,
                                         stream_));
   launched(op, "convert", cuda::convert(params.cls_w.data, f, wide.cls_w.data, f32, 2 * h,
                                         stream_));
   const Tensor cls = nsp_workspace(workspace, s, h)[0];
-  launched(op, "gather_rows", cuda::gather_rows(x.data, dl.seq_start, cls16, f, s, h, stream_));
+  launched(op, "gather_rows",
+           cuda::gather_rows(x.data, cls_row.ptr<int32_t>(), cls16, f, s, h, stream_));
   launched(op, "convert", cuda::convert(cls16, f, cls.data, f32, s * h, stream_));
-  nsp_head(workspace, s, h, wide, labels, grad_scale, loss_sum, num_correct, dx.defined(), grads);
-  if (dx.defined())  // dx[seq_start[i]] += dcls[i] (distinct starts), in fp32, rounded once
+  nsp_head(workspace, s, h, wide, slot_label, grad_scale, loss_sum, num_correct, dx.defined(),
+           grads);
+  if (dx.defined())  // dx[cls_row[i]] += dcls[i] (distinct rows, -1 skipped), in fp32, rounded once
     launched(op, "add_rows_f32",
-             cuda::add_rows_f32(nsp_workspace(workspace, s, h)[3].ptr<float>(), dl.seq_start,
-                                dx.data, f, s, h, stream_));
+             cuda::add_rows_f32(nsp_workspace(workspace, s, h)[3].ptr<float>(),
+                                cls_row.ptr<int32_t>(), dx.data, f, s, h, stream_));
   end(op);
   return true;
 }

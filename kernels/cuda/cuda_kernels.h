@@ -87,6 +87,7 @@ cudaError_t sum_of_squares(const float* x, int64_t n, double* partial, float* ro
 cudaError_t root_of_sums(const double* sums, int64_t k, float* root, cudaStream_t s);
 
 // ---- rows by index (gather_scatter_kernels.cu) ---------------------------------------------
+// An index of -1 is an unused slot: the gather writes its row as 0, the scatters skip it.
 // out[i, :] = x[index[i], :] (h columns), x and out in format f (bf16 / f16: a bit copy).
 cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFormat f, int64_t m,
                         int64_t h, cudaStream_t s);
@@ -96,20 +97,33 @@ cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFor
 cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, void* dx,
                                      FloatFormat f, int64_t m, int64_t h, int64_t rows,
                                      uint32_t* scratch, cudaStream_t s);
-// dx[index[i], :] += src[i, :] (h columns) for m DISTINCT indices: src fp32, dx in format f,
+// dx[index[i], :] += src[i, :] (h columns) for m DISTINCT indices (but -1): src fp32, dx in format f,
 // each sum in fp32 rounded once to f (the NSP head's [CLS] rows).
 cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
                          int64_t m, int64_t h, cudaStream_t s);
 
 // ---- softmax cross-entropy (loss_kernels.cu) -----------------------------------------------
 // Softmax cross-entropy over m rows of v logits. Per row (one block): first argmax, lse, loss;
-// dlogits (may alias logits, may be null) = (softmax - onehot) * grad_scale. Row losses and
-// correct flags go to row_loss / row_correct (m doubles each), then one block adds their sums
-// (in row order) to loss_sum[0] and num_correct[0].
+// dlogits (may alias logits, may be null) = (softmax - onehot) * grad_scale, the factor read
+// from grad_scale_ptr when it is not null. A label of -1 leaves its row out (loss 0, not
+// correct, dlogits 0). Row losses and correct flags go to row_loss / row_correct (m doubles
+// each), then one block adds their sums (in row order) to loss_sum[0] and num_correct[0].
 cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t m,
-                                  int64_t v, float grad_scale, float* dlogits, double* row_loss,
+                                  int64_t v, float grad_scale, const float* grad_scale_ptr,
+                                  float* dlogits, double* row_loss,
                                   double* row_correct, float* loss_sum, int32_t* num_correct,
                                   cudaStream_t s);
+
+// The NSP head's rows and labels (loss_kernels.cu): for each of s slots, cls_row = seq_start and
+// slot_label = labels, or -1 for both where seq_len is 0 (an empty slot, left out).
+cudaError_t nsp_slots(const int32_t* seq_start, const int32_t* seq_len, const int32_t* labels,
+                      int64_t s, int32_t* cls_row, int32_t* slot_label, cudaStream_t st);
+
+// dst[0 .. n) = the values (n <= 8), carried as the kernel's arguments (Backend::write_floats).
+struct FloatArgs {
+  float v[8];
+};
+cudaError_t write_floats(float* dst, const FloatArgs& values, int n, cudaStream_t s);
 
 // ---- LAMB (lamb_kernels.cu) ----------------------------------------------------------------
 // LAMB over a work list of chunks (each inside one tensor, at most kNormChunk elements).
@@ -127,6 +141,9 @@ struct LambTensorRange {
 struct LambArgs {
   float lr, beta1, beta2, beta3, bias_correction1, bias_correction2, eps, max_grad_norm;
   float grad_scale;  // LambConfig::grad_scale (folded into the clip divisor)
+  // LambConfig::step_scalars (may be null): lr, the bias corrections and grad_scale read from it
+  // when the kernels run.
+  const float* step_scalars;
 };
 // lamb_update: m, v and grads := u over the chunks, sums f64 [T, 2] per row (partial: doubles,
 // one per chunk); a non-finite global_grad_norm / grad_scale skips it, and record (may be null)
@@ -142,7 +159,7 @@ cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
 // (||w|| then ||u||).
 cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
                        int64_t num_tensors, float lr, float grad_scale,
-                       const float* global_grad_norm, const double* sums, float* params,
+                       const float* step_scalars, const float* global_grad_norm, const double* sums, float* params,
                        const float* grads, void* params_lowp, FloatFormat lowp_format,
                        float* norms_ws, cudaStream_t s);
 

@@ -8,7 +8,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// out[i, :] = x[index[i], :], elements of T (float, or the 16 bits of bf16 / f16: a copy).
+// out[i, :] = x[index[i], :], elements of T (float, or the 16 bits of bf16 / f16: a copy); an
+// index of -1 (an unused slot) gives a row of 0. The scatters below skip such indices.
 template <typename T>
 __global__ void gather_rows_kernel(const T* x, const int32_t* index, T* out, int64_t m,
                                    int64_t h) {
@@ -16,7 +17,8 @@ __global__ void gather_rows_kernel(const T* x, const int32_t* index, T* out, int
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / h, c = i - row * h;
-    out[i] = x[static_cast<int64_t>(index[row]) * h + c];
+    const int64_t r = index[row];
+    out[i] = r < 0 ? T(0) : x[r * h + c];
   }
 }
 
@@ -29,14 +31,14 @@ __global__ void gather_rows_kernel(const T* x, const int32_t* index, T* out, int
 __global__ void scatter_first_kernel(const int32_t* index, uint32_t* first, int64_t m) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m;
        i += int64_t{gridDim.x} * blockDim.x)
-    atomicMin(first + index[i], static_cast<uint32_t>(i));
+    if (index[i] >= 0) atomicMin(first + index[i], static_cast<uint32_t>(i));
 }
 
 __global__ void scatter_repeated_kernel(const int32_t* index, const uint32_t* first,
                                         uint32_t* repeated, int64_t m) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m;
        i += int64_t{gridDim.x} * blockDim.x)
-    if (first[index[i]] != static_cast<uint32_t>(i))
+    if (index[i] >= 0 && first[index[i]] != static_cast<uint32_t>(i))
       atomicExch(repeated, 1u);  // many threads may flag it: atomic, not a data race
 }
 
@@ -48,7 +50,7 @@ __global__ void scatter_add_first_kernel(const void* dout, const int32_t* index,
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e / h, c = e - i * h;
     const int64_t r = index[i];
-    if (first[r] != static_cast<uint32_t>(i)) continue;
+    if (r < 0 || first[r] != static_cast<uint32_t>(i)) continue;
     store_from_float(dx, f, r * h + c, load_as_float(dx, f, r * h + c) + load_as_float(dout, f, e));
   }
 }
@@ -60,7 +62,7 @@ __global__ void scatter_add_rest_kernel(const void* dout, const int32_t* index,
   if (c >= h || *repeated == 0) return;
   for (int64_t i = 0; i < m; ++i) {
     const int64_t r = index[i];
-    if (first[r] == static_cast<uint32_t>(i)) continue;
+    if (r < 0 || first[r] == static_cast<uint32_t>(i)) continue;
     store_from_float(dx, f, r * h + c,
                      load_as_float(dx, f, r * h + c) + load_as_float(dout, f, i * h + c));
   }
@@ -70,7 +72,9 @@ __global__ void add_rows_f32_kernel(const float* src, const int32_t* index, void
                                     FloatFormat f, int64_t m, int64_t h) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m * h;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / h, d = int64_t{index[r]} * h + (i - r * h);
+    const int64_t r = i / h;
+    if (index[r] < 0) continue;
+    const int64_t d = int64_t{index[r]} * h + (i - r * h);
     store_from_float(dx, f, d, load_as_float(dx, f, d) + src[i]);
   }
 }

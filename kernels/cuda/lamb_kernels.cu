@@ -43,6 +43,12 @@ __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRang
                                    float* g, float* m, float* v, double* partial) {
   __shared__ double scratch[32];
   const LambChunk ch = chunks[blockIdx.x];
+  if (a.step_scalars) {  // LambConfig::step_scalars: as the step's memory holds them now
+    a.lr = a.step_scalars[0];
+    a.bias_correction1 = a.step_scalars[1];
+    a.bias_correction2 = a.step_scalars[2];
+    a.grad_scale = a.step_scalars[3];
+  }
   // A non-finite norm: the step is skipped (every thread of the block returns alike).
   if (!lamb_norm_is_finite(global_grad_norm[0], a.grad_scale)) return;
   LambCoeffs c;
@@ -68,7 +74,9 @@ __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRang
 __global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
                                   float lr, const double* sums, float* w, const float* u,
                                   void* w_lowp, FloatFormat lowp_format,
-                                  const float* global_grad_norm, float grad_scale) {
+                                  const float* global_grad_norm, float grad_scale,
+                                  const float* step_scalars) {
+  if (step_scalars) lr = step_scalars[0], grad_scale = step_scalars[3];
   if (!lamb_norm_is_finite(global_grad_norm[0], grad_scale)) return;  // skipped step
   const LambChunk ch = chunks[blockIdx.x];
   const LambTensorRange t = tensors[ch.tensor];
@@ -84,8 +92,13 @@ __global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange
 
 // One thread: the skipped-step record of a LAMB step.
 __global__ void lamb_record_kernel(const float* global_grad_norm, float grad_scale,
-                                   int32_t* record) {
+                                   const float* step_scalars, int32_t* record) {
+  if (step_scalars) grad_scale = step_scalars[3];
   lamb_record_step(record, lamb_norm_is_finite(global_grad_norm[0], grad_scale));
+}
+
+__global__ void write_floats_kernel(float* dst, FloatArgs values, int n) {
+  for (int i = 0; i < n; ++i) dst[i] = values.v[i];
 }
 
 }  // namespace
@@ -116,7 +129,8 @@ cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
     if ((e = launched()) != cudaSuccess) return e;
   }
   if (record) {
-    PB_LAUNCH(1, 1, 0, s, lamb_record_kernel)(global_grad_norm, a.grad_scale, record);
+    PB_LAUNCH(1, 1, 0, s, lamb_record_kernel)(global_grad_norm, a.grad_scale, a.step_scalars,
+                                              record);
     if ((e = launched()) != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -124,7 +138,8 @@ cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
 
 cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
                        int64_t num_tensors, float lr, float grad_scale,
-                       const float* global_grad_norm, const double* sums, float* params,
+                       const float* step_scalars, const float* global_grad_norm,
+                       const double* sums, float* params,
                        const float* grads, void* params_lowp, FloatFormat lowp_format,
                        float* norms_ws, cudaStream_t s) {
   if (num_tensors == 0) return cudaSuccess;
@@ -137,10 +152,15 @@ cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTe
   if (num_chunks > 0) {
     PB_LAUNCH(static_cast<unsigned>(num_chunks), kThreads, 0, s, lamb_apply_kernel)(
         chunks, tensors, lr, sums, params, grads, params_lowp, lowp_format, global_grad_norm,
-        grad_scale);
+        grad_scale, step_scalars);
     if ((e = launched()) != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+cudaError_t write_floats(float* dst, const FloatArgs& values, int n, cudaStream_t s) {
+  PB_LAUNCH(1, 1, 0, s, write_floats_kernel)(dst, values, n);
+  return launched();
 }
 
 }  // namespace packbert::cuda

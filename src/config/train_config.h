@@ -63,7 +63,7 @@ struct TrainConfig {
     int max_nonfinite_steps = 5;      // non-finite steps skipped in a row before it is an error
     Device device = Device::cpu;      // cpu | cuda (one GPU per rank: local rank r takes GPU r)
     Precision precision = Precision::fp32;  // fp32 | bf16 | fp16 (BertOptions::precision)
-    CudaGraphs cuda_graphs = CudaGraphs::off;  // off | segmented (BertOptions::cuda_graphs)
+    CudaGraphs cuda_graphs = CudaGraphs::off;  // off | segmented | full (BertOptions::cuda_graphs)
     GpuAllreduce gpu_allreduce = GpuAllreduce::nccl;  // TrainerOptions::gpu_transport
     double loss_scale_init = 65536.0;    // fp16: first loss scale (a power of two)
     int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles

@@ -42,7 +42,7 @@ const EnumTable<Precision>& precision_table() {
   return t;
 }
 const EnumTable<CudaGraphs>& cuda_graphs_table() {
-  static const auto t = named({CudaGraphs::off, CudaGraphs::segmented}, cuda_graphs_name);
+  static const auto t = named({CudaGraphs::off, CudaGraphs::segmented, CudaGraphs::full}, cuda_graphs_name);
   return t;
 }
 const EnumTable<Recompute>& recompute_table() {
@@ -163,11 +163,15 @@ std::vector<Key> make_keys() {
                   "gradient sums (fp16 adds dynamic loss scaling; on the CPU backend the "
                   "low precision is emulated, for testing)"));
   k.push_back(key("train.cuda_graphs", &C::train, &T::cuda_graphs, cuda_graphs_table(),
-                  "device = cuda: off (every kernel launched by the host) or segmented (each "
+                  "device = cuda: off (every kernel launched by the host), segmented (each "
                   "encoder layer's forward and backward recorded as a CUDA graph at its batch "
                   "shape's second use, then replayed: fewer launches; batches padded to a "
                   "shared row and sequence capacity, at most 1/16 more rows; the embeddings, "
-                  "heads and optimizer stay op by op)"));
+                  "heads and optimizer stay op by op) or full (a micro-step's whole forward, "
+                  "heads included, and its whole backward as two graphs, and the optimizer's "
+                  "update as one unless optim.sharded; masked tokens padded too, at most 1/16 "
+                  "more; the gradient round starts after the backward instead of overlapping "
+                  "it)"));
   k.push_back(key("train.gpu_allreduce", &C::train, &T::gpu_allreduce, gpu_allreduce_table(),
                   "device = cuda, several ranks: nccl (gradient buckets all-reduced on a "
                   "communication stream during the backward) or host (each bucket staged "

@@ -7,7 +7,8 @@ namespace packbert {
 void carve_batch(Carver& c, const BatchShape& shape, Bert::Activations& a) {
   const DType i32 = DType::i32;
   const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
-  a.step = c.take(i32, {1});  // first: its place depends on no count
+  a.step = c.take(i32, {1});  // first: their places depend on no count
+  a.grad_scales = c.take(DType::f32, {2});
   a.input_ids = c.take(i32, {rows});
   a.segment_ids = c.take(i32, {rows});
   a.token_seq = c.take(i32, {rows});
@@ -123,7 +124,8 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   a.mlm_dx = c.take(K::heads, act, {m, h});
 }
 
-void upload_batch(Backend& be, const Batch& b, uint32_t step, Bert::Activations& a) {
+void upload_batch(Backend& be, const Batch& b, uint32_t step,
+                  const std::vector<float>& grad_scales, Bert::Activations& a) {
   // Empty arrays (no masked token) have nothing to copy and no host pointer to copy from.
   std::vector<Backend::HostUpload> copies;
   auto put = [&](const Tensor& dst, const auto& src) {
@@ -145,6 +147,7 @@ void upload_batch(Backend& be, const Batch& b, uint32_t step, Bert::Activations&
   put(a.masked_labels, b.masked_labels);
   const std::vector<uint32_t> step_word = {step};
   put(a.step, step_word);
+  put(a.grad_scales, grad_scales);
   be.prefetch(copies);
   // Kept on the host too, so that a device backend plans attention without a read-back.
   a.host_seq_len = b.seq_len;

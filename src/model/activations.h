@@ -58,6 +58,8 @@ struct Bert::Activations {
   Tensor nsp_labels;                      // i32 [seqs]
   Tensor masked_rows, masked_labels;      // i32 [masked]
   Tensor step;                            // i32 [1]: the step (the dropouts' device_step)
+  Tensor grad_scales;                     // f32 [2]: the MLM and NSP losses' gradient factors
+                                          // (loss scale / global count; GradScale::device)
   SeqLayout layout;                       // over the tensors above
   SeqLayout nsp_layout;                   // layout over the batch's own sequences: without the
                                           // empty slots a graphed batch's layout ends in
@@ -97,9 +99,10 @@ size_t batch_bytes(const BatchShape& shape);
 void carve_activations(Carver& carver, const BertConfig& config, const BatchShape& shape,
                        const ActivationPlan& plan, Bert::Activations& act);
 
-// Copies the host batch and the step into act's device tensors (Backend::prefetch: their buffer
+// Copies the host batch, the step and the two gradient factors into act's device tensors (Backend::prefetch: their buffer
 // must be one no op issued since the previous prefetch reads, the model's two buffers used in
 // turn).
-void upload_batch(Backend& backend, const Batch& batch, uint32_t step, Bert::Activations& act);
+void upload_batch(Backend& backend, const Batch& batch, uint32_t step,
+                  const std::vector<float>& grad_scales, Bert::Activations& act);
 
 }  // namespace packbert

@@ -51,10 +51,12 @@ int64_t row_capacity(int64_t rows) {
   return (rows + step - 1) / step * step;
 }
 
-Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs) {
-  PB_REQUIRE(rows >= b.rows && seqs >= b.num_seqs(),
-             "batch: a capacity of {} rows / {} sequences below the batch's {} / {}", rows, seqs,
-             b.rows, b.num_seqs());
+Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs, int64_t masked) {
+  if (masked < 0) masked = b.num_masked();
+  PB_REQUIRE(rows >= b.rows && seqs >= b.num_seqs() && masked >= b.num_masked(),
+             "batch: a capacity of {} rows / {} sequences / {} masked tokens below the batch's "
+             "{} / {} / {}",
+             rows, seqs, masked, b.rows, b.num_seqs(), b.num_masked());
   Batch out = b;
   out.rows = rows;
   const auto r = static_cast<size_t>(rows), s = static_cast<size_t>(seqs);
@@ -66,6 +68,8 @@ Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs) {
   out.seq_len.resize(s, 0);
   out.sample_id.resize(s, 0);
   out.nsp_labels.resize(s, 0);
+  out.masked_rows.resize(static_cast<size_t>(masked), -1);
+  out.masked_labels.resize(static_cast<size_t>(masked), -1);
   return out;
 }
 

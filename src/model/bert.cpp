@@ -179,30 +179,38 @@ DType precision_dtype(Precision p) {
 }
 
 const char* cuda_graphs_name(CudaGraphs g) {
-  return g == CudaGraphs::segmented ? "segmented" : "off";
+  switch (g) {
+    case CudaGraphs::off: return "off";
+    case CudaGraphs::segmented: return "segmented";
+    case CudaGraphs::full: return "full";
+  }
+  return "?";
 }
 
 CudaGraphs parse_cuda_graphs(const std::string& s) {
-  for (CudaGraphs g : {CudaGraphs::off, CudaGraphs::segmented})
+  for (CudaGraphs g : {CudaGraphs::off, CudaGraphs::segmented, CudaGraphs::full})
     if (s == cuda_graphs_name(g)) return g;
-  PB_THROW("model: cuda_graphs '{}' is not one of off, segmented", s);
+  PB_THROW("model: cuda_graphs '{}' is not one of off, segmented, full", s);
 }
 
 bool Bert::LayerGraphKey::operator==(const LayerGraphKey& o) const {
   return backward == o.backward && layer == o.layer && batch == o.batch && arena == o.arena &&
          shape.rows == o.shape.rows && shape.seqs == o.shape.seqs &&
-         shape.max_len == o.shape.max_len &&
-         mlp_chunk_rows == o.mlp_chunk_rows && layer_recompute == o.layer_recompute &&
-         gradients == o.gradients && dropout == o.dropout && seed == o.seed;
+         shape.masked == o.shape.masked && shape.max_len == o.shape.max_len &&
+         mlp_chunk_rows == o.mlp_chunk_rows && mlm_chunk_rows == o.mlm_chunk_rows &&
+         sums == o.sums && mlm_scale_exponent == o.mlm_scale_exponent &&
+         layer_recompute == o.layer_recompute && gradients == o.gradients &&
+         dropout == o.dropout && seed == o.seed;
 }
 
-// The layer's ops: run, recorded (then replayed), or replayed (BertOptions::cuda_graphs).
-void Bert::run_layer(bool backward, int64_t l, const std::function<void()>& ops) {
-  if (!graphs_on()) return ops();
+// Everything the recorded ops' host arguments depend on: for a layer, the batch's rows, slots
+// and attention bound, the plan, the dropout keys; for the whole micro-step (layer -1) also
+// the masked capacity, the heads' plan and metric slot, and f16's decoder scaling.
+Bert::LayerGraphKey Bert::graph_key(bool backward, int64_t layer) const {
   const Activations& a = *act_;
   LayerGraphKey key;
   key.backward = backward;
-  key.layer = l;
+  key.layer = layer;
   key.batch = a.input_ids.data;
   key.arena = arena_.data();
   key.shape = a.shape;
@@ -212,19 +220,30 @@ void Bert::run_layer(bool backward, int64_t l, const std::function<void()>& ops)
   key.gradients = a.gradients;
   key.dropout = dropout_on_;
   key.seed = seed_;
+  if (layer >= 0) {
+    key.shape.masked = 0;
+  } else {
+    key.mlm_chunk_rows = a.plan.mlm_chunk_rows;
+    key.sums = whole_sums_;
+    key.mlm_scale_exponent = whole_scale_exponent_;
+  }
+  return key;
+}
+
+// The layer's ops: run, recorded (then replayed), or replayed (BertOptions::cuda_graphs).
+void Bert::run_layer(bool backward, int64_t l, const std::function<void()>& ops) {
+  if (!graphs_on() || whole_step_) return ops();
+  run_graph(graph_key(backward, l), ops);
+}
+
+// The ops of `key`: run at its first use, recorded at its second, replayed from then on.
+void Bert::run_graph(const LayerGraphKey& key, const std::function<void()>& ops) {
   for (LayerGraph& g : layer_graphs_) {
     if (!(g.key == key)) continue;
-    if (!g.graph.defined()) {  // the second use: record
-      backend_.begin_capture();
-      try {
-        ops();
-      } catch (...) {
-        (void)backend_.end_capture();  // ends the capture; the graph is discarded
-        throw;
-      }
-      g.graph = backend_.end_capture();
-    }
-    backend_.replay(g.graph);
+    if (!g.graph.defined())  // the second use: record
+      g.graph = backend_.record_and_replay(ops);
+    else
+      backend_.replay(g.graph);
     return;
   }
   const size_t capacity = kGraphShapes * 2 * static_cast<size_t>(config_.layers);
@@ -259,7 +278,11 @@ int64_t next_pow2(int64_t n) {
 }  // namespace
 
 bool Bert::graphs_on() const {
-  return options_.cuda_graphs == CudaGraphs::segmented && backend_.supports_graphs();
+  return options_.cuda_graphs != CudaGraphs::off && backend_.supports_graphs();
+}
+
+bool Bert::full_graphs() const {
+  return options_.cuda_graphs == CudaGraphs::full && backend_.supports_graphs();
 }
 
 BatchShape Bert::capacity(const BatchShape& shape, bool gradients) const {
@@ -267,6 +290,8 @@ BatchShape Bert::capacity(const BatchShape& shape, bool gradients) const {
   BatchShape c = shape;
   c.rows = row_capacity(shape.rows);
   c.seqs = std::max(seq_capacity_[gradients ? 1 : 0], next_pow2(shape.seqs));
+  // The whole micro-step's graph holds the heads: masked tokens by the rows' rule.
+  if (full_graphs()) c.masked = row_capacity(shape.masked);
   return c;
 }
 
@@ -397,6 +422,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   ForwardResult result;
   if (batch.empty()) {  // a rank or micro-step without samples contributes nothing
     backward_pending_ = options.gradients;
+    whole_step_ = false;
     act_->shape = BatchShape{};
     if (options.defer_metrics) deferred_.push_back({result, global_masked, global_samples, false});
     return result;
@@ -414,7 +440,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   if (graphs) {
     grow_seq_capacity(batch.num_seqs(), options.gradients);
     const BatchShape c = capacity(batch.shape(), options.gradients);
-    fixed = with_capacity(batch, c.rows, c.seqs);
+    fixed = with_capacity(batch, c.rows, c.seqs, c.masked);
   }
   const Batch& laid = graphs ? fixed : batch;
 
@@ -432,14 +458,25 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
     a.layout.fixed_launch = true;
     a.layout.max_len = std::max(batch.max_len, batch.max_seq_len);
   }
-  upload_batch(backend_, laid, step_, a);
-  // NSP reads each sequence's [CLS]: the batch's own sequences, not the empty slots after them.
+  // The heads' gradient factors, read from the batch buffer when the ops run (GradScale).
+  const auto mlm_scale = static_cast<float>(
+      global_masked > 0 ? options.loss_scale / static_cast<double>(global_masked) : 0.0);
+  const auto nsp_scale =
+      static_cast<float>(options.loss_scale / static_cast<double>(global_samples));
+  upload_batch(backend_, laid, step_, {mlm_scale, nsp_scale}, a);
+  // The whole micro-step in one graph (CudaGraphs::full) unless the logits go to the host.
+  whole_step_ = full_graphs() && !options.mlm_logits && !options.nsp_logits;
+  // NSP reads each sequence's [CLS]: with the whole micro-step graphed, over every slot (it
+  // leaves the empty ones out, so the graph serves any count); else the batch's own sequences.
   const int64_t seqs = batch.num_seqs();
   a.nsp_layout = a.layout;
-  a.nsp_layout.num_seqs = static_cast<int32_t>(seqs);
-  a.nsp_layout.seq_start = rows_of(a.seq_start, 0, seqs);
-  a.nsp_layout.seq_len = rows_of(a.seq_len, 0, seqs);
-  a.nsp_layout.sample_id = rows_of(a.sample_id, 0, seqs);
+  if (!whole_step_) {
+    a.nsp_layout.num_seqs = static_cast<int32_t>(seqs);
+    a.nsp_layout.seq_start = rows_of(a.seq_start, 0, seqs);
+    a.nsp_layout.seq_len = rows_of(a.seq_len, 0, seqs);
+    a.nsp_layout.sample_id = rows_of(a.sample_id, 0, seqs);
+    a.nsp_layout.fixed_launch = false;  // NSP launches nothing by the lengths
+  }
   last_mst_chunks_ = mst_chunks_for(shape, options.gradients);
   const ActivationPlan p = plan(shape, options.gradients, last_mst_chunks_);
   arena_.reserve(plan_bytes(shape, p));
@@ -450,21 +487,42 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // forward-only model its evaluation forwards.
   if (options.gradients || !has_grads_) arena_.note_use(carver.used(), carver.used_by_kind());
 
-  // Embeddings: LayerNorm(word + position + token type), dropout.
-  if (weights_ready_) weights_ready_(0);
-  backend_.embedding_forward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
-                             dropout(DropoutSite::embedding, 0), a.hidden[0], a.emb_ln_mean,
-                             a.emb_ln_rstd);
-  // Encoder.
-  for (int64_t l = 0; l < config_.layers; ++l) {
-    if (weights_ready_) weights_ready_(static_cast<int>(l) + 1);
-    run_layer(false, l, [&] { encoder_layer_forward(l); });
-  }
-  // Heads, loss and (with gradients) the gradient wrt the encoder output.
+  // The metric slot this forward's sums go to; the whole micro-step's graph writes slot 0 (one
+  // graph for every slot), copied to the slot after it.
   const int64_t slot = options.defer_metrics ? 1 + static_cast<int64_t>(deferred_.size()) : 0;
-  const Tensor sums = metric_slot(slot);
-  if (weights_ready_) weights_ready_(static_cast<int>(config_.layers) + 1);
-  heads(global_masked, global_samples, options, sums);
+  const Tensor out_sums = metric_slot(slot);  // first: it may move the slots
+  const Tensor sums = whole_step_ ? metric_slot(0) : out_sums;
+  // weights_ready: before the part that reads the group's weights, or all before the graph.
+  auto weights_ready = [&](int64_t group) {
+    if (weights_ready_ && !whole_step_) weights_ready_(static_cast<int>(group));
+  };
+  auto ops = [&] {
+    // Embeddings: LayerNorm(word + position + token type), dropout.
+    weights_ready(0);
+    backend_.embedding_forward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
+                               dropout(DropoutSite::embedding, 0), a.hidden[0], a.emb_ln_mean,
+                               a.emb_ln_rstd);
+    // Encoder.
+    for (int64_t l = 0; l < config_.layers; ++l) {
+      weights_ready(l + 1);
+      run_layer(false, l, [&] { encoder_layer_forward(l); });
+    }
+    // Heads, loss and (with gradients) the gradient wrt the encoder output.
+    weights_ready(config_.layers + 1);
+    heads(mlm_scale, nsp_scale, options, sums);
+  };
+  if (whole_step_) {
+    if (weights_ready_)
+      for (int64_t g = 0; g < config_.layers + 2; ++g) weights_ready_(static_cast<int>(g));
+    whole_sums_ = sums.data;
+    whole_scale_exponent_ = options_.precision == Precision::fp16 && mlm_scale > 0.f
+                                ? std::ilogb(mlm_scale)
+                                : 0;
+    run_graph(graph_key(false, -1), ops);
+    if (slot != 0) backend_.copy(out_sums, sums);
+  } else {
+    ops();
+  }
 
   result.masked_tokens = batch.num_masked();
   result.sequences = batch.num_seqs();
@@ -618,7 +676,7 @@ void Bert::mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
 // The MLM head on the masked rows only and the NSP head on each [CLS]. With gradients, each
 // head's backward follows its forward at once and dhidden[0] receives the gradient wrt the
 // encoder output: the masked rows from MLM, the [CLS] rows from NSP, zero elsewhere.
-void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options,
+void Bert::heads(float mlm_scale, float nsp_scale, const ForwardOptions& options,
                  const Tensor& sums) {
   const trace::Range range("heads");
   Activations& a = *act_;
@@ -639,7 +697,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
     backend_.residual_layernorm_forward(SeqLayout{}, a.mlm_act, Tensor(), Tensor(),
                                         weights_.mlm_ln, Dropout{}, a.mlm_out, a.mlm_act,
                                         a.mlm_ln_mean, a.mlm_ln_rstd);
-    const auto scale = static_cast<float>(options.loss_scale / static_cast<double>(global_masked));
+    const GradScale scale(mlm_scale, rows_of(a.grad_scales, 0, 1));
     const int64_t chunk = a.logits.dim(0);
     for (int64_t first = 0; first < m; first += chunk) {
       const int64_t n = std::min(chunk, m - first);
@@ -672,7 +730,7 @@ void Bert::heads(int64_t global_masked, int64_t global_samples, const ForwardOpt
 
   const int64_t seqs = a.nsp_layout.num_seqs, h = config_.hidden;
   backend_.nsp_loss(a.nsp_layout, y, gemm_weights_.pooler_nsp, rows_of(a.nsp_labels, 0, seqs),
-                    static_cast<float>(options.loss_scale / static_cast<double>(global_samples)),
+                    GradScale(nsp_scale, rows_of(a.grad_scales, 1, 1)),
                     rows_of(a.nsp_ws, 0, nsp_workspace_elems(seqs, h)),
                     nsp_loss_sum, nsp_correct, grad ? a.dhidden[0] : Tensor(),
                     grad ? grads_.pooler_nsp : PoolerParams{});
@@ -704,19 +762,29 @@ void Bert::backward(const GradientReady& ready) {
     for (size_t g = 0; g < ready_groups_.size(); ++g) announce(g);
     return;
   }
-  announce(0);  // the heads, done in forward()
-  // dhidden[0] holds dL/d(encoder output) from the heads; the two buffers alternate.
-  int cur = 0;
-  for (int64_t l = config_.layers - 1; l >= 0; --l) {
-    run_layer(true, l, [&] { encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]); });
-    cur = 1 - cur;
-    announce(static_cast<size_t>(config_.layers - l));
-  }
-  // dhidden[cur] is scratch to the op from here on.
-  backend_.embedding_backward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
-                              dropout(DropoutSite::embedding, 0), a.emb_ln_mean, a.emb_ln_rstd,
-                              a.dhidden[cur], grads_.embeddings);
-  announce(ready_groups_.size() - 1);
+  // The whole backward in one graph (CudaGraphs::full): every tensor is announced after it.
+  auto announce_now = [&](size_t group) {
+    if (!whole_step_) announce(group);
+  };
+  auto ops = [&] {
+    announce_now(0);  // the heads, done in forward()
+    // dhidden[0] holds dL/d(encoder output) from the heads; the two buffers alternate.
+    int cur = 0;
+    for (int64_t l = config_.layers - 1; l >= 0; --l) {
+      run_layer(true, l,
+                [&] { encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]); });
+      cur = 1 - cur;
+      announce_now(static_cast<size_t>(config_.layers - l));
+    }
+    // dhidden[cur] is scratch to the op from here on.
+    backend_.embedding_backward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
+                                dropout(DropoutSite::embedding, 0), a.emb_ln_mean,
+                                a.emb_ln_rstd, a.dhidden[cur], grads_.embeddings);
+    announce_now(ready_groups_.size() - 1);
+  };
+  if (!whole_step_) return ops();
+  run_graph(graph_key(true, -1), ops);
+  for (size_t g = 0; g < ready_groups_.size(); ++g) announce(g);
 }
 
 // dy = dL/d(hidden[l + 1]) (overwritten: it carries dL/dh1 midway) -> dx = dL/d(hidden[l]).

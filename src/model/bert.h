@@ -52,9 +52,17 @@ const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 // the heads run op by op, and the hooks (weights_ready, gradient ready) run between the layers
 // as without graphs. Attention then launches from the sequence count and the length bound
 // (SeqLayout::fixed_launch) and the dropouts read their step from device memory, so a replay
-// computes what the ops would, bit for bit. A backend without graphs (the CPU) runs the ops.
-enum class CudaGraphs { off, segmented };
-const char* cuda_graphs_name(CudaGraphs g);          // "off", "segmented"
+// computes what the ops would, bit for bit. full records a micro-step's whole forward
+// (embeddings, layers, both heads with their gradients) as one graph and its whole backward
+// (the layers, the embeddings) as another: the masked tokens are laid into a capacity too
+// (unused slots row -1, label -1), NSP runs over every sequence slot (the empty ones left out),
+// and the heads read their gradient factors (loss scale / global count) from device memory
+// (GradScale::device). Its hooks run around the graphs: every weights_ready group before the
+// forward, every GradientReady tensor after the backward (so a gradient round starts after the
+// whole backward instead of overlapping it). The trainer graphs the optimizer's update too
+// (LambOptions::graph). A backend without graphs (the CPU) runs the ops.
+enum class CudaGraphs { off, segmented, full };
+const char* cuda_graphs_name(CudaGraphs g);          // "off", "segmented", "full"
 CudaGraphs parse_cuda_graphs(const std::string& s);  // the names above; Error otherwise
 
 enum class Precision { fp32, bf16, fp16 };
@@ -238,8 +246,7 @@ class Bert {
   void encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);
   void mlp_forward(int64_t l);
   void mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1);
-  void heads(int64_t global_masked, int64_t global_samples, const ForwardOptions& options,
-             const Tensor& sums);
+  void heads(float mlm_scale, float nsp_scale, const ForwardOptions& options, const Tensor& sums);
   Tensor metric_slot(int64_t slot);  // grows metric_slots_ to hold it (keeping its contents)
 
   BertConfig config_;
@@ -272,19 +279,24 @@ class Bert {
   std::unique_ptr<Activations> act_;
   int64_t last_mst_chunks_ = 1;
   // CudaGraphs::segmented: one entry per (layer, direction, everything the recorded ops' host
-  // arguments depend on); the graph is recorded at the key's second use (its first ran the ops
-  // and sized what the backend keeps) and replayed from then on. At most kGraphShapes x 2 x
-  // layers entries: when full, the entries used once (no graph) go, and if that frees nothing,
-  // the older half, so that shapes seen once (a last partial batch, an evaluation's) never keep
-  // a recurring shape from being recorded.
+  // arguments depend on); full: one per direction of the whole micro-step (layer -1). The graph
+  // is recorded at the key's second use (its first ran the ops and sized what the backend
+  // keeps) and replayed from then on. At most kGraphShapes x 2 x layers entries: when full, the
+  // entries used once (no graph) go, and if that frees nothing, the older half, so that shapes
+  // seen once (a last partial batch, an evaluation's) never keep a recurring shape from being
+  // recorded.
   struct LayerGraphKey {
     bool backward = false;
-    int64_t layer = 0;
+    int64_t layer = 0;  // -1: the whole forward / backward (CudaGraphs::full)
     const void* batch = nullptr;  // the batch buffer
     const void* arena = nullptr;
-    BatchShape shape;  // rows, seqs and the attention bound as max_len; not the masked count,
-                       // which places nothing a layer reads (carve_batch, carve_activations)
+    BatchShape shape;  // rows, seqs and the attention bound as max_len; the masked count only
+                       // for the whole micro-step (a layer reads nothing it places:
+                       // carve_batch, carve_activations)
     int64_t mlp_chunk_rows = 0;  // the plan's (ActivationPlan)
+    int64_t mlm_chunk_rows = 0;  // the whole micro-step: the plan's, the metric slot it writes
+    const void* sums = nullptr;  // and, in f16, the MLM factor's power of two (the decoder's
+    int mlm_scale_exponent = 0;  // range scaling, cuda_heads.cpp, comes from it)
     bool layer_recompute = false, gradients = false, dropout = false;
     uint64_t seed = 0;
     bool operator==(const LayerGraphKey& o) const;
@@ -300,11 +312,19 @@ class Bert {
   // by forwards with / without gradients (seq_capacity_[1] / [0]), so that a training run's
   // slots stop changing after its first batches.
   bool graphs_on() const;
+  // CudaGraphs::full on a backend that records graphs; whole_step_: the forward in flight was
+  // recorded / replayed whole (full, without logits hooks), so its backward is too.
+  bool full_graphs() const;
+  bool whole_step_ = false;
+  LayerGraphKey graph_key(bool backward, int64_t layer) const;
+  const void* whole_sums_ = nullptr;
+  int whole_scale_exponent_ = 0;
   BatchShape capacity(const BatchShape& shape, bool gradients) const;
   void grow_seq_capacity(int64_t seqs, bool gradients);
   int64_t seq_capacity_[2] = {0, 0};
   std::vector<LayerGraph> layer_graphs_;
   void run_layer(bool backward, int64_t l, const std::function<void()>& ops);
+  void run_graph(const LayerGraphKey& key, const std::function<void()>& ops);
   // The step in flight (dropout keys, and whether backward() may run).
   uint32_t step_ = 0;
   uint64_t seed_ = 0;

@@ -203,14 +203,38 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   cfg.grad_scale = grad_scale;
   // A non-finite norm makes both passes no-ops on the device (and counts it in the record); the
   // sums still go round, so every rank makes the same collectives.
-  if (sharded()) backend_.zero(sums_all_);
-  backend_.lamb_update(table_, cfg, grad_norm_, own_params, own_grads, m_, v_, sums_, record_);
-  // Sharded: the sums of a tensor cut between ranks are its pieces' sums added, in the order
-  // the collective adds them (double rounding, then the square root rounds to f32).
-  if (sharded()) shard_.sum_over_ranks(sums_all_);
-  backend_.lamb_apply(table_, cfg, grad_norm_, sums_, own_params, own_grads, own_lowp, norms_);
-  // lamb_update left the update direction in grads; the next accumulation starts from zero.
-  if (own_grads.numel() > 0) backend_.zero(own_grads);
+  auto update = [&] {
+    if (sharded()) backend_.zero(sums_all_);
+    backend_.lamb_update(table_, cfg, grad_norm_, own_params, own_grads, m_, v_, sums_, record_);
+    // Sharded: the sums of a tensor cut between ranks are its pieces' sums added, in the order
+    // the collective adds them (double rounding, then the square root rounds to f32).
+    if (sharded()) shard_.sum_over_ranks(sums_all_);
+    backend_.lamb_apply(table_, cfg, grad_norm_, sums_, own_params, own_grads, own_lowp, norms_);
+    // lamb_update left the update direction in grads; the next accumulation starts from zero.
+    if (own_grads.numel() > 0) backend_.zero(own_grads);
+  };
+  if (options_.graph && !sharded() && backend_.supports_graphs()) {
+    const LambStepScalars sc = lamb_step_scalars(cfg);
+    const float values[4] = {sc.lr, sc.bias_correction1, sc.bias_correction2, sc.grad_scale};
+    if (!step_scalars_.data()) step_scalars_ = backend_.alloc(DType::f32, {4});
+    backend_.write_floats(step_scalars_.tensor(), values, 4);
+    cfg.step_scalars = step_scalars_.tensor();
+    const std::vector<const void*> buffers = {params.data, grads.data, params_lowp.data};
+    if (buffers != graph_buffers_) {
+      graph_.reset();
+      graph_buffers_ = buffers;
+      graph_uses_ = 0;
+    }
+    // The first step runs the ops (which size what the backend keeps), the second records.
+    if (graph_uses_++ == 0)
+      update();
+    else if (!graph_.defined())
+      graph_ = backend_.record_and_replay(update);
+    else
+      backend_.replay(graph_);
+  } else {
+    update();
+  }
   info.skipped = !finite;
   if (finite) steps_done_ = info.step;
   return info;

@@ -57,6 +57,12 @@ struct LambOptions {
   // update on the device (Backend::lamb_step; the weights and moments stay as they were) and is
   // counted in its record, which the next read reports (LambStepInfo). Such a step still takes
   // its step number: the host cannot know, so the bias correction and the schedule advance.
+  // How, not what (train.cuda_graphs = full): on a backend that records graphs, an unsharded
+  // step's update (lamb_update, lamb_apply and the zeroing of the gradient) is recorded as a
+  // graph at the second step and replayed after, reading the rate, the bias corrections and
+  // the loss scale from device memory written before it (LambConfig::step_scalars); the norm
+  // and any read-back run before it as ops. The same bits as the ops.
+  bool graph = false;
 };
 
 // One rank's part of a sharded optimizer (optim.sharded; the cut: optim/sharding.h, the
@@ -176,6 +182,12 @@ class Lamb {
   int64_t sums_first_ = 0;
   Tensor m_, v_, grad_norm_, record_, norms_, sums_all_, sums_;  // their views
   int64_t skips_seen_ = 0;  // record[0] at the last read
+  // LambOptions::graph: the update's graph, the buffers it was recorded on (recorded again when
+  // they change), the steps run with those, and its step scalars (f32 [4]; not state).
+  BackendGraph graph_;
+  std::vector<const void*> graph_buffers_;
+  int64_t graph_uses_ = 0;
+  BackendBuffer step_scalars_;
 };
 
 }  // namespace packbert

@@ -62,6 +62,8 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
     scaler_ = std::make_unique<LossScaler>(options_.loss_scaler);
   }
   if (options_.reserve.rows > 0) replica_.bert().reserve(options_.reserve);
+  // Full graphs take the optimizer's update in too (unsharded: LambOptions::graph).
+  options_.lamb.graph = options_.bert.cuda_graphs == CudaGraphs::full;
   GradReducerOptions reduce;
   reduce.bucket_bytes = options_.bucket_bytes;
   reduce.device_transport = options_.gpu_transport;

@@ -13,10 +13,11 @@
 //                                          arena formula and the free memory, at most 4096)
 //                  [--memory-fraction 0.85] (share of the free memory the arena may take)
 //                  [--steps 5] [--warmup 2] [--layouts unpadded,padded]
-//                  [--graphs off,segmented] (train.cuda_graphs: each layout runs with each;
-//                                          segmented warms up 4 steps at least, so that both
-//                                          batch buffers' layer graphs are recorded, and has
-//                                          no split: its ops are not timed one by one)
+//                  [--graphs off,segmented] (train.cuda_graphs, off | segmented | full: each
+//                                          layout runs with each; a graphed run warms up 4
+//                                          steps at least, so that both batch buffers' graphs
+//                                          are recorded, and has no split: its ops are not
+//                                          timed one by one)
 //                  [--lengths-out FILE]   (one line "length masked" per sample, for
 //                                          scripts/bench_hf_gpu.py: the same batch for
 //                                          Hugging Face, padded to max_len)

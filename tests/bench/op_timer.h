@@ -67,6 +67,9 @@ class TimedBackend final : public Backend {
   void synchronize() override { inner_.synchronize(); }
   void* native_stream() const override { return inner_.native_stream(); }
 
+  void write_floats(const Tensor& dst, const float* values, int n) override {
+    inner_.write_floats(dst, values, n);
+  }
   void zero(const Tensor& t) override {
     timed(OpKind::memory, [&] { inner_.zero(t); });
   }
@@ -141,7 +144,7 @@ class TimedBackend final : public Backend {
   void gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) override {
     timed(OpKind::memory, [&] { inner_.gather_rows_backward(dout, index, dx); });
   }
-  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const GradScale& grad_scale,
                              const Tensor& loss_sum, const Tensor& num_correct,
                              const Tensor& dlogits) override {
     timed(OpKind::mlm, [&] {
@@ -149,7 +152,7 @@ class TimedBackend final : public Backend {
     });
   }
   void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                float grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
+                const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                 const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                 const Tensor& db) override {
     timed(OpKind::mlm, [&] {
@@ -157,7 +160,7 @@ class TimedBackend final : public Backend {
     });
   }
   void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                const Tensor& labels, float grad_scale, const Tensor& workspace,
+                const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
                 const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                 const PoolerParams& grads) override {
     timed(OpKind::nsp, [&] {

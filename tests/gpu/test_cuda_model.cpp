@@ -94,12 +94,13 @@ TEST(CudaModel, TinyBertTanhGeluMatchesCpu) {
 }
 
 
-// The tiny model twice over the same weights: op by op and with segmented graphs, each with a
+// The tiny model twice over the same weights: op by op and with graphs (segmented unless said), each with a
 // gradient of its own, on one backend as the trainer's (no index validation, which waits for
 // the device), both sized for the largest batch up front as the trainer does (an arena that grew
 // for a batch with more masked tokens would move, and the layers' graphs with it).
 struct GraphedPair {
-  GraphedPair(std::mt19937_64& rng, Precision precision, const BatchShape& largest)
+  GraphedPair(std::mt19937_64& rng, Precision precision, const BatchShape& largest,
+              CudaGraphs graphs = CudaGraphs::segmented)
       : gpu(make_cuda_backend(0, backend_options())),
         config(bert_preset("tiny")),
         m(config, rng()),
@@ -107,7 +108,7 @@ struct GraphedPair {
         grads_off({m.table.total()}),
         grads_on({m.table.total()}),
         off(bert_options(precision, CudaGraphs::off)),
-        on(bert_options(precision, CudaGraphs::segmented)),
+        on(bert_options(precision, graphs)),
         eager(m.config, *gpu, params.tensor(), grads_off.tensor(), off),
         graphed(m.config, *gpu, params.tensor(), grads_on.tensor(), on) {
     eager.reserve(largest);
@@ -130,6 +131,21 @@ struct GraphedPair {
   DevBuf<float> params, grads_off, grads_on;
   BertOptions off, on;
   Bert eager, graphed;
+};
+
+// The pair's weights forward only (evaluation: models without gradients, no dropout), op by op
+// and with the pair's graphs.
+struct EvalPair {
+  EvalPair(GraphedPair& p, const BatchShape& largest)
+      : off(p.m.config, *p.gpu, p.params.tensor(), Tensor(), p.off),
+        on(p.m.config, *p.gpu, p.params.tensor(), Tensor(), p.on) {
+    off.reserve(largest, false);
+    on.reserve(largest, false);
+    fo.gradients = false;
+    fo.dropout = false;
+  }
+  Bert off, on;
+  ForwardOptions fo;
 };
 
 // BertOptions::cuda_graphs = segmented: each encoder layer's forward and backward recorded at a
@@ -185,13 +201,7 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
         << "a graph per layer and direction, per step";
 
     // Evaluation (forward only, no dropout, a model without gradients): its layers' graphs too.
-    Bert eval_off(pair.m.config, *pair.gpu, pair.params.tensor(), Tensor(), pair.off);
-    Bert eval_on(pair.m.config, *pair.gpu, pair.params.tensor(), Tensor(), pair.on);
-    eval_off.reserve(largest, false);
-    eval_on.reserve(largest, false);
-    ForwardOptions fo;
-    fo.gradients = false;
-    fo.dropout = false;
+    EvalPair eval(pair, largest);
     const BackendCounters eval_before = pair.gpu->counters();
     for (int k = 0; k < 5; ++k) {
       std::vector<int> lengths(6);
@@ -199,8 +209,8 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
       const auto samples = model_samples(rng, lengths, 10, pair.m.config.real_vocab_size);
       const Batch batch = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
       const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
-      const ForwardResult want = eval_off.forward(batch, gm, gs, 0, seed, fo);
-      const ForwardResult got = eval_on.forward(batch, gm, gs, 0, seed, fo);
+      const ForwardResult want = eval.off.forward(batch, gm, gs, 0, seed, eval.fo);
+      const ForwardResult got = eval.on.forward(batch, gm, gs, 0, seed, eval.fo);
       EXPECT_EQ(got.loss, want.loss) << "evaluation batch " << k;
       EXPECT_EQ(got.mlm_correct, want.mlm_correct) << "evaluation batch " << k;
     }
@@ -277,6 +287,113 @@ TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
     EXPECT_EQ(graphs, 6 * 2 * pair.config.layers);
     // The batches did differ in shape: without the capacity they would not have replayed.
     EXPECT_GT(std::set<int64_t>(rows_seen.begin(), rows_seen.end()).size(), 1u);
+    EXPECT_TRUE(pair.grads_on.guards_intact() && pair.grads_off.guards_intact() &&
+                pair.params.guards_intact());
+  }
+}
+
+// BertOptions::cuda_graphs = full: a micro-step's whole forward (embeddings, layers, both heads
+// and their gradients) and its whole backward are one graph each, recorded at the capacity's
+// second use and replayed from then on. Unpadded batches of 8 sequences, 241 to 256 tokens and
+// 49 to 64 masked tokens share one capacity (256 rows, 8 slots, 64 masked slots); the global
+// counts, and in fp16 the loss scale, change every step, which the heads read from device
+// memory. Every step gives the bits of the same batch run op by op without any padding, in fp32,
+// bf16 and fp16; from the third step a step is two graph launches and not one kernel launch;
+// evaluation's forwards replay a graph of their own. (In fp16 the MLM decoder's range scaling is
+// the power of two of its factor, a key of the graph: there the factor changes within one.)
+TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
+  PB_REQUIRE_CUDA_DEVICE();
+  for (Precision precision : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    SCOPED_TRACE(precision_name(precision));
+    auto rng = model_rng(105);
+    const BatchShape largest{256, 64, 8, kMaxSeqLen};
+    GraphedPair pair(rng, precision, largest, CudaGraphs::full);
+    const uint64_t seed = rng();
+    std::set<int64_t> rows_seen, masked_seen;
+    // 8 sequences of 5 .. 64 tokens totalling 241 .. 256, with 49 .. 64 masked tokens (drawn
+    // again until they are).
+    auto draw = [&] {
+      for (;;) {
+        const int target = 241 + static_cast<int>(rng() % 16);
+        std::vector<int> lengths(8);
+        for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));
+        int sum = 0;
+        for (int len : lengths) sum += len;
+        for (size_t i = 0; sum != target; i = (i + 1) % lengths.size()) {
+          if (sum < target && lengths[i] < kMaxSeqLen) ++lengths[i], ++sum;
+          if (sum > target && lengths[i] > 5) --lengths[i], --sum;
+        }
+        auto samples = model_samples(rng, lengths, 12, pair.m.config.real_vocab_size);
+        const int64_t masked = masked_count(samples);
+        if (masked >= 49 && masked <= 64) return samples;
+      }
+    };
+    for (int step = 0; step < 6; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const auto samples = draw();
+      const Batch batch = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
+      rows_seen.insert(batch.rows);
+      masked_seen.insert(batch.num_masked());
+      // Counts of a global batch larger than this micro-batch, different every step (fp16: with
+      // 2^12 / gm in [2^5, 2^6)).
+      const bool fp16 = precision == Precision::fp16;
+      const int64_t gm = fp16 ? 65 + 7 * step : masked_count(samples) + 7 * step;
+      const int64_t gs = static_cast<int64_t>(samples.size()) + step;
+      ForwardOptions fo;
+      if (fp16) fo.loss_scale = 4096.f;
+      const auto s = static_cast<uint32_t>(3000 + 5 * step);
+      BackendCounters before{}, after{};
+      auto run = [&](Bert& bert, DevBuf<float>& grads) {
+        pair.gpu->zero(grads.tensor());
+        pair.gpu->synchronize();
+        before = pair.gpu->counters();
+        const ForwardResult r = bert.forward(batch, gm, gs, s, seed, fo);
+        bert.backward();
+        pair.gpu->synchronize();
+        after = pair.gpu->counters();
+        return r;
+      };
+      const ForwardResult want = run(pair.eager, pair.grads_off);
+      const ForwardResult got = run(pair.graphed, pair.grads_on);
+      EXPECT_EQ(got.loss, want.loss);
+      EXPECT_EQ(got.mlm_loss_sum, want.mlm_loss_sum);
+      EXPECT_EQ(got.nsp_loss_sum, want.nsp_loss_sum);
+      EXPECT_EQ(got.mlm_correct, want.mlm_correct);
+      EXPECT_EQ(got.nsp_correct, want.nsp_correct);
+      EXPECT_EQ(got.masked_tokens, want.masked_tokens);
+      EXPECT_EQ(got.sequences, want.sequences);
+      EXPECT_EQ(pair.grads_on.values(), pair.grads_off.values()) << "the gradients differ";
+      // Steps 0 and 1 run each batch buffer's first use op by op, steps 2 and 3 record (a
+      // recorded op counts as a launch) and replay, and every step from the fifth is its two
+      // graphs and nothing else (the synchronize is a host synchronisation, not a launch).
+      if (step >= 2) {
+        EXPECT_EQ(after.graph_launches - before.graph_launches, 2);
+      }
+      if (step >= 4) {
+        EXPECT_EQ(after.launches - before.launches, 0);
+      }
+    }
+    // The batches did differ in shape: without the capacity they would not have replayed.
+    EXPECT_GT(rows_seen.size(), 1u);
+    EXPECT_GT(masked_seen.size(), 1u);
+
+    // Evaluation (forward only, no dropout, a model without gradients): one graph per forward
+    // from its third.
+    EvalPair eval(pair, largest);
+    for (int k = 0; k < 4; ++k) {
+      const auto samples = draw();
+      const Batch batch = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
+      const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+      const ForwardResult want = eval.off.forward(batch, gm, gs, 0, seed, eval.fo);
+      const BackendCounters before = pair.gpu->counters();
+      const ForwardResult got = eval.on.forward(batch, gm, gs, 0, seed, eval.fo);
+      const BackendCounters after = pair.gpu->counters();
+      EXPECT_EQ(got.loss, want.loss) << "evaluation batch " << k;
+      EXPECT_EQ(got.mlm_correct, want.mlm_correct) << "evaluation batch " << k;
+      EXPECT_EQ(got.nsp_correct, want.nsp_correct) << "evaluation batch " << k;
+      EXPECT_EQ(after.graph_launches - before.graph_launches, k < 2 ? 0 : 1)
+          << "evaluation batch " << k;
+    }
     EXPECT_TRUE(pair.grads_on.guards_intact() && pair.grads_off.guards_intact() &&
                 pair.params.guards_intact());
   }

@@ -165,6 +165,7 @@ double nsp_loss_bound(const HostLayout& l, const std::vector<float>& x,
   };
   double dloss = 0, ce_sum = 0;
   for (size_t q = 0; q < l.seq_start.size(); ++q) {
+    if (l.seq_len[q] == 0) continue;  // an empty slot, left out
     const int64_t row = l.seq_start[q];
     std::vector<double> pooled(static_cast<size_t>(h)), dpooled(static_cast<size_t>(h));
     for (int64_t k = 0; k < h; ++k) {
@@ -1120,13 +1121,16 @@ OpCases attention_cases(bool emulated) {
 // otherwise (1e-2, as the linear ops).
 OpCases gather_rows_cases() {
   OpCases cases;
-  auto add = [&cases](DType t, int64_t rows, int64_t h, int64_t m, int repeats) {
+  // unused: that many indices -1 (a fixed-capacity batch's unused masked slots), at the first,
+  // the middle and the last place: their out rows 0, nothing added for them.
+  auto add = [&cases](DType t, int64_t rows, int64_t h, int64_t m, int repeats, int unused = 0) {
     const bool lowp = is_lowp(t);
     OpCase c;
     c.dtype = t;
-    c.name = fmt::format("gather_rows {}rows {} h {} m {} {}",
+    c.name = fmt::format("gather_rows {}rows {} h {} m {} {}{}",
                          lowp ? std::string(dtype_name(t)) + " " : "", rows, h, m,
-                         repeats == 0 ? "distinct" : repeats == 1 ? "one repeat" : "repeated");
+                         repeats == 0 ? "distinct" : repeats == 1 ? "one repeat" : "repeated",
+                         unused ? fmt::format(", {} unused", unused) : std::string());
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
       std::vector<int32_t> idx;
@@ -1149,6 +1153,8 @@ OpCases gather_rows_cases() {
           for (int64_t i = 0; i < m; i += 7)
             idx[static_cast<size_t>(i)] = idx[static_cast<size_t>(i % 1000 / 4)];
       }
+      for (int k = 0; k < unused; ++k)
+        idx[static_cast<size_t>(k == 0 ? 0 : k == 1 ? m - 1 : m / 2 + k)] = -1;
       const auto x = lowp ? randn(g, rows * h) : random_floats(g, rows * h);
       const auto dy = lowp ? randn(g, m * h) : random_floats(g, m * h);
       const Tensor tidx = r.in("index", {m}, idx);
@@ -1160,11 +1166,15 @@ OpCases gather_rows_cases() {
         r.backend().gather_rows(tx, tidx, out);
         r.backend().gather_rows_backward(r.in("dout", t, {m, h}, dy, unchanged()), tidx,
                                          r.acc("dx", t, {rows, h}, dx0, dx_check));
-        // An index out of range is refused (the CUDA backend validates its index arrays).
+        // An index out of range is refused (the CUDA backend validates its index arrays), and
+        // so is a negative one but -1.
         std::vector<int32_t> bad = idx;
         bad[0] = static_cast<int32_t>(rows);
         const Tensor tbad = r.in("bad index", {m}, bad);
         EXPECT_THROW(r.backend().gather_rows(tx, tbad, out), Error) << r.backend().name();
+        bad[0] = -2;
+        const Tensor tneg = r.in("negative index", {m}, bad);
+        EXPECT_THROW(r.backend().gather_rows(tx, tneg, out), Error) << r.backend().name();
       } else {
         r.backend().gather_rows_backward(r.in("dout", t, {m, h}, dy, unchanged()), tidx,
                                          r.acc("dx", t, {rows, h}, dx0, dx_check));
@@ -1181,9 +1191,9 @@ OpCases gather_rows_cases() {
           for (int64_t k = 0; k < h; ++k) {
             const auto row = static_cast<int64_t>(idx[static_cast<size_t>(i)]);
             if (forward) {
-              ASSERT_EQ(out[i * h + k], x[row * h + k]) << what;
+              ASSERT_EQ(out[i * h + k], row < 0 ? 0.0 : x[row * h + k]) << what;
             }
-            want[row * h + k] += dy[i * h + k];
+            if (row >= 0) want[row * h + k] += dy[i * h + k];
           }
         expect_close(what + " dx", cpu.doubles("dx"), want, kTol);
       };
@@ -1191,6 +1201,8 @@ OpCases gather_rows_cases() {
   };
   add(DType::f32, 57, 70, 23, 1);
   add(DType::f32, 50, 19, 6, 1);
+  add(DType::f32, 57, 70, 23, 0, 3);
+  for (DType t : {DType::bf16, DType::f16}) add(t, 300, 72, 120, 0, 4);
   for (DType t : {DType::bf16, DType::f16})
     for (int repeats : {0, 2}) add(t, 300, 72, 120, repeats);
   for (int repeats : {0, 2}) add(DType::f32, 6000, 96, 4000, repeats);
@@ -1205,8 +1217,13 @@ OpCases softmax_cross_entropy_cases() {
   struct Shape { int64_t m, v; };
   for (const Shape s : {Shape{37, 1000}, Shape{1, 1}, Shape{5, 30528}, Shape{64, 2},
                         Shape{37, 1001}, Shape{6, 30522}})
-    for (int mode = 0; mode < 3; ++mode) {  // 0 no dlogits, 1 separate, 2 in place
+    // 0 no dlogits, 1 separate, 2 in place; 3 separate, with rows left out (label -1: the
+    // first, the last and every fifth) and the factor read from device memory (its host value
+    // 0.5 differs from the device's 0.125 here, so that a read of the wrong one shows; a graph's
+    // replay relies on the device's).
+    for (int mode = 0; mode < 4; ++mode) {
       const int64_t m = s.m, v = s.v;
+      if (mode == 3 && m < 3) continue;
       OpCase c;
       c.name = fmt::format("softmax_cross_entropy m{} v{} mode{}", m, v, mode);
       c.run = [=](OpRun& r) {
@@ -1216,12 +1233,22 @@ OpCases softmax_cross_entropy_cases() {
         auto labels = random_ints(g, m, 0, static_cast<int32_t>(v - 1));
         labels[0] = v > 1 ? 1 : 0;
         for (int64_t i = 2; i < m; i += 2) z[i * v + labels[i]] += 8.f;  // some rows right
+        if (mode == 3)
+          for (int64_t i = 0; i < m; ++i)
+            if (i == 0 || i == m - 1 || i % 5 == 0) labels[i] = -1;
         const Tensor tz = r.acc("logits", DType::f32, {m, v}, z,
                                 mode == 2 ? close_to(kTol) : unchanged());
         const Tensor tl = r.in("labels", {m}, labels);
         const Tensor dz = mode == 0   ? Tensor()
-                          : mode == 1 ? r.out("dlogits", DType::f32, {m, v}, close_to(kTol))
+                          : mode != 2 ? r.out("dlogits", DType::f32, {m, v}, close_to(kTol))
                                       : tz;
+        if (mode == 3) {
+          const GradScale device(0.5f, r.in("grad scale", DType::f32, {1}, {0.125f}));
+          r.backend().softmax_cross_entropy(
+              tz, tl, device, r.acc("loss", DType::f32, {1}, {0.75f}, close_to(1e-6)),
+              r.acc("correct", {1}, {3}, bits()), dz);
+          return;
+        }
         if (mode == 2) {
           // In place gives the bits the separate output gets, on every backend: first the
           // separate call on the same logits (its loss and count into buffers of their own).
@@ -1247,7 +1274,14 @@ OpCases softmax_cross_entropy_cases() {
         const double loss = ref::softmax_xent(z, labels, m, v, 0.125, &correct, &dz);
         expect_close(what + " loss", {cpu.doubles("loss")[0] - 0.75}, {loss}, kTol);
         EXPECT_EQ(cpu.doubles("correct")[0], 3 + correct) << what;
-        if (mode == 1) expect_close(what + " dlogits", cpu.doubles("dlogits"), dz, kTol);
+        if (mode == 1 || mode == 3) expect_close(what + " dlogits", cpu.doubles("dlogits"), dz, kTol);
+        if (mode == 3) {  // the rows left out: exactly 0
+          const Vec d = cpu.doubles("dlogits");
+          for (int64_t i = 0; i < m; ++i) {
+            if (labels[i] >= 0) continue;
+            for (int64_t k = 0; k < v; ++k) ASSERT_EQ(d[i * v + k], 0.0) << what << " row " << i;
+          }
+        }
         if (mode == 2) expect_close(what + " dlogits in place", cpu.doubles("logits"), dz, kTol);
       };
       cases.push_back(std::move(c));
@@ -1270,20 +1304,26 @@ namespace {
 // 1 / (m + 5)): the loss (accumulated unscaled) and the correct count against the double loop,
 // and dx, dw, db against central differences of scale * loss over every coordinate, rel L2 kTol
 // (dw, db: the increments onto random values).
-void add_mlm_loss_reference(OpCases& cases) {
+// unused: rows 2 and 9 are left out (label -1, a fixed-capacity batch's unused masked slots)
+// and the factor is read from device memory (GradScale::device; its host value is 4x off): the
+// central differences of the loss over the other rows then give their dx 0.
+void add_mlm_loss_reference(OpCases& cases, bool unused) {
   const int64_t m = 13, h = 16, v = 97;
   const float scale = 1.f / static_cast<float>(m + 5);
   OpCase c;
-  c.name = fmt::format("mlm_loss m{} h{} v{}", m, h, v);
+  c.name = fmt::format("mlm_loss m{} h{} v{}{}", m, h, v, unused ? " rows 2, 9 left out" : "");
   c.run = [=](OpRun& r) {
     auto& g = r.rng();
     const auto x = random_floats(g, m * h), w = random_floats(g, v * h), b = random_floats(g, v);
-    const auto labels = random_ints(g, m, 0, static_cast<int32_t>(v - 1));
+    auto labels = random_ints(g, m, 0, static_cast<int32_t>(v - 1));
+    if (unused) labels[2] = labels[9] = -1;
     const auto dw0 = random_floats(g, v * h), db0 = random_floats(g, v);
+    const GradScale factor =
+        unused ? GradScale(4 * scale, r.in("grad scale", DType::f32, {1}, {scale})) : scale;
     r.backend().mlm_loss(r.in("x", DType::f32, {m, h}, x, unchanged()),
                          r.in("w", DType::f32, {v, h}, w, unchanged()),
                          r.in("bias", DType::f32, {v}, b, unchanged()),
-                         r.in("labels", {m}, labels), scale,
+                         r.in("labels", {m}, labels), factor,
                          r.out("logits_ws", DType::f32, {m, v}, Check{}),
                          r.acc("loss", DType::f32, {1}, {0.f}, close_to(1e-6)),
                          r.acc("correct", {1}, {0}, bits()),
@@ -1316,23 +1356,30 @@ void add_mlm_loss_reference(OpCases& cases) {
 
 OpCases mlm_loss_cases() {
   OpCases cases;
-  auto add = [&cases](DType t, int64_t m, int64_t h, int64_t v, bool backward, bool dw, bool db) {
+  // unused: the first and the last row left out (label -1), the factor on the device.
+  auto add = [&cases](DType t, int64_t m, int64_t h, int64_t v, bool backward, bool dw, bool db,
+                      bool unused = false) {
     const bool lowp = is_lowp(t);
     OpCase c;
     c.dtype = t;
-    c.name = lowp ? fmt::format("mlm_loss {} m{} h{} v{}{}{} {}", dtype_name(t), m, h, v,
-                                dw ? " dw" : "", db ? " db" : "", backward ? "backward" : "forward")
-                  : fmt::format("mlm_loss m{} h{} v{} grads {}", m, h, v, backward);
+    c.name = (lowp ? fmt::format("mlm_loss {} m{} h{} v{}{}{} {}", dtype_name(t), m, h, v,
+                                 dw ? " dw" : "", db ? " db" : "",
+                                 backward ? "backward" : "forward")
+                   : fmt::format("mlm_loss m{} h{} v{} grads {}", m, h, v, backward)) +
+             (unused ? ", 2 rows left out" : "");
     const bool want_dw = backward && dw, want_db = backward && db;
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
       const auto x = lowp ? randn(g, m * h) : random_floats(g, m * h);
       const auto w = lowp ? randn(g, v * h, 0.2f) : random_floats(g, v * h, 0.2f);
       const auto b = lowp ? randn(g, v) : random_floats(g, v);
-      const auto labels = random_ints(g, m, 0, static_cast<int32_t>(v - 1));
+      auto labels = random_ints(g, m, 0, static_cast<int32_t>(v - 1));
+      if (unused) labels[0] = labels[static_cast<size_t>(m - 1)] = -1;
       const auto dw0 = lowp ? randn(g, v * h, 1e-3f) : random_floats(g, v * h);
       const auto db0 = lowp ? randn(g, v, 1e-3f) : random_floats(g, v);
       const float scale = lowp ? 1.f / static_cast<float>(m) : 1.f / 77;
+      const GradScale factor =
+          unused ? GradScale(scale, r.in("grad scale", DType::f32, {1}, {scale})) : scale;
       const Check grad = lowp ? increments_to(1e-2) : close_to(kTol);
       const Tensor ws = r.out("logits_ws", DType::f32, {m, v},
                               lowp ? (backward ? Check{} : close_to(1e-5)) : close_to(kTol));
@@ -1341,7 +1388,7 @@ OpCases mlm_loss_cases() {
       const Tensor tdb = r.acc("db", DType::f32, {v}, db0, want_db ? grad : unchanged());
       r.backend().mlm_loss(
           r.in("x", t, {m, h}, x), r.in("w", t, {v, h}, w), r.in("bias", DType::f32, {v}, b),
-          r.in("labels", {m}, labels), scale, ws,
+          r.in("labels", {m}, labels), factor, ws,
           r.acc("loss", DType::f32, {1}, {0.5f}, lowp ? increments_to(1e-4) : close_to(1e-6)),
           r.acc("correct", {1}, {lowp ? 3 : 0}, lowp ? within(2) : bits()),
           backward ? r.out("dx", t, {m, h}, close_to(lowp ? 1e-2 : kTol)) : Tensor(),
@@ -1356,7 +1403,8 @@ OpCases mlm_loss_cases() {
                           std::array<int64_t, 5>{64, 64, 512, 0, 1},
                           std::array<int64_t, 5>{2300, 64, 30528, 1, 1}})
       for (bool backward : {false, true}) add(t, s[0], s[1], s[2], backward, s[3], s[4]);
-  add_mlm_loss_reference(cases);
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) add(t, 37, 64, 96, true, true, true, true);
+  for (bool unused : {false, true}) add_mlm_loss_reference(cases, unused);
   return cases;
 }
 
@@ -1393,16 +1441,20 @@ namespace {
 // max(its norm, the norm such a sum of s random-sign terms of size scale / 2 has), as the model
 // tests' nsp_bias_error does. The backend runner holds the loss to nsp_loss_bound, cls_b as
 // the cases above (against |cls_b| + 2 scale s), the other outputs to kTol.
-void add_nsp_loss_reference(OpCases& cases) {
+// empty: that many empty slots after the sequences (and 5 padding rows: a fixed-capacity
+// batch's layout), which the op leaves out whatever their labels, and the factor read from
+// device memory (its host value 4x off).
+void add_nsp_loss_reference(OpCases& cases, int empty) {
   const int64_t h = 12;
   const float scale = 1.f / 9.f;
   OpCase c;
-  c.name = "nsp_loss h12 packed";
+  c.name = empty ? fmt::format("nsp_loss h12 packed, {} empty slots", empty) : "nsp_loss h12 packed";
   c.run = [=](OpRun& r) {
     auto& g = r.rng();
     const std::vector<int32_t> lens = {5, 1, 9, 3, 7};
-    const HostLayout l = packed(lens, random_sample_ids(g, lens.size()), 12);
-    const int64_t rows = l.rows, s = static_cast<int64_t>(lens.size());
+    HostLayout l = packed(lens, random_sample_ids(g, lens.size()), 12);
+    if (empty) l = with_empty_slots(l, 5, empty);
+    const int64_t rows = l.rows, s = static_cast<int64_t>(l.seq_len.size());
     const auto x = random_floats(g, rows * h), wp = random_floats(g, h * h, 0.5f),
                bp = random_floats(g, h), wc = random_floats(g, 2 * h), bc = random_floats(g, 2);
     const auto labels = random_ints(g, s, 0, 1);
@@ -1415,7 +1467,8 @@ void add_nsp_loss_reference(OpCases& cases) {
                          r.in("cls_b", DType::f32, {2}, bc)};
     r.backend().nsp_loss(
         sl, r.in("x", DType::f32, {rows, h}, x, unchanged()), p, r.in("labels", {s}, labels),
-        scale, r.out("workspace", DType::f32, {nsp_workspace_elems(s, h)}, Check{}),
+        empty ? GradScale(4 * scale, r.in("grad scale", DType::f32, {1}, {scale})) : scale,
+        r.out("workspace", DType::f32, {nsp_workspace_elems(s, h)}, Check{}),
         r.acc("loss", DType::f32, {1}, {0.f}, Check{}), r.acc("correct", {1}, {0}, bits()),
         r.acc("dx", DType::f32, {rows, h}, dx0, close_to(kTol)),
         PoolerParams{r.acc("d dense_w", DType::f32, {h, h}, dwp0, close_to(kTol)),
@@ -1475,19 +1528,22 @@ void add_nsp_loss_reference(OpCases& cases) {
 
 OpCases nsp_loss_cases() {
   OpCases cases;
-  auto add = [&cases](DType t, int64_t h, bool grads) {
+  // empty: 2 empty slots and 3 padding rows after the sequences (a fixed-capacity batch).
+  auto add = [&cases](DType t, int64_t h, bool grads, bool empty = false) {
     const bool lowp = is_lowp(t);
     OpCase c;
     c.dtype = t;
-    c.name = lowp ? fmt::format("nsp_loss {} h{}{}", dtype_name(t), h, grads ? " grads" : "")
-                  : fmt::format("nsp_loss grads {}", grads);
+    c.name = (lowp ? fmt::format("nsp_loss {} h{}{}", dtype_name(t), h, grads ? " grads" : "")
+                   : fmt::format("nsp_loss grads {}", grads)) +
+             (empty ? ", 2 empty slots" : "");
     const float scale = 1.f / 9;
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
       const std::vector<int32_t> lens =
           lowp ? std::vector<int32_t>{3, 1, 20, 7, 12} : std::vector<int32_t>{3, 1, 20, 7};
-      const HostLayout l = padded(lens, random_sample_ids(g, lens.size()), 24);
-      const int64_t rows = l.rows, s = static_cast<int64_t>(lens.size());
+      HostLayout l = padded(lens, random_sample_ids(g, lens.size()), 24);
+      if (empty) l = with_empty_slots(l, 3, 2);
+      const int64_t rows = l.rows, s = static_cast<int64_t>(l.seq_len.size());
       auto draw = [&](size_t n, float sc) { return lowp ? randn(g, n, sc) : random_floats(g, n, sc); };
       const auto x = draw(rows * h, 1.f), wp = draw(h * h, 0.3f), bp = draw(h, 1.f),
                  wc = draw(2 * h, 1.f), bc = draw(2, 1.f);
@@ -1563,7 +1619,8 @@ OpCases nsp_loss_cases() {
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t h : {int64_t{40}, int64_t{130}})
       for (bool grads : {false, true}) add(t, h, grads);
-  add_nsp_loss_reference(cases);
+  for (DType t : {DType::f32, DType::bf16}) add(t, 40, true, true);
+  for (int empty : {0, 3}) add_nsp_loss_reference(cases, empty);
   return cases;
 }
 
@@ -1639,6 +1696,20 @@ OpCases l2_norm_cases() {
 // the work list it derived from a table and must notice a new one); and a non-finite global norm,
 // which skips the step inside the op (no read-back) with the same record on every backend, then a
 // finite step that updates and ends the run of skips.
+namespace {
+// A LAMB step's inputs over n elements: weights, gradient, first moment and (non-negative)
+// second moment.
+struct LambInputs {
+  std::vector<float> w, grad, m, v;
+};
+LambInputs lamb_inputs(std::mt19937_64& g, int64_t n) {
+  LambInputs in{random_floats(g, n), random_floats(g, n), random_floats(g, n, 0.1f),
+                random_floats(g, n, 0.1f)};
+  for (float& x : in.v) x = std::abs(x);
+  return in;
+}
+}  // namespace
+
 OpCases lamb_step_cases() {
   OpCases cases;
   static const std::vector<LambTensor> first = {{0, 1000, 1},  {1000, 64, 0},   {1100, 20000, 1},
@@ -1655,9 +1726,8 @@ OpCases lamb_step_cases() {
     c.name = fmt::format("lamb_step global norm {}{}", gnorm, flip ? ", flipped" : "");
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
-      const auto w = random_floats(g, n), gr = random_floats(g, n), m = random_floats(g, n, 0.1f);
-      auto v = random_floats(g, n, 0.1f);
-      for (auto& x : v) x = std::abs(x);
+      const LambInputs in = lamb_inputs(g, n);
+      const auto &w = in.w, &gr = in.grad, &m = in.m, &v = in.v;
       LambConfig cfg;
       cfg.lr = 1e-3f;
       cfg.step = 7;
@@ -1669,6 +1739,44 @@ OpCases lamb_step_cases() {
                             r.acc("m", DType::f32, {n}, m, close_to(kTol)),
                             r.acc("v", DType::f32, {n}, v, close_to(kTol)),
                             r.out("norms", DType::f32, {2 * t}, close_to(1e-6)));
+    };
+    cases.push_back(std::move(c));
+  }
+  // LambConfig::step_scalars: the rate, the bias corrections and the loss scale read from device
+  // memory (a graph's replay) give the bits of the same values given as the config's fields,
+  // while the config's own fields say otherwise (rate 0.5, step 1, loss scale 1).
+  {
+    OpCase c;
+    c.name = "lamb_step with its step scalars in device memory";
+    c.run = [=](OpRun& r) {
+      auto& g = r.rng();
+      const LambInputs in = lamb_inputs(g, n);
+      const auto &w = in.w, &gr = in.grad, &m = in.m, &v = in.v;
+      LambConfig cfg;
+      cfg.lr = 2e-3f;
+      cfg.step = 11;
+      cfg.grad_scale = 4.f;
+      const LambStepScalars sc = lamb_step_scalars(cfg);
+      const Tensor gnorm = r.in("global norm", DType::f32, {1}, {12.f});
+      auto step = [&](const LambConfig& config, const std::string& suffix) {
+        r.backend().lamb_step(lamb_table(first.data(), t), config, gnorm,
+                              r.acc("params" + suffix, DType::f32, {n}, w, close_to(kTol)),
+                              r.acc("update" + suffix, DType::f32, {n}, gr, close_to(kTol)),
+                              r.acc("m" + suffix, DType::f32, {n}, m, close_to(kTol)),
+                              r.acc("v" + suffix, DType::f32, {n}, v, close_to(kTol)),
+                              r.out("norms" + suffix, DType::f32, {2 * t}, close_to(1e-6)));
+      };
+      step(cfg, "");
+      LambConfig other = cfg;
+      other.lr = 0.5f;
+      other.step = 1;
+      other.grad_scale = 1.f;
+      other.step_scalars = r.in("step scalars", DType::f32, {4},
+                                {sc.lr, sc.bias_correction1, sc.bias_correction2, sc.grad_scale});
+      step(other, " (scalars)");
+      for (const char* name : {"params", "update", "m", "v", "norms"})
+        EXPECT_TRUE(r.buf(name).bytes() == r.buf(std::string(name) + " (scalars)").bytes())
+            << r.backend().name() << ": " << name << " differs with the scalars in memory";
     };
     cases.push_back(std::move(c));
   }
@@ -1686,9 +1794,8 @@ OpCases lamb_step_cases() {
     c.name = "lamb_update and lamb_apply of pieces cut inside tensors";
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
-      const auto w = random_floats(g, n), gr = random_floats(g, n), m = random_floats(g, n, 0.1f);
-      auto v = random_floats(g, n, 0.1f);
-      for (auto& x : v) x = std::abs(x);
+      const LambInputs in = lamb_inputs(g, n);
+      const auto &w = in.w, &gr = in.grad, &m = in.m, &v = in.v;
       const int64_t cut1 = std::uniform_int_distribution<int64_t>(1101, 21099)(g);
       const int64_t cut2 = std::uniform_int_distribution<int64_t>(cut1 + 1, n - 1)(g);
       LambConfig cfg;
@@ -1793,9 +1900,8 @@ OpCases lamb_step_cases() {
   c.name = "lamb_step skipped, then stepped";
   c.run = [=](OpRun& r) {
     auto& g = r.rng();
-    const auto w = random_floats(g, n), gr = random_floats(g, n), m = random_floats(g, n, 0.1f);
-    auto v = random_floats(g, n, 0.1f);
-    for (auto& x : v) x = std::abs(x);
+    const LambInputs in = lamb_inputs(g, n);
+    const auto &w = in.w, &gr = in.grad, &m = in.m, &v = in.v;
     LambConfig cfg;
     cfg.lr = 1e-3f;
     cfg.step = 3;

@@ -135,13 +135,14 @@ inline Vec attention_seq(const Vec& qkv, const HostLayout& l, size_t s, int64_t 
 }
 
 // Per-row cross-entropy of logits [m, v]; returns the summed loss, counts first-argmax hits and
-// optionally the scaled gradient.
+// optionally the scaled gradient. A label of -1 leaves its row out (no loss, gradient 0).
 inline double softmax_xent(const Vec& z, const std::vector<int32_t>& labels, int64_t m, int64_t v,
                            double scale, int* correct = nullptr, Vec* dz = nullptr) {
   double total = 0;
   if (correct) *correct = 0;
   if (dz) dz->assign(m * v, 0.0);
   for (int64_t i = 0; i < m; ++i) {
+    if (labels[i] < 0) continue;
     double mx = z[i * v];
     int64_t am = 0;
     for (int64_t c = 1; c < v; ++c)
@@ -159,18 +160,22 @@ inline double softmax_xent(const Vec& z, const std::vector<int32_t>& labels, int
   return total;
 }
 
-// The NSP loss of the [CLS] rows (sum over sequences, unscaled).
+// The NSP loss of the [CLS] rows (sum over sequences, unscaled); empty slots (length 0) are
+// left out.
 inline double nsp(const Vec& x, const HostLayout& l, int64_t h, const Vec& wp, const Vec& bp,
                   const Vec& wc, const Vec& bc, const std::vector<int32_t>& labels,
                   int* correct = nullptr) {
   const int64_t s = static_cast<int64_t>(l.seq_len.size());
   Vec cls(s * h);
-  for (int64_t i = 0; i < s; ++i)
-    for (int64_t c = 0; c < h; ++c) cls[i * h + c] = x[l.seq_start[i] * h + c];
+  std::vector<int32_t> kept = labels;
+  for (int64_t i = 0; i < s; ++i) {
+    if (l.seq_len[i] == 0) kept[i] = -1;
+    for (int64_t c = 0; c < h && l.seq_len[i] > 0; ++c) cls[i * h + c] = x[l.seq_start[i] * h + c];
+  }
   Vec pooled = linear(cls, wp, &bp, s, h, h);
   for (auto& p : pooled) p = std::tanh(p);
   const Vec logits = linear(pooled, wc, &bc, s, h, 2);
-  return softmax_xent(logits, labels, s, 2, 1.0, correct);
+  return softmax_xent(logits, kept, s, 2, 1.0, correct);
 }
 
 }  // namespace packbert::test::ref
