@@ -246,13 +246,21 @@ void Bert::run_graph(const LayerGraphKey& key, const std::function<void()>& ops)
       backend_.replay(g.graph);
     return;
   }
-  const size_t capacity = kGraphShapes * 2 * static_cast<size_t>(config_.layers);
-  if (layer_graphs_.size() >= capacity) {
+  // The table's size in layers' worth of ops: a whole micro-step's graph counts as all layers.
+  const auto layers = static_cast<size_t>(config_.layers);
+  const size_t capacity = kGraphShapes * 2 * layers;
+  auto weight = [&](const LayerGraph& g) { return g.key.layer < 0 ? layers : size_t{1}; };
+  auto total = [&] {
+    size_t n = 0;
+    for (const LayerGraph& g : layer_graphs_) n += weight(g);
+    return n;
+  };
+  if (total() + (key.layer < 0 ? layers : 1) > capacity) {
     layer_graphs_.erase(std::remove_if(layer_graphs_.begin(), layer_graphs_.end(),
                                        [](const LayerGraph& g) { return !g.graph.defined(); }),
                         layer_graphs_.end());
-    if (layer_graphs_.size() >= capacity)
-      layer_graphs_.erase(layer_graphs_.begin(), layer_graphs_.begin() + capacity / 2);
+    while (!layer_graphs_.empty() && total() > capacity / 2)
+      layer_graphs_.erase(layer_graphs_.begin());
   }
   layer_graphs_.push_back({key, BackendGraph()});
   ops();

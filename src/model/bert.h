@@ -281,10 +281,10 @@ class Bert {
   // CudaGraphs::segmented: one entry per (layer, direction, everything the recorded ops' host
   // arguments depend on); full: one per direction of the whole micro-step (layer -1). The graph
   // is recorded at the key's second use (its first ran the ops and sized what the backend
-  // keeps) and replayed from then on. At most kGraphShapes x 2 x layers entries: when full, the
-  // entries used once (no graph) go, and if that frees nothing, the older half, so that shapes
-  // seen once (a last partial batch, an evaluation's) never keep a recurring shape from being
-  // recorded.
+  // keeps) and replayed from then on. At most kGraphShapes x 2 x layers layers' worth of entries
+  // (a whole micro-step's counts as every layer): when full, the entries used once (no graph)
+  // go, and if that frees too little, the oldest down to half, so that shapes seen once (a last
+  // partial batch, an evaluation's) never keep a recurring shape from being recorded.
   struct LayerGraphKey {
     bool backward = false;
     int64_t layer = 0;  // -1: the whole forward / backward (CudaGraphs::full)

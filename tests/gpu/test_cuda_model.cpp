@@ -399,43 +399,48 @@ TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
   }
 }
 
-// The table of layer graphs is bounded (16 shapes' worth); shapes seen once must not keep a
+// The table of graphs is bounded (16 shapes' worth); shapes seen once must not keep a
 // recurring one from being recorded: after 40 one-off shapes (forward only, one sequence of 44
 // tokens under 40 different attention bounds, the max_seq_len of its make_batch), a batch that
 // comes 5 times is recorded at its third and fourth forwards
-// (each batch buffer's second use) and replayed at its fifth, with the ops' losses.
-TEST(CudaModel, SegmentedGraphsOutliveOneOffShapes) {
+// (each batch buffer's second use) and replayed at its fifth, with the ops' losses: segmented,
+// a graph per layer; full, one per forward (a whole micro-step's graph counts as all layers).
+TEST(CudaModel, GraphsOutliveOneOffShapes) {
   PB_REQUIRE_CUDA_DEVICE();
-  auto rng = model_rng(103);
-  CudaBackendOptions bo;
-  bo.validate_indices = false;
-  auto gpu = make_cuda_backend(0, bo);
-  const BertConfig config = bert_preset("tiny");
-  HostModel m(config, rng());
-  DevBuf<float> params({m.table.total()}, m.params);
-  BertOptions off, on;
-  on.cuda_graphs = CudaGraphs::segmented;
-  Bert eager(m.config, *gpu, params.tensor(), Tensor(), off);
-  Bert graphed(m.config, *gpu, params.tensor(), Tensor(), on);
-  const BatchShape largest{kMaxSeqLen, 10, 1, kMaxSeqLen};
-  eager.reserve(largest, false);
-  graphed.reserve(largest, false);
-  ForwardOptions fo;
-  fo.gradients = false;
-  fo.dropout = false;
-  auto forward = [&](const std::vector<Sample>& samples, int max_seq_len) {
-    const Batch batch = make_batch(samples, BatchLayout::unpadded, max_seq_len);
-    const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
-    const ForwardResult want = eager.forward(batch, gm, gs, 0, 1, fo);
-    const ForwardResult got = graphed.forward(batch, gm, gs, 0, 1, fo);
-    EXPECT_EQ(got.loss, want.loss) << batch.rows << " rows";
-  };
-  for (int bound = kMaxSeqLen + 1; bound <= kMaxSeqLen + 40; ++bound)
-    forward(model_samples(rng, {44}, 10, m.config.real_vocab_size), bound);
-  const auto recurring = model_samples(rng, {50}, 10, m.config.real_vocab_size);
-  const BackendCounters before = gpu->counters();
-  for (int k = 0; k < 5; ++k) forward(recurring, kMaxSeqLen);
-  EXPECT_EQ(gpu->counters().graph_launches - before.graph_launches, 3 * config.layers);
+  for (CudaGraphs mode : {CudaGraphs::segmented, CudaGraphs::full}) {
+    SCOPED_TRACE(cuda_graphs_name(mode));
+    auto rng = model_rng(103);
+    CudaBackendOptions bo;
+    bo.validate_indices = false;
+    auto gpu = make_cuda_backend(0, bo);
+    const BertConfig config = bert_preset("tiny");
+    HostModel m(config, rng());
+    DevBuf<float> params({m.table.total()}, m.params);
+    BertOptions off, on;
+    on.cuda_graphs = mode;
+    Bert eager(m.config, *gpu, params.tensor(), Tensor(), off);
+    Bert graphed(m.config, *gpu, params.tensor(), Tensor(), on);
+    const BatchShape largest{kMaxSeqLen, 10, 1, kMaxSeqLen};
+    eager.reserve(largest, false);
+    graphed.reserve(largest, false);
+    ForwardOptions fo;
+    fo.gradients = false;
+    fo.dropout = false;
+    auto forward = [&](const std::vector<Sample>& samples, int max_seq_len) {
+      const Batch batch = make_batch(samples, BatchLayout::unpadded, max_seq_len);
+      const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+      const ForwardResult want = eager.forward(batch, gm, gs, 0, 1, fo);
+      const ForwardResult got = graphed.forward(batch, gm, gs, 0, 1, fo);
+      EXPECT_EQ(got.loss, want.loss) << batch.rows << " rows";
+    };
+    for (int bound = kMaxSeqLen + 1; bound <= kMaxSeqLen + 40; ++bound)
+      forward(model_samples(rng, {44}, 10, m.config.real_vocab_size), bound);
+    const auto recurring = model_samples(rng, {50}, 10, m.config.real_vocab_size);
+    const BackendCounters before = gpu->counters();
+    for (int k = 0; k < 5; ++k) forward(recurring, kMaxSeqLen);
+    EXPECT_EQ(gpu->counters().graph_launches - before.graph_launches,
+              mode == CudaGraphs::full ? 3 : 3 * config.layers);
+  }
 }
 }  // namespace
 }  // namespace packbert::test
