@@ -298,8 +298,10 @@ BatchShape Bert::capacity(const BatchShape& shape, bool gradients) const {
   BatchShape c = shape;
   c.rows = row_capacity(shape.rows);
   c.seqs = std::max(seq_capacity_[gradients ? 1 : 0], next_pow2(shape.seqs));
-  // The whole micro-step's graph holds the heads: masked tokens by the rows' rule.
-  if (full_graphs()) c.masked = row_capacity(shape.masked);
+  // The whole micro-step's graph holds the heads: masked slots by the rows' rule, and never
+  // fewer than the most a forward has needed so far, so that they stop changing too.
+  if (full_graphs())
+    c.masked = std::max(masked_capacity_[gradients ? 1 : 0], row_capacity(shape.masked));
   return c;
 }
 
@@ -447,6 +449,10 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   Batch fixed;
   if (graphs) {
     grow_seq_capacity(batch.num_seqs(), options.gradients);
+    if (full_graphs()) {
+      int64_t& masked = masked_capacity_[options.gradients ? 1 : 0];
+      masked = std::max(masked, row_capacity(batch.num_masked()));
+    }
     const BatchShape c = capacity(batch.shape(), options.gradients);
     fixed = with_capacity(batch, c.rows, c.seqs, c.masked);
   }

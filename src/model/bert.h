@@ -54,13 +54,13 @@ const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 // (SeqLayout::fixed_launch) and the dropouts read their step from device memory, so a replay
 // computes what the ops would, bit for bit. full records a micro-step's whole forward
 // (embeddings, layers, both heads with their gradients) as one graph and its whole backward
-// (the layers, the embeddings) as another: the masked tokens are laid into a capacity too
-// (unused slots row -1, label -1), NSP runs over every sequence slot (the empty ones left out),
-// and the heads read their gradient factors (loss scale / global count) from device memory
-// (GradScale::device). Its hooks run around the graphs: every weights_ready group before the
-// forward, every GradientReady tensor after the backward (so a gradient round starts after the
-// whole backward instead of overlapping it). The trainer graphs the optimizer's update too
-// (LambOptions::graph). A backend without graphs (the CPU) runs the ops.
+// (the layers, the embeddings) as another: the masked tokens are laid into a capacity too (the
+// most so far; unused slots row -1, label -1), NSP runs over every sequence slot (the empty ones
+// left out), and the heads read their gradient factors (loss scale / global count) from device
+// memory (GradScale::device). Its hooks run around the graphs: every weights_ready group
+// before the forward, every GradientReady tensor after the backward (so a gradient round starts
+// after the whole backward instead of overlapping it). The trainer graphs the optimizer's update
+// too (LambOptions::graph). A backend without graphs (the CPU) runs the ops.
 enum class CudaGraphs { off, segmented, full };
 const char* cuda_graphs_name(CudaGraphs g);          // "off", "segmented", "full"
 CudaGraphs parse_cuda_graphs(const std::string& s);  // the names above; Error otherwise
@@ -310,7 +310,9 @@ class Bert {
   // records graphs), and the capacity a batch of `shape` is laid into then (the shape itself
   // otherwise): row_capacity rows, and sequence slots the largest power of two needed so far
   // by forwards with / without gradients (seq_capacity_[1] / [0]), so that a training run's
-  // slots stop changing after its first batches.
+  // slots stop changing after its first batches; with full graphs, masked slots the largest
+  // row_capacity of a forward's masked count so far (masked_capacity_, grown by forwards only:
+  // reserve()'s bound on the masked tokens is far above what batches hold).
   bool graphs_on() const;
   // CudaGraphs::full on a backend that records graphs; whole_step_: the forward in flight was
   // recorded / replayed whole (full, without logits hooks), so its backward is too.
@@ -322,6 +324,7 @@ class Bert {
   BatchShape capacity(const BatchShape& shape, bool gradients) const;
   void grow_seq_capacity(int64_t seqs, bool gradients);
   int64_t seq_capacity_[2] = {0, 0};
+  int64_t masked_capacity_[2] = {0, 0};
   std::vector<LayerGraph> layer_graphs_;
   void run_layer(bool backward, int64_t l, const std::function<void()>& ops);
   void run_graph(const LayerGraphKey& key, const std::function<void()>& ops);
