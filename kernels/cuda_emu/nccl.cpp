@@ -10,6 +10,14 @@
 // end, in call order. On a capturing stream a collective is recorded into the CUDA graph and
 // runs at each of the graph's launches.
 //
+// Graphs. NCCL requires whether a collective is graph-captured to be the same on every rank,
+// and each launch of a graph to pair with the graphs the other ranks captured together with
+// it. The emulation checks both: a collective carries its capture number (0: not captured;
+// k: the communicator's k-th captured collective on this rank, counted at the capture), which
+// the ranks compare like the rest of the header. A rank that runs a collective eagerly while
+// another replays it, or that replays a graph of another capture than its peers', disagrees
+// there and hangs as below.
+//
 // Matching. The worker runs its communicator's collectives one at a time, in the order its
 // stream reached them. Each begins with an MPI_Allgather of a header (kind, type, count, root and
 // the collective's index on the communicator): ranks match calls by their order on the
@@ -83,19 +91,22 @@ struct Header {
   int32_t root = 0;
   int32_t pad = 0;
   uint64_t count = 0;
-  uint64_t index = 0;  // the collective's position on its communicator
+  uint64_t index = 0;    // the collective's position on its communicator
+  uint64_t capture = 0;  // 0, or k: the k-th collective captured on the communicator (Graphs)
   bool operator==(const Header& o) const {
     return kind == o.kind && type == o.type && root == o.root && count == o.count &&
-           index == o.index;
+           index == o.index && capture == o.capture;
   }
 };
 
 std::string describe(const Header& h) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "%s of %llu elements of type %d, root %d",
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "%s of %llu elements of type %d, root %d, ",
                 kind_name(static_cast<Kind>(h.kind)), static_cast<unsigned long long>(h.count),
                 h.type, h.root);
-  return buf;
+  std::string s = buf;
+  if (h.capture == 0) return s + "not in a graph";
+  return s + "in a graph (captured collective #" + std::to_string(h.capture) + ")";
 }
 
 // Elements rank r sends in collective h on n ranks (its part of the MPI_Allgatherv).
@@ -185,6 +196,7 @@ struct ncclComm {
   int device = 0;
   MPI_Comm mpi = MPI_COMM_NULL;  // null for a communicator of one rank
   uint64_t issued = 0;           // collectives enqueued so far (the next one's index)
+  uint64_t captured = 0;         // collectives captured into graphs so far (Graphs)
 
   std::mutex mu;
   std::condition_variable cv;
@@ -251,7 +263,8 @@ struct ncclComm {
         if (!(heads[r] == h)) {
           std::fprintf(stderr,
                        "NCCL emulation: rank %d's collective #%llu is %s, rank %zu's is %s (#%llu):"
-                       " ranks disagree on the order of their calls, which hangs on hardware\n",
+                       " ranks disagree on the order of their calls or on their graphs, which "
+                       "hangs on hardware\n",
                        rank, static_cast<unsigned long long>(h.index), describe(h).c_str(), r,
                        describe(heads[r]).c_str(), static_cast<unsigned long long>(heads[r].index));
           return hang();
@@ -307,6 +320,10 @@ namespace {
 // communicator, taken at the call, or, captured into a CUDA graph, at each of its launches (the
 // ranks replay their graphs in the same order, so their indices still agree).
 cudaError_t enqueue_op(ncclComm_t comm, cudaStream_t stream, std::shared_ptr<Op> o) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+      status == cudaStreamCaptureStatusActive)
+    o->h.capture = ++comm->captured;
   return packbert::emu::enqueue_async(
       stream, kind_name(static_cast<Kind>(o->h.kind)), [comm, o] {
         auto run = std::make_shared<Op>();

@@ -116,7 +116,8 @@ void GradBucketScheduler::set_transport(GradBucketTransport* transport) {
 }
 
 void GradBucketScheduler::begin(GradCollective collective) {
-  PB_REQUIRE(!in_round_, "{}: begin() while a round is in flight (finish() first)", label_);
+  PB_REQUIRE(!in_round_ && !completed_early_,
+             "{}: begin() while a round is in flight (finish() first)", label_);
   std::fill(tensor_ready_.begin(), tensor_ready_.end(), 0);
   std::fill(bucket_pending_.begin(), bucket_pending_.end(), 0);
   for (size_t i = 0; i < tensors_.size(); ++i)
@@ -180,6 +181,10 @@ void GradBucketScheduler::test_started() {
 }
 
 GradReduceStats GradBucketScheduler::finish() {
+  if (completed_early_) {
+    completed_early_ = false;
+    return early_;
+  }
   PB_REQUIRE(in_round_, "{}: finish() without begin()", label_);
   for (size_t j = 0; j < tensors_.size(); ++j) {
     if (tensor_ready_[j]) continue;
@@ -206,6 +211,43 @@ GradReduceStats GradBucketScheduler::finish() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   in_round_ = false;
   return stats;
+}
+
+void GradBucketTransport::launched() {
+  PB_THROW("grad reducer: a graph holding this transport's collectives was launched, but they "
+           "cannot be captured (only NCCL's can)");
+}
+
+void GradBucketScheduler::complete() {
+  PB_REQUIRE(!completed_early_, "{}: complete() twice in one round", label_);
+  early_ = finish();
+  completed_early_ = true;
+}
+
+void GradBucketScheduler::graph_launched() {
+  if (completed_early_) {  // the recording's launch: ready() and complete() ran in the capture
+    if (transport_) transport_->launched();
+    early_.graph = 1;
+    return;
+  }
+  PB_REQUIRE(in_round_, "{}: graph_launched() without begin()", label_);
+  for (size_t j = 0; j < tensors_.size(); ++j)
+    PB_REQUIRE(!tensor_ready_[j],
+               "{}: graph_launched() after tensor {} was marked ready: a replayed round is "
+               "announced by its graph alone",
+               label_, original_index_[j]);
+  if (transport_) transport_->launched();
+  std::fill(tensor_ready_.begin(), tensor_ready_.end(), 1);
+  std::fill(bucket_pending_.begin(), bucket_pending_.end(), 0);
+  early_ = GradReduceStats{};
+  early_.buckets = static_cast<int>(buckets_.size());
+  early_.started_before_finish = early_.buckets;  // in the graph, among the backward's ops
+  early_.completed_before_finish = completed_;
+  early_.graph = 2;
+  next_to_start_ = early_.buckets;
+  completed_ = next_to_start_;
+  in_round_ = false;
+  completed_early_ = true;
 }
 
 }  // namespace packbert

@@ -65,6 +65,8 @@ struct GradReduceStats {
                                     // called: communication hidden behind compute
   double finish_wait_s = 0;         // time finish() spent waiting (exposed communication; on
                                     // the GPU the host does not wait, the compute stream does)
+  int graph = 0;                    // 0: issued op by op; 1: recorded into a CUDA graph (and
+                                    // launched); 2: replayed from one (comm/grad_reducer.h)
 };
 
 // What a round does to each bucket (GradReducer explains the shards).
@@ -86,6 +88,15 @@ class GradBucketTransport {
   // Every bucket of the round is complete for whoever reads the buffer next (the host for MPI,
   // the compute stream for NCCL).
   virtual void complete_all() = 0;
+  // The round's collectives were captured into a CUDA graph that has just been launched on the
+  // reader's stream (the recording's own launch, or a replay: GradBucketScheduler::
+  // graph_launched): nothing to issue; the transport watches the launch. Only a transport whose
+  // calls a capture can record has one (NCCL's).
+  // The default throws Error: a transport that is not NCCL's cannot be in a graph.
+  virtual void launched();
+  // While the host waits in MPI (GradReducer::all_ranks): lets the device run what was issued
+  // (a GPU does anyway; the emulated one runs its streams only when the host asks).
+  virtual void poll() {}
   // Outside a round: the owned parts of every bucket of buffer (laid out as the gradient) from
   // their owners to every rank (ShardExchange::all_gather).
   virtual void all_gather(const std::vector<GradBucket>& buckets, const Tensor& buffer) = 0;
@@ -134,8 +145,19 @@ class GradBucketScheduler {
   void ready(int64_t offset, int64_t size);
   // Lets the transport move the started buckets along.
   void progress();
-  // Starts whatever has not started and completes the round (see GradBucketTransport).
+  // Starts whatever has not started and completes the round (see GradBucketTransport). After
+  // complete() or graph_launched() it returns their statistics only.
   GradReduceStats finish();
+
+  // A round inside a CUDA graph (comm/grad_reducer.h, Graphs). complete() is finish()'s work
+  // done at the end of the backward's ops, so that a capture records the last buckets and the
+  // reader's wait for them; the round is then over but for finish(). graph_launched(): a graph
+  // holding the round was launched: after complete() (the recording's launch) the transport
+  // watches it; otherwise (a replay, with no ready() since begin()) every tensor counts as ready
+  // and every bucket as started without the transport being asked, and the round is over but
+  // for finish() too.
+  void complete();
+  void graph_launched();
 
  private:
   void start_ready_buckets();
@@ -156,6 +178,8 @@ class GradBucketScheduler {
   std::vector<int> bucket_pending_;  // tensors of the bucket not ready yet
   int next_to_start_ = 0;
   int completed_ = 0;
+  bool completed_early_ = false;  // complete() or graph_launched(): finish() returns early_
+  GradReduceStats early_;
 };
 
 }  // namespace packbert

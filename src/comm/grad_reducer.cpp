@@ -266,6 +266,37 @@ GradReduceStats GradReducer::finish() {
   return sched_.finish();
 }
 
+void GradReducer::complete() {
+  const WatchScope watch(collective_name_);
+  sched_.complete();
+}
+
+void GradReducer::graph_launched() {
+  PB_REQUIRE(capturable(), "grad reducer: a graph holding a round of the {} transport (only "
+             "NCCL's rounds can be captured)", transport_name_);
+  sched_.graph_launched();
+}
+
+std::vector<int64_t> GradReducer::all_ranks(const std::vector<int64_t>& local) {
+  if (size_ == 1) return local;
+  const int n = static_cast<int>(local.size());
+  std::vector<int64_t> all(local.size() * static_cast<size_t>(size_));
+  const WatchScope watch("MPI_Allgather (graph keys, gradient reducer)");
+  MPI_Request req = MPI_REQUEST_NULL;
+  PB_MPI_CHECK(
+      MPI_Iallgather(local.data(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm_, &req));
+  // Tested, not waited for: meanwhile the device runs what this rank issued (a peer may be
+  // waiting on the device for a collective of ours that it has not reached).
+  int done = 0;
+  for (;;) {
+    PB_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (transport_) transport_->poll();
+    std::this_thread::yield();
+  }
+  return all;
+}
+
 GradBucket GradReducer::shard(int k) const {
   const auto& b = sched_.buckets();
   PB_REQUIRE(k >= 0 && static_cast<size_t>(k) < b.size(), "grad reducer: shard({}) of {} buckets",

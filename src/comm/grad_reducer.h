@@ -30,6 +30,16 @@
 // reproducible run to run and the same on every rank. Across rank counts the order differs:
 // rounding only (tests/mpi/mpi_allreduce_driver checks both for MPI).
 //
+// Graphs. With NCCL (or no transport: one rank) a round can run inside a CUDA graph, the
+// collectives among the backward's ops (Bert's train.cuda_graphs = "full"). The first time, the
+// ops run as usual; at the recording, ready_tensor() and complete() (finish()'s work, the last
+// buckets and the backend stream's wait for them) run inside the capture, which records them;
+// a replay issues nothing, and graph_launched() after it does the bookkeeping instead. Either
+// way finish() then returns the statistics. NCCL requires a captured collective's launch to be
+// uniform over the ranks, and each launch of a graph to pair with the graphs the other ranks
+// recorded together with it: the caller keeps that by deciding together (all_ranks, one
+// MPI_Allgather of a few values) when to run, record and replay.
+//
 // Errors. MPI runs on a duplicate of the parent communicator (its collectives match no one
 // else's) with MPI_ERRORS_RETURN: a failure is a packbert::Error naming the call. NCCL's are
 // described in comm/nccl_transport.h. The object is used by one thread (the compute thread).
@@ -39,6 +49,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -103,6 +114,18 @@ class GradReducer {
   // the first missing one) and completes the round: with MPI the host buffer holds the result on
   // return; with NCCL the backend's stream waits for it (work issued next sees it).
   GradReduceStats finish();
+
+  // Whether a round can run inside a CUDA graph (see Graphs): NCCL's transport, or none.
+  bool capturable() const { return !transport_ || std::strcmp(transport_name_, "nccl") == 0; }
+  // finish()'s work at the end of the backward's ops (recorded when they are captured); finish()
+  // then returns its statistics only.
+  void complete();
+  // A graph holding this round (recorded at an earlier round, or at this one) was launched on the
+  // backend's stream (see Graphs); Error if the reducer is not capturable().
+  void graph_launched();
+  // Every rank's `local` (the same length on each), in rank order: one MPI_Allgather on the
+  // reducer's communicator (watched), or `local` itself on one rank.
+  std::vector<int64_t> all_ranks(const std::vector<int64_t>& local);
 
   // The part of bucket k this rank owns (reduce-scatter): elements [offset, offset + size),
   // possibly empty.

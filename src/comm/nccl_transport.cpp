@@ -95,7 +95,7 @@ class NcclTransport final : public GradBucketTransport {
       // After a complete step every bucket is done (the optimizer that followed finish() has
       // been waited for), so a clean shutdown destroys the communicator; anything else aborts.
       const bool clean = !failed_ && !in_round_ && std::uncaught_exceptions() == 0 &&
-                         (started_ == 0 || cudaEventQuery(done_[started_ - 1]) == cudaSuccess) &&
+                         (!round_done_ || cudaEventQuery(round_done_) == cudaSuccess) &&
                          (groups_started_ == 0 ||
                           cudaEventQuery(group_done_[groups_started_ - 1]) == cudaSuccess);
       if (clean) {
@@ -115,14 +115,23 @@ class NcclTransport final : public GradBucketTransport {
     started_ = 0;
     completed_ = 0;
     in_round_ = true;
+    captured_ = false;
+    // Where the watch of a round inside a graph starts timing (launched()): the stream reaches
+    // it when it starts the backward.
+    if (!capturing()) PB_NCCL_CUDA(cudaEventRecord(round_start_, compute_));
   }
 
   void start(int k, const GradBucket& b) override {
     const auto i = static_cast<size_t>(k);
     float* data = grads_ + b.offset;
+    // Inside a capture the calls below are recorded: the record forks the communication stream
+    // into the capture, the done events join it back (complete_all). A capture records events
+    // of its own: the watchdog may still be polling an earlier round's.
+    captured_ = captured_ || capturing();
+    cudaEvent_t ready = (captured_ ? captured_ready_ : ready_)[i];
     // Every write to this bucket has been launched on the compute stream: the event marks them.
-    PB_NCCL_CUDA(cudaEventRecord(ready_[i], compute_));
-    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[i], 0));
+    PB_NCCL_CUDA(cudaEventRecord(ready, compute_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready, 0));
     if (collective_ == GradCollective::allreduce) {
       PB_NCCL_NCCL(ncclAllReduce(data, data, static_cast<size_t>(b.size), ncclFloat, ncclSum,
                                  comm_, comm_stream_));
@@ -139,11 +148,14 @@ class NcclTransport final : public GradBucketTransport {
       }
       PB_NCCL_NCCL(ncclGroupEnd());
     }
-    PB_NCCL_CUDA(cudaEventRecord(done_[i], comm_stream_));
+    PB_NCCL_CUDA(cudaEventRecord((captured_ ? captured_done_ : done_)[i], comm_stream_));
     started_ = k + 1;
   }
 
   int test() override {
+    // A captured round's events order the graph's nodes; none of them has run (querying one
+    // would invalidate the capture).
+    if (captured_ || capturing()) return completed_;
     while (completed_ < started_) {
       const cudaError_t q = cudaEventQuery(done_[static_cast<size_t>(completed_)]);
       if (q == cudaErrorNotReady) break;  // not an error: still running
@@ -156,15 +168,31 @@ class NcclTransport final : public GradBucketTransport {
 
   void complete_all() override {
     // The communication stream runs the buckets in order: its last done event implies all.
+    captured_ = captured_ || capturing();
     if (started_ > 0) {
-      cudaEvent_t last = done_[static_cast<size_t>(started_ - 1)];
+      cudaEvent_t last = (captured_ ? captured_done_ : done_)[static_cast<size_t>(started_ - 1)];
       PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, last, 0));
-      watch(collective_ == GradCollective::allreduce ? "NCCL all-reduce (gradient reducer)"
-                                                     : "NCCL reduce-scatter (gradient reducer)",
-            ready_[static_cast<size_t>(started_ - 1)], last);
+      // Captured: the wait joins the capture; the graph's launch is watched (launched()).
+      if (!captured_) {
+        watch(round_name(), ready_[static_cast<size_t>(started_ - 1)], last);
+        round_done_ = last;
+      }
     }
     check_async();
+    in_round_ = captured_;  // until the graph is launched
+  }
+
+  // The compute stream has just launched a graph holding this round's collectives (recorded at
+  // this round or an earlier one): what follows on the stream sees the sums. Its end is
+  // watched from the round's start (begin_round).
+  void launched() override {
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    PB_NCCL_CUDA(cudaEventRecord(launch_done_, compute_));
+    watch(round_name(), round_start_, launch_done_);
+    round_done_ = launch_done_;
+    captured_ = false;
     in_round_ = false;
+    check_async();
   }
 
   void all_gather(const std::vector<GradBucket>& buckets, const Tensor& buffer) override {
@@ -280,17 +308,36 @@ class NcclTransport final : public GradBucketTransport {
     int least = 0, greatest = 0;
     PB_NCCL_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     PB_NCCL_CUDA(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest));
-    ready_.reserve(num_buckets);
-    done_.reserve(num_buckets);
     for (size_t k = 0; k < num_buckets; ++k) {
-      for (std::vector<cudaEvent_t>* events : {&ready_, &done_}) {
+      for (std::vector<cudaEvent_t>* events :
+           {&ready_, &done_, &captured_ready_, &captured_done_}) {
         cudaEvent_t e = nullptr;
         PB_NCCL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         events->push_back(e);
       }
     }
+    for (cudaEvent_t* e : {&round_start_, &launch_done_})
+      PB_NCCL_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     // On the watchdog's thread, past the timeout: frees whatever waits on the communicator.
     watch_ = std::make_unique<AsyncWatch>([this] { abort_comm(); });
+  }
+
+  void poll() override {
+    for (cudaStream_t st : {compute_, comm_stream_}) {
+      const cudaError_t q = cudaStreamQuery(st);
+      if (q != cudaErrorNotReady) PB_NCCL_CUDA(q);
+    }
+  }
+
+  bool capturing() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(compute_, &status);
+    return e == cudaSuccess && status != cudaStreamCaptureStatusNone;
+  }
+
+  const char* round_name() const {
+    return collective_ == GradCollective::allreduce ? "NCCL all-reduce (gradient reducer)"
+                                                    : "NCCL reduce-scatter (gradient reducer)";
   }
 
   // The host does not wait for a collective it issues (the compute stream does): the watchdog
@@ -316,9 +363,16 @@ class NcclTransport final : public GradBucketTransport {
   void release() {
     for (cudaEvent_t e : ready_) (void)cudaEventDestroy(e);
     for (cudaEvent_t e : done_) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : captured_ready_) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : captured_done_) (void)cudaEventDestroy(e);
     for (cudaEvent_t e : group_done_) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : {round_start_, launch_done_})
+      if (e) (void)cudaEventDestroy(e);
+    round_start_ = launch_done_ = nullptr;
     ready_.clear();
     done_.clear();
+    captured_ready_.clear();
+    captured_done_.clear();
     group_done_.clear();
     if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
     comm_stream_ = nullptr;
@@ -352,7 +406,11 @@ class NcclTransport final : public GradBucketTransport {
   float* grads_;
   cudaStream_t comm_stream_ = nullptr;
   std::vector<cudaEvent_t> ready_, done_;  // per bucket
+  std::vector<cudaEvent_t> captured_ready_, captured_done_;  // per bucket, in captures only
   std::vector<cudaEvent_t> group_done_;    // per gather group (start_groups)
+  cudaEvent_t round_start_ = nullptr;      // recorded at each round's begin
+  cudaEvent_t launch_done_ = nullptr;      // after a graph holding a round
+  cudaEvent_t round_done_ = nullptr;       // the last round's end (null: none yet)
   size_t groups_started_ = 0;
   ncclComm_t comm_ = nullptr;
   std::atomic<bool> aborted_{false};
@@ -363,6 +421,7 @@ class NcclTransport final : public GradBucketTransport {
   GradCollective collective_ = GradCollective::allreduce;
   std::atomic<bool> failed_{false};
   bool in_round_ = false;
+  bool captured_ = false;  // this round's collectives are being recorded into a graph
   int started_ = 0;
   int completed_ = 0;
 };

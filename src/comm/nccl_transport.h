@@ -44,6 +44,15 @@
 // train.collective_timeout_s gets ncclCommAbort, then the watchdog's line (naming the step and
 // the collective) and its action, which ends the job.
 //
+// Graphs (comm/grad_reducer.h, Graphs). start() and complete_all() on a capturing compute
+// stream are recorded: the ready event forks the communication stream into the capture, the
+// collectives are captured on it, and the compute stream's wait for the last done event joins
+// it back, so the graph runs each bucket's collective as soon as its part of the backward is
+// done, as without graphs. A capture records a second set of events (the watchdog may still be
+// polling an earlier round's), and nothing is queried or watched inside it (its events mark
+// nothing that has run). launched() records an event after the graph's launch, watched from an
+// event recorded at the round's begin(); a replayed round issues nothing else.
+//
 // NCCL cannot put two ranks on one GPU, so more ranks need as many GPUs (the error says what to
 // change); on a machine with one GPU, a communicator of one rank (parent = MPI_COMM_NULL) runs
 // the whole path. The emulated build runs the multi-rank path too, one process per emulated GPU

@@ -170,8 +170,9 @@ std::vector<Key> make_keys() {
                   "heads and optimizer stay op by op) or full (a micro-step's whole forward, "
                   "heads included, and its whole backward as two graphs, and the optimizer's "
                   "update as one unless optim.sharded; masked tokens padded too, to the most a "
-                  "micro-batch has had so far plus at most 1/16; the gradient round starts "
-                  "after the backward instead of overlapping it)"));
+                  "micro-batch has had so far plus at most 1/16; with NCCL the gradient "
+                  "round's collectives inside the last backward's graph, overlapping it; "
+                  "with gpu_allreduce = host the round starts after the backward)"));
   k.push_back(key("train.gpu_allreduce", &C::train, &T::gpu_allreduce, gpu_allreduce_table(),
                   "device = cuda, several ranks: nccl (gradient buckets all-reduced on a "
                   "communication stream during the backward) or host (each bucket staged "

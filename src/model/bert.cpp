@@ -759,46 +759,110 @@ void Bert::heads(float mlm_scale, float nsp_scale, const ForwardOptions& options
   }
 }
 
+// Last tensor first within a group: the order in which the all-reduce's buckets (from the
+// buffer's end) fill up.
+void Bert::announce_all(const GradientReady& ready) const {
+  if (!ready) return;
+  for (const auto& [first, end] : ready_groups_)
+    for (int i = end - 1; i >= first; --i) ready(i);
+}
+
+void Bert::backward_ops(const GradientReady& ready, bool announce_inside) {
+  // ready_groups_[g] is final once group g's ops have run (on CUDA: once enqueued; the
+  // all-reduce must order itself after them on its stream).
+  auto announce = [&](size_t group) {
+    if (!ready || !announce_inside) return;
+    for (int i = ready_groups_[group].second - 1; i >= ready_groups_[group].first; --i) ready(i);
+  };
+  Activations& a = *act_;
+  announce(0);  // the heads, done in forward()
+  // dhidden[0] holds dL/d(encoder output) from the heads; the two buffers alternate.
+  int cur = 0;
+  for (int64_t l = config_.layers - 1; l >= 0; --l) {
+    run_layer(true, l, [&] { encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]); });
+    cur = 1 - cur;
+    announce(static_cast<size_t>(config_.layers - l));
+  }
+  // dhidden[cur] is scratch to the op from here on.
+  backend_.embedding_backward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
+                              dropout(DropoutSite::embedding, 0), a.emb_ln_mean, a.emb_ln_rstd,
+                              a.dhidden[cur], grads_.embeddings);
+  announce(ready_groups_.size() - 1);
+}
+
 void Bert::backward(const GradientReady& ready) {
   const trace::Range range("backward");
   PB_REQUIRE(backward_pending_, "model: backward() without a forward() with gradients on");
   backward_pending_ = false;
-  // ready_groups_[g] is final once group g's ops have run (on CUDA: once enqueued; the
-  // all-reduce must order itself after them on its stream).
-  auto announce = [&](size_t group) {
-    if (!ready) return;
-    // Last tensor first: the order in which the all-reduce's buckets (from the buffer's end)
-    // fill up.
-    for (int i = ready_groups_[group].second - 1; i >= ready_groups_[group].first; --i) ready(i);
+  // An empty batch adds nothing: every gradient is already final.
+  if (act_->shape.seqs == 0) return announce_all(ready);
+  if (!whole_step_) return backward_ops(ready, true);
+  // The whole backward in one graph (CudaGraphs::full): every tensor is announced after it.
+  run_graph(graph_key(true, -1), [&] { backward_ops(ready, false); });
+  announce_all(ready);
+}
+
+std::vector<int64_t> Bert::key_words(const LayerGraphKey& k) const {
+  const auto word = [](const void* p) {
+    return static_cast<int64_t>(reinterpret_cast<intptr_t>(p));
   };
-  Activations& a = *act_;
-  if (a.shape.seqs == 0) {  // an empty batch adds nothing: every gradient is already final
-    for (size_t g = 0; g < ready_groups_.size(); ++g) announce(g);
+  return {k.backward, k.layer, word(k.batch), word(k.arena), k.shape.rows, k.shape.seqs,
+          k.shape.masked, k.shape.max_len, k.mlp_chunk_rows, k.mlm_chunk_rows, word(k.sums),
+          k.mlm_scale_exponent, k.layer_recompute, k.gradients, k.dropout,
+          static_cast<int64_t>(k.seed)};
+}
+
+void Bert::backward(const GradientRound& round) {
+  if (!full_graphs()) return backward(round.ready);
+  const trace::Range range("backward");
+  PB_REQUIRE(backward_pending_, "model: backward() without a forward() with gradients on");
+  PB_REQUIRE(round.complete && round.launched && round.all_ranks,
+             "model: a gradient round without its complete, launched or all_ranks hook");
+  backward_pending_ = false;
+  // This rank's words: whether it can graph the backward (a whole step's forward of a
+  // non-empty batch), the round's tag and the graph's key; every rank's, in rank order.
+  const bool mine = whole_step_ && act_->shape.seqs > 0;
+  std::vector<int64_t> local = {mine, round.tag};
+  const std::vector<int64_t> words = key_words(graph_key(true, -1));
+  if (mine) {
+    local.insert(local.end(), words.begin(), words.end());
+  } else {
+    local.resize(local.size() + words.size(), 0);
+  }
+  const std::vector<int64_t> key = round.all_ranks(local);
+  bool every = true;
+  for (size_t at = 0; at < key.size(); at += local.size()) every = every && key[at] == 1;
+  auto ops = [&] {
+    backward_ops(round.ready, true);
+    round.complete();
+  };
+  if (!every) {  // some rank cannot: every rank runs its ops (none captures a collective)
+    if (act_->shape.seqs == 0) {
+      announce_all(round.ready);
+      round.complete();
+    } else {
+      ops();
+    }
     return;
   }
-  // The whole backward in one graph (CudaGraphs::full): every tensor is announced after it.
-  auto announce_now = [&](size_t group) {
-    if (!whole_step_) announce(group);
-  };
-  auto ops = [&] {
-    announce_now(0);  // the heads, done in forward()
-    // dhidden[0] holds dL/d(encoder output) from the heads; the two buffers alternate.
-    int cur = 0;
-    for (int64_t l = config_.layers - 1; l >= 0; --l) {
-      run_layer(true, l,
-                [&] { encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]); });
-      cur = 1 - cur;
-      announce_now(static_cast<size_t>(config_.layers - l));
-    }
-    // dhidden[cur] is scratch to the op from here on.
-    backend_.embedding_backward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
-                                dropout(DropoutSite::embedding, 0), a.emb_ln_mean,
-                                a.emb_ln_rstd, a.dhidden[cur], grads_.embeddings);
-    announce_now(ready_groups_.size() - 1);
-  };
-  if (!whole_step_) return ops();
-  run_graph(graph_key(true, -1), ops);
-  for (size_t g = 0; g < ready_groups_.size(); ++g) announce(g);
+  for (RoundGraph& g : round_graphs_) {
+    if (g.key != key) continue;
+    if (!g.graph.defined())  // the second use: record (and launch)
+      g.graph = backend_.record_and_replay(ops);
+    else
+      backend_.replay(g.graph);
+    round.launched();
+    return;
+  }
+  // The first use: run. Every rank holds the same table, so the same entries go.
+  if (round_graphs_.size() >= kGraphShapes) {
+    round_graphs_.erase(std::remove_if(round_graphs_.begin(), round_graphs_.end(),
+                                       [](const RoundGraph& g) { return !g.graph.defined(); }),
+                        round_graphs_.end());
+    while (round_graphs_.size() > kGraphShapes / 2) round_graphs_.erase(round_graphs_.begin());
+  }
+  round_graphs_.push_back({key, BackendGraph()});
+  ops();
 }
 
 // dy = dL/d(hidden[l + 1]) (overwritten: it carries dL/dh1 midway) -> dx = dL/d(hidden[l]).

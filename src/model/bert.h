@@ -59,8 +59,9 @@ const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 // left out), and the heads read their gradient factors (loss scale / global count) from device
 // memory (GradScale::device). Its hooks run around the graphs: every weights_ready group
 // before the forward, every GradientReady tensor after the backward (so a gradient round starts
-// after the whole backward instead of overlapping it). The trainer graphs the optimizer's update
-// too (LambOptions::graph). A backend without graphs (the CPU) runs the ops.
+// after the whole backward instead of overlapping it), except a GradientRound's (the trainer's
+// NCCL reducer), whose collectives the backward's graph takes in. The trainer graphs the
+// optimizer's update too (LambOptions::graph). A backend without graphs (the CPU) runs the ops.
 enum class CudaGraphs { off, segmented, full };
 const char* cuda_graphs_name(CudaGraphs g);          // "off", "segmented", "full"
 CudaGraphs parse_cuda_graphs(const std::string& s);  // the names above; Error otherwise
@@ -154,6 +155,21 @@ struct ForwardOptions {
 // the input lookup both add to them). Every tensor is announced exactly once per backward().
 using GradientReady = std::function<void(int tensor_index)>;
 
+// A gradient round that full graphs (CudaGraphs::full) take into the backward's graph: the
+// collectives among the backward's ops, overlapping them as without graphs (the trainer's NCCL
+// reducer; comm/grad_reducer.h, Graphs). NCCL needs every rank to run, record and replay such a
+// graph together, so the ranks decide together, from all their keys (all_ranks): the graph of
+// a combination of every rank's shapes is run the first time, recorded the second, replayed
+// from then on; if any rank cannot (an empty micro-batch), all run the ops.
+struct GradientRound {
+  GradientReady ready;             // as backward(ready), inside the ops
+  std::function<void()> complete;  // after the last ready(), inside the ops (the round's join)
+  std::function<void()> launched;  // after a launch of a graph holding the round, instead
+  // Every rank's values of a vector of the same length, in rank order (GradReducer::all_ranks).
+  std::function<std::vector<int64_t>(const std::vector<int64_t>&)> all_ranks;
+  int64_t tag = 0;  // what the round does (the collective): a graph per tag
+};
+
 struct ForwardResult {
   double loss = 0;          // this micro-batch's share of the step loss (see above)
   double mlm_loss_sum = 0;  // sum of the MLM token losses, unnormalised
@@ -194,6 +210,9 @@ class Bert {
   // Gradients of the last forward() (which had gradients on) += into grads; `ready` (optional)
   // hears of each tensor as its gradient becomes final (see GradientReady).
   void backward(const GradientReady& ready = {});
+  // The same with a gradient round; without full graphs, backward(round.ready) (the caller
+  // completes the round). Collective over the ranks with full graphs (round.all_ranks).
+  void backward(const GradientRound& round);
 
   // Sizes the arena and the two batch buffers for the largest micro-batch expected so that the
   // step loop never allocates; forward() grows them anyway when a batch needs more
@@ -326,6 +345,18 @@ class Bert {
   int64_t seq_capacity_[2] = {0, 0};
   int64_t masked_capacity_[2] = {0, 0};
   std::vector<LayerGraph> layer_graphs_;
+  // The backward graphs that hold a gradient round, keyed by every rank's key words (the same
+  // table, in the same order, on every rank: GradientRound).
+  struct RoundGraph {
+    std::vector<int64_t> key;
+    BackendGraph graph;  // none until the second use
+  };
+  std::vector<RoundGraph> round_graphs_;
+  std::vector<int64_t> key_words(const LayerGraphKey& key) const;
+  // The backward's ops; announce_inside: `ready` hears of each group as its ops are issued
+  // (otherwise the caller announces them).
+  void backward_ops(const GradientReady& ready, bool announce_inside);
+  void announce_all(const GradientReady& ready) const;
   void run_layer(bool backward, int64_t l, const std::function<void()>& ops);
   void run_graph(const LayerGraphKey& key, const std::function<void()>& ops);
   // The step in flight (dropout keys, and whether backward() may run).

@@ -131,6 +131,16 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   const Tensor& grads = replica_.grads();
   const int64_t n = replica_.table().total();
   const GradientReady ready = [&reducer](int tensor) { reducer.ready_tensor(tensor); };
+  // Full graphs take the round into the last backward's graph when its collectives can be
+  // captured (NCCL, or one rank): comm/grad_reducer.h, Graphs.
+  GradientRound round;
+  round.ready = ready;
+  round.complete = [&reducer] { reducer.complete(); };
+  round.launched = [&reducer] { reducer.graph_launched(); };
+  round.all_ranks = [&reducer](const std::vector<int64_t>& v) { return reducer.all_ranks(v); };
+  round.tag = static_cast<int64_t>(optimizer_->collective());
+  const bool round_in_graph =
+      options_.bert.cuda_graphs == CudaGraphs::full && reducer.capturable();
 
   for (size_t m = 0; m < micro_steps; ++m) {
     const LoaderMicroBatch& mb = batch.micro_batches[m];
@@ -142,7 +152,11 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     // ignored outside a round).
     const bool last = m + 1 == micro_steps;
     if (last) reducer.begin(optimizer_->collective());
-    bert.backward(last ? ready : GradientReady{});
+    if (last && round_in_graph) {
+      bert.backward(round);
+    } else {
+      bert.backward(last ? ready : GradientReady{});
+    }
     local[kMasked] += static_cast<double>(r.masked_tokens);
     local[kSequences] += static_cast<double>(r.sequences);
     local[kTokens] += static_cast<double>(b.num_tokens());

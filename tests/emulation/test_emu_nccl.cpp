@@ -21,6 +21,9 @@
 //     ncclInvalidUsage, ncclGetLastError saying "Duplicate GPU detected".
 //   - Collectives captured into a CUDA graph (stream capture), alone and grouped: each launch of
 //     the graph runs them again with the buffers' current contents, in order with eager ones.
+//   - A collective that one rank replays from a graph and the others issue eagerly (NCCL
+//     requires capture to be uniform over the ranks) prints the diagnostic, naming the graph,
+//     and hangs until ncclCommAbort.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -553,28 +556,60 @@ void abort_ends_the_wait(uint64_t seed, int rank, int np) {
 
 // Rank 0 all-reduces 5 elements, the others 6: every rank prints the diagnostic (the parent
 // checks it) and waits until it aborts.
-void mismatch_hangs_until_abort(uint64_t seed, int rank, int np) {
-  ncclComm_t comm = make_comm(rank, np);
-  ASSERT_NE(comm, nullptr);
-  cudaStream_t s = make_stream();
-  Case c{Kind::all_reduce, ncclFloat32, rank == 0 ? size_t{5} : size_t{6}, false, 0, 9001};
-  c.prepare(seed, rank, np);
-  cudaEvent_t done = nullptr;
-  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  NCCL_OK(c.issue(comm, s));
-  CUDA_OK(cudaEventRecord(done, s));
+// `done` (recorded after a mismatched collective) answers cudaErrorNotReady to every query for
+// 0.3 s, however few polls a loaded machine allows (the queries also start the collective:
+// streams run lazily, and its workers then compare headers); ncclCommAbort ends the wait.
+void expect_hang_until_abort(ncclComm_t comm, cudaStream_t s, cudaEvent_t done,
+                             const char* completed) {
   const auto t0 = Clock::now();
   int not_ready = 0, queries = 0;
-  while (seconds_since(t0) < 0.3) {  // however few polls a loaded machine allows, all NotReady
+  while (seconds_since(t0) < 0.3) {
     not_ready += cudaEventQuery(done) == cudaErrorNotReady;
     ++queries;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  EXPECT_EQ(cudaEventQuery(done), cudaErrorNotReady) << "a mismatched call completed";
+  EXPECT_EQ(cudaEventQuery(done), cudaErrorNotReady) << completed;
   EXPECT_EQ(not_ready, queries);
   EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
   CUDA_OK(cudaStreamSynchronize(s));
   EXPECT_EQ(cudaEventQuery(done), cudaSuccess) << "the abort did not end the wait";
+}
+
+// Mismatched calls hang until ncclCommAbort. Sizes: rank 0's all-reduce has 5 elements, the
+// others' 6. Graphs: rank 0 launches its all-reduce from a graph, the others issue it eagerly
+// (the same call otherwise, but NCCL's graph uniformity is broken).
+enum class Mismatch { sizes, graphs };
+
+void mismatch_hangs_until_abort(uint64_t seed, int rank, int np, Mismatch mismatch) {
+  ncclComm_t comm = make_comm(rank, np);
+  ASSERT_NE(comm, nullptr);
+  cudaStream_t s = make_stream();
+  const bool graphs = mismatch == Mismatch::graphs;
+  const size_t count = graphs ? 7 : rank == 0 ? 5 : 6;
+  const uint64_t salt = graphs ? 9101 : 9001;
+  Case c{Kind::all_reduce, ncclFloat32, count, false, 0, salt};
+  c.prepare(seed, rank, np);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (graphs && rank == 0) {
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    NCCL_OK(c.issue(comm, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphLaunch(exec, s));
+  } else {
+    NCCL_OK(c.issue(comm, s));
+  }
+  cudaEvent_t done = nullptr;
+  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CUDA_OK(cudaEventRecord(done, s));
+  expect_hang_until_abort(comm, s, done, "a mismatched call completed");
+  if (exec) {
+    CUDA_OK(cudaGraphExecDestroy(exec));
+  }
+  if (graph) {
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
   free_case(c);
   CUDA_OK(cudaEventDestroy(done));
   CUDA_OK(cudaStreamDestroy(s));
@@ -609,7 +644,8 @@ void run_collectives_rank(int np) {
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
   CUDA_OK(cudaStreamDestroy(s));
   abort_ends_the_wait(seed, mpi.rank, np);
-  mismatch_hangs_until_abort(seed, mpi.rank, np);
+  mismatch_hangs_until_abort(seed, mpi.rank, np, Mismatch::sizes);
+  mismatch_hangs_until_abort(seed, mpi.rank, np, Mismatch::graphs);
 }
 
 void run_duplicate_rank() {
@@ -641,14 +677,20 @@ TEST_P(EmuNcclRanks, CollectivesStreamOrderQueriesAbort) {
     return;
   }
   const std::string out = run_ranks(np, "");
-  // The mismatch's diagnostic, from every rank.
+  // The two mismatches' diagnostics, from every rank.
   size_t lines = 0;
   for (size_t at = out.find("ranks disagree on the order of their calls");
        at != std::string::npos; at = out.find("ranks disagree on the order of their calls", at + 1))
     ++lines;
-  EXPECT_EQ(lines, static_cast<size_t>(np)) << "the mismatch's diagnostic, once per rank";
+  EXPECT_EQ(lines, 2 * static_cast<size_t>(np)) << "each mismatch's diagnostic, once per rank";
   EXPECT_NE(out.find("ncclAllReduce of 5 elements"), std::string::npos);
   EXPECT_NE(out.find("ncclAllReduce of 6 elements"), std::string::npos);
+  EXPECT_NE(out.find("ncclAllReduce of 7 elements of type 7, root 0, in a graph (captured "
+                     "collective #1)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("ncclAllReduce of 7 elements of type 7, root 0, not in a graph"),
+            std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Np, EmuNcclRanks, testing::Values(2, 3),

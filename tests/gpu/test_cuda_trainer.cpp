@@ -374,7 +374,8 @@ TEST(CudaTrainer, HostWorkCountsAreTheRuntimes) {
 // fp32 and bf16. Against the same steps with graphs off: the losses of the steps read and the
 // final weights bit for bit; and from step 2 a step launches at least 10x fewer times (kernels
 // and graphs counted alike), waits for the device only on a step that reads (once), and copies
-// nothing from or to pageable memory. Prints the counts.
+// nothing from or to pageable memory; the gradient round is inside the last backward's graph
+// (recorded at step 1, replayed from step 2). Prints the counts.
 TEST(CudaTrainer, FullGraphsLaunchTenTimesFewerForTheSameBits) {
   PB_REQUIRE_CUDA_DEVICE();
   std::mt19937_64 rng(test_seed());
@@ -410,6 +411,10 @@ TEST(CudaTrainer, FullGraphsLaunchTenTimesFewerForTheSameBits) {
         const StepMetrics m = t.step(batch, {}, read);
         const BackendCounters after = t.host_work();
         if (read) r.losses.push_back(m.loss);
+        // The gradient round (one rank: bookkeeping only) inside the last backward's graph:
+        // run at step 0, recorded at 1, replayed from 2 on (comm/grad_reducer.h, Graphs).
+        EXPECT_EQ(m.allreduce.graph, graphs == CudaGraphs::full ? std::min<int64_t>(s, 2) : 0)
+            << "step " << s;
         std::printf("[graphs] %s %s step %lld: %lld launches, %lld graph launches\n",
                     precision_name(p), cuda_graphs_name(graphs), static_cast<long long>(s),
                     static_cast<long long>(after.launches - before.launches),

@@ -7,6 +7,8 @@
 //     bucket reduced before its event would hold the stale fill), the communication stream,
 //     ncclAllReduce, finish() ordering the compute stream; a destructor with a round in flight
 //     aborts instead of waiting; a host pointer is refused.
+//   - Rounds inside a CUDA graph (NCCL only): recorded once with the backward's writes, replayed
+//     twice, the eager rounds' bits (in the multi-rank test below).
 //   - The trainer at one rank: the nccl transport (no host copy) and the mpi one (staged through
 //     the host) give the same gradients and parameters.
 //   - 2, 3 and 4 ranks under mpirun, one GPU each (skipped with a clear message when the machine
@@ -146,6 +148,8 @@ struct Stream {
   explicit Stream(int device = 0) {
     BackendOptions o;
     o.cuda_device = device;
+    o.validate = false;  // a validating backend cannot record graphs (no op here reads
+                         // indices)
     backend = make_backend(Device::cuda, o);
     s = static_cast<cudaStream_t>(backend->native_stream());
   }
@@ -502,6 +506,37 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
     EXPECT_EQ(hashes[1], hashes[0]) << "order and timing changed the bits";
     EXPECT_TRUE(same_on_every_rank(hashes[0])) << "the ranks' all-reduced bits differ";
     result.allreduce.push_back(hashes[0]);
+
+    // All-reduce rounds inside a CUDA graph (comm/grad_reducer.h, Graphs), as full graphs run
+    // them: the backward's writes, the ready() calls and complete() recorded at the first
+    // round, replayed at the next two, the gradient reset to the stale fill before each (a
+    // replay that did not move the data would leave this rank's own values): the eager
+    // rounds' bits. The MPI transport cannot be captured.
+    EXPECT_EQ(ar.capturable(), transport == GradTransport::nccl);
+    if (ar.capturable()) {
+      BackendGraph graph;
+      for (int round = 0; round < 3; ++round) {
+        cuda_ok(cudaMemcpyAsync(grads.data(), start.p, start.n * 4, cudaMemcpyHostToDevice,
+                                stream.s),
+                "fill");
+        ar.begin();
+        if (round == 0) {
+          graph = stream.backend->record_and_replay([&] {
+            backward(stream.s, grads.data(), values, t, reverse_order(t.spans.size()), ar, false);
+            ar.complete();
+          });
+        } else {
+          stream.backend->replay(graph);
+        }
+        ar.graph_launched();
+        const GradReduceStats st = ar.finish();
+        EXPECT_EQ(st.graph, round == 0 ? 1 : 2);
+        EXPECT_EQ(st.started_before_finish, st.buckets);
+        const std::vector<float> got = read_back(stream.s, grads.data(), n);
+        check_sums(got, everything, in_bucket, name + ", graph round " + std::to_string(round));
+        EXPECT_EQ(hash_of(got), hashes[0]) << "graph round " << round << ": other bits";
+      }
+    }
 
     // Reduce-scatter: this rank's parts hold the sum, then all_gather brings every part to
     // every rank.

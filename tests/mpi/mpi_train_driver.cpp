@@ -159,6 +159,7 @@ void run_mode(const Args& a, int rank, int size) {
               << (trainer.optimizer_sharded() ? " sharded" : "") << " optimizer state "
               << trainer.optimizer_state_bytes() << " bytes per rank\n";
   }
+  int64_t rounds_in_graph[3] = {0, 0, 0};  // gradient rounds op by op, recorded, replayed
   for (int64_t s = 0; s < steps; ++s) {
     const StepBatch batch = loader.next();
     const StepMetrics m = trainer.step(batch, [&](const float* grads, int64_t n) {
@@ -175,10 +176,13 @@ void run_mode(const Args& a, int rank, int size) {
                                m.grad_norm);
       std::cout << fmt::format(
           "step {:3d} loss {:.6f} mlm {:.4f} nsp {:.4f} acc {:.3f} |g| {:.4f} lr {:.2e} "
-          "buckets {} (overlapped {})\n",
+          "buckets {} (overlapped {}{})\n",
           m.step, m.loss, m.mlm_loss, m.nsp_loss, m.mlm_accuracy, m.grad_norm, m.lr,
-          m.allreduce.buckets, m.allreduce.started_before_finish);
+          m.allreduce.buckets, m.allreduce.started_before_finish,
+          m.allreduce.graph == 0 ? "" : m.allreduce.graph == 1 ? ", recorded in a graph"
+                                                               : ", replayed in a graph");
     }
+    rounds_in_graph[m.allreduce.graph] += 1;
   }
   // Segmented graphs on a device: each layer's graphs recorded and replayed (every step's
   // micro-batches sharing a shape), else the comparison with a run without them proves nothing.
@@ -186,6 +190,17 @@ void run_mode(const Args& a, int rank, int size) {
     const BackendCounters c = trainer.host_work();
     PB_REQUIRE(c.graph_launches > 0, "--cuda-graphs {}: no graph was replayed in {} steps",
                cuda_graphs_name(to.bert.cuda_graphs), steps);
+    // Full graphs with NCCL: the gradient round inside the backward's graph, recorded (its
+    // collectives captured and launched) at least once. Replays need a combination of every
+    // rank's shapes to come a third time, which the random lengths of the padded layout allow
+    // but do not promise in 8 steps: counted, not required (the one-rank tests require them).
+    if (to.bert.cuda_graphs == CudaGraphs::full && to.gpu_transport == GradTransport::nccl) {
+      PB_REQUIRE(rounds_in_graph[1] + rounds_in_graph[2] > 0,
+                 "--cuda-graphs full: no gradient round ran in a graph in {} steps", steps);
+      if (rank == 0)
+        std::cout << fmt::format("gradient rounds: {} op by op, {} recorded, {} replayed\n",
+                                 rounds_in_graph[0], rounds_in_graph[1], rounds_in_graph[2]);
+    }
     if (rank == 0)
       std::cout << fmt::format("graph launches {} kernel launches {}\n", c.graph_launches,
                                c.launches);

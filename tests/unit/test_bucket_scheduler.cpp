@@ -27,6 +27,8 @@ struct FakeTransport final : GradBucketTransport {
   int started_at_complete = -1;  // starts seen when complete_all() came
   int done = 0;
   int throw_at_start = -1;       // start(k) of this k throws
+  int launched_calls = 0;
+  bool capturable = true;        // false: launched() is the base's (an Error)
 
   GradCollective collective = GradCollective::allreduce;
 
@@ -52,6 +54,10 @@ struct FakeTransport final : GradBucketTransport {
     started_at_complete = static_cast<int>(starts.size());
   }
   void all_gather(const std::vector<GradBucket>&, const Tensor&) override {}
+  void launched() override {
+    if (!capturable) GradBucketTransport::launched();
+    ++launched_calls;
+  }
 };
 
 std::vector<GradSpan> random_table(std::mt19937_64& rng, int count, int64_t& num_elems) {
@@ -307,6 +313,74 @@ TEST(BucketScheduler, GapOnlyBucketsStartWithTheirNeighbours) {
   std::iota(all.begin(), all.end(), 0);
   EXPECT_EQ(fake.starts, all);
   sched.finish();
+}
+
+// A round inside a CUDA graph (comm/grad_reducer.h, Graphs). Recorded: ready() and complete()
+// run as in a capture, the transport completes the round there, the launch is then reported
+// once, and finish() returns complete()'s statistics without completing again. Replayed:
+// nothing is started, graph_launched() marks every tensor and bucket done, finish() reports
+// every bucket started. Misuse is an Error.
+TEST(BucketScheduler, RoundsInsideAGraph) {
+  const std::vector<GradSpan> table = {{0, 64}, {64, 64}, {128, 64}};
+  GradBucketScheduler sched(table, 192, 64 * 4, "test all-reduce");
+  FakeTransport fake;
+  sched.set_transport(&fake);
+
+  // Recorded.
+  sched.begin();
+  for (int i : {2, 1, 0}) sched.ready_tensor(i);
+  sched.complete();
+  EXPECT_EQ(fake.complete_calls, 1);
+  EXPECT_EQ(fake.started_at_complete, 3);
+  EXPECT_FALSE(sched.in_round());
+  EXPECT_THROW(sched.complete(), Error);  // twice
+  EXPECT_THROW(sched.begin(), Error);     // finish() first
+  sched.graph_launched();
+  EXPECT_EQ(fake.launched_calls, 1);
+  GradReduceStats s = sched.finish();
+  EXPECT_EQ(fake.complete_calls, 1) << "finish() after complete() completed again";
+  EXPECT_EQ(s.buckets, 3);
+  EXPECT_EQ(s.started_before_finish, 3);
+  EXPECT_EQ(s.graph, 1);
+  EXPECT_THROW(sched.finish(), Error);  // the round is over
+
+  // Replayed: the graph holds the starts and the join.
+  for (int replay = 0; replay < 2; ++replay) {
+    sched.begin();
+    sched.graph_launched();
+    EXPECT_TRUE(fake.starts.empty());
+    EXPECT_EQ(fake.launched_calls, 2 + replay);
+    EXPECT_EQ(fake.complete_calls, 1);
+    EXPECT_EQ(sched.buckets_started(), 3);
+    EXPECT_EQ(sched.buckets_completed(), 3);
+    s = sched.finish();
+    EXPECT_EQ(s.buckets, 3);
+    EXPECT_EQ(s.started_before_finish, 3);
+    EXPECT_EQ(s.graph, 2);
+    sched.ready_tensor(0);  // outside a round: checked, ignored
+  }
+
+  // An eager round afterwards is as before.
+  sched.begin();
+  for (int i : {2, 1, 0}) sched.ready_tensor(i);
+  s = sched.finish();
+  EXPECT_EQ(fake.complete_calls, 2);
+  EXPECT_EQ(s.graph, 0);
+
+  // A replay after a tensor was announced: the graph would announce it again.
+  sched.begin();
+  sched.ready_tensor(2);
+  const std::string e = error_of([&] { sched.graph_launched(); });
+  EXPECT_NE(e.find("graph_launched() after tensor 2 was marked ready"), std::string::npos) << e;
+  sched.ready_tensor(1);
+  sched.ready_tensor(0);
+  sched.finish();
+
+  // A transport that cannot be captured refuses a launch.
+  fake.capturable = false;
+  sched.begin();
+  const std::string e2 = error_of([&] { sched.graph_launched(); });
+  EXPECT_NE(e2.find("cannot be captured"), std::string::npos) << e2;
 }
 
 }  // namespace
