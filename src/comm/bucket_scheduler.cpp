@@ -218,6 +218,8 @@ void GradBucketTransport::launched() {
            "cannot be captured (only NCCL's can)");
 }
 
+void GradBucketTransport::watch_launch(const char*) { launched(); }
+
 void GradBucketScheduler::complete() {
   PB_REQUIRE(!completed_early_, "{}: complete() twice in one round", label_);
   early_ = finish();

@@ -94,6 +94,9 @@ class GradBucketTransport {
   // calls a capture can record has one (NCCL's).
   // The default throws Error: a transport that is not NCCL's cannot be in a graph.
   virtual void launched();
+  // Outside a round, the same for a graph holding other collectives of this transport
+  // (ShardExchange::graph_launched): the launch is watched under that name.
+  virtual void watch_launch(const char* collective);
   // While the host waits in MPI (GradReducer::all_ranks): lets the device run what was issued
   // (a GPU does anyway; the emulated one runs its streams only when the host asks).
   virtual void poll() {}

@@ -186,12 +186,17 @@ class NcclTransport final : public GradBucketTransport {
   // this round or an earlier one): what follows on the stream sees the sums. Its end is
   // watched from the round's start (begin_round).
   void launched() override {
-    PB_NCCL_CUDA(cudaSetDevice(device_));
-    PB_NCCL_CUDA(cudaEventRecord(launch_done_, compute_));
-    watch(round_name(), round_start_, launch_done_);
-    round_done_ = launch_done_;
+    watch_launch(round_name());
     captured_ = false;
     in_round_ = false;
+  }
+
+  // Also for a graph of the optimizer's sums after the round (watched from the round's begin).
+  void watch_launch(const char* collective) override {
+    PB_NCCL_CUDA(cudaSetDevice(device_));
+    PB_NCCL_CUDA(cudaEventRecord(launch_done_, compute_));
+    watch(collective, round_start_, launch_done_);
+    round_done_ = launch_done_;
     check_async();
   }
 
@@ -255,13 +260,18 @@ class NcclTransport final : public GradBucketTransport {
                "nccl transport: allreduce_sum of {} (device memory only)", values.str());
     PB_REQUIRE(!ready_.empty(), "nccl transport: allreduce_sum without a bucket's events");
     PB_NCCL_CUDA(cudaSetDevice(device_));
-    PB_NCCL_CUDA(cudaEventRecord(ready_[0], compute_));
-    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[0], 0));
+    // Inside a capture (the optimizer's graph): its own events, and the launch is watched
+    // (watch_launch) instead.
+    const bool captured = capturing();
+    cudaEvent_t ready = (captured ? captured_ready_ : ready_)[0];
+    cudaEvent_t done = (captured ? captured_done_ : done_)[0];
+    PB_NCCL_CUDA(cudaEventRecord(ready, compute_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready, 0));
     PB_NCCL_NCCL(ncclAllReduce(values.data, values.data, static_cast<size_t>(values.numel()),
                                ncclFloat64, ncclSum, comm_, comm_stream_));
-    PB_NCCL_CUDA(cudaEventRecord(done_[0], comm_stream_));
-    PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done_[0], 0));
-    watch("NCCL all-reduce (shard exchange sums)", ready_[0], done_[0]);
+    PB_NCCL_CUDA(cudaEventRecord(done, comm_stream_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, done, 0));
+    if (!captured) watch("NCCL all-reduce (shard exchange sums)", ready, done);
     check_async();
   }
 

@@ -10,7 +10,8 @@
 //   start_gathers   all_gather of ranges in groups, each waited for on its own by its reader
 //   / wait_gather   (the weights of one layer before its forward, while the later layers'
 //                   still travel)
-//   sum             in-place sum over ranks of a few f64 values in the backend's memory
+//   sum             in-place sum over ranks of a few f64 values in the backend's memory (on
+//                   NCCL also inside a CUDA graph: the optimizer's, LambShard::capturable)
 //
 // Ownership is the gradient reducer's: rank r owns the elements [shard_bounds[r],
 // shard_bounds[r + 1]) (GradReducerOptions::shard_bounds), and all_gather moves them bucket by
@@ -60,6 +61,9 @@ class ShardExchange {
   void gather_to_all(const float* mine, float* all);
   // In-place sum over ranks of a few f64 values (at most 2^20) in the backend's memory.
   void sum(const Tensor& values);
+  // A graph holding sum() calls (recorded with the transport's capture: NCCL's) was just
+  // launched on the backend's stream: the transport watches it.
+  void graph_launched();
 
  private:
   // The ranges as pieces inside the reducer's buckets (each fits an int count), by offset.

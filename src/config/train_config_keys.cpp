@@ -169,7 +169,8 @@ std::vector<Key> make_keys() {
                   "shared row and sequence capacity, at most 1/16 more rows; the embeddings, "
                   "heads and optimizer stay op by op) or full (a micro-step's whole forward, "
                   "heads included, and its whole backward as two graphs, and the optimizer's "
-                  "update as one unless optim.sharded; masked tokens padded too, to the most a "
+                  "update as one (sharded, with its sums over ranks inside, unless "
+                  "gpu_allreduce = host); masked tokens padded too, to the most a "
                   "micro-batch has had so far plus at most 1/16; with NCCL the gradient "
                   "round's collectives inside the last backward's graph, overlapping it; "
                   "with gpu_allreduce = host the round starts after the backward)"));

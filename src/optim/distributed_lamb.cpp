@@ -90,6 +90,8 @@ DistributedLamb::DistributedLamb(Backend& backend, std::vector<LambParam> params
     shard.begin = bounds[me];
     shard.end = bounds[me + 1];
     shard.sum_over_ranks = [this](const Tensor& values) { exchange_->sum(values); };
+    shard.capturable = reducer_.capturable();
+    shard.graph_launched = [this] { exchange_->graph_launched(); };
   }
   lamb_ = std::make_unique<Lamb>(backend_, std::move(params), n, schedule, options,
                                  shard_it ? &shard : nullptr);

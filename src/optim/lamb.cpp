@@ -213,7 +213,7 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
     // lamb_update left the update direction in grads; the next accumulation starts from zero.
     if (own_grads.numel() > 0) backend_.zero(own_grads);
   };
-  if (options_.graph && !sharded() && backend_.supports_graphs()) {
+  if (options_.graph && backend_.supports_graphs() && (!sharded() || shard_.capturable)) {
     const LambStepScalars sc = lamb_step_scalars(cfg);
     const float values[4] = {sc.lr, sc.bias_correction1, sc.bias_correction2, sc.grad_scale};
     if (!step_scalars_.data()) step_scalars_ = backend_.alloc(DType::f32, {4});
@@ -232,6 +232,10 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
       graph_ = backend_.record_and_replay(update);
     else
       backend_.replay(graph_);
+    if (graph_.defined()) {
+      ++graph_steps_;
+      if (sharded() && shard_.graph_launched) shard_.graph_launched();
+    }
   } else {
     update();
   }

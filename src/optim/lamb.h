@@ -57,11 +57,12 @@ struct LambOptions {
   // update on the device (Backend::lamb_step; the weights and moments stay as they were) and is
   // counted in its record, which the next read reports (LambStepInfo). Such a step still takes
   // its step number: the host cannot know, so the bias correction and the schedule advance.
-  // How, not what (train.cuda_graphs = full): on a backend that records graphs, an unsharded
-  // step's update (lamb_update, lamb_apply and the zeroing of the gradient) is recorded as a
-  // graph at the second step and replayed after, reading the rate, the bias corrections and
-  // the loss scale from device memory written before it (LambConfig::step_scalars); the norm
-  // and any read-back run before it as ops. The same bits as the ops.
+  // How, not what (train.cuda_graphs = full): on a backend that records graphs, a step's update
+  // (lamb_update, lamb_apply and the zeroing of the gradient; sharded, with the sum over ranks
+  // between them, when the shard's sum can be captured) is recorded as a graph at the second
+  // step and replayed after, reading the rate, the bias corrections and the loss scale from
+  // device memory written before it (LambConfig::step_scalars); the norm and any read-back run
+  // before it as ops. The same bits as the ops.
   bool graph = false;
 };
 
@@ -78,6 +79,11 @@ struct LambShard {
   // In-place sum over ranks of a few f64 values in the backend's memory, ordered with the
   // backend's work (ShardExchange::sum).
   std::function<void(const Tensor& values)> sum_over_ranks;
+  // Whether sum_over_ranks can be recorded into a CUDA graph (NCCL's: LambOptions::graph then
+  // takes a sharded update in), and what to call after each launch of a graph holding it (the
+  // transport watches the launch). Every rank records and replays at the same steps.
+  bool capturable = false;
+  std::function<void()> graph_launched;
 };
 
 // What one step did (host values).
@@ -131,6 +137,8 @@ class Lamb {
 
   // ---- state, for checkpoints ----------------------------------------------------------------
   int64_t steps_done() const { return steps_done_; }
+  // Steps whose update ran as a graph (LambOptions::graph: recorded or replayed).
+  int64_t graph_steps() const { return graph_steps_; }
   // The next update is steps_done + 1 (bias correction and schedule both follow it).
   void set_steps_done(int64_t steps);
   // Views of the moments on the backend's device: f32 [shard_end() - shard_begin()], element i
@@ -187,6 +195,7 @@ class Lamb {
   BackendGraph graph_;
   std::vector<const void*> graph_buffers_;
   int64_t graph_uses_ = 0;
+  int64_t graph_steps_ = 0;
   BackendBuffer step_scalars_;
 };
 

@@ -160,6 +160,8 @@ class Trainer {
   void load_state(const float* params, const float* m, const float* v, int64_t lamb_steps_done);
   void load_params(const float* params);  // weights only (--init-checkpoint)
   int64_t lamb_steps_done() const { return optimizer_->steps_done(); }
+  // Steps whose optimizer update ran as a CUDA graph (train.cuda_graphs = full).
+  int64_t lamb_graph_steps() const { return optimizer_->lamb().graph_steps(); }
   // fp16's loss scale and clean-step count (optim/loss_scaler.h): part of the state an exact
   // resume restores (the default state for fp32 / bf16, where setting it is an error).
   LossScalerState loss_scaler_state() const;

@@ -1,9 +1,9 @@
 // Multi-rank driver of the training-step equivalence tests (tests/CMakeLists.txt runs it under
 // mpirun, check_train.py compares what runs wrote).
 //
-//   mpi_train_driver write DIR [--shards S] [--rows N] [--max-len L]
-//     Writes S shards of N random valid samples (lengths 5..L, up to 12 masked tokens, BERT's
-//     30522 ids) and DIR/manifest.txt. The seed is PACKBERT_TEST_SEED or fresh, written to the
+//   mpi_train_driver write DIR [--shards S] [--rows N] [--max-len L] [--min-len K]
+//     Writes S shards of N random valid samples (lengths K..L, K = 5 by default, up to 12 masked
+//     tokens, BERT's 30522 ids) and DIR/manifest.txt. The seed is PACKBERT_TEST_SEED or fresh, written to the
 //     manifest; every run of the test reads the same shards, so runs are comparable.
 //
 //   mpi_train_driver run DIR --out OUTDIR [--steps N] [--batch B] [--micro M]
@@ -56,13 +56,16 @@ void write_mode(const Args& a) {
   const uint64_t seed = test::test_seed();
   const int64_t shards = a.num("shards", 2), rows = a.num("rows", 200);
   const int max_len = static_cast<int>(a.num("max-len", 64));
+  const int min_len = static_cast<int>(a.num("min-len", 5));
+  PB_REQUIRE(min_len >= 5 && min_len <= max_len, "--min-len {}: from 5 to --max-len ({})",
+             min_len, max_len);
   std::filesystem::remove_all(a.dir);
   std::filesystem::create_directories(a.dir);
   std::mt19937_64 rng(seed);
   for (int64_t i = 0; i < shards; ++i) {
     std::vector<Sample> samples;
     for (int64_t r = 0; r < rows; ++r)
-      samples.push_back(test::random_sample(rng, 5, max_len, kMaxPredictions));
+      samples.push_back(test::random_sample(rng, min_len, max_len, kMaxPredictions));
     ShardWriteOptions w;
     w.max_seq_len = max_len;
     w.max_predictions = kMaxPredictions;
@@ -200,6 +203,12 @@ void run_mode(const Args& a, int rank, int size) {
       if (rank == 0)
         std::cout << fmt::format("gradient rounds: {} op by op, {} recorded, {} replayed\n",
                                  rounds_in_graph[0], rounds_in_graph[1], rounds_in_graph[2]);
+      // The optimizer's update as a graph from the second step, sharded (its sums over ranks
+      // inside) or not.
+      PB_REQUIRE(trainer.lamb_graph_steps() == steps - 1,
+                 "--cuda-graphs full: the optimizer's update ran as a graph in {} of {} steps "
+                 "(all but the first expected)",
+                 trainer.lamb_graph_steps(), steps);
     }
     if (rank == 0)
       std::cout << fmt::format("graph launches {} kernel launches {}\n", c.graph_launches,
