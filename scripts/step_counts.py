@@ -14,12 +14,18 @@ records after the first (the first interval holds the arena's and the buffers' f
 allocations):
 
     python3 scripts/step_counts.py --packbert build-emu/src/packbert [--steps 12] [--work DIR]
-        [--graphs off,segmented] [--layout padded] [--check]
+        [--graphs off,segmented] [--layout padded] [--np 2 [--sharded]] [--check]
 
 --graphs runs each case once per train.cuda_graphs value (segmented replays each encoder
 layer's recorded graph for batches of a capacity it has seen, full a micro-step's whole forward
 and backward: the padded layout's micro-batches share a few capacities, the unpadded layout's
 more, since each capacity is recorded at its second use).
+
+--np N runs N ranks under mpiexec, one emulated GPU each (the figures are rank 0's), and
+--sharded shards the optimizer. The emulated device runs a stream's work only when the host
+waits for it, so there a collective still waiting for its peer holds back what follows it:
+the attention work list's pinned buffers, which the host rewrites once the device has caught
+up to within two uploads, then count waits that a GPU, which runs ahead, mostly would not make.
 
 --check (the emulated ctest emu_step_counts) exits 1 unless, in every case, a step waits for the
 device at most once per log.every_steps steps (host_syncs_per_step <= 1 / every) and no step
@@ -56,6 +62,10 @@ def main():
     ap.add_argument("--every", default="1,4", help="log.every_steps values, comma-separated")
     ap.add_argument("--graphs", default="off", help="train.cuda_graphs values, comma-separated")
     ap.add_argument("--layout", default="unpadded", help="train.layout")
+    ap.add_argument("--np", type=int, default=1,
+                    help="ranks, one emulated GPU each (mpiexec -np N; the counts are rank 0's)")
+    ap.add_argument("--sharded", action="store_true", help="optim.sharded = true")
+    ap.add_argument("--mpiexec", default="mpiexec", help="with --np > 1")
     ap.add_argument("--check", action="store_true",
                     help="fail unless syncs/step <= 1 / log.every_steps and no pageable copy")
     a = ap.parse_args()
@@ -78,7 +88,8 @@ def main():
             os.path.join(work, "prepare.log"))
 
     print(f"tiny model, {a.batch} samples per step in {a.micro_steps} micro-steps, {a.layout}, "
-          f"max_seq_len 128; per step, the mean over the records after the first")
+          f"max_seq_len 128, {a.np} rank(s){', optimizer sharded' if a.sharded else ''}; "
+          f"per step, the mean over the records after the first")
     print()
     print("| precision | cuda_graphs | log.every_steps | host syncs/step | launches/step | "
           "graph launches/step | all launches/step | pageable copies/step |")
@@ -91,7 +102,13 @@ def main():
         metrics = os.path.join(work, name + ".jsonl")
         if os.path.exists(metrics):
             os.remove(metrics)
-        run([a.packbert, "train", "--config",
+        mpi = []
+        if a.np > 1:
+            mpi = [a.mpiexec, "--oversubscribe", "--mca", "btl", "self,vader", "-x",
+                   "OMP_NUM_THREADS=1", "-x", "OPENBLAS_NUM_THREADS=1", "-np", str(a.np)]
+            if os.geteuid() == 0:
+                mpi.insert(1, "--allow-run-as-root")
+        run(mpi + [a.packbert, "train", "--config",
              os.path.join(root, "configs", "demo_tiny_cpu.toml"),
              f"--data.train_dir={data}/train", "--data.eval_dir=",
              f"--data.vocab={root}/data/vocab.txt", "--checkpoint.dir=",
@@ -101,7 +118,8 @@ def main():
              f"--train.gradient_accumulation_steps={a.micro_steps}",
              f"--train.precision={precision}", "--train.device=cuda",
              f"--train.cuda_graphs={graphs}", f"--train.layout={a.layout}",
-             f"--log.every_steps={every}", f"--log.metrics_file={metrics}"],
+             f"--log.every_steps={every}", f"--log.metrics_file={metrics}",
+             f"--optim.sharded={'true' if a.sharded else 'false'}"],
             os.path.join(work, name + ".log"))
         recs = [json.loads(l) for l in open(metrics) if l.strip()]
         train = [r for r in recs if r.get("event") == "train"][1:]
