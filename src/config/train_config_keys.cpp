@@ -164,16 +164,16 @@ std::vector<Key> make_keys() {
                   "low precision is emulated, for testing)"));
   k.push_back(key("train.cuda_graphs", &C::train, &T::cuda_graphs, cuda_graphs_table(),
                   "device = cuda: off (every kernel launched by the host), segmented (each "
-                  "encoder layer's forward and backward recorded as a CUDA graph at its batch "
-                  "shape's second use, then replayed: fewer launches; batches padded to a "
-                  "shared row and sequence capacity, at most 1/16 more rows; the embeddings, "
-                  "heads and optimizer stay op by op) or full (a micro-step's whole forward, "
-                  "heads included, and its whole backward as two graphs, and the optimizer's "
-                  "update as one (sharded, with its sums over ranks inside, unless "
-                  "gpu_allreduce = host); masked tokens padded too, to the most a "
-                  "micro-batch has had so far plus at most 1/16; with NCCL the gradient "
-                  "round's collectives inside the last backward's graph, overlapping it; "
-                  "with gpu_allreduce = host the round starts after the backward)"));
+                  "encoder layer's forward and backward, and the heads, recorded as CUDA "
+                  "graphs at their batch shape's second use, then replayed: fewer launches; "
+                  "batches padded to a shared row and sequence capacity, at most 1/16 more "
+                  "rows, and masked tokens to the most a micro-batch has had so far plus at "
+                  "most 1/16; the embeddings and optimizer stay op by op) or full (a "
+                  "micro-step's whole forward, heads included, and its whole backward as two "
+                  "graphs, and the optimizer's update as one (sharded, with its sums over ranks "
+                  "inside, unless gpu_allreduce = host); with NCCL the gradient round's "
+                  "collectives inside the last backward's graph, overlapping it; with "
+                  "gpu_allreduce = host the round starts after the backward)"));
   k.push_back(key("train.gpu_allreduce", &C::train, &T::gpu_allreduce, gpu_allreduce_table(),
                   "device = cuda, several ranks: nccl (gradient buckets all-reduced on a "
                   "communication stream during the backward) or host (each bucket staged "

@@ -204,8 +204,9 @@ bool Bert::LayerGraphKey::operator==(const LayerGraphKey& o) const {
 }
 
 // Everything the recorded ops' host arguments depend on: for a layer, the batch's rows, slots
-// and attention bound, the plan, the dropout keys; for the whole micro-step (layer -1) also
-// the masked capacity, the heads' plan and metric slot, and f16's decoder scaling.
+// and attention bound, the plan, the dropout keys; for the whole micro-step or the heads
+// (kWholeGraph, kHeadsGraph) also the masked capacity, the heads' plan and metric slot, and
+// f16's decoder scaling.
 Bert::LayerGraphKey Bert::graph_key(bool backward, int64_t layer) const {
   const Activations& a = *act_;
   LayerGraphKey key;
@@ -249,13 +250,15 @@ void Bert::run_graph(const LayerGraphKey& key, const std::function<void()>& ops)
   // The table's size in layers' worth of ops: a whole micro-step's graph counts as all layers.
   const auto layers = static_cast<size_t>(config_.layers);
   const size_t capacity = kGraphShapes * 2 * layers;
-  auto weight = [&](const LayerGraph& g) { return g.key.layer < 0 ? layers : size_t{1}; };
+  auto weight = [&](const LayerGraph& g) {
+    return g.key.layer == kWholeGraph ? layers : size_t{1};
+  };
   auto total = [&] {
     size_t n = 0;
     for (const LayerGraph& g : layer_graphs_) n += weight(g);
     return n;
   };
-  if (total() + (key.layer < 0 ? layers : 1) > capacity) {
+  if (total() + (key.layer == kWholeGraph ? layers : 1) > capacity) {
     layer_graphs_.erase(std::remove_if(layer_graphs_.begin(), layer_graphs_.end(),
                                        [](const LayerGraph& g) { return !g.graph.defined(); }),
                         layer_graphs_.end());
@@ -298,10 +301,9 @@ BatchShape Bert::capacity(const BatchShape& shape, bool gradients) const {
   BatchShape c = shape;
   c.rows = row_capacity(shape.rows);
   c.seqs = std::max(seq_capacity_[gradients ? 1 : 0], next_pow2(shape.seqs));
-  // The whole micro-step's graph holds the heads: masked slots by the rows' rule, and never
-  // fewer than the most a forward has needed so far, so that they stop changing too.
-  if (full_graphs())
-    c.masked = std::max(masked_capacity_[gradients ? 1 : 0], row_capacity(shape.masked));
+  // The heads' graph (either mode) reads the masked tokens: masked slots by the rows' rule, and
+  // never fewer than the most a forward has needed so far, so that they stop changing too.
+  c.masked = std::max(masked_capacity_[gradients ? 1 : 0], row_capacity(shape.masked));
   return c;
 }
 
@@ -449,10 +451,8 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   Batch fixed;
   if (graphs) {
     grow_seq_capacity(batch.num_seqs(), options.gradients);
-    if (full_graphs()) {
-      int64_t& masked = masked_capacity_[options.gradients ? 1 : 0];
-      masked = std::max(masked, row_capacity(batch.num_masked()));
-    }
+    int64_t& masked = masked_capacity_[options.gradients ? 1 : 0];
+    masked = std::max(masked, row_capacity(batch.num_masked()));
     const BatchShape c = capacity(batch.shape(), options.gradients);
     fixed = with_capacity(batch, c.rows, c.seqs, c.masked);
   }
@@ -478,13 +478,15 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   const auto nsp_scale =
       static_cast<float>(options.loss_scale / static_cast<double>(global_samples));
   upload_batch(backend_, laid, step_, {mlm_scale, nsp_scale}, a);
-  // The whole micro-step in one graph (CudaGraphs::full) unless the logits go to the host.
-  whole_step_ = full_graphs() && !options.mlm_logits && !options.nsp_logits;
-  // NSP reads each sequence's [CLS]: with the whole micro-step graphed, over every slot (it
-  // leaves the empty ones out, so the graph serves any count); else the batch's own sequences.
+  // The heads in a graph (either mode) unless the logits go to the host; with full, the whole
+  // micro-step in one.
+  const bool graph_heads = graphs && !options.mlm_logits && !options.nsp_logits;
+  whole_step_ = full_graphs() && graph_heads;
+  // NSP reads each sequence's [CLS]: with the heads graphed, over every slot (it leaves the
+  // empty ones out, so the graph serves any count); else the batch's own sequences.
   const int64_t seqs = batch.num_seqs();
   a.nsp_layout = a.layout;
-  if (!whole_step_) {
+  if (!graph_heads) {
     a.nsp_layout.num_seqs = static_cast<int32_t>(seqs);
     a.nsp_layout.seq_start = rows_of(a.seq_start, 0, seqs);
     a.nsp_layout.seq_len = rows_of(a.seq_len, 0, seqs);
@@ -501,11 +503,17 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // forward-only model its evaluation forwards.
   if (options.gradients || !has_grads_) arena_.note_use(carver.used(), carver.used_by_kind());
 
-  // The metric slot this forward's sums go to; the whole micro-step's graph writes slot 0 (one
-  // graph for every slot), copied to the slot after it.
+  // The metric slot this forward's sums go to; the heads' graph writes slot 0 (one graph for
+  // every slot), copied to the slot after it.
   const int64_t slot = options.defer_metrics ? 1 + static_cast<int64_t>(deferred_.size()) : 0;
   const Tensor out_sums = metric_slot(slot);  // first: it may move the slots
-  const Tensor sums = whole_step_ ? metric_slot(0) : out_sums;
+  const Tensor sums = graph_heads ? metric_slot(0) : out_sums;
+  if (graph_heads) {
+    whole_sums_ = sums.data;
+    whole_scale_exponent_ = options_.precision == Precision::fp16 && mlm_scale > 0.f
+                                ? std::ilogb(mlm_scale)
+                                : 0;
+  }
   // weights_ready: before the part that reads the group's weights, or all before the graph.
   auto weights_ready = [&](int64_t group) {
     if (weights_ready_ && !whole_step_) weights_ready_(static_cast<int>(group));
@@ -523,20 +531,21 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
     }
     // Heads, loss and (with gradients) the gradient wrt the encoder output.
     weights_ready(config_.layers + 1);
-    heads(mlm_scale, nsp_scale, options, sums);
+    auto head_ops = [&] { heads(mlm_scale, nsp_scale, options, sums); };
+    if (graph_heads && !whole_step_) {
+      run_graph(graph_key(false, kHeadsGraph), head_ops);
+    } else {
+      head_ops();
+    }
   };
   if (whole_step_) {
     if (weights_ready_)
       for (int64_t g = 0; g < config_.layers + 2; ++g) weights_ready_(static_cast<int>(g));
-    whole_sums_ = sums.data;
-    whole_scale_exponent_ = options_.precision == Precision::fp16 && mlm_scale > 0.f
-                                ? std::ilogb(mlm_scale)
-                                : 0;
-    run_graph(graph_key(false, -1), ops);
-    if (slot != 0) backend_.copy(out_sums, sums);
+    run_graph(graph_key(false, kWholeGraph), ops);
   } else {
     ops();
   }
+  if (graph_heads && slot != 0) backend_.copy(out_sums, sums);
 
   result.masked_tokens = batch.num_masked();
   result.sequences = batch.num_seqs();
@@ -798,7 +807,7 @@ void Bert::backward(const GradientReady& ready) {
   if (act_->shape.seqs == 0) return announce_all(ready);
   if (!whole_step_) return backward_ops(ready, true);
   // The whole backward in one graph (CudaGraphs::full): every tensor is announced after it.
-  run_graph(graph_key(true, -1), [&] { backward_ops(ready, false); });
+  run_graph(graph_key(true, kWholeGraph), [&] { backward_ops(ready, false); });
   announce_all(ready);
 }
 
@@ -823,7 +832,7 @@ void Bert::backward(const GradientRound& round) {
   // non-empty batch), the round's tag and the graph's key; every rank's, in rank order.
   const bool mine = whole_step_ && act_->shape.seqs > 0;
   std::vector<int64_t> local = {mine, round.tag};
-  const std::vector<int64_t> words = key_words(graph_key(true, -1));
+  const std::vector<int64_t> words = key_words(graph_key(true, kWholeGraph));
   if (mine) {
     local.insert(local.end(), words.begin(), words.end());
   } else {

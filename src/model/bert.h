@@ -48,19 +48,21 @@ const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 // range needs loss scaling (optim/loss_scaler.h; ForwardOptions::loss_scale).
 // CUDA graphs (BertOptions::cuda_graphs): segmented records each encoder layer's forward, and
 // its backward, into a graph the first time a batch of that shape comes again, and replays it
-// for later batches of the shape (one launch instead of a layer's dozens); the embeddings and
-// the heads run op by op, and the hooks (weights_ready, gradient ready) run between the layers
-// as without graphs. Attention then launches from the sequence count and the length bound
+// for later batches of the shape (one launch instead of a layer's dozens), and the heads (both,
+// with their gradients) likewise, as NVIDIA's segmented mode does; the embeddings run op by op,
+// and the hooks (weights_ready, gradient ready) run between the layers as without graphs.
+// Attention then launches from the sequence count and the length bound
 // (SeqLayout::fixed_launch) and the dropouts read their step from device memory, so a replay
-// computes what the ops would, bit for bit. full records a micro-step's whole forward
-// (embeddings, layers, both heads with their gradients) as one graph and its whole backward
-// (the layers, the embeddings) as another: the masked tokens are laid into a capacity too (the
-// most so far; unused slots row -1, label -1), NSP runs over every sequence slot (the empty ones
-// left out), and the heads read their gradient factors (loss scale / global count) from device
-// memory (GradScale::device). Its hooks run around the graphs: every weights_ready group
-// before the forward, every GradientReady tensor after the backward (so a gradient round starts
-// after the whole backward instead of overlapping it), except a GradientRound's (the trainer's
-// NCCL reducer), whose collectives the backward's graph takes in. The trainer graphs the
+// computes what the ops would, bit for bit. For the heads' graph the masked tokens are laid
+// into a capacity too (the most so far; unused slots row -1, label -1), NSP runs over every
+// sequence slot (the empty ones left out), and the heads read their gradient factors (loss
+// scale / global count) from device memory (GradScale::device). full records a micro-step's
+// whole forward (embeddings, layers, both heads with their gradients) as one graph and its
+// whole backward (the layers, the embeddings) as another. Its hooks run around the graphs:
+// every weights_ready group before the forward, every GradientReady tensor after the backward
+// (so a gradient round starts after the whole backward instead of overlapping it), except a
+// GradientRound's (the trainer's NCCL reducer), whose collectives the backward's graph takes
+// in. The trainer graphs the
 // optimizer's update too (LambOptions::graph). A backend without graphs (the CPU) runs the ops.
 enum class CudaGraphs { off, segmented, full };
 const char* cuda_graphs_name(CudaGraphs g);          // "off", "segmented", "full"
@@ -297,16 +299,19 @@ class Bert {
   void grow_batch_buffer(BackendBuffer& buffer, size_t bytes);
   std::unique_ptr<Activations> act_;
   int64_t last_mst_chunks_ = 1;
-  // CudaGraphs::segmented: one entry per (layer, direction, everything the recorded ops' host
-  // arguments depend on); full: one per direction of the whole micro-step (layer -1). The graph
+  // CudaGraphs::segmented: one entry per (layer or the heads, direction, everything the
+  // recorded ops' host arguments depend on); full: one per direction of the whole micro-step.
+  // The graph
   // is recorded at the key's second use (its first ran the ops and sized what the backend
   // keeps) and replayed from then on. At most kGraphShapes x 2 x layers layers' worth of entries
   // (a whole micro-step's counts as every layer): when full, the entries used once (no graph)
   // go, and if that frees too little, the oldest down to half, so that shapes seen once (a last
   // partial batch, an evaluation's) never keep a recurring shape from being recorded.
+  static constexpr int64_t kWholeGraph = -1;  // LayerGraphKey::layer of a whole micro-step
+  static constexpr int64_t kHeadsGraph = -2;  // of the heads alone (segmented)
   struct LayerGraphKey {
     bool backward = false;
-    int64_t layer = 0;  // -1: the whole forward / backward (CudaGraphs::full)
+    int64_t layer = 0;  // a layer, kWholeGraph (CudaGraphs::full) or kHeadsGraph (segmented)
     const void* batch = nullptr;  // the batch buffer
     const void* arena = nullptr;
     BatchShape shape;  // rows, seqs and the attention bound as max_len; the masked count only
@@ -329,7 +334,7 @@ class Bert {
   // records graphs), and the capacity a batch of `shape` is laid into then (the shape itself
   // otherwise): row_capacity rows, and sequence slots the largest power of two needed so far
   // by forwards with / without gradients (seq_capacity_[1] / [0]), so that a training run's
-  // slots stop changing after its first batches; with full graphs, masked slots the largest
+  // slots stop changing after its first batches; masked slots the largest
   // row_capacity of a forward's masked count so far (masked_capacity_, grown by forwards only:
   // reserve()'s bound on the masked tokens is far above what batches hold).
   bool graphs_on() const;

@@ -148,12 +148,28 @@ struct EvalPair {
   ForwardOptions fo;
 };
 
-// BertOptions::cuda_graphs = segmented: each encoder layer's forward and backward recorded at a
-// shape's second use and replayed after gives the loss and every gradient of the ops run one by
-// one, bit for bit, step after step with dropout on (a new step, new batches of the padded
-// layout's one shape, and an unpadded batch of another shape between them), in fp32 and bf16;
-// once recorded, a step launches a graph per layer and direction and fewer kernels; and
-// evaluation's forwards, whose layers replay their own graphs.
+// n sequence lengths of 5 .. 64 tokens totalling `target` (5 n <= target <= 64 n): random
+// lengths, then the total moved onto the target one token at a time on sequences that can take
+// it.
+std::vector<int> lengths_totalling(std::mt19937_64& rng, int n, int target) {
+  std::vector<int> lengths(static_cast<size_t>(n));
+  for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));
+  int sum = 0;
+  for (int len : lengths) sum += len;
+  for (size_t i = 0; sum != target; i = (i + 1) % lengths.size()) {
+    if (sum < target && lengths[i] < kMaxSeqLen) ++lengths[i], ++sum;
+    if (sum > target && lengths[i] > 5) --lengths[i], --sum;
+  }
+  return lengths;
+}
+
+// BertOptions::cuda_graphs = segmented: each encoder layer's forward and backward, and the
+// heads, recorded at a shape's second use and replayed after give the loss and every gradient
+// of the ops run one by one, bit for bit, step after step with dropout on (a new step, new
+// batches of the padded layout's one shape, and an unpadded batch of another shape between
+// them; 33 to 48 masked tokens, one masked capacity), in fp32 and bf16; once recorded, a step
+// launches a graph per layer and direction and one for the heads, and fewer kernels; and
+// evaluation's forwards, whose layers and heads replay their own graphs.
 TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
   PB_REQUIRE_CUDA_DEVICE();
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
@@ -167,8 +183,10 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
     for (int step = 0; step < 8; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
       std::vector<int> lengths(6);
-      for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));  // 5 .. 64
-      const auto samples = model_samples(rng, lengths, 10, pair.m.config.real_vocab_size);
+      // 13 .. 64 tokens: room for 10 masked tokens in each, so 33 .. 48 in all can be drawn.
+      for (int& len : lengths) len = 13 + static_cast<int>(rng() % (kMaxSeqLen - 12));
+      const auto samples =
+          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 33, 48);
       const BatchLayout layout = step == 5 ? BatchLayout::unpadded : BatchLayout::padded;
       const Batch batch = make_batch(samples, layout, kMaxSeqLen);
       const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
@@ -197,16 +215,17 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
         EXPECT_EQ(after_off.graph_launches, before_off.graph_launches);
       }
     }
-    EXPECT_EQ(graphs_on, 2 * 2 * pair.config.layers)
-        << "a graph per layer and direction, per step";
+    EXPECT_EQ(graphs_on, 2 * (2 * pair.config.layers + 1))
+        << "a graph per layer and direction, and the heads', per step";
 
     // Evaluation (forward only, no dropout, a model without gradients): its layers' graphs too.
     EvalPair eval(pair, largest);
     const BackendCounters eval_before = pair.gpu->counters();
     for (int k = 0; k < 5; ++k) {
       std::vector<int> lengths(6);
-      for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));
-      const auto samples = model_samples(rng, lengths, 10, pair.m.config.real_vocab_size);
+      for (int& len : lengths) len = 13 + static_cast<int>(rng() % (kMaxSeqLen - 12));
+      const auto samples =
+          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 33, 48);
       const Batch batch = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
       const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
       const ForwardResult want = eval.off.forward(batch, gm, gs, 0, seed, eval.fo);
@@ -215,9 +234,9 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
       EXPECT_EQ(got.mlm_correct, want.mlm_correct) << "evaluation batch " << k;
     }
     // Recorded at the third and fourth batches (each batch buffer's second use), replayed at
-    // the fifth: a graph per layer at each of the three.
+    // the fifth: a graph per layer and the heads' at each of the three.
     EXPECT_EQ(pair.gpu->counters().graph_launches - eval_before.graph_launches,
-              3 * pair.config.layers);
+              3 * (pair.config.layers + 1));
     EXPECT_LT(launches_on, launches_off);
     std::printf("[graphs] %s: launches per step %lld op by op, %lld with segmented graphs (+%lld "
                 "graph launches)\n",
@@ -230,9 +249,10 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
 
 // Unpadded batches rarely repeat a shape; laid into a capacity (padding rows up to
 // row_capacity, empty sequence slots up to a power of two), they share one. Batches of 5 to 8
-// sequences and 241 to 256 tokens all take 256 rows and 8 slots: each layer is recorded at its
-// batch buffer's second use and replayed from then on, and every step gives the bits of the
-// same batch run op by op without the padding.
+// sequences and 241 to 256 tokens (and 33 to 48 masked tokens) all take 256 rows, 8 slots (and
+// 48 masked slots): each layer, and the heads, are recorded at their batch buffer's second use
+// and replayed from then on, and every step gives the bits of the same batch run op by op
+// without the padding.
 TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
   PB_REQUIRE_CUDA_DEVICE();
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
@@ -244,20 +264,12 @@ TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
     std::vector<int64_t> rows_seen, seqs_seen;
     for (int step = 0; step < 8; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
-      // n sequences of 5 .. 64 tokens whose total is in [241, 256] (5 x 64 >= 256): random
-      // lengths, then the total moved into the range one token at a time on sequences that can
-      // take it.
+      // n sequences of 5 .. 64 tokens whose total is in [241, 256] (5 x 64 >= 256).
       const int n = 5 + static_cast<int>(rng() % 4);
       const int target = 241 + static_cast<int>(rng() % 16);
-      std::vector<int> lengths(static_cast<size_t>(n));
-      for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));
-      int sum = 0;
-      for (int len : lengths) sum += len;
-      for (size_t i = 0; sum != target; i = (i + 1) % lengths.size()) {
-        if (sum < target && lengths[i] < kMaxSeqLen) ++lengths[i], ++sum;
-        if (sum > target && lengths[i] > 5) --lengths[i], --sum;
-      }
-      const auto samples = model_samples(rng, lengths, 10, pair.m.config.real_vocab_size);
+      const std::vector<int> lengths = lengths_totalling(rng, n, target);
+      const auto samples =
+          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 33, 48);
       const Batch batch = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
       rows_seen.push_back(batch.rows);
       seqs_seen.push_back(batch.num_seqs());
@@ -280,11 +292,11 @@ TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
       EXPECT_EQ(got.sequences, want.sequences);
       EXPECT_EQ(pair.grads_on.values(), pair.grads_off.values()) << "the gradients differ";
       // Steps 0 and 1 run each batch buffer's first use op by op; from step 2 on every layer
-      // replays in both directions.
-      EXPECT_EQ(replays, step < 2 ? 0 : 2 * pair.config.layers);
+      // replays in both directions, and the heads once.
+      EXPECT_EQ(replays, step < 2 ? 0 : 2 * pair.config.layers + 1);
       graphs += replays;
     }
-    EXPECT_EQ(graphs, 6 * 2 * pair.config.layers);
+    EXPECT_EQ(graphs, 6 * (2 * pair.config.layers + 1));
     // The batches did differ in shape: without the capacity they would not have replayed.
     EXPECT_GT(std::set<int64_t>(rows_seen.begin(), rows_seen.end()).size(), 1u);
     EXPECT_TRUE(pair.grads_on.guards_intact() && pair.grads_off.guards_intact() &&
@@ -313,20 +325,9 @@ TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
     // 8 sequences of 5 .. 64 tokens totalling 241 .. 256, with 49 .. 64 masked tokens (drawn
     // again until they are).
     auto draw = [&] {
-      for (;;) {
-        const int target = 241 + static_cast<int>(rng() % 16);
-        std::vector<int> lengths(8);
-        for (int& len : lengths) len = 5 + static_cast<int>(rng() % (kMaxSeqLen - 4));
-        int sum = 0;
-        for (int len : lengths) sum += len;
-        for (size_t i = 0; sum != target; i = (i + 1) % lengths.size()) {
-          if (sum < target && lengths[i] < kMaxSeqLen) ++lengths[i], ++sum;
-          if (sum > target && lengths[i] > 5) --lengths[i], --sum;
-        }
-        auto samples = model_samples(rng, lengths, 12, pair.m.config.real_vocab_size);
-        const int64_t masked = masked_count(samples);
-        if (masked >= 49 && masked <= 64) return samples;
-      }
+      const int target = 241 + static_cast<int>(rng() % 16);
+      const std::vector<int> lengths = lengths_totalling(rng, 8, target);
+      return model_samples_masked(rng, lengths, 12, pair.m.config.real_vocab_size, 49, 64);
     };
     for (int step = 0; step < 6; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
@@ -404,7 +405,8 @@ TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
 // tokens under 40 different attention bounds, the max_seq_len of its make_batch), a batch that
 // comes 5 times is recorded at its third and fourth forwards
 // (each batch buffer's second use) and replayed at its fifth, with the ops' losses: segmented,
-// a graph per layer; full, one per forward (a whole micro-step's graph counts as all layers).
+// a graph per layer and the heads'; full, one per forward (a whole micro-step's graph counts
+// as all layers). Every batch has at most 10 masked tokens: one masked capacity (16).
 TEST(CudaModel, GraphsOutliveOneOffShapes) {
   PB_REQUIRE_CUDA_DEVICE();
   for (CudaGraphs mode : {CudaGraphs::segmented, CudaGraphs::full}) {
@@ -439,7 +441,7 @@ TEST(CudaModel, GraphsOutliveOneOffShapes) {
     const BackendCounters before = gpu->counters();
     for (int k = 0; k < 5; ++k) forward(recurring, kMaxSeqLen);
     EXPECT_EQ(gpu->counters().graph_launches - before.graph_launches,
-              mode == CudaGraphs::full ? 3 : 3 * config.layers);
+              mode == CudaGraphs::full ? 3 : 3 * (config.layers + 1));
   }
 }
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,21 @@ inline int64_t masked_count(const std::vector<Sample>& samples) {
   int64_t n = 0;
   for (const Sample& s : samples) n += s.num_masked();
   return n;
+}
+
+// model_samples drawn again until their masked tokens number lo .. hi (with graphs, batches
+// whose counts share one row_capacity share the heads' graph: 17 .. 32, 33 .. 48, 49 .. 64).
+inline std::vector<Sample> model_samples_masked(std::mt19937_64& rng,
+                                                const std::vector<int>& lengths,
+                                                int max_predictions, int64_t vocab, int64_t lo,
+                                                int64_t hi) {
+  for (int tries = 0; tries < 100000; ++tries) {
+    auto samples = model_samples(rng, lengths, max_predictions, vocab);
+    const int64_t n = masked_count(samples);
+    if (n >= lo && n <= hi) return samples;
+  }
+  throw std::runtime_error("model_samples_masked: these lengths do not give " +
+                           std::to_string(lo) + " .. " + std::to_string(hi) + " masked tokens");
 }
 
 // Host parameters initialised as the model would be.
