@@ -229,13 +229,25 @@ class NcclTransport final : public GradBucketTransport {
     }
     // One event covers every write issued so far (the optimizer's update); the groups then run
     // in order on the communication stream, each marking its end for the readers of its part.
-    PB_NCCL_CUDA(cudaEventRecord(ready_[0], compute_));
-    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready_[0], 0));
+    // Inside a capture (the optimizer's graph) the last group's end joins the capture: what
+    // follows the graph sees every group, nothing is left to wait for, and the graph's launch
+    // is watched (watch_launch).
+    const bool captured = capturing();
+    cudaEvent_t ready = (captured ? captured_ready_ : ready_)[0];
+    PB_NCCL_CUDA(cudaEventRecord(ready, compute_));
+    PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready, 0));
     for (size_t g = 0; g < groups.size(); ++g) {
       PB_NCCL_NCCL(ncclGroupStart());
       for (const GatherPart& part : groups[g]) broadcast_parts(part.pieces, part.buffer);
       PB_NCCL_NCCL(ncclGroupEnd());
-      PB_NCCL_CUDA(cudaEventRecord(group_done_[g], comm_stream_));
+      if (!captured) PB_NCCL_CUDA(cudaEventRecord(group_done_[g], comm_stream_));
+    }
+    if (captured) {
+      PB_NCCL_CUDA(cudaEventRecord(captured_done_[0], comm_stream_));
+      PB_NCCL_CUDA(cudaStreamWaitEvent(compute_, captured_done_[0], 0));
+      groups_started_ = 0;
+      check_async();
+      return;
     }
     groups_started_ = groups.size();
     watch("NCCL all-gather (shard exchange, by layer)", ready_[0], group_done_[groups.size() - 1]);

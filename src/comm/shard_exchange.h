@@ -49,7 +49,9 @@ class ShardExchange {
   // Ranges of buffers (as all_gather's) in groups: groups[g] lists (buffer, ranges) pairs.
   // Started in order after the work issued so far; wait_gather(g) makes the reader (NCCL: the
   // backend's stream; MPI moves every group before start_gathers returns) wait for group g
-  // only. Every group must be waited for before its buffers are written again.
+  // only. Every group must be waited for before its buffers are written again. Inside a
+  // capture (NCCL's, the optimizer's graph) the groups end inside the captured work: there is
+  // no group to wait for after it.
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   void start_gathers(const std::vector<std::vector<std::pair<Tensor, Ranges>>>& groups);
   void wait_gather(int group);

@@ -448,12 +448,18 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // empty sequence slots up to a power of two that only grows), and attention launches from
   // the slot / pack length as its bound (SeqLayout::fixed_launch).
   const bool graphs = graphs_on();
+  // The heads in a graph (either mode) unless the logits go to the host; with full, the whole
+  // micro-step in one.
+  const bool graph_heads = graphs && !options.mlm_logits && !options.nsp_logits;
   Batch fixed;
   if (graphs) {
     grow_seq_capacity(batch.num_seqs(), options.gradients);
     int64_t& masked = masked_capacity_[options.gradients ? 1 : 0];
-    masked = std::max(masked, row_capacity(batch.num_masked()));
-    const BatchShape c = capacity(batch.shape(), options.gradients);
+    if (graph_heads) masked = std::max(masked, row_capacity(batch.num_masked()));
+    BatchShape c = capacity(batch.shape(), options.gradients);
+    // Heads run op by op (their logits go to the host) see the batch's masked tokens only: a
+    // hook is shown no padded slot. The layers' graphs do not read the masked tokens.
+    if (!graph_heads) c.masked = batch.num_masked();
     fixed = with_capacity(batch, c.rows, c.seqs, c.masked);
   }
   const Batch& laid = graphs ? fixed : batch;
@@ -478,9 +484,6 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   const auto nsp_scale =
       static_cast<float>(options.loss_scale / static_cast<double>(global_samples));
   upload_batch(backend_, laid, step_, {mlm_scale, nsp_scale}, a);
-  // The heads in a graph (either mode) unless the logits go to the host; with full, the whole
-  // micro-step in one.
-  const bool graph_heads = graphs && !options.mlm_logits && !options.nsp_logits;
   whole_step_ = full_graphs() && graph_heads;
   // NSP reads each sequence's [CLS]: with the heads graphed, over every slot (it leaves the
   // empty ones out, so the graph serves any count); else the batch's own sequences.

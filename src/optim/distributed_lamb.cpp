@@ -92,6 +92,7 @@ DistributedLamb::DistributedLamb(Backend& backend, std::vector<LambParam> params
     shard.sum_over_ranks = [this](const Tensor& values) { exchange_->sum(values); };
     shard.capturable = reducer_.capturable();
     shard.graph_launched = [this] { exchange_->graph_launched(); };
+    shard.after_update = [this] { after_update(); };
   }
   lamb_ = std::make_unique<Lamb>(backend_, std::move(params), n, schedule, options,
                                  shard_it ? &shard : nullptr);
@@ -152,15 +153,20 @@ LambStepInfo DistributedLamb::step(float grad_scale, bool read_back,
   sync_weights();  // the previous step's gathers read and write what LAMB writes now
   const LambStepInfo info =
       lamb_->step(params, grads, buffers_.params_lowp, grad_scale, read_back, also_read);
-  if (!sharded()) return info;
+  // A graph's gathers ended inside it: what follows it on the stream sees the weights.
+  if (info.graph) gathers_in_flight_ = false;
+  return info;
+}
+
+void DistributedLamb::after_update() {
   // Every rank updated its own range: what the model reads goes round, group by group.
   exchange_->start_gathers(gathers_);
   gathers_in_flight_ = true;
   // LAMB zeroed the gradient it owns; the rest holds this rank's unreduced sums.
-  const int64_t n = params.numel(), begin = lamb_->shard_begin(), end = lamb_->shard_end();
+  const Tensor& grads = buffers_.grads;
+  const int64_t n = grads.numel(), begin = lamb_->shard_begin(), end = lamb_->shard_end();
   if (begin > 0) backend_.zero(slice(grads, 0, begin));
   if (end < n) backend_.zero(slice(grads, end, n - end));
-  return info;
 }
 
 void DistributedLamb::save_state(float* params, float* m, float* v, int root) {

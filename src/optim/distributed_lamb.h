@@ -27,6 +27,9 @@
 // wait for a layer's group just before that layer's first op, while the later layers' weights
 // still travel. Everything that reads or writes the weights otherwise waits for all of them
 // first (sync_weights: the next step, checkpoints, a host copy). MPI moves every group at once.
+// Full graphs (LambOptions::graph, NCCL) record the whole column, gathers and zeroing included,
+// as one graph that ends with the gathers: the next forward, itself a graph waiting for every
+// group before it starts, loses nothing by it.
 //
 // Equivalence: the update of every element is the replicated one's but for the order in which
 // double sums are added (the global norm's, and each cut tensor's ||w|| and ||u||: per rank, then
@@ -154,6 +157,9 @@ class DistributedLamb {
   std::vector<LambParam> table_;  // the whole table (state_bytes of every rank)
   std::unique_ptr<ShardExchange> exchange_;
   std::unique_ptr<Lamb> lamb_;
+  // The end of a sharded update (LambShard::after_update, inside the update's graph when there
+  // is one): the gathers started, the gradient outside the shard zeroed.
+  void after_update();
   // The gathers of a sharded step, by forward group: (buffer, ranges) pairs.
   std::vector<std::vector<std::pair<Tensor, ShardExchange::Ranges>>> gathers_;
   bool gathers_in_flight_ = false;

@@ -157,41 +157,6 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   const Tensor own_params = slice(params, begin_, end_ - begin_);
   const Tensor own_grads = slice(grads, begin_, end_ - begin_);
   const Tensor own_lowp = slice(params_lowp, begin_, end_ - begin_);
-  if (sharded()) {
-    // The double sums of squares summed over ranks, rooted and rounded as l2_norm does: the
-    // unsharded norm up to double rounding, computed where the gradient is.
-    backend_.sum_squares(own_grads, squares_.tensor());
-    shard_.sum_over_ranks(squares_.tensor());
-    backend_.norm_from_sum_squares(squares_.tensor(), grad_norm_);
-  } else {
-    backend_.l2_norm(own_grads, grad_norm_);
-  }
-  bool finite = true;
-  if (!read_back && !also_read.empty()) backend_.read(also_read);
-  if (read_back) {
-    // One copy: the norm, and the record of the steps before this one.
-    struct {
-      float norm;
-      int32_t record[3];
-    } host;
-    static_assert(sizeof(host) == kScalarBytes, "Lamb::scalars_ layout");
-    std::vector<Backend::HostRead> reads = also_read;
-    reads.push_back({&host, scalars_.tensor()});
-    backend_.read(reads);
-    info.read_back = true;
-    info.grad_norm = host.norm / grad_scale;  // exact for the power-of-two loss scales
-    finite = std::isfinite(info.grad_norm);
-    info.unread_skips = host.record[0] - skips_seen_;
-    lamb_record_step(host.record, finite);  // what lamb_step below records on the device
-    skips_seen_ = host.record[0];
-    info.skipped_run = host.record[1];
-    info.longest_skipped_run = host.record[2];
-    PB_REQUIRE(finite || !options_.check_finite || options_.skip_nonfinite,
-               "lamb: the gradient norm is {} at step {}; the weights were left as they were "
-               "(diverged: lower the learning rate or check the input)",
-               info.grad_norm, info.step);
-  }
-
   LambConfig cfg;
   cfg.lr = static_cast<float>(info.lr);
   cfg.beta1 = options_.beta1;
@@ -201,10 +166,20 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   cfg.max_grad_norm = options_.max_grad_norm;
   cfg.step = info.step;
   cfg.grad_scale = grad_scale;
-  // A non-finite norm makes both passes no-ops on the device (and counts it in the record); the
-  // sums still go round, so every rank makes the same collectives.
+  // The norm, then the update. A non-finite norm makes both passes no-ops on the device (and
+  // counts it in the record); the sums still go round, so every rank makes the same
+  // collectives.
   auto update = [&] {
-    if (sharded()) backend_.zero(sums_all_);
+    if (sharded()) {
+      // The double sums of squares summed over ranks, rooted and rounded as l2_norm does: the
+      // unsharded norm up to double rounding, computed where the gradient is.
+      backend_.sum_squares(own_grads, squares_.tensor());
+      shard_.sum_over_ranks(squares_.tensor());
+      backend_.norm_from_sum_squares(squares_.tensor(), grad_norm_);
+      backend_.zero(sums_all_);
+    } else {
+      backend_.l2_norm(own_grads, grad_norm_);
+    }
     backend_.lamb_update(table_, cfg, grad_norm_, own_params, own_grads, m_, v_, sums_, record_);
     // Sharded: the sums of a tensor cut between ranks are its pieces' sums added, in the order
     // the collective adds them (double rounding, then the square root rounds to f32).
@@ -212,6 +187,7 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
     backend_.lamb_apply(table_, cfg, grad_norm_, sums_, own_params, own_grads, own_lowp, norms_);
     // lamb_update left the update direction in grads; the next accumulation starts from zero.
     if (own_grads.numel() > 0) backend_.zero(own_grads);
+    if (shard_.after_update) shard_.after_update();
   };
   if (options_.graph && backend_.supports_graphs() && (!sharded() || shard_.capturable)) {
     const LambStepScalars sc = lamb_step_scalars(cfg);
@@ -234,10 +210,38 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
       backend_.replay(graph_);
     if (graph_.defined()) {
       ++graph_steps_;
+      info.graph = true;
       if (sharded() && shard_.graph_launched) shard_.graph_launched();
     }
   } else {
     update();
+  }
+
+  // The reads wait for the update: the norm is the one it used, and the record counts this
+  // step (a skipped step left the weights and moments as they were).
+  bool finite = true;
+  if (!read_back && !also_read.empty()) backend_.read(also_read);
+  if (read_back) {
+    // One copy: the norm, and the record of the steps up to this one.
+    struct {
+      float norm;
+      int32_t record[3];
+    } host;
+    static_assert(sizeof(host) == kScalarBytes, "Lamb::scalars_ layout");
+    std::vector<Backend::HostRead> reads = also_read;
+    reads.push_back({&host, scalars_.tensor()});
+    backend_.read(reads);
+    info.read_back = true;
+    info.grad_norm = host.norm / grad_scale;  // exact for the power-of-two loss scales
+    finite = std::isfinite(info.grad_norm);
+    info.unread_skips = host.record[0] - skips_seen_ - (finite ? 0 : 1);
+    skips_seen_ = host.record[0];
+    info.skipped_run = host.record[1];
+    info.longest_skipped_run = host.record[2];
+    PB_REQUIRE(finite || !options_.check_finite || options_.skip_nonfinite,
+               "lamb: the gradient norm is {} at step {}; the weights were left as they were "
+               "(diverged: lower the learning rate or check the input)",
+               info.grad_norm, info.step);
   }
   info.skipped = !finite;
   if (finite) steps_done_ = info.step;

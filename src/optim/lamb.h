@@ -57,12 +57,12 @@ struct LambOptions {
   // update on the device (Backend::lamb_step; the weights and moments stay as they were) and is
   // counted in its record, which the next read reports (LambStepInfo). Such a step still takes
   // its step number: the host cannot know, so the bias correction and the schedule advance.
-  // How, not what (train.cuda_graphs = full): on a backend that records graphs, a step's update
-  // (lamb_update, lamb_apply and the zeroing of the gradient; sharded, with the sum over ranks
-  // between them, when the shard's sum can be captured) is recorded as a graph at the second
-  // step and replayed after, reading the rate, the bias corrections and the loss scale from
-  // device memory written before it (LambConfig::step_scalars); the norm and any read-back run
-  // before it as ops. The same bits as the ops.
+  // How, not what (train.cuda_graphs = full): on a backend that records graphs, a step's work
+  // on the device (the global norm, lamb_update, lamb_apply, the zeroing of the gradient;
+  // sharded, when the shard's sums can be captured, with the sums over ranks and
+  // LambShard::after_update) is recorded as a graph at the second step and replayed after,
+  // reading the rate, the bias corrections and the loss scale from device memory written
+  // before it (LambConfig::step_scalars); a read-back follows it. The same bits as the ops.
   bool graph = false;
 };
 
@@ -84,6 +84,10 @@ struct LambShard {
   // transport watches the launch). Every rank records and replays at the same steps.
   bool capturable = false;
   std::function<void()> graph_launched;
+  // Issued at the end of each update, after the gradient's zeroing, and recorded with it into
+  // the update's graph (optional): the sharded optimizer's weight gathers and the zeroing of
+  // the gradient outside the shard (optim/distributed_lamb.h).
+  std::function<void()> after_update;
 };
 
 // What one step did (host values).
@@ -99,6 +103,7 @@ struct LambStepInfo {
   int64_t unread_skips = 0;
   int64_t skipped_run = 0;
   int64_t longest_skipped_run = 0;
+  bool graph = false;  // the update ran as a graph, recorded or replayed (LambOptions::graph)
 };
 
 class Lamb {
@@ -126,10 +131,11 @@ class Lamb {
   // grad_scale: grads hold the gradient of the loss times this (fp16 loss scaling); the update
   // divides it out, and LambStepInfo::grad_norm is the unscaled norm. 1 for fp32 / bf16: the
   // plain step, bit for bit.
-  // read_back: read the gradient norm and the skip record back (a 16-byte copy: on a GPU it
-  // waits for the stream). Without it the step never waits; see LambOptions for what a
-  // non-finite gradient does then.
-  // also_read: other host reads (Backend::read) to make in the same wait, before the update is
+  // read_back: read the gradient norm and the skip record back after the update (a 16-byte
+  // copy: on a GPU it waits for the stream; a non-finite norm has left the weights and moments
+  // as they were). Without it the step never waits; see LambOptions for what a non-finite
+  // gradient does then.
+  // also_read: other host reads (Backend::read) to make in the same wait, after the update is
   // issued (the trainer's loss sums); with read_back false they are the step's only wait.
   LambStepInfo step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp = {},
                     float grad_scale = 1.0f, bool read_back = true,

@@ -444,6 +444,78 @@ TEST(CudaModel, GraphsOutliveOneOffShapes) {
               mode == CudaGraphs::full ? 3 : 3 * (config.layers + 1));
   }
 }
+// A forward whose logits go to the host (ForwardOptions::mlm_logits / nsp_logits, evaluation's
+// hooks) runs its heads op by op, graphs or not: its hooks see the batch's own masked tokens
+// and sequences, none of the padded slots a graphed forward before it made the capacity hold,
+// with the logits of the ops run one by one, bit for bit; and the graphed forwards after it
+// still replay their graphs.
+TEST(CudaModel, LogitsHooksSeeOnlyTheBatchsTokensWithGraphs) {
+  PB_REQUIRE_CUDA_DEVICE();
+  for (CudaGraphs mode : {CudaGraphs::segmented, CudaGraphs::full}) {
+    SCOPED_TRACE(cuda_graphs_name(mode));
+    auto rng = model_rng(107);
+    const BatchShape largest{kMaxSeqLen * 6, 64, 6, kMaxSeqLen};
+    GraphedPair pair(rng, Precision::fp32, largest, mode);
+    EvalPair eval(pair, largest);
+    const int64_t vocab = pair.m.config.real_vocab_size;
+    auto lengths = [&] {
+      std::vector<int> out(6);
+      for (int& len : out) len = 13 + static_cast<int>(rng() % (kMaxSeqLen - 12));
+      return out;
+    };
+    struct Seen {
+      std::vector<float> mlm, nsp;
+      int64_t rows = 0, seqs = 0;
+    };
+    auto hooked = [&](Bert& model, const Batch& batch, int64_t gm, int64_t gs) {
+      Seen seen;
+      ForwardOptions fo = eval.fo;
+      fo.mlm_logits = [&](int64_t first, const std::vector<float>& z, int64_t n) {
+        EXPECT_EQ(first, seen.rows);
+        seen.rows += n;
+        seen.mlm.insert(seen.mlm.end(), z.begin(), z.end());
+      };
+      fo.nsp_logits = [&](const std::vector<float>& z, int64_t s) {
+        seen.seqs += s;
+        seen.nsp.insert(seen.nsp.end(), z.begin(), z.end());
+      };
+      const ForwardResult r = model.forward(batch, gm, gs, 0, 1, fo);
+      EXPECT_EQ(r.masked_tokens, batch.num_masked());
+      return seen;
+    };
+    // Graphed forwards of 49 .. 64 masked tokens first: a masked capacity of 64 slots.
+    for (int k = 0; k < 3; ++k) {
+      const auto samples = model_samples_masked(rng, lengths(), 12, vocab, 49, 64);
+      const Batch batch = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
+      const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+      EXPECT_EQ(eval.on.forward(batch, gm, gs, 0, 1, eval.fo).loss,
+                eval.off.forward(batch, gm, gs, 0, 1, eval.fo).loss);
+    }
+    // Then hooked forwards of fewer.
+    for (int k = 0; k < 2; ++k) {
+      const auto samples = model_samples_masked(rng, lengths(), 12, vocab, 17, 40);
+      const Batch batch = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
+      const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+      const Seen want = hooked(eval.off, batch, gm, gs);
+      const Seen got = hooked(eval.on, batch, gm, gs);
+      EXPECT_EQ(got.rows, batch.num_masked()) << "hooked forward " << k;
+      EXPECT_EQ(got.seqs, batch.num_seqs()) << "hooked forward " << k;
+      EXPECT_EQ(got.mlm, want.mlm) << "hooked forward " << k;
+      EXPECT_EQ(got.nsp, want.nsp) << "hooked forward " << k;
+    }
+    // The graphs recorded before the hooked forwards replay after them.
+    const auto samples = model_samples_masked(rng, lengths(), 12, vocab, 49, 64);
+    const Batch batch = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
+    const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
+    const BackendCounters before = pair.gpu->counters();
+    const ForwardResult got = eval.on.forward(batch, gm, gs, 0, 1, eval.fo);
+    const BackendCounters after = pair.gpu->counters();
+    EXPECT_EQ(got.loss, eval.off.forward(batch, gm, gs, 0, 1, eval.fo).loss);
+    EXPECT_EQ(after.graph_launches - before.graph_launches,
+              mode == CudaGraphs::full ? 1 : pair.config.layers + 1);
+  }
+}
+
 }  // namespace
 }  // namespace packbert::test
 

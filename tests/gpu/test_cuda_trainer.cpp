@@ -426,6 +426,15 @@ TEST(CudaTrainer, FullGraphsLaunchTenTimesFewerForTheSameBits) {
         if (s >= 3)
           r.launches += (after.launches - before.launches) +
                         (after.graph_launches - before.graph_launches);
+        // Once everything replays, a full step is its graphs (each micro-step's forward and
+        // backward, the optimizer's: norm, update, zeroing) and one launch outside them, the
+        // write of the optimizer's step scalars (Lamb::step).
+        if (s >= 3 && graphs == CudaGraphs::full) {
+          EXPECT_EQ(after.launches - before.launches, 1) << "step " << s;
+          EXPECT_EQ(after.graph_launches - before.graph_launches,
+                    2 * static_cast<int64_t>(batch.micro_batches.size()) + 1)
+              << "step " << s;
+        }
         if (s >= 2) {
           r.syncs += after.host_syncs - before.host_syncs;
           r.pageable += after.pageable_copies - before.pageable_copies;
