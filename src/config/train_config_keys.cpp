@@ -170,8 +170,9 @@ std::vector<Key> make_keys() {
                   "rows, and masked tokens to the most a micro-batch has had so far plus at "
                   "most 1/16; the embeddings and optimizer stay op by op) or full (a "
                   "micro-step's whole forward, heads included, and its whole backward as two "
-                  "graphs, and the optimizer's update as one (sharded, with its sums over ranks "
-                  "inside, unless gpu_allreduce = host); with NCCL the gradient round's "
+                  "graphs, and the optimizer's step as one: norm and update (sharded, with "
+                  "its sums over ranks and the weights' gathers inside, unless gpu_allreduce "
+                  "= host); with NCCL the gradient round's "
                   "collectives inside the last backward's graph, overlapping it; with "
                   "gpu_allreduce = host the round starts after the backward)"));
   k.push_back(key("train.gpu_allreduce", &C::train, &T::gpu_allreduce, gpu_allreduce_table(),
