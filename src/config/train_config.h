@@ -103,6 +103,7 @@ struct TrainConfig {
     int keep = 3;               // newest complete checkpoints kept under dir
     std::string resume;         // "" none | "auto" newest complete under dir | a checkpoint path
     std::string init_checkpoint;  // model weights only (fresh optimizer and data order)
+    bool overwrite = false;     // a fresh run deletes the checkpoints under dir first
   } checkpoint;
 
   struct Eval {

@@ -240,6 +240,9 @@ std::vector<Key> make_keys() {
   k.push_back(key("checkpoint.init_checkpoint", &C::checkpoint, &K::init_checkpoint,
                   "initial model weights only (fresh optimizer and data order); \"\" = random "
                   "init"));
+  k.push_back(key("checkpoint.overwrite", &C::checkpoint, &K::overwrite,
+                  "a run that starts fresh deletes the checkpoints under dir first (without it, "
+                  "it refuses a dir that holds any)"));
   // [eval]
   k.push_back(key("eval.every_samples", &C::eval, &E::every_samples,
                   "evaluate every this many training samples; 0 = only at the end"));

@@ -145,6 +145,10 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              "checkpoint.resume = \"auto\" needs checkpoint.dir");
   PB_REQUIRE(k.every_steps == 0 || !k.dir.empty(),
              "checkpoint.every_steps ({}) needs checkpoint.dir", k.every_steps);
+  PB_REQUIRE(!k.overwrite || !k.dir.empty(), "checkpoint.overwrite = true needs checkpoint.dir");
+  PB_REQUIRE(!k.overwrite || k.resume.empty(),
+             "checkpoint.overwrite = true deletes the checkpoints under checkpoint.dir, and "
+             "checkpoint.resume = \"{}\" continues one: give one of the two", k.resume);
 
   const auto& e = c.eval;
   PB_REQUIRE(e.every_samples >= 0, "eval.every_samples ({}) must be >= 0", e.every_samples);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "kernels/device.h"
 #include "comm/mpi_check.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_dir.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/mllog.h"
@@ -121,6 +123,31 @@ void check_init_beside_resume(const TrainConfig& c, const std::string& resume,
       recorded.empty() ? std::string("train.seed (no --init-checkpoint)") : recorded, init, init);
 }
 
+// A resume says what it changes (rank 0): every config key whose value differs from the config
+// recorded in the checkpoint's trainer_state.json, old -> new, in one warning; and the ranks.
+// What cannot be resumed (the model's shape, the data) is an error elsewhere.
+void log_resume_changes(const std::string& resume, const TrainerState& state,
+                        const TrainConfig& c, int world) {
+  if (state.config.empty()) {
+    spdlog::info("resume: {} records no config to compare this run's with", resume);
+  } else {
+    try {
+      const std::vector<ConfigChange> changes =
+          config_changes(state.config, train_config_to_toml(c));
+      if (!changes.empty())
+        spdlog::warn("resume: {} config key(s) differ from those of the run that wrote {}, old "
+                     "-> new: {}",
+                     changes.size(), resume, describe(changes));
+    } catch (const std::exception& e) {
+      spdlog::warn("resume: cannot compare the config with the one {} records: {}", resume,
+                   e.what());
+    }
+  }
+  if (state.world_size > 0 && state.world_size != world)
+    spdlog::info("resume: {} was written by {} rank(s); this run has {}", resume,
+                 state.world_size, world);
+}
+
 StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& trainer) {
   StartState st;
   const int64_t n = trainer.table().total();
@@ -163,6 +190,7 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
                resume, st.run.step, r.step);
     if (!c.checkpoint.init_checkpoint.empty())
       check_init_beside_resume(c, resume, state.config);
+    if (trainer.rank() == 0) log_resume_changes(resume, state, c, trainer.world_size());
     st.from = resume;
   } else if (!c.checkpoint.init_checkpoint.empty()) {
     load_model_weights(c.checkpoint.init_checkpoint, trainer.table(), params.data());
@@ -189,19 +217,6 @@ TrainerState trainer_state(const TrainConfig& c, const RunState& st, const Loade
   s.world_size = trainer.world_size();
   s.config = train_config_to_toml(c);
   return s;
-}
-
-// Creates dir if needed and checks a file can be made in it, so that a bad checkpoint.dir
-// fails before any training instead of at the first checkpoint.
-void require_writable_dir(const char* key, const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  PB_REQUIRE(!ec, "{}: cannot create the directory {}: {}", key, dir, ec.message());
-  const std::string probe = dir + "/.write_probe." + std::to_string(getpid());
-  std::FILE* f = std::fopen(probe.c_str(), "w");
-  PB_REQUIRE(f != nullptr, "{}: cannot write into {}: {}", key, dir, std::strerror(errno));
-  std::fclose(f);
-  std::filesystem::remove(probe, ec);
 }
 
 // The collective watchdog's action: every rank ends (mpirun reports the exit code). Its MPI
@@ -479,7 +494,10 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   watchdog.set_step(0);
   const WatchdogRun watch_collectives(c, rank);
 
-  if (root && !c.checkpoint.dir.empty()) require_writable_dir("checkpoint.dir", c.checkpoint.dir);
+  // One run per checkpoint directory, and never a fresh one over another run's checkpoints
+  // (train/checkpoint_dir.h); the lock is held until the run ends.
+  const std::unique_ptr<CheckpointDirLock> checkpoint_lock =
+      claim_checkpoint_dir(comm, c.checkpoint);
   if (root) remove_end_file(c.log.end_file);
 
   MlLogger ml(c.log.mllog_file, root);
