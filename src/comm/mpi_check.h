@@ -1,7 +1,7 @@
 // Checked MPI calls: a failure becomes a packbert::Error naming the call, the file:line and
 // MPI's own message, which the top-level handler logs before MPI_Abort (DESIGN.md, Errors).
 // A check fires only where MPI returns the error: on the communicators that run with
-// MPI_ERRORS_RETURN (the gradient reducer's and the NCCL bootstrap's). Everywhere else
+// MPI_ERRORS_RETURN (the gradient reducer's, MetricSums' and the NCCL bootstrap's). Elsewhere
 // (MPI_COMM_WORLD, the loader's duplicate of it, calls on no communicator, which MPI raises on
 // MPI_COMM_WORLD) the default handler, MPI_ERRORS_ARE_FATAL, aborts with MPI's own message
 // before a return code exists; the check there holds if a caller installs MPI_ERRORS_RETURN.

@@ -39,7 +39,7 @@ BatchShape largest_micro_batch(const TrainConfig& c, int world);
 // Everything the Trainer takes, for a world of `world` ranks: model (`model`: the config's own,
 // or a checkpoint's config.json for `packbert eval`), precision, MST, layout, seeds, schedule,
 // LAMB, sharding, device (on CUDA, local rank r takes GPU r mod the count), gradient transport,
-// and the arena reserve (train/batching.h largest_micro_batch).
+// and the arena reserve (largest_micro_batch, above).
 TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model, int world);
 
 // The sample rules of the data: the vocabulary file's size and special ids (data.vocab; Error

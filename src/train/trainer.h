@@ -67,7 +67,7 @@ struct TrainerOptions {
   // buffer (optim/distributed_lamb.h); the gradient is reduce-scattered and the weights the
   // model reads all-gathered. A world of one is unsharded.
   bool sharded = false;
-  // The largest micro-batch the run expects (train/batching.h largest_micro_batch): the
+  // The largest micro-batch the run expects (config/train_options.h largest_micro_batch): the
   // activation arena is sized for it once, at construction, so that the step loop never
   // allocates. Empty (rows 0): the arena grows with the batches instead.
   BatchShape reserve;
