@@ -10,7 +10,13 @@
 #   3. a task of --cpus-per-task=2 may run on 2 CPUs, with OMP_NUM_THREADS=2; a plain `scancel`
 #      stops it with a checkpoint and the job stays CANCELLED (not requeued);
 #   4. --init-checkpoint beside a checkpoint of another run in CKPT_DIR: the job fails before
-#      training with a message naming both.
+#      training with a message naming both;
+#   5. submitted from directories outside the repository, without --chdir (the job runs there)
+#      by an absolute path that holds a space, and with --chdir by a relative path (../..):
+#      the script finds the repository (scontrol's Command=), the config and OUT are taken
+#      relative to the job's directory, the run finishes COMPLETED;
+#   6. a copy of the script outside the repository fails naming what it tried and PACKBERT_HOME;
+#      a PACKBERT_HOME without scripts/run_job.sh fails naming it.
 # It prints the times it measured (submit to running, SIGTERM to checkpoint, requeue to resume,
 # kill of a rank to the job's end) and stops its daemons whatever happens. Exit status 77 (ctest:
 # skipped) with "skipped: <reason>" without Slurm's packages or without root.
@@ -19,6 +25,9 @@
 set -euo pipefail
 
 packbert=$1 driver=$2 vocab=$3 work=$4
+# Absolute: the jobs of case 5 run outside the directory this runs in.
+packbert=$(cd "$(dirname "$packbert")" && pwd)/$(basename "$packbert")
+vocab=$(cd "$(dirname "$vocab")" && pwd)/$(basename "$vocab")
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$repo/tests/slurm
 
@@ -35,6 +44,8 @@ fi
 
 rm -rf "$work"
 mkdir -p "$work"
+# The cases find the repository from the script's path (5 and 6 check how).
+unset PACKBERT_HOME
 work=$(cd "$work" && pwd)
 cluster=$work/cluster
 t_start=$(date +%s.%N)
@@ -68,11 +79,16 @@ now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 # job_field JOB KEY: KEY=VALUE of `scontrol show job`
 job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
-# wait_state JOB STATE SECONDS: until the job is in STATE.
+# wait_state JOB STATE SECONDS: until the job is in STATE; fails at once on another final state.
 wait_state() {
-  local i
+  local i state
   for ((i = 0; i < $3 * 10; ++i)); do
-    [[ $(job_field "$1" JobState) == "$2" ]] && return 0
+    state=$(job_field "$1" JobState)
+    [[ $state == "$2" ]] && return 0
+    case $state in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | OUT_OF_MEMORY | NODE_FAIL | BOOT_FAIL | DEADLINE)
+        fail "job $1 is $state, not $2 (reason: $(job_field "$1" Reason))" ;;
+    esac
     sleep 0.1
   done
   fail "job $1 not $2 within $3 s (state: $(job_field "$1" JobState), reason: $(job_field "$1" Reason))"
@@ -250,6 +266,56 @@ grep -q -- "--init-checkpoint $init and a checkpoint to resume, $work/chain/ckpt
 grep -q "To continue that run, drop --init-checkpoint" "$log" || fail "the error does not say how to choose"
 if grep -q "\] step 1/" "$log"; then fail "it trained"; fi
 echo "4. init: --init-checkpoint beside $work/chain/ckpt: FAILED before training, naming both"
+
+# 5. Submitted from outside the repository: a run directory of its own, where the job runs (no
+# --chdir), the script named through a path with a space (a link to the repository); and from
+# another directory with --chdir, the script named relative to where sbatch runs (Command= keeps
+# ../x as given). Both at once (1 CPU each), 4 steps, the config and OUT relative to the job's
+# directory, checkpoints in the job's directory.
+ln -s "$repo" "$work/a repo"
+mkdir -p "$work/abs/run" "$work/rel/submit" "$work/rel/deeper/run"
+job_abs=$(cd "$work/abs/run" && CKPT_DIR=ckpt OUT=out PACKBERT=$packbert \
+  sbatch --parsable --output="$work/abs.out" --job-name=packbert-abs --gpus-per-node=0 \
+  --ntasks-per-node=1 --cpus-per-task=1 "$work/a repo/scripts/slurm_bert_large.sbatch" \
+  ../../config.toml --train.max_steps=4)
+rel=$(realpath --relative-to="$work/rel/submit" "$repo")
+job_rel=$(cd "$work/rel/submit" && CKPT_DIR=ckpt OUT=out PACKBERT=$packbert \
+  sbatch --parsable --chdir="$work/rel/deeper/run" --output="$work/rel.out" \
+  --job-name=packbert-rel --gpus-per-node=0 --ntasks-per-node=1 --cpus-per-task=1 \
+  "$rel/scripts/slurm_bert_large.sbatch" ../../../config.toml --train.max_steps=4)
+# check_elsewhere NAME JOB DIR REPO: JOB ran in DIR, found REPO, finished.
+check_elsewhere() {
+  local name=$1 job=$2 dir=$3 home=$4 cmdline
+  log=$work/$name.out
+  wait_state "$job" COMPLETED 120
+  cmdline=$(scontrol show job "$job" | sed -n 's/^ *Command=//p')
+  [[ $(field "$dir/out/end.json" reason) == finished ]] || fail "$name: end.json: $(cat "$dir/out/end.json")"
+  [[ -d $dir/ckpt/step_00000004 ]] || fail "$name: no checkpoint of step 4 in $dir/ckpt"
+  grep -qF "output out, repository $home" "$log" || fail "$name: the log names no repository $home"
+  echo "5. $name: Command=$cmdline; the job in $dir found $home: COMPLETED, end.json finished"
+}
+check_elsewhere abs "$job_abs" "$work/abs/run" "$work/a repo"
+check_elsewhere rel "$job_rel" "$work/rel/deeper/run" "$repo"
+
+# 6. No repository: a copy of the script elsewhere; a PACKBERT_HOME without scripts/run_job.sh.
+mkdir -p "$work/lone"
+cp "$repo/scripts/slurm_bert_large.sbatch" "$work/lone/"
+job_lone=$(cd "$work/lone" && PACKBERT=$packbert sbatch --parsable --output="$work/lone.out" \
+  --gpus-per-node=0 --ntasks-per-node=1 --cpus-per-task=1 slurm_bert_large.sbatch ../config.toml)
+job_home=$(cd "$work/lone" && PACKBERT_HOME=$work PACKBERT=$packbert sbatch --parsable \
+  --output="$work/home.out" --gpus-per-node=0 --ntasks-per-node=1 --cpus-per-task=1 \
+  "$repo/scripts/slurm_bert_large.sbatch" ../config.toml)
+log=$work/lone.out
+wait_state "$job_lone" FAILED 60
+want="cannot find the repository (a directory holding scripts/run_job.sh); tried: PACKBERT_HOME"
+want+=" (not set); the submitted script's path $work/lone/slurm_bert_large.sbatch (scontrol show"
+want+=" job: Command=); the script's own path"
+grep -qF "$want" "$log" || fail "lone: no error naming what it tried"
+grep -qF "Set PACKBERT_HOME to the repository" "$log" || fail "lone: the error does not name PACKBERT_HOME"
+log=$work/home.out
+wait_state "$job_home" FAILED 60
+grep -qF "PACKBERT_HOME=$work holds no scripts/run_job.sh" "$log" || fail "home: no error naming PACKBERT_HOME"
+echo "6. a copy outside the repository: FAILED, naming what it tried; PACKBERT_HOME=$work: FAILED, naming it"
 
 echo "times: submit to running $(secs "$t_submit" "$t_running") s (first step after $(secs "$t_submit" "$t_first_step") s);" \
   "SIGTERM to checkpoint $(secs "$t_term" "$t_checkpoint") s; SIGTERM to requeued $(secs "$t_term" "$t_requeued") s;" \
