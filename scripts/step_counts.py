@@ -30,6 +30,12 @@ up to within two uploads, then count waits that a GPU, which runs ahead, mostly 
 --check (the emulated ctest emu_step_counts) exits 1 unless, in every case, a step waits for the
 device at most once per log.every_steps steps (host_syncs_per_step <= 1 / every) and no step
 copies from or to pageable memory.
+
+With log.every_steps 1 each record is one step, and a second table says, per case with graphs,
+how many steps from --replayed-from on launched no more than --replayed gives for its mode (all
+launches: what a replayed step of the padded layout launches), whether every step's loss equals
+the same case with graphs off bit for bit (when off is among --graphs), and the padding rows
+the graphs' capacities added over the batches' own (graph_padding, the run's last record).
 """
 import argparse
 import gzip
@@ -68,6 +74,13 @@ def main():
     ap.add_argument("--mpiexec", default="mpiexec", help="with --np > 1")
     ap.add_argument("--check", action="store_true",
                     help="fail unless syncs/step <= 1 / log.every_steps and no pageable copy")
+    ap.add_argument("--replayed", default="segmented=48,full=6",
+                    help="all launches of a replayed step, per mode (MODE=N,...)")
+    ap.add_argument("--replayed-from", type=int, default=20,
+                    help="the first step counted in the replay table")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep a case's metrics file from an earlier run in --work when it holds "
+                         "all --steps steps (the emulated runs take minutes)")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="step_counts.")
     os.makedirs(work, exist_ok=True)
@@ -95,12 +108,18 @@ def main():
           "graph launches/step | all launches/step | pageable copies/step |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     failures = []
+    per_step = {}  # (precision, graphs, every) -> [(step, all launches, loss)]
+    padding = {}
     cases = [(p, g, int(e)) for p in a.precisions.split(",") for g in a.graphs.split(",")
              for e in a.every.split(",")]
     for precision, graphs, every in cases:
         name = f"{precision}_{graphs}_every{every}"
         metrics = os.path.join(work, name + ".jsonl")
-        if os.path.exists(metrics):
+        done = False
+        if a.reuse and os.path.exists(metrics):
+            steps_in = [json.loads(l).get("step") for l in open(metrics) if l.strip()]
+            done = a.steps in steps_in
+        if os.path.exists(metrics) and not done:
             os.remove(metrics)
         mpi = []
         if a.np > 1:
@@ -108,21 +127,27 @@ def main():
                    "OMP_NUM_THREADS=1", "-x", "OPENBLAS_NUM_THREADS=1", "-np", str(a.np)]
             if os.geteuid() == 0:
                 mpi.insert(1, "--allow-run-as-root")
-        run(mpi + [a.packbert, "train", "--config",
-             os.path.join(root, "configs", "demo_tiny_cpu.toml"),
-             f"--data.train_dir={data}/train", "--data.eval_dir=",
-             f"--data.vocab={root}/data/vocab.txt", "--checkpoint.dir=",
-             "--checkpoint.every_steps=0",
-             "--eval.every_samples=0", "--eval.at_end=false",
-             f"--train.max_steps={a.steps}", f"--train.global_batch_size={a.batch}",
-             f"--train.gradient_accumulation_steps={a.micro_steps}",
-             f"--train.precision={precision}", "--train.device=cuda",
-             f"--train.cuda_graphs={graphs}", f"--train.layout={a.layout}",
-             f"--log.every_steps={every}", f"--log.metrics_file={metrics}",
-             f"--optim.sharded={'true' if a.sharded else 'false'}"],
-            os.path.join(work, name + ".log"))
+        if not done:
+            run(mpi + [a.packbert, "train", "--config",
+                 os.path.join(root, "configs", "demo_tiny_cpu.toml"),
+                 f"--data.train_dir={data}/train", "--data.eval_dir=",
+                 f"--data.vocab={root}/data/vocab.txt", "--checkpoint.dir=",
+                 "--checkpoint.every_steps=0",
+                 "--eval.every_samples=0", "--eval.at_end=false",
+                 f"--train.max_steps={a.steps}", f"--train.global_batch_size={a.batch}",
+                 f"--train.gradient_accumulation_steps={a.micro_steps}",
+                 f"--train.precision={precision}", "--train.device=cuda",
+                 f"--train.cuda_graphs={graphs}", f"--train.layout={a.layout}",
+                 f"--log.every_steps={every}", f"--log.metrics_file={metrics}",
+                 f"--optim.sharded={'true' if a.sharded else 'false'}"],
+                os.path.join(work, name + ".log"))
         recs = [json.loads(l) for l in open(metrics) if l.strip()]
-        train = [r for r in recs if r.get("event") == "train"][1:]
+        every_record = [r for r in recs if r.get("event") == "train"]
+        per_step[(precision, graphs, every)] = [
+            (r["step"], r.get("launches_per_step", 0) + r.get("graph_launches_per_step", 0),
+             r.get("loss")) for r in every_record]
+        padding[(precision, graphs, every)] = every_record[-1].get("graph_padding", 0.0)
+        train = every_record[1:]
         if not train:
             sys.exit(f"step_counts: {metrics} has fewer than two train records")
         steps = 0
@@ -148,6 +173,31 @@ def main():
                             f"{syncs:.2f} host syncs "
                             f"per step (at most {1.0 / every:.2f}), {pageable:.2f} pageable "
                             f"copies per step (0)")
+    limits = dict((m, float(n)) for m, n in (kv.split("=") for kv in a.replayed.split(",")))
+    rows = []
+    for (precision, graphs, every), steps in per_step.items():
+        if every != 1 or graphs == "off":
+            continue
+        counted = [n for step, n, _ in steps if step >= a.replayed_from]
+        limit = limits.get(graphs)
+        replayed = sum(1 for n in counted if limit is not None and n <= limit + 1e-9)
+        off = per_step.get((precision, "off", every))
+        same = "-"
+        if off is not None:
+            same = "yes" if [l for _, _, l in steps] == [l for _, _, l in off] else "NO"
+        rows.append(f"| {precision} | {graphs} | {limit:g} | {replayed}/{len(counted)} "
+                    f"({100.0 * replayed / max(1, len(counted)):.0f}%) | {same} | "
+                    f"{100.0 * padding[(precision, graphs, every)]:.2f}% |")
+    if rows:
+        print()
+        print(f"Steps from step {a.replayed_from} on (log.every_steps 1) that launched no more "
+              f"than a replayed padded step:")
+        print()
+        print("| precision | cuda_graphs | replayed step's launches | steps at or below | "
+              "losses = off, bit for bit | graph padding |")
+        print("| --- | --- | ---: | ---: | --- | ---: |")
+        for r in rows:
+            print(r)
     print()
     print(f"(work directory: {work})")
     if a.check and failures:

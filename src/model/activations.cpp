@@ -125,7 +125,7 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
 }
 
 void upload_batch(Backend& be, const Batch& b, uint32_t step,
-                  const std::vector<float>& grad_scales, Bert::Activations& a) {
+                  const std::vector<float>& grad_scales, Bert::Activations& a, bool ahead) {
   // Empty arrays (no masked token) have nothing to copy and no host pointer to copy from.
   std::vector<Backend::HostUpload> copies;
   auto put = [&](const Tensor& dst, const auto& src) {
@@ -148,7 +148,11 @@ void upload_batch(Backend& be, const Batch& b, uint32_t step,
   const std::vector<uint32_t> step_word = {step};
   put(a.step, step_word);
   put(a.grad_scales, grad_scales);
-  be.prefetch(copies);
+  if (ahead) {
+    be.prefetch(copies);
+  } else {
+    be.upload(copies);
+  }
   // Kept on the host too, so that a device backend plans attention without a read-back.
   a.host_seq_len = b.seq_len;
   a.layout.host_seq_len = a.host_seq_len.empty() ? nullptr : a.host_seq_len.data();

@@ -99,10 +99,10 @@ size_t batch_bytes(const BatchShape& shape);
 void carve_activations(Carver& carver, const BertConfig& config, const BatchShape& shape,
                        const ActivationPlan& plan, Bert::Activations& act);
 
-// Copies the host batch, the step and the two gradient factors into act's device tensors (Backend::prefetch: their buffer
-// must be one no op issued since the previous prefetch reads, the model's two buffers used in
-// turn).
+// Copies the host batch, the step and the two gradient factors into act's device tensors:
+// ahead, by Backend::prefetch (their buffer must be one no op issued since the previous
+// prefetch reads: the model's two buffers used in turn), else by Backend::upload, in op order.
 void upload_batch(Backend& backend, const Batch& batch, uint32_t step,
-                  const std::vector<float>& grad_scales, Bert::Activations& act);
+                  const std::vector<float>& grad_scales, Bert::Activations& act, bool ahead);
 
 }  // namespace packbert

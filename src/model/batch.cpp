@@ -43,12 +43,30 @@ SeqLayout Batch::host_layout() const {
   return l;
 }
 
-int64_t row_capacity(int64_t rows) {
-  if (rows <= 0) return rows;
-  int shift = 0;
-  while ((int64_t{2} << shift) <= rows) ++shift;  // shift = floor(log2 rows)
-  const int64_t step = int64_t{1} << std::max(4, shift - 4);
-  return (rows + step - 1) / step * step;
+namespace {
+int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
+}  // namespace
+
+bool GraphCapacity::cover(const BatchShape& s) {
+  const BatchShape old = bound;
+  bound.rows = std::max(bound.rows, s.rows);
+  bound.masked = std::max(bound.masked, s.masked);
+  bound.seqs = std::max(bound.seqs, s.seqs);
+  bound.max_len = std::max(bound.max_len, s.max_len);
+  return bound.rows != old.rows || bound.masked != old.masked || bound.seqs != old.seqs ||
+         bound.max_len != old.max_len;
+}
+
+BatchShape GraphCapacity::of(const BatchShape& s) const {
+  const int64_t row_step = round_up(std::max<int64_t>(1, round_up(bound.rows, kRowBuckets) /
+                                                             kRowBuckets), 8);
+  const int64_t masked_step =
+      std::max<int64_t>(1, round_up(bound.masked, kMaskedBuckets) / kMaskedBuckets);
+  BatchShape c = s;
+  c.rows = round_up(s.rows, row_step);
+  c.masked = round_up(s.masked, masked_step);
+  c.seqs = std::max(bound.seqs, s.seqs);
+  return c;
 }
 
 Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs, int64_t masked) {
@@ -71,6 +89,40 @@ Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs, int64_t masked) 
   out.masked_rows.resize(static_cast<size_t>(masked), -1);
   out.masked_labels.resize(static_cast<size_t>(masked), -1);
   return out;
+}
+
+void check_model_batch(const Batch& b, const BertConfig& config, int64_t global_masked,
+                       int64_t global_samples) {
+  const auto rows = static_cast<size_t>(b.rows);
+  const size_t seqs = b.seq_len.size(), masked = b.masked_rows.size();
+  PB_REQUIRE(b.input_ids.size() == rows && b.segment_ids.size() == rows &&
+                 b.token_seq.size() == rows && b.token_pos.size() == rows &&
+                 b.seq_start.size() == seqs && b.sample_id.size() == seqs &&
+                 b.nsp_labels.size() == seqs && b.masked_labels.size() == masked,
+             "model: inconsistent batch ({} rows, {} sequences, {} masked tokens)", b.rows, seqs,
+             masked);
+  PB_REQUIRE(b.max_len <= config.max_position_embeddings,
+             "model: a sequence of {} tokens exceeds max_position_embeddings {}", b.max_len,
+             config.max_position_embeddings);
+  // The model's own rules (make_batch checked the structure): ids of the real vocabulary, the
+  // padded rows of the embedding exist only for the GEMM's shape.
+  for (size_t r = 0; r < rows; ++r)
+    PB_REQUIRE(b.input_ids[r] >= 0 && b.input_ids[r] < config.real_vocab_size &&
+                   b.segment_ids[r] >= 0 && b.segment_ids[r] < config.type_vocab_size,
+               "model: row {} (sample id {}) has token id {} (vocab {}) / segment {} (types {})",
+               r, b.token_seq[r] >= 0 ? b.sample_id[b.token_seq[r]] : -1, b.input_ids[r],
+               config.real_vocab_size, b.segment_ids[r], config.type_vocab_size);
+  for (size_t i = 0; i < masked; ++i)
+    PB_REQUIRE(b.masked_labels[i] >= 0 && b.masked_labels[i] < config.real_vocab_size &&
+                   b.masked_rows[i] >= 0 && b.masked_rows[i] < b.rows &&
+                   b.token_seq[b.masked_rows[i]] >= 0,
+               "model: masked token {} has label {} (vocab {}) at row {} of {} (padding?)", i,
+               b.masked_labels[i], config.real_vocab_size, b.masked_rows[i], b.rows);
+  PB_REQUIRE(global_masked >= static_cast<int64_t>(masked) &&
+                 global_samples >= static_cast<int64_t>(seqs),
+             "model: global counts ({} masked tokens, {} samples) below this batch's own ({}, "
+             "{}): pass the whole step's counts",
+             global_masked, global_samples, masked, seqs);
 }
 
 }  // namespace packbert

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/config.h"
 
 namespace packbert {
 
@@ -66,11 +67,22 @@ struct Batch {
   SeqLayout host_layout() const;
 };
 
-// Fixed capacities, for CUDA graphs (BertOptions::cuda_graphs): a recorded layer serves every
-// batch whose rows and sequence slots are the same, so a batch is laid into a capacity that
-// few batches share. Rows round up to a multiple of 2^max(4, floor(log2 rows) - 4): 16
-// capacities per doubling, at most 1/16 more rows than tokens (padding rows at the end).
-int64_t row_capacity(int64_t rows);
+// The capacities batches are laid into when recorded CUDA graphs replay them (Bert with
+// BertOptions::cuda_graphs): fixed from the largest batch expected (Bert::reserve, the
+// planner's bound), so that a run's batches share a handful of shapes and nothing grows
+// mid-run. Rows round up to a multiple of ceil(bound.rows / kRowBuckets) (itself a multiple of
+// 8), masked tokens to a multiple of ceil(bound.masked / kMaskedBuckets), and the sequence slots
+// are the bound's. A batch beyond the bound raises it. docs/performance.md says why these.
+struct GraphCapacity {
+  static constexpr int64_t kRowBuckets = 32;
+  static constexpr int64_t kMaskedBuckets = 4;
+  BatchShape bound;
+  // Raises each extent of the bound to hold s; true when any changed.
+  bool cover(const BatchShape& s);
+  // The capacity of a batch of shape s (within the bound): rows, masked and seqs as above,
+  // max_len s's own.
+  BatchShape of(const BatchShape& s) const;
+};
 // The batch with padding rows after its last row up to `rows` rows, empty sequence slots
 // (seq_len 0, at the row after the last token, sample id 0, NSP label 0; SeqLayout::seq_len)
 // after its last sequence up to `seqs`, and unused masked slots (row -1, label -1: the heads'
@@ -78,5 +90,12 @@ int64_t row_capacity(int64_t rows);
 // (< 0: as many as it has): every token, label and sequence where it was, so the model computes
 // the same loss and gradients.
 Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs, int64_t masked = -1);
+
+// The model's rules for a batch (make_batch checked its structure): consistent array sizes,
+// sequences within max_position_embeddings, ids of the real vocabulary and segments of the
+// type vocabulary, masked tokens on real rows with labels of the real vocabulary, and global
+// counts (the whole step's) at least the batch's own. Error naming the row or token.
+void check_model_batch(const Batch& batch, const BertConfig& config, int64_t global_masked,
+                       int64_t global_samples);
 
 }  // namespace packbert

@@ -23,28 +23,6 @@ Tensor reshape(const Tensor& t, std::initializer_list<int64_t> dims) {
   return r;
 }
 
-// Word i of a metric slot (Bert::metric_slots_), as a one-element tensor of that dtype.
-Tensor metric_word(const Tensor& slot, int64_t i, DType dtype) {
-  return Tensor(static_cast<char*>(slot.data) + 4 * i, dtype, {1}, slot.device);
-}
-
-// A slot's words read back (f32 loss sums, i32 correct counts) into a result, and the loss.
-void set_metrics(ForwardResult& r, const uint8_t* words, int64_t global_masked,
-                 int64_t global_samples) {
-  float mlm_sum = 0.f, nsp_sum = 0.f;
-  int32_t mlm_correct = 0, nsp_correct = 0;
-  std::memcpy(&mlm_sum, words, 4);
-  std::memcpy(&nsp_sum, words + 4, 4);
-  std::memcpy(&mlm_correct, words + 8, 4);
-  std::memcpy(&nsp_correct, words + 12, 4);
-  r.mlm_loss_sum = mlm_sum;
-  r.nsp_loss_sum = nsp_sum;
-  r.mlm_correct = mlm_correct;
-  r.nsp_correct = nsp_correct;
-  r.loss = (global_masked > 0 ? r.mlm_loss_sum / global_masked : 0.0) +
-           r.nsp_loss_sum / global_samples;
-}
-
 // Rows [first, first + n) of a row-major tensor.
 Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
   Tensor r = t;
@@ -62,7 +40,9 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
       options_(options),
       table_(config),
       arena_(backend),
-      act_(std::make_unique<Activations>()) {
+      act_(std::make_unique<Activations>()),
+      graphs_(backend, options.cuda_graphs, config.layers),
+      metrics_(backend) {
   PB_REQUIRE(options.mlm_chunk_rows >= 0, "model: mlm_chunk_rows {} must be >= 0",
              options.mlm_chunk_rows);
   PB_REQUIRE(options.mst_chunks >= 0, "model: mst_chunks {} must be >= 1 (0 = auto)",
@@ -76,81 +56,19 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
   if (options.precision != Precision::fp32) {
     // The GEMMs' weight copy: the whole table in the low-precision type (one conversion pass
     // and one LAMB pass over a flat buffer; the fp32 views of it are simply never read).
-    const DType t = precision_dtype(options.precision);
-    const int64_t n = table_.total();
-    lowp_memory_ = backend.alloc(t, {n});
+    lowp_memory_ = backend.alloc(precision_dtype(options.precision), {table_.total()});
     params_lowp_ = lowp_memory_.tensor();
-    const BertWeights low = bind_weights(table_, params_lowp_);
-    for (size_t l = 0; l < low.layers.size(); ++l) {
-      LayerWeights& g = gemm_weights_.layers[l];
-      g.qkv_w = low.layers[l].qkv_w;
-      g.attn_out_w = low.layers[l].attn_out_w;
-      g.ffn_in_w = low.layers[l].ffn_in_w;
-      g.ffn_out_w = low.layers[l].ffn_out_w;
-    }
-    // The embedding tables: the lookup and the tied decoder (mlm_loss) read the 16-bit copy, as
-    // the GEMMs do, so that a sharded optimizer gathers them in 16 bits (DistributedLamb).
-    gemm_weights_.embeddings.word = low.embeddings.word;
-    gemm_weights_.embeddings.position = low.embeddings.position;
-    gemm_weights_.embeddings.token_type = low.embeddings.token_type;
-    gemm_weights_.mlm_dense_w = low.mlm_dense_w;
-    gemm_weights_.pooler_nsp.dense_w = low.pooler_nsp.dense_w;
-    gemm_weights_.pooler_nsp.cls_w = low.pooler_nsp.cls_w;
+    gemm_weights_ = mixed_weights(table_, weights_, params_lowp_);
     refresh_lowp_params();
   }
-  // What the ops read in fp32 (fp32_read_ranges' rule): exactly the tensors not replaced above
-  // by their 16-bit copy, which a sharded optimizer relies on to gather the rest in 16 bits.
   fp32_ranges_ = fp32_read_ranges(table_, options.precision != Precision::fp32);
-  if (options.precision != Precision::fp32) {
-    std::vector<const Tensor*> low16;
-    for (const LayerWeights& g : gemm_weights_.layers)
-      for (const Tensor* w : {&g.qkv_w, &g.attn_out_w, &g.ffn_in_w, &g.ffn_out_w})
-        low16.push_back(w);
-    for (const Tensor* w : {&gemm_weights_.mlm_dense_w, &gemm_weights_.pooler_nsp.dense_w,
-                            &gemm_weights_.pooler_nsp.cls_w, &gemm_weights_.embeddings.word,
-                            &gemm_weights_.embeddings.position,
-                            &gemm_weights_.embeddings.token_type})
-      low16.push_back(w);
-    int64_t low_elems = 0;
-    for (const Tensor* w : low16) low_elems += w->numel();
-    int64_t fp32_elems = 0;
-    for (const auto& [a, b] : fp32_ranges_) fp32_elems += b - a;
-    int64_t all = 0;
-    for (const ParamTensor& t : table_.tensors()) all += t.size;
-    PB_REQUIRE(low_elems + fp32_elems == all,
-               "model: {} elements read in 16 bits and {} in fp32 of {} (fp32_read_ranges)",
-               low_elems, fp32_elems, all);
-  }
   if (grads.defined()) {
     check_device("Bert", "grads", grads, backend.device());
     grads_ = bind_weights(table_, grads);
     has_grads_ = true;
   }
-  // The table is embeddings | layer 0 | ... | layer L-1 | pooler and heads (params.h).
-  auto index = [&](const std::string& name) {
-    return static_cast<int>(&table_.at(name) - table_.tensors().data());
-  };
-  auto layer_first = [&](int64_t l) {
-    return index("bert.encoder.layer." + std::to_string(l) + ".attention.self.query.weight");
-  };
-  const int heads_first = index("bert.pooler.dense.weight");
-  ready_groups_.emplace_back(heads_first, static_cast<int>(table_.tensors().size()));
-  for (int64_t l = config.layers - 1; l >= 0; --l)
-    ready_groups_.emplace_back(layer_first(l),
-                               l + 1 < config.layers ? layer_first(l + 1) : heads_first);
-  ready_groups_.emplace_back(0, layer_first(0));
-  // The same groups in forward order, as ranges of the flat buffer.
-  const auto& rows = table_.tensors();
-  auto span = [&](int first, int last) {  // tensors [first, last)
-    int64_t lo = table_.total(), hi = 0;
-    for (int i = first; i < last; ++i) {
-      lo = std::min(lo, rows[static_cast<size_t>(i)].offset);
-      hi = std::max(hi, rows[static_cast<size_t>(i)].offset + rows[static_cast<size_t>(i)].size);
-    }
-    return std::pair<int64_t, int64_t>(lo, std::max(lo, hi));
-  };
-  for (auto g = ready_groups_.rbegin(); g != ready_groups_.rend(); ++g)
-    forward_groups_.push_back(span(g->first, g->second));
+  ready_groups_ = backward_groups(table_);
+  forward_groups_ = forward_ranges(table_, ready_groups_);
 }
 
 Bert::~Bert() = default;
@@ -159,159 +77,12 @@ void Bert::refresh_lowp_params() {
   if (params_lowp_.defined()) backend_.convert(params_lowp_, params_);
 }
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-  }
-  return "?";
-}
 
-Precision parse_precision(const std::string& s) {
-  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
-    if (s == precision_name(p)) return p;
-  PB_THROW("model: precision '{}' is not one of fp32, bf16, fp16", s);
-}
-
-DType precision_dtype(Precision p) {
-  return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
-}
-
-const char* cuda_graphs_name(CudaGraphs g) {
-  switch (g) {
-    case CudaGraphs::off: return "off";
-    case CudaGraphs::segmented: return "segmented";
-    case CudaGraphs::full: return "full";
-  }
-  return "?";
-}
-
-CudaGraphs parse_cuda_graphs(const std::string& s) {
-  for (CudaGraphs g : {CudaGraphs::off, CudaGraphs::segmented, CudaGraphs::full})
-    if (s == cuda_graphs_name(g)) return g;
-  PB_THROW("model: cuda_graphs '{}' is not one of off, segmented, full", s);
-}
-
-bool Bert::LayerGraphKey::operator==(const LayerGraphKey& o) const {
-  return backward == o.backward && layer == o.layer && batch == o.batch && arena == o.arena &&
-         shape.rows == o.shape.rows && shape.seqs == o.shape.seqs &&
-         shape.masked == o.shape.masked && shape.max_len == o.shape.max_len &&
-         mlp_chunk_rows == o.mlp_chunk_rows && mlm_chunk_rows == o.mlm_chunk_rows &&
-         sums == o.sums && mlm_scale_exponent == o.mlm_scale_exponent &&
-         layer_recompute == o.layer_recompute && gradients == o.gradients &&
-         dropout == o.dropout && seed == o.seed;
-}
-
-// Everything the recorded ops' host arguments depend on: for a layer, the batch's rows, slots
-// and attention bound, the plan, the dropout keys; for the whole micro-step or the heads
-// (kWholeGraph, kHeadsGraph) also the masked capacity, the heads' plan and metric slot, and
-// f16's decoder scaling.
-Bert::LayerGraphKey Bert::graph_key(bool backward, int64_t layer) const {
-  const Activations& a = *act_;
-  LayerGraphKey key;
-  key.backward = backward;
-  key.layer = layer;
-  key.batch = a.input_ids.data;
-  key.arena = arena_.data();
-  key.shape = a.shape;
-  key.shape.max_len = a.layout.max_len;  // the bound the attention launches from
-  key.mlp_chunk_rows = a.plan.mlp_chunk_rows;
-  key.layer_recompute = a.plan.layer_recompute;
-  key.gradients = a.gradients;
-  key.dropout = dropout_on_;
-  key.seed = seed_;
-  if (layer >= 0) {
-    key.shape.masked = 0;
-  } else {
-    key.mlm_chunk_rows = a.plan.mlm_chunk_rows;
-    key.sums = whole_sums_;
-    key.mlm_scale_exponent = whole_scale_exponent_;
-  }
-  return key;
-}
-
-// The layer's ops: run, recorded (then replayed), or replayed (BertOptions::cuda_graphs).
-void Bert::run_layer(bool backward, int64_t l, const std::function<void()>& ops) {
-  if (!graphs_on() || whole_step_) return ops();
-  run_graph(graph_key(backward, l), ops);
-}
-
-// The ops of `key`: run at its first use, recorded at its second, replayed from then on.
-void Bert::run_graph(const LayerGraphKey& key, const std::function<void()>& ops) {
-  for (LayerGraph& g : layer_graphs_) {
-    if (!(g.key == key)) continue;
-    if (!g.graph.defined())  // the second use: record
-      g.graph = backend_.record_and_replay(ops);
-    else
-      backend_.replay(g.graph);
-    return;
-  }
-  // The table's size in layers' worth of ops: a whole micro-step's graph counts as all layers.
-  const auto layers = static_cast<size_t>(config_.layers);
-  const size_t capacity = kGraphShapes * 2 * layers;
-  auto weight = [&](const LayerGraph& g) {
-    return g.key.layer == kWholeGraph ? layers : size_t{1};
-  };
-  auto total = [&] {
-    size_t n = 0;
-    for (const LayerGraph& g : layer_graphs_) n += weight(g);
-    return n;
-  };
-  if (total() + (key.layer == kWholeGraph ? layers : 1) > capacity) {
-    layer_graphs_.erase(std::remove_if(layer_graphs_.begin(), layer_graphs_.end(),
-                                       [](const LayerGraph& g) { return !g.graph.defined(); }),
-                        layer_graphs_.end());
-    while (!layer_graphs_.empty() && total() > capacity / 2)
-      layer_graphs_.erase(layer_graphs_.begin());
-  }
-  layer_graphs_.push_back({key, BackendGraph()});
-  ops();
-}
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::none: return "none";
-    case Recompute::mlp: return "mlp";
-    case Recompute::layer: return "layer";
-  }
-  return "?";
-}
 
 namespace {
 constexpr int64_t kMaxAutoChunks = 64;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t next_pow2(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
 }  // namespace
-
-bool Bert::graphs_on() const {
-  return options_.cuda_graphs != CudaGraphs::off && backend_.supports_graphs();
-}
-
-bool Bert::full_graphs() const {
-  return options_.cuda_graphs == CudaGraphs::full && backend_.supports_graphs();
-}
-
-BatchShape Bert::capacity(const BatchShape& shape, bool gradients) const {
-  if (!graphs_on() || shape.seqs == 0) return shape;
-  BatchShape c = shape;
-  c.rows = row_capacity(shape.rows);
-  c.seqs = std::max(seq_capacity_[gradients ? 1 : 0], next_pow2(shape.seqs));
-  // The heads' graph (either mode) reads the masked tokens: masked slots by the rows' rule, and
-  // never fewer than the most a forward has needed so far, so that they stop changing too.
-  c.masked = std::max(masked_capacity_[gradients ? 1 : 0], row_capacity(shape.masked));
-  return c;
-}
-
-void Bert::grow_seq_capacity(int64_t seqs, bool gradients) {
-  if (!graphs_on()) return;
-  int64_t& cap = seq_capacity_[gradients ? 1 : 0];
-  cap = std::max(cap, next_pow2(seqs));
-}
 
 ActivationPlan Bert::plan(const BatchShape& shape, bool gradients, int64_t m) const {
   ActivationPlan p;
@@ -342,7 +113,7 @@ int64_t Bert::mst_chunks_for(const BatchShape& shape, bool gradients) const {
 }
 
 size_t Bert::activation_bytes(const BatchShape& shape, bool gradients) const {
-  const BatchShape c = capacity(shape, gradients);
+  const BatchShape c = graphs_.capacity(shape, gradients);
   return plan_bytes(c, plan(c, gradients, mst_chunks_for(c, gradients)));
 }
 
@@ -358,14 +129,20 @@ ActivationReport Bert::activation_report() const {
   r.mlp_chunk_rows = act_->plan.mlp_chunk_rows;
   r.mlm_chunk_rows = act_->plan.mlm_chunk_rows;
   r.batch_buffer_bytes = batch_buffers_[0].bytes() + batch_buffers_[1].bytes();
+  r.rows = rows_;
+  r.laid_rows = laid_rows_;
   return r;
 }
 
 void Bert::reserve(const BatchShape& shape, bool gradients) {
-  grow_seq_capacity(shape.seqs, gradients);
+  graphs_.cover(shape, gradients);
   arena_.reserve(activation_bytes(shape, gradients));
-  for (BackendBuffer& b : batch_buffers_)
-    grow_batch_buffer(b, batch_bytes(capacity(shape, gradients)));
+  const size_t bytes = batch_bytes(graphs_.capacity(shape, gradients));
+  if (graphs_.on()) {  // forwards with and without gradients have a buffer each
+    grow_batch_buffer(batch_buffers_[gradients ? 0 : 1], bytes);
+  } else {
+    for (BackendBuffer& b : batch_buffers_) grow_batch_buffer(b, bytes);
+  }
 }
 
 void Bert::grow_batch_buffer(BackendBuffer& buffer, size_t bytes) {
@@ -387,39 +164,6 @@ Dropout Bert::dropout(DropoutSite site, uint32_t layer) const {
   return d;
 }
 
-void Bert::check_batch(const Batch& b, int64_t global_masked, int64_t global_samples) const {
-  const auto rows = static_cast<size_t>(b.rows);
-  const size_t seqs = b.seq_len.size(), masked = b.masked_rows.size();
-  PB_REQUIRE(b.input_ids.size() == rows && b.segment_ids.size() == rows &&
-                 b.token_seq.size() == rows && b.token_pos.size() == rows &&
-                 b.seq_start.size() == seqs && b.sample_id.size() == seqs &&
-                 b.nsp_labels.size() == seqs && b.masked_labels.size() == masked,
-             "model: inconsistent batch ({} rows, {} sequences, {} masked tokens)", b.rows, seqs,
-             masked);
-  PB_REQUIRE(b.max_len <= config_.max_position_embeddings,
-             "model: a sequence of {} tokens exceeds max_position_embeddings {}", b.max_len,
-             config_.max_position_embeddings);
-  // The model's own rules (make_batch checked the structure): ids of the real vocabulary, the
-  // padded rows of the embedding exist only for the GEMM's shape.
-  for (size_t r = 0; r < rows; ++r)
-    PB_REQUIRE(b.input_ids[r] >= 0 && b.input_ids[r] < config_.real_vocab_size &&
-                   b.segment_ids[r] >= 0 && b.segment_ids[r] < config_.type_vocab_size,
-               "model: row {} (sample id {}) has token id {} (vocab {}) / segment {} (types {})",
-               r, b.token_seq[r] >= 0 ? b.sample_id[b.token_seq[r]] : -1, b.input_ids[r],
-               config_.real_vocab_size, b.segment_ids[r], config_.type_vocab_size);
-  for (size_t i = 0; i < masked; ++i)
-    PB_REQUIRE(b.masked_labels[i] >= 0 && b.masked_labels[i] < config_.real_vocab_size &&
-                   b.masked_rows[i] >= 0 && b.masked_rows[i] < b.rows &&
-                   b.token_seq[b.masked_rows[i]] >= 0,
-               "model: masked token {} has label {} (vocab {}) at row {} of {} (padding?)", i,
-               b.masked_labels[i], config_.real_vocab_size, b.masked_rows[i], b.rows);
-  PB_REQUIRE(global_masked >= static_cast<int64_t>(masked) &&
-                 global_samples >= static_cast<int64_t>(seqs),
-             "model: global counts ({} masked tokens, {} samples) below this batch's own ({}, "
-             "{}): pass the whole step's counts",
-             global_masked, global_samples, masked, seqs);
-}
-
 ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t global_samples,
                             uint32_t step, uint64_t seed, const ForwardOptions& options) {
   const trace::Range range("forward");
@@ -430,47 +174,48 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   PB_REQUIRE(options.loss_scale > 0.f && std::isfinite(options.loss_scale),
              "model: loss_scale {} must be a positive finite number", options.loss_scale);
   backward_pending_ = false;
-  check_batch(batch, global_masked, global_samples);
+  check_model_batch(batch, config_, global_masked, global_samples);
   ForwardResult result;
   if (batch.empty()) {  // a rank or micro-step without samples contributes nothing
     backward_pending_ = options.gradients;
-    whole_step_ = false;
+    graphs_.begin(GraphKey{}, Graphed::none);
     act_->shape = BatchShape{};
-    if (options.defer_metrics) deferred_.push_back({result, global_masked, global_samples, false});
+    if (options.defer_metrics) metrics_.defer(result, global_masked, global_samples, false);
     return result;
   }
   step_ = step;
   seed_ = seed;
   dropout_on_ = options.dropout;
 
-  // With graphs, a layer recorded for one batch is replayed for the next of the same shape:
-  // the batch is laid into a capacity many batches share (padding rows up to row_capacity,
-  // empty sequence slots up to a power of two that only grows), and attention launches from
-  // the slot / pack length as its bound (SeqLayout::fixed_launch).
-  const bool graphs = graphs_on();
-  // The heads in a graph (either mode) unless the logits go to the host; with full, the whole
-  // micro-step in one.
-  const bool graph_heads = graphs && !options.mlm_logits && !options.nsp_logits;
+  // The one graph decision (model/bert_graphs.h): which parts run as graphs. With any, the
+  // batch is laid into its capacity (padding rows, empty sequence slots, unused masked slots),
+  // so that a part recorded for one batch replays for the next, and attention launches from
+  // the slots and the length bound (SeqLayout::fixed_launch).
+  const Graphed graphed = graphs_.plan(options.mlm_logits || options.nsp_logits);
+  const bool graph_heads = graphed == Graphed::layers_and_heads || graphed == Graphed::whole;
   Batch fixed;
-  if (graphs) {
-    grow_seq_capacity(batch.num_seqs(), options.gradients);
-    int64_t& masked = masked_capacity_[options.gradients ? 1 : 0];
-    if (graph_heads) masked = std::max(masked, row_capacity(batch.num_masked()));
-    BatchShape c = capacity(batch.shape(), options.gradients);
-    // Heads run op by op (their logits go to the host) see the batch's masked tokens only: a
-    // hook is shown no padded slot. The layers' graphs do not read the masked tokens.
-    if (!graph_heads) c.masked = batch.num_masked();
+  if (graphed != Graphed::none) {
+    graphs_.cover(batch.shape(), options.gradients);
+    BatchShape c = graphs_.capacity(batch.shape(), options.gradients);
+    if (!graph_heads) c.masked = batch.num_masked();  // a logits hook is shown no padded slot
     fixed = with_capacity(batch, c.rows, c.seqs, c.masked);
   }
-  const Batch& laid = graphs ? fixed : batch;
+  const Batch& laid = graphed != Graphed::none ? fixed : batch;
+  if (options.gradients) {
+    rows_ += batch.rows;
+    laid_rows_ += laid.rows;
+  }
 
-  // The batch into the next of the two batch buffers (its upload may overlap the previous
-  // micro-step's compute, which reads the other one). The arena: measure, grow if this batch is
-  // the largest yet, carve.
+  // The batch buffer: without graphs the two used in turn, the upload overlapping the previous
+  // micro-step's compute (Backend::prefetch); with graphs the one the recorded parts read (one
+  // for forwards with gradients, one without), uploaded in op order. The arena: measure, grow if
+  // this batch is the largest yet, carve.
   const BatchShape shape = laid.shape();
   Activations& a = *act_;
-  BackendBuffer& batch_buffer = batch_buffers_[next_batch_buffer_];
-  next_batch_buffer_ = 1 - next_batch_buffer_;
+  const bool graphs = graphed != Graphed::none;
+  BackendBuffer& batch_buffer =
+      batch_buffers_[graphs ? (options.gradients ? 0 : 1) : next_batch_buffer_];
+  if (!graphs) next_batch_buffer_ = 1 - next_batch_buffer_;
   grow_batch_buffer(batch_buffer, batch_bytes(shape));
   Carver batch_carver(batch_buffer.data(), backend_.device());
   carve_batch(batch_carver, shape, a);
@@ -483,8 +228,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
       global_masked > 0 ? options.loss_scale / static_cast<double>(global_masked) : 0.0);
   const auto nsp_scale =
       static_cast<float>(options.loss_scale / static_cast<double>(global_samples));
-  upload_batch(backend_, laid, step_, {mlm_scale, nsp_scale}, a);
-  whole_step_ = full_graphs() && graph_heads;
+  upload_batch(backend_, laid, step_, {mlm_scale, nsp_scale}, a, /*ahead=*/!graphs);
   // NSP reads each sequence's [CLS]: with the heads graphed, over every slot (it leaves the
   // empty ones out, so the graph serves any count); else the batch's own sequences.
   const int64_t seqs = batch.num_seqs();
@@ -506,22 +250,40 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // forward-only model its evaluation forwards.
   if (options.gradients || !has_grads_) arena_.note_use(carver.used(), carver.used_by_kind());
 
-  // The metric slot this forward's sums go to; the heads' graph writes slot 0 (one graph for
-  // every slot), copied to the slot after it.
-  const int64_t slot = options.defer_metrics ? 1 + static_cast<int64_t>(deferred_.size()) : 0;
-  const Tensor out_sums = metric_slot(slot);  // first: it may move the slots
-  const Tensor sums = graph_heads ? metric_slot(0) : out_sums;
-  if (graph_heads) {
-    whole_sums_ = sums.data;
-    whole_scale_exponent_ = options_.precision == Precision::fp16 && mlm_scale > 0.f
-                                ? std::ilogb(mlm_scale)
-                                : 0;
-  }
-  // weights_ready: before the part that reads the group's weights, or all before the graph.
+  // The metric slot this forward's sums go to; graphed heads write slot 0 (one graph for every
+  // slot), copied to the slot after it.
+  const Tensor out_sums = metrics_.next(options.defer_metrics);  // first: it may move them
+  const Tensor sums = graph_heads ? metrics_.slot(0) : out_sums;
+
+  // Everything the recorded parts' host arguments depend on.
+  GraphKey key;
+  key.batch = a.input_ids.data;
+  key.arena = arena_.data();
+  key.rows = shape.rows;
+  key.seqs = shape.seqs;
+  key.masked = shape.masked;
+  key.max_len = a.layout.max_len;
+  key.mlp_chunk_rows = p.mlp_chunk_rows;
+  key.mlm_chunk_rows = p.mlm_chunk_rows;
+  key.sums = sums.data;
+  key.mlm_scale_exponent = options_.precision == Precision::fp16 && mlm_scale > 0.f
+                               ? std::ilogb(mlm_scale)
+                               : 0;  // f16: the decoder's range scaling
+  key.layer_recompute = p.layer_recompute;
+  key.gradients = options.gradients;
+  key.dropout = dropout_on_;
+  key.seed = seed_;
+  graphs_.begin(key, graphed);
+
+  // The step, top to bottom. weights_ready: before the part that reads a group's weights; all
+  // before a whole step's graph.
+  const bool whole = graphed == Graphed::whole;
+  if (whole && weights_ready_)
+    for (int64_t g = 0; g < config_.layers + 2; ++g) weights_ready_(static_cast<int>(g));
   auto weights_ready = [&](int64_t group) {
-    if (weights_ready_ && !whole_step_) weights_ready_(static_cast<int>(group));
+    if (weights_ready_ && !whole) weights_ready_(static_cast<int>(group));
   };
-  auto ops = [&] {
+  graphs_.whole(false, [&] {
     // Embeddings: LayerNorm(word + position + token type), dropout.
     weights_ready(0);
     backend_.embedding_forward(a.layout, a.input_ids, a.segment_ids, gemm_weights_.embeddings,
@@ -530,82 +292,26 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
     // Encoder.
     for (int64_t l = 0; l < config_.layers; ++l) {
       weights_ready(l + 1);
-      run_layer(false, l, [&] { encoder_layer_forward(l); });
+      graphs_.layer(false, l, [&] { encoder_layer_forward(l); });
     }
     // Heads, loss and (with gradients) the gradient wrt the encoder output.
     weights_ready(config_.layers + 1);
-    auto head_ops = [&] { heads(mlm_scale, nsp_scale, options, sums); };
-    if (graph_heads && !whole_step_) {
-      run_graph(graph_key(false, kHeadsGraph), head_ops);
-    } else {
-      head_ops();
-    }
-  };
-  if (whole_step_) {
-    if (weights_ready_)
-      for (int64_t g = 0; g < config_.layers + 2; ++g) weights_ready_(static_cast<int>(g));
-    run_graph(graph_key(false, kWholeGraph), ops);
-  } else {
-    ops();
-  }
-  if (graph_heads && slot != 0) backend_.copy(out_sums, sums);
+    graphs_.heads([&] { heads(mlm_scale, nsp_scale, options, sums); });
+  });
+  if (out_sums.data != sums.data) backend_.copy(out_sums, sums);
 
   result.masked_tokens = batch.num_masked();
   result.sequences = batch.num_seqs();
-  if (options.defer_metrics) {
-    deferred_.push_back({result, global_masked, global_samples, true});
-  } else {
-    uint8_t words[4 * kMetricWords];
-    backend_.copy(view(words, {4 * kMetricWords}),
-                  Tensor(sums.data, DType::u8, {4 * kMetricWords}, sums.device));
-    set_metrics(result, words, global_masked, global_samples);
-  }
   backward_pending_ = options.gradients;
+  if (!options.defer_metrics) return metrics_.read(sums, result, global_masked, global_samples);
+  metrics_.defer(result, global_masked, global_samples, true);
   return result;
 }
 
-Tensor Bert::metric_slot(int64_t slot) {
-  constexpr int64_t slot_bytes = 4 * kMetricWords;
-  const auto have = static_cast<int64_t>(metric_slots_.bytes()) / slot_bytes;
-  if (slot >= have) {  // the first forward() (or more micro-steps than ever before)
-    BackendBuffer grown = backend_.alloc(static_cast<size_t>(
-        std::max<int64_t>({slot + 1, 2 * have, 16}) * slot_bytes));
-    if (have > 1)  // deferred slots in use
-      backend_.copy(Tensor(grown.data(), DType::u8, {have * slot_bytes}, backend_.device()),
-                    metric_slots_.tensor());
-    metric_slots_ = std::move(grown);
-  }
-  return Tensor(static_cast<char*>(metric_slots_.data()) + slot * slot_bytes, DType::f32,
-                {kMetricWords}, backend_.device());
-}
-
-Tensor Bert::deferred_sums() const {
-  constexpr int64_t slot_bytes = 4 * kMetricWords;
-  // Slots 1 .. n, n the last deferred call that computed on the device (an empty batch's slot
-  // holds nothing and may lie beyond the buffer).
-  int64_t n = 0;
-  for (size_t i = 0; i < deferred_.size(); ++i)
-    if (deferred_[i].on_device) n = static_cast<int64_t>(i) + 1;
-  if (n == 0) return Tensor();
-  return Tensor(static_cast<char*>(metric_slots_.data()) + slot_bytes, DType::u8,
-                {n * slot_bytes}, backend_.device());
-}
+Tensor Bert::deferred_sums() const { return metrics_.deferred_sums(); }
 
 std::vector<ForwardResult> Bert::take_deferred_results(const void* sums) {
-  constexpr int64_t slot_bytes = 4 * kMetricWords;
-  std::vector<ForwardResult> out;
-  const auto* host = static_cast<const uint8_t*>(sums);
-  for (size_t i = 0; i < deferred_.size(); ++i) {
-    const Deferred& d = deferred_[i];
-    out.push_back(d.result);
-    if (d.on_device) {
-      PB_CHECK(host != nullptr, "model: deferred results without their sums");
-      set_metrics(out.back(), host + static_cast<int64_t>(i) * slot_bytes, d.global_masked,
-                  d.global_samples);
-    }
-  }
-  deferred_.clear();
-  return out;
+  return metrics_.take_deferred(sums);
 }
 
 std::vector<ForwardResult> Bert::deferred_results() {
@@ -708,11 +414,11 @@ void Bert::heads(float mlm_scale, float nsp_scale, const ForwardOptions& options
   Activations& a = *act_;
   const bool grad = a.gradients;
   const Tensor& y = a.hidden[config_.layers];
-  backend_.zero(sums);  // the slot's four words (metric_slots_)
-  const Tensor mlm_loss_sum = metric_word(sums, 0, DType::f32);
-  const Tensor nsp_loss_sum = metric_word(sums, 1, DType::f32);
-  const Tensor mlm_correct = metric_word(sums, 2, DType::i32);
-  const Tensor nsp_correct = metric_word(sums, 3, DType::i32);
+  backend_.zero(sums);  // the slot's four words (MetricSlots)
+  const Tensor mlm_loss_sum = MetricSlots::word(sums, 0, DType::f32);
+  const Tensor nsp_loss_sum = MetricSlots::word(sums, 1, DType::f32);
+  const Tensor mlm_correct = MetricSlots::word(sums, 2, DType::i32);
+  const Tensor nsp_correct = MetricSlots::word(sums, 3, DType::i32);
 
   const int64_t m = a.shape.masked;
   if (m > 0) {
@@ -791,7 +497,8 @@ void Bert::backward_ops(const GradientReady& ready, bool announce_inside) {
   // dhidden[0] holds dL/d(encoder output) from the heads; the two buffers alternate.
   int cur = 0;
   for (int64_t l = config_.layers - 1; l >= 0; --l) {
-    run_layer(true, l, [&] { encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]); });
+    graphs_.layer(true, l,
+                  [&] { encoder_layer_backward(l, a.dhidden[cur], a.dhidden[1 - cur]); });
     cur = 1 - cur;
     announce(static_cast<size_t>(config_.layers - l));
   }
@@ -808,73 +515,31 @@ void Bert::backward(const GradientReady& ready) {
   backward_pending_ = false;
   // An empty batch adds nothing: every gradient is already final.
   if (act_->shape.seqs == 0) return announce_all(ready);
-  if (!whole_step_) return backward_ops(ready, true);
+  if (graphs_.graphed() != Graphed::whole) return backward_ops(ready, true);
   // The whole backward in one graph (CudaGraphs::full): every tensor is announced after it.
-  run_graph(graph_key(true, kWholeGraph), [&] { backward_ops(ready, false); });
+  graphs_.whole(true, [&] { backward_ops(ready, false); });
   announce_all(ready);
 }
 
-std::vector<int64_t> Bert::key_words(const LayerGraphKey& k) const {
-  const auto word = [](const void* p) {
-    return static_cast<int64_t>(reinterpret_cast<intptr_t>(p));
-  };
-  return {k.backward, k.layer, word(k.batch), word(k.arena), k.shape.rows, k.shape.seqs,
-          k.shape.masked, k.shape.max_len, k.mlp_chunk_rows, k.mlm_chunk_rows, word(k.sums),
-          k.mlm_scale_exponent, k.layer_recompute, k.gradients, k.dropout,
-          static_cast<int64_t>(k.seed)};
-}
-
 void Bert::backward(const GradientRound& round) {
-  if (!full_graphs()) return backward(round.ready);
+  if (!graphs_.full()) return backward(round.ready);
   const trace::Range range("backward");
   PB_REQUIRE(backward_pending_, "model: backward() without a forward() with gradients on");
   PB_REQUIRE(round.complete && round.launched && round.all_ranks,
              "model: a gradient round without its complete, launched or all_ranks hook");
   backward_pending_ = false;
-  // This rank's words: whether it can graph the backward (a whole step's forward of a
-  // non-empty batch), the round's tag and the graph's key; every rank's, in rank order.
-  const bool mine = whole_step_ && act_->shape.seqs > 0;
-  std::vector<int64_t> local = {mine, round.tag};
-  const std::vector<int64_t> words = key_words(graph_key(true, kWholeGraph));
-  if (mine) {
-    local.insert(local.end(), words.begin(), words.end());
-  } else {
-    local.resize(local.size() + words.size(), 0);
-  }
-  const std::vector<int64_t> key = round.all_ranks(local);
-  bool every = true;
-  for (size_t at = 0; at < key.size(); at += local.size()) every = every && key[at] == 1;
+  const bool empty = act_->shape.seqs == 0;
   auto ops = [&] {
-    backward_ops(round.ready, true);
+    if (empty) {
+      announce_all(round.ready);
+    } else {
+      backward_ops(round.ready, true);
+    }
     round.complete();
   };
-  if (!every) {  // some rank cannot: every rank runs its ops (none captures a collective)
-    if (act_->shape.seqs == 0) {
-      announce_all(round.ready);
-      round.complete();
-    } else {
-      ops();
-    }
-    return;
-  }
-  for (RoundGraph& g : round_graphs_) {
-    if (g.key != key) continue;
-    if (!g.graph.defined())  // the second use: record (and launch)
-      g.graph = backend_.record_and_replay(ops);
-    else
-      backend_.replay(g.graph);
-    round.launched();
-    return;
-  }
-  // The first use: run. Every rank holds the same table, so the same entries go.
-  if (round_graphs_.size() >= kGraphShapes) {
-    round_graphs_.erase(std::remove_if(round_graphs_.begin(), round_graphs_.end(),
-                                       [](const RoundGraph& g) { return !g.graph.defined(); }),
-                        round_graphs_.end());
-    while (round_graphs_.size() > kGraphShapes / 2) round_graphs_.erase(round_graphs_.begin());
-  }
-  round_graphs_.push_back({key, BackendGraph()});
-  ops();
+  // Every rank records and replays the round's graph together, or none does.
+  const bool mine = graphs_.graphed() == Graphed::whole && !empty;
+  if (!graphs_.whole_round(round.tag, mine, round.all_ranks, ops, round.launched)) ops();
 }
 
 // dy = dL/d(hidden[l + 1]) (overwritten: it carries dL/dh1 midway) -> dx = dL/d(hidden[l]).

@@ -29,80 +29,11 @@
 #include "model/arena.h"
 #include "model/batch.h"
 #include "model/config.h"
+#include "model/metric_slots.h"
+#include "model/options.h"
 #include "model/params.h"
 
 namespace packbert {
-
-// Activation recomputation (BertOptions::recompute).
-enum class Recompute {
-  none,   // every layer keeps what its backward reads
-  mlp,    // the MLP intermediate [rows, 4H] is not kept: recomputed per chunk in backward
-  layer,  // only each layer's input is kept; the layer's forward reruns before its backward
-};
-const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
-
-// Mixed precision (BertOptions::precision): the storage type of the token-wise activations
-// and of the weight copy the GEMMs read. fp32 is the reference; bf16 and fp16 keep fp32 master
-// weights (the flat parameter buffer), fp32 LayerNorm statistics, lse, logits and losses, and
-// accumulate every parameter gradient in fp32 (kernels/backend.h, Precision). fp16's narrow
-// range needs loss scaling (optim/loss_scaler.h; ForwardOptions::loss_scale).
-// CUDA graphs (BertOptions::cuda_graphs): segmented records each encoder layer's forward, and
-// its backward, into a graph the first time a batch of that shape comes again, and replays it
-// for later batches of the shape (one launch instead of a layer's dozens), and the heads (both,
-// with their gradients) likewise, as NVIDIA's segmented mode does; the embeddings run op by op,
-// and the hooks (weights_ready, gradient ready) run between the layers as without graphs.
-// Attention then launches from the sequence count and the length bound
-// (SeqLayout::fixed_launch) and the dropouts read their step from device memory, so a replay
-// computes what the ops would, bit for bit. For the heads' graph the masked tokens are laid
-// into a capacity too (the most so far; unused slots row -1, label -1), NSP runs over every
-// sequence slot (the empty ones left out), and the heads read their gradient factors (loss
-// scale / global count) from device memory (GradScale::device). full records a micro-step's
-// whole forward (embeddings, layers, both heads with their gradients) as one graph and its
-// whole backward (the layers, the embeddings) as another. Its hooks run around the graphs:
-// every weights_ready group before the forward, every GradientReady tensor after the backward
-// (so a gradient round starts after the whole backward instead of overlapping it), except a
-// GradientRound's (the trainer's NCCL reducer), whose collectives the backward's graph takes
-// in. The trainer graphs the
-// optimizer's update too (LambOptions::graph). A backend without graphs (the CPU) runs the ops.
-enum class CudaGraphs { off, segmented, full };
-const char* cuda_graphs_name(CudaGraphs g);          // "off", "segmented", "full"
-CudaGraphs parse_cuda_graphs(const std::string& s);  // the names above; Error otherwise
-
-enum class Precision { fp32, bf16, fp16 };
-const char* precision_name(Precision p);           // "fp32", "bf16", "fp16"
-Precision parse_precision(const std::string& s);   // the names above; Error otherwise
-DType precision_dtype(Precision p);                // f32, bf16, f16
-
-struct BertOptions {
-  // Masked tokens per decoder call (0: all at once, or ceil(masked / M) under MST). The logits
-  // workspace is chunk x vocab floats (2432 masked tokens x 30528 = 297 MB in one piece);
-  // chunking bounds it. The result does not depend on the chunking beyond float rounding.
-  // An explicit value wins over the one MST derives.
-  int64_t mlm_chunk_rows = 0;
-  // Mini-sequence Transformer (MST, Luo et al. 2024): M >= 1 chunks of token rows for the MLP
-  // and of masked tokens for the MLM decoder. M > 1 means the MLP intermediate is never kept:
-  // the forward runs dense-GELU-dense per chunk of ceil(rows / M) rows, the backward recomputes
-  // each chunk's intermediate before taking its gradient, so at most one chunk's [chunk, 4H]
-  // intermediate exists at any time. 0 = auto: the smallest M in 1, 2, 4, .., 64 whose arena
-  // fits activation_budget_bytes for the batch at hand (64 if none does).
-  int64_t mst_chunks = 1;
-  size_t activation_budget_bytes = 0;  // for mst_chunks = 0
-  // How recompute combines with M: mlp with M = 1 recomputes the MLP intermediate in one
-  // chunk of all rows (M > 1 implies mlp); layer keeps only the layer inputs and recomputes
-  // each layer, whose MLP then runs in M chunks (M = 1: the layer's intermediate lives, once,
-  // in the one set of layer buffers).
-  Recompute recompute = Recompute::none;
-  // How a step computes, not what the model is: the weights, the checkpoint and the loss are
-  // those of the fp32 model whatever the precision (a checkpoint written in one precision
-  // resumes in another), which is why this is an option of the run and not of BertConfig.
-  // bf16 / fp16: activations (hidden states, QKV, attention context, MLP, the heads' token
-  // buffers and every activation gradient) are stored in that type, the GEMMs read a copy of
-  // the weight matrices and embedding tables in that type (lowp_params(), refreshed by LAMB in
-  // its update pass), biases and LayerNorm parameters are read in fp32. The arena shrinks
-  // accordingly.
-  Precision precision = Precision::fp32;
-  CudaGraphs cuda_graphs = CudaGraphs::off;
-};
 
 // Activation memory (the arena) of a Bert, by kind of buffer (model/arena.h ActivationKind).
 // The numbers are the carve of the arena, so they hold for every backend. A model with a
@@ -121,6 +52,9 @@ struct ActivationReport {
   // Outside the arena: the uploaded batch's two buffers (ids, layout arrays, labels; used in
   // turn, so that the next micro-batch's upload overlaps this one's compute), bytes allocated.
   size_t batch_buffer_bytes = 0;
+  // Rows of the training forwards' batches so far, and of the capacities CUDA graphs laid them
+  // into (the same without graphs): graphs cost laid_rows / rows - 1 in padding rows.
+  int64_t rows = 0, laid_rows = 0;
 };
 
 // Inspection of the heads' logits in a forward pass without gradients, for tests: the losses
@@ -170,16 +104,6 @@ struct GradientRound {
   // Every rank's values of a vector of the same length, in rank order (GradReducer::all_ranks).
   std::function<std::vector<int64_t>(const std::vector<int64_t>&)> all_ranks;
   int64_t tag = 0;  // what the round does (the collective): a graph per tag
-};
-
-struct ForwardResult {
-  double loss = 0;          // this micro-batch's share of the step loss (see above)
-  double mlm_loss_sum = 0;  // sum of the MLM token losses, unnormalised
-  double nsp_loss_sum = 0;  // sum of the NSP losses, unnormalised
-  int64_t mlm_correct = 0;  // masked tokens whose argmax is the label
-  int64_t nsp_correct = 0;
-  int64_t masked_tokens = 0;
-  int64_t sequences = 0;
 };
 
 struct ActivationPlan;  // model/activations.h
@@ -262,13 +186,11 @@ class Bert {
   ActivationPlan plan(const BatchShape& shape, bool gradients, int64_t mst_chunks) const;
   size_t plan_bytes(const BatchShape& shape, const ActivationPlan& plan) const;
   Dropout dropout(DropoutSite site, uint32_t layer) const;
-  void check_batch(const Batch& batch, int64_t global_masked, int64_t global_samples) const;
   void encoder_layer_forward(int64_t l);
   void encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);
   void mlp_forward(int64_t l);
   void mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1);
   void heads(float mlm_scale, float nsp_scale, const ForwardOptions& options, const Tensor& sums);
-  Tensor metric_slot(int64_t slot);  // grows metric_slots_ to hold it (keeping its contents)
 
   BertConfig config_;
   Backend& backend_;
@@ -299,88 +221,19 @@ class Bert {
   void grow_batch_buffer(BackendBuffer& buffer, size_t bytes);
   std::unique_ptr<Activations> act_;
   int64_t last_mst_chunks_ = 1;
-  // CudaGraphs::segmented: one entry per (layer or the heads, direction, everything the
-  // recorded ops' host arguments depend on); full: one per direction of the whole micro-step.
-  // The graph
-  // is recorded at the key's second use (its first ran the ops and sized what the backend
-  // keeps) and replayed from then on. At most kGraphShapes x 2 x layers layers' worth of entries
-  // (a whole micro-step's counts as every layer): when full, the entries used once (no graph)
-  // go, and if that frees too little, the oldest down to half, so that shapes seen once (a last
-  // partial batch, an evaluation's) never keep a recurring shape from being recorded.
-  static constexpr int64_t kWholeGraph = -1;  // LayerGraphKey::layer of a whole micro-step
-  static constexpr int64_t kHeadsGraph = -2;  // of the heads alone (segmented)
-  struct LayerGraphKey {
-    bool backward = false;
-    int64_t layer = 0;  // a layer, kWholeGraph (CudaGraphs::full) or kHeadsGraph (segmented)
-    const void* batch = nullptr;  // the batch buffer
-    const void* arena = nullptr;
-    BatchShape shape;  // rows, seqs and the attention bound as max_len; the masked count only
-                       // for the whole micro-step (a layer reads nothing it places:
-                       // carve_batch, carve_activations)
-    int64_t mlp_chunk_rows = 0;  // the plan's (ActivationPlan)
-    int64_t mlm_chunk_rows = 0;  // the whole micro-step: the plan's, the metric slot it writes
-    const void* sums = nullptr;  // and, in f16, the MLM factor's power of two (the decoder's
-    int mlm_scale_exponent = 0;  // range scaling, cuda_heads.cpp, comes from it)
-    bool layer_recompute = false, gradients = false, dropout = false;
-    uint64_t seed = 0;
-    bool operator==(const LayerGraphKey& o) const;
-  };
-  struct LayerGraph {
-    LayerGraphKey key;
-    BackendGraph graph;  // none until the second use
-  };
-  static constexpr size_t kGraphShapes = 16;
-  // Whether forwards run their layers through layer_graphs_ (the option, on a backend that
-  // records graphs), and the capacity a batch of `shape` is laid into then (the shape itself
-  // otherwise): row_capacity rows, and sequence slots the largest power of two needed so far
-  // by forwards with / without gradients (seq_capacity_[1] / [0]), so that a training run's
-  // slots stop changing after its first batches; masked slots the largest
-  // row_capacity of a forward's masked count so far (masked_capacity_, grown by forwards only:
-  // reserve()'s bound on the masked tokens is far above what batches hold).
-  bool graphs_on() const;
-  // CudaGraphs::full on a backend that records graphs; whole_step_: the forward in flight was
-  // recorded / replayed whole (full, without logits hooks), so its backward is too.
-  bool full_graphs() const;
-  bool whole_step_ = false;
-  LayerGraphKey graph_key(bool backward, int64_t layer) const;
-  const void* whole_sums_ = nullptr;
-  int whole_scale_exponent_ = 0;
-  BatchShape capacity(const BatchShape& shape, bool gradients) const;
-  void grow_seq_capacity(int64_t seqs, bool gradients);
-  int64_t seq_capacity_[2] = {0, 0};
-  int64_t masked_capacity_[2] = {0, 0};
-  std::vector<LayerGraph> layer_graphs_;
-  // The backward graphs that hold a gradient round, keyed by every rank's key words (the same
-  // table, in the same order, on every rank: GradientRound).
-  struct RoundGraph {
-    std::vector<int64_t> key;
-    BackendGraph graph;  // none until the second use
-  };
-  std::vector<RoundGraph> round_graphs_;
-  std::vector<int64_t> key_words(const LayerGraphKey& key) const;
+  BertGraphs graphs_;
+  // Rows of the training forwards' batches, and of the capacities they were laid into.
+  int64_t rows_ = 0, laid_rows_ = 0;
   // The backward's ops; announce_inside: `ready` hears of each group as its ops are issued
   // (otherwise the caller announces them).
   void backward_ops(const GradientReady& ready, bool announce_inside);
   void announce_all(const GradientReady& ready) const;
-  void run_layer(bool backward, int64_t l, const std::function<void()>& ops);
-  void run_graph(const LayerGraphKey& key, const std::function<void()>& ops);
   // The step in flight (dropout keys, and whether backward() may run).
   uint32_t step_ = 0;
   uint64_t seed_ = 0;
   bool dropout_on_ = false;
   bool backward_pending_ = false;
-  // The heads' loss sums and correct counts, kMetricWords 4-byte words per micro-batch (f32
-  // MLM and NSP loss sums, i32 MLM and NSP correct counts): slot 0 for a forward() that reads
-  // them at once, slots 1.. for the deferred ones (model-owned, outside the arena: they outlive
-  // the micro-batch). deferred_ keeps those calls' host-side results and global counts.
-  static constexpr int64_t kMetricWords = 4;
-  BackendBuffer metric_slots_;
-  struct Deferred {
-    ForwardResult result;
-    int64_t global_masked = 0, global_samples = 0;
-    bool on_device = false;  // an empty batch has no slot
-  };
-  std::vector<Deferred> deferred_;
+  MetricSlots metrics_;  // the heads' sums, read at once or deferred
 };
 
 }  // namespace packbert

@@ -225,4 +225,75 @@ std::vector<std::pair<int64_t, int64_t>> fp32_read_ranges(const ParamTable& tabl
   return out;
 }
 
+BertWeights mixed_weights(const ParamTable& table, const BertWeights& master,
+                          const Tensor& lowp) {
+  BertWeights w = master;
+  const BertWeights low = bind_weights(table, lowp);
+  for (size_t l = 0; l < low.layers.size(); ++l) {
+    LayerWeights& g = w.layers[l];
+    g.qkv_w = low.layers[l].qkv_w;
+    g.attn_out_w = low.layers[l].attn_out_w;
+    g.ffn_in_w = low.layers[l].ffn_in_w;
+    g.ffn_out_w = low.layers[l].ffn_out_w;
+  }
+  // The embedding tables: the lookup and the tied decoder (mlm_loss) read the 16-bit copy, as
+  // the GEMMs do, so that a sharded optimizer gathers them in 16 bits (DistributedLamb).
+  w.embeddings.word = low.embeddings.word;
+  w.embeddings.position = low.embeddings.position;
+  w.embeddings.token_type = low.embeddings.token_type;
+  w.mlm_dense_w = low.mlm_dense_w;
+  w.pooler_nsp.dense_w = low.pooler_nsp.dense_w;
+  w.pooler_nsp.cls_w = low.pooler_nsp.cls_w;
+  // What the ops read in fp32 must be exactly the tensors not replaced above, which a sharded
+  // optimizer relies on to gather the rest in 16 bits.
+  std::vector<const Tensor*> low16;
+  for (const LayerWeights& g : w.layers)
+    for (const Tensor* t : {&g.qkv_w, &g.attn_out_w, &g.ffn_in_w, &g.ffn_out_w}) low16.push_back(t);
+  for (const Tensor* t : {&w.mlm_dense_w, &w.pooler_nsp.dense_w, &w.pooler_nsp.cls_w,
+                          &w.embeddings.word, &w.embeddings.position, &w.embeddings.token_type})
+    low16.push_back(t);
+  int64_t low_elems = 0, fp32_elems = 0, all = 0;
+  for (const Tensor* t : low16) low_elems += t->numel();
+  for (const auto& [a, b] : fp32_read_ranges(table, true)) fp32_elems += b - a;
+  for (const ParamTensor& t : table.tensors()) all += t.size;
+  PB_REQUIRE(low_elems + fp32_elems == all,
+             "model: {} elements read in 16 bits and {} in fp32 of {} (fp32_read_ranges)",
+             low_elems, fp32_elems, all);
+  return w;
+}
+
+std::vector<std::pair<int, int>> backward_groups(const ParamTable& table) {
+  // The table is embeddings | layer 0 | ... | layer L-1 | pooler and heads (above).
+  auto index = [&](const std::string& name) {
+    return static_cast<int>(&table.at(name) - table.tensors().data());
+  };
+  auto layer_first = [&](int64_t l) {
+    return index("bert.encoder.layer." + std::to_string(l) + ".attention.self.query.weight");
+  };
+  const int64_t layers = table.config().layers;
+  const int heads_first = index("bert.pooler.dense.weight");
+  std::vector<std::pair<int, int>> groups;
+  groups.emplace_back(heads_first, static_cast<int>(table.tensors().size()));
+  for (int64_t l = layers - 1; l >= 0; --l)
+    groups.emplace_back(layer_first(l), l + 1 < layers ? layer_first(l + 1) : heads_first);
+  groups.emplace_back(0, layer_first(0));
+  return groups;
+}
+
+std::vector<std::pair<int64_t, int64_t>> forward_ranges(
+    const ParamTable& table, const std::vector<std::pair<int, int>>& backward_groups) {
+  const auto& rows = table.tensors();
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (auto g = backward_groups.rbegin(); g != backward_groups.rend(); ++g) {
+    int64_t lo = table.total(), hi = 0;
+    for (int i = g->first; i < g->second; ++i) {
+      const ParamTensor& t = rows[static_cast<size_t>(i)];
+      lo = std::min(lo, t.offset);
+      hi = std::max(hi, t.offset + t.size);
+    }
+    out.emplace_back(lo, std::max(lo, hi));
+  }
+  return out;
+}
+
 }  // namespace packbert

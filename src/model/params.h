@@ -89,6 +89,19 @@ BertWeights bind_weights(const ParamTable& table, const Tensor& flat);
 // false (fp32) every tensor's.
 std::vector<std::pair<int64_t, int64_t>> fp32_read_ranges(const ParamTable& table, bool mixed);
 
+// The weights mixed precision's ops read: master's (fp32 views) with every weight matrix and
+// embedding table replaced by its view of lowp, the bf16 / f16 copy of the whole table. Error
+// unless the tensors left in fp32 are exactly fp32_read_ranges(table, true)'s.
+BertWeights mixed_weights(const ParamTable& table, const BertWeights& master, const Tensor& lowp);
+
+// The table's tensors in the groups a backward finishes: index ranges [first, last) into
+// table.tensors(), the heads first, then encoder layer L-1 down to 0, then the embeddings.
+std::vector<std::pair<int, int>> backward_groups(const ParamTable& table);
+// Those groups in forward order (embeddings, layers, heads), each the range [begin, end) of the
+// flat buffer its tensors span.
+std::vector<std::pair<int64_t, int64_t>> forward_ranges(
+    const ParamTable& table, const std::vector<std::pair<int, int>>& backward_groups);
+
 // The view of one table entry with its own shape.
 Tensor tensor_view(const Tensor& flat, const ParamTensor& t);
 

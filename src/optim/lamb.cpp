@@ -61,7 +61,8 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
       num_elems_(num_elems),
       end_(num_elems),
       schedule_(schedule),
-      options_(options) {
+      options_(options),
+      graph_(backend, 1) {
   check_options(options_);
   check_table(params_, num_elems_);
   // Empty tensors have nothing to update (and no norm to sum).
@@ -195,20 +196,9 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
     if (!step_scalars_.data()) step_scalars_ = backend_.alloc(DType::f32, {4});
     backend_.write_floats(step_scalars_.tensor(), values, 4);
     cfg.step_scalars = step_scalars_.tensor();
-    const std::vector<const void*> buffers = {params.data, grads.data, params_lowp.data};
-    if (buffers != graph_buffers_) {
-      graph_.reset();
-      graph_buffers_ = buffers;
-      graph_uses_ = 0;
-    }
-    // The first step runs the ops (which size what the backend keeps), the second records.
-    if (graph_uses_++ == 0)
-      update();
-    else if (!graph_.defined())
-      graph_ = backend_.record_and_replay(update);
-    else
-      backend_.replay(graph_);
-    if (graph_.defined()) {
+    // One graph, for the buffers it was recorded on (another set evicts it).
+    const UpdateKey key{params.data, grads.data, params_lowp.data};
+    if (graph_.run(key, update) != GraphCache<UpdateKey>::Use::ran) {
       ++graph_steps_;
       info.graph = true;
       if (sharded() && shard_.graph_launched) shard_.graph_launched();

@@ -17,9 +17,11 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/graph_cache.h"
 #include "optim/lr_schedule.h"
 
 namespace packbert {
@@ -196,11 +198,16 @@ class Lamb {
   int64_t sums_first_ = 0;
   Tensor m_, v_, grad_norm_, record_, norms_, sums_all_, sums_;  // their views
   int64_t skips_seen_ = 0;  // record[0] at the last read
-  // LambOptions::graph: the update's graph, the buffers it was recorded on (recorded again when
-  // they change), the steps run with those, and its step scalars (f32 [4]; not state).
-  BackendGraph graph_;
-  std::vector<const void*> graph_buffers_;
-  int64_t graph_uses_ = 0;
+  // LambOptions::graph: the update's graph, keyed by the buffers it reads (GraphCache of one:
+  // recorded again when they change), and its step scalars (f32 [4]; not state).
+  struct UpdateKey {
+    const void* params = nullptr;
+    const void* grads = nullptr;
+    const void* lowp = nullptr;
+    auto fields() const { return std::tie(params, grads, lowp); }
+    bool operator==(const UpdateKey& o) const { return key_equal(*this, o); }
+  };
+  GraphCache<UpdateKey> graph_;
   int64_t graph_steps_ = 0;
   BackendBuffer step_scalars_;
 };

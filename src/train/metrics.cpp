@@ -38,6 +38,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["samples_per_s"] = r.samples_per_s;
   j["tokens_per_s"] = r.tokens_per_s;
   j["padding_fraction"] = r.padding_fraction;
+  j["graph_padding"] = r.graph_padding;
   j["imbalance"] = r.imbalance;
   j["data_wait_s"] = r.data_wait_s;
   j["step_time_s"] = r.step_time_s;
@@ -222,6 +223,9 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
       r.activation_bytes_by_kind.emplace_back(activation_kind_name(static_cast<ActivationKind>(k)),
                                               static_cast<int64_t>(act->peak_by_kind[k]));
     r.mst_chunks = act->mst_chunks;
+    if (act->rows > 0)
+      r.graph_padding =
+          static_cast<double>(act->laid_rows - act->rows) / static_cast<double>(act->rows);
   }
   r.optimizer_state_bytes = context.optimizer_state_bytes;
   r.bytes_sent_per_step = context.bytes_sent_per_step;

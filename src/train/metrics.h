@@ -51,6 +51,9 @@ struct ProgressRecord {
   double samples_per_s = 0;
   double tokens_per_s = 0;
   double padding_fraction = 0;  // padding / (tokens + padding) of the layout; 0 for unpadded
+  // The padding rows CUDA graphs add (their capacities, model/batch.h GraphCapacity) over the
+  // batches' own rows, this rank's training forwards since the run started; 0 without graphs.
+  double graph_padding = 0;
   double imbalance = 1;         // planner: max rank cost / mean rank cost
   double data_wait_s = 0;       // exposed data-loader wait per step, mean
   double step_time_s = 0;       // wall time per step, mean

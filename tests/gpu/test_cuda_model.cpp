@@ -167,9 +167,10 @@ std::vector<int> lengths_totalling(std::mt19937_64& rng, int n, int target) {
 // heads, recorded at a shape's second use and replayed after give the loss and every gradient
 // of the ops run one by one, bit for bit, step after step with dropout on (a new step, new
 // batches of the padded layout's one shape, and an unpadded batch of another shape between
-// them; 33 to 48 masked tokens, one masked capacity), in fp32 and bf16; once recorded, a step
-// launches a graph per layer and direction and one for the heads, and fewer kernels; and
-// evaluation's forwards, whose layers and heads replay their own graphs.
+// them; 31 to 45 masked tokens, one masked capacity of the bound's 60: GraphCapacity), in fp32
+// and bf16; once recorded, a step launches a graph per layer and direction and one for the
+// heads, and fewer kernels; and evaluation's forwards, whose layers and heads replay their own
+// graphs.
 TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
   PB_REQUIRE_CUDA_DEVICE();
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
@@ -183,10 +184,10 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
     for (int step = 0; step < 8; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
       std::vector<int> lengths(6);
-      // 13 .. 64 tokens: room for 10 masked tokens in each, so 33 .. 48 in all can be drawn.
+      // 13 .. 64 tokens: room for 10 masked tokens in each, so 31 .. 45 in all can be drawn.
       for (int& len : lengths) len = 13 + static_cast<int>(rng() % (kMaxSeqLen - 12));
       const auto samples =
-          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 33, 48);
+          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 31, 45);
       const BatchLayout layout = step == 5 ? BatchLayout::unpadded : BatchLayout::padded;
       const Batch batch = make_batch(samples, layout, kMaxSeqLen);
       const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
@@ -208,7 +209,7 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
       EXPECT_EQ(got.mlm_correct, want.mlm_correct);
       EXPECT_EQ(got.nsp_correct, want.nsp_correct);
       EXPECT_EQ(pair.grads_on.values(), pair.grads_off.values()) << "the gradients differ";
-      if (step >= 6) {  // both batch buffers' graphs recorded (steps 2 and 3), replayed
+      if (step >= 6) {  // recorded at step 1 (the batch buffer's second use), replayed
         launches_off += after_off.launches - before_off.launches;
         launches_on += after_on.launches - before_on.launches;
         graphs_on += after_on.graph_launches - before_on.graph_launches;
@@ -225,7 +226,7 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
       std::vector<int> lengths(6);
       for (int& len : lengths) len = 13 + static_cast<int>(rng() % (kMaxSeqLen - 12));
       const auto samples =
-          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 33, 48);
+          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 31, 45);
       const Batch batch = make_batch(samples, BatchLayout::padded, kMaxSeqLen);
       const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
       const ForwardResult want = eval.off.forward(batch, gm, gs, 0, seed, eval.fo);
@@ -233,10 +234,10 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
       EXPECT_EQ(got.loss, want.loss) << "evaluation batch " << k;
       EXPECT_EQ(got.mlm_correct, want.mlm_correct) << "evaluation batch " << k;
     }
-    // Recorded at the third and fourth batches (each batch buffer's second use), replayed at
-    // the fifth: a graph per layer and the heads' at each of the three.
+    // Recorded at the second batch (one batch buffer with graphs), replayed at the next three:
+    // a graph per layer and the heads' at each of the four.
     EXPECT_EQ(pair.gpu->counters().graph_launches - eval_before.graph_launches,
-              3 * (pair.config.layers + 1));
+              4 * (pair.config.layers + 1));
     EXPECT_LT(launches_on, launches_off);
     std::printf("[graphs] %s: launches per step %lld op by op, %lld with segmented graphs (+%lld "
                 "graph launches)\n",
@@ -247,12 +248,12 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
   }
 }
 
-// Unpadded batches rarely repeat a shape; laid into a capacity (padding rows up to
-// row_capacity, empty sequence slots up to a power of two), they share one. Batches of 5 to 8
-// sequences and 241 to 256 tokens (and 33 to 48 masked tokens) all take 256 rows, 8 slots (and
-// 48 masked slots): each layer, and the heads, are recorded at their batch buffer's second use
-// and replayed from then on, and every step gives the bits of the same batch run op by op
-// without the padding.
+// Unpadded batches rarely repeat a shape; laid into a capacity (GraphCapacity: rows up to a
+// bucket of the bound's 1/32, the bound's sequence slots), they share one. Under the bound of 256
+// rows, 80 masked tokens and 8 sequences, batches of 5 to 8 sequences, 249 to 256 tokens and 21
+// to 40 masked tokens all take 256 rows, 8 slots and 40 masked slots: each layer, and the heads,
+// are recorded at the second step and replayed from then on, and every step gives the bits of
+// the same batch run op by op without the padding.
 TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
   PB_REQUIRE_CUDA_DEVICE();
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
@@ -264,12 +265,12 @@ TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
     std::vector<int64_t> rows_seen, seqs_seen;
     for (int step = 0; step < 8; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
-      // n sequences of 5 .. 64 tokens whose total is in [241, 256] (5 x 64 >= 256).
+      // n sequences of 5 .. 64 tokens whose total is in [249, 256] (5 x 64 >= 256).
       const int n = 5 + static_cast<int>(rng() % 4);
-      const int target = 241 + static_cast<int>(rng() % 16);
+      const int target = 249 + static_cast<int>(rng() % 8);
       const std::vector<int> lengths = lengths_totalling(rng, n, target);
       const auto samples =
-          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 33, 48);
+          model_samples_masked(rng, lengths, 10, pair.m.config.real_vocab_size, 21, 40);
       const Batch batch = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
       rows_seen.push_back(batch.rows);
       seqs_seen.push_back(batch.num_seqs());
@@ -291,12 +292,12 @@ TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
       EXPECT_EQ(got.nsp_correct, want.nsp_correct);
       EXPECT_EQ(got.sequences, want.sequences);
       EXPECT_EQ(pair.grads_on.values(), pair.grads_off.values()) << "the gradients differ";
-      // Steps 0 and 1 run each batch buffer's first use op by op; from step 2 on every layer
-      // replays in both directions, and the heads once.
-      EXPECT_EQ(replays, step < 2 ? 0 : 2 * pair.config.layers + 1);
+      // Step 0 runs the ops; from step 1 on (recorded, then replayed) every layer launches in
+      // both directions, and the heads once.
+      EXPECT_EQ(replays, step < 1 ? 0 : 2 * pair.config.layers + 1);
       graphs += replays;
     }
-    EXPECT_EQ(graphs, 6 * (2 * pair.config.layers + 1));
+    EXPECT_EQ(graphs, 7 * (2 * pair.config.layers + 1));
     // The batches did differ in shape: without the capacity they would not have replayed.
     EXPECT_GT(std::set<int64_t>(rows_seen.begin(), rows_seen.end()).size(), 1u);
     EXPECT_TRUE(pair.grads_on.guards_intact() && pair.grads_off.guards_intact() &&
@@ -306,12 +307,12 @@ TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
 
 // BertOptions::cuda_graphs = full: a micro-step's whole forward (embeddings, layers, both heads
 // and their gradients) and its whole backward are one graph each, recorded at the capacity's
-// second use and replayed from then on. Unpadded batches of 8 sequences, 241 to 256 tokens and
+// second use and replayed from then on. Unpadded batches of 8 sequences, 249 to 256 tokens and
 // 49 to 64 masked tokens share one capacity (256 rows, 8 slots, 64 masked slots); the global
 // counts, and in fp16 the loss scale, change every step, which the heads read from device
 // memory. Every step gives the bits of the same batch run op by op without any padding, in fp32,
-// bf16 and fp16; from the third step a step is two graph launches and not one kernel launch;
-// evaluation's forwards replay a graph of their own. (In fp16 the MLM decoder's range scaling is
+// bf16 and fp16; from the second step a step is two graph launches, from the third not one kernel
+// launch; evaluation's forwards replay a graph of their own. (In fp16 the MLM decoder's range scaling is
 // the power of two of its factor, a key of the graph: there the factor changes within one.)
 TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
   PB_REQUIRE_CUDA_DEVICE();
@@ -322,10 +323,10 @@ TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
     GraphedPair pair(rng, precision, largest, CudaGraphs::full);
     const uint64_t seed = rng();
     std::set<int64_t> rows_seen, masked_seen;
-    // 8 sequences of 5 .. 64 tokens totalling 241 .. 256, with 49 .. 64 masked tokens (drawn
+    // 8 sequences of 5 .. 64 tokens totalling 249 .. 256, with 49 .. 64 masked tokens (drawn
     // again until they are).
     auto draw = [&] {
-      const int target = 241 + static_cast<int>(rng() % 16);
+      const int target = 249 + static_cast<int>(rng() % 8);
       const std::vector<int> lengths = lengths_totalling(rng, 8, target);
       return model_samples_masked(rng, lengths, 12, pair.m.config.real_vocab_size, 49, 64);
     };
@@ -364,13 +365,13 @@ TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
       EXPECT_EQ(got.masked_tokens, want.masked_tokens);
       EXPECT_EQ(got.sequences, want.sequences);
       EXPECT_EQ(pair.grads_on.values(), pair.grads_off.values()) << "the gradients differ";
-      // Steps 0 and 1 run each batch buffer's first use op by op, steps 2 and 3 record (a
-      // recorded op counts as a launch) and replay, and every step from the fifth is its two
-      // graphs and nothing else (the synchronize is a host synchronisation, not a launch).
-      if (step >= 2) {
+      // Step 0 runs the ops, step 1 records (a recorded op counts as a launch) and replays, and
+      // every step from the third is its two graphs and nothing else (the synchronize is a host
+      // synchronisation, not a launch).
+      if (step >= 1) {
         EXPECT_EQ(after.graph_launches - before.graph_launches, 2);
       }
-      if (step >= 4) {
+      if (step >= 2) {
         EXPECT_EQ(after.launches - before.launches, 0);
       }
     }
@@ -379,7 +380,7 @@ TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
     EXPECT_GT(masked_seen.size(), 1u);
 
     // Evaluation (forward only, no dropout, a model without gradients): one graph per forward
-    // from its third.
+    // from its second.
     EvalPair eval(pair, largest);
     for (int k = 0; k < 4; ++k) {
       const auto samples = draw();
@@ -392,7 +393,7 @@ TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
       EXPECT_EQ(got.loss, want.loss) << "evaluation batch " << k;
       EXPECT_EQ(got.mlm_correct, want.mlm_correct) << "evaluation batch " << k;
       EXPECT_EQ(got.nsp_correct, want.nsp_correct) << "evaluation batch " << k;
-      EXPECT_EQ(after.graph_launches - before.graph_launches, k < 2 ? 0 : 1)
+      EXPECT_EQ(after.graph_launches - before.graph_launches, k < 1 ? 0 : 1)
           << "evaluation batch " << k;
     }
     EXPECT_TRUE(pair.grads_on.guards_intact() && pair.grads_off.guards_intact() &&
@@ -400,13 +401,13 @@ TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
   }
 }
 
-// The table of graphs is bounded (16 shapes' worth); shapes seen once must not keep a
-// recurring one from being recorded: after 40 one-off shapes (forward only, one sequence of 44
-// tokens under 40 different attention bounds, the max_seq_len of its make_batch), a batch that
-// comes 5 times is recorded at its third and fourth forwards
-// (each batch buffer's second use) and replayed at its fifth, with the ops' losses: segmented,
-// a graph per layer and the heads'; full, one per forward (a whole micro-step's graph counts
-// as all layers). Every batch has at most 10 masked tokens: one masked capacity (16).
+// The table of graphs is bounded (32 shapes' worth: 128 entries of a layer's weight for the
+// tiny model's 2 layers); shapes seen once must not keep a recurring one from being recorded:
+// after 70 one-off shapes (forward only, one sequence of 44 tokens under 70 different attention
+// bounds, the max_seq_len of its make_batch: 210 weight in segmented, 140 in full), a batch that
+// comes 5 times is recorded at its second forward and replayed at the next three, with the
+// ops' losses: segmented, a graph per layer and the heads'; full, one per forward (a whole
+// micro-step's graph counts as all layers).
 TEST(CudaModel, GraphsOutliveOneOffShapes) {
   PB_REQUIRE_CUDA_DEVICE();
   for (CudaGraphs mode : {CudaGraphs::segmented, CudaGraphs::full}) {
@@ -435,13 +436,13 @@ TEST(CudaModel, GraphsOutliveOneOffShapes) {
       const ForwardResult got = graphed.forward(batch, gm, gs, 0, 1, fo);
       EXPECT_EQ(got.loss, want.loss) << batch.rows << " rows";
     };
-    for (int bound = kMaxSeqLen + 1; bound <= kMaxSeqLen + 40; ++bound)
+    for (int bound = kMaxSeqLen + 1; bound <= kMaxSeqLen + 70; ++bound)
       forward(model_samples(rng, {44}, 10, m.config.real_vocab_size), bound);
     const auto recurring = model_samples(rng, {50}, 10, m.config.real_vocab_size);
     const BackendCounters before = gpu->counters();
     for (int k = 0; k < 5; ++k) forward(recurring, kMaxSeqLen);
     EXPECT_EQ(gpu->counters().graph_launches - before.graph_launches,
-              mode == CudaGraphs::full ? 3 : 3 * (config.layers + 1));
+              mode == CudaGraphs::full ? 4 : 4 * (config.layers + 1));
   }
 }
 // A forward whose logits go to the host (ForwardOptions::mlm_logits / nsp_logits, evaluation's

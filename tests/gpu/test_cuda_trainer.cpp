@@ -370,10 +370,9 @@ TEST(CudaTrainer, HostWorkCountsAreTheRuntimes) {
 }
 
 // train.cuda_graphs = full through the trainer: the same batch of two micro-steps every step,
-// six steps, fp32 and bf16. The masked capacity is final after step 0's two forwards (the most
-// of both), so the first micro-step's graphs are run at step 0 or 1 (at 1 when the second
-// micro-step has more masked tokens), recorded at the next, and every graph replays from step
-// 3. Against the same steps with graphs off: the losses of the steps read and the final weights
+// six steps, fp32 and bf16. The capacities are fixed by the reserve (GraphCapacity), so each
+// micro-step's graphs are run at step 0 and recorded at step 1 (both at step 0 when the two
+// micro-batches share a capacity), and every graph replays from step 2. Against the same steps with graphs off: the losses of the steps read and the final weights
 // bit for bit; from step 2 a step waits for the device only on a step that reads (once) and
 // copies nothing from or to pageable memory, and from step 3 launches at least 10x fewer
 // times (kernels and graphs counted alike); the gradient round is inside the last backward's

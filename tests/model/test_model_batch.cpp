@@ -159,26 +159,50 @@ TEST(ModelBatch, BadInputIsAnErrorNamingTheSample) {
   EXPECT_EQ(parse_batch_layout("packed"), BatchLayout::packed);
 }
 
-// row_capacity: at least the rows, at most 1/16 more (or 15 rows below 256), idempotent, and 16
-// capacities per doubling, which bounds the shapes a graphed run records.
-TEST(ModelBatch, RowCapacityRoundsUpBySixteenthsOfAnOctave) {
-  EXPECT_EQ(row_capacity(0), 0);
-  std::map<int, std::set<int64_t>> per_octave;
-  for (int64_t rows = 1; rows <= 70000; ++rows) {
-    const int64_t c = row_capacity(rows);
-    ASSERT_GE(c, rows);
-    ASSERT_LE(c - rows, std::max<int64_t>(15, rows / 16)) << rows;
-    ASSERT_EQ(row_capacity(c), c) << rows;
-    int octave = 0;
-    while ((int64_t{2} << octave) <= rows) ++octave;
-    per_octave[octave].insert(c);
-  }
-  for (const auto& [octave, caps] : per_octave)
-    if (octave >= 8 && octave < 16) {  // 2^k, then 16 steps up to 2^(k+1) (the next octave's)
-      EXPECT_EQ(caps.size(), 17u) << "octave " << octave;
-      EXPECT_EQ(*caps.begin(), int64_t{1} << octave);
-      EXPECT_EQ(*caps.rbegin(), int64_t{2} << octave);
+// GraphCapacity: from a random bound, every shape within it gets a capacity of at least its
+// extents, rows less than one bucket (bound / 32, to a multiple of 8) above, masked less than one
+// (bound / 4) above, the bound's sequence slots; at most 33 row and 5 masked capacities exist
+// (0 and each bucket), and covering a larger shape raises the bound.
+TEST(ModelBatch, GraphCapacityHasAFewBucketsFromTheBound) {
+  std::mt19937_64 rng(test::test_seed());
+  for (int trial = 0; trial < 50; ++trial) {
+    GraphCapacity cap;
+    BatchShape bound;
+    bound.rows = 1 + static_cast<int64_t>(rng() % 40000);
+    bound.masked = static_cast<int64_t>(rng() % 5000);
+    bound.seqs = 1 + static_cast<int64_t>(rng() % 100);
+    bound.max_len = 512;
+    EXPECT_TRUE(cap.cover(bound));
+    EXPECT_FALSE(cap.cover(bound));
+    const int64_t row_step = ((bound.rows + 31) / 32 + 7) / 8 * 8;
+    const int64_t masked_step = std::max<int64_t>(1, (bound.masked + 3) / 4);
+    std::set<int64_t> rows_caps, masked_caps;
+    for (int i = 0; i < 2000; ++i) {
+      BatchShape s;
+      s.rows = static_cast<int64_t>(rng() % static_cast<uint64_t>(bound.rows + 1));
+      s.masked = static_cast<int64_t>(rng() % static_cast<uint64_t>(bound.masked + 1));
+      s.seqs = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(bound.seqs));
+      s.max_len = 100;
+      const BatchShape c = cap.of(s);
+      ASSERT_GE(c.rows, s.rows);
+      ASSERT_LT(c.rows - s.rows, row_step);
+      ASSERT_EQ(c.rows % row_step, 0);
+      ASSERT_GE(c.masked, s.masked);
+      ASSERT_LT(c.masked - s.masked, masked_step);
+      ASSERT_EQ(c.seqs, bound.seqs);
+      ASSERT_EQ(c.max_len, s.max_len);
+      ASSERT_EQ(cap.of(c).rows, c.rows);  // a capacity is its own
+      rows_caps.insert(c.rows);
+      masked_caps.insert(c.masked);
     }
+    EXPECT_LE(rows_caps.size(), 33u);
+    EXPECT_LE(masked_caps.size(), 5u);
+    BatchShape more = bound;
+    more.seqs += 3;
+    EXPECT_TRUE(cap.cover(more));
+    EXPECT_EQ(cap.bound.seqs, bound.seqs + 3);
+    EXPECT_EQ(cap.bound.rows, bound.rows);
+  }
 }
 
 // with_capacity keeps every token, label and sequence where it was and adds only padding rows,
@@ -189,14 +213,14 @@ TEST(ModelBatch, CapacityAddsPaddingRowsAndEmptySlotsOnly) {
   auto rng = model_rng(11);
   const auto samples = model_samples(rng, {7, 30, 5, 19}, 6, 1000);
   const Batch b = make_batch(samples, BatchLayout::unpadded, 32);
-  const int64_t rows = row_capacity(b.rows) + 16, seqs = 8;
+  const int64_t rows = b.rows + 16, seqs = 8;
   const Batch c = with_capacity(b, rows, seqs);
   ASSERT_EQ(c.rows, rows);
   ASSERT_EQ(c.num_seqs(), seqs);
   EXPECT_EQ(c.num_tokens(), b.num_tokens());
   EXPECT_EQ(c.masked_rows, b.masked_rows);
   EXPECT_EQ(c.masked_labels, b.masked_labels);
-  const int64_t masked = row_capacity(b.num_masked()) + 3;
+  const int64_t masked = b.num_masked() + 3;
   const Batch cm = with_capacity(b, rows, seqs, masked);
   ASSERT_EQ(cm.num_masked(), masked);
   for (int64_t i = 0; i < masked; ++i) {

@@ -47,6 +47,7 @@ ProgressRecord sample_record() {
   r.samples_per_s = 812.3;
   r.tokens_per_s = 103900;
   r.padding_fraction = 0.125;
+  r.graph_padding = 0.0375;
   r.imbalance = 1.02;
   r.data_wait_s = 0.001;
   r.step_time_s = 0.31;
@@ -111,6 +112,7 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_DOUBLE_EQ(j.at("samples_per_s").get<double>(), 812.3);
   EXPECT_DOUBLE_EQ(j.at("tokens_per_s").get<double>(), 103900);
   EXPECT_DOUBLE_EQ(j.at("padding_fraction").get<double>(), 0.125);
+  EXPECT_DOUBLE_EQ(j.at("graph_padding").get<double>(), 0.0375);
   EXPECT_DOUBLE_EQ(j.at("imbalance").get<double>(), 1.02);
   EXPECT_DOUBLE_EQ(j.at("data_wait_s").get<double>(), 0.001);
   EXPECT_DOUBLE_EQ(j.at("step_time_s").get<double>(), 0.31);
@@ -130,7 +132,7 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_DOUBLE_EQ(j.at("launches_per_step").get<double>(), 12.5);
   EXPECT_DOUBLE_EQ(j.at("pageable_copies_per_step").get<double>(), 0);
   EXPECT_DOUBLE_EQ(j.at("graph_launches_per_step").get<double>(), 4);
-  EXPECT_EQ(j.size(), 34u);
+  EXPECT_EQ(j.size(), 35u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
@@ -374,6 +376,8 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
   act.mst_chunks = 4;
   act.capacity = size_t{7} << 29;
   act.allocations = 2;
+  act.rows = 800;
+  act.laid_rows = 830;  // 30 padding rows of graph capacities over 800
   ProgressContext at;
   at.max_steps = 1;
   at.activation = &act;
@@ -386,6 +390,7 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
   EXPECT_EQ(r.mst_chunks, 4);
   EXPECT_EQ(r.activation_capacity_bytes, int64_t{7} << 29);
   EXPECT_EQ(r.arena_allocations, 2);
+  EXPECT_DOUBLE_EQ(r.graph_padding, 30.0 / 800);
   EXPECT_EQ(r.optimizer_state_bytes, int64_t{5} << 20);
   EXPECT_EQ(r.bytes_sent_per_step, 123456789);
   // Every kind, in ActivationKind's order, zeros included.
