@@ -19,7 +19,7 @@
 // sharing one memory and one set of streams. cudaSetDevice is per host thread; an allocation
 // remembers the device current when it was made (cudaPointerGetAttributes).
 //
-// Stream capture (CUDA graphs: cudaStreamBeginCapture ... cudaGraphLaunch; runtime.cpp describes
+// Stream capture (CUDA graphs: cudaStreamBeginCapture ... cudaGraphLaunch; capture.cpp describes
 // the model): work enqueued on a capturing stream, through enqueue and enqueue_async as through
 // the runtime API, is recorded into the capture's graph instead of run, and a graph launch
 // enqueues the recorded work again, in capture order, on the launch stream. The calls CUDA

@@ -1,5 +1,5 @@
 // emulated label: CUDA graphs by stream capture in the emulated runtime (kernels/cuda_emu,
-// runtime.cpp's "Stream capture"), against CUDA's definitions:
+// capture.cpp's "Stream capture"), against CUDA's definitions:
 //   - a captured sequence (kernels through PB_LAUNCH, a pinned host-to-device copy, a memset, an
 //     event record, a cub scan, a pinned device-to-host copy) runs nothing while captured, and
 //     each launch of its graph gives what the same calls give run eagerly and what a host

@@ -189,7 +189,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
-// CUDA graphs by stream capture (CUDA 12's signatures; kernels/cuda_emu/runtime.cpp describes
+// CUDA graphs by stream capture (CUDA 12's signatures; kernels/cuda_emu/capture.cpp describes
 // what is modelled).
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph);
