@@ -30,6 +30,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "train/evaluate.h"
+#include "train/evaluations.h"
 #include "train/metrics.h"
 #include "train/mllog.h"
 #include "train/batching.h"
@@ -345,93 +346,6 @@ void log_progress(ProgressAccumulator& progress, const RunState& st, double elap
   if (trainer.rank() == 0) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
   metrics.write(to_json(r));
 }
-
-// The MLPerf log's blocks: the training between two evaluations (first_epoch_num: the samples
-// trained before it).
-class MlperfBlocks {
- public:
-  MlperfBlocks(MlLogger& ml, int64_t epoch_count) : ml_(ml), epoch_count_(epoch_count) {}
-
-  void open(int64_t samples) {
-    first_ = samples;
-    open_ = true;
-    ml_.start("block_start", nullptr,
-              {{"first_epoch_num", samples}, {"epoch_count", epoch_count_}});
-  }
-  void close() {  // nothing when none is open
-    if (open_) ml_.end("block_stop", nullptr, {{"first_epoch_num", first_}});
-    open_ = false;
-  }
-
- private:
-  MlLogger& ml_;
-  int64_t epoch_count_;
-  int64_t first_ = 0;
-  bool open_ = false;
-};
-
-// The most activation memory an evaluation forward may take: what a training step of the run
-// reserves (TrainerOptions::reserve), the same in `packbert eval` as during training, so that the
-// two split the evaluation batches alike (train/evaluate.h) and agree to the bit.
-size_t eval_arena_limit(const ModelReplica& model, const TrainerOptions& o) {
-  return o.reserve.rows > 0 ? model.bert().activation_bytes(o.reserve, /*gradients=*/true) : 0;
-}
-
-// Evaluation during the run, every eval.every_samples samples, each logged to the MLPerf log,
-// the log and the metrics file.
-class Evaluations {
- public:
-  // set: null when the run does not evaluate. samples: trained before the run started.
-  Evaluations(MPI_Comm comm, const TrainConfig& c, Trainer& trainer, const EvalSet* set,
-              MlLogger& ml, MetricsWriter& metrics, int64_t samples)
-      : comm_(comm), c_(c), trainer_(trainer), set_(set), ml_(ml), metrics_(metrics) {
-    const int64_t every = c.eval.every_samples;
-    if (every > 0) next_ = (samples / every + 1) * every;
-  }
-
-  bool enabled() const { return set_ != nullptr; }
-  // Whether one is due after `samples`; the next is then scheduled past them.
-  bool due(int64_t samples) {
-    if (!set_ || samples < next_) return false;
-    while (next_ <= samples) next_ += c_.eval.every_samples;
-    return true;
-  }
-  bool ran_at(int64_t samples) const { return last_samples_ == samples; }
-  double last_accuracy() const { return last_accuracy_; }  // < 0: none ran
-
-  // Collective: evaluates the model after `step` (`samples` trained). Returns whether it
-  // reached the target accuracy.
-  bool run(int64_t step, int64_t samples) {
-    last_samples_ = samples;
-    ml_.start("eval_start", nullptr, {{"epoch_num", samples}});
-    const EvalResult r = evaluate(comm_, trainer_.replica(), *set_, c_.eval.batch_size,
-                                  c_.train.max_seq_len, eval_arena_limit(trainer_.replica(),
-                                                                         trainer_.options()));
-    ml_.event("eval_accuracy", r.mlm_accuracy, {{"epoch_num", samples}});
-    ml_.end("eval_stop", nullptr, {{"epoch_num", samples}});
-    spdlog::info("eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}, nsp "
-                 "accuracy {:.4f} over {} samples / {} masked tokens in {:.1f} s",
-                 step, samples, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples,
-                 r.masked_tokens, r.seconds);
-    metrics_.write({{"event", "eval"}, {"step", step}, {"samples", samples},
-                    {"eval_accuracy", r.mlm_accuracy}, {"eval_loss", r.mlm_loss},
-                    {"eval_nsp_accuracy", r.nsp_accuracy}, {"eval_samples", r.samples},
-                    {"eval_masked_tokens", r.masked_tokens}});
-    last_accuracy_ = r.mlm_accuracy;
-    return c_.eval.target_accuracy > 0 && r.mlm_accuracy >= c_.eval.target_accuracy;
-  }
-
- private:
-  MPI_Comm comm_;
-  const TrainConfig& c_;
-  Trainer& trainer_;
-  const EvalSet* set_;
-  MlLogger& ml_;
-  MetricsWriter& metrics_;
-  int64_t next_ = INT64_MAX;
-  int64_t last_samples_ = -1;
-  double last_accuracy_ = -1;
-};
 
 // A checkpoint of the run at `st` under checkpoint.dir (none when that is unset). Collective:
 // rank 0 writes it, after a sharded optimizer has gathered its state there. Returns its
