@@ -54,7 +54,7 @@
 #include <memory>
 #include <utility>
 
-#include "core/tensor.h"
+#include "kernels/base/tensor.h"
 
 namespace packbert {
 

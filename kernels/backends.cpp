@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "kernels/backend.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "kernels/device.h"
 
 #ifdef PACKBERT_HAVE_CUDA

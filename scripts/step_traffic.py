@@ -3,7 +3,7 @@
 changes, computed from the code's sizes (no GPU needed):
 
   MLM decoder backward (bf16)  row blocks -> vocabulary blocks
-                               (kernels/cuda/cuda_heads.cpp, mlm_loss_lowp): the
+                               (kernels/cuda/cuda_losses.cpp, mlm_loss_lowp): the
                                word-embedding gradient read and written once per mlm_loss call
                                instead of once per block of rows
   NSP head (bf16)              the widening adapter (kernels/common/lowp_adapter.h nsp_loss:
@@ -31,7 +31,7 @@ import math
 import os
 
 MIB = 1 << 20
-BLOCK_BYTES = 64 * MIB  # kMlmBackwardBlockBytes (cuda_heads.cpp)
+BLOCK_BYTES = 64 * MIB  # kMlmBackwardBlockBytes (cuda_losses.cpp)
 BF16 = 2
 F32 = 4
 
@@ -65,7 +65,7 @@ def mlm_backward_rows_before(m, h, v):
 
 
 def block_columns(m, v, es=BF16):
-    """mlm_backward_block_columns (cuda_heads.cpp)."""
+    """mlm_backward_block_columns (cuda_losses.cpp)."""
     fit = BLOCK_BYTES // max(1, m * es)
     if fit >= v:
         return v

@@ -18,7 +18,7 @@
 #include "comm/mpi_check.h"
 #include "config/command_config.h"
 #include "config/config.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/log.h"
 #include "data/shards/inspect.h"
 #include "data/shards/shard.h"

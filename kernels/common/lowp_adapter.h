@@ -21,8 +21,8 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
-#include "core/error.h"
-#include "core/tensor.h"
+#include "kernels/base/error.h"
+#include "kernels/base/tensor.h"
 
 namespace packbert::lowp {
 

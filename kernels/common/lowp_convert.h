@@ -11,7 +11,7 @@
 //   from 65520 up, the midpoint above the largest finite 65504).
 // - f16 keeps its subnormals (down to 2^-24), rounded to nearest even too; results below half
 //   of 2^-24 are signed zeros. fp32 subnormals are far below f16's range and give zero.
-// No C++ type is involved: storage is uint16_t, which is what core/tensor.h's DType::bf16 / f16
+// No C++ type is involved: storage is uint16_t, which is what kernels/base/tensor.h's DType::bf16 / f16
 // buffers hold, and the CUDA side reinterprets the same bits as __nv_bfloat16 / __half.
 #pragma once
 

@@ -12,8 +12,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/common/op_checks.h"
-#include "core/error.h"
-#include "core/tensor.h"
+#include "kernels/base/error.h"
+#include "kernels/base/tensor.h"
 
 namespace packbert::checks {
 

@@ -7,7 +7,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/common/philox.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert::checks {
 

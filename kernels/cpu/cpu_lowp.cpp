@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kernels/common/lowp_convert.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert::cpu {
 

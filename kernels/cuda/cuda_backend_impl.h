@@ -16,7 +16,7 @@
 #include "kernels/common/lowp_adapter.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/common/op_args.h"
-#include "core/trace.h"
+#include "kernels/base/trace.h"
 #include "kernels/cuda/counters.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -107,7 +107,7 @@ class CudaLowpStaging final : public lowp::Staging {
   std::array<size_t, lowp::kMaxStaged> bytes_{};
 };
 
-// Vocabulary columns per block of the low-precision MLM decoder's backward (cuda_heads.cpp):
+// Vocabulary columns per block of the low-precision MLM decoder's backward (cuda_losses.cpp):
 // as many as keep the rounded gradient of a block of m rows within 64 MiB, a multiple of 8
 // (all v when they fit; at least min(8, v)).
 int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes);
@@ -233,7 +233,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceLayout device_layout(const char* op, const SeqLayout& layout, int64_t rows,
                                    checks::EmptySeqs empty = checks::EmptySeqs::allowed);
   // What attention_forward and attention_backward set up alike once their tensors are checked
-  // (cuda_layer_ops.cpp): the device layout, the sequence lengths on the host (for the grouped
+  // (cuda_attention.cpp): the device layout, the sequence lengths on the host (for the grouped
   // launch; read once, validation included) and the dropout stream.
   struct AttnLaunch {
     cuda::DeviceLayout dl;
@@ -295,13 +295,13 @@ class CudaBackend final : public Backend {
                             const Tensor& dx, const Tensor& dw, const Tensor& db,
                             const LinearBackwardOptions& options);
   // mlm_loss with x, w (and dx) bf16 / f16: the decoder GEMMs on the low-precision operands
-  // (cuda_heads.cpp); false for a combination it does not take (the adapter's then).
+  // (cuda_losses.cpp); false for a combination it does not take (the adapter's then).
   bool mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
                      const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
                      const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
                      const Tensor& db);
 
-  // nsp_loss (cuda_heads.cpp): the workspace's views [cls, pooled, dpooled, dcls, logits];
+  // nsp_loss (cuda_losses.cpp): the workspace's views [cls, pooled, dpooled, dcls, logits];
   // the fp32 head from the gathered cls rows to dcls (the weights fp32); the bf16 / f16 path
   // (false for a combination it does not take: the adapter's then).
   static std::array<Tensor, 5> nsp_workspace(const Tensor& workspace, int64_t s, int64_t h);

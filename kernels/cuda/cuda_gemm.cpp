@@ -1,6 +1,6 @@
 // The CUDA backend's GEMMs through cuBLASLt: the one matmul call with its per-shape plan cache
 // (gemm), and the GEMMs of a linear layer (forward, weight gradient, input gradient) that the
-// linear layers (cuda_linear.cpp) and the heads (cuda_heads.cpp) share. fp32 compute
+// linear layers (cuda_linear.cpp) and the heads (cuda_losses.cpp) share. fp32 compute
 // (CUBLAS_COMPUTE_32F: true fp32 arithmetic, no TF32, so the ops tests can compare with the CPU
 // at ~1e-6) on fp32 operands, or on bf16 / f16 ones with mixed precision.
 //

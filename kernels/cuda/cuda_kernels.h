@@ -28,7 +28,7 @@ struct DeviceLayout {
   int32_t max_len = 0;
 };
 
-// The storage formats of float buffers (core/tensor.h's DType is not visible to the .cu files;
+// The storage formats of float buffers (kernels/base/tensor.h's DType is not visible to the .cu files;
 // the host side maps it with float_format()).
 enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
 

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "kernels/cuda/device_seams.cuh"
 
 // Every CUDA runtime call is checked; failure names the call, file and line.

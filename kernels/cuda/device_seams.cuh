@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "kernels/cuda/counters.h"
+#include "kernels/mutants.h"
 
 #ifdef PACKBERT_CUDA_EMULATION
 #include "kernels/cuda_emu/launch.h"
@@ -41,36 +42,13 @@
 #define PB_EXTERN_SHARED(T, name) extern __shared__ T name[]
 #endif
 
-// Planted mistakes that the emulated tests must catch (tests/emulation/CMakeLists.txt runs each
-// one and expects failures): set PACKBERT_EMU_MUTANT to the number in the emulated build.
-// Why mutants 1-5 sit in the kernels' text: each is one precise mistake at one site (one
-// register swap after one load, one barrier of several, one lane permutation), and the only ways
-// to plant it from outside are a second copy of the kernel, or a coarser mistake planted by the
-// emulator (every mma's registers, every barrier of a file), which proves less and, keyed by
-// file and line, breaks silently when the kernel is edited. On the GPU the switch is the
-// constant false, so `if (!PB_MUTANT(m)) __syncthreads();` is `__syncthreads();` to the
-// compiler. Mutants 6 and 7 are not a kernel's: the emulated runtime plants 6
-// (cudaStreamWaitEvent), the NCCL transport 7 (in emulated builds only).
-#ifdef PACKBERT_CUDA_EMULATION
-#define PB_MUTANT(which) (::packbert::emu::mutant() == static_cast<int>(which))
-#else
-#define PB_MUTANT(which) false
-#endif
-namespace packbert::cuda {
-enum class Mutant : int {
-  fmha_b_halves = 1,           // the two 16-bit halves of an attention B register swapped
-  fmha_a1_a2 = 2,              // registers a1 and a2 of an attention A fragment swapped
-  fmha_dkv_dropout_words = 3,  // the dK/dV kernel's dropout words permuted among the lanes
-  fmha_barrier = 4,            // a __syncthreads removed from the attention forward
-  layernorm_barrier = 5,       // a __syncthreads removed from the LayerNorm block reduction
-  comm_stream_wait = 6,        // the NCCL transport's communication stream not waiting for a
-                               // bucket's ready event (planted by the emulated runtime's
-                               // cudaStreamWaitEvent, kernels/cuda_emu/runtime.cpp)
-  gather_group_wait = 7,       // the backend's stream not waiting for a group of the sharded
-                               // optimizer's gathers before reading it (planted in the NCCL
-                               // transport's wait_group, src/comm/nccl_transport.cpp)
-};
-}  // namespace packbert::cuda
+// The test-only mutation switch (PB_MUTANT, kernels/mutants.h). Why mutants 1-5 sit in the
+// kernels' text: each is one precise mistake at one site (one register swap after one load, one
+// barrier of several, one lane permutation), and the only ways to plant it from outside are a
+// second copy of the kernel, or a coarser mistake planted by the emulator (every mma's
+// registers, every barrier of a file), which proves less and, keyed by file and line, breaks
+// silently when the kernel is edited. On the GPU the switch is the constant false, so
+// `if (!PB_MUTANT(m)) __syncthreads();` is `__syncthreads();` to the compiler.
 
 namespace packbert::cuda {
 

@@ -13,7 +13,7 @@
 
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/counters.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert::cuda {
 

@@ -56,7 +56,7 @@ void warp_collective(const char* op, unsigned mask, const uint32_t* in, int in_w
 // Dynamic shared memory of the running block (the launch's shared-memory bytes, 16-byte aligned).
 void* dynamic_shared_memory();
 
-// The test-only mutation switch (device_seams.cuh, PB_MUTANT): the value of the environment
+// The test-only mutation switch (kernels/mutants.h, PB_MUTANT): the value of the environment
 // variable PACKBERT_EMU_MUTANT, read once; 0 when unset.
 int mutant();
 

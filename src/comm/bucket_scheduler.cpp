@@ -6,8 +6,8 @@
 #include <numeric>
 #include <utility>
 
-#include "core/error.h"
-#include "core/trace.h"
+#include "kernels/base/error.h"
+#include "kernels/base/trace.h"
 
 namespace packbert {
 

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "kernels/base/tensor.h"
 
 namespace packbert {
 

@@ -9,7 +9,7 @@
 
 #include "comm/mpi_check.h"
 #include "comm/nccl_transport.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/watchdog.h"
 
 namespace packbert {

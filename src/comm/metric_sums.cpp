@@ -1,7 +1,7 @@
 #include "comm/metric_sums.h"
 
 #include "comm/mpi_check.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/watchdog.h"
 
 namespace packbert {

@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert::detail {
 

@@ -10,11 +10,11 @@
 #include <thread>
 #include <utility>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/watchdog.h"
 #include "comm/mpi_check.h"
 #ifdef PACKBERT_CUDA_EMULATION
-#include "kernels/cuda/device_seams.cuh"  // PB_MUTANT (the emulated build only)
+#include "kernels/mutants.h"  // PB_MUTANT (the emulated build only)
 #endif
 
 namespace packbert {
@@ -259,7 +259,7 @@ class NcclTransport final : public GradBucketTransport {
                "nccl transport: wait for gather group {} of {}", group, groups_started_);
     PB_NCCL_CUDA(cudaSetDevice(device_));
 #ifdef PACKBERT_CUDA_EMULATION
-    // Planted mistake (kernels/cuda/device_seams.cuh, Mutant::gather_group_wait): the reader
+    // Planted mistake (kernels/mutants.h, Mutant::gather_group_wait): the reader
     // does not wait for the group it is about to read.
     if (PB_MUTANT(cuda::Mutant::gather_group_wait)) return;
 #endif

@@ -1,6 +1,6 @@
 // make_nccl_transport in a build without CUDA (the CUDA build compiles nccl_transport.cpp).
 #include "comm/nccl_transport.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

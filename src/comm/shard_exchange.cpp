@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "comm/mpi_check.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/watchdog.h"
 
 namespace packbert {

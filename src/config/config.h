@@ -31,7 +31,7 @@
 
 #include "config/key_doc.h"
 #include "config/locations.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert::config {
 

@@ -18,7 +18,7 @@
 
 #include "config/key_doc.h"
 #include "config/locations.h"
-#include "core/tensor.h"
+#include "kernels/base/tensor.h"
 #include "data/loader/loader.h"  // LastStepPolicy
 #include "model/batch.h"
 #include "model/bert.h"

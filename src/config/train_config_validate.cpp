@@ -8,7 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "kernels/common/philox.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "kernels/device.h"
 #include "config/train_config.h"
 #include "config/train_options.h"

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

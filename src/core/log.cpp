@@ -2,7 +2,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

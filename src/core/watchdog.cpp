@@ -7,7 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

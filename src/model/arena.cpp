@@ -1,6 +1,6 @@
 #include "model/arena.h"
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -10,7 +10,7 @@
 #include <initializer_list>
 
 #include "kernels/backend.h"
-#include "core/tensor.h"
+#include "kernels/base/tensor.h"
 
 namespace packbert {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/error.h"
-#include "core/trace.h"
+#include "kernels/base/error.h"
+#include "kernels/base/trace.h"
 #include "model/activations.h"
 
 namespace packbert {

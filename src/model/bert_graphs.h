@@ -35,7 +35,7 @@ struct GraphKey {
   int64_t rows = 0, seqs = 0, masked = 0, max_len = 0;
   int64_t mlp_chunk_rows = 0, mlm_chunk_rows = 0;  // the plan's (ActivationPlan)
   const void* sums = nullptr;  // the metric slot the heads write
-  int mlm_scale_exponent = 0;  // f16: the decoder's range scaling (cuda_heads.cpp)
+  int mlm_scale_exponent = 0;  // f16: the decoder's range scaling (cuda_losses.cpp)
   bool layer_recompute = false, gradients = false, dropout = false;
   uint64_t seed = 0;
 

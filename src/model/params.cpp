@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/philox.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -4,7 +4,7 @@
 #include <exception>
 #include <utility>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "optim/sharding.h"
 
 namespace packbert {

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "kernels/common/math.h"
-#include "core/error.h"
-#include "core/trace.h"
+#include "kernels/base/error.h"
+#include "kernels/base/trace.h"
 
 namespace packbert {
 

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -4,7 +4,7 @@
 #include <unordered_set>
 
 #include "kernels/common/philox.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -21,7 +21,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "train/checkpoint_internal.h"
 #include "train/safetensors.h"
 

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_internal.h"
 

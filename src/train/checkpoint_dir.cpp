@@ -21,7 +21,7 @@
 #include <toml++/toml.h>
 
 #include "comm/mpi_check.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/watchdog.h"
 #include "train/checkpoint_internal.h"
 

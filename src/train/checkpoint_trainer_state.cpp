@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "train/checkpoint.h"
 
 namespace packbert {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/shards/shard.h"
 #include "comm/metric_sums.h"
 #include "train/batching.h"

@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/files.h"
 #include "data/loader/loader.h"
 #include "model/arena.h"

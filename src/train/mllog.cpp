@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "config/train_options.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/files.h"
 #include "optim/lr_schedule.h"
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "comm/mpi_check.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/watchdog.h"
 #include "train/safetensors.h"
 

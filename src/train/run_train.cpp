@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/log.h"
 #include "core/watchdog.h"
 #include "data/loader/loader.h"

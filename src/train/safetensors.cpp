@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.cpp assumes a little-endian host (the format is little-endian)"

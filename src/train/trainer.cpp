@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "comm/mpi_check.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "kernels/common/philox.h"
 #include "train/batching.h"
 

@@ -67,7 +67,7 @@
 
 #include "comm/grad_reducer.h"
 #include "comm/shard_exchange.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "kernels/backend.h"
 #include "model/bert.h"
 #include "model/config.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <typeinfo>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/shards/shard.h"
 
 namespace packbert::test {

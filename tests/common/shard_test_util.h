@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/shards/sample.h"
 #include "test_util.h"
 

@@ -1,6 +1,6 @@
 #include "test_util.h"
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/packing/packing.h"
 
 #include <sys/wait.h>

@@ -25,7 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/batch.h"
 #include "model/bert.h"

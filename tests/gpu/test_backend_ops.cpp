@@ -229,7 +229,7 @@ TEST(BackendOpsCuda, EmbeddingScatterOrderAtScale) {
   cuda_free(scratch);
 }
 
-// The blocks of the MLM decoder's backward (vocabulary columns, cuda_heads.cpp): their rounded
+// The blocks of the MLM decoder's backward (vocabulary columns, cuda_losses.cpp): their rounded
 // gradient [m, block] fits the 64 MiB of scratch unless a block is at its minimum of 8 columns,
 // blocks are multiples of 8 columns (but a whole vocabulary that fits), and the shape of the
 // test below takes three.

@@ -173,7 +173,7 @@ void sharded_rank() {
   }
 }
 
-// PACKBERT_NVTX=1: the CUDA backend installs NVTX as the trace hooks (core/trace.h), and a
+// PACKBERT_NVTX=1: the CUDA backend installs NVTX as the trace hooks (kernels/base/trace.h), and a
 // step's ranges reach it, here the emulated NVTX's record: balanced and nested on the calling
 // thread; at the top the phases (forward and backward once per micro-step, the gradient wait,
 // LAMB) and no compute op; inside them the ops, the heads' ops inside heads, the gradient

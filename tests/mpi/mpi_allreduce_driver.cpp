@@ -37,7 +37,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "kernels/backend.h"
 #include "comm/grad_reducer.h"
 #include "comm/metric_sums.h"

@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "driver_args.h"
 #include "data/loader/epoch_order.h"
 #include "data/loader/loader.h"

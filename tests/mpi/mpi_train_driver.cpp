@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "driver_args.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/device.h"

@@ -1,4 +1,4 @@
-// src/core/tensor.h: views and the contract checks ops rely on (errors name op and argument).
+// kernels/base/tensor.h: views and the contract checks ops rely on (errors name op and argument).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "core/tensor.h"
+#include "kernels/base/tensor.h"
 
 #include "test_util.h"
 

@@ -6,6 +6,8 @@
 #   - src/model, src/optim and src/train reach devices only through kernels/backend.h: no CUDA,
 #     NCCL or backend header, no PACKBERT_HAVE_CUDA, no CUDA or NCCL call (src/comm owns NCCL);
 #   - src/model includes nothing of the data pipeline (train/batching.h lays samples out);
+#   - kernels/ includes nothing of src/ (the build also refuses it: kernels_see_only_their_root),
+#     and src/comm nothing of kernels/cuda (its mutation switch: kernels/mutants.h);
 #   - the two include roots, src/ ("model/bert.h") and the repository root ("kernels/backend.h"),
 #     never both hold a quoted include's path, and no include is spelled through "src/".
 # Prints each offending line and exits 1 if there is any.
@@ -38,6 +40,8 @@ for dir in src/model src/optim src/train; do
   fi
 done
 check src/model 'data/' "the data pipeline (src/data)"
+check kernels '(core|model|train|optim|comm|data|config)/' "a module of src/"
+check src/comm 'kernels/cuda/' "the CUDA backend's files (kernels/mutants.h holds PB_MUTANT)"
 # Every quoted include of the project's sources and tests resolves under at most one root.
 while IFS= read -r inc; do
   if [ -e "$root/src/$inc" ] && [ -e "$root/$inc" ]; then
@@ -51,5 +55,6 @@ done < <(grep -rhoE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]+"' "$roo
            "$root/tests" | sed -E 's/.*"([^"]+)"/\1/' | sort -u)
 [ $bad -eq 0 ] && echo "kernels/cpu and kernels/cuda include neither the other;" \
   "src/model, src/optim and src/train reach devices through kernels/backend.h only;" \
-  "src/model includes no data/; no include path resolves under both roots"
+  "src/model includes no data/; kernels/ nothing of src/, src/comm nothing of kernels/cuda;" \
+  "no include path resolves under both roots"
 exit $bad

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "comm/bucket_scheduler.h"
 #include "test_util.h"
 

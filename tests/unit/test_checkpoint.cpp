@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "test_util.h"

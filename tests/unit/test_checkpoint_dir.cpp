@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "config/train_config.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "test_util.h"
 #include "train/checkpoint_dir.h"
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "config/command_config.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "test_util.h"
 #include "config/train_config.h"
 

@@ -7,7 +7,7 @@
 #include <set>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/loader/epoch_order.h"
 #include "data/loader/exchange.h"
 #include "test_util.h"

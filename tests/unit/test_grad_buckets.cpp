@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "comm/grad_reducer.h"
 #include "comm/metric_sums.h"
 #include "comm/shard_exchange.h"

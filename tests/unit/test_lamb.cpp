@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "optim/lamb.h"
 #include "measure.h"

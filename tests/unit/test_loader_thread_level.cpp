@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/loader/exchange.h"
 
 namespace packbert {

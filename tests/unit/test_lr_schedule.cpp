@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "optim/lr_schedule.h"
 #include "measure.h"
 #include "test_util.h"

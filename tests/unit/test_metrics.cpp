@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/loader/loader.h"
 #include "model/arena.h"
 #include "model/bert.h"

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "train/mllog.h"
 #include "config/train_config.h"
 

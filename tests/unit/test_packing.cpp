@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/packing/nnls.h"
 #include "data/packing/pack_report.h"
 #include "data/packing/packing.h"

@@ -10,7 +10,7 @@
 #include <random>
 #include <set>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/packing/packing.h"
 #include "data/packing/planner.h"
 #include "measure.h"

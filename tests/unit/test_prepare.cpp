@@ -16,7 +16,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/prepare/prepare.h"
 #include "data/shards/shard.h"
 #include "data/prepare/text_input.h"

@@ -11,7 +11,7 @@
 #include <memory>
 #include <sstream>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/prepare/tokenizer.h"
 #include "test_util.h"
 

@@ -12,7 +12,7 @@
 
 #include <unistd.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "config/train_config.h"
 #include "config/train_options.h"
 

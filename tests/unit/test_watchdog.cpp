@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/log.h"
 #include "core/watchdog.h"
 

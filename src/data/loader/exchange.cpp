@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "comm/mpi_check.h"
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "core/watchdog.h"
 
 namespace packbert {

@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/trace.h"
+#include "kernels/base/error.h"
+#include "kernels/base/trace.h"
 #include "data/loader/loader_internal.h"
 
 namespace packbert {

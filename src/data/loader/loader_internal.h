@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/loader/epoch_order.h"
 #include "data/loader/exchange.h"
 #include "data/loader/loader.h"

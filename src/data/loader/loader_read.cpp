@@ -1,7 +1,7 @@
 // The loader's reader thread: this rank's blocks, window by window, ahead of the steps.
 #include <algorithm>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/loader/loader_internal.h"
 
 namespace packbert::detail {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/loader/loader_internal.h"
 
 namespace packbert::detail {

@@ -11,7 +11,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/packing/packing.h"
 
 namespace packbert {

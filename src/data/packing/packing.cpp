@@ -8,7 +8,7 @@
 #include <fstream>
 #include <map>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/packing/packing_internal.h"
 
 namespace packbert {

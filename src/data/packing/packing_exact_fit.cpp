@@ -45,7 +45,7 @@
 #include <algorithm>
 #include <climits>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/packing/packing.h"
 #include "data/packing/packing_internal.h"
 

@@ -17,7 +17,7 @@
 #include <cmath>
 #include <functional>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/packing/nnls.h"
 #include "data/packing/packing.h"
 #include "data/packing/packing_internal.h"

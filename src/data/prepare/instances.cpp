@@ -4,7 +4,7 @@
 #include <cmath>
 #include <utility>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -36,7 +36,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 #include "data/prepare/instances.h"
 #include "data/prepare/task_pool.h"
 #include "data/prepare/text_input.h"

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -36,7 +36,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

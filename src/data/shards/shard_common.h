@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert::h5 {
 

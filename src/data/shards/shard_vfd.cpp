@@ -10,7 +10,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert::h5 {
 

@@ -1,4 +1,4 @@
-#include "core/tensor.h"
+#include "kernels/base/tensor.h"
 
 namespace packbert {
 

@@ -8,7 +8,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert {
 

@@ -1,4 +1,4 @@
-#include "core/error.h"
+#include "kernels/base/error.h"
 
 namespace packbert::detail {
 

@@ -1,6 +1,8 @@
-// The two heads that are GEMMs plus a loss, on the CUDA backend: the MLM decoder (mlm_loss) and
-// the pooler + NSP classifier (nsp_loss), with fp32 operands and with bf16 / f16 ones, through
-// the GEMMs of cuda_gemm.cpp and the linear layers of cuda_linear.cpp.
+// CudaBackend's losses and what feeds them: the gathers of the masked rows and their backward,
+// softmax cross-entropy (gather_scatter_kernels.cu, loss_kernels.cu), and the two heads that are
+// GEMMs plus a loss, the MLM decoder (mlm_loss) and the pooler + NSP classifier (nsp_loss), with
+// fp32 operands and with bf16 / f16 ones, through the GEMMs of cuda_gemm.cpp and the linear
+// layers of cuda_linear.cpp.
 #include <algorithm>
 #include <cmath>
 
@@ -8,6 +10,92 @@
 #include "kernels/cuda/cuda_backend_impl.h"
 
 namespace packbert {
+
+// ---- masked positions ------------------------------------------------------------------------
+// The gather and its backward move rows of one float format: bf16 / f16 natively (the forward
+// is a bit copy, the backward adds in fp32 and rounds after each add -- for distinct indices,
+// the usual case, exactly the CPU emulation's single rounding of 0 + dout). Mixed formats go
+// through the adapter.
+namespace {
+// x and out (or dout and dx) of one float format: the format; else none (the adapter's case).
+bool same_float_format(const Tensor& a, const Tensor& b) {
+  return a.dtype == b.dtype &&
+         (a.dtype == DType::f32 || a.dtype == DType::bf16 || a.dtype == DType::f16);
+}
+// The same view read as f32, for the shape checks shared with the CPU.
+Tensor as_f32(Tensor t) {
+  if (t.defined()) t.dtype = DType::f32;
+  return t;
+}
+}  // namespace
+
+void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) {
+  const trace::Range range("gather_rows");
+  if (lowp::any({&x, &out}) && !same_float_format(x, out))
+    return lowp::gather_rows(*this, lowp_, x, index, out);
+  const char* op = "gather_rows";
+  const auto [rows, h, m] = checks::gather_rows_args(
+      checks::OpArgs(op, Device::cuda, pointer_check()), "x", as_f32(x), index, "out", as_f32(out));
+  begin(op);
+  check_indices(op, "index", index, rows, true);
+  if (m * h > 0)
+    launched(op, "gather_rows",
+             cuda::gather_rows(x.data, index.ptr<int32_t>(), out.data, float_format(op, "x", x),
+                               m, h, stream_));
+  end(op);
+}
+
+void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) {
+  const trace::Range range("gather_rows_backward");
+  if (lowp::any({&dout, &dx}) && !same_float_format(dout, dx))
+    return lowp::gather_rows_backward(*this, lowp_, dout, index, dx);
+  const char* op = "gather_rows_backward";
+  const auto [rows, h, m] =
+      checks::gather_rows_args(checks::OpArgs(op, Device::cuda, pointer_check()), "dx",
+                               as_f32(dx), index, "dout", as_f32(dout));
+  begin(op);
+  check_indices(op, "index", index, rows, true);
+  if (dx.bytes()) PB_CUDA_OP(op, cuda::memset_async(dx.data, 0, dx.bytes(), stream_));
+  if (m * h > 0) {
+    auto* scratch = static_cast<uint32_t*>(
+        scratch_bytes(op, static_cast<size_t>(rows + 1) * sizeof(uint32_t)));
+    launched(op, "scatter_add_rows_ordered",
+             cuda::scatter_add_rows_ordered(dout.data, index.ptr<int32_t>(), dx.data,
+                                            float_format(op, "dx", dx), m, h, rows, scratch,
+                                            stream_));
+  }
+  end(op);
+}
+
+// ---- losses ----------------------------------------------------------------------------------
+void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                                        const GradScale& grad_scale, const Tensor& loss_sum,
+                                        const Tensor& num_correct, const Tensor& dlogits) {
+  const trace::Range range("softmax_cross_entropy");
+  if (lowp::any({&logits, &loss_sum, &dlogits}))
+    return lowp::softmax_cross_entropy(*this, lowp_, logits, labels, grad_scale, loss_sum,
+                                       num_correct, dlogits);
+  const char* op = "softmax_cross_entropy";
+  const auto [m, v] =
+      checks::softmax_cross_entropy_args(checks::OpArgs(op, Device::cuda, pointer_check()), logits,
+                                         labels, grad_scale, loss_sum, num_correct, dlogits);
+  PB_REQUIRE(m <= 0x7fffffff, "{}: {} rows exceed the grid", op, m);
+  begin(op);
+  check_indices(op, "labels", labels, v, true);
+  if (m > 0) {
+    double* rows = scratch_doubles(op, 2 * static_cast<size_t>(m));
+    launched(op, "softmax_cross_entropy",
+             cuda::softmax_cross_entropy(logits.ptr<float>(), labels.ptr<int32_t>(), m, v,
+                                         grad_scale.value,
+                                         grad_scale.device.defined()
+                                             ? grad_scale.device.ptr<float>()
+                                             : nullptr,
+                                         dlogits.defined() ? dlogits.ptr<float>() : nullptr,
+                                         rows, rows + m, loss_sum.ptr<float>(),
+                                         num_correct.ptr<int32_t>(), stream_));
+  }
+  end(op);
+}
 
 // ---- MLM ---------------------------------------------------------------------------------------
 void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
