@@ -58,13 +58,11 @@ bool GraphCapacity::cover(const BatchShape& s) {
 }
 
 BatchShape GraphCapacity::of(const BatchShape& s) const {
-  const int64_t row_step = round_up(std::max<int64_t>(1, round_up(bound.rows, kRowBuckets) /
-                                                             kRowBuckets), 8);
-  const int64_t masked_step =
-      std::max<int64_t>(1, round_up(bound.masked, kMaskedBuckets) / kMaskedBuckets);
+  const int64_t row_step = round_up(
+      std::max<int64_t>(1, round_up(bound.rows, kRowBuckets) / kRowBuckets), row_quantum);
   BatchShape c = s;
   c.rows = round_up(s.rows, row_step);
-  c.masked = round_up(s.masked, masked_step);
+  c.masked = std::max(bound.masked, s.masked);
   c.seqs = std::max(bound.seqs, s.seqs);
   return c;
 }

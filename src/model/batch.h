@@ -70,13 +70,14 @@ struct Batch {
 // The capacities batches are laid into when recorded CUDA graphs replay them (Bert with
 // BertOptions::cuda_graphs): fixed from the largest batch expected (Bert::reserve, the
 // planner's bound), so that a run's batches share a handful of shapes and nothing grows
-// mid-run. Rows round up to a multiple of ceil(bound.rows / kRowBuckets) (itself a multiple of
-// 8), masked tokens to a multiple of ceil(bound.masked / kMaskedBuckets), and the sequence slots
-// are the bound's. A batch beyond the bound raises it. docs/performance.md says why these.
+// mid-run. Rows round up to a multiple of ceil(bound.rows / kRowBuckets), itself a multiple of
+// row_quantum (8; the slot length in the padded and packed layouts, whose rows are whole
+// slots); the masked tokens and the sequence slots are the bound's. A batch beyond the bound
+// raises it. docs/performance.md says why these.
 struct GraphCapacity {
   static constexpr int64_t kRowBuckets = 32;
-  static constexpr int64_t kMaskedBuckets = 4;
   BatchShape bound;
+  int64_t row_quantum = 8;
   // Raises each extent of the bound to hold s; true when any changed.
   bool cover(const BatchShape& s);
   // The capacity of a batch of shape s (within the bound): rows, masked and seqs as above,

@@ -195,7 +195,8 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   const bool graph_heads = graphed == Graphed::layers_and_heads || graphed == Graphed::whole;
   Batch fixed;
   if (graphed != Graphed::none) {
-    graphs_.cover(batch.shape(), options.gradients);
+    graphs_.cover(batch.shape(), options.gradients,
+                  batch.layout == BatchLayout::unpadded ? 8 : batch.max_seq_len);
     BatchShape c = graphs_.capacity(batch.shape(), options.gradients);
     if (!graph_heads) c.masked = batch.num_masked();  // a logits hook is shown no padded slot
     fixed = with_capacity(batch, c.rows, c.seqs, c.masked);

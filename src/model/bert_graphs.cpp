@@ -49,8 +49,11 @@ BatchShape BertGraphs::capacity(const BatchShape& shape, bool gradients) const {
   return c.of(shape);
 }
 
-void BertGraphs::cover(const BatchShape& shape, bool gradients) {
-  if (on_) capacity_[gradients ? 1 : 0].cover(shape);
+void BertGraphs::cover(const BatchShape& shape, bool gradients, int64_t row_quantum) {
+  if (!on_) return;
+  GraphCapacity& c = capacity_[gradients ? 1 : 0];
+  c.cover(shape);
+  if (row_quantum > 0) c.row_quantum = row_quantum;
 }
 
 void BertGraphs::begin(const GraphKey& step, Graphed graphed) {

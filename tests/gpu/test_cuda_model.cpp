@@ -167,7 +167,7 @@ std::vector<int> lengths_totalling(std::mt19937_64& rng, int n, int target) {
 // heads, recorded at a shape's second use and replayed after give the loss and every gradient
 // of the ops run one by one, bit for bit, step after step with dropout on (a new step, new
 // batches of the padded layout's one shape, and an unpadded batch of another shape between
-// them; 31 to 45 masked tokens, one masked capacity of the bound's 60: GraphCapacity), in fp32
+// them; 31 to 45 masked tokens, laid into the bound's 60: GraphCapacity), in fp32
 // and bf16; once recorded, a step launches a graph per layer and direction and one for the
 // heads, and fewer kernels; and evaluation's forwards, whose layers and heads replay their own
 // graphs.
@@ -251,7 +251,8 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
 // Unpadded batches rarely repeat a shape; laid into a capacity (GraphCapacity: rows up to a
 // bucket of the bound's 1/32, the bound's sequence slots), they share one. Under the bound of 256
 // rows, 80 masked tokens and 8 sequences, batches of 5 to 8 sequences, 249 to 256 tokens and 21
-// to 40 masked tokens all take 256 rows, 8 slots and 40 masked slots: each layer, and the heads,
+// to 40 masked tokens all take 256 rows, 8 slots and the bound's 80 masked slots: each layer, and
+// the heads,
 // are recorded at the second step and replayed from then on, and every step gives the bits of
 // the same batch run op by op without the padding.
 TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {

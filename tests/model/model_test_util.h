@@ -80,8 +80,7 @@ inline int64_t masked_count(const std::vector<Sample>& samples) {
   return n;
 }
 
-// model_samples drawn again until their masked tokens number lo .. hi (with graphs, batches
-// whose counts fall in one masked bucket share the heads' graph: model/batch.h GraphCapacity).
+// model_samples drawn again until their masked tokens number lo .. hi.
 inline std::vector<Sample> model_samples_masked(std::mt19937_64& rng,
                                                 const std::vector<int>& lengths,
                                                 int max_predictions, int64_t vocab, int64_t lo,
