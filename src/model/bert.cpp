@@ -164,34 +164,12 @@ Dropout Bert::dropout(DropoutSite site, uint32_t layer) const {
   return d;
 }
 
-ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t global_samples,
-                            uint32_t step, uint64_t seed, const ForwardOptions& options) {
-  const trace::Range range("forward");
-  PB_REQUIRE(!options.gradients || has_grads_,
-             "model: forward with gradients on a model built without a gradient buffer");
-  PB_REQUIRE(!options.gradients || (!options.mlm_logits && !options.nsp_logits),
-             "model: logits hooks need a forward without gradients");
-  PB_REQUIRE(options.loss_scale > 0.f && std::isfinite(options.loss_scale),
-             "model: loss_scale {} must be a positive finite number", options.loss_scale);
-  backward_pending_ = false;
-  check_model_batch(batch, config_, global_masked, global_samples);
-  ForwardResult result;
-  if (batch.empty()) {  // a rank or micro-step without samples contributes nothing
-    backward_pending_ = options.gradients;
-    graphs_.begin(GraphKey{}, Graphed::none);
-    act_->shape = BatchShape{};
-    if (options.defer_metrics) metrics_.defer(result, global_masked, global_samples, false);
-    return result;
-  }
-  step_ = step;
-  seed_ = seed;
-  dropout_on_ = options.dropout;
-
-  // The one graph decision (model/bert_graphs.h): which parts run as graphs. With any, the
-  // batch is laid into its capacity (padding rows, empty sequence slots, unused masked slots),
-  // so that a part recorded for one batch replays for the next, and attention launches from
-  // the slots and the length bound (SeqLayout::fixed_launch).
-  const Graphed graphed = graphs_.plan(options.mlm_logits || options.nsp_logits);
+// The batch on the device and the arena carved for it: with graphs (any part), laid into its
+// capacity (padding rows, empty sequence slots, unused masked slots) so that a part recorded for
+// one batch replays for the next, and attention launched from the slots and the length bound
+// (SeqLayout::fixed_launch). Returns the plan the arena was carved by.
+ActivationPlan Bert::lay_out(const Batch& batch, const ForwardOptions& options, Graphed graphed,
+                             const std::vector<float>& grad_scales) {
   const bool graph_heads = graphed == Graphed::layers_and_heads || graphed == Graphed::whole;
   Batch fixed;
   if (graphed != Graphed::none) {
@@ -224,12 +202,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
     a.layout.fixed_launch = true;
     a.layout.max_len = std::max(batch.max_len, batch.max_seq_len);
   }
-  // The heads' gradient factors, read from the batch buffer when the ops run (GradScale).
-  const auto mlm_scale = static_cast<float>(
-      global_masked > 0 ? options.loss_scale / static_cast<double>(global_masked) : 0.0);
-  const auto nsp_scale =
-      static_cast<float>(options.loss_scale / static_cast<double>(global_samples));
-  upload_batch(backend_, laid, step_, {mlm_scale, nsp_scale}, a, /*ahead=*/!graphs);
+  upload_batch(backend_, laid, step_, grad_scales, a, /*ahead=*/!graphs);
   // NSP reads each sequence's [CLS]: with the heads graphed, over every slot (it leaves the
   // empty ones out, so the graph serves any count); else the batch's own sequences.
   const int64_t seqs = batch.num_seqs();
@@ -251,6 +224,43 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   // forward-only model its evaluation forwards.
   if (options.gradients || !has_grads_) arena_.note_use(carver.used(), carver.used_by_kind());
 
+  return p;
+}
+
+ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t global_samples,
+                            uint32_t step, uint64_t seed, const ForwardOptions& options) {
+  const trace::Range range("forward");
+  PB_REQUIRE(!options.gradients || has_grads_,
+             "model: forward with gradients on a model built without a gradient buffer");
+  PB_REQUIRE(!options.gradients || (!options.mlm_logits && !options.nsp_logits),
+             "model: logits hooks need a forward without gradients");
+  PB_REQUIRE(options.loss_scale > 0.f && std::isfinite(options.loss_scale),
+             "model: loss_scale {} must be a positive finite number", options.loss_scale);
+  backward_pending_ = false;
+  check_model_batch(batch, config_, global_masked, global_samples);
+  ForwardResult result;
+  if (batch.empty()) {  // a rank or micro-step without samples contributes nothing
+    backward_pending_ = options.gradients;
+    graphs_.begin(GraphKey{}, Graphed::none);
+    act_->shape = BatchShape{};
+    if (options.defer_metrics) metrics_.defer(result, global_masked, global_samples, false);
+    return result;
+  }
+  step_ = step;
+  seed_ = seed;
+  dropout_on_ = options.dropout;
+
+  // The one graph decision (model/bert_graphs.h): which parts run as graphs.
+  const Graphed graphed = graphs_.plan(options.mlm_logits || options.nsp_logits);
+  const bool graph_heads = graphed == Graphed::layers_and_heads || graphed == Graphed::whole;
+  // The heads' gradient factors, read from the batch buffer when the ops run (GradScale).
+  const auto mlm_scale = static_cast<float>(
+      global_masked > 0 ? options.loss_scale / static_cast<double>(global_masked) : 0.0);
+  const auto nsp_scale =
+      static_cast<float>(options.loss_scale / static_cast<double>(global_samples));
+  const ActivationPlan p = lay_out(batch, options, graphed, {mlm_scale, nsp_scale});
+  Activations& a = *act_;
+
   // The metric slot this forward's sums go to; graphed heads write slot 0 (one graph for every
   // slot), copied to the slot after it.
   const Tensor out_sums = metrics_.next(options.defer_metrics);  // first: it may move them
@@ -260,9 +270,9 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   GraphKey key;
   key.batch = a.input_ids.data;
   key.arena = arena_.data();
-  key.rows = shape.rows;
-  key.seqs = shape.seqs;
-  key.masked = shape.masked;
+  key.rows = a.shape.rows;
+  key.seqs = a.shape.seqs;
+  key.masked = a.shape.masked;
   key.max_len = a.layout.max_len;
   key.mlp_chunk_rows = p.mlp_chunk_rows;
   key.mlm_chunk_rows = p.mlm_chunk_rows;

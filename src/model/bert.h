@@ -191,6 +191,8 @@ class Bert {
   void mlp_forward(int64_t l);
   void mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1);
   void heads(float mlm_scale, float nsp_scale, const ForwardOptions& options, const Tensor& sums);
+  ActivationPlan lay_out(const Batch& batch, const ForwardOptions& options, Graphed graphed,
+                         const std::vector<float>& grad_scales);
 
   BertConfig config_;
   Backend& backend_;
