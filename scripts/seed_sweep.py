@@ -25,8 +25,8 @@ printed with "(bound)" has a derived bound instead, and its margin is only infor
 stops starting new runs after that many seconds; the report says how many ran. --json keeps the
 raw per-measure results, and --table makes a markdown table with a row per command (its
 tightest measure) from any number of such files, and with --detail every measure of each.
---plan runs the sweeps a file lists, one per line ("SEEDS COMMAND ARGS...", # comments; COMMAND
-relative to the repository root), writes DIR/NN.json for each and prints the table of all.
+--plan runs the sweeps a file lists, one per line ("SEEDS [KEY=VALUE...] COMMAND ARGS...", #
+comments; KEY=VALUE the run's environment, COMMAND relative to the repository root), writes DIR/NN.json for each and prints the table of all.
 """
 import argparse
 import json
@@ -270,8 +270,13 @@ def run_plan(a, env_extra):
         lines = [ln.split("#", 1)[0].split() for ln in f]
     for n, words in enumerate(w for w in lines if w):
         seeds, shown = int(words[0]), words[1:]
+        env = dict(env_extra)
+        while shown and re.match(r"^[A-Z_][A-Z0-9_]*=", shown[0]):
+            k, v = shown[0].split("=", 1)
+            env[k] = v
+            shown = shown[1:]
         cmd = [os.path.join(root, shown[0])] + shown[1:]
-        runs, hit = sweep(cmd, seeds, a.jobs, a.budget, a.timeout, env_extra, a.no_copy)
+        runs, hit = sweep(cmd, seeds, a.jobs, a.budget, a.timeout, env, a.no_copy)
         measures = aggregate(runs)
         print_report(shown, runs, measures, hit, seeds)
         path = os.path.join(a.out, f"{n:02d}.json")

@@ -33,38 +33,20 @@
 namespace packbert::test {
 namespace {
 
-// Every case of the mode, on the CPU backend and the CUDA backend.
+// BackendOps.<op> (fp32 cases) and BackendOpsLowp.<op> (bf16 / f16 cases) for every table of
+// the registry (op_cases.h): every case of the mode on the CPU backend and the CUDA backend.
 void run_cases(const OpCases& cases, bool lowp) {
+  PB_REQUIRE_CUDA_DEVICE();
   Backends b;
   EXPECT_GT(run_against(cases, lowp, *b.cpu, host_memory(), *b.gpu, cuda_memory()), 0)
       << "no case of this mode";
 }
-
-#define BACKEND_OPS_TEST(suite, op, cases, lowp) \
-  TEST(suite, op) {                               \
-    PB_REQUIRE_CUDA_DEVICE();                     \
-    run_cases(cases, lowp);                       \
-  }
-
-BACKEND_OPS_TEST(BackendOps, LinearForward, linear_forward_cases(), false)
-BACKEND_OPS_TEST(BackendOps, LinearBackward, linear_backward_cases(), false)
-BACKEND_OPS_TEST(BackendOps, Embedding, embedding_cases(), false)
-BACKEND_OPS_TEST(BackendOps, ResidualLayerNorm, residual_layernorm_cases(), false)
-BACKEND_OPS_TEST(BackendOps, Attention, attention_cases(kEmulated), false)
-BACKEND_OPS_TEST(BackendOps, GatherRows, gather_rows_cases(), false)
-BACKEND_OPS_TEST(BackendOps, SoftmaxCrossEntropy, softmax_cross_entropy_cases(), false)
-BACKEND_OPS_TEST(BackendOps, MlmLoss, mlm_loss_cases(), false)
-BACKEND_OPS_TEST(BackendOps, NspLoss, nsp_loss_cases(), false)
-BACKEND_OPS_TEST(BackendOps, L2Norm, l2_norm_cases(), false)
-BACKEND_OPS_TEST(BackendOps, LambStep, lamb_step_cases(), false)
-
-BACKEND_OPS_TEST(BackendOpsLowp, LinearForward, linear_forward_cases(), true)
-BACKEND_OPS_TEST(BackendOpsLowp, LinearBackward, linear_backward_cases(), true)
-BACKEND_OPS_TEST(BackendOpsLowp, Embedding, embedding_cases(), true)
-BACKEND_OPS_TEST(BackendOpsLowp, ResidualLayerNorm, residual_layernorm_cases(), true)
-BACKEND_OPS_TEST(BackendOpsLowp, GatherRows, gather_rows_cases(), true)
-BACKEND_OPS_TEST(BackendOpsLowp, MlmLoss, mlm_loss_cases(), true)
-BACKEND_OPS_TEST(BackendOpsLowp, NspLoss, nsp_loss_cases(), true)
+const bool registered_fp32 = register_op_tests(
+    "BackendOps", kEmulated, [](const OpCase& c) { return !is_lowp(c.dtype); },
+    [](const OpCases& cases) { run_cases(cases, false); });
+const bool registered_lowp = register_op_tests(
+    "BackendOpsLowp", kEmulated, [](const OpCase& c) { return is_lowp(c.dtype); },
+    [](const OpCases& cases) { run_cases(cases, true); });
 
 // ---- the CUDA backend's own checks ------------------------------------------------------------
 TEST(BackendOpsCuda, CopyAndZero) {

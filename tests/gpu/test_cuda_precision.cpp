@@ -1,7 +1,5 @@
-// gpu label: mixed precision on the CUDA backend, end to end (the ops one by one are in
-// test_cuda_lowp_ops.cpp).
-// - convert: every bf16 / f16 pattern widened and narrowed back, and random floats narrowed,
-//   bit for bit the host converters (common/lowp_convert.h, the CPU emulation's);
+// gpu label: mixed precision on the CUDA backend, end to end (the ops one by one, convert
+// included, are the op table's BackendOpsLowp.* cases, tests/ops/op_cases.cpp).
 // - lamb_step's low-precision copy on the device equals round(master) and the master weights
 //   equal the fp32 step's;
 // - the tiny model's bf16 step (native cuBLASLt GEMMs in bf16 with fp32 accumulation, native
@@ -39,50 +37,6 @@ constexpr int kMaxSeqLen = 64;
 // tensor, and twice that for the sums that cancel at initialisation (cancels_at_init).
 constexpr double kLossTol = 1e-2;
 constexpr double kGradTol = 3e-2;
-
-TEST(CudaPrecision, ConvertMatchesTheHostConverters) {
-  PB_REQUIRE_CUDA_DEVICE();
-  auto gpu = make_cuda_backend(0, CudaBackendOptions{});
-  const int64_t n = 65536;
-  std::vector<uint16_t> patterns(n);
-  for (int64_t i = 0; i < n; ++i) patterns[static_cast<size_t>(i)] = static_cast<uint16_t>(i);
-  uint16_t* d16 = static_cast<uint16_t*>(cuda_alloc(n * 2));
-  uint16_t* back = static_cast<uint16_t*>(cuda_alloc(n * 2));
-  DevBuf<float> wide({n});
-  for (DType t : {DType::bf16, DType::f16}) {
-    cuda_ok(cudaMemcpy(d16, patterns.data(), n * 2, cudaMemcpyHostToDevice), "upload");
-    gpu->convert(wide.tensor(), Tensor(d16, t, {n}, Device::cuda));
-    gpu->convert(Tensor(back, t, {n}, Device::cuda), wide.tensor());
-    cuda_synchronize(*gpu);
-    const std::vector<float> w = wide.values();
-    const std::vector<uint16_t> b = read16(back, n);
-    for (int64_t i = 0; i < n; ++i) {
-      const auto p = static_cast<uint16_t>(i);
-      const float want = t == DType::bf16 ? lowp::bf16_to_float(p) : lowp::f16_to_float(p);
-      const uint16_t want_back = t == DType::bf16 ? lowp::float_to_bf16(want) : lowp::float_to_f16(want);
-      ASSERT_EQ(std::memcmp(&w[static_cast<size_t>(i)], &want, 4), 0) << dtype_name(t) << " " << i;
-      ASSERT_EQ(b[static_cast<size_t>(i)], want_back) << dtype_name(t) << " " << i;
-    }
-    // Random fp32 bit patterns (NaNs included) narrowed on the device and on the host.
-    std::mt19937_64 rng(test_seed());
-    std::vector<float> f(n);
-    for (float& x : f) {
-      const auto u = static_cast<uint32_t>(rng());
-      std::memcpy(&x, &u, 4);
-    }
-    wide.set(f);
-    gpu->convert(Tensor(back, t, {n}, Device::cuda), wide.tensor());
-    cuda_synchronize(*gpu);
-    const std::vector<uint16_t> r = read16(back, n);
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = f[static_cast<size_t>(i)];
-      ASSERT_EQ(r[static_cast<size_t>(i)], t == DType::bf16 ? lowp::float_to_bf16(x) : lowp::float_to_f16(x))
-          << dtype_name(t) << " " << x;
-    }
-  }
-  cuda_free(d16);
-  cuda_free(back);
-}
 
 TEST(CudaPrecision, LambWritesTheRoundedCopy) {
   PB_REQUIRE_CUDA_DEVICE();

@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -209,13 +210,14 @@ Backend& OpRun::host() {
 }
 
 Tensor OpRun::add(const std::string& name, DType t, std::vector<int64_t> dims, const void* init,
-                  Check check, bool written) {
+                  Check check, bool written, bool finite) {
   EXPECT_EQ(index_.count(name), 0u) << "buffer " << name << " twice";
   Entry e;
   e.name = name;
   e.buf = std::make_unique<GuardedBytes>(*mem_, t, std::move(dims));
   e.check = check;
   e.written = written;
+  e.finite = finite;
   if (init) {
     e.buf->set_bytes(init);
     const auto* p = static_cast<const uint8_t*>(init);
@@ -250,6 +252,9 @@ Tensor OpRun::in_bits(const std::string& name, DType t, std::vector<int64_t> dim
 }
 Tensor OpRun::out(const std::string& name, DType t, std::vector<int64_t> dims, Check check) {
   return add(name, t, std::move(dims), nullptr, check, true);
+}
+Tensor OpRun::out_any(const std::string& name, DType t, std::vector<int64_t> dims, Check check) {
+  return add(name, t, std::move(dims), nullptr, check, true, false);
 }
 Tensor OpRun::acc(const std::string& name, DType t, std::vector<int64_t> dims,
                   const std::vector<float>& init, Check check) {
@@ -288,13 +293,32 @@ namespace {
 
 uint64_t case_salt(const OpCase& c) { return std::hash<std::string>{}(c.name); }
 
+// PACKBERT_OP_CASES (op_cases.h).
+bool selected(const OpCase& c) {
+  const char* only = std::getenv("PACKBERT_OP_CASES");
+  return only == nullptr || c.name.find(only) != std::string::npos;
+}
+
+// One registered test: its body.
+class OpTableTest : public testing::Test {
+ public:
+  explicit OpTableTest(std::function<void()> body) : body_(std::move(body)) {}
+  void TestBody() override { body_(); }
+
+ private:
+  std::function<void()> body_;
+};
+
 // Guards of every buffer, every written output written and finite.
 void check_own(const std::string& what, const OpRun& r) {
   for (const auto& e : r.entries()) {
     EXPECT_TRUE(e.buf->guards_intact()) << what << " " << e.name << ": write outside the buffer";
-    if (e.written) {
+    if (e.written && e.finite) {
       EXPECT_EQ(e.buf->non_finite(), 0u)
           << what << " " << e.name << ": unwritten or non-finite elements";
+    }
+    if (e.written && !e.finite) {
+      EXPECT_EQ(e.buf->unwritten(), 0u) << what << " " << e.name << ": unwritten elements";
     }
     if (e.check.kind == Check::unchanged) {
       EXPECT_TRUE(e.buf->bytes() == e.initial) << what << " " << e.name << ": changed";
@@ -347,7 +371,7 @@ int run_against(const OpCases& cases, bool lowp_mode, Backend& want, const Memor
                 Backend& got, const Memory& got_mem) {
   int n = 0;
   for (const OpCase& c : cases) {
-    if (is_lowp(c.dtype) != lowp_mode) continue;
+    if (is_lowp(c.dtype) != lowp_mode || !selected(c)) continue;
     SCOPED_TRACE(c.name);
     ++n;
     OpRun a(want, want_mem, make_rng(case_salt(c))());
@@ -368,7 +392,7 @@ int run_reference(const OpCases& cases) {
   int n = 0;
   Backend& cpu = OpRun::host();
   for (const OpCase& c : cases) {
-    if (!c.reference) continue;
+    if (!c.reference || !selected(c)) continue;
     SCOPED_TRACE(c.name);
     ++n;
     OpRun a(cpu, host_memory(), make_rng(case_salt(c))());
@@ -377,6 +401,20 @@ int run_reference(const OpCases& cases) {
     c.reference(c.name, a);
   }
   return n;
+}
+
+bool register_op_tests(const char* suite, bool emulated,
+                       const std::function<bool(const OpCase&)>& wanted,
+                       const std::function<void(const OpCases&)>& body) {
+  for (const OpTable& t : op_tables()) {
+    const OpCases cases = t.cases(emulated);
+    if (std::none_of(cases.begin(), cases.end(), wanted)) continue;
+    testing::RegisterTest(suite, t.op.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+                          [t, emulated, body]() -> testing::Test* {
+                            return new OpTableTest([t, emulated, body] { body(t.cases(emulated)); });
+                          });
+  }
+  return true;
 }
 
 // ---- linear -----------------------------------------------------------------------------------
@@ -399,7 +437,7 @@ constexpr Epilogue kEpilogues[] = {Epilogue::none, Epilogue::bias, Epilogue::bia
 
 }  // namespace
 
-OpCases linear_forward_cases() {
+static OpCases linear_forward_cases() {
   OpCases cases;
   // ws: the scale of the weights. The GPU's shapes draw them at 1 (pre-activations of order 1 to
   // 6: the GELU epilogues' tanh over its whole range); the reference's at 0.2, as its tolerance
@@ -452,7 +490,7 @@ OpCases linear_forward_cases() {
 // Variant bits of linear_backward: 1 dx, 2 dw, 4 db (and the bias in the forward), 8
 // dx_accumulate, 16 x = gelu(x_gelu_pre), 32 out_gelu_pre (dout is wrt gelu(pre)), 64 the tanh
 // GELU for both, 128 x not given (dx only).
-OpCases linear_backward_cases() {
+static OpCases linear_backward_cases() {
   OpCases cases;
   struct Shape { int64_t n, k, m; };
   auto add = [&cases](DType t, Shape s, int var) {
@@ -712,7 +750,7 @@ void add_embedding_reference(OpCases& cases, bool backward, int64_t h, float p) 
 
 }  // namespace
 
-OpCases embedding_cases() {
+static OpCases embedding_cases() {
   OpCases cases;
   auto add = [&cases](DType t, int trial) {
     const bool lowp = is_lowp(t);
@@ -885,7 +923,7 @@ void add_residual_layernorm_reference(OpCases& cases, bool bias, bool residual, 
 
 }  // namespace
 
-OpCases residual_layernorm_cases() {
+static OpCases residual_layernorm_cases() {
   OpCases cases;
   auto add = [&cases](DType t, int var, int64_t h) {
     const bool lowp = is_lowp(t);
@@ -1055,20 +1093,178 @@ void add_attention_reference(OpCases& cases, bool backward, std::vector<int32_t>
   cases.push_back(std::move(c));
 }
 
+// The bf16 / f16 cases (the tensor-core kernels, fmha_mma_forward.cu / fmha_mma_backward.cu,
+// through the grouped launch): each backend's forward and backward on 16-bit inputs against the
+// CPU backend's fp32 attention on the SAME inputs widened, so the only difference is the op's own
+// rounding (P and dS rounded to 16 bits before their products, the outputs rounded when stored,
+// D = dO . O from the 16-bit O). The backward runs from the backend's own forward, as in
+// training. Rows of no sequence must be exactly 0 (out, lse, dqkv), and a second run gives the
+// same bits (no atomics; buckets on other streams change nothing). Tolerances, rel L2 per tensor
+// over the sequence rows:
+// - The inputs agree exactly and Q K^T accumulates exact 16-bit products in fp32, so the scores
+//   and lse differ by fp32 rounding only: lse kTol. That error is absolute (two orders of the
+//   64-term sum of products, of magnitude sum |q_i k_i| * scale, 8 on average at these inputs'
+//   scale, plus a few ulps of |lse|), and relative to |lse| unbounded where lse is near 0: a lone
+//   one-token row makes lse its one score (1.03e-5 relative once, f16, before the one-token case
+//   had a case of its own). So the denominator is at least 1 per element, sqrt(count)
+//   (expect_close_floor). A float32 model of two summation orders over 200000 one-token draws
+//   gives at most 1.1e-6 against it, and the emulated one-token case over 5000 seeds at most
+//   5.4e-7 (margin 18.6; tests/seed_sweeps.txt).
+// - out and dqkv: a 16-bit rounding is a relative error <= u (bf16 u = 2^-8, fp16 2^-11),
+//   roughly uniform: RMS u / sqrt(3) = 2.3e-3 (bf16), 2.8e-4 (fp16). The final store dominates;
+//   the internal roundings of P and dS are independent per key and average out over the sum. A
+//   float64 model of exactly these roundings (tile-wise online softmax, these inputs, lengths
+//   64..512) gives 2.2e-3 .. 2.5e-3 (bf16) and 2.9e-4 .. 3.1e-4 (fp16) per tensor, for out, dq,
+//   dk and dv alike. We allow 4x (bf16: 1e-2, DESIGN.md's bf16 GPU-vs-CPU tolerance) and 8x
+//   (fp16: 2.5e-3). A wrong fragment layout, dropout bit or missed tile gives errors of order 1.
+//   dq and dk of one-token sequences are 0 in exact arithmetic (P = 1, so dS = 0) and rounding
+//   noise on both sides, so the gradients' denominator is at least 1e-2 of the whole dqkv's norm.
+// The CPU backend's own 16-bit attention (widen, the fp32 op, round once) is held to the same.
+double lowp_attention_tol(DType t) { return t == DType::bf16 ? 1e-2 : 2.5e-3; }
+
+// Columns [c0, c0 + w) of every sequence row of a [rows, width] buffer.
+Vec seq_cols(const Vec& v, const HostLayout& l, int64_t width, int64_t c0, int64_t w) {
+  Vec r;
+  for (int64_t row = 0; row < l.rows; ++row) {
+    if (l.token_seq[static_cast<size_t>(row)] < 0) continue;
+    for (int64_t c = c0; c < c0 + w; ++c) r.push_back(v[static_cast<size_t>(row * width + c)]);
+  }
+  return r;
+}
+
+// Elements of rows of no sequence that are not exactly +0 (16-bit or fp32 bytes).
+size_t nonzero_padding(const std::vector<uint8_t>& bytes, size_t esize, const HostLayout& l,
+                       int64_t width) {
+  size_t bad = 0;
+  for (int64_t row = 0; row < l.rows; ++row) {
+    if (l.token_seq[static_cast<size_t>(row)] >= 0) continue;
+    for (size_t i = static_cast<size_t>(row * width) * esize;
+         i < static_cast<size_t>((row + 1) * width) * esize; ++i)
+      bad += bytes[i] != 0;
+  }
+  return bad;
+}
+
+std::vector<float> narrow(const Vec& v) { return {v.begin(), v.end()}; }
+
+double norm2(const Vec& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+// rel L2 with the denominator at least `floor` (see above).
+void expect_close_floor(const std::string& what, const Vec& got, const Vec& want, double floor,
+                        double tol) {
+  Vec diff(got.size());
+  bool nan = got.size() != want.size();
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    nan = nan || std::isnan(got[i]) || std::isnan(want[i]);
+    diff[i] = got[i] - want[i];
+  }
+  const double den = std::max(norm2(want), floor);
+  const double e = nan ? std::numeric_limits<double>::infinity()
+                       : (den > 0 ? norm2(diff) / den : norm2(diff));
+  expect_measure(what, e, tol);
+}
+
+// The fp32 reference: the CPU backend's fp32 op on a run's inputs widened.
+struct AttentionReference {
+  std::vector<float> out, lse, dqkv;
+};
+AttentionReference fp32_attention(const OpRun& r, int heads) {
+  const HostLayout& l = r.host_layout(0);
+  const int64_t rows = l.rows, hidden = int64_t{heads} * 64;
+  std::vector<float> qkv = narrow(r.initial("qkv")), dy = narrow(r.initial("dout"));
+  AttentionReference a{std::vector<float>(rows * hidden), std::vector<float>(rows * heads),
+                       std::vector<float>(rows * 3 * hidden)};
+  Backend& cpu = OpRun::host();
+  cpu.attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, r.dropout(),
+                        hv(a.out, {rows, hidden}), hv(a.lse, {rows, heads}));
+  cpu.attention_backward(l.view(), hv(qkv, {rows, 3 * hidden}), hv(a.out, {rows, hidden}),
+                         hv(a.lse, {rows, heads}), hv(dy, {rows, hidden}), heads, r.dropout(),
+                         hv(a.dqkv, {rows, 3 * hidden}));
+  return a;
+}
+
+// One backend's 16-bit run against the fp32 reference.
+void check_lowp_attention(const std::string& what, const OpRun& r, DType t, int heads,
+                          const AttentionReference& ref) {
+  const HostLayout& l = r.host_layout(0);
+  const int64_t hidden = int64_t{heads} * 64;
+  const std::vector<float>&out = ref.out, &lse = ref.lse, &dqkv = ref.dqkv;
+  const double tol = lowp_attention_tol(t);
+  EXPECT_EQ(nonzero_padding(r.buf("out").bytes(), 2, l, hidden), 0u) << what << " out padding";
+  EXPECT_EQ(nonzero_padding(r.buf("lse").bytes(), 4, l, heads), 0u) << what << " lse padding";
+  EXPECT_EQ(nonzero_padding(r.buf("dqkv").bytes(), 2, l, 3 * hidden), 0u) << what << " dqkv padding";
+  expect_close(what + " out", seq_cols(r.doubles("out"), l, hidden, 0, hidden),
+               seq_cols(to_double(out), l, hidden, 0, hidden), tol);
+  const Vec lse_want = seq_cols(to_double(lse), l, heads, 0, heads);
+  expect_close_floor(what + " lse", seq_cols(r.doubles("lse"), l, heads, 0, heads), lse_want,
+                     std::sqrt(static_cast<double>(lse_want.size())), kTol);
+  const Vec g = r.doubles("dqkv"), want = to_double(dqkv);
+  const double whole = norm2(seq_cols(want, l, 3 * hidden, 0, 3 * hidden));
+  const char* part[] = {"dq", "dk", "dv"};
+  for (int s = 0; s < 3; ++s)
+    expect_close_floor(what + " " + part[s], seq_cols(g, l, 3 * hidden, s * hidden, hidden),
+                       seq_cols(want, l, 3 * hidden, s * hidden, hidden), 1e-2 * whole, tol);
+  for (const char* b : {"out", "lse", "dqkv"})
+    EXPECT_TRUE(r.buf(b).bytes() == r.buf(std::string(b) + " again").bytes())
+        << what << " " << b << " differs between two runs";
+}
+
+// layout: 0 unpadded, 1 padded to max_len, 2 packed into rows of max_len.
+void add_attention_lowp(OpCases& cases, DType t, const std::string& name,
+                        std::vector<int32_t> lens, int layout, int32_t max_len, int heads,
+                        float p) {
+  OpCase c;
+  c.dtype = t;
+  c.name = fmt::format("attention {} {} heads{} p{}", dtype_name(t), name, heads, p);
+  c.run = [=](OpRun& r) {
+    auto& g = r.rng();
+    const auto ids = random_sample_ids(g, lens.size());
+    const HostLayout l = layout == 0   ? unpadded(lens, ids)
+                         : layout == 1 ? padded(lens, ids, max_len)
+                                       : packed(lens, ids, max_len);
+    const int64_t rows = l.rows, hidden = int64_t{heads} * 64;
+    // Layer 11, step 4321; scale 2: scores of std ~1.3, so the softmax is far from uniform.
+    const Dropout d = make_dropout(p, g(), DropoutSite::attention_probs, 11, 4321);
+    r.set_dropout(d);
+    const SeqLayout sl = r.layout(l);
+    const Tensor qkv =
+        r.in("qkv", t, {rows, 3 * hidden}, random_floats(g, rows * 3 * hidden, 2.f), unchanged());
+    const Tensor dy = r.in("dout", t, {rows, hidden}, random_floats(g, rows * hidden), unchanged());
+    for (const char* again : {"", " again"}) {
+      const std::string a = again;
+      const Tensor out = r.out("out" + a, t, {rows, hidden}, {});
+      const Tensor lse = r.out("lse" + a, DType::f32, {rows, heads}, {});
+      r.backend().attention_forward(sl, qkv, heads, d, out, lse);
+      r.backend().attention_backward(sl, qkv, out, lse, dy, heads, d,
+                                     r.out("dqkv" + a, t, {rows, 3 * hidden}, {}));
+    }
+  };
+  c.compare = [=](const std::string& what, const OpRun& want, const OpRun& got) {
+    const AttentionReference ref = fp32_attention(want, heads);
+    check_lowp_attention(what + " (" + want.backend().name() + ")", want, t, heads, ref);
+    check_lowp_attention(what, got, t, heads, ref);
+  };
+  cases.push_back(std::move(c));
+}
+
 }  // namespace
 
-OpCases attention_cases(bool emulated) {
+static OpCases attention_cases(bool emulated) {
   OpCases cases;
   auto add = [&cases](const std::string& name, std::vector<int32_t> lens, int layout,
-                      int64_t hidden, int heads, float p) {
+                      int64_t hidden, int heads, float p, int32_t max_len = 128) {
     OpCase c;
     c.name = fmt::format("attention {} H{} heads{} p{}", name, hidden, heads, p);
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
       const auto ids = random_sample_ids(g, lens.size());
       const HostLayout l = layout == 0   ? unpadded(lens, ids)
-                           : layout == 1 ? padded(lens, ids, 128)
-                           : layout == 2 ? packed(lens, ids, 128)
+                           : layout == 1 ? padded(lens, ids, max_len)
+                           : layout == 2 ? packed(lens, ids, max_len)
                                          : with_empty_slots(unpadded(lens, ids), 21, 3);
       const int64_t rows = l.rows;
       const Dropout d = make_dropout(p, g(), DropoutSite::attention_probs, 7);
@@ -1099,6 +1295,37 @@ OpCases attention_cases(bool emulated) {
   }
   add("long", emulated ? std::vector<int32_t>{300, 1} : std::vector<int32_t>{512, 300, 1}, 0, 128,
       2, 0.1f);
+  // Every length bucket of the grouped launch: 1, 2, odd, each bucket bound and one past it,
+  // tile edges (63, 64, 65).
+  const std::vector<int32_t> bounds =
+      emulated ? std::vector<int32_t>{1, 3, 17, 63, 64, 65, 127, 129, 200}
+               : std::vector<int32_t>{1,   2,   3,   17,  63,  64,  65,  127, 128, 129, 200,
+                                      255, 256, 257, 301, 383, 384, 385, 450, 511, 512};
+  for (float p : {0.f, 0.1f}) {
+    add("bucket bounds", bounds, 0, 128, 2, p);         // head dim 64
+    add("bucket bounds", bounds, 1, 96, 3, p, 512);  // head dim 32, padded to 512
+  }
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (float p : {0.f, 0.1f}) add_attention_lowp(cases, t, "bucket bounds", bounds, 0, 0, 2, p);
+    const std::vector<int32_t> mixed = emulated ? std::vector<int32_t>{5, 130, 1, 200, 77, 31}
+                                                : std::vector<int32_t>{5, 130, 1, 512, 77, 260, 31};
+    const int32_t max_len = emulated ? 256 : 512;
+    add_attention_lowp(cases, t, "padded", mixed, 1, max_len, 3, 0.1f);
+    add_attention_lowp(cases, t, "packed", mixed, 2, max_len, 4, 0.f);
+    const std::vector<int32_t> big = emulated ? std::vector<int32_t>{130, 96, 1, 45}
+                                              : std::vector<int32_t>{512, 384, 96, 1, 45};
+    add_attention_lowp(cases, t, "BERT-Large heads", big, 0, 0, 16, 0.1f);
+    add_attention_lowp(cases, t, "BERT-Base heads", big, 0, 0, 12, 0.5f);
+    // Without dropout: dq and dk of a lone one-token sequence are 0 in exact arithmetic; with
+    // dropout both the kernel and the reference return the rounding of the dropout scale in P f
+    // (1.6e-3 relative in bf16 at p = 0.1), which the floor cannot absorb when nothing else sets
+    // the gradient's scale. "long" keeps a one-token sequence with dropout, among long ones.
+    add_attention_lowp(cases, t, "one token", {1}, 0, 0, 1, 0.f);
+    // Longer than 512: correct, not tuned (its own bucket).
+    add_attention_lowp(cases, t, "long",
+                       emulated ? std::vector<int32_t>{520, 1} : std::vector<int32_t>{777, 1, 600},
+                       0, 0, 2, 0.1f);
+  }
   add_attention_reference(cases, true, {1, 2, 5, 8, 3}, 8, 2, 0.f, 0);
   add_attention_reference(cases, true, {1, 2, 5, 8, 3}, 8, 2, 0.2f, 0);
   // The mixed lengths up to 200 would add minutes to the emulated build's run of the backend
@@ -1119,7 +1346,7 @@ OpCases attention_cases(bool emulated) {
 // adds in fp32 and rounds after each add, the emulation once at the end: the same bits where
 // every row is hit once (the model's masked positions), within one rounding per repeat
 // otherwise (1e-2, as the linear ops).
-OpCases gather_rows_cases() {
+static OpCases gather_rows_cases() {
   OpCases cases;
   // unused: that many indices -1 (a fixed-capacity batch's unused masked slots), at the first,
   // the middle and the last place: their out rows 0, nothing added for them.
@@ -1212,7 +1439,7 @@ OpCases gather_rows_cases() {
 // ---- losses -----------------------------------------------------------------------------------
 // Logits with a tie in row 0 (the first maximum wins), without dlogits, with them separate and in
 // place; the loss and correct count accumulate onto given values.
-OpCases softmax_cross_entropy_cases() {
+static OpCases softmax_cross_entropy_cases() {
   OpCases cases;
   struct Shape { int64_t m, v; };
   for (const Shape s : {Shape{37, 1000}, Shape{1, 1}, Shape{5, 30528}, Shape{64, 2},
@@ -1354,7 +1581,7 @@ void add_mlm_loss_reference(OpCases& cases, bool unused) {
 
 }  // namespace
 
-OpCases mlm_loss_cases() {
+static OpCases mlm_loss_cases() {
   OpCases cases;
   // unused: the first and the last row left out (label -1), the factor on the device.
   auto add = [&cases](DType t, int64_t m, int64_t h, int64_t v, bool backward, bool dw, bool db,
@@ -1526,7 +1753,7 @@ void add_nsp_loss_reference(OpCases& cases, int empty) {
 
 }  // namespace
 
-OpCases nsp_loss_cases() {
+static OpCases nsp_loss_cases() {
   OpCases cases;
   // empty: 2 empty slots and 3 padding rows after the sequences (a fixed-capacity batch).
   auto add = [&cases](DType t, int64_t h, bool grads, bool empty = false) {
@@ -1627,7 +1854,7 @@ OpCases nsp_loss_cases() {
 // ---- optimizer --------------------------------------------------------------------------------
 // l2_norm (the same bits when called again: a fixed order) and sum_squares (l2_norm is the root
 // of the same sum, norm_from_sum_squares of it) over sizes across the reduction block.
-OpCases l2_norm_cases() {
+static OpCases l2_norm_cases() {
   OpCases cases;
   for (int64_t n : {int64_t{1}, int64_t{8191}, int64_t{8192}, int64_t{100003}, int64_t{3000001}}) {
     OpCase c;
@@ -1710,7 +1937,7 @@ LambInputs lamb_inputs(std::mt19937_64& g, int64_t n) {
 }
 }  // namespace
 
-OpCases lamb_step_cases() {
+static OpCases lamb_step_cases() {
   OpCases cases;
   static const std::vector<LambTensor> first = {{0, 1000, 1},  {1000, 64, 0},   {1100, 20000, 1},
                                                 {21100, 1, 0}, {21105, 8192, 1}, {29297, 0, 1}};
@@ -1927,6 +2154,266 @@ OpCases lamb_step_cases() {
   };
   cases.push_back(std::move(c));
   return cases;
+}
+
+// ---- copies and conversions -------------------------------------------------------------------
+namespace {
+
+// The value of a 16-bit pattern from its fields, in double: the reference's own decoder.
+double decode16(DType t, uint32_t p) {
+  const int mbits = t == DType::bf16 ? 7 : 10, ebits = 15 - mbits, bias = (1 << (ebits - 1)) - 1;
+  const int e = static_cast<int>(p >> mbits) & ((1 << ebits) - 1);
+  const int m = static_cast<int>(p) & ((1 << mbits) - 1);
+  const double sign = (p & 0x8000u) ? -1.0 : 1.0;
+  if (e == (1 << ebits) - 1)
+    return m ? std::numeric_limits<double>::quiet_NaN()
+             : sign * std::numeric_limits<double>::infinity();
+  if (e == 0) return sign * std::ldexp(m, 1 - bias - mbits);
+  return sign * std::ldexp(m + (1 << mbits), e - bias - mbits);
+}
+
+// The 16-bit pattern nearest to x by a binary search over the positive patterns (their values
+// increase with the pattern): ties to the even pattern, infinity from max + half an ulp on (the
+// tie there goes to infinity, max's mantissa being odd), the sign kept (-0 too); NaN: a NaN.
+uint16_t nearest16(DType t, double x) {
+  const uint32_t inf = t == DType::bf16 ? 0x7F80u : 0x7C00u;
+  if (std::isnan(x)) return static_cast<uint16_t>(inf | 1u);
+  const uint32_t sign = std::signbit(x) ? 0x8000u : 0u;
+  const double a = std::abs(x);
+  // The pattern past max stands for max + one ulp, so that halfway to it is the overflow bound.
+  auto value = [&](uint32_t p) {
+    return p == inf ? 2 * decode16(t, inf - 1) - decode16(t, inf - 2) : decode16(t, p);
+  };
+  if (a >= value(inf)) return static_cast<uint16_t>(sign | inf);
+  uint32_t lo = 0, hi = inf;  // value(lo) <= a < value(hi)
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) / 2;
+    (value(mid) <= a ? lo : hi) = mid;
+  }
+  const double dlo = a - value(lo), dhi = value(hi) - a;
+  const uint32_t p = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
+  return static_cast<uint16_t>(sign | p);
+}
+
+bool is_nan16(DType t, uint16_t p) { return std::isnan(decode16(t, p)); }
+
+std::vector<uint16_t> patterns16(const OpRun& r, const std::string& name) {
+  const std::vector<uint8_t> b = r.buf(name).bytes();
+  std::vector<uint16_t> v(b.size() / 2);
+  std::memcpy(v.data(), b.data(), v.size() * 2);
+  return v;
+}
+std::vector<float> floats_of(const std::vector<uint8_t>& b) {
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), v.size() * 4);
+  return v;
+}
+
+// fp32 values that round to every kind of 16-bit result: random bit patterns over the whole
+// exponent range (subnormals of both formats, values that flush to zero), the midpoints between
+// random neighbouring 16-bit values (ties) and one fp32 ulp either side, both zeros, the
+// largest finite value, the overflow bound and an ulp below it, infinities and NaNs with random
+// payloads.
+std::vector<float> narrowing_inputs(std::mt19937_64& g, DType t) {
+  std::vector<float> v;
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  for (int i = 0; i < 20000; ++i) v.push_back(from_bits(static_cast<uint32_t>(g())));
+  const uint32_t inf = t == DType::bf16 ? 0x7F80u : 0x7C00u;
+  for (int i = 0; i < 4000; ++i) {
+    const auto p = static_cast<uint32_t>(g() % (inf - 1));  // p and p + 1 finite
+    const auto mid = static_cast<float>((decode16(t, p) + decode16(t, p + 1)) / 2);  // exact
+    const float s = (g() & 1) ? -1.f : 1.f;
+    v.push_back(s * mid);
+    v.push_back(s * std::nextafter(mid, 0.f));
+    v.push_back(s * std::nextafter(mid, std::numeric_limits<float>::infinity()));
+  }
+  const double max = decode16(t, inf - 1), bound = max + (max - decode16(t, inf - 2)) / 2;
+  for (double x : {0.0, -0.0, max, -max, bound, -bound})
+    v.push_back(static_cast<float>(x));
+  v.push_back(std::nextafter(static_cast<float>(bound), 0.f));
+  v.push_back(std::numeric_limits<float>::infinity());
+  v.push_back(-std::numeric_limits<float>::infinity());
+  for (int i = 0; i < 64; ++i)
+    v.push_back(from_bits(0x7F800001u | static_cast<uint32_t>(g() % 0x7FFFFFu) |
+                          static_cast<uint32_t>(g() & 1) << 31));
+  return v;
+}
+
+}  // namespace
+
+// convert: every 16-bit pattern widened to fp32 and narrowed back, and fp32 values of every kind
+// narrowed; between the same dtypes a copy. Bit for bit the CPU backend on every backend; the
+// reference: the field decoder and the nearest-value search above. Outputs that are finite start
+// as the NaN pattern and must all be written; the narrowed values whose result is an infinity
+// or a NaN go to a buffer of their own that starts at 0, so an element left unwritten shows.
+static OpCases convert_cases() {
+  OpCases cases;
+  for (DType t : {DType::bf16, DType::f16}) {
+    OpCase widen;
+    widen.dtype = t;
+    widen.name = fmt::format("convert every {} pattern to f32 and back", dtype_name(t));
+    widen.run = [t](OpRun& r) {
+      std::vector<uint16_t> all(65536);
+      for (uint32_t p = 0; p < all.size(); ++p) all[p] = static_cast<uint16_t>(p);
+      const Tensor in = r.in_bits("patterns", t, {65536}, all.data(), unchanged());
+      // Widened NaNs keep their low 16 (bf16) or 13 (f16) bits zero: never the f32 pre-fill.
+      const Tensor wide = r.out_any("f32", DType::f32, {65536}, bits());
+      const Tensor back = r.acc("back", t, {65536}, std::vector<float>(65536, 0.f), bits());
+      r.backend().convert(wide, in);
+      r.backend().convert(back, wide);
+    };
+    widen.reference = [t](const std::string& what, const OpRun& cpu) {
+      const std::vector<float> wide = floats_of(cpu.buf("f32").bytes());
+      const std::vector<uint16_t> back = patterns16(cpu, "back");
+      for (uint32_t p = 0; p < 65536; ++p) {
+        const double want = decode16(t, p);
+        const float got = wide[p];
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << what << " pattern " << p;
+          EXPECT_TRUE(is_nan16(t, back[p])) << what << " back " << p;
+          continue;
+        }
+        EXPECT_TRUE(static_cast<double>(got) == want && std::signbit(got) == std::signbit(want))
+            << what << " pattern " << p << ": " << got << ", want " << want;
+        EXPECT_EQ(back[p], p) << what << ": pattern " << p << " back";
+      }
+    };
+    cases.push_back(std::move(widen));
+
+    OpCase narrow_case;
+    narrow_case.dtype = t;
+    narrow_case.name = fmt::format("convert f32 to {}: ties, subnormals, overflow, NaN",
+                                   dtype_name(t));
+    narrow_case.run = [t](OpRun& r) {
+      std::vector<float> finite, special;
+      for (float x : narrowing_inputs(r.rng(), t)) {
+        const uint16_t p = nearest16(t, x);
+        (std::isfinite(decode16(t, p)) ? finite : special).push_back(x);
+      }
+      const auto nf = static_cast<int64_t>(finite.size()), ns = static_cast<int64_t>(special.size());
+      r.backend().convert(r.out("finite results", t, {nf}, bits()),
+                          r.in("finite", DType::f32, {nf}, finite, unchanged()));
+      r.backend().convert(r.acc("special results", t, {ns}, std::vector<float>(ns, 0.f), bits()),
+                          r.in("special", DType::f32, {ns}, special, unchanged()));
+    };
+    narrow_case.reference = [t](const std::string& what, const OpRun& cpu) {
+      for (const char* part : {"finite", "special"}) {
+        const std::vector<float> in = floats_of(cpu.buf(part).bytes());
+        const std::vector<uint16_t> got = patterns16(cpu, std::string(part) + " results");
+        ASSERT_EQ(got.size(), in.size());
+        for (size_t i = 0; i < in.size(); ++i) {
+          const uint16_t want = nearest16(t, in[i]);
+          if (is_nan16(t, want)) {
+            EXPECT_TRUE(is_nan16(t, got[i])) << what << " " << in[i];
+          } else {
+            EXPECT_EQ(got[i], want) << what << " " << std::hexfloat << in[i];
+          }
+        }
+      }
+    };
+    cases.push_back(std::move(narrow_case));
+
+    OpCase same;
+    same.dtype = t;
+    same.name = fmt::format("convert {} to {} (a copy)", dtype_name(t), dtype_name(t));
+    same.run = [t](OpRun& r) {
+      const auto x = randn(r.rng(), 1001);
+      r.backend().convert(r.out("copy", t, {1001}, bits()), r.in("x", t, {1001}, x, unchanged()));
+    };
+    same.reference = [](const std::string& what, const OpRun& cpu) {
+      EXPECT_EQ(cpu.doubles("copy"), cpu.doubles("x")) << what;
+    };
+    cases.push_back(std::move(same));
+  }
+  OpCase f32;
+  f32.name = "convert f32 to f32 (a copy)";
+  f32.run = [](OpRun& r) {
+    const auto x = random_floats(r.rng(), 1001);
+    r.backend().convert(r.out("copy", DType::f32, {1001}, bits()),
+                        r.in("x", DType::f32, {1001}, x, unchanged()));
+  };
+  f32.reference = [](const std::string& what, const OpRun& cpu) {
+    EXPECT_EQ(cpu.buf("copy").bytes(), cpu.buf("x").bytes()) << what;
+  };
+  cases.push_back(std::move(f32));
+  return cases;
+}
+
+// write_floats: n = 1..8 values from the host, as they are, and nothing past them (the guards).
+static OpCases write_floats_cases() {
+  OpCases cases;
+  for (int n : {1, 3, 8}) {
+    OpCase c;
+    c.name = fmt::format("write_floats n{}", n);
+    c.run = [n](OpRun& r) {
+      const auto v = random_floats(r.rng(), static_cast<size_t>(n));
+      r.in("values", DType::f32, {n}, v);
+      r.backend().write_floats(r.out("dst", DType::f32, {n}, bits()), v.data(), n);
+    };
+    c.reference = [](const std::string& what, const OpRun& cpu) {
+      EXPECT_EQ(cpu.buf("dst").bytes(), cpu.buf("values").bytes()) << what;
+    };
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// upload: one call with destinations of every dtype a batch carries (i32 ids, i64 sample ids,
+// f32, bf16), each its source's bytes; the host buffers may be reused once upload returns, so
+// they are overwritten right after it.
+static OpCases upload_cases() {
+  OpCase c;
+  c.name = "upload i32 i64 f32 bf16";
+  c.run = [](OpRun& r) {
+    auto& g = r.rng();
+    std::vector<int32_t> a = random_ints(g, 777, -5, 30521);
+    std::vector<int64_t> b = random_sample_ids(g, 33);
+    std::vector<float> f = random_floats(g, 1000);
+    std::vector<uint16_t> h = round16(DType::bf16, randn(g, 129));
+    r.in("i32 source", {777}, a);
+    r.in("i64 source", {33}, b);
+    r.in("f32 source", DType::f32, {1000}, f);
+    r.in_bits("bf16 source", DType::bf16, {129}, h.data());
+    r.backend().upload({{r.out("i32", DType::i32, {777}, bits()), a.data()},
+                        {r.out("i64", DType::i64, {33}, bits()), b.data()},
+                        {r.out("f32", DType::f32, {1000}, bits()), f.data()},
+                        {r.out("bf16", DType::bf16, {129}, bits()), h.data()}});
+    std::fill(a.begin(), a.end(), -1);
+    std::fill(b.begin(), b.end(), -1);
+    std::fill(f.begin(), f.end(), -1.f);
+    std::fill(h.begin(), h.end(), uint16_t{0});
+  };
+  c.reference = [](const std::string& what, const OpRun& cpu) {
+    for (const char* t : {"i32", "i64", "f32", "bf16"})
+      EXPECT_EQ(cpu.buf(t).bytes(), cpu.buf(std::string(t) + " source").bytes()) << what << " " << t;
+  };
+  return {c};
+}
+
+// ---- the registry -----------------------------------------------------------------------------
+const std::vector<OpTable>& op_tables() {
+  auto any = [](OpCases (*f)()) { return [f](bool) { return f(); }; };
+  static const std::vector<OpTable> tables = {
+      {"LinearForward", any(linear_forward_cases)},
+      {"LinearBackward", any(linear_backward_cases)},
+      {"Embedding", any(embedding_cases)},
+      {"ResidualLayerNorm", any(residual_layernorm_cases)},
+      {"Attention", attention_cases},
+      {"GatherRows", any(gather_rows_cases)},
+      {"SoftmaxCrossEntropy", any(softmax_cross_entropy_cases)},
+      {"MlmLoss", any(mlm_loss_cases)},
+      {"NspLoss", any(nsp_loss_cases)},
+      {"L2Norm", any(l2_norm_cases)},
+      {"LambStep", any(lamb_step_cases)},
+      {"Convert", any(convert_cases)},
+      {"WriteFloats", any(write_floats_cases)},
+      {"Upload", any(upload_cases)},
+  };
+  return tables;
 }
 
 }  // namespace packbert::test

@@ -134,6 +134,9 @@ class OpRun {
                  Check check = {});
   // A written output: starts as the NaN pattern, every element must be written and finite.
   Tensor out(const std::string& name, DType t, std::vector<int64_t> dims, Check check);
+  // A written output that may hold NaN or infinity (conversions): every element must differ
+  // from the pre-fill pattern.
+  Tensor out_any(const std::string& name, DType t, std::vector<int64_t> dims, Check check);
   // A buffer the op accumulates into (or may leave alone), starting from `init` (rounded to t).
   Tensor acc(const std::string& name, DType t, std::vector<int64_t> dims,
              const std::vector<float>& init, Check check);
@@ -158,13 +161,14 @@ class OpRun {
     std::unique_ptr<GuardedBytes> buf;
     Check check;
     bool written = false;               // an output every element of which must be written
+    bool finite = true;                 // ... and be finite
     std::vector<uint8_t> initial;       // the bytes it was given (inputs, accumulated outputs)
   };
   const std::vector<Entry>& entries() const { return entries_; }
 
  private:
   Tensor add(const std::string& name, DType t, std::vector<int64_t> dims, const void* init,
-             Check check, bool written);
+             Check check, bool written, bool finite = true);
 
   Backend* be_;
   const Memory* mem_;
@@ -191,20 +195,27 @@ struct OpCase {
 };
 using OpCases = std::vector<OpCase>;
 
-// Each op's table. `emulated`: the emulated CUDA build, where the tests that would take minutes
-// use shorter sequences (cuda_test_util.h, kEmulated); the table is the same otherwise.
-OpCases linear_forward_cases();
-OpCases linear_backward_cases();
-OpCases embedding_cases();
-OpCases residual_layernorm_cases();
-OpCases attention_cases(bool emulated);
-OpCases gather_rows_cases();
-OpCases softmax_cross_entropy_cases();
-OpCases mlm_loss_cases();
-OpCases nsp_loss_cases();
-OpCases l2_norm_cases();
-OpCases lamb_step_cases();
+// ---- the registry -----------------------------------------------------------------------
+// Every op's cases, one entry per op, listed in op_tables() at the end of op_cases.cpp: adding an
+// op is its cases function and its line there, nothing else. The runners register one test per
+// entry and mode that has cases: OpsReference.<op> (cases with a reference),
+// BackendOps.<op> (fp32 cases) and BackendOpsLowp.<op> (bf16 / f16 cases). `emulated`: the
+// emulated CUDA build, where the cases that would take minutes use shorter sequences
+// (cuda_test_util.h, kEmulated); the table is the same otherwise.
+struct OpTable {
+  std::string op;
+  std::function<OpCases(bool emulated)> cases;
+};
+const std::vector<OpTable>& op_tables();
 
+// Registers `suite`.<op> for every table with a case that `wanted` takes, before RUN_ALL_TESTS;
+// the test calls body(op's cases). Call it from a namespace-scope initialiser.
+bool register_op_tests(const char* suite, bool emulated,
+                       const std::function<bool(const OpCase&)>& wanted,
+                       const std::function<void(const OpCases&)>& body);
+
+// PACKBERT_OP_CASES=TEXT runs only the cases whose name contains TEXT (a planted mistake's test
+// aims at the cases that cover it; a run that selects none fails, as any run of no case does).
 // The backend runner: every case of the mode (f32, or the 16-bit ones) on `want` (the CPU
 // backend) and on `got`, then each buffer's check and the case's compare. Returns the number of
 // cases run (a test expects it positive: a test that runs nothing cannot fail).

@@ -10,22 +10,12 @@
 namespace packbert::test {
 namespace {
 
-#define REFERENCE_TEST(op, cases) \
-  TEST(OpsReference, op) { EXPECT_GT(run_reference(cases), 0) << "no case with a reference"; }
-
-REFERENCE_TEST(LinearForward, linear_forward_cases())
-REFERENCE_TEST(LinearBackward, linear_backward_cases())
-REFERENCE_TEST(Embedding, embedding_cases())
-REFERENCE_TEST(ResidualLayerNorm, residual_layernorm_cases())
-REFERENCE_TEST(Attention, attention_cases(false))
-REFERENCE_TEST(GatherRows, gather_rows_cases())
-REFERENCE_TEST(SoftmaxCrossEntropy, softmax_cross_entropy_cases())
-REFERENCE_TEST(MlmLoss, mlm_loss_cases())
-REFERENCE_TEST(NspLoss, nsp_loss_cases())
-REFERENCE_TEST(L2Norm, l2_norm_cases())
-// The pieces case only: the rest of the LAMB table is checked against apex's formulas by
-// test_ops_lamb.cpp, and against the CPU by the backend runner.
-REFERENCE_TEST(LambPieces, lamb_step_cases())
+// OpsReference.<op> for every table with a case that has a reference (op_cases.h, the registry).
+// For LambStep that is the pieces case only: the rest of the LAMB table is checked against apex's
+// formulas by test_ops_lamb.cpp, and against the CPU by the backend runner.
+const bool registered = register_op_tests(
+    "OpsReference", false, [](const OpCase& c) { return static_cast<bool>(c.reference); },
+    [](const OpCases& cases) { EXPECT_GT(run_reference(cases), 0) << "no case with a reference"; });
 
 }  // namespace
 }  // namespace packbert::test
