@@ -152,7 +152,7 @@ class GradBucketScheduler {
   // complete() or graph_launched() it returns their statistics only.
   GradReduceStats finish();
 
-  // A round inside a CUDA graph (comm/grad_reducer.h, Graphs). complete() is finish()'s work
+  // A round inside a CUDA graph (docs/communication.md#graphs). complete() is finish()'s work
   // done at the end of the backward's ops, so that a capture records the last buckets and the
   // reader's wait for them; the round is then over but for finish(). graph_launched(): a graph
   // holding the round was launched: after complete() (the recording's launch) the transport

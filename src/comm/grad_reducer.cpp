@@ -261,7 +261,7 @@ void GradReducer::ready_tensor(int i) { sched_.ready_tensor(i); }
 void GradReducer::ready(int64_t offset, int64_t size) { sched_.ready(offset, size); }
 void GradReducer::progress() { sched_.progress(); }
 GradReduceStats GradReducer::finish() {
-  // At the watchdog's step. With NCCL the host does not wait here (nccl_transport.h, Hangs).
+  // At the watchdog's step. With NCCL the host does not wait here (docs/communication.md#nccl-hangs).
   const WatchScope watch(collective_name_);
   return sched_.finish();
 }

@@ -1,48 +1,11 @@
-// The data-parallel gradient reducer: one object sums the flat gradient buffer over ranks,
-// bucket by bucket while the backward still runs (DESIGN.md, Distribution). The bucket plan and
-// its order are comm/bucket_scheduler.h's; the bytes move through one of two transports:
-//
-//   mpi   host memory: one MPI_Iallreduce (or MPI_Ireduce_scatter) per bucket, in place,
-//         progressed by MPI_Testsome from ready() and progress() (OpenMPI has no progress
-//         thread for non-blocking collectives). A gradient in device memory is staged through
-//         the host bucket by bucket (the backend's copies): slow, but the path NCCL is compared
-//         with, and a fallback where NCCL cannot run.
-//   nccl  device memory: per bucket an event on the backend's stream, a wait and the collective
-//         on a communication stream of its own, a done event the backend's stream waits for at
-//         finish() (comm/nccl_transport.h). The host never blocks.
-//
-// One rank (or MPI not initialised: unit tests, a bare run) needs no transport: nothing moves and
-// no MPI, CUDA or NCCL call is made, but the bookkeeping runs, so a model that forgets or repeats
-// a tensor fails in a single-process run too (nccl_on_one_rank runs the NCCL path anyway).
-//
-// Collectives. A round (begin() .. finish()) either all-reduces every bucket, or reduce-scatters
-// it: rank r then holds the sum over ranks of the part of each bucket it owns (shard(k)): the
-// elements [shard_bounds[r], shard_bounds[r + 1]) of the buffer (GradReducerOptions); the rest
-// of the bucket is left unspecified. The reducer does gradients only; the way back (the weights'
-// all-gather), a checkpoint's gather to one rank and the optimizer's sums are the
-// ShardExchange's (comm/shard_exchange.h), which shares this reducer's communicators, and a
-// step's metric sums are MetricSums' (comm/metric_sums.h). MPI moves a bucket's parts with one
-// MPI_Ireduce_scatter / MPI_Iallgatherv (counts per owner, zero for ranks owning none of it);
-// NCCL with one ncclReduce / ncclBroadcast per owner in a group.
-//
-// Determinism. For a fixed rank count and bucket plan, OpenMPI and NCCL pick their algorithm and
-// summation order from the communicator size and message size only: the result is bitwise
-// reproducible run to run and the same on every rank. Across rank counts the order differs:
-// rounding only (tests/mpi/mpi_allreduce_driver checks both for MPI).
-//
-// Graphs. With NCCL (or no transport: one rank) a round can run inside a CUDA graph, the
-// collectives among the backward's ops (Bert's train.cuda_graphs = "full"). The first time, the
-// ops run as usual; at the recording, ready_tensor() and complete() (finish()'s work, the last
-// buckets and the backend stream's wait for them) run inside the capture, which records them;
-// a replay issues nothing, and graph_launched() after it does the bookkeeping instead. Either
-// way finish() then returns the statistics. NCCL requires a captured collective's launch to be
-// uniform over the ranks, and each launch of a graph to pair with the graphs the other ranks
-// recorded together with it: the caller keeps that by deciding together (all_ranks, one
-// MPI_Allgather of a few values) when to run, record and replay.
-//
-// Errors. MPI runs on a duplicate of the parent communicator (its collectives match no one
-// else's) with MPI_ERRORS_RETURN: a failure is a packbert::Error naming the call. NCCL's are
-// described in comm/nccl_transport.h. The object is used by one thread (the compute thread).
+// The data-parallel gradient reducer: sums the flat gradient buffer over ranks, bucket by
+// bucket while the backward still runs (buckets: comm/bucket_scheduler.h). A round
+// (begin() .. finish()) all-reduces every bucket or reduce-scatters it by owner (shard(k)).
+// Transports: MPI on host memory (a device gradient staged through the host), NCCL on device
+// memory (comm/nccl_transport.h); one rank moves nothing but keeps the bookkeeping. Results
+// are bitwise reproducible for a fixed rank count and bucket plan. With NCCL or one rank a round
+// can be captured into a CUDA graph. Errors are packbert::Error naming the call; one thread
+// (the compute thread) uses the object. The reasoning: docs/communication.md.
 #pragma once
 
 #include <mpi.h>
@@ -115,13 +78,13 @@ class GradReducer {
   // return; with NCCL the backend's stream waits for it (work issued next sees it).
   GradReduceStats finish();
 
-  // Whether a round can run inside a CUDA graph (see Graphs): NCCL's transport, or none.
+  // Whether a round can run inside a CUDA graph (docs/communication.md#graphs): NCCL's transport, or none.
   bool capturable() const { return !transport_ || std::strcmp(transport_name_, "nccl") == 0; }
   // finish()'s work at the end of the backward's ops (recorded when they are captured); finish()
   // then returns its statistics only.
   void complete();
   // A graph holding this round (recorded at an earlier round, or at this one) was launched on the
-  // backend's stream (see Graphs); Error if the reducer is not capturable().
+  // backend's stream (docs/communication.md#graphs); Error if the reducer is not capturable().
   void graph_launched();
   // Every rank's `local` (the same length on each), in rank order: one MPI_Allgather on the
   // reducer's communicator (watched), or `local` itself on one rank.

@@ -1,29 +1,11 @@
-// The collectives of a buffer cut by rank, besides the gradient's reduce-scatter: what a sharded
-// optimizer needs to give every rank the weights it updated, to bring its state to one rank for
-// a checkpoint, and to sum its partial norms.
-//
-//   all_gather      each bucket's parts of a buffer laid out as the gradient (f32, bf16 or f16),
-//                   from their owners to every rank, in place (the weights after an update);
-//                   or only the parts of given ranges of it
-//   gather_to_root  the owned parts of host arrays onto one rank (a checkpoint's moments)
-//   gather_to_all   the same onto every rank (the sharded master weights, whole)
-//   start_gathers   all_gather of ranges in groups, each waited for on its own by its reader
-//   / wait_gather   (the weights of one layer before its forward, while the later layers'
-//                   still travel)
-//   sum             in-place sum over ranks of a few f64 values in the backend's memory (on
-//                   NCCL also inside a CUDA graph: the optimizer's, LambShard::capturable)
-//
-// Ownership is the gradient reducer's: rank r owns the elements [shard_bounds[r],
-// shard_bounds[r + 1]) (GradReducerOptions::shard_bounds), and all_gather moves them bucket by
-// bucket in the reducer's plan. The bytes travel through the reducer's transport (its
-// duplicate MPI communicator, and on GPUs its NCCL communicator and communication stream: a
-// second NCCL communicator would double their memory and bootstrap time), so the exchange
-// must not outlive its reducer and runs between gradient rounds only (each call checks).
-// Ordering: MPI calls return when done (a device buffer is staged through the host); NCCL ones
-// are ordered on the backend's stream, which waits for them, and the host does not.
-//
-// Hangs: every call is watched by the collective watchdog (core/watchdog.h), by a WatchScope
-// on the host, and on NCCL by an AsyncWatch on each collective (comm/nccl_transport.h).
+// The collectives of a buffer cut by rank, besides the gradient's reduce-scatter: a sharded
+// optimizer's weights to every rank (all_gather, by layer with start_gathers / wait_gather), its
+// state to one rank for a checkpoint (gather_to_root), and its partial norms summed (sum).
+// Ownership and transport are the gradient reducer's (its communicators and stream), so the
+// exchange must not outlive it and runs between gradient rounds only (each call checks). MPI
+// calls return when done; NCCL ones are ordered on the backend's stream, not the host. Every call
+// is watched (core/watchdog.h). Why it shares the reducer's transport:
+// docs/communication.md#the-shard-exchange.
 #pragma once
 
 #include <cstdint>

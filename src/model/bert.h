@@ -93,7 +93,7 @@ using GradientReady = std::function<void(int tensor_index)>;
 
 // A gradient round that full graphs (CudaGraphs::full) take into the backward's graph: the
 // collectives among the backward's ops, overlapping them as without graphs (the trainer's NCCL
-// reducer; comm/grad_reducer.h, Graphs). NCCL needs every rank to run, record and replay such a
+// reducer; docs/communication.md#graphs). NCCL needs every rank to run, record and replay such a
 // graph together, so the ranks decide together, from all their keys (all_ranks): the graph of
 // a combination of every rank's shapes is run the first time, recorded the second, replayed
 // from then on; if any rank cannot (an empty micro-batch), all run the ops.

@@ -132,7 +132,7 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   const int64_t n = replica_.table().total();
   const GradientReady ready = [&reducer](int tensor) { reducer.ready_tensor(tensor); };
   // Full graphs take the round into the last backward's graph when its collectives can be
-  // captured (NCCL, or one rank): comm/grad_reducer.h, Graphs.
+  // captured (NCCL, or one rank): docs/communication.md#graphs.
   GradientRound round;
   round.ready = ready;
   round.complete = [&reducer] { reducer.complete(); };
