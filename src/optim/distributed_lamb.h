@@ -1,42 +1,11 @@
 // The optimizer a training step calls: LAMB (optim/lamb.h) over the flat parameter buffer,
 // replicated on every rank or sharded over them (optim.sharded), with everything sharding needs
-// in this one type: the cut (optim/sharding.h), the collectives that give every rank the weights
-// the others updated (comm/shard_exchange.h), the checkpoint state's gathers, and the figures a
-// run reports (the largest rank's state, the bytes a step sends). Trainer::step calls step()
-// and never asks which it is.
-//
-// One step, after the gradient's round (GradReducer, collective()):
-//
-//   replicated (all-reduce)          sharded over N ranks (reduce-scatter: each rank holds the
-//                                    sum of its own range [begin, end) of the gradient)
-//   global gradient norm             each rank's sum of squares of its range, summed over ranks
-//   lamb_update over the buffer      lamb_update over its range: m, v, u and per-tensor sums of
-//                                    squares (a tensor cut between ranks: of its piece)
-//                                    the per-tensor sums summed over ranks (16 B per tensor)
-//   lamb_apply                       lamb_apply over its range (and its part of the 16-bit copy)
-//                                    all-gather: fp32 runs the fp32 weights; bf16 / fp16 the
-//                                    16-bit copy the GEMMs and the embedding lookup read, and
-//                                    the fp32 values of the parts the model reads in fp32
-//                                    (Bert::fp32_ranges: biases, LayerNorm), layer by layer in
-//                                    forward order (Bert::forward_groups), not waited for here
-//   grads := 0                       grads := 0 (its range by LAMB, the rest here)
-//
-// Overlap. The reduce-scatter overlaps the backward (GradReducer). The all-gather overlaps the
-// next forward: on NCCL each layer's group of gathers ends in an event, and the model's hook
-// (Bert::set_weights_ready, installed by the trainer: wait_weights) makes the backend's stream
-// wait for a layer's group just before that layer's first op, while the later layers' weights
-// still travel. Everything that reads or writes the weights otherwise waits for all of them
-// first (sync_weights: the next step, checkpoints, a host copy). MPI moves every group at once.
-// Full graphs (LambOptions::graph, NCCL) record the whole column, gathers and zeroing included,
-// as one graph that ends with the gathers: the next forward, itself a graph waiting for every
-// group before it starts, loses nothing by it.
-//
-// Equivalence: the update of every element is the replicated one's but for the order in which
-// double sums are added (the global norm's, and each cut tensor's ||w|| and ||u||: per rank, then
-// over ranks), which the rounding to f32 almost always hides (tests/CMakeLists.txt, sharded
-// runs). Checkpoints are the replicated run's files: save_state gathers the moments (and, in
-// mixed precision, the master weights, which no rank holds whole) on one rank, and each rank
-// takes its range when loading, so a checkpoint resumes sharded or not at any rank count.
+// in this one type: the cut (optim/sharding.h), the weights' all-gathers by layer
+// (comm/shard_exchange.h), the checkpoint state's gathers, and the figures a run reports.
+// Trainer::step calls step() and never asks which it is. Sharded, every element's update is the
+// replicated one's but for the order of double sums, and checkpoints are the replicated run's
+// files, resumable sharded or not at any rank count. One step, what overlaps, equivalence:
+// docs/sharded_optimizer.md.
 #pragma once
 
 #include <cstddef>
