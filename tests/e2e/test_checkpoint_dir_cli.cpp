@@ -28,26 +28,8 @@ std::string train_cmd(const std::string& dir, const std::string& args,
          "/" + log + " 2>&1";
 }
 
-class CheckpointDirCli : public ::testing::Test {
+class CheckpointDirCli : public TrainDataSuite {
  protected:
-  static void SetUpTestSuite() {
-    data_ = new TempDir();
-    seed_ = test_seed();
-    write_train_data(data_->path(), seed_, 2, 48, 40, 64, 10);
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  // A run directory with its own config over the shared data; checkpoints go to dir/ckpt.
-  std::string run_dir(const std::string& name) {
-    const std::string dir = tmp_.file(name);
-    fs::create_directories(dir);
-    fs::create_symlink(data_->path() + "/train", dir + "/train");
-    fs::create_symlink(data_->path() + "/eval", dir + "/eval");
-    write_train_config(dir, seed_);
-    return dir;
-  }
   static std::string mpirun(int np) {
     return std::string(PACKBERT_MPIEXEC) +
            " --allow-run-as-root --oversubscribe --mca btl self,vader -x OMP_NUM_THREADS=1 "
@@ -55,12 +37,7 @@ class CheckpointDirCli : public ::testing::Test {
            std::to_string(np) + " ";
   }
 
-  static TempDir* data_;
-  static uint64_t seed_;
-  TempDir tmp_;
 };
-TempDir* CheckpointDirCli::data_ = nullptr;
-uint64_t CheckpointDirCli::seed_ = 0;
 
 // Every file under root's checkpoints (step_* and set-aside directories) -> its bytes.
 std::map<std::string, std::string> checkpoint_bytes(const std::string& root) {

@@ -20,26 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // One data set for the whole file (written once).
-class TrainCli : public ::testing::Test {
+class TrainCli : public TrainDataSuite {
  protected:
-  static void SetUpTestSuite() {
-    data_ = new TempDir();
-    seed_ = test_seed();
-    write_train_data(data_->path(), seed_, 2, 48, 40, 64, 10);
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  // A run directory with its own config (checkpoints, metrics) over the shared data.
-  std::string run_dir(const std::string& name, const std::string& extra = "") {
-    const std::string dir = tmp_.file(name);
-    fs::create_directories(dir);
-    fs::create_symlink(data_->path() + "/train", dir + "/train");
-    fs::create_symlink(data_->path() + "/eval", dir + "/eval");
-    write_train_config(dir, seed_, extra);
-    return dir;
-  }
   static std::string train_cmd(const std::string& dir, const std::string& args = "") {
     return kBin + " train --config " + dir + "/config.toml " + args + " > " + dir +
            "/log.txt 2>&1";
@@ -53,12 +35,7 @@ class TrainCli : public ::testing::Test {
   void expect_bitwise_resume_after_sigkill(const std::string& name, const std::string& launcher,
                                            const std::string& more);
 
-  static TempDir* data_;
-  static uint64_t seed_;
-  TempDir tmp_;
 };
-TempDir* TrainCli::data_ = nullptr;
-uint64_t TrainCli::seed_ = 0;
 
 TEST_F(TrainCli, ConfigErrorsNameTheKeyBeforeAnyWork) {
   const std::string dir = run_dir("bad");

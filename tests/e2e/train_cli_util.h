@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "data/shards/shard.h"
@@ -166,5 +167,33 @@ inline bool wait_for_step(Background& p, const std::string& metrics, int64_t ste
   }
   return false;
 }
+
+// A test suite over one data set, written once for the suite (2 shards of 48 rows), and run
+// directories with their own config over it.
+class TrainDataSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new TempDir();
+    seed_ = test_seed();
+    write_train_data(data_->path(), seed_, 2, 48, 40, 64, 10);
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+  // A run directory with its own config (checkpoints in dir/ckpt, metrics) over the shared data.
+  std::string run_dir(const std::string& name, const std::string& extra = "") {
+    const std::string dir = tmp_.file(name);
+    std::filesystem::create_directories(dir);
+    std::filesystem::create_symlink(data_->path() + "/train", dir + "/train");
+    std::filesystem::create_symlink(data_->path() + "/eval", dir + "/eval");
+    write_train_config(dir, seed_, extra);
+    return dir;
+  }
+
+  inline static TempDir* data_ = nullptr;
+  inline static uint64_t seed_ = 0;
+  TempDir tmp_;
+};
 
 }  // namespace packbert::test
