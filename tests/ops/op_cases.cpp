@@ -14,6 +14,7 @@
 #include "kernels/common/lowp_convert.h"
 #include "kernels/common/math.h"
 #include "kernels/common/philox.h"
+#include "float_format.h"
 #include "reference_ops.h"
 
 namespace packbert::test {
@@ -2159,43 +2160,12 @@ static OpCases lamb_step_cases() {
 // ---- copies and conversions -------------------------------------------------------------------
 namespace {
 
-// The value of a 16-bit pattern from its fields, in double: the reference's own decoder.
-double decode16(DType t, uint32_t p) {
-  const int mbits = t == DType::bf16 ? 7 : 10, ebits = 15 - mbits, bias = (1 << (ebits - 1)) - 1;
-  const int e = static_cast<int>(p >> mbits) & ((1 << ebits) - 1);
-  const int m = static_cast<int>(p) & ((1 << mbits) - 1);
-  const double sign = (p & 0x8000u) ? -1.0 : 1.0;
-  if (e == (1 << ebits) - 1)
-    return m ? std::numeric_limits<double>::quiet_NaN()
-             : sign * std::numeric_limits<double>::infinity();
-  if (e == 0) return sign * std::ldexp(m, 1 - bias - mbits);
-  return sign * std::ldexp(m + (1 << mbits), e - bias - mbits);
+// The reference's description of a 16-bit format (tests/common/float_format.h).
+const FloatFormat& format16(DType t) {
+  static const FloatFormat bf16 = bf16_format(), f16 = f16_format();
+  return t == DType::bf16 ? bf16 : f16;
 }
 
-// The 16-bit pattern nearest to x by a binary search over the positive patterns (their values
-// increase with the pattern): ties to the even pattern, infinity from max + half an ulp on (the
-// tie there goes to infinity, max's mantissa being odd), the sign kept (-0 too); NaN: a NaN.
-uint16_t nearest16(DType t, double x) {
-  const uint32_t inf = t == DType::bf16 ? 0x7F80u : 0x7C00u;
-  if (std::isnan(x)) return static_cast<uint16_t>(inf | 1u);
-  const uint32_t sign = std::signbit(x) ? 0x8000u : 0u;
-  const double a = std::abs(x);
-  // The pattern past max stands for max + one ulp, so that halfway to it is the overflow bound.
-  auto value = [&](uint32_t p) {
-    return p == inf ? 2 * decode16(t, inf - 1) - decode16(t, inf - 2) : decode16(t, p);
-  };
-  if (a >= value(inf)) return static_cast<uint16_t>(sign | inf);
-  uint32_t lo = 0, hi = inf;  // value(lo) <= a < value(hi)
-  while (hi - lo > 1) {
-    const uint32_t mid = (lo + hi) / 2;
-    (value(mid) <= a ? lo : hi) = mid;
-  }
-  const double dlo = a - value(lo), dhi = value(hi) - a;
-  const uint32_t p = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
-  return static_cast<uint16_t>(sign | p);
-}
-
-bool is_nan16(DType t, uint16_t p) { return std::isnan(decode16(t, p)); }
 
 std::vector<uint16_t> patterns16(const OpRun& r, const std::string& name) {
   const std::vector<uint8_t> b = r.buf(name).bytes();
@@ -2215,24 +2185,25 @@ std::vector<float> floats_of(const std::vector<uint8_t>& b) {
 // largest finite value, the overflow bound and an ulp below it, infinities and NaNs with random
 // payloads.
 std::vector<float> narrowing_inputs(std::mt19937_64& g, DType t) {
+  const FloatFormat& f = format16(t);
   std::vector<float> v;
   auto from_bits = [](uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
   };
   for (int i = 0; i < 20000; ++i) v.push_back(from_bits(static_cast<uint32_t>(g())));
-  const uint32_t inf = t == DType::bf16 ? 0x7F80u : 0x7C00u;
+  const uint32_t max = f.max_finite();
   for (int i = 0; i < 4000; ++i) {
-    const auto p = static_cast<uint32_t>(g() % (inf - 1));  // p and p + 1 finite
-    const auto mid = static_cast<float>((decode16(t, p) + decode16(t, p + 1)) / 2);  // exact
+    const auto p = static_cast<uint32_t>(g() % max);  // p and p + 1 finite
+    const auto mid = static_cast<float>((f.values[p] + f.values[p + 1]) / 2);  // exact
     const float s = (g() & 1) ? -1.f : 1.f;
     v.push_back(s * mid);
     v.push_back(s * std::nextafter(mid, 0.f));
     v.push_back(s * std::nextafter(mid, std::numeric_limits<float>::infinity()));
   }
-  const double max = decode16(t, inf - 1), bound = max + (max - decode16(t, inf - 2)) / 2;
-  for (double x : {0.0, -0.0, max, -max, bound, -bound})
+  const double top = f.values[max], bound = (top + f.values[max + 1]) / 2;
+  for (double x : {0.0, -0.0, top, -top, bound, -bound})
     v.push_back(static_cast<float>(x));
   v.push_back(std::nextafter(static_cast<float>(bound), 0.f));
   v.push_back(std::numeric_limits<float>::infinity());
@@ -2247,7 +2218,7 @@ std::vector<float> narrowing_inputs(std::mt19937_64& g, DType t) {
 
 // convert: every 16-bit pattern widened to fp32 and narrowed back, and fp32 values of every kind
 // narrowed; between the same dtypes a copy. Bit for bit the CPU backend on every backend; the
-// reference: the field decoder and the nearest-value search above. Outputs that are finite start
+// reference: tests/common/float_format.h's decoder and nearest-value search. Outputs that are finite start
 // as the NaN pattern and must all be written; the narrowed values whose result is an infinity
 // or a NaN go to a buffer of their own that starts at 0, so an element left unwritten shows.
 static OpCases convert_cases() {
@@ -2270,11 +2241,11 @@ static OpCases convert_cases() {
       const std::vector<float> wide = floats_of(cpu.buf("f32").bytes());
       const std::vector<uint16_t> back = patterns16(cpu, "back");
       for (uint32_t p = 0; p < 65536; ++p) {
-        const double want = decode16(t, p);
+        const double want = format16(t).decode(p);
         const float got = wide[p];
         if (std::isnan(want)) {
           EXPECT_TRUE(std::isnan(got)) << what << " pattern " << p;
-          EXPECT_TRUE(is_nan16(t, back[p])) << what << " back " << p;
+          EXPECT_TRUE(format16(t).is_nan(back[p])) << what << " back " << p;
           continue;
         }
         EXPECT_TRUE(static_cast<double>(got) == want && std::signbit(got) == std::signbit(want))
@@ -2291,8 +2262,8 @@ static OpCases convert_cases() {
     narrow_case.run = [t](OpRun& r) {
       std::vector<float> finite, special;
       for (float x : narrowing_inputs(r.rng(), t)) {
-        const uint16_t p = nearest16(t, x);
-        (std::isfinite(decode16(t, p)) ? finite : special).push_back(x);
+        const FloatFormat& f = format16(t);
+        (std::isfinite(f.decode(f.reference(x))) ? finite : special).push_back(x);
       }
       const auto nf = static_cast<int64_t>(finite.size()), ns = static_cast<int64_t>(special.size());
       r.backend().convert(r.out("finite results", t, {nf}, bits()),
@@ -2306,9 +2277,9 @@ static OpCases convert_cases() {
         const std::vector<uint16_t> got = patterns16(cpu, std::string(part) + " results");
         ASSERT_EQ(got.size(), in.size());
         for (size_t i = 0; i < in.size(); ++i) {
-          const uint16_t want = nearest16(t, in[i]);
-          if (is_nan16(t, want)) {
-            EXPECT_TRUE(is_nan16(t, got[i])) << what << " " << in[i];
+          const auto want = static_cast<uint16_t>(format16(t).reference(in[i]));
+          if (format16(t).is_nan(want)) {
+            EXPECT_TRUE(format16(t).is_nan(got[i])) << what << " " << in[i];
           } else {
             EXPECT_EQ(got[i], want) << what << " " << std::hexfloat << in[i];
           }

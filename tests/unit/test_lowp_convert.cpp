@@ -15,9 +15,11 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/lowp_convert.h"
+#include "float_format.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "test_util.h"
 
@@ -40,48 +42,16 @@ uint32_t to_bits(float f) {
   return u;
 }
 
-// One 16-bit format described independently of the converters: its non-negative patterns in
-// increasing order with their values in double (the pattern after the largest finite one is
-// infinity, valued as the next step of the top binade).
-struct Format {
-  const char* name;
-  int mantissa_bits, exponent_bits;
+// A 16-bit format (tests/common/float_format.h) with the converters under test.
+struct Format : FloatFormat {
   uint16_t (*narrow)(float);
   float (*widen)(uint16_t);
-  std::vector<double> values;  // values[p] for p = 0 .. inf pattern
-
-  double value_of(uint32_t p) const {
-    const int bias = (1 << (exponent_bits - 1)) - 1;
-    const uint32_t e = p >> mantissa_bits, m = p & ((1u << mantissa_bits) - 1);
-    const double frac = static_cast<double>(m) / static_cast<double>(1u << mantissa_bits);
-    if (e == 0) return std::ldexp(frac, 1 - bias);
-    return std::ldexp(1.0 + frac, static_cast<int>(e) - bias);
-  }
-  uint32_t inf_pattern() const { return ((1u << exponent_bits) - 1) << mantissa_bits; }
-
-  Format(const char* n, int mb, int eb, uint16_t (*nar)(float), float (*wid)(uint16_t))
-      : name(n), mantissa_bits(mb), exponent_bits(eb), narrow(nar), widen(wid) {
-    for (uint32_t p = 0; p <= inf_pattern(); ++p) values.push_back(value_of(p));
-  }
-
-  // The reference rounding of a non-NaN float.
-  uint16_t reference(float f) const {
-    const double a = std::fabs(static_cast<double>(f));
-    const auto sign = static_cast<uint16_t>(std::signbit(f) ? 1u << (mantissa_bits + exponent_bits) : 0u);
-    if (std::isinf(f)) return static_cast<uint16_t>(sign | inf_pattern());
-    const auto it = std::lower_bound(values.begin(), values.end(), a);
-    if (it == values.end()) return static_cast<uint16_t>(sign | inf_pattern());
-    auto hi = static_cast<uint32_t>(it - values.begin());
-    if (values[hi] == a || hi == 0) return static_cast<uint16_t>(sign | hi);
-    const uint32_t lo = hi - 1;
-    const double dlo = a - values[lo], dhi = values[hi] - a;
-    uint32_t p = dlo < dhi ? lo : dhi < dlo ? hi : ((lo & 1u) == 0 ? lo : hi);
-    return static_cast<uint16_t>(sign | p);
-  }
+  Format(FloatFormat f, uint16_t (*nar)(float), float (*wid)(uint16_t))
+      : FloatFormat(std::move(f)), narrow(nar), widen(wid) {}
 };
 
-Format bf16_format() { return Format("bf16", 7, 8, float_to_bf16, bf16_to_float); }
-Format f16_format() { return Format("f16", 10, 5, float_to_f16, f16_to_float); }
+Format bf16() { return Format(bf16_format(), float_to_bf16, bf16_to_float); }
+Format f16() { return Format(f16_format(), float_to_f16, f16_to_float); }
 
 void check_round_trip(const Format& fmt) {
   int64_t nans = 0;
@@ -108,7 +78,7 @@ void check_round_trip(const Format& fmt) {
 }
 
 void check_rounding(const Format& fmt, float f) {
-  const uint16_t got = fmt.narrow(f), want = fmt.reference(f);
+  const uint16_t got = fmt.narrow(f), want = static_cast<uint16_t>(fmt.reference(f));
   ASSERT_EQ(got, want) << fmt.name << " of " << f << " (0x" << std::hex << to_bits(f) << ")";
 }
 
@@ -142,11 +112,11 @@ void check_rounding_everywhere(const Format& fmt) {
     check_rounding(fmt, f);
 }
 
-TEST(LowpConvert, Bf16RoundTripsEveryPattern) { check_round_trip(bf16_format()); }
-TEST(LowpConvert, F16RoundTripsEveryPattern) { check_round_trip(f16_format()); }
-TEST(LowpConvert, Bf16RoundsToNearestEven) { check_rounding_everywhere(bf16_format()); }
+TEST(LowpConvert, Bf16RoundTripsEveryPattern) { check_round_trip(bf16()); }
+TEST(LowpConvert, F16RoundTripsEveryPattern) { check_round_trip(f16()); }
+TEST(LowpConvert, Bf16RoundsToNearestEven) { check_rounding_everywhere(bf16()); }
 TEST(LowpConvert, F16RoundsToNearestEvenWithSubnormals) {
-  check_rounding_everywhere(f16_format());
+  check_rounding_everywhere(f16());
 }
 
 TEST(LowpConvert, KnownValues) {
