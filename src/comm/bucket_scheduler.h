@@ -1,27 +1,11 @@
 // The bucket scheduling of the gradient reducer (comm/grad_reducer.h), apart from the transport
-// that moves the bytes: the same tested bookkeeping drives MPI (host memory) and NCCL (device
-// memory, comm/nccl_transport.h).
-//
-// Buckets. The buffer's span (first tensor's offset to last tensor's end) is cut into pieces of
-// bucket_bytes, starting from its END: the backward produces the gradients of the last
-// parameters (MLM head, top encoder layers) first, so bucket 0 holds the end of the buffer and
-// is the first one complete. A bucket boundary may fall inside a tensor (the word embeddings
-// alone are ~94 MB in BERT-base); a bucket starts once every tensor overlapping it is ready.
-//
-// Order. MPI and NCCL both require every rank to start collectives on one communicator in the
-// same order. Buckets therefore start strictly in bucket order (0, 1, 2, ...): a bucket whose
-// tensors are all ready still waits for its predecessors. So the result is right even if ranks
-// mark tensors ready in different orders, and ready() never deadlocks.
-//
-// Rounds. begin() arms a round; ready_tensor()/ready() mark the tensors whose gradient is final
-// and start every bucket that has become startable; finish() checks that every tensor was marked
-// (an Error names the first missing one), starts the rest and has the transport complete them.
-// ready() outside a round is checked against the table and otherwise ignored, so the model may
-// announce tensors on every micro-step and let the trainer decide which one reduces.
-//
-// Without a transport (one rank) a started bucket counts as complete at once and nothing else
-// happens: the bookkeeping still runs, so a model that forgets or repeats a tensor fails in a
-// single-process run too. Pure host C++ (no MPI, no CUDA): tests/unit/test_bucket_scheduler.cpp.
+// that moves the bytes: the same bookkeeping drives MPI and NCCL. The buffer's span is cut into
+// buckets of bucket_bytes from its END (bucket 0 is the first complete in the backward; a
+// boundary may fall inside a tensor), and buckets start strictly in order, each once every
+// tensor overlapping it is ready, so every rank starts collectives in the same order whatever
+// order it marks tensors in. begin() arms a round; ready() outside one is checked and ignored;
+// finish() names the first tensor never marked. Without a transport (one rank) a started bucket
+// is complete at once. Why: docs/communication.md#buckets. Pure host C++ (no MPI, no CUDA).
 #pragma once
 
 #include <cstddef>
