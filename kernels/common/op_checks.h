@@ -115,4 +115,13 @@ inline void check_lamb_config(const char* op, const LambConfig& cfg) {
              cfg.step, cfg.beta1, cfg.beta2, cfg.max_grad_norm);
 }
 
+// An attention qkv row of width ld = 3 x hidden with hidden divisible by num_heads: hidden
+// (Error naming the width and the heads otherwise).
+inline int64_t qkv_hidden(const char* op, int64_t ld, int num_heads) {
+  PB_REQUIRE(ld % 3 == 0 && num_heads >= 1 && (ld / 3) % num_heads == 0,
+             "{}: qkv width {} is not 3 x hidden with hidden divisible by {} heads", op, ld,
+             num_heads);
+  return ld / 3;
+}
+
 }  // namespace packbert::checks

@@ -82,10 +82,7 @@ struct AttnShape {
 AttnShape attention_shape(const char* op, const SeqLayout& layout, const Tensor& qkv,
                           int num_heads) {
   expect(op, "qkv", qkv, DType::f32, {layout.rows, kAnyDim});
-  const int64_t ld = qkv.dim(1), hidden = ld / 3;
-  PB_REQUIRE(ld % 3 == 0 && num_heads >= 1 && hidden % num_heads == 0,
-             "{}: qkv width {} is not 3 x hidden with hidden divisible by {} heads", op, ld,
-             num_heads);
+  const int64_t ld = qkv.dim(1), hidden = checks::qkv_hidden(op, ld, num_heads);
   PB_REQUIRE(ld <= 0x7fffffff && layout.max_len <= 0x7fffffff / 4,
              "{}: qkv width {} or max_len {} exceeds the BLAS int range", op, ld, layout.max_len);
   const int64_t d = hidden / num_heads;

@@ -16,10 +16,7 @@ struct AttnShape {
 AttnShape attention_shape(const char* op, const SeqLayout& layout, const Tensor& qkv,
                           int num_heads) {
   check_tensor(op, "qkv", qkv, DType::f32, {layout.rows, kAnyDim});
-  const int64_t ld = qkv.dim(1), hidden = ld / 3;
-  PB_REQUIRE(ld % 3 == 0 && num_heads >= 1 && hidden % num_heads == 0,
-             "{}: qkv width {} is not 3 x hidden with hidden divisible by {} heads", op, ld,
-             num_heads);
+  const int64_t ld = qkv.dim(1), hidden = checks::qkv_hidden(op, ld, num_heads);
   const int64_t d = hidden / num_heads;
   PB_REQUIRE(d >= 1 && d <= cuda::kAttentionMaxHeadDim,
              "{}: head dim {} is not supported by the CUDA fp32 attention yet (1..{})", op, d,

@@ -171,10 +171,7 @@ bool fmha_native(const Tensor& qkv, int num_heads, std::initializer_list<const T
 FmhaShape fmha_attention_shape(const char* op, const SeqLayout& layout, const Tensor& qkv,
                                int num_heads) {
   check_tensor(op, "qkv", qkv, qkv.dtype, {layout.rows, kAnyDim});
-  const int64_t ld = qkv.dim(1), hidden = ld / 3;
-  PB_REQUIRE(ld % 3 == 0 && num_heads >= 1 && hidden % num_heads == 0,
-             "{}: qkv width {} is not 3 x hidden with hidden divisible by {} heads", op, ld,
-             num_heads);
+  const int64_t ld = qkv.dim(1), hidden = checks::qkv_hidden(op, ld, num_heads);
   const int64_t d = hidden / num_heads;
   PB_REQUIRE(d == kFmhaHeadDim,
              "{}: head dim {} is not supported by the CUDA {} attention (only {}; f32 takes "
