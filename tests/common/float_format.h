@@ -7,10 +7,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 namespace packbert::test {
+
+// The fp32 of a bit pattern.
+inline float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
 
 struct FloatFormat {
   const char* name;

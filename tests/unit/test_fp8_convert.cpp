@@ -21,12 +21,6 @@
 namespace packbert::test {
 namespace {
 
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
 struct Fp8 : FloatFormat {
   uint8_t (*narrow)(float);
   float (*widen)(uint8_t);

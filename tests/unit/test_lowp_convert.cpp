@@ -31,11 +31,6 @@ using lowp::f16_to_float;
 using lowp::float_to_bf16;
 using lowp::float_to_f16;
 
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 uint32_t to_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
