@@ -561,6 +561,34 @@ class Backend {
   // copy. The model fills its low-precision weight copy with it (after initialisation or a
   // checkpoint load; afterwards lamb_step keeps it current).
   virtual void convert(const Tensor& dst, const Tensor& src) = 0;
+
+  // ---- FP8 (train.precision = "fp8"; docs/fp8.md) -----------------------------------------
+  // An FP8 operand is an e4m3 or e5m2 tensor holding fp8(v * s) of the values v it was cast from
+  // (common/fp8_convert.h: nearest even, saturating, a non-finite v to NaN) with its scale, an
+  // f32 [2] tensor in the backend's memory: [0] = s, a power of two, [1] = 1 / s, which the GEMM
+  // multiplies its products by (both exact). Scales and amaxes are read and written where the
+  // ops run, so a CUDA graph replays with the values its memory holds then.
+  //
+  // fp8_cast: src [n, c] (f32, bf16 or f16) times scale[0] into out [n_out, c] and / or its
+  // transpose out_t [c, n_t] (at least one; both of one FP8 dtype), n_out, n_t >= n. Written 0:
+  // the rows of out (columns of out_t) from n on, and the rows whose entry in `rows` (optional,
+  // i32 [n], SeqLayout::token_seq) is negative, padding. amax (optional) f32 [1]:
+  // amax = max(amax, |v|) over the values of the other rows, compared as IEEE bit patterns (a
+  // NaN above infinity), so that no order of the reduction changes it.
+  virtual void fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale,
+                        const Tensor& amax, const Tensor& out, const Tensor& out_t) = 0;
+  // fp8_gemm: out [n, m] = (a [n, k] b [m, k]^T) * a_scale[1] * b_scale[1], fp32 accumulation,
+  // then the epilogue as linear_forward's (bias f32 [m]; the GELUs write pre [n, m], out's
+  // dtype); with accumulate, out += that instead (out f32, Epilogue::none: weight gradients).
+  // Both operands K-major (the layout cuBLASLt's FP8 GEMMs take), e4m3 or e5m2, not both e5m2;
+  // n, k and m multiples of 16 (the model pads its rows); out bf16, f16 or f32. fast_accum lets the GPU accumulate in its faster,
+  // less exact way (cuBLASLt's FP8 fast accumulation); the CPU ignores it. The CPU computes
+  // exactly what the contract says: the operands widened and de-scaled (exact), an fp32 GEMM,
+  // the epilogue in fp32, out rounded once (linear_forward's order).
+  virtual void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b,
+                        const Tensor& b_scale, const Tensor& bias, Epilogue epilogue,
+                        const Tensor& out, const Tensor& pre, bool accumulate,
+                        bool fast_accum) = 0;
 };
 
 // The reference backend (fp32, BLAS + OpenMP).

@@ -12,6 +12,8 @@ size_t dtype_size(DType t) {
     case DType::i8: return 1;
     case DType::u8: return 1;
     case DType::f64: return 8;
+    case DType::e4m3: return 1;
+    case DType::e5m2: return 1;
   }
   PB_CHECK(false, "unknown dtype {}", static_cast<int>(t));
   return 0;
@@ -27,6 +29,8 @@ const char* dtype_name(DType t) {
     case DType::i8: return "i8";
     case DType::u8: return "u8";
     case DType::f64: return "f64";
+    case DType::e4m3: return "e4m3";
+    case DType::e5m2: return "e5m2";
   }
   return "?";
 }

@@ -12,7 +12,9 @@
 
 namespace packbert {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64, i8, u8, f64 };
+// e4m3 / e5m2: the two FP8 formats (kernels/common/fp8_convert.h), storage of FP8 training only.
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, i8, u8, f64, e4m3, e5m2 };
+inline bool is_fp8(DType t) { return t == DType::e4m3 || t == DType::e5m2; }
 enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType t);

@@ -78,6 +78,17 @@ PB_HD float widen(uint8_t p, uint32_t nan_from, uint32_t inf_at) {
 PB_HD float e4m3_to_float(uint8_t p) { return widen<3, 7>(p, 0x7fu, 0x100u); }
 PB_HD float e5m2_to_float(uint8_t p) { return widen<2, 15>(p, 0x7du, 0x7cu); }
 
+// The byte of v in an FP8 operand of scale s (Backend::fp8_cast): fp8(v * s), the product
+// rounded once to fp32 (exact for a power-of-two s, barring overflow or fp32 subnormals).
+PB_HD uint8_t fp8_cast_value(float v, float s, bool e4m3) {
+  const float x = v * s;
+  return e4m3 ? float_to_e4m3(x) : float_to_e5m2(x);
+}
+
+// |v| as the bits an amax is compared by (fp8_cast): IEEE bit patterns of non-negative values
+// order as the values do, with infinity above every finite value and NaN above infinity.
+PB_HD uint32_t amax_bits(float v) { return lowp::float_bits(v) & 0x7fffffffu; }
+
 // The binary exponent and the mantissa bits (of the value normalised to [1, 2)) of a positive
 // finite fp32's bits, subnormals included.
 PB_HD int binary_exponent(uint32_t b) {

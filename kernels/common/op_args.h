@@ -315,4 +315,75 @@ inline LambDims lamb_apply_args(const OpArgs& a, const Tensor& table, const Lamb
   return {num_tensors, n};
 }
 
+// fp8_cast: src [n, c] f32 / bf16 / f16; out [>= n, c] and / or out_t [c, >= n], one FP8 dtype;
+// rows i32 [n], scale f32 [2], amax f32 [1].
+struct Fp8CastDims {
+  int64_t n = 0, c = 0, n_out = 0, n_t = 0;
+};
+
+inline Fp8CastDims fp8_cast_args(const OpArgs& a, const Tensor& src, const Tensor& rows,
+                                 const Tensor& scale, const Tensor& amax, const Tensor& out,
+                                 const Tensor& out_t) {
+  PB_REQUIRE(src.defined() && (src.dtype == DType::f32 || src.dtype == DType::bf16 ||
+                               src.dtype == DType::f16),
+             "{}: src is {}, expected f32, bf16 or f16", a.op, src.str());
+  a("src", src, src.dtype, {kAnyDim, kAnyDim});
+  const int64_t n = src.dim(0), c = src.dim(1);
+  PB_REQUIRE(out.defined() || out_t.defined(), "{}: neither out nor out_t given", a.op);
+  const Tensor& first = out.defined() ? out : out_t;
+  PB_REQUIRE(is_fp8(first.dtype), "{}: {} is {}, expected e4m3 or e5m2", a.op,
+             out.defined() ? "out" : "out_t", first.str());
+  a.optional("out", out, first.dtype, {kAnyDim, c});
+  a.optional("out_t", out_t, first.dtype, {c, kAnyDim});
+  const int64_t n_out = out.defined() ? out.dim(0) : n, n_t = out_t.defined() ? out_t.dim(1) : n;
+  PB_REQUIRE(n_out >= n && n_t >= n, "{}: {} rows of src, out has {} and out_t {} (>= {})", a.op,
+             n, n_out, n_t, n);
+  a.optional("rows", rows, DType::i32, {n});
+  a("scale", scale, DType::f32, {2});
+  a.optional("amax", amax, DType::f32, {1});
+  return {n, c, n_out, n_t};
+}
+
+// fp8_gemm: out [n, m] = a [n, k] b [m, k]^T, a and b FP8 (not both e5m2), n, k, m % 16 == 0.
+inline GemmDims fp8_gemm_args(const OpArgs& a, const Tensor& x, const Tensor& x_scale,
+                              const Tensor& w, const Tensor& w_scale, const Tensor& bias,
+                              Epilogue epilogue, const Tensor& out, const Tensor& pre,
+                              bool accumulate) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a", &x}, {"b", &w}})
+    PB_REQUIRE(t->defined() && is_fp8(t->dtype), "{}: {} is {}, expected e4m3 or e5m2", a.op,
+               name, t->str());
+  PB_REQUIRE(!(x.dtype == DType::e5m2 && w.dtype == DType::e5m2),
+             "{}: a and b are both e5m2 (FP8 GEMMs take e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3)",
+             a.op);
+  a("a", x, x.dtype, {kAnyDim, kAnyDim});
+  const int64_t n = x.dim(0), k = x.dim(1);
+  a("b", w, w.dtype, {kAnyDim, k});
+  const int64_t m = w.dim(0);
+  PB_REQUIRE(n % 16 == 0 && k % 16 == 0 && m % 16 == 0,
+             "{}: n {}, k {}, m {}: each must be a multiple of 16 (FP8 GEMMs' tensor-core "
+             "layout; the model pads its rows to 16)",
+             a.op, n, k, m);
+  a("a_scale", x_scale, DType::f32, {2});
+  a("b_scale", w_scale, DType::f32, {2});
+  PB_REQUIRE(out.defined() && (out.dtype == DType::f32 || out.dtype == DType::bf16 ||
+                               out.dtype == DType::f16),
+             "{}: out is {}, expected f32, bf16 or f16", a.op, out.str());
+  a("out", out, out.dtype, {n, m});
+  if (accumulate)
+    PB_REQUIRE(out.dtype == DType::f32 && epilogue == Epilogue::none,
+               "{}: accumulate needs out f32 and Epilogue::none", a.op);
+  if (epilogue == Epilogue::none) {
+    PB_REQUIRE(!bias.defined(), "{}: bias given with Epilogue::none", a.op);
+  } else {
+    a("bias", bias, DType::f32, {m});
+  }
+  if (has_gelu(epilogue)) {
+    a("pre", pre, out.dtype, {n, m});
+    PB_REQUIRE(pre.data != out.data, "{}: pre may not alias out", a.op);
+  } else {
+    PB_REQUIRE(!pre.defined(), "{}: pre is only written by the GELU epilogues", a.op);
+  }
+  return {n, k, m};
+}
+
 }  // namespace packbert::checks

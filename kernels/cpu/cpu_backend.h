@@ -90,6 +90,12 @@ class CpuBackend final : public Backend {
                   const Tensor& params_lowp = Tensor(), const Tensor& norms_ws = Tensor()) override;
   void convert(const Tensor& dst, const Tensor& src) override;
 
+  void fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale, const Tensor& amax,
+                const Tensor& out, const Tensor& out_t) override;
+  void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                const Tensor& bias, Epilogue epilogue, const Tensor& out, const Tensor& pre,
+                bool accumulate, bool fast_accum) override;
+
  private:
   // Grow-only scratch, the documented exception to "the caller provides every buffer": one
   // float buffer per OpenMP thread (attention score rows and dK/dV accumulators, sized by the
@@ -112,6 +118,8 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> seq_order_;
   std::vector<int64_t> lamb_blocks_;
   std::vector<float> lamb_step_sizes_;
+  // fp8_gemm's de-scaled operands (and its fp32 outputs when out is 16-bit); grow-only.
+  std::vector<float> fp8_scratch_;
   // Ops called with bf16 / f16 tensors run through this (cpu_lowp.h).
   cpu::LowpStaging lowp_;
 };

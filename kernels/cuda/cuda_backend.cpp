@@ -79,6 +79,10 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)
   PB_REQUIRE(device >= 0 && device < count, "{}: device {} requested, {} present", op, device,
              count);
   PB_CUDA_OP(op, cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  PB_CUDA_OP(op, cudaGetDeviceProperties(&prop, device_));
+  compute_capability_ = prop.major * 10 + prop.minor;
+  device_name_ = prop.name;
   // A blocking stream: it orders with the legacy default stream, so plain cudaMemcpy in tests
   // and callers sees this backend's work completed.
   PB_CUDA_OP(op, cudaStreamCreate(&stream_));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -64,6 +65,13 @@ struct GemmCall {
   // GELU_AUX_BIAS: the pre-activation (written); DGELU: the pre-activation (read). Same type,
   // shape and leading dimension as D.
   void* aux = nullptr;
+  // FP8 (fp8_gemm): B's type where it differs from A's (-1: ab_type); the device pointers to the
+  // factors A and B are multiplied by (CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, B_SCALE_POINTER);
+  // FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM).
+  int32_t b_type = -1;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  bool fast_accum = false;
 };
 
 // The column-major GEMM C [m x n] = op(A) op(B) (op = transpose where asked): A and B of type
@@ -214,6 +222,14 @@ class CudaBackend final : public Backend {
                   const Tensor& params_lowp = Tensor(), const Tensor& norms_ws = Tensor()) override;
   void convert(const Tensor& dst, const Tensor& src) override;
 
+  void fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale, const Tensor& amax,
+                const Tensor& out, const Tensor& out_t) override;
+  void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                const Tensor& bias, Epilogue epilogue, const Tensor& out, const Tensor& pre,
+                bool accumulate, bool fast_accum) override;
+  // The device's compute capability, major * 10 + minor (FP8 GEMMs need 89).
+  int compute_capability() const { return compute_capability_; }
+
  private:
   // ---- helpers (cuda_backend.cpp) ----
   void begin(const char* op);               // makes the backend's device current
@@ -318,7 +334,7 @@ class CudaBackend final : public Backend {
 
   struct GemmKey {
     int64_t m, n, k, lda, ldb, ldc;
-    int32_t transa, transb, epilogue, beta_zero, ab_type, c_type;
+    int32_t transa, transb, epilogue, beta_zero, ab_type, c_type, b_type, scaled, fast_accum;
     uint32_t align_a, align_b, align_c, align_bias, align_aux;
     bool operator==(const GemmKey& o) const;
   };
@@ -331,6 +347,8 @@ class CudaBackend final : public Backend {
   };
 
   int device_;
+  int compute_capability_ = 0;
+  std::string device_name_;
   CudaBackendOptions options_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

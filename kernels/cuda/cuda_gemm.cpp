@@ -86,6 +86,9 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
   key.beta_zero = g.beta == 0.f;
   key.ab_type = static_cast<int32_t>(g.ab_type);
   key.c_type = static_cast<int32_t>(g.c_type);
+  key.b_type = g.b_type;
+  key.scaled = (g.a_scale ? 1 : 0) | (g.b_scale ? 2 : 0);
+  key.fast_accum = g.fast_accum;
   key.align_a = alignment(g.a);
   key.align_b = alignment(g.b);
   key.align_c = alignment(g.c);
@@ -116,12 +119,24 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
     PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                       &aux_ld, sizeof(aux_ld)));
   }
+  // FP8: the de-scaling factors, read on the device when the GEMM runs (a graph replays with
+  // the values there then), and the accumulation mode.
+  for (const auto& [attr, ptr] : {std::pair{CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.a_scale},
+                                  std::pair{CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.b_scale}})
+    if (ptr)
+      PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, attr, &ptr, sizeof(ptr)));
+  if (g.fast_accum) {
+    const int8_t on = 1;
+    PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on,
+                                                      sizeof(on)));
+  }
   const uint64_t a_rows = static_cast<uint64_t>(g.transa ? g.k : g.m);
   const uint64_t a_cols = static_cast<uint64_t>(g.transa ? g.m : g.k);
   const uint64_t b_rows = static_cast<uint64_t>(g.transb ? g.n : g.k);
   const uint64_t b_cols = static_cast<uint64_t>(g.transb ? g.k : g.n);
   PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.a, g.ab_type, a_rows, a_cols, g.lda));
-  PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.b, g.ab_type, b_rows, b_cols, g.ldb));
+  const auto b_type = g.b_type >= 0 ? static_cast<cudaDataType_t>(g.b_type) : g.ab_type;
+  PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.b, b_type, b_rows, b_cols, g.ldb));
   PB_CUBLASLT_OP(op, cublasLtMatrixLayoutCreate(&d.c, g.c_type, static_cast<uint64_t>(g.m),
                                                 static_cast<uint64_t>(g.n), g.ldc));
 

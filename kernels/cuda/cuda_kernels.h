@@ -44,6 +44,20 @@ cudaError_t convert_rows(const void* src, FloatFormat src_format, int64_t src_ld
                          FloatFormat dst_format, int64_t dst_ld, int64_t rows, int64_t cols,
                          cudaStream_t s, float scale = 1.f);
 
+// ---- FP8 (fp8_kernels.cu; Backend::fp8_cast, fp8_gemm) ----------------------------------------
+// src [n, c] times scale[0] into out [n_out, c] and / or out_t [c, n_t] (either may be null),
+// e4m3 or e5m2 (common/fp8_convert.h); rows past n and rows whose rows[r] < 0 written 0 and left
+// out of amax (null: none), which takes the maximum of the |v| bit patterns.
+cudaError_t fp8_cast(const void* src, FloatFormat src_format, const int32_t* rows,
+                     const float* scale, float* amax, uint8_t* out, uint8_t* out_t, int64_t n,
+                     int64_t c, int64_t n_out, int64_t n_t, bool e4m3, cudaStream_t s);
+// out [rows, cols] (format f) = epilogue(acc + bias) of an FP8 GEMM's fp32 result: bias (may be
+// null) added, then gelu_form 0: nothing, 1: the erf GELU, 2: its tanh form, writing pre (the
+// argument, format f) first; the CPU's order (linear_forward in fp32, one rounding).
+cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* pre,
+                         FloatFormat f, int64_t rows, int64_t cols, int gelu_form,
+                         cudaStream_t s);
+
 // ---- elementwise (elementwise_kernels.cu) --------------------------------------------------
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
 cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,

@@ -45,11 +45,13 @@
 //   than the GPU, which differs from it by fp32 rounding errors growing with k.
 #include <cublasLt.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda_emu/cublaslt_matmul.h"
 #include "kernels/cuda_emu/runtime.h"
@@ -66,6 +68,11 @@ struct cublasLtMatmulDescOpaque_st {
   int32_t bias_type = -1;  // -1: D's type
   void* aux = nullptr;
   int64_t aux_ld = 0;
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
+  const void* d_scale = nullptr;
+  void* amax_d = nullptr;
+  int8_t fast_accum = 0;
 };
 
 // Kept only so that setting them can be checked; the emulation's answers do not depend on them.
@@ -101,6 +108,8 @@ const char* type_name(int t) {
     case CUDA_R_32F: return "fp32";
     case CUDA_R_16BF: return "bf16";
     case CUDA_R_16F: return "f16";
+    case CUDA_R_8F_E4M3: return "e4m3";
+    case CUDA_R_8F_E5M2: return "e5m2";
     default: return "an unsupported type";
   }
 }
@@ -131,6 +140,84 @@ bool extent(uint64_t rows, uint64_t cols, uint64_t ld, uint64_t* elements) {
 std::string layout_text(const cublasLtMatrixLayoutOpaque_st& l) {
   return std::to_string(l.rows) + " x " + std::to_string(l.cols) + " " + type_name(l.type) +
          ", ld " + std::to_string(l.ld);
+}
+
+// The FP8 rules, as the cuBLAS documentation states them (cublasLtMatmul, "FP8" requirements
+// and its table of FP8 type combinations; cublasLtMatmulDescAttributes_t; Tensor Core Usage).
+// Each refusal is what the real library returns for it.
+cublasStatus_t check_fp8(const cublasLtMatmulDescOpaque_st* op, const Problem& p,
+                         std::string* why) {
+  const int cc = emu::compute_capability();
+  // FP8 tensor cores exist from compute capability 8.9 (Ada) and 9.0 (Hopper) on
+  // (cublasLtMatmul: the FP8 kernels' requirements).
+  if (cc < 89) {
+    *why = "FP8 types need compute capability 8.9 or newer; the device is " +
+           std::to_string(cc / 10) + "." + std::to_string(cc % 10);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  // The FP8 table lists A and B both FP8, never one FP8 with a 16- or 32-bit other.
+  if (!is_fp8_type(p.a.type) || !is_fp8_type(p.b.type)) {
+    *why = std::string("A ") + type_name(p.a.type) + " with B " + type_name(p.b.type) +
+           " (FP8 takes both operands in FP8)";
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  // The table has E4M3 x E4M3, E4M3 x E5M2 and E5M2 x E4M3; no E5M2 x E5M2.
+  if (p.a.type == CUDA_R_8F_E5M2 && p.b.type == CUDA_R_8F_E5M2) {
+    *why = "A and B both e5m2 (no FP8 kernel takes E5M2 x E5M2)";
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  // "A must be transposed and B non-transposed (The TN format)" on Ada and Hopper (later
+  // architectures lift it).
+  if (cc < 100 && !(p.transa && !p.transb)) {
+    *why = std::string("FP8 with transa ") + (p.transa ? "T" : "N") + ", transb " +
+           (p.transb ? "T" : "N") + " (compute capability below 10.0 takes only TN)";
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  // C and D: D fp32, bf16 or f16 with C of D's type, or D FP8 with C bf16 / f16 (the table).
+  const int d = p.d.type, c = p.c.type;
+  const bool d_fp8 = is_fp8_type(d);
+  if (!(d_fp8 ? (c == CUDA_R_16BF || c == CUDA_R_16F)
+              : ((d == CUDA_R_32F || d == CUDA_R_16BF || d == CUDA_R_16F) && c == d))) {
+    *why = std::string("FP8 with C ") + type_name(c) + " and D " + type_name(d);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  // The bias of an FP8 GEMM (BIAS_DATA_TYPE's exceptions): D bf16 -> bf16, D f16 -> f16,
+  // D fp32 -> bf16, D FP8 -> bf16 or f16. Never fp32.
+  if (has_bias_input(p.epilogue)) {
+    const int b = p.bias_type;
+    const bool ok = d == CUDA_R_16BF || d == CUDA_R_32F ? b == CUDA_R_16BF
+                    : d == CUDA_R_16F                   ? b == CUDA_R_16F
+                                                        : (b == CUDA_R_16BF || b == CUDA_R_16F);
+    if (!ok) {
+      *why = std::string("FP8 with bias ") + type_name(b) + " and D " + type_name(d);
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+  }
+  // The epilogues emulated for FP8: DEFAULT, BIAS, and GELU_AUX_BIAS with a 16-bit or fp32 D
+  // (an FP8 D's aux type is an attribute the emulation does not model).
+  if (!(p.epilogue == CUBLASLT_EPILOGUE_DEFAULT || p.epilogue == CUBLASLT_EPILOGUE_BIAS ||
+        (p.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && !d_fp8))) {
+    *why = "epilogue " + std::to_string(p.epilogue) + " with FP8 (not emulated)";
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  // FP8 runs on tensor cores only, so their requirements are hard ones (Tensor Core Usage):
+  // leading dimensions of 16-byte multiples.
+  const char* names[4] = {"A", "B", "C", "D"};
+  const cublasLtMatrixLayoutOpaque_st* layouts[4] = {&p.a, &p.b, &p.c, &p.d};
+  for (int i = 0; i < 4; ++i)
+    if ((static_cast<uint64_t>(layouts[i]->ld) * type_bytes(layouts[i]->type)) % 16 != 0) {
+      *why = std::string("FP8 with matrix ") + names[i] + "'s ld " +
+             std::to_string(layouts[i]->ld) + " not a multiple of 16 bytes";
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+  // D's scale and amax belong to an FP8 D (the emulation's reading of "an unsupported matrix
+  // data, scale, and compute type combination": INVALID_VALUE).
+  if (!d_fp8 && (op->d_scale || op->amax_d)) {
+    *why = std::string(op->d_scale ? "D_SCALE_POINTER" : "AMAX_D_POINTER") + " with D " +
+           type_name(d) + " (only an FP8 D is scaled and has an amax)";
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 // The checks the heuristic and the matmul share: INVALID_VALUE for what is inconsistent,
@@ -189,20 +276,44 @@ cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_st* op,
            std::to_string(op->scale) + " (only CUBLAS_COMPUTE_32F with fp32 scale)";
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  if (!is_float_type(a->type) || b->type != a->type || c->type != d->type ||
-      (d->type != a->type && d->type != CUDA_R_32F)) {
-    *why = std::string("types A ") + type_name(a->type) + ", B " + type_name(b->type) + ", C " +
-           type_name(c->type) + ", D " + type_name(d->type);
-    return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
-  if (!is_implemented(p->epilogue)) {
-    *why = "epilogue " + std::to_string(p->epilogue);
-    return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
-  const bool uses_bias = has_bias_input(p->epilogue) || p->epilogue == CUBLASLT_EPILOGUE_BGRADB;
-  if (uses_bias && p->bias_type != static_cast<int32_t>(d->type) && p->bias_type != CUDA_R_32F) {
-    *why = std::string("bias type ") + type_name(p->bias_type) + " with D " + type_name(d->type);
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  p->a_scale = op->a_scale;
+  p->b_scale = op->b_scale;
+  p->d_scale = op->d_scale;
+  p->amax_d = op->amax_d;
+  p->fast_accum = op->fast_accum != 0;
+  if (is_fp8_type(a->type) || is_fp8_type(b->type) || is_fp8_type(c->type) ||
+      is_fp8_type(d->type)) {
+    // An FP8 GEMM's default bias type is bf16 where D is fp32 or FP8 (BIAS_DATA_TYPE).
+    if (op->bias_type == -1 && (d->type == CUDA_R_32F || is_fp8_type(d->type)))
+      p->bias_type = CUDA_R_16BF;
+    const cublasStatus_t st = check_fp8(op, *p, why);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+  } else {
+    // The scaling attributes belong to FP8 (cublasLtMatmulDescAttributes_t: set for an
+    // unsupported combination, the matmul returns INVALID_VALUE).
+    if (op->a_scale || op->b_scale || op->d_scale || op->amax_d || op->fast_accum) {
+      *why = std::string("FP8 scaling attributes with A ") + type_name(a->type) + ", D " +
+             type_name(d->type);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (!is_float_type(a->type) || b->type != a->type || c->type != d->type ||
+        (d->type != a->type && d->type != CUDA_R_32F)) {
+      *why = std::string("types A ") + type_name(a->type) + ", B " + type_name(b->type) +
+             ", C " + type_name(c->type) + ", D " + type_name(d->type);
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (!is_implemented(p->epilogue)) {
+      *why = "epilogue " + std::to_string(p->epilogue);
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    const bool uses_bias =
+        has_bias_input(p->epilogue) || p->epilogue == CUBLASLT_EPILOGUE_BGRADB;
+    if (uses_bias && p->bias_type != static_cast<int32_t>(d->type) &&
+        p->bias_type != CUDA_R_32F) {
+      *why = std::string("bias type ") + type_name(p->bias_type) + " with D " +
+             type_name(d->type);
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
   }
   if (has_aux(p->epilogue) && p->aux_ld % 8 != 0) {
     *why = "EPILOGUE_AUX_LD " + std::to_string(p->aux_ld) + " is not a multiple of 8";
@@ -334,6 +445,11 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_value(&desc->epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_value(&desc->bias, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_value(&desc->bias_type, buf, size);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return set_value(&desc->a_scale, buf, size);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return set_value(&desc->b_scale, buf, size);
+    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: return set_value(&desc->d_scale, buf, size);
+    case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return set_value(&desc->amax_d, buf, size);
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return set_value(&desc->fast_accum, buf, size);
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return set_value(&desc->aux, buf, size);
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return set_value(&desc->aux_ld, buf, size);
   }
@@ -478,6 +594,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
       (!has_aux(p.epilogue) ||
        check_buffer("aux matrix", op->aux, p.d.type, p.m, p.n, ld(p.aux_ld)));
   if (!ok) return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (is_fp8_type(p.a.type)) {
+    // FP8's tensor-core requirement on the matrices' addresses: 16-byte alignment.
+    const void* ptrs[4] = {A, B, C, D};
+    const char* names[4] = {"A", "B", "C", "D"};
+    for (int i = 0; i < 4; ++i)
+      if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0 && (i != 2 || beta_value != 0.f)) {
+        complain(call, std::string("FP8 with matrix ") + names[i] + " not 16-byte aligned");
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+      }
+    const std::pair<const char*, const void*> scalars[4] = {{"A scale", p.a_scale},
+                                                            {"B scale", p.b_scale},
+                                                            {"D scale", p.d_scale},
+                                                            {"D amax", p.amax_d}};
+    for (const auto& [name, ptr] : scalars)
+      if (ptr && !check_buffer(name, ptr, CUDA_R_32F, 1, 1, 1))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
 
   void* bias = op->bias;
   void* aux = op->aux;

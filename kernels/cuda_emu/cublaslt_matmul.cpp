@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/common/fp8_convert.h"
 #include "kernels/cuda_emu/cublaslt_matmul.h"
 
 namespace packbert::emu::cublaslt {
@@ -27,6 +28,8 @@ double load(const void* base, int type, uint64_t i) {
     std::memcpy(&h, p, 2);
     return __bfloat162float(h);
   }
+  if (type == CUDA_R_8F_E4M3) return fp8::e4m3_to_float(static_cast<uint8_t>(*p));
+  if (type == CUDA_R_8F_E5M2) return fp8::e5m2_to_float(static_cast<uint8_t>(*p));
   __half h;
   std::memcpy(&h, p, 2);
   return __half2float(h);
@@ -36,6 +39,10 @@ double load(const void* base, int type, uint64_t i) {
 void store(void* base, int type, uint64_t i, double v) {
   char* p = static_cast<char*>(base) + i * type_bytes(type);
   const float f = static_cast<float>(v);
+  if (is_fp8_type(type)) {  // saturating, nearest even (cuBLASLt's FP8 output, satfinite)
+    *p = static_cast<char>(type == CUDA_R_8F_E4M3 ? fp8::float_to_e4m3(f) : fp8::float_to_e5m2(f));
+    return;
+  }
   if (type == CUDA_R_32F) {
     std::memcpy(p, &f, 4);
   } else if (type == CUDA_R_16BF) {
@@ -59,10 +66,23 @@ double gelu_tanh_derivative(double x) {
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx;
 }
 
+// A device scale factor (fp32), 1 when none is given.
+double factor(const void* ptr) {
+  if (!ptr) return 1.0;
+  float f;
+  std::memcpy(&f, ptr, sizeof(f));
+  return f;
+}
+
 }  // namespace
 
 void run_matmul(const Problem& p, double alpha, double beta, const void* A, const void* B,
                 const void* C, void* D, void* bias, void* aux) {
+  // FP8: D = scale_d * (alpha * scale_a * scale_b * op(A) op(B) + beta C, then the epilogue),
+  // amax_d = max |that| before scale_d. Fast accumulation changes only how a GPU sums; the
+  // emulation's double sums are the same either way.
+  alpha *= factor(p.a_scale) * factor(p.b_scale);
+  const double d_scale = factor(p.d_scale);
   const uint64_t m = p.m, n = p.n, k = p.k;
   const auto lda = static_cast<uint64_t>(p.a.ld), ldb = static_cast<uint64_t>(p.b.ld);
   const auto ldc = static_cast<uint64_t>(p.c.ld), ldd = static_cast<uint64_t>(p.d.ld);
@@ -125,8 +145,14 @@ void run_matmul(const Problem& p, double alpha, double beta, const void* A, cons
     for (uint64_t j = 0; j < n; ++j)
       for (uint64_t q = 0; q < k; ++q) bias_grad[j] += b_cols[j * k + q];
   }
+  if (p.amax_d) {
+    float top = 0.f;
+    for (double v : out) top = std::max(top, static_cast<float>(std::fabs(v)));
+    std::memcpy(p.amax_d, &top, sizeof(top));
+  }
   for (uint64_t j = 0; j < n; ++j)
-    for (uint64_t i = 0; i < m; ++i) store(D, p.d.type, i + j * ldd, out[i + j * m]);
+    for (uint64_t i = 0; i < m; ++i)
+      store(D, p.d.type, i + j * ldd, d_scale == 1.0 ? out[i + j * m] : out[i + j * m] * d_scale);
   if (!pre.empty())
     for (uint64_t j = 0; j < n; ++j)
       for (uint64_t i = 0; i < m; ++i) store(aux, p.d.type, i + j * aux_ld, pre[i + j * m]);

@@ -17,8 +17,10 @@ struct cublasLtMatrixLayoutOpaque_st {
 
 namespace packbert::emu::cublaslt {
 
-// Bytes of an element of a float type the emulation takes (fp32, bf16, f16).
-inline size_t type_bytes(int t) { return t == CUDA_R_32F ? 4 : 2; }
+inline bool is_fp8_type(int t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+
+// Bytes of an element of a float type the emulation takes (fp32, bf16, f16, the two FP8).
+inline size_t type_bytes(int t) { return t == CUDA_R_32F ? 4 : is_fp8_type(t) ? 1 : 2; }
 
 // Epilogues that read the bias vector (BGRADB writes it instead).
 inline bool has_bias_input(uint32_t e) {
@@ -33,6 +35,13 @@ struct Problem {
   uint32_t epilogue;
   int32_t bias_type;  // resolved: D's type when the descriptor says -1
   int64_t aux_ld;
+  // FP8: the fp32 factors A, B and D are multiplied by (device pointers, read when the work
+  // runs; null: 1), where the amax of D goes (null: none), and the accumulation mode.
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
+  const void* d_scale = nullptr;
+  void* amax_d = nullptr;
+  bool fast_accum = false;
 };
 
 // Runs the GEMM and its epilogue (stream work), with the arithmetic cublaslt.cpp's header

@@ -122,6 +122,14 @@ inline T atomicMin(T* address, T val) {
   return old;
 }
 template <typename T>
+inline T atomicMax(T* address, T val) {
+  T old = __atomic_load_n(address, __ATOMIC_RELAXED);
+  while (val > old && !__atomic_compare_exchange_n(address, &old, val, true, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+template <typename T>
 inline T atomicExch(T* address, T val) {
   return __atomic_exchange_n(address, val, __ATOMIC_RELAXED);
 }

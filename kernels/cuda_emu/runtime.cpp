@@ -54,6 +54,22 @@ int device_count() {
   return n;
 }
 
+int compute_capability_from_env() {
+  const char* v = std::getenv("PACKBERT_EMU_COMPUTE_CAPABILITY");
+  if (!v || !*v) return 90;
+  int major = 0, minor = 0;
+  char tail = 0;
+  if (std::sscanf(v, "%d.%d%c", &major, &minor, &tail) != 2 || major < 1 || major > 20 ||
+      minor < 0 || minor > 9) {
+    std::fprintf(stderr,
+                 "cuda emulation: PACKBERT_EMU_COMPUTE_CAPABILITY=%s is not MAJOR.MINOR "
+                 "(e.g. 8.0, 9.0)\n",
+                 v);
+    std::exit(2);
+  }
+  return major * 10 + minor;
+}
+
 thread_local int t_device = 0;  // cudaSetDevice is per host thread, as in CUDA
 
 thread_local cudaError_t t_last_error = cudaSuccess;
@@ -295,6 +311,9 @@ cudaError_t enqueue_async(cudaStream_t stream, const char* what, std::function<v
 
 int current_device() { return t_device; }
 
+// Read at every call, so that a test can set it around the calls it makes.
+int compute_capability() { return compute_capability_from_env(); }
+
 Counters counters() {
   CounterAtomics& a = counter_atomics();
   Counters c;
@@ -468,8 +487,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   p->warpSize = 32;
   p->maxThreadsPerBlock = 1024;
   p->multiProcessorCount = 1;
-  p->major = 9;
-  p->minor = 0;
+  p->major = emu::compute_capability() / 10;
+  p->minor = emu::compute_capability() % 10;
   return cudaSuccess;
 }
 

@@ -15,7 +15,8 @@
 // another thread holds the emulation it answers from what has been reached (a watchdog thread
 // polls events while the host thread waits for a collective).
 //
-// Devices: PACKBERT_EMU_DEVICES of them (default 8), each with its own number and PCI bus id,
+// Devices: PACKBERT_EMU_DEVICES of them (default 8), each with its own number and PCI bus id
+// and PACKBERT_EMU_COMPUTE_CAPABILITY (compute_capability()),
 // sharing one memory and one set of streams. cudaSetDevice is per host thread; an allocation
 // remembers the device current when it was made (cudaPointerGetAttributes).
 //
@@ -69,6 +70,12 @@ cudaError_t enqueue_async(cudaStream_t stream, const char* what, std::function<v
 
 // The calling host thread's device (cudaSetDevice).
 int current_device();
+
+// The devices' compute capability, major * 10 + minor: PACKBERT_EMU_COMPUTE_CAPABILITY ("8.0",
+// "8.9", "9.0", ...; read at each call, so a test may set it to see what an older GPU refuses),
+// 9.0 (Hopper) when unset.
+// cudaGetDeviceProperties reports it, and the cuBLASLt emulation refuses FP8 below 8.9.
+int compute_capability();
 
 // True when [p, p + bytes) lies inside one live device allocation (cudaMalloc), or inside
 // pinned host memory (cudaMallocHost: device-accessible, as with unified addressing).

@@ -79,6 +79,17 @@ class TimedBackend final : public Backend {
   void convert(const Tensor& dst, const Tensor& src) override {
     timed(OpKind::memory, [&] { inner_.convert(dst, src); });
   }
+  void fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale, const Tensor& amax,
+                const Tensor& out, const Tensor& out_t) override {
+    timed(OpKind::memory, [&] { inner_.fp8_cast(src, rows, scale, amax, out, out_t); });
+  }
+  void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                const Tensor& bias, Epilogue epilogue, const Tensor& out, const Tensor& pre,
+                bool accumulate, bool fast_accum) override {
+    timed(OpKind::gemm, [&] {
+      inner_.fp8_gemm(a, a_scale, b, b_scale, bias, epilogue, out, pre, accumulate, fast_accum);
+    });
+  }
   void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
                          const Tensor& segment_ids, const EmbeddingParams& params,
                          const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,

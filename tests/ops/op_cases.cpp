@@ -122,12 +122,6 @@ struct HostT {
   }
 };
 
-std::string ep_name(Epilogue e) {
-  return e == Epilogue::none        ? "none"
-         : e == Epilogue::bias      ? "bias"
-         : e == Epilogue::bias_gelu ? "bias_gelu"
-                                    : "bias_gelu_tanh";
-}
 
 // The low-precision linear ops' bar (linear_forward / linear_backward / gather_rows_backward with
 // repeats): CUDA and the CPU's emulation differ by one 16-bit rounding per element, not by
@@ -141,6 +135,13 @@ std::string ep_name(Epilogue e) {
 double lowp_linear_tol(DType t) { return t == DType::bf16 ? 1.5e-2 : 2.5e-3; }
 
 }  // namespace
+
+std::string ep_name(Epilogue e) {
+  return e == Epilogue::none        ? "none"
+         : e == Epilogue::bias      ? "bias"
+         : e == Epilogue::bias_gelu ? "bias_gelu"
+                                    : "bias_gelu_tanh";
+}
 
 // A bound on |loss - loss'| of two fp32 evaluations of the NSP loss in any summation order, from
 // its fp32 inputs (a 16-bit input widened is exact in fp32) in double. With u = 2^-24 and g(n) = n u / (1 - n u)
@@ -2369,6 +2370,8 @@ const std::vector<OpTable>& op_tables() {
       {"Convert", any(convert_cases)},
       {"WriteFloats", any(write_floats_cases)},
       {"Upload", any(upload_cases)},
+      {"Fp8Cast", any(fp8_op_cases_cast)},
+      {"Fp8Gemm", any(fp8_op_cases_gemm)},
   };
   return tables;
 }

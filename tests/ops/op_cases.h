@@ -208,6 +208,12 @@ struct OpTable {
 };
 const std::vector<OpTable>& op_tables();
 
+// The FP8 ops' cases (op_cases_fp8.cpp), listed in op_tables().
+OpCases fp8_op_cases_cast();
+OpCases fp8_op_cases_gemm();
+// The name of an epilogue in case names ("none", "bias", "bias_gelu", "bias_gelu_tanh").
+std::string ep_name(Epilogue e);
+
 // Registers `suite`.<op> for every table with a case that `wanted` takes, before RUN_ALL_TESTS;
 // the test calls body(op's cases). Call it from a namespace-scope initialiser.
 bool register_op_tests(const char* suite, bool emulated,

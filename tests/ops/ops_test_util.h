@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/common/fp8_convert.h"
 #include "kernels/common/lowp_convert.h"
 #include "measure.h"
 #include "test_util.h"
@@ -206,7 +207,7 @@ class GuardedBytes {
       if (esize_ == 8) std::memcpy(p, &wide, 8);
       else if (esize_ == 4) std::memcpy(p, &word, 4);
       else if (esize_ == 2) std::memcpy(p, &half, 2);
-      else *p = 0xDE;
+      else *p = is_fp8(dtype_) ? 0x7F : 0xDE;  // FP8: a NaN, so "unwritten" reads non-finite
     }
     return v;
   }
@@ -270,6 +271,8 @@ inline std::vector<double> GuardedBytes::doubles() const {
         d[i] = dtype_ == DType::bf16 ? lowp::bf16_to_float(v) : lowp::f16_to_float(v);
         break;
       }
+      case DType::e4m3: d[i] = fp8::e4m3_to_float(*p); break;
+      case DType::e5m2: d[i] = fp8::e5m2_to_float(*p); break;
       default: d[i] = *p; break;
     }
   }

@@ -76,6 +76,11 @@ typedef enum {
   CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,           // void*
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,  // void*
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,       // int64_t
+  CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,       // const void* (fp32 on the device)
+  CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,       // const void*
+  CUBLASLT_MATMUL_DESC_D_SCALE_POINTER = 20,       // const void*
+  CUBLASLT_MATMUL_DESC_AMAX_D_POINTER = 21,        // void*
+  CUBLASLT_MATMUL_DESC_FAST_ACCUM = 25,            // int8_t
   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,        // int32_t (cudaDataType_t; -1: D's type)
 } cublasLtMatmulDescAttributes_t;
 

@@ -8,5 +8,7 @@ enum cudaDataType_t {
   CUDA_R_8I = 3,
   CUDA_R_32I = 10,
   CUDA_R_16BF = 14,
+  CUDA_R_8F_E4M3 = 28,
+  CUDA_R_8F_E5M2 = 29,
 };
 typedef cudaDataType_t cudaDataType;

@@ -1,0 +1,83 @@
+// FP8 on the CUDA backend (backend.h, FP8): the cast kernel (fp8_kernels.cu), and the FP8 GEMM
+// through cuBLASLt. cuBLASLt's FP8 GEMMs (Ada and Hopper: compute capability 8.9 and 9.x) take
+// one layout, "TN": in column-major terms A transposed and B not, i.e. both operands K-major --
+// what fp8_gemm's row-major a [n, k] and b [m, k] are:
+//   out^T (m x n) = op_T(A = b, stored k x m) * (B = a, stored k x n)
+// with A_SCALE_POINTER = b_scale + 1 and B_SCALE_POINTER = a_scale + 1, the inverses.
+// Epilogues: for an FP8 GEMM with a bf16 / f16 output cuBLASLt wants a bias of that 16-bit type
+// (cublasLtMatmul's FP8 table), while the contract's bias is fp32 and is added in fp32; so a
+// GEMM with an epilogue writes fp32 scratch and fp8_epilogue adds the bias (and the GELU) and
+// rounds once, as the CPU does. Without one, cuBLASLt writes out directly (accumulating into
+// fp32 with beta = 1 for the weight gradients).
+#include "kernels/common/op_args.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+
+namespace packbert {
+
+namespace {
+
+cudaDataType_t fp8_type(DType t) {
+  return t == DType::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+cudaDataType_t out_type(DType t) {
+  return t == DType::f32 ? CUDA_R_32F : t == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+}  // namespace
+
+void CudaBackend::fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale,
+                           const Tensor& amax, const Tensor& out, const Tensor& out_t) {
+  const trace::Range range("fp8_cast");
+  const char* op = "fp8_cast";
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [n, c, n_out, n_t] = checks::fp8_cast_args(args, src, rows, scale, amax, out, out_t);
+  begin(op);
+  const bool e4m3 = (out.defined() ? out : out_t).dtype == DType::e4m3;
+  launched(op, "fp8_cast",
+           cuda::fp8_cast(src.data, float_format(op, "src", src),
+                          rows.defined() ? rows.ptr<int32_t>() : nullptr, scale.ptr<float>(),
+                          amax.defined() ? amax.ptr<float>() : nullptr,
+                          static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), n,
+                          c, out.defined() ? n_out : 0, out_t.defined() ? n_t : 0, e4m3,
+                          stream_));
+  end(op);
+}
+
+void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b,
+                           const Tensor& b_scale, const Tensor& bias, Epilogue epilogue,
+                           const Tensor& out, const Tensor& pre, bool accumulate,
+                           bool fast_accum) {
+  const trace::Range range("fp8_gemm");
+  const char* op = "fp8_gemm";
+  const checks::OpArgs args(op, Device::cuda, pointer_check());
+  const auto [n, k, m] =
+      checks::fp8_gemm_args(args, a, a_scale, b, b_scale, bias, epilogue, out, pre, accumulate);
+  PB_REQUIRE(compute_capability_ >= 89,
+             "{}: FP8 GEMMs need a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+             "cuda:{} ({}) is {}.{}",
+             op, device_, device_name_, compute_capability_ / 10, compute_capability_ % 10);
+  if (n == 0 || m == 0) return;
+  begin(op);
+  const bool direct = epilogue == Epilogue::none;
+  void* d = direct ? out.data : scratch_floats(op, static_cast<size_t>(n * m));
+  GemmCall g = gemm_call(true, false, m, n, k, b.data, k, a.data, k, d, m, fp8_type(b.dtype),
+                         direct ? out_type(out.dtype) : CUDA_R_32F);
+  g.b_type = static_cast<int32_t>(fp8_type(a.dtype));
+  g.a_scale = b_scale.ptr<float>() + 1;
+  g.b_scale = a_scale.ptr<float>() + 1;
+  g.fast_accum = fast_accum;
+  g.beta = accumulate ? 1.f : 0.f;
+  gemm(op, g);  // DEFAULT epilogue: throws naming the status when cuBLASLt refuses
+  if (!direct) {
+    const int gelu_form = !has_gelu(epilogue) ? 0 : gelu_of(epilogue) == Gelu::erf ? 1 : 2;
+    launched(op, "fp8_epilogue",
+             cuda::fp8_epilogue(static_cast<const float*>(d),
+                                bias.defined() ? bias.ptr<float>() : nullptr, out.data,
+                                pre.defined() ? pre.data : nullptr,
+                                float_format(op, "out", out), n, m, gelu_form, stream_));
+  }
+  end(op);
+}
+
+}  // namespace packbert
