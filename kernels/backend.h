@@ -153,6 +153,22 @@ struct LinearBackwardOptions {
   bool dx_accumulate = false;
 };
 
+// What Backend::fp8_gemm applies to its product.
+struct Fp8GemmOptions {
+  // linear_forward's epilogues: bias f32 [m]; the GELUs write pre [n, m] (out's dtype).
+  Epilogue epilogue = Epilogue::none;
+  Tensor bias, pre;
+  // An input gradient through a GELU: out = product * gelu'(dgelu_pre) (dgelu_pre [n, m],
+  // out's dtype; the form `gelu`), as linear_backward's x_gelu_pre.
+  Tensor dgelu_pre;
+  Gelu gelu = Gelu::erf;
+  // out += product, added in fp32 and rounded once (Epilogue::none, no dgelu_pre).
+  bool accumulate = false;
+  // Lets the GPU accumulate in its faster, less exact way (cuBLASLt's FP8 fast accumulation);
+  // the CPU ignores it.
+  bool fast_accum = false;
+};
+
 struct EmbeddingParams {
   Tensor word;        // [vocab, H]
   Tensor position;    // [max_positions, H]
@@ -570,25 +586,35 @@ class Backend {
   // ops run, so a CUDA graph replays with the values its memory holds then.
   //
   // fp8_cast: src [n, c] (f32, bf16 or f16) times scale[0] into out [n_out, c] and / or its
-  // transpose out_t [c, n_t] (at least one; both of one FP8 dtype), n_out, n_t >= n. Written 0:
-  // the rows of out (columns of out_t) from n on, and the rows whose entry in `rows` (optional,
-  // i32 [n], SeqLayout::token_seq) is negative, padding. amax (optional) f32 [1]:
+  // transpose out_t [c, n_t] (both of one FP8 dtype), n_out, n_t >= n. Written 0: the rows of
+  // out (columns of out_t) from n on, and the rows whose entry in `rows` (optional, i32 [n],
+  // SeqLayout::token_seq) is negative, padding. amax (optional) f32 [1]:
   // amax = max(amax, |v|) over the values of the other rows, compared as IEEE bit patterns (a
-  // NaN above infinity), so that no order of the reduction changes it.
+  // NaN above infinity), so that no order of the reduction changes it. With neither output the
+  // op takes the amax only (scale may then be none).
   virtual void fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale,
                         const Tensor& amax, const Tensor& out, const Tensor& out_t) = 0;
   // fp8_gemm: out [n, m] = (a [n, k] b [m, k]^T) * a_scale[1] * b_scale[1], fp32 accumulation,
-  // then the epilogue as linear_forward's (bias f32 [m]; the GELUs write pre [n, m], out's
-  // dtype); with accumulate, out += that instead (out f32, Epilogue::none: weight gradients).
-  // Both operands K-major (the layout cuBLASLt's FP8 GEMMs take), e4m3 or e5m2, not both e5m2;
-  // n, k and m multiples of 16 (the model pads its rows); out bf16, f16 or f32. fast_accum lets the GPU accumulate in its faster,
-  // less exact way (cuBLASLt's FP8 fast accumulation); the CPU ignores it. The CPU computes
-  // exactly what the contract says: the operands widened and de-scaled (exact), an fp32 GEMM,
-  // the epilogue in fp32, out rounded once (linear_forward's order).
+  // then the options' epilogue, out rounded once. Both operands K-major (the layout cuBLASLt's
+  // FP8 GEMMs take), e4m3 or e5m2, not both e5m2; n, k and m multiples of 16 (the model pads
+  // its rows); out bf16, f16 or f32. The CPU computes exactly that: the operands widened and
+  // de-scaled (exact), an fp32 GEMM, the epilogue in fp32 (linear_forward's order).
   virtual void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b,
-                        const Tensor& b_scale, const Tensor& bias, Epilogue epilogue,
-                        const Tensor& out, const Tensor& pre, bool accumulate,
-                        bool fast_accum) = 0;
+                        const Tensor& b_scale, const Tensor& out,
+                        const Fp8GemmOptions& options) = 0;
+  // Delayed scaling's bookkeeping over n operands, once per optimizer step (docs/fp8.md).
+  // fp8_amax_share: shared f64 [ranks, n] = 0 but row `rank` = amax f32 [n], widened: summed
+  // over ranks (one small all-reduce) it holds every rank's amax, exactly.
+  virtual void fp8_amax_share(const Tensor& amax, int rank, const Tensor& shared) = 0;
+  // fp8_scale_update: per operand i, a = the largest |shared[r, i]| over the ranks (a NaN
+  // above everything). A finite a is pushed into history f32 [n, h] (row i, oldest first: the
+  // row shifts left by one), and then scales f32 [n, 2] = {s, 1 / s} with
+  // s = fp8_scale(max of the row, fp8_max[i], margin, the previous s) (common/fp8_convert.h). A
+  // non-finite a (a step the overflow check skips) changes neither. amax f32 [n] is set to 0
+  // for the next step.
+  virtual void fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, int margin,
+                                const Tensor& history, const Tensor& scales,
+                                const Tensor& amax) = 0;
 };
 
 // The reference backend (fp32, BLAS + OpenMP).

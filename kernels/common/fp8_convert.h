@@ -119,4 +119,30 @@ PB_HD float fp8_scale(float amax, float fp8_max, int margin, float previous) {
   return lowp::bits_float(static_cast<uint32_t>(k + 127) << 23);
 }
 
+// One operand's delayed-scaling update (Backend::fp8_scale_update), the same code on every
+// backend: the step's amax is the largest over the ranks' shared values (a NaN above all); a
+// finite one shifts into the history (oldest first) and the scale pair {s, 1 / s} follows the
+// history's maximum; a non-finite one changes nothing. The amax is reset for the next step.
+PB_HD void fp8_update_operand(const double* shared, int64_t stride, int64_t ranks,
+                              float fp8_max, int margin, float* history, int64_t h,
+                              float* scale_pair, float* amax) {
+  uint32_t top = 0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    const uint32_t b = amax_bits(static_cast<float>(shared[r * stride]));
+    top = b > top ? b : top;
+  }
+  if (top < 0x7f800000u) {
+    float largest = lowp::bits_float(top);
+    for (int64_t j = 0; j + 1 < h; ++j) {
+      history[j] = history[j + 1];
+      largest = history[j] > largest ? history[j] : largest;
+    }
+    history[h - 1] = lowp::bits_float(top);
+    const float s = fp8_scale(largest, fp8_max, margin, scale_pair[0]);
+    scale_pair[0] = s;
+    scale_pair[1] = 1.f / s;  // exact: a power of two within [2^-126, 2^126]
+  }
+  *amax = 0.f;
+}
+
 }  // namespace packbert::fp8

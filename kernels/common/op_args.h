@@ -329,26 +329,30 @@ inline Fp8CastDims fp8_cast_args(const OpArgs& a, const Tensor& src, const Tenso
              "{}: src is {}, expected f32, bf16 or f16", a.op, src.str());
   a("src", src, src.dtype, {kAnyDim, kAnyDim});
   const int64_t n = src.dim(0), c = src.dim(1);
-  PB_REQUIRE(out.defined() || out_t.defined(), "{}: neither out nor out_t given", a.op);
-  const Tensor& first = out.defined() ? out : out_t;
-  PB_REQUIRE(is_fp8(first.dtype), "{}: {} is {}, expected e4m3 or e5m2", a.op,
-             out.defined() ? "out" : "out_t", first.str());
-  a.optional("out", out, first.dtype, {kAnyDim, c});
-  a.optional("out_t", out_t, first.dtype, {c, kAnyDim});
+  PB_REQUIRE(out.defined() || out_t.defined() || amax.defined(),
+             "{}: neither out, out_t nor amax given", a.op);
   const int64_t n_out = out.defined() ? out.dim(0) : n, n_t = out_t.defined() ? out_t.dim(1) : n;
-  PB_REQUIRE(n_out >= n && n_t >= n, "{}: {} rows of src, out has {} and out_t {} (>= {})", a.op,
-             n, n_out, n_t, n);
+  if (out.defined() || out_t.defined()) {
+    const Tensor& first = out.defined() ? out : out_t;
+    PB_REQUIRE(is_fp8(first.dtype), "{}: {} is {}, expected e4m3 or e5m2", a.op,
+               out.defined() ? "out" : "out_t", first.str());
+    a.optional("out", out, first.dtype, {kAnyDim, c});
+    a.optional("out_t", out_t, first.dtype, {c, kAnyDim});
+    PB_REQUIRE(n_out >= n && n_t >= n, "{}: {} rows of src, out has {} and out_t {} (>= {})",
+               a.op, n, n_out, n_t, n);
+    a("scale", scale, DType::f32, {2});
+  } else {
+    a.optional("scale", scale, DType::f32, {2});
+  }
   a.optional("rows", rows, DType::i32, {n});
-  a("scale", scale, DType::f32, {2});
   a.optional("amax", amax, DType::f32, {1});
   return {n, c, n_out, n_t};
 }
 
 // fp8_gemm: out [n, m] = a [n, k] b [m, k]^T, a and b FP8 (not both e5m2), n, k, m % 16 == 0.
 inline GemmDims fp8_gemm_args(const OpArgs& a, const Tensor& x, const Tensor& x_scale,
-                              const Tensor& w, const Tensor& w_scale, const Tensor& bias,
-                              Epilogue epilogue, const Tensor& out, const Tensor& pre,
-                              bool accumulate) {
+                              const Tensor& w, const Tensor& w_scale, const Tensor& out,
+                              const Fp8GemmOptions& o) {
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a", &x}, {"b", &w}})
     PB_REQUIRE(t->defined() && is_fp8(t->dtype), "{}: {} is {}, expected e4m3 or e5m2", a.op,
                name, t->str());
@@ -369,21 +373,52 @@ inline GemmDims fp8_gemm_args(const OpArgs& a, const Tensor& x, const Tensor& x_
                                out.dtype == DType::f16),
              "{}: out is {}, expected f32, bf16 or f16", a.op, out.str());
   a("out", out, out.dtype, {n, m});
-  if (accumulate)
-    PB_REQUIRE(out.dtype == DType::f32 && epilogue == Epilogue::none,
-               "{}: accumulate needs out f32 and Epilogue::none", a.op);
-  if (epilogue == Epilogue::none) {
-    PB_REQUIRE(!bias.defined(), "{}: bias given with Epilogue::none", a.op);
+  if (o.epilogue == Epilogue::none) {
+    PB_REQUIRE(!o.bias.defined(), "{}: bias given with Epilogue::none", a.op);
   } else {
-    a("bias", bias, DType::f32, {m});
+    a("bias", o.bias, DType::f32, {m});
   }
-  if (has_gelu(epilogue)) {
-    a("pre", pre, out.dtype, {n, m});
-    PB_REQUIRE(pre.data != out.data, "{}: pre may not alias out", a.op);
+  if (has_gelu(o.epilogue)) {
+    a("pre", o.pre, out.dtype, {n, m});
+    PB_REQUIRE(o.pre.data != out.data, "{}: pre may not alias out", a.op);
   } else {
-    PB_REQUIRE(!pre.defined(), "{}: pre is only written by the GELU epilogues", a.op);
+    PB_REQUIRE(!o.pre.defined(), "{}: pre is only written by the GELU epilogues", a.op);
   }
+  a.optional("dgelu_pre", o.dgelu_pre, out.dtype, {n, m});
+  PB_REQUIRE(!o.dgelu_pre.defined() || o.epilogue == Epilogue::none,
+             "{}: dgelu_pre with a forward epilogue", a.op);
+  PB_REQUIRE(!o.accumulate || (o.epilogue == Epilogue::none && !o.dgelu_pre.defined()),
+             "{}: accumulate with an epilogue or dgelu_pre", a.op);
   return {n, k, m};
+}
+
+// fp8_amax_share / fp8_scale_update: n operands, ranks rows, history h.
+struct Fp8ScaleDims {
+  int64_t n = 0, ranks = 0, h = 0;
+};
+
+inline Fp8ScaleDims fp8_amax_share_args(const OpArgs& a, const Tensor& amax, int rank,
+                                        const Tensor& shared) {
+  a("amax", amax, DType::f32, {kAnyDim});
+  const int64_t n = amax.dim(0);
+  a("shared", shared, DType::f64, {kAnyDim, n});
+  PB_REQUIRE(rank >= 0 && rank < shared.dim(0), "{}: rank {} of {}", a.op, rank, shared.dim(0));
+  return {n, shared.dim(0), 0};
+}
+
+inline Fp8ScaleDims fp8_scale_update_args(const OpArgs& a, const Tensor& shared,
+                                          const Tensor& fp8_max, int margin,
+                                          const Tensor& history, const Tensor& scales,
+                                          const Tensor& amax) {
+  a("shared", shared, DType::f64, {kAnyDim, kAnyDim});
+  const int64_t ranks = shared.dim(0), n = shared.dim(1);
+  a("fp8_max", fp8_max, DType::f32, {n});
+  a("history", history, DType::f32, {n, kAnyDim});
+  a("scales", scales, DType::f32, {n, 2});
+  a("amax", amax, DType::f32, {n});
+  PB_REQUIRE(history.dim(1) >= 1, "{}: an empty history", a.op);
+  PB_REQUIRE(margin >= 0 && margin <= 64, "{}: margin {} outside [0, 64]", a.op, margin);
+  return {n, ranks, history.dim(1)};
 }
 
 }  // namespace packbert::checks

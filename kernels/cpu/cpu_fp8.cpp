@@ -1,7 +1,8 @@
-// FP8 on the CPU backend (backend.h, FP8): the cast into FP8 operands with its amax, and the FP8
+// FP8 on the CPU backend (backend.h, FP8): the cast into FP8 operands with its amax, the FP8
 // GEMM emulated exactly as its contract reads -- the operands widened and de-scaled (exact:
-// power-of-two scales), then linear_forward's fp32 GEMM and epilogue, the output rounded once.
-// So FP8 training runs and is tested on any machine, and the CUDA backend is compared with it.
+// power-of-two scales), then linear_forward's fp32 GEMM and epilogue, the output rounded once --
+// and delayed scaling's bookkeeping. So FP8 training runs and is tested on any machine, and the
+// CUDA backend is compared with it.
 #include <algorithm>
 #include <cstring>
 
@@ -9,6 +10,7 @@
 #include "kernels/common/op_args.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_simd.h"
 
 namespace packbert {
 
@@ -32,8 +34,9 @@ void CpuBackend::fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& s
                           const Tensor& amax, const Tensor& out, const Tensor& out_t) {
   const checks::OpArgs args("fp8_cast", Device::cpu);
   const auto [n, c, n_out, n_t] = checks::fp8_cast_args(args, src, rows, scale, amax, out, out_t);
-  const bool e4m3 = (out.defined() ? out : out_t).dtype == DType::e4m3;
-  const float s = scale.ptr<float>()[0];
+  const bool cast = out.defined() || out_t.defined();
+  const bool e4m3 = cast && (out.defined() ? out : out_t).dtype == DType::e4m3;
+  const float s = cast ? scale.ptr<float>()[0] : 1.f;
   const int32_t* row_seq = rows.defined() ? rows.ptr<int32_t>() : nullptr;
   uint8_t* o = out.defined() ? static_cast<uint8_t*>(out.data) : nullptr;
   uint8_t* ot = out_t.defined() ? static_cast<uint8_t*>(out_t.data) : nullptr;
@@ -42,11 +45,11 @@ void CpuBackend::fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& s
   for (int64_t r = 0; r < n; ++r) {
     const bool keep = !row_seq || row_seq[r] >= 0;
     for (int64_t j = 0; j < c; ++j) {
-      const float v = load(src.data, src.dtype, r * c + j);
       uint8_t q = 0;
       if (keep) {
+        const float v = load(src.data, src.dtype, r * c + j);
         top = std::max(top, fp8::amax_bits(v));
-        q = fp8::fp8_cast_value(v, s, e4m3);
+        if (cast) q = fp8::fp8_cast_value(v, s, e4m3);
       }
       if (o) o[r * c + j] = q;
       if (ot) ot[j * n_t + r] = q;
@@ -59,12 +62,9 @@ void CpuBackend::fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& s
 }
 
 void CpuBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b,
-                          const Tensor& b_scale, const Tensor& bias, Epilogue epilogue,
-                          const Tensor& out, const Tensor& pre, bool accumulate,
-                          bool /*fast_accum*/) {
+                          const Tensor& b_scale, const Tensor& out, const Fp8GemmOptions& o) {
   const checks::OpArgs args("fp8_gemm", Device::cpu);
-  const auto [n, k, m] =
-      checks::fp8_gemm_args(args, a, a_scale, b, b_scale, bias, epilogue, out, pre, accumulate);
+  const auto [n, k, m] = checks::fp8_gemm_args(args, a, a_scale, b, b_scale, out, o);
   if (n == 0 || m == 0) return;
   // Grow-only: the de-scaled operands, then (16-bit out) the fp32 out and pre.
   const bool narrow = out.dtype != DType::f32;
@@ -80,18 +80,47 @@ void CpuBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& 
     wa[i] = i < n * k ? widen_fp8(qa[i], a.dtype) * inv_a
                       : widen_fp8(qb[i - n * k], b.dtype) * inv_b;
   const Tensor fa = view(wa, {n, k}), fb = view(wb, {m, k});
-  if (accumulate) {
-    cpu::gemm(false, true, n, m, k, 1.f, wa, k, wb, k, 1.f, out.ptr<float>(), m);
-    return;
+  float* f_out = narrow ? wb + m * k : out.ptr<float>();
+  float* f_pre = f_out + n * m;  // 16-bit out only
+  if (o.accumulate) {
+    if (narrow) cpu::convert(f_out, DType::f32, out.data, out.dtype, n * m);
+    cpu::gemm(false, true, n, m, k, 1.f, wa, k, wb, k, 1.f, f_out, m);
+  } else if (o.dgelu_pre.defined()) {
+    cpu::gemm(false, true, n, m, k, 1.f, wa, k, wb, k, 0.f, f_out, m);
+    const float* pre = narrow ? f_pre : o.dgelu_pre.ptr<float>();
+    if (narrow) cpu::convert(f_pre, DType::f32, o.dgelu_pre.data, o.dgelu_pre.dtype, n * m);
+#pragma omp parallel for schedule(static) if (n * m >= 16384)
+    for (int64_t r = 0; r < n; ++r) {
+      if (o.gelu == Gelu::tanh)
+        cpu::mul_gelu_tanh_grad(f_out + r * m, pre + r * m, m);
+      else
+        cpu::mul_gelu_grad(f_out + r * m, pre + r * m, m);
+    }
+  } else {
+    const Tensor fp = has_gelu(o.epilogue) ? (narrow ? view(f_pre, {n, m}) : o.pre) : Tensor();
+    linear_forward(fa, fb, o.bias, o.epilogue, view(f_out, {n, m}), fp);
+    if (narrow && fp.defined()) cpu::convert(o.pre.data, o.pre.dtype, f_pre, DType::f32, n * m);
   }
-  if (!narrow) return linear_forward(fa, fb, bias, epilogue, out, pre);
-  float* f_out = wb + m * k;
-  float* f_pre = f_out + n * m;
-  const Tensor fo = view(f_out, {n, m});
-  const Tensor fp = has_gelu(epilogue) ? view(f_pre, {n, m}) : Tensor();
-  linear_forward(fa, fb, bias, epilogue, fo, fp);
-  cpu::convert(out.data, out.dtype, f_out, DType::f32, n * m);
-  if (fp.defined()) cpu::convert(pre.data, pre.dtype, f_pre, DType::f32, n * m);
+  if (narrow) cpu::convert(out.data, out.dtype, f_out, DType::f32, n * m);
+}
+
+void CpuBackend::fp8_amax_share(const Tensor& amax, int rank, const Tensor& shared) {
+  const checks::OpArgs args("fp8_amax_share", Device::cpu);
+  const auto d = checks::fp8_amax_share_args(args, amax, rank, shared);
+  double* out = shared.ptr<double>();
+  std::fill(out, out + d.ranks * d.n, 0.0);
+  for (int64_t i = 0; i < d.n; ++i) out[rank * d.n + i] = amax.ptr<float>()[i];
+}
+
+void CpuBackend::fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, int margin,
+                                  const Tensor& history, const Tensor& scales,
+                                  const Tensor& amax) {
+  const checks::OpArgs args("fp8_scale_update", Device::cpu);
+  const auto d = checks::fp8_scale_update_args(args, shared, fp8_max, margin, history, scales, amax);
+  for (int64_t i = 0; i < d.n; ++i)
+    fp8::fp8_update_operand(shared.ptr<double>() + i, d.n, d.ranks, fp8_max.ptr<float>()[i],
+                            margin, history.ptr<float>() + i * d.h, d.h,
+                            scales.ptr<float>() + 2 * i, amax.ptr<float>() + i);
 }
 
 }  // namespace packbert

@@ -225,8 +225,10 @@ class CudaBackend final : public Backend {
   void fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale, const Tensor& amax,
                 const Tensor& out, const Tensor& out_t) override;
   void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
-                const Tensor& bias, Epilogue epilogue, const Tensor& out, const Tensor& pre,
-                bool accumulate, bool fast_accum) override;
+                const Tensor& out, const Fp8GemmOptions& options) override;
+  void fp8_amax_share(const Tensor& amax, int rank, const Tensor& shared) override;
+  void fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, int margin,
+                        const Tensor& history, const Tensor& scales, const Tensor& amax) override;
   // The device's compute capability, major * 10 + minor (FP8 GEMMs need 89).
   int compute_capability() const { return compute_capability_; }
 

@@ -51,12 +51,17 @@ cudaError_t convert_rows(const void* src, FloatFormat src_format, int64_t src_ld
 cudaError_t fp8_cast(const void* src, FloatFormat src_format, const int32_t* rows,
                      const float* scale, float* amax, uint8_t* out, uint8_t* out_t, int64_t n,
                      int64_t c, int64_t n_out, int64_t n_t, bool e4m3, cudaStream_t s);
-// out [rows, cols] (format f) = epilogue(acc + bias) of an FP8 GEMM's fp32 result: bias (may be
-// null) added, then gelu_form 0: nothing, 1: the erf GELU, 2: its tanh form, writing pre (the
-// argument, format f) first; the CPU's order (linear_forward in fp32, one rounding).
+// out [rows, cols] (format f) from an FP8 GEMM's fp32 result acc, rounded once: mode 0 adds
+// the bias (null: none); 1 / 2 add it and apply the erf / tanh GELU, writing the argument to pre
+// first; 3 / 4 multiply by the erf / tanh GELU's derivative at pre. The CPU's order.
 cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* pre,
-                         FloatFormat f, int64_t rows, int64_t cols, int gelu_form,
-                         cudaStream_t s);
+                         FloatFormat f, int64_t rows, int64_t cols, int mode, cudaStream_t s);
+// Backend::fp8_amax_share and fp8_scale_update over n operands (common/fp8_convert.h).
+cudaError_t fp8_amax_share(const float* amax, int64_t rank, double* shared, int64_t n,
+                           int64_t ranks, cudaStream_t s);
+cudaError_t fp8_scale_update(const double* shared, const float* fp8_max, int margin,
+                             float* history, float* scales, float* amax, int64_t n,
+                             int64_t ranks, int64_t h, cudaStream_t s);
 
 // ---- elementwise (elementwise_kernels.cu) --------------------------------------------------
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.

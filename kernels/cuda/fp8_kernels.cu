@@ -22,7 +22,7 @@ __global__ void fp8_cast_kernel(const void* src, FloatFormat sf, const int32_t* 
                                 int64_t row_tiles) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   __shared__ unsigned block_top[kTile * kTileRows];
-  const float s = scale[0];
+  const float s = scale != nullptr ? scale[0] : 1.f;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c0 = int64_t{blockIdx.x} * kTile;
   unsigned top = 0;
@@ -60,20 +60,41 @@ __global__ void fp8_cast_kernel(const void* src, FloatFormat sf, const int32_t* 
   }
 }
 
-template <bool Gelu, bool Tanh>
+// mode 0: bias only (may be null); 1 / 2: bias, then the erf / tanh GELU, writing pre first;
+// 3 / 4: times the erf / tanh GELU's derivative at pre (an input gradient through a GELU).
+template <int Mode>
 __global__ void fp8_epilogue_kernel(const float* acc, const float* bias, void* out, void* pre,
                                     FloatFormat f, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     float x = acc[i];
-    if (bias != nullptr) x += bias[i % cols];
-    if (Gelu) {
+    if (Mode <= 2 && bias != nullptr) x += bias[i % cols];
+    if (Mode == 1 || Mode == 2) {
       store_from_float(pre, f, i, x);
-      x = Tanh ? gelu_tanh(x) : gelu(x);
+      x = Mode == 2 ? gelu_tanh(x) : gelu(x);
+    } else if (Mode == 3 || Mode == 4) {
+      const float p = load_as_float(pre, f, i);
+      x *= Mode == 4 ? gelu_tanh_grad(p) : gelu_grad(p);
     }
     store_from_float(out, f, i, x);
   }
+}
+
+__global__ void fp8_amax_share_kernel(const float* amax, int64_t rank, double* shared, int64_t n,
+                                      int64_t ranks) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * ranks;
+       i += int64_t{gridDim.x} * blockDim.x)
+    shared[i] = i / n == rank ? static_cast<double>(amax[i % n]) : 0.0;
+}
+
+__global__ void fp8_scale_update_kernel(const double* shared, const float* fp8_max, int margin,
+                                        float* history, float* scales, float* amax, int64_t n,
+                                        int64_t ranks, int64_t h) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    fp8::fp8_update_operand(shared + i, n, ranks, fp8_max[i], margin, history + i * h, h,
+                            scales + 2 * i, amax + i);
 }
 
 }  // namespace
@@ -81,7 +102,7 @@ __global__ void fp8_epilogue_kernel(const float* acc, const float* bias, void* o
 cudaError_t fp8_cast(const void* src, FloatFormat src_format, const int32_t* rows,
                      const float* scale, float* amax, uint8_t* out, uint8_t* out_t, int64_t n,
                      int64_t c, int64_t n_out, int64_t n_t, bool e4m3, cudaStream_t s) {
-  const int64_t all_rows = n_out > n_t ? n_out : n_t;
+  const int64_t written = n_out > n_t ? n_out : n_t, all_rows = written > n ? written : n;
   if (all_rows == 0 || c == 0) return cudaSuccess;
   const int64_t row_tiles = (all_rows + kTile - 1) / kTile;
   const dim3 grid(static_cast<unsigned>((c + kTile - 1) / kTile),
@@ -94,19 +115,34 @@ cudaError_t fp8_cast(const void* src, FloatFormat src_format, const int32_t* row
 }
 
 cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* pre,
-                         FloatFormat f, int64_t rows, int64_t cols, int gelu_form,
-                         cudaStream_t s) {
+                         FloatFormat f, int64_t rows, int64_t cols, int mode, cudaStream_t s) {
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
-  if (gelu_form == 0)
-    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, fp8_epilogue_kernel<false, false>)(
-        acc, bias, out, pre, f, rows, cols);
-  else if (gelu_form == 1)
-    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, fp8_epilogue_kernel<true, false>)(
-        acc, bias, out, pre, f, rows, cols);
-  else
-    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, fp8_epilogue_kernel<true, true>)(
-        acc, bias, out, pre, f, rows, cols);
+  const unsigned grid = grid_for(n, kThreads);
+  switch (mode) {
+    case 0: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<0>)(acc, bias, out, pre, f, rows, cols); break;
+    case 1: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<1>)(acc, bias, out, pre, f, rows, cols); break;
+    case 2: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<2>)(acc, bias, out, pre, f, rows, cols); break;
+    case 3: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<3>)(acc, bias, out, pre, f, rows, cols); break;
+    default: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<4>)(acc, bias, out, pre, f, rows, cols); break;
+  }
+  return launched();
+}
+
+cudaError_t fp8_amax_share(const float* amax, int64_t rank, double* shared, int64_t n,
+                           int64_t ranks, cudaStream_t s) {
+  if (n * ranks == 0) return cudaSuccess;
+  PB_LAUNCH(grid_for(n * ranks, kThreads), kThreads, 0, s, fp8_amax_share_kernel)(
+      amax, rank, shared, n, ranks);
+  return launched();
+}
+
+cudaError_t fp8_scale_update(const double* shared, const float* fp8_max, int margin,
+                             float* history, float* scales, float* amax, int64_t n,
+                             int64_t ranks, int64_t h, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, fp8_scale_update_kernel)(
+      shared, fp8_max, margin, history, scales, amax, n, ranks, h);
   return launched();
 }
 

@@ -84,11 +84,16 @@ class TimedBackend final : public Backend {
     timed(OpKind::memory, [&] { inner_.fp8_cast(src, rows, scale, amax, out, out_t); });
   }
   void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
-                const Tensor& bias, Epilogue epilogue, const Tensor& out, const Tensor& pre,
-                bool accumulate, bool fast_accum) override {
-    timed(OpKind::gemm, [&] {
-      inner_.fp8_gemm(a, a_scale, b, b_scale, bias, epilogue, out, pre, accumulate, fast_accum);
-    });
+                const Tensor& out, const Fp8GemmOptions& options) override {
+    timed(OpKind::gemm, [&] { inner_.fp8_gemm(a, a_scale, b, b_scale, out, options); });
+  }
+  void fp8_amax_share(const Tensor& amax, int rank, const Tensor& shared) override {
+    timed(OpKind::optimizer, [&] { inner_.fp8_amax_share(amax, rank, shared); });
+  }
+  void fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, int margin,
+                        const Tensor& history, const Tensor& scales, const Tensor& amax) override {
+    timed(OpKind::optimizer,
+          [&] { inner_.fp8_scale_update(shared, fp8_max, margin, history, scales, amax); });
   }
   void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
                          const Tensor& segment_ids, const EmbeddingParams& params,

@@ -329,8 +329,7 @@ TEST(EmuCublasLtFp8, BackendNamesTheDeviceBelow89) {
   auto s = be->alloc(packbert::DType::f32, {2});
   auto out = be->alloc(packbert::DType::bf16, {16, 16});
   try {
-    be->fp8_gemm(a.tensor(), s.tensor(), a.tensor(), s.tensor(), packbert::Tensor(),
-                 packbert::Epilogue::none, out.tensor(), packbert::Tensor(), false, false);
+    be->fp8_gemm(a.tensor(), s.tensor(), a.tensor(), s.tensor(), out.tensor(), {});
     FAIL() << "fp8_gemm ran on a GPU of compute capability 8.0";
   } catch (const packbert::Error& e) {
     const std::string what = e.what();

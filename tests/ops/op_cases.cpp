@@ -2372,6 +2372,7 @@ const std::vector<OpTable>& op_tables() {
       {"Upload", any(upload_cases)},
       {"Fp8Cast", any(fp8_op_cases_cast)},
       {"Fp8Gemm", any(fp8_op_cases_gemm)},
+      {"Fp8Scaling", any(fp8_op_cases_scaling)},
   };
   return tables;
 }

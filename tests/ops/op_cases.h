@@ -211,6 +211,7 @@ const std::vector<OpTable>& op_tables();
 // The FP8 ops' cases (op_cases_fp8.cpp), listed in op_tables().
 OpCases fp8_op_cases_cast();
 OpCases fp8_op_cases_gemm();
+OpCases fp8_op_cases_scaling();
 // The name of an epilogue in case names ("none", "bias", "bias_gelu", "bias_gelu_tanh").
 std::string ep_name(Epilogue e);
 

@@ -106,6 +106,7 @@ OpCases fp8_cast_cases() {
       {45, 40, 45, 0, false},   // out only
       {70, 33, 0, 80, true},    // out_t only, odd widths (partial tiles)
       {1, 16, 16, 16, false},   // one row padded to 16
+      {45, 40, 0, 0, true},     // the amax only
   };
   for (DType src_t : {DType::f32, DType::bf16})
     for (DType t : {DType::e4m3, DType::e5m2})
@@ -193,12 +194,14 @@ double round_bound(DType t, double v) {
 }
 
 GemmExpect fp8_gemm_expect(const OpRun& r, DType ta, DType tb, DType out_t, Epilogue ep,
-                           bool accumulate, int64_t n, int64_t k, int64_t m) {
+                           bool accumulate, bool dgelu, Gelu form, int64_t n, int64_t k,
+                           int64_t m) {
   const std::vector<uint8_t> qa = r.buf("a").bytes(), qb = r.buf("b").bytes();
   const double ia = floats_of(r.buf("a_scale").bytes())[1];
   const double ib = floats_of(r.buf("b_scale").bytes())[1];
   const Vec bias = ep == Epilogue::none ? Vec() : r.doubles("bias");
   const Vec init = accumulate ? r.initial("out") : Vec();
+  const Vec dpre = dgelu ? r.doubles("dgelu_pre") : Vec();
   const double u = std::ldexp(1.0, -24);
   auto widen = [](uint8_t q, DType t) {
     return static_cast<double>(t == DType::e4m3 ? fp8::e4m3_to_float(q) : fp8::e5m2_to_float(q));
@@ -222,6 +225,21 @@ GemmExpect fp8_gemm_expect(const OpRun& r, DType ta, DType tb, DType out_t, Epil
       const double x = s + add;
       const double ex = static_cast<double>(k + 2) * u * (abs_sum + std::abs(add));
       double y = x, ey = ex;
+      if (dgelu) {  // |gelu''| <= 0.6 is not needed: the derivative is taken at a given point
+        const double p = dpre[at], c = 0.7978845608028654;
+        double d;
+        if (form == Gelu::tanh) {
+          const double t = std::tanh(c * (p + 0.044715 * p * p * p));
+          d = 0.5 * (1 + t) + 0.5 * p * (1 - t * t) * c * (1 + 3 * 0.044715 * p * p);
+        } else {
+          d = 0.5 * (1 + std::erf(p / std::sqrt(2.0))) +
+              p * std::exp(-0.5 * p * p) / std::sqrt(2 * 3.141592653589793);
+        }
+        // |gelu'| <= 1.13 carries the product's error; the derivative's own fp32 error (erf /
+        // tanh, exp and a few roundings) is at most 8 u (1 + |p|) absolute, times |x|.
+        y = x * d;
+        ey = 1.13 * ex + 8 * u * (1 + std::abs(p)) * std::abs(x) + u * std::abs(y);
+      }
       if (has_gelu(ep)) {
         const double c = 0.7978845608028654;  // sqrt(2 / pi)
         y = gelu_of(ep) == Gelu::tanh ? 0.5 * x * (1 + std::tanh(c * (x + 0.044715 * x * x * x)))
@@ -271,6 +289,8 @@ OpCases fp8_gemm_cases() {
     const char* what;
     DType ta, tb, out;
     bool accumulate;
+    bool dgelu = false;
+    Gelu gelu = Gelu::erf;
   };
   // The three GEMMs of an FP8 linear layer: forward X W^T (E4M3 x E4M3, bf16 out), input
   // gradient dY W (E5M2 x E4M3), weight gradient dY^T X (E5M2 x E4M3, fp32 accumulated); and
@@ -278,7 +298,12 @@ OpCases fp8_gemm_cases() {
   const Kind kinds[] = {{"forward", DType::e4m3, DType::e4m3, DType::bf16, false},
                         {"dgrad", DType::e5m2, DType::e4m3, DType::bf16, false},
                         {"wgrad", DType::e5m2, DType::e4m3, DType::f32, true},
-                        {"e4m3 x e5m2", DType::e4m3, DType::e5m2, DType::f16, false}};
+                        {"e4m3 x e5m2", DType::e4m3, DType::e5m2, DType::f16, false},
+                        // dx += (the residual's share first) and dx through the GELUs
+                        {"dgrad accumulate", DType::e5m2, DType::e4m3, DType::bf16, true},
+                        {"dgrad dgelu", DType::e5m2, DType::e4m3, DType::bf16, false, true},
+                        {"dgrad dgelu_tanh", DType::e5m2, DType::e4m3, DType::bf16, false, true,
+                         Gelu::tanh}};
   // Multiples of 16 (the op's contract); 48 rows and 80 columns are partial 32-wide tiles.
   const GemmShape shapes[] = {{48, 64, 48}, {16, 16, 16}, {128, 96, 80}};
   for (const Kind& kind : kinds)
@@ -289,7 +314,7 @@ OpCases fp8_gemm_cases() {
         for (bool fast : {false, true}) {
           if (fast && (ep != Epilogue::none || s.n != 48)) continue;
           OpCase c;
-          c.dtype = kind.out == DType::f32 ? DType::f32 : kind.out;
+          c.dtype = kind.out;
           c.name = fmt::format("fp8_gemm {} {} x {} to {} n{} k{} m{} {}{}", kind.what,
                                dtype_name(kind.ta), dtype_name(kind.tb), dtype_name(kind.out),
                                s.n, s.k, s.m, ep_name(ep), fast ? " fast_accum" : "");
@@ -307,26 +332,34 @@ OpCases fp8_gemm_cases() {
                                     : r.in("bias", DType::f32, {s.m},
                                            randn(g, static_cast<size_t>(s.m)), unchanged());
             // Checked by compare (derived bounds), the guards by the runner.
+            Fp8GemmOptions o;
+            o.epilogue = ep;
+            o.bias = bias;
+            o.accumulate = kind.accumulate;
+            o.fast_accum = fast;
+            o.gelu = kind.gelu;
+            if (kind.dgelu)
+              o.dgelu_pre = r.in("dgelu_pre", kind.out, {s.n, s.m},
+                                 randn(g, static_cast<size_t>(s.n * s.m), 2.f), unchanged());
             const Tensor out =
                 kind.accumulate
-                    ? r.acc("out", DType::f32, {s.n, s.m},
+                    ? r.acc("out", kind.out, {s.n, s.m},
                             randn(g, static_cast<size_t>(s.n * s.m)), Check{})
                     : r.out("out", kind.out, {s.n, s.m}, Check{});
-            const Tensor pre =
-                has_gelu(ep) ? r.out("pre", kind.out, {s.n, s.m}, Check{}) : Tensor();
-            r.backend().fp8_gemm(a, sa, b, sb, bias, ep, out, pre, kind.accumulate, fast);
+            if (has_gelu(ep)) o.pre = r.out("pre", kind.out, {s.n, s.m}, Check{});
+            r.backend().fp8_gemm(a, sa, b, sb, out, o);
           };
           c.reference = [=](const std::string& what, const OpRun& cpu) {
             const GemmExpect e =
-                fp8_gemm_expect(cpu, kind.ta, kind.tb, kind.out, ep, kind.accumulate, s.n, s.k,
-                                s.m);
+                fp8_gemm_expect(cpu, kind.ta, kind.tb, kind.out, ep, kind.accumulate, kind.dgelu,
+                                kind.gelu, s.n, s.k, s.m);
             expect_within(what + " out", cpu.doubles("out"), e.out, e.out_bound, 1.0);
             if (has_gelu(ep)) expect_within(what + " pre", cpu.doubles("pre"), e.pre, e.pre_bound, 1.0);
           };
           c.compare = [=](const std::string& what, const OpRun& want, const OpRun& got) {
             const GemmExpect e =
-                fp8_gemm_expect(want, kind.ta, kind.tb, kind.out, ep, kind.accumulate, s.n, s.k,
-                                s.m);
+                fp8_gemm_expect(want, kind.ta, kind.tb, kind.out, ep, kind.accumulate, kind.dgelu,
+                                kind.gelu, s.n, s.k, s.m);
             expect_within(what + " out", got.doubles("out"), want.doubles("out"), e.out_bound,
                           2.0);
             if (has_gelu(ep))
@@ -339,9 +372,106 @@ OpCases fp8_gemm_cases() {
   return cases;
 }
 
+// ---- delayed scaling's bookkeeping --------------------------------------------------------------
+// fp8_amax_share's one-hot rows, and fp8_scale_update against the rule computed in double with
+// logarithms (common/fp8_convert.h computes it in integers): amaxes of every kind (0, tiny,
+// huge, infinity, NaN) over three ranks, histories of 1 and 4, margins 0 and 2.
+OpCases fp8_scaling_cases() {
+  OpCases cases;
+  for (int64_t h : {1, 4})
+    for (int margin : {0, 2}) {
+      OpCase c;
+      c.name = fmt::format("fp8_scale_update ranks3 n40 history{} margin{}", h, margin);
+      const int64_t n = 40, ranks = 3;
+      c.run = [=](OpRun& r) {
+        auto& g = r.rng();
+        std::vector<float> amax = wide_values(g, static_cast<size_t>(n), 40);
+        for (float& x : amax) x = std::abs(x);
+        amax[0] = 0.f;
+        amax[1] = std::numeric_limits<float>::infinity();
+        amax[2] = std::numeric_limits<float>::quiet_NaN();
+        amax[3] = 1e-40f;  // subnormal
+        amax[4] = 3e38f;
+        // The shared rows as the sum over ranks leaves them: rank 1's row from fp8_amax_share
+        // on this backend, the other two drawn.
+        const Tensor mine = r.in("amax", DType::f32, {n}, amax, Check{Check::exact, 0});
+        const Tensor shared = r.out_any("shared", DType::f64, {ranks, n}, bits());
+        r.backend().fp8_amax_share(mine, 1, shared);
+        std::vector<double> others(static_cast<size_t>(ranks * n), 0.0);
+        for (int64_t i = 0; i < n; ++i) {
+          others[static_cast<size_t>(i)] = std::abs(std::ldexp(randn(g, 1)[0], 5));
+          others[static_cast<size_t>(2 * n + i)] = i % 3 == 0 ? 0.0 : std::ldexp(1.0, -20);
+        }
+        std::vector<double> sum(static_cast<size_t>(ranks * n));
+        r.backend().synchronize();
+        const std::vector<uint8_t> sb = r.buf("shared").bytes();
+        std::memcpy(sum.data(), sb.data(), sb.size());
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += others[i];
+        const Tensor summed = r.in_bits("summed", DType::f64, {ranks, n}, sum.data(), unchanged());
+        std::vector<float> fmax(static_cast<size_t>(n)), hist(static_cast<size_t>(n * h)),
+            scales(static_cast<size_t>(2 * n));
+        for (int64_t i = 0; i < n; ++i) {
+          fmax[static_cast<size_t>(i)] = i % 2 ? fp8::kE4M3Max : fp8::kE5M2Max;
+          const int e = static_cast<int>(g() % 21) - 10;
+          scales[static_cast<size_t>(2 * i)] = std::ldexp(1.f, e);
+          scales[static_cast<size_t>(2 * i + 1)] = std::ldexp(1.f, -e);
+          for (int64_t j = 0; j < h; ++j)
+            hist[static_cast<size_t>(i * h + j)] = j == 0 && i % 5 == 0 ? 0.f : std::ldexp(
+                std::abs(randn(g, 1)[0]), static_cast<int>(g() % 9) - 4);
+        }
+        const Tensor tmax = r.in("fp8_max", DType::f32, {n}, fmax, unchanged());
+        const Tensor th = r.acc("history", DType::f32, {n, h}, hist, bits());
+        const Tensor ts = r.acc("scales", DType::f32, {n, 2}, scales, bits());
+        const Tensor ta = r.acc("step amax", DType::f32, {n}, amax, bits());
+        r.backend().fp8_scale_update(summed, tmax, margin, th, ts, ta);
+      };
+      c.reference = [=](const std::string& what, const OpRun& cpu) {
+        const Vec shared = cpu.doubles("shared"), summed = cpu.doubles("summed");
+        const Vec amax = cpu.doubles("amax");
+        for (int64_t q = 0; q < ranks * n; ++q) {
+          const double want = q / n == 1 ? amax[static_cast<size_t>(q % n)] : 0.0;
+          const double got = shared[static_cast<size_t>(q)];
+          EXPECT_TRUE(std::isnan(want) ? std::isnan(got) : got == want) << what << " shared " << q;
+        }
+        const Vec fmax = cpu.doubles("fp8_max"), h0 = cpu.initial("history"),
+                  s0 = cpu.initial("scales");
+        const Vec h1 = cpu.doubles("history"), s1 = cpu.doubles("scales"), a1 = cpu.doubles("step amax");
+        for (int64_t i = 0; i < n; ++i) {
+          double a = 0;
+          bool nan = false;
+          for (int64_t rk = 0; rk < ranks; ++rk) {
+            const double v = std::abs(summed[static_cast<size_t>(rk * n + i)]);
+            nan |= std::isnan(v);
+            a = std::max(a, v);
+          }
+          std::vector<double> hist(h0.begin() + i * h, h0.begin() + (i + 1) * h);
+          double scale = s0[static_cast<size_t>(2 * i)];
+          if (!nan && std::isfinite(a)) {
+            hist.erase(hist.begin());
+            hist.push_back(a);
+            const double top = *std::max_element(hist.begin(), hist.end());
+            if (top > 0) {
+              const double e = std::floor(std::log2(fmax[static_cast<size_t>(i)] / top)) - margin;
+              scale = std::ldexp(1.0, static_cast<int>(std::clamp(e, -126.0, 126.0)));
+            }
+          }
+          for (int64_t j = 0; j < h; ++j)
+            EXPECT_EQ(h1[static_cast<size_t>(i * h + j)], hist[static_cast<size_t>(j)])
+                << what << " operand " << i << " history " << j;
+          EXPECT_EQ(s1[static_cast<size_t>(2 * i)], scale) << what << " operand " << i;
+          EXPECT_EQ(s1[static_cast<size_t>(2 * i + 1)], 1.0 / scale) << what << " operand " << i;
+          EXPECT_EQ(a1[static_cast<size_t>(i)], 0.0) << what << " amax reset " << i;
+        }
+      };
+      cases.push_back(std::move(c));
+    }
+  return cases;
+}
+
 }  // namespace
 
 OpCases fp8_op_cases_cast() { return fp8_cast_cases(); }
 OpCases fp8_op_cases_gemm() { return fp8_gemm_cases(); }
+OpCases fp8_op_cases_scaling() { return fp8_scaling_cases(); }
 
 }  // namespace packbert::test
