@@ -52,6 +52,7 @@
 #include <vector>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "kernels/base/tensor.h"
@@ -326,6 +327,11 @@ class Backend {
   virtual void* native_stream() const { return nullptr; }
   // The process's counts of host work (BackendCounters); the trainer reports them per step.
   virtual BackendCounters counters() const { return {}; }
+
+  // Why this backend's device cannot run FP8 GEMMs (fp8_gemm), naming it and its compute
+  // capability; empty when it can (the CPU backend emulates them; a GPU needs compute
+  // capability 8.9 or newer).
+  virtual std::string fp8_unsupported() const { return {}; }
 
   // ---- graphs ------------------------------------------------------------------------------
   // Whether ops can be recorded into a BackendGraph (the CUDA backend: CUDA graphs by stream

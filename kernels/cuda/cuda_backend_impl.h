@@ -229,8 +229,7 @@ class CudaBackend final : public Backend {
   void fp8_amax_share(const Tensor& amax, int rank, const Tensor& shared) override;
   void fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, int margin,
                         const Tensor& history, const Tensor& scales, const Tensor& amax) override;
-  // The device's compute capability, major * 10 + minor (FP8 GEMMs need 89).
-  int compute_capability() const { return compute_capability_; }
+  std::string fp8_unsupported() const override;
 
  private:
   // ---- helpers (cuda_backend.cpp) ----

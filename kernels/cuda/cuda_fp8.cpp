@@ -26,6 +26,13 @@ cudaDataType_t out_type(DType t) {
 
 }  // namespace
 
+std::string CudaBackend::fp8_unsupported() const {
+  if (compute_capability_ >= 89) return {};
+  return fmt::format("cuda:{} ({}) is compute capability {}.{}; FP8 GEMMs need 8.9 or newer "
+                     "(Ada, Hopper)",
+                     device_, device_name_, compute_capability_ / 10, compute_capability_ % 10);
+}
+
 void CudaBackend::fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale,
                            const Tensor& amax, const Tensor& out, const Tensor& out_t) {
   const trace::Range range("fp8_cast");
@@ -52,10 +59,8 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor&
   const char* op = "fp8_gemm";
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [n, k, m] = checks::fp8_gemm_args(args, a, a_scale, b, b_scale, out, o);
-  PB_REQUIRE(compute_capability_ >= 89,
-             "{}: FP8 GEMMs need a GPU of compute capability 8.9 or newer (Ada, Hopper); "
-             "cuda:{} ({}) is {}.{}",
-             op, device_, device_name_, compute_capability_ / 10, compute_capability_ % 10);
+  const std::string unsupported = fp8_unsupported();
+  PB_REQUIRE(unsupported.empty(), "{}: {}", op, unsupported);
   if (n == 0 || m == 0) return;
   begin(op);
   // Straight into out (accumulating with beta = 1) unless an epilogue needs the fp32 product.

@@ -62,7 +62,9 @@ struct TrainConfig {
     bool dropout = true;
     int max_nonfinite_steps = 5;      // non-finite steps skipped in a row before it is an error
     Device device = Device::cpu;      // cpu | cuda (one GPU per rank: local rank r takes GPU r)
-    Precision precision = Precision::fp32;  // fp32 | bf16 | fp16 (BertOptions::precision)
+    Precision precision = Precision::fp32;  // fp32 | bf16 | fp16 | fp8 (BertOptions::precision)
+    int fp8_history = 1024;           // fp8: amax history length (Fp8Recipe::history)
+    int fp8_margin = 0;               // fp8: scale margin, a power of two (Fp8Recipe::margin)
     CudaGraphs cuda_graphs = CudaGraphs::off;  // off | segmented | full (BertOptions::cuda_graphs)
     GpuAllreduce gpu_allreduce = GpuAllreduce::nccl;  // TrainerOptions::gpu_transport
     double loss_scale_init = 65536.0;    // fp16: first loss scale (a power of two)

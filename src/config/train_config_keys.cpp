@@ -38,7 +38,7 @@ const EnumTable<Device>& device_table() {
   return t;
 }
 const EnumTable<Precision>& precision_table() {
-  static const auto t = named({Precision::fp32, Precision::bf16, Precision::fp16}, precision_name);
+  static const auto t = named({Precision::fp32, Precision::bf16, Precision::fp16, Precision::fp8}, precision_name);
   return t;
 }
 const EnumTable<CudaGraphs>& cuda_graphs_table() {
@@ -161,7 +161,15 @@ std::vector<Key> make_keys() {
                   "storage of activations and of the GEMMs' weight copy: fp32; bf16 or "
                   "fp16 with fp32 master weights, LayerNorm statistics, losses and "
                   "gradient sums (fp16 adds dynamic loss scaling; on the CPU backend the "
-                  "low precision is emulated, for testing)"));
+                  "low precision is emulated, for testing); fp8: bf16, with the encoder's "
+                  "linear layers' GEMMs in FP8 (E4M3 forward, E5M2 gradients, delayed "
+                  "scaling: docs/fp8.md; on CUDA a GPU of compute capability 8.9 or newer)"));
+  k.push_back(key("train.fp8_history", &C::train, &T::fp8_history,
+                  "precision = fp8: steps of amax history an activation's or gradient's scale "
+                  "is taken from (1 to 65536; Transformer Engine's default, docs/fp8.md)"));
+  k.push_back(key("train.fp8_margin", &C::train, &T::fp8_margin,
+                  "precision = fp8: each scale is 2^margin below the largest that does not "
+                  "saturate at the history's amax (0 to 64)"));
   k.push_back(key("train.cuda_graphs", &C::train, &T::cuda_graphs, cuda_graphs_table(),
                   "device = cuda: off (every kernel launched by the host), segmented (each "
                   "encoder layer's forward and backward, and the heads, recorded as CUDA "

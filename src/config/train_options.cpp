@@ -125,6 +125,8 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model, in
   o.lamb = lamb_options(c);  // skips a non-finite update; SkippedSteps counts it
   o.sharded = c.optim.sharded;
   o.bert.precision = c.train.precision;
+  o.bert.fp8.history = c.train.fp8_history;
+  o.bert.fp8.margin = c.train.fp8_margin;
   o.bert.cuda_graphs = c.train.cuda_graphs;
   o.loss_scaler.init_scale = static_cast<float>(c.train.loss_scale_init);
   o.loss_scaler.growth_interval = c.train.loss_scale_growth_interval;

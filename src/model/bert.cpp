@@ -62,6 +62,15 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
     refresh_lowp_params();
   }
   fp32_ranges_ = fp32_read_ranges(table_, options.precision != Precision::fp32);
+  if (options.precision == Precision::fp8) {
+    PB_REQUIRE(options.cuda_graphs == CudaGraphs::off,
+               "model: precision fp8 with cuda_graphs {} is not supported yet (use off)",
+               cuda_graphs_name(options.cuda_graphs));
+    const std::string unsupported = backend.fp8_unsupported();
+    PB_REQUIRE(unsupported.empty(), "model: precision fp8: {}", unsupported);
+    fp8_ = std::make_unique<Fp8State>(backend, config, options.fp8, 1, 0);
+    fp8_stale_.assign(static_cast<size_t>(config.layers), 1);
+  }
   if (grads.defined()) {
     check_device("Bert", "grads", grads, backend.device());
     grads_ = bind_weights(table_, grads);
@@ -75,6 +84,20 @@ Bert::~Bert() = default;
 
 void Bert::refresh_lowp_params() {
   if (params_lowp_.defined()) backend_.convert(params_lowp_, params_);
+  weights_changed();
+}
+
+void Bert::weights_changed() { std::fill(fp8_stale_.begin(), fp8_stale_.end(), 1); }
+
+void Bert::set_data_parallel(int ranks, int rank) {
+  if (fp8_) fp8_ = std::make_unique<Fp8State>(backend_, config_, options_.fp8, ranks, rank);
+  weights_changed();
+}
+
+void Bert::fp8_end_step(const std::function<void(const Tensor&)>& sum_over_ranks) {
+  if (!fp8_) return;
+  fp8_->update(sum_over_ranks);
+  weights_changed();
 }
 
 
@@ -91,6 +114,8 @@ ActivationPlan Bert::plan(const BatchShape& shape, bool gradients, int64_t m) co
   p.act = precision_dtype(options_.precision);
   if (m > 1 || options_.recompute == Recompute::mlp)
     p.mlp_chunk_rows = std::max<int64_t>(1, ceil_div(shape.rows, m));
+  if (fp8_ && p.mlp_chunk_rows > 0)  // FP8 GEMMs take rows in multiples of 16
+    p.mlp_chunk_rows = ceil_div(p.mlp_chunk_rows, 16) * 16;
   p.mlm_chunk_rows = options_.mlm_chunk_rows > 0 ? options_.mlm_chunk_rows
                      : m > 1                     ? std::max<int64_t>(1, ceil_div(shape.masked, m))
                                                  : 0;
@@ -179,7 +204,9 @@ ActivationPlan Bert::lay_out(const Batch& batch, const ForwardOptions& options, 
     if (!graph_heads) c.masked = batch.num_masked();  // a logits hook is shown no padded slot
     fixed = with_capacity(batch, c.rows, c.seqs, c.masked);
   }
-  const Batch& laid = graphed != Graphed::none ? fixed : batch;
+  if (graphed == Graphed::none && fp8_ && batch.rows % 16 != 0)  // FP8 GEMMs: rows of 16
+    fixed = with_capacity(batch, ceil_div(batch.rows, 16) * 16, batch.num_seqs());
+  const Batch& laid = graphed != Graphed::none || (fp8_ && batch.rows % 16 != 0) ? fixed : batch;
   if (options.gradients) {
     rows_ += batch.rows;
     laid_rows_ += laid.rows;
@@ -219,6 +246,10 @@ ActivationPlan Bert::lay_out(const Batch& batch, const ForwardOptions& options, 
   arena_.reserve(plan_bytes(shape, p));
   Carver carver(arena_.data(), backend_.device());
   carve_activations(carver, config_, shape, p, a);
+  if (fp8_) {  // one GEMM's FP8 operands: its backward's dout, dout^T and x^T at most
+    const int64_t wide = std::max(3 * config_.hidden, config_.intermediate);
+    fp8_->workspace(shape.rows * 3 * wide + 3 * 256);
+  }
   // The report describes the arena's purpose: a model with gradients reports its training
   // forwards (an evaluation between steps neither moves its peak nor its last step), a
   // forward-only model its evaluation forwards.
@@ -341,11 +372,16 @@ void Bert::encoder_layer_forward(int64_t l) {
   LayerActivations& s = a.layers[l];
   const Tensor& x = a.hidden[l];
   const auto layer = static_cast<uint32_t>(l);
-  backend_.linear_forward(x, w.qkv_w, w.qkv_b, Epilogue::bias, s.qkv, Tensor());
+  if (fp8_ && fp8_->warm() && fp8_stale_[static_cast<size_t>(l)]) {  // after LAMB: cast again
+    fp8_->cast_weights(l, weights_.layers[l]);
+    fp8_stale_[static_cast<size_t>(l)] = 0;
+  }
+  linear_fwd(l, Fp8State::qkv, 0, x, w.qkv_w, w.qkv_b, Epilogue::bias, s.qkv, Tensor());
   backend_.attention_forward(a.layout, s.qkv, static_cast<int>(config_.heads),
                              dropout(DropoutSite::attention_probs, layer), s.ctx, s.lse);
   // The output projection's bias is added by the LayerNorm op (before its dropout).
-  backend_.linear_forward(s.ctx, w.attn_out_w, Tensor(), Epilogue::none, s.attn_ln_in, Tensor());
+  linear_fwd(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, Tensor(), Epilogue::none,
+             s.attn_ln_in, Tensor());
   backend_.residual_layernorm_forward(a.layout, s.attn_ln_in, w.attn_out_b, x, w.attn_ln,
                                       dropout(DropoutSite::attention_output, layer), s.h1,
                                       s.attn_ln_in, s.attn_ln_mean, s.attn_ln_rstd);
@@ -363,19 +399,19 @@ void Bert::mlp_forward(int64_t l) {
   const LayerActivations& s = a.layers[l];
   const int64_t chunk = a.plan.mlp_chunk_rows;
   if (chunk == 0) {
-    backend_.linear_forward(s.h1, w.ffn_in_w, w.ffn_in_b, bias_gelu_epilogue(config_.hidden_act), s.ffn_act,
-                            s.ffn_pre);
-    backend_.linear_forward(s.ffn_act, w.ffn_out_w, Tensor(), Epilogue::none, s.ffn_ln_in,
-                            Tensor());
+    linear_fwd(l, Fp8State::ffn_in, 0, s.h1, w.ffn_in_w, w.ffn_in_b,
+               bias_gelu_epilogue(config_.hidden_act), s.ffn_act, s.ffn_pre);
+    linear_fwd(l, Fp8State::ffn_out, 0, s.ffn_act, w.ffn_out_w, Tensor(), Epilogue::none,
+               s.ffn_ln_in, Tensor());
     return;
   }
   for (int64_t first = 0; first < a.shape.rows; first += chunk) {
     const int64_t n = std::min(chunk, a.shape.rows - first);
     const Tensor pre = rows_of(a.mlp_pre, 0, n), act = rows_of(a.mlp_act, 0, n);
-    backend_.linear_forward(rows_of(s.h1, first, n), w.ffn_in_w, w.ffn_in_b,
-                            bias_gelu_epilogue(config_.hidden_act), act, pre);
-    backend_.linear_forward(act, w.ffn_out_w, Tensor(), Epilogue::none,
-                            rows_of(s.ffn_ln_in, first, n), Tensor());
+    linear_fwd(l, Fp8State::ffn_in, first, rows_of(s.h1, first, n), w.ffn_in_w, w.ffn_in_b,
+               bias_gelu_epilogue(config_.hidden_act), act, pre);
+    linear_fwd(l, Fp8State::ffn_out, first, act, w.ffn_out_w, Tensor(), Epilogue::none,
+               rows_of(s.ffn_ln_in, first, n), Tensor());
   }
 }
 
@@ -395,24 +431,25 @@ void Bert::mlp_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
     LinearBackwardOptions through_gelu;
     through_gelu.gelu = config_.hidden_act;
     through_gelu.x_gelu_pre = s.ffn_pre;  // dx of W2 is written as d(FFN pre)
-    backend_.linear_backward(s.ffn_act, w.ffn_out_w, dout, dffn_pre, g.ffn_out_w, Tensor(),
-                             through_gelu);
-    backend_.linear_backward(s.h1, w.ffn_in_w, dffn_pre, dh1, g.ffn_in_w, g.ffn_in_b,
-                             accumulate);
+    linear_bwd(l, Fp8State::ffn_out, 0, s.ffn_act, w.ffn_out_w, dout, dffn_pre, g.ffn_out_w,
+               Tensor(), through_gelu);
+    linear_bwd(l, Fp8State::ffn_in, 0, s.h1, w.ffn_in_w, dffn_pre, dh1, g.ffn_in_w, g.ffn_in_b,
+               accumulate);
     return;
   }
   for (int64_t first = 0; first < rows; first += chunk) {
     const int64_t n = std::min(chunk, rows - first);
     const Tensor pre = rows_of(a.mlp_pre, 0, n), act = rows_of(a.mlp_act, 0, n);
     const Tensor dpre = rows_of(a.mlp_dpre, 0, n), h1 = rows_of(s.h1, first, n);
-    backend_.linear_forward(h1, w.ffn_in_w, w.ffn_in_b, bias_gelu_epilogue(config_.hidden_act), act, pre);
+    linear_fwd(l, Fp8State::ffn_in, first, h1, w.ffn_in_w, w.ffn_in_b,
+               bias_gelu_epilogue(config_.hidden_act), act, pre);
     LinearBackwardOptions through_gelu;
     through_gelu.gelu = config_.hidden_act;
     through_gelu.x_gelu_pre = pre;
-    backend_.linear_backward(act, w.ffn_out_w, rows_of(dout, first, n), dpre, g.ffn_out_w,
-                             Tensor(), through_gelu);
-    backend_.linear_backward(h1, w.ffn_in_w, dpre, rows_of(dh1, first, n), g.ffn_in_w,
-                             g.ffn_in_b, accumulate);
+    linear_bwd(l, Fp8State::ffn_out, first, act, w.ffn_out_w, rows_of(dout, first, n), dpre,
+               g.ffn_out_w, Tensor(), through_gelu);
+    linear_bwd(l, Fp8State::ffn_in, first, h1, w.ffn_in_w, dpre, rows_of(dh1, first, n),
+               g.ffn_in_w, g.ffn_in_b, accumulate);
   }
 }
 
@@ -579,11 +616,77 @@ void Bert::encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx)
                                        s.attn_ln_rstd, w.attn_ln,
                                        dropout(DropoutSite::attention_output, layer), a.dtmp, dx,
                                        g.attn_out_b, g.attn_ln);
-  backend_.linear_backward(s.ctx, w.attn_out_w, a.dtmp, a.dctx, g.attn_out_w, Tensor(), {});
+  linear_bwd(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, a.dtmp, a.dctx, g.attn_out_w,
+             Tensor(), {});
   backend_.attention_backward(a.layout, s.qkv, s.ctx, s.lse, a.dctx,
                               static_cast<int>(config_.heads),
                               dropout(DropoutSite::attention_probs, layer), dqkv);
-  backend_.linear_backward(a.hidden[l], w.qkv_w, dqkv, dx, g.qkv_w, g.qkv_b, accumulate);
+  linear_bwd(l, Fp8State::qkv, 0, a.hidden[l], w.qkv_w, dqkv, dx, g.qkv_w, g.qkv_b, accumulate);
+}
+
+// ---- the encoder's linear layers, in FP8 under precision fp8 --------------------------------
+// Forward: x cast to E4M3 (its amax recorded, padding rows zero and left out) and the FP8 GEMM
+// with the weight's E4M3 copy. Backward: dout cast to E5M2 and its transpose; dx from dout and
+// the weight's transposed copy; dW from dout^T and x^T, x cast again with the forward's scale
+// (the same bytes: the scale changes only between steps), so no FP8 activation is kept; db
+// from dout in bf16 (as the bf16 path). Before the first scale update (cold) the bf16 ops run
+// and only the amaxes are recorded.
+void Bert::linear_fwd(int64_t l, int j, int64_t first, const Tensor& x, const Tensor& w,
+                      const Tensor& bias, Epilogue epilogue, const Tensor& out,
+                      const Tensor& pre) {
+  if (!fp8_) return backend_.linear_forward(x, w, bias, epilogue, out, pre);
+  const auto lj = static_cast<Fp8State::Linear>(j);
+  const Fp8State::Operand in = fp8_->input(l, lj);
+  const int64_t n = x.dim(0), k = x.dim(1);
+  const Tensor mask = rows_of(act_->token_seq, first, n);
+  if (!fp8_->warm()) {
+    backend_.fp8_cast(x, mask, Tensor(), in.amax, Tensor(), Tensor());
+    return backend_.linear_forward(x, w, bias, epilogue, out, pre);
+  }
+  const Tensor x8(fp8_->workspace(0).data, DType::e4m3, {n, k}, x.device);
+  backend_.fp8_cast(x, mask, in.scale, in.amax, x8, Tensor());
+  Fp8GemmOptions o;
+  o.epilogue = epilogue;
+  o.bias = bias;
+  o.pre = pre;
+  o.fast_accum = true;  // the forward only, as Transformer Engine (docs/fp8.md)
+  backend_.fp8_gemm(x8, in.scale, fp8_->w8(l, lj), fp8_->weight(l, lj).scale, out, o);
+}
+
+void Bert::linear_bwd(int64_t l, int j, int64_t first, const Tensor& x, const Tensor& w,
+                      const Tensor& dout, const Tensor& dx, const Tensor& dw, const Tensor& db,
+                      const LinearBackwardOptions& opt) {
+  if (!fp8_) return backend_.linear_backward(x, w, dout, dx, dw, db, opt);
+  const auto lj = static_cast<Fp8State::Linear>(j);
+  const Fp8State::Operand g = fp8_->grad(l, lj), in = fp8_->input(l, lj);
+  const int64_t n = dout.dim(0), m = dout.dim(1), k = w.dim(1);
+  const Tensor mask = rows_of(act_->token_seq, first, n);
+  if (!fp8_->warm()) {
+    backend_.fp8_cast(dout, mask, Tensor(), g.amax, Tensor(), Tensor());
+    return backend_.linear_backward(x, w, dout, dx, dw, db, opt);
+  }
+  // The workspace: dout [n, m] | dout^T [m, n] | x^T [k, n], each 256-byte aligned.
+  auto* base = static_cast<char*>(fp8_->workspace(0).data);
+  const int64_t aligned = (n * m + 255) / 256 * 256;
+  const Tensor dy8(base, DType::e5m2, {n, m}, dout.device);
+  const Tensor dy8t(base + aligned, DType::e5m2, {m, n}, dout.device);
+  const Tensor x8t(base + 2 * aligned, DType::e4m3, {k, n}, dout.device);
+  backend_.fp8_cast(dout, mask, g.scale, g.amax, dy8, dy8t);
+  if (db.defined())  // the bias gradient alone, from the bf16 dout
+    backend_.linear_backward(Tensor(), w, dout, Tensor(), Tensor(), db, {});
+  if (dx.defined()) {
+    Fp8GemmOptions o;
+    o.accumulate = opt.dx_accumulate;
+    o.dgelu_pre = opt.x_gelu_pre;
+    o.gelu = opt.gelu;
+    backend_.fp8_gemm(dy8, g.scale, fp8_->w8t(l, lj), fp8_->weight(l, lj).scale, dx, o);
+  }
+  if (dw.defined()) {
+    backend_.fp8_cast(x, mask, in.scale, Tensor(), Tensor(), x8t);
+    Fp8GemmOptions o;
+    o.accumulate = true;
+    backend_.fp8_gemm(dy8t, g.scale, x8t, in.scale, dw, o);
+  }
 }
 
 }  // namespace packbert

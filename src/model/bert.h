@@ -164,6 +164,17 @@ class Bert {
   // any other way (initialisation, checkpoint load, a test) calls refresh_lowp_params().
   const Tensor& lowp_params() const { return params_lowp_; }
   void refresh_lowp_params();
+
+  // Precision fp8 (model/fp8.h; null otherwise): the scaling state. The trainer tells the model
+  // its data-parallel world once (the amax of a step is the maximum over every rank; this
+  // resets the state), calls fp8_end_step after each optimizer step (the scales updated from
+  // the step's amaxes, summed over the ranks by sum_over_ranks; the FP8 weight copies are cast
+  // again before the next forward reads them), and weights_changed() whenever the master
+  // weights change otherwise.
+  Fp8State* fp8() const { return fp8_.get(); }
+  void set_data_parallel(int ranks, int rank);
+  void fp8_end_step(const std::function<void(const Tensor&)>& sum_over_ranks);
+  void weights_changed();
   // The parts [begin, end) of the flat fp32 master weights that the ops read in fp32, ascending
   // and merged where adjacent: the whole buffer under fp32; under bf16 / fp16 everything but the
   // weight matrices and embedding tables, which the ops read from the 16-bit copy: the biases
@@ -193,6 +204,15 @@ class Bert {
   void heads(float mlm_scale, float nsp_scale, const ForwardOptions& options, const Tensor& sums);
   ActivationPlan lay_out(const Batch& batch, const ForwardOptions& options, Graphed graphed,
                          const std::vector<float>& grad_scales);
+  // Encoder layer l's linear layer j (Fp8State::Linear): linear_forward / linear_backward, in
+  // FP8 under precision fp8 once its scales are warm (before that in bf16, recording the
+  // amaxes). `first`: the row of x / dout within the batch (an MST chunk's), for the padding
+  // mask.
+  void linear_fwd(int64_t l, int j, int64_t first, const Tensor& x, const Tensor& w,
+                  const Tensor& bias, Epilogue epilogue, const Tensor& out, const Tensor& pre);
+  void linear_bwd(int64_t l, int j, int64_t first, const Tensor& x, const Tensor& w,
+                  const Tensor& dout, const Tensor& dx, const Tensor& dw, const Tensor& db,
+                  const LinearBackwardOptions& options);
 
   BertConfig config_;
   Backend& backend_;
@@ -236,6 +256,8 @@ class Bert {
   bool dropout_on_ = false;
   bool backward_pending_ = false;
   MetricSlots metrics_;  // the heads' sums, read at once or deferred
+  std::unique_ptr<Fp8State> fp8_;
+  std::vector<char> fp8_stale_;  // per layer: its FP8 weight copies predate the masters
 };
 
 }  // namespace packbert

@@ -8,6 +8,7 @@
 
 #include "kernels/backend.h"
 #include "model/bert_graphs.h"
+#include "model/fp8.h"
 
 namespace packbert {
 
@@ -27,10 +28,12 @@ const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 // CUDA graphs (BertOptions::cuda_graphs, model/bert_graphs.h): segmented records each encoder
 // layer and the heads, full a micro-step's whole forward and whole backward; a backend without
 // graphs (the CPU) runs the ops. docs/performance.md (CUDA graphs) says what each records.
-enum class Precision { fp32, bf16, fp16 };
-const char* precision_name(Precision p);           // "fp32", "bf16", "fp16"
+// fp8: bf16, and the encoder's linear layers' GEMMs in FP8 with delayed scaling (model/fp8.h,
+// docs/fp8.md).
+enum class Precision { fp32, bf16, fp16, fp8 };
+const char* precision_name(Precision p);           // "fp32", "bf16", "fp16", "fp8"
 Precision parse_precision(const std::string& s);   // the names above; Error otherwise
-DType precision_dtype(Precision p);                // f32, bf16, f16
+DType precision_dtype(Precision p);                // f32, bf16, f16, bf16 (fp8's storage)
 
 struct BertOptions {
   // Masked tokens per decoder call (0: all at once, or ceil(masked / M) under MST). The logits
@@ -60,6 +63,7 @@ struct BertOptions {
   // its update pass), biases and LayerNorm parameters are read in fp32. The arena shrinks
   // accordingly.
   Precision precision = Precision::fp32;
+  Fp8Recipe fp8;  // precision fp8's recipe
   CudaGraphs cuda_graphs = CudaGraphs::off;
 };
 

@@ -176,10 +176,15 @@ void read_flat(const SafetensorsFile& file, const ParamTable& table, const std::
   if (table.total() > pos) std::fill(flat + pos, flat + table.total(), 0.f);
 }
 
+constexpr const char* kFp8History = "fp8.amax_history";
+constexpr const char* kFp8Scales = "fp8.scales";
+constexpr const char* kFp8Updates = "fp8_updates";
+
 void check_no_extra(const SafetensorsFile& file, const ParamTable& table,
-                    const std::vector<std::string>& prefixes) {
+                    const std::vector<std::string>& prefixes,
+                    const std::vector<std::string>& others = {}) {
   for (const std::string& name : file.names()) {
-    bool known = false;
+    bool known = std::find(others.begin(), others.end(), name) != others.end();
     for (const std::string& p : prefixes)
       if (name.compare(0, p.size(), p) == 0 && table.find(name.substr(p.size())) != nullptr)
         known = true;
@@ -262,6 +267,16 @@ std::string write_checkpoint(const std::string& root, const CheckpointWrite& w, 
     std::vector<StTensor> opt = flat_tensors(table, w.m, "exp_avg.");
     const std::vector<StTensor> sq = flat_tensors(table, w.v, "exp_avg_sq.");
     opt.insert(opt.end(), sq.begin(), sq.end());
+    if (w.fp8) {
+      const Fp8Checkpoint& f = *w.fp8;
+      PB_REQUIRE(f.amax_history.size() == static_cast<size_t>(f.operands * f.history) &&
+                     f.scales.size() == static_cast<size_t>(2 * f.operands),
+                 "{}: an FP8 state of {} history and {} scale values for {} operands x {}",
+                 root, f.amax_history.size(), f.scales.size(), f.operands, f.history);
+      opt.push_back({kFp8History, StDType::f32, {f.operands, f.history}, f.amax_history.data()});
+      opt.push_back({kFp8Scales, StDType::f32, {f.operands, 2}, f.scales.data()});
+      opt_md[kFp8Updates] = std::to_string(f.updates);
+    }
     write_safetensors(join(tmp, kOptimizerFile), opt, opt_md, w.checksums);
     write_file_synced(join(tmp, kStateFile), w.trainer_state_json);
     fsync_dir(tmp);
@@ -376,7 +391,26 @@ CheckpointRead read_checkpoint(const std::string& dir, const ParamTable& table, 
 
   SafetensorsFile opt(join(dir, kOptimizerFile));
   if (!opt.has_checksums()) unverified.push_back(kOptimizerFile);
-  check_no_extra(opt, table, {"exp_avg.", "exp_avg_sq."});
+  check_no_extra(opt, table, {"exp_avg.", "exp_avg_sq."}, {kFp8History, kFp8Scales});
+  if (opt.contains(kFp8History) || opt.contains(kFp8Scales)) {
+    PB_REQUIRE(opt.contains(kFp8History) && opt.contains(kFp8Scales),
+               "{}: '{}' without '{}'", opt.path(),
+               opt.contains(kFp8History) ? kFp8History : kFp8Scales,
+               opt.contains(kFp8History) ? kFp8Scales : kFp8History);
+    const std::vector<int64_t> hs = opt.info(kFp8History).shape, ss = opt.info(kFp8Scales).shape;
+    PB_REQUIRE(hs.size() == 2 && ss.size() == 2 && ss[0] == hs[0] && ss[1] == 2,
+               "{}: FP8 state of shapes [{}] and [{}], expected [n, history] and [n, 2]",
+               opt.path(), fmt::join(hs, ", "), fmt::join(ss, ", "));
+    Fp8Checkpoint f;
+    f.operands = hs[0];
+    f.history = hs[1];
+    f.updates = metadata_int(opt, kFp8Updates);
+    f.amax_history.resize(static_cast<size_t>(f.operands * f.history));
+    f.scales.resize(static_cast<size_t>(2 * f.operands));
+    opt.read(kFp8History, f.amax_history.data(), StDType::f32, hs);
+    opt.read(kFp8Scales, f.scales.data(), StDType::f32, ss);
+    r.fp8 = std::move(f);
+  }
   // All moments must be there even when the caller skips them.
   for (const ParamTensor& t : table.tensors())
     for (const char* p : {"exp_avg.", "exp_avg_sq."})

@@ -59,6 +59,15 @@ void write_hf_config(const std::string& path, const BertConfig& config);
 // position_embedding_type other than "absolute", a config validate() refuses).
 BertConfig read_hf_config(const std::string& path);
 
+// Precision fp8's scaling state (model/fp8.h, Fp8State::Saved): in optimizer.safetensors as
+// "fp8.amax_history" F32 [operands, history] and "fp8.scales" F32 [operands, 2], with metadata
+// "fp8_updates". A checkpoint of another precision has none.
+struct Fp8Checkpoint {
+  int64_t operands = 0, history = 0, updates = 0;
+  std::vector<float> amax_history;  // [operands, history]
+  std::vector<float> scales;        // [operands, 2]
+};
+
 // Everything a checkpoint holds. params, m, v: host buffers of table->total() floats.
 struct CheckpointWrite {
   const ParamTable* table = nullptr;
@@ -69,6 +78,7 @@ struct CheckpointWrite {
   int64_t lamb_steps_done = 0;    // LAMB's bias-correction counter
   std::string trainer_state_json;
   bool checksums = true;          // false: files as written before checksums (tests, benchmark)
+  const Fp8Checkpoint* fp8 = nullptr;  // precision fp8's scaling state
 };
 
 // Writes root/step_%08d atomically: into root/.step_%08d.tmp-<pid> first (every file fsynced,
@@ -128,6 +138,7 @@ struct CheckpointRead {
   int64_t lamb_steps_done = 0;
   std::string trainer_state_json;
   BertConfig config;            // the checkpoint's config.json
+  std::optional<Fp8Checkpoint> fp8;  // when the checkpoint has one
 };
 
 // Reads a checkpoint directory into caller buffers of table.total() floats (m, v may be null to

@@ -42,6 +42,37 @@ namespace packbert {
 
 namespace {
 
+// Precision fp8's scaling state to and from a checkpoint (Fp8Checkpoint): it is training state,
+// so a resume continues with the scales and histories it stopped with. Every rank holds the same
+// state (the amaxes are reduced over the ranks). A checkpoint of another precision, or one whose
+// history length differs from train.fp8_history, leaves the state cold (step 0's bf16 GEMMs).
+std::optional<Fp8Checkpoint> fp8_state(Trainer& trainer) {
+  const Fp8State* f = trainer.replica().bert().fp8();
+  if (!f) return std::nullopt;
+  const Fp8State::Saved s = f->state();
+  Fp8Checkpoint c;
+  c.operands = f->operands();
+  c.history = f->history();
+  c.updates = s.updates;
+  c.amax_history = s.history;
+  c.scales = s.scales;
+  return c;
+}
+
+void restore_fp8_state(Trainer& trainer, const CheckpointRead& r, const std::string& dir) {
+  Fp8State* f = trainer.replica().bert().fp8();
+  if (!f || !r.fp8) return;
+  if (r.fp8->operands != f->operands() || r.fp8->history != f->history()) {
+    if (trainer.rank() == 0)
+      spdlog::warn("resume: {} holds an FP8 state of {} operands x {} steps of history, this run "
+                   "has {} x {} (train.fp8_history): the FP8 scales start afresh",
+                   dir, r.fp8->operands, r.fp8->history, f->operands(), f->history());
+    return;
+  }
+  f->set_state({r.fp8->amax_history, r.fp8->scales, r.fp8->updates});
+}
+
+
 std::atomic<int> g_stop_signal{0};
 
 // A stop signal: the run stops after the step in flight (stop_requested), and until the ranks
@@ -187,6 +218,7 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
     // the scaler starts from train.loss_scale_init.
     if (c.train.precision == Precision::fp16 && state.loss_scale)
       trainer.set_loss_scaler_state(*state.loss_scale);
+    restore_fp8_state(trainer, r, resume);
     PB_REQUIRE(st.run.step == r.step, "{}: trainer_state.json says step {}, the checkpoint {}",
                resume, st.run.step, r.step);
     if (!c.checkpoint.init_checkpoint.empty())
@@ -373,6 +405,8 @@ std::string save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& traine
     w.lamb_steps_done = trainer.lamb_steps_done();
     w.trainer_state_json =
         trainer_state_to_json(trainer_state(c, st, loader.position(), trainer));
+    const std::optional<Fp8Checkpoint> fp8 = fp8_state(trainer);
+    if (fp8) w.fp8 = &*fp8;
     dir = write_checkpoint(c.checkpoint.dir, w, c.checkpoint.keep);
     spdlog::info("checkpoint {} written in {:.2f} s", dir, seconds_since(t0));
   }

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "comm/mpi_check.h"
+#include "comm/shard_exchange.h"
 #include "kernels/base/error.h"
 #include "kernels/common/philox.h"
 #include "train/batching.h"
@@ -77,6 +78,9 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
                                            reduce);
   metric_sums_ = std::make_unique<MetricSums>(comm);
   Bert& bert = replica_.bert();
+  int rank = 0;
+  if (initialized) PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  bert.set_data_parallel(world, rank);  // FP8: the amaxes' maximum is over every rank
   OptimizedBuffers buffers{replica_.params(), replica_.grads(), bert.lowp_params(),
                            bert.fp32_ranges(), bert.forward_groups()};
   optimizer_ = std::make_unique<DistributedLamb>(backend, lamb_params(table), *reducer_,
@@ -187,6 +191,12 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   out.loss_scale = loss_scale;
   if (scaler_) scaler_->update(!info.skipped);
   replica_.mark_params_changed();
+  // FP8: the step's amaxes, maximum over the ranks (one small sum of one-hot rows through the
+  // reducer's transport), into the histories and the next step's scales.
+  if (bert.fp8()) {
+    ShardExchange exchange(reducer);
+    bert.fp8_end_step([&exchange](const Tensor& shared) { exchange.sum(shared); });
+  }
   out.lr = info.lr;
   out.optimizer_read = info.read_back;
   out.grad_norm = info.grad_norm;

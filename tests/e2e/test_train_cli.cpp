@@ -34,7 +34,12 @@ class TrainCli : public TrainDataSuite {
   }
   void expect_bitwise_resume_after_sigkill(const std::string& name, const std::string& launcher,
                                            const std::string& more);
-
+  // Resumes `args` from a reference run's checkpoint of step 6 (ckpt) into run_dir(name) and
+  // expects its 6 train records equal, bit for bit in `keys`, to the reference's steps 7..12
+  // (`want`, the reference's records).
+  void expect_resume_from_step6(const std::string& name, const std::string& args,
+                                const std::string& ckpt, const std::vector<nlohmann::json>& want,
+                                std::initializer_list<const char*> keys);
 };
 
 TEST_F(TrainCli, ConfigErrorsNameTheKeyBeforeAnyWork) {
@@ -200,6 +205,23 @@ void TrainCli::expect_bitwise_resume_after_sigkill(const std::string& name,
   EXPECT_EQ(after.back().at("step").get<int64_t>(), 12);
 }
 
+void TrainCli::expect_resume_from_step6(const std::string& name, const std::string& args,
+                              const std::string& ckpt, const std::vector<nlohmann::json>& want,
+                              std::initializer_list<const char*> keys) {
+  const std::string dir = run_dir(name);
+  ASSERT_EQ(run_command(train_cmd(dir, args + " --resume " + ckpt)), 0)
+      << read_file(dir + "/log.txt");
+  const auto after = read_records(dir + "/metrics.jsonl", "train");
+  ASSERT_EQ(after.size(), 6u);
+  for (const auto& r : after) {
+    const int64_t step = r.at("step").get<int64_t>();
+    ASSERT_GE(step, 7);
+    const auto& w = want[static_cast<size_t>(step - 1)];
+    for (const char* key : keys)
+      EXPECT_EQ(r.at(key).get<double>(), w.at(key).get<double>()) << key << " at step " << step;
+  }
+}
+
 TEST_F(TrainCli, SigkilledRunResumesWithBitIdenticalLosses) {
   expect_bitwise_resume_after_sigkill("plain", "", "");
 }
@@ -227,18 +249,37 @@ TEST_F(TrainCli, Fp16ResumeRestoresTheLossScale) {
   ASSERT_NE(read_file(ckpt + "/trainer_state.json").find("\"loss_scale\""), std::string::npos);
 
   // A second run resumes from the reference's checkpoint of step 6 and trains to step 12.
-  const std::string dir = run_dir("fp16_resumed");
-  ASSERT_EQ(run_command(train_cmd(dir, args + " --resume " + ckpt)), 0)
-      << read_file(dir + "/log.txt");
-  const auto after = read_records(dir + "/metrics.jsonl", "train");
-  ASSERT_EQ(after.size(), 6u);
-  for (const auto& r : after) {
-    const int64_t step = r.at("step").get<int64_t>();
-    ASSERT_GE(step, 7);
-    const auto& w = want[static_cast<size_t>(step - 1)];
-    for (const char* key : {"loss", "mlm_loss", "nsp_loss", "grad_norm", "loss_scale"})
-      EXPECT_EQ(r.at(key).get<double>(), w.at(key).get<double>()) << key << " at step " << step;
-  }
+  expect_resume_from_step6("fp16_resumed", args, ckpt, want,
+                           {"loss", "mlm_loss", "nsp_loss", "grad_norm", "loss_scale"});
+}
+
+// fp8 on the CPU backend (the FP8 GEMMs emulated exactly): the amax histories and scales are
+// training state, in optimizer.safetensors. With a history of 4 steps the scales move all
+// through the run; a resume that lost them would run step 7 cold (in bf16) and with other
+// scales afterwards, and its losses would differ.
+TEST_F(TrainCli, Fp8ResumeIsBitwise) {
+  const std::string args =
+      "--train.precision=fp8 --train.fp8_history=4 --checkpoint.keep=4 --eval.at_end=false "
+      "--eval.every_samples=0";
+  const std::string ref = run_dir("fp8_ref");
+  ASSERT_EQ(run_command(train_cmd(ref, args)), 0) << read_file(ref + "/log.txt");
+  const auto want = read_records(ref + "/metrics.jsonl", "train");
+  ASSERT_EQ(want.size(), 12u);
+  const std::string ckpt = ref + "/ckpt/step_00000006";
+  const std::string opt = read_file(ckpt + "/optimizer.safetensors");
+  EXPECT_NE(opt.find("fp8.amax_history"), std::string::npos);
+  EXPECT_NE(opt.find("\"fp8_updates\":\"6\""), std::string::npos);
+
+  expect_resume_from_step6("fp8_resumed", args, ckpt, want,
+                           {"loss", "mlm_loss", "nsp_loss", "grad_norm"});
+  // The FP8-trained checkpoint loads for bf16 training (its weights are the fp32 masters; the
+  // FP8 state is left aside).
+  const std::string bf16 = run_dir("fp8_to_bf16");
+  ASSERT_EQ(run_command(train_cmd(bf16, "--train.precision=bf16 --eval.at_end=false "
+                                        "--eval.every_samples=0 --resume " + ckpt)),
+            0)
+      << read_file(bf16 + "/log.txt");
+  EXPECT_EQ(read_records(bf16 + "/metrics.jsonl", "train").size(), 6u);
 }
 
 TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {

@@ -112,6 +112,30 @@ struct StepOutput {
   std::vector<float> grads;
 };
 
+// The options of a precision, an MST chunk count and a recomputation mode.
+inline BertOptions precision_options(Precision p, int64_t mst = 1,
+                                     Recompute r = Recompute::none) {
+  BertOptions o;
+  o.precision = p;
+  o.mst_chunks = mst;
+  o.recompute = r;
+  return o;
+}
+
+// |a - b| / |b|.
+inline double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
+
+// A global batch of n samples with mixed lengths up to max_len (an odd one, a minimal 5, a full
+// one, the rest drawn) for the tiny model: the batch the equivalence and precision tests use.
+inline std::vector<Sample> mixed_length_batch(std::mt19937_64& rng, int n, int64_t vocab,
+                                              int max_len) {
+  std::vector<int> lengths = {5, max_len, 33};
+  while (static_cast<int>(lengths.size()) < n)
+    lengths.push_back(std::uniform_int_distribution<int>(5, max_len)(rng));
+  std::shuffle(lengths.begin(), lengths.end(), rng);
+  return model_samples(rng, lengths, 10, vocab);
+}
+
 // forward + backward of `batches` in order (micro-steps) into one gradient buffer.
 inline StepOutput run_step(Backend& be, HostModel& m, const std::vector<Batch>& batches,
                            int64_t global_masked, int64_t global_samples, uint32_t step,
@@ -260,6 +284,15 @@ inline std::pair<double, std::string> expect_grads_close(const ParamTable& table
   print_measure(what + ": worst " + (c.cancelling_tol > 0 ? "other " : "") + "tensor", worst.first,
                 tol);
   return worst_cancelling.first > worst.first ? worst_cancelling : worst;
+}
+
+// got's loss against want's, relative, as a measure under tol (printed either way).
+inline void expect_loss_close(const StepOutput& got, const StepOutput& want, double tol,
+                              const std::string& what) {
+  ASSERT_TRUE(std::isfinite(got.result.loss)) << what;
+  std::printf("[model-error] %s: loss %.6f vs %.6f\n", what.c_str(), got.result.loss,
+              want.result.loss);
+  expect_measure(what + ": loss", rel(got.result.loss, want.result.loss), tol);
 }
 
 }  // namespace packbert::test

@@ -26,22 +26,11 @@ constexpr double kLayoutTol = 1e-5;
 constexpr double kSplitTol = 2e-6;
 constexpr double kCancellingTol = 1e-5;
 
-// A global batch with mixed lengths (odd ones, a minimal one, a full one) for the tiny model.
-std::vector<Sample> global_batch(std::mt19937_64& rng, int n, int64_t vocab) {
-  std::vector<int> lengths = {5, kMaxSeqLen, 33};
-  while (static_cast<int>(lengths.size()) < n)
-    lengths.push_back(std::uniform_int_distribution<int>(5, kMaxSeqLen)(rng));
-  std::shuffle(lengths.begin(), lengths.end(), rng);
-  return model_samples(rng, lengths, 10, vocab);
-}
-
-double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
-
 TEST(ModelEquivalence, LayoutsGiveTheSameLossAndGradients) {
   auto rng = model_rng(1);
   auto be = make_cpu_backend();
   HostModel m(bert_preset("tiny"), rng());
-  const auto samples = global_batch(rng, 12, m.config.real_vocab_size);
+  const auto samples = mixed_length_batch(rng, 12, m.config.real_vocab_size, kMaxSeqLen);
   const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
   const auto step = static_cast<uint32_t>(rng() % kDropoutMaxStep);
   const uint64_t seed = rng();
@@ -89,7 +78,7 @@ TEST(ModelEquivalence, MicroStepsAndRanksAddUpToTheGlobalBatch) {
   auto rng = model_rng(2);
   auto be = make_cpu_backend();
   HostModel m(bert_preset("tiny"), rng());
-  auto samples = global_batch(rng, 11, m.config.real_vocab_size);
+  auto samples = mixed_length_batch(rng, 11, m.config.real_vocab_size, kMaxSeqLen);
   const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
   const auto step = static_cast<uint32_t>(rng() % kDropoutMaxStep);
   const uint64_t seed = rng();
@@ -132,7 +121,7 @@ TEST(ModelEquivalence, ChunkedMlmDecoderMatchesOneShot) {
   auto rng = model_rng(3);
   auto be = make_cpu_backend();
   HostModel m(bert_preset("tiny"), rng());
-  const auto samples = global_batch(rng, 8, m.config.real_vocab_size);
+  const auto samples = mixed_length_batch(rng, 8, m.config.real_vocab_size, kMaxSeqLen);
   const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
   const Batch b =
       make_batch(samples, BatchLayout::packed, kMaxSeqLen, pack_samples(samples, kMaxSeqLen));

@@ -57,8 +57,6 @@ std::vector<Sample> batch_samples(std::mt19937_64& rng, int n, int64_t vocab,
   return model_samples(rng, lengths, 10, vocab);
 }
 
-double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
-
 BertOptions mst(int64_t m, Recompute r) {
   BertOptions o;
   o.mst_chunks = m;

@@ -58,24 +58,6 @@ double grad_tol(Precision p) { return p == Precision::bf16 ? 3e-2 : 5e-3; }
 // loss, a sum over many tokens, moves far less: 1e-3 (worst 4.6e-6 over 100 seeds).
 constexpr double kSamePrecisionLossTol = 1e-3;
 
-std::vector<Sample> global_batch(std::mt19937_64& rng, int n, int64_t vocab) {
-  std::vector<int> lengths = {5, kMaxSeqLen, 33};
-  while (static_cast<int>(lengths.size()) < n)
-    lengths.push_back(std::uniform_int_distribution<int>(5, kMaxSeqLen)(rng));
-  std::shuffle(lengths.begin(), lengths.end(), rng);
-  return model_samples(rng, lengths, 10, vocab);
-}
-
-double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
-
-BertOptions with(Precision p, int64_t mst = 1, Recompute r = Recompute::none) {
-  BertOptions o;
-  o.precision = p;
-  o.mst_chunks = mst;
-  o.recompute = r;
-  return o;
-}
-
 // One global batch, its three layouts, a dropout key.
 struct Case {
   HostModel model;
@@ -85,7 +67,7 @@ struct Case {
   uint64_t seed = 0;
   Case(std::mt19937_64& rng, int n)
       : model(bert_preset("tiny"), rng()),
-        samples(global_batch(rng, n, model.config.real_vocab_size)),
+        samples(mixed_length_batch(rng, n, model.config.real_vocab_size, kMaxSeqLen)),
         gm(masked_count(samples)),
         gs(static_cast<int64_t>(samples.size())),
         step(static_cast<uint32_t>(rng() % kDropoutMaxStep)),
@@ -127,14 +109,6 @@ struct Case {
 constexpr float kFp16Scale = 1024.f;
 float scale_for(Precision p) { return p == Precision::fp16 ? kFp16Scale : 1.f; }
 
-void expect_loss_close(const StepOutput& got, const StepOutput& want, double tol,
-                       const std::string& what) {
-  ASSERT_TRUE(std::isfinite(got.result.loss)) << what;
-  std::printf("[model-error] %s: loss %.6f vs %.6f\n", what.c_str(), got.result.loss,
-              want.result.loss);
-  expect_measure(what + ": loss", rel(got.result.loss, want.result.loss), tol);
-}
-
 class PrecisionVsFp32 : public ::testing::TestWithParam<Precision> {};
 
 TEST_P(PrecisionVsFp32, LossAndEveryGradient) {
@@ -144,14 +118,14 @@ TEST_P(PrecisionVsFp32, LossAndEveryGradient) {
   Case c(rng, 12);
   c.same_nsp_labels();
   const Batch b = c.batch(BatchLayout::unpadded);
-  const StepOutput want = c.run(*be, b, with(Precision::fp32));
-  const StepOutput got = c.run_scaled(*be, b, with(p), scale_for(p));
+  const StepOutput want = c.run(*be, b, precision_options(Precision::fp32));
+  const StepOutput got = c.run_scaled(*be, b, precision_options(p), scale_for(p));
   const std::string what = std::string(precision_name(p)) + " vs fp32";
   expect_loss_close(got, want, kLossTol, what);
   expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what,
                      with_nsp_floor(c.gs, 2 * grad_tol(p)));
   // The emulation is deterministic: the same step again gives the same bits.
-  const StepOutput again = c.run_scaled(*be, b, with(p), scale_for(p));
+  const StepOutput again = c.run_scaled(*be, b, precision_options(p), scale_for(p));
   EXPECT_EQ(again.result.loss, got.result.loss);
   EXPECT_EQ(0, std::memcmp(again.grads.data(), got.grads.data(), got.grads.size() * 4));
 }
@@ -161,9 +135,9 @@ TEST_P(PrecisionVsFp32, LayoutsAgreeWithinThePrecision) {
   auto rng = model_rng(21 + static_cast<uint64_t>(p));
   auto be = make_cpu_backend();
   Case c(rng, 10);
-  const StepOutput want = c.run_scaled(*be, c.batch(BatchLayout::unpadded), with(p), scale_for(p));
+  const StepOutput want = c.run_scaled(*be, c.batch(BatchLayout::unpadded), precision_options(p), scale_for(p));
   for (BatchLayout l : {BatchLayout::packed, BatchLayout::padded}) {
-    const StepOutput got = c.run_scaled(*be, c.batch(l), with(p), scale_for(p));
+    const StepOutput got = c.run_scaled(*be, c.batch(l), precision_options(p), scale_for(p));
     const std::string what = std::string(precision_name(p)) + " " + batch_layout_name(l) +
                              " vs unpadded";
     expect_loss_close(got, want, kSamePrecisionLossTol, what);
@@ -178,11 +152,11 @@ TEST_P(PrecisionVsFp32, MstChunksAndRecomputationAgreeWithinThePrecision) {
   auto be = make_cpu_backend();
   Case c(rng, 10);
   const Batch b = c.batch(BatchLayout::packed);
-  const StepOutput want = c.run_scaled(*be, b, with(p), scale_for(p));
+  const StepOutput want = c.run_scaled(*be, b, precision_options(p), scale_for(p));
   const std::pair<int64_t, Recompute> variants[] = {
       {2, Recompute::mlp}, {4, Recompute::mlp}, {3, Recompute::layer}, {1, Recompute::layer}};
   for (const auto& [m, r] : variants) {
-    const StepOutput got = c.run_scaled(*be, b, with(p, m, r), scale_for(p));
+    const StepOutput got = c.run_scaled(*be, b, precision_options(p, m, r), scale_for(p));
     const std::string what = std::string(precision_name(p)) + " M=" + std::to_string(m) +
                              " recompute " + recompute_name(r) + " vs M=1";
     expect_loss_close(got, want, kSamePrecisionLossTol, what);
@@ -202,7 +176,7 @@ TEST(ModelPrecision, ArenaHoldsActivationsInSixteenBits) {
   std::vector<float> grads(c.model.params.size());
   Bert fp32(c.model.config, *be, c.model.params_view(), view(grads.data(), {c.model.table.total()}));
   Bert bf16(c.model.config, *be, c.model.params_view(), view(grads.data(), {c.model.table.total()}),
-            with(Precision::bf16));
+            precision_options(Precision::bf16));
   EXPECT_FALSE(fp32.lowp_params().defined());
   ASSERT_TRUE(bf16.lowp_params().defined());
   EXPECT_EQ(bf16.lowp_params().dtype, DType::bf16);
@@ -231,7 +205,8 @@ TEST(ModelPrecision, ArenaHoldsActivationsInSixteenBits) {
   const auto logits = static_cast<size_t>(ActivationKind::mlm_logits);
   EXPECT_EQ(r16.step_by_kind[logits], r32.step_by_kind[logits]);
   EXPECT_EQ(parse_precision("fp16"), Precision::fp16);
-  EXPECT_NE(error_of([] { parse_precision("fp8"); }).find("fp8"), std::string::npos);
+  EXPECT_EQ(parse_precision("fp8"), Precision::fp8);
+  EXPECT_NE(error_of([] { parse_precision("fp4"); }).find("fp4"), std::string::npos);
 }
 
 TEST(ModelPrecision, OpsRejectLowPrecisionWhereTheContractSaysFp32) {
@@ -264,10 +239,10 @@ TEST(ModelPrecision, ScaledFp16StepEqualsTheUnscaledOne) {
   Case c(rng, 10);
   c.same_nsp_labels();
   const Batch b = c.batch(BatchLayout::unpadded);
-  const StepOutput fp32 = c.run(*be, b, with(Precision::fp32));
-  const StepOutput plain = c.run_scaled(*be, b, with(Precision::fp16), 1.f);
-  const StepOutput s1k = c.run_scaled(*be, b, with(Precision::fp16), 1024.f);
-  const StepOutput s16k = c.run_scaled(*be, b, with(Precision::fp16), 16384.f);
+  const StepOutput fp32 = c.run(*be, b, precision_options(Precision::fp32));
+  const StepOutput plain = c.run_scaled(*be, b, precision_options(Precision::fp16), 1.f);
+  const StepOutput s1k = c.run_scaled(*be, b, precision_options(Precision::fp16), 1024.f);
+  const StepOutput s16k = c.run_scaled(*be, b, precision_options(Precision::fp16), 16384.f);
   EXPECT_EQ(s1k.result.loss, plain.result.loss);  // the loss itself is never scaled
   EXPECT_EQ(s16k.result.loss, plain.result.loss);
   const double tol = grad_tol(Precision::fp16);
@@ -452,7 +427,7 @@ TEST(PrecisionLamb, LambClassRefreshesTheModelsCopy) {
   Case c(rng, 4);
   std::vector<float> grads(c.model.params.size(), 0.f);
   const Tensor gv = view(grads.data(), {c.model.table.total()});
-  Bert bert(c.model.config, *be, c.model.params_view(), gv, with(Precision::bf16));
+  Bert bert(c.model.config, *be, c.model.params_view(), gv, precision_options(Precision::bf16));
   bert.forward(c.batch(BatchLayout::unpadded), c.gm, c.gs, c.step, c.seed);
   bert.backward();
   std::vector<LambParam> lp;

@@ -193,8 +193,6 @@ ForwardResult forward_backward(Backend& be, const Fixture& fx, std::vector<float
   return r;
 }
 
-double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
-
 TEST(ModelReference, TableMatchesTheFile) {
   const Fixture fx;
   // The parameter count PyTorch printed (tied decoder counted once, as HF counts it).

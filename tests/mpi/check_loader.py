@@ -11,7 +11,7 @@
   check_loader.py resume FULL PART...    the parts' steps, in order, are FULL's steps (sets of
                                          samples per step; per rank too when the rank counts
                                          agree)
-  check_loader.py expect-fail --timeout T --pattern P [--pattern P2 ...] -- CMD...
+  check_loader.py expect-fail --timeout T --pattern P [--pattern P2 ...] [--absent A ...] -- CMD...
                                          CMD exits non-zero before T seconds and its output
                                          contains every P
 """
@@ -134,12 +134,14 @@ def resume(full, parts):
 
 
 def expect_fail(args):
-    timeout, patterns = None, []
+    timeout, patterns, absent = None, [], []
     while args and args[0] != "--":
         if args[0] == "--timeout":
             timeout = float(args[1])
         elif args[0] == "--pattern":
             patterns.append(args[1])
+        elif args[0] == "--absent":
+            absent.append(args[1])
         args = args[2:]
     cmd = args[1:]
     t0 = time.time()
@@ -155,6 +157,9 @@ def expect_fail(args):
     for pattern in patterns:
         if pattern not in p.stdout:
             fail(f"the output does not contain {pattern!r}")
+    for pattern in absent:
+        if pattern in p.stdout:
+            fail(f"the output contains {pattern!r}")
     print(f"ok: failed with exit status {p.returncode} after {took:.1f} s, naming "
           f"{', '.join(repr(x) for x in patterns)}")
 

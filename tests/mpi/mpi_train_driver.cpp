@@ -8,7 +8,7 @@
 //
 //   mpi_train_driver run DIR --out OUTDIR [--steps N] [--batch B] [--micro M]
 //                            [--layout unpadded|packed|padded] [--lr X] [--no-dropout]
-//                            [--precision fp32|bf16|fp16] [--sharded] [--device cpu|cuda]
+//                            [--precision fp32|bf16|fp16|fp8] [--sharded] [--device cpu|cuda]
 //                            [--gpu-allreduce nccl|host] [--cuda-graphs off|segmented|full]
 //     Builds the data loader (global batch B samples in M micro-steps), the tiny BERT
 //     (initialised from the manifest's seed: identical on every rank) and LAMB, and trains N
