@@ -34,10 +34,6 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              "train.fp8_history ({}) must be in [1, 65536]", c.train.fp8_history);
   PB_REQUIRE(c.train.fp8_margin >= 0 && c.train.fp8_margin <= 64,
              "train.fp8_margin ({}) must be in [0, 64]", c.train.fp8_margin);
-  PB_REQUIRE(c.train.precision != Precision::fp8 || c.train.cuda_graphs == CudaGraphs::off,
-             "train.precision = \"fp8\" with train.cuda_graphs = \"{}\" is not supported yet "
-             "(use \"off\")",
-             cuda_graphs_name(c.train.cuda_graphs));
   PB_REQUIRE(c.train.cuda_graphs == CudaGraphs::off || c.train.device == Device::cuda,
              "train.cuda_graphs = \"{}\" records CUDA graphs: it needs train.device = \"cuda\"",
              cuda_graphs_name(c.train.cuda_graphs));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 #include "kernels/base/error.h"
 #include "kernels/base/trace.h"
@@ -63,9 +64,6 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
   }
   fp32_ranges_ = fp32_read_ranges(table_, options.precision != Precision::fp32);
   if (options.precision == Precision::fp8) {
-    PB_REQUIRE(options.cuda_graphs == CudaGraphs::off,
-               "model: precision fp8 with cuda_graphs {} is not supported yet (use off)",
-               cuda_graphs_name(options.cuda_graphs));
     const std::string unsupported = backend.fp8_unsupported();
     PB_REQUIRE(unsupported.empty(), "model: precision fp8: {}", unsupported);
     fp8_ = std::make_unique<Fp8State>(backend, config, options.fp8, 1, 0);
@@ -198,8 +196,9 @@ ActivationPlan Bert::lay_out(const Batch& batch, const ForwardOptions& options, 
   const bool graph_heads = graphed == Graphed::layers_and_heads || graphed == Graphed::whole;
   Batch fixed;
   if (graphed != Graphed::none) {
+    const int64_t quantum = batch.layout == BatchLayout::unpadded ? 8 : batch.max_seq_len;
     graphs_.cover(batch.shape(), options.gradients,
-                  batch.layout == BatchLayout::unpadded ? 8 : batch.max_seq_len);
+                  fp8_ ? std::lcm<int64_t>(quantum, 16) : quantum);  // FP8: rows of 16
     BatchShape c = graphs_.capacity(batch.shape(), options.gradients);
     if (!graph_heads) c.masked = batch.num_masked();  // a logits hook is shown no padded slot
     fixed = with_capacity(batch, c.rows, c.seqs, c.masked);
@@ -312,6 +311,8 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
                                ? std::ilogb(mlm_scale)
                                : 0;  // f16: the decoder's range scaling
   key.layer_recompute = p.layer_recompute;
+  key.fp8_workspace = fp8_ ? fp8_->workspace(0).data : nullptr;
+  key.fp8_warm = fp8_ && fp8_->warm();
   key.gradients = options.gradients;
   key.dropout = dropout_on_;
   key.seed = seed_;
@@ -322,6 +323,15 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
   const bool whole = graphed == Graphed::whole;
   if (whole && weights_ready_)
     for (int64_t g = 0; g < config_.layers + 2; ++g) weights_ready_(static_cast<int>(g));
+  // FP8: a layer's weight copies cast again after an optimizer step, once its weights are there
+  // and outside any recorded part (a graph replays without them).
+  auto cast_fp8_weights = [&](int64_t l) {
+    if (!fp8_ || !fp8_->warm() || !fp8_stale_[static_cast<size_t>(l)]) return;
+    fp8_->cast_weights(l, weights_.layers[l]);
+    fp8_stale_[static_cast<size_t>(l)] = 0;
+  };
+  if (whole)
+    for (int64_t l = 0; l < config_.layers; ++l) cast_fp8_weights(l);
   auto weights_ready = [&](int64_t group) {
     if (weights_ready_ && !whole) weights_ready_(static_cast<int>(group));
   };
@@ -334,6 +344,7 @@ ForwardResult Bert::forward(const Batch& batch, int64_t global_masked, int64_t g
     // Encoder.
     for (int64_t l = 0; l < config_.layers; ++l) {
       weights_ready(l + 1);
+      cast_fp8_weights(l);
       graphs_.layer(false, l, [&] { encoder_layer_forward(l); });
     }
     // Heads, loss and (with gradients) the gradient wrt the encoder output.
@@ -372,10 +383,6 @@ void Bert::encoder_layer_forward(int64_t l) {
   LayerActivations& s = a.layers[l];
   const Tensor& x = a.hidden[l];
   const auto layer = static_cast<uint32_t>(l);
-  if (fp8_ && fp8_->warm() && fp8_stale_[static_cast<size_t>(l)]) {  // after LAMB: cast again
-    fp8_->cast_weights(l, weights_.layers[l]);
-    fp8_stale_[static_cast<size_t>(l)] = 0;
-  }
   linear_fwd(l, Fp8State::qkv, 0, x, w.qkv_w, w.qkv_b, Epilogue::bias, s.qkv, Tensor());
   backend_.attention_forward(a.layout, s.qkv, static_cast<int>(config_.heads),
                              dropout(DropoutSite::attention_probs, layer), s.ctx, s.lse);

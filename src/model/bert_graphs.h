@@ -38,11 +38,15 @@ struct GraphKey {
   int mlm_scale_exponent = 0;  // f16: the decoder's range scaling (cuda_losses.cpp)
   bool layer_recompute = false, gradients = false, dropout = false;
   uint64_t seed = 0;
+  // Precision fp8: the FP8 operands' workspace, and whether the linear layers run in FP8 yet
+  // (before the first scale update they run in bf16: other ops).
+  const void* fp8_workspace = nullptr;
+  bool fp8_warm = false;
 
   auto fields() const {
     return std::tie(backward, part, batch, arena, rows, seqs, masked, max_len, mlp_chunk_rows,
                     mlm_chunk_rows, sums, mlm_scale_exponent, layer_recompute, gradients,
-                    dropout, seed);
+                    dropout, seed, fp8_workspace, fp8_warm);
   }
   bool operator==(const GraphKey& o) const { return key_equal(*this, o); }
 };
