@@ -224,6 +224,10 @@ PY=python3; command -v "$PY" > /dev/null || PY=true
 # own fastest GELU, the erf one: one fused PyTorch kernel, where gelu_new is several).
 bench bench_gpu_step 150 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 --warmup 1 \
   --graphs off --lengths-out "$OUTDIR/lengths.txt"
+# The same step in FP8 (train.precision = "fp8": the encoder's GEMMs in FP8 once warm; the
+# warm-up's first step runs them in bf16 and records the scales), beside the bf16 one above.
+bench bench_gpu_step_fp8 150 "$BIN/bench_gpu_step" --precision fp8 --gelu tanh --steps 3 \
+  --warmup 2 --graphs off
 # CUDA graphs (train.cuda_graphs: segmented, the encoder layers; full, a micro-step's whole
 # forward and backward) against none, at NVIDIA's per-GPU batch 48 and a scale run's 8, padded
 # (whose micro-batches share a shape).
@@ -247,6 +251,11 @@ lamb=$(sed -n 's/^LAMB step over .*: \([0-9.]*\) ms.*/\1/p' "$OUTDIR/bench_gpu_s
 [ -n "$ours" ] && step "samples/s (ours)" "$ours (target >= 1100)"
 [ -n "$hf" ] && step "samples/s (HF+SDPA)" "$hf$( [ -n "$ours" ] && awk -v a="$ours" -v b="$hf" 'BEGIN{printf "  ours/HF %.2fx (target >= 2.5x)", a/b}')"
 [ -n "$lamb" ] && step "LAMB step" "$lamb ms (target <= 3 ms)"
+fp8=$(awk '$1 == "unpadded" && $2 == "off" && $5 ~ /^[0-9.]+$/ {print $5; exit}' "$OUTDIR/bench_gpu_step_fp8.txt" 2>/dev/null)
+[ -n "$fp8" ] && step "samples/s (fp8)" "$fp8$( [ -n "$ours" ] && awk -v a="$fp8" -v b="$ours" 'BEGIN{printf "  fp8/bf16 %.2fx", a/b}')"
+g8=$(awk '/^GEMM fp8 e4m3 fast-accum peak/ {print $(NF-2); exit}' "$OUTDIR/bench_gpu_ops.txt" 2>/dev/null)
+gb=$(awk '/^GEMM bf16 peak/ {print $(NF-2); exit}' "$OUTDIR/bench_gpu_ops.txt" 2>/dev/null)
+[ -n "$g8" ] && step "GEMM TFLOP/s 8192^3" "fp8 $g8, bf16 $gb"
 for b in 48 8; do
   g=$(awk '$1 == "padded" && $5 ~ /^[0-9.]+$/ {printf "%s %s  ", $2, $5}' "$OUTDIR/bench_gpu_step_graphs$b.txt" 2>/dev/null)
   [ -n "$g" ] && step "samples/s, batch $b, graphs" "$g"
@@ -256,7 +265,7 @@ echo
 echo "== largest op errors (all in $OUTDIR/errors.txt) =="
 awk '{print $NF, $0}' "$OUTDIR/errors.txt" | sort -g | tail -8 | cut -d' ' -f2-
 if [ -s "$OUTDIR/failures.txt" ]; then echo "== first failures =="; head -30 "$OUTDIR/failures.txt"; fi
-for b in bench_gpu_step bench_gpu_step_graphs48 bench_gpu_step_graphs8 bench_hf_gpu bench_fmha_gpu \
+for b in bench_gpu_step bench_gpu_step_fp8 bench_gpu_step_graphs48 bench_gpu_step_graphs8 bench_hf_gpu bench_fmha_gpu \
          bench_flash_sdpa bench_gpu_ops bench_mst; do
   [ -f "$OUTDIR/$b.txt" ] && { echo "== $b =="; tail -40 "$OUTDIR/$b.txt"; }
 done

@@ -72,6 +72,15 @@ Tensor random_f32(std::initializer_list<int64_t> dims, float scale = 1.f, bool p
 
 Tensor empty_f32(std::initializer_list<int64_t> dims) { return random_f32(dims); }
 
+// A device tensor of any dtype with every byte `byte` (0x38: E4M3's 1.0; 0x3F: bf16's 0.75).
+Tensor filled(DType dtype, std::initializer_list<int64_t> dims, int byte) {
+  Tensor t(nullptr, dtype, dims, Device::cuda);
+  g_buffers.push_back(std::make_unique<Dev>(std::max<size_t>(t.bytes(), 16)));
+  t.data = g_buffers.back()->p;
+  check(cudaMemset(t.data, byte, t.bytes()), "memset");
+  return t;
+}
+
 template <typename T>
 Tensor upload(const std::vector<T>& v, std::initializer_list<int64_t> dims) {
   Tensor t(nullptr, DTypeOf<T>::value, dims, Device::cuda);
@@ -161,6 +170,45 @@ int main(int argc, char** argv) {
         reps, nullptr);
     peak_bw = 2.0 * bytes / (cms * 1e-3);
     rows.push_back({"peak: D2D copy (r+w)", "1 GiB", cms, 0, 2.0 * bytes});
+  }
+
+  // ---- FP8 against bf16 GEMMs (train.precision = "fp8"): the same products, BERT-Large's
+  // shapes below; the FP8 ones as the model runs them (E4M3 x E4M3 forward with fast
+  // accumulation, E5M2 x E4M3 into fp32 for the weight gradient).
+  const std::string no_fp8 = be->fp8_unsupported();
+  if (!no_fp8.empty()) std::printf("fp8 rows skipped: %s\n", no_fp8.c_str());
+  const Tensor unit_scale = upload(std::vector<float>{1.f, 1.f}, {2});
+  auto fp8_rows = [&](const std::string& what, const std::string& shape, int64_t n, int64_t k,
+                      int64_t m) {
+    const Tensor xb = filled(DType::bf16, {n, k}, 0x3F), wb = filled(DType::bf16, {m, k}, 0x3F);
+    const Tensor ob = filled(DType::bf16, {n, m}, 0);
+    rows.push_back({"GEMM bf16 " + what, shape,
+                    median_ms([&] { be->linear_forward(xb, wb, Tensor(), Epilogue::none, ob, Tensor()); },
+                              reps, nullptr),
+                    2.0 * n * k * m, 0});
+    if (!no_fp8.empty()) return;
+    const Tensor x8 = filled(DType::e4m3, {n, k}, 0x38), w8 = filled(DType::e4m3, {m, k}, 0x38);
+    Fp8GemmOptions fast;
+    fast.fast_accum = true;
+    rows.push_back({"GEMM fp8 e4m3 fast-accum " + what, shape,
+                    median_ms([&] { be->fp8_gemm(x8, unit_scale, w8, unit_scale, ob, fast); }, reps,
+                              nullptr),
+                    2.0 * n * k * m, 0});
+    const Tensor g8 = filled(DType::e5m2, {n, k}, 0x3C), of = filled(DType::f32, {n, m}, 0);
+    Fp8GemmOptions acc;
+    acc.accumulate = true;
+    rows.push_back({"GEMM fp8 e5m2xe4m3 fp32+= " + what, shape,
+                    median_ms([&] { be->fp8_gemm(g8, unit_scale, w8, unit_scale, of, acc); }, reps,
+                              nullptr),
+                    2.0 * n * k * m, 0});
+  };
+  fp8_rows("peak", "8192^3", 8192, 8192, 8192);
+  for (const int64_t want_tokens : token_counts) {
+    const int64_t t = std::max<int64_t>(1, want_tokens / kSeqLen) * kSeqLen;
+    const std::string shape = std::to_string(t) + " tok";
+    fp8_rows("qkv", shape, t, kHidden, 3 * kHidden);
+    fp8_rows("ffn1", shape, t, kHidden, kFfn);
+    fp8_rows("ffn2", shape, t, kFfn, kHidden);
   }
 
   for (const int64_t want_tokens : token_counts) {

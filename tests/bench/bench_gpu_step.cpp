@@ -6,7 +6,7 @@
 // alone. Prints tables; asserts nothing about time. Without a device (or a CUDA build) it prints
 // "skipped: no CUDA device" and exits 0.
 //
-//   bench_gpu_step [--model large] [--max-len 512] [--precision bf16|fp16|fp32]
+//   bench_gpu_step [--model large] [--max-len 512] [--precision bf16|fp16|fp32|fp8]
 //                  [--gelu erf|tanh]      (model.hidden_act: tanh, the MLPerf model, runs in
 //                                          cuBLASLt's GELU epilogues)
 //                  [--batch N]            (samples per step; 0 = the most that fit, from the
@@ -273,6 +273,7 @@ int run(int argc, char** argv) {
       bert->forward(batch, masked, n, step_no++, 1);
       bert->backward();
       lamb(be, bert->lowp_params());
+      if (bert->fp8()) bert->fp8_end_step({});  // fp8: scales updated, weights cast again
     };
     const int warm = graphs == CudaGraphs::off ? warmup : std::max(warmup, 4);
     for (int w = 0; w < warm; ++w) step();
