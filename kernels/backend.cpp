@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <string>
 
 #include "kernels/base/error.h"
 
@@ -27,7 +29,10 @@ BackendBuffer& BackendBuffer::operator=(BackendBuffer&& o) noexcept {
 }
 
 void BackendBuffer::reset() {
-  if (owner_ && view_.data) owner_->free_memory(view_.data);
+  if (owner_ && view_.data) {
+    owner_->free_memory(view_.data);
+    owner_->allocated_bytes_ -= std::min(owner_->allocated_bytes_, bytes_);
+  }
   owner_ = nullptr;
   bytes_ = 0;
   view_ = Tensor();
@@ -107,16 +112,45 @@ void Backend::read(const std::vector<HostRead>& reads) {
   }
 }
 
-BackendBuffer Backend::alloc(size_t bytes) {
-  // At least one byte, so that even an empty buffer's view is defined (not "none").
-  const size_t n = std::max<size_t>(bytes, 1);
-  return BackendBuffer(this, allocate_memory(n), n);
+Backend::MemoryInfo Backend::memory_info() const {
+  MemoryInfo m;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemTotal:") m.total = static_cast<size_t>(kib) << 10;
+    if (key == "MemAvailable:") m.free = static_cast<size_t>(kib) << 10;
+  }
+  return m;
 }
 
-BackendBuffer Backend::alloc(DType dtype, std::initializer_list<int64_t> dims) {
+void* Backend::allocate_named(size_t bytes, const char* what) {
+  void* p = nullptr;
+  try {
+    p = allocate_memory(bytes);
+  } catch (const Error& e) {
+    const MemoryInfo m = memory_info();
+    PB_THROW("out of {} memory: {} asked {} bytes ({:.1f} MiB), {:.1f} MiB free of {:.1f} MiB, "
+             "{:.1f} MiB held by this process's buffers ({})",
+             device_name(device()), what, bytes, static_cast<double>(bytes) / (1 << 20),
+             static_cast<double>(m.free) / (1 << 20), static_cast<double>(m.total) / (1 << 20),
+             static_cast<double>(allocated_bytes_) / (1 << 20), e.what());
+  }
+  allocated_bytes_ += bytes;
+  return p;
+}
+
+BackendBuffer Backend::alloc(size_t bytes, const char* what) {
+  // At least one byte, so that even an empty buffer's view is defined (not "none").
+  const size_t n = std::max<size_t>(bytes, 1);
+  return BackendBuffer(this, allocate_named(n, what), n);
+}
+
+BackendBuffer Backend::alloc(DType dtype, std::initializer_list<int64_t> dims, const char* what) {
   const Tensor shape(nullptr, dtype, dims, device());
   const size_t n = std::max<size_t>(shape.bytes(), 1);
-  void* p = allocate_memory(n);
+  void* p = allocate_named(n, what);
   return BackendBuffer(this, p, n, Tensor(p, dtype, dims, device()));
 }
 

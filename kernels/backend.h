@@ -314,9 +314,21 @@ class Backend {
   // nullptr: nothing). Callers use alloc(), which pairs the two.
   virtual void* allocate_memory(size_t bytes) = 0;
   virtual void free_memory(void* p) = 0;
-  BackendBuffer alloc(size_t bytes);
+  // `what` names the buffer in the Error an allocation that fails throws: the device, the bytes
+  // asked, the device's free and total memory (memory_info) and what this backend's buffers
+  // hold (allocated_bytes).
+  BackendBuffer alloc(size_t bytes, const char* what = "a buffer");
   // A buffer holding one tensor of that shape (its tensor() is the view).
-  BackendBuffer alloc(DType dtype, std::initializer_list<int64_t> dims);
+  BackendBuffer alloc(DType dtype, std::initializer_list<int64_t> dims,
+                      const char* what = "a buffer");
+  // Bytes held by the BackendBuffers alloc() made that are still alive.
+  size_t allocated_bytes() const { return allocated_bytes_; }
+  // The device's free and total memory now: the CUDA backend's cudaMemGetInfo; by default the
+  // host's available and total RAM (/proc/meminfo).
+  struct MemoryInfo {
+    size_t free = 0, total = 0;
+  };
+  virtual MemoryInfo memory_info() const;
   // The host waits for every op issued so far (the CPU backend's ops are done when they
   // return: nothing to wait for).
   virtual void synchronize() {}
@@ -621,6 +633,11 @@ class Backend {
   virtual void fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, int margin,
                                 const Tensor& history, const Tensor& scales,
                                 const Tensor& amax) = 0;
+
+ private:
+  friend class BackendBuffer;  // gives its bytes back to allocated_bytes_
+  void* allocate_named(size_t bytes, const char* what);
+  size_t allocated_bytes_ = 0;
 };
 
 // The reference backend (fp32, BLAS + OpenMP).

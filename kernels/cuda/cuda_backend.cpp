@@ -121,6 +121,13 @@ void* CudaBackend::allocate_memory(size_t bytes) {
   return cuda_alloc(bytes);
 }
 
+Backend::MemoryInfo CudaBackend::memory_info() const {
+  MemoryInfo m;
+  (void)cudaSetDevice(device_);
+  if (cudaMemGetInfo(&m.free, &m.total) != cudaSuccess) cudaGetLastError();
+  return m;
+}
+
 void CudaBackend::free_memory(void* p) {
   if (!p) return;
   (void)cudaSetDevice(device_);
@@ -297,7 +304,18 @@ void* grow(const char* op, void*& p, size_t& have, size_t want) {
   p = nullptr;
   have = 0;
   const size_t bytes = want + want / 4;
-  PB_CUDA_OP(op, cudaMalloc(&p, bytes));
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {  // not sticky: clear it, say what was asked and free
+    cudaGetLastError();
+    p = nullptr;
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
+    PB_THROW("out of cuda memory: {}'s scratch asked {} bytes ({:.1f} MiB), {:.1f} MiB free of "
+             "{:.1f} MiB",
+             op, bytes, static_cast<double>(bytes) / (1 << 20),
+             static_cast<double>(free) / (1 << 20), static_cast<double>(total) / (1 << 20));
+  }
+  PB_CUDA_OP(op, e);
   have = bytes;
   return p;
 }

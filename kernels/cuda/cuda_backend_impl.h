@@ -144,6 +144,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::cuda; }
   void* allocate_memory(size_t bytes) override;
   void free_memory(void* p) override;
+  MemoryInfo memory_info() const override;  // cudaMemGetInfo on this backend's GPU
   void synchronize() override { synchronize("synchronize"); }
   void* native_stream() const override { return stream_; }
   BackendCounters counters() const override;

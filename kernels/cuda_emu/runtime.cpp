@@ -30,7 +30,20 @@ using namespace detail;
 
 namespace {
 
-constexpr size_t kDeviceBytes = size_t{16} << 30;  // what cudaMemGetInfo calls the total
+// The device memory: PACKBERT_EMU_DEVICE_BYTES (a test gives the emulated GPU a small memory,
+// so that an allocation fails where it would on a real one), 16 GiB when unset. cudaMemGetInfo
+// calls it the total, and cudaMalloc fails past it.
+size_t device_bytes_from_env() {
+  const char* v = std::getenv("PACKBERT_EMU_DEVICE_BYTES");
+  if (!v || !*v) return size_t{16} << 30;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0' || n < 1) {
+    std::fprintf(stderr, "cuda emulation: PACKBERT_EMU_DEVICE_BYTES=%s is not a byte count\n", v);
+    std::exit(2);
+  }
+  return static_cast<size_t>(n);
+}
 
 // The devices a process sees: PACKBERT_EMU_DEVICES (1 to 64), 8 when unset, as on an 8-GPU
 // node. They share one memory and one set of streams: a process drives one of them (one rank,
@@ -53,6 +66,9 @@ int device_count() {
   static const int n = device_count_from_env();
   return n;
 }
+
+// Read at every call, so that a test can set it around the allocations it makes.
+size_t device_memory_bytes() { return device_bytes_from_env(); }
 
 int compute_capability_from_env() {
   const char* v = std::getenv("PACKBERT_EMU_COMPUTE_CAPABILITY");
@@ -482,7 +498,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (device < 0 || device >= emu::device_count()) return emu::fail(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof(p->name), "packbert CUDA emulation (CPU)");
-  p->totalGlobalMem = emu::kDeviceBytes;
+  p->totalGlobalMem = emu::device_memory_bytes();
   p->sharedMemPerBlock = size_t{48} << 10;
   p->warpSize = 32;
   p->maxThreadsPerBlock = 1024;
@@ -515,8 +531,8 @@ cudaError_t cudaDeviceSynchronize() {
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   Lock lock(state().mutex);
-  *total = emu::kDeviceBytes;
-  *free = emu::kDeviceBytes - std::min(emu::kDeviceBytes, state().device_bytes);
+  *total = emu::device_memory_bytes();
+  *free = *total - std::min(*total, state().device_bytes);
   return emu::sticky_or(cudaSuccess);
 }
 
@@ -526,7 +542,8 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (state().sticky) return emu::sticky_or(cudaSuccess);
   if (const cudaError_t e = emu::check_unsafe("cudaMalloc")) return emu::fail(e);
   if (bytes == 0) return cudaSuccess;
-  if (bytes > emu::kDeviceBytes - std::min(emu::kDeviceBytes, state().device_bytes) ||
+  const size_t capacity = emu::device_memory_bytes();
+  if (bytes > capacity - std::min(capacity, state().device_bytes) ||
       posix_memalign(p, 256, bytes) != 0) {
     *p = nullptr;
     return emu::fail(cudaErrorMemoryAllocation);

@@ -16,7 +16,9 @@
 // polls events while the host thread waits for a collective).
 //
 // Devices: PACKBERT_EMU_DEVICES of them (default 8), each with its own number and PCI bus id
-// and PACKBERT_EMU_COMPUTE_CAPABILITY (compute_capability()),
+// and PACKBERT_EMU_COMPUTE_CAPABILITY (compute_capability()), PACKBERT_EMU_DEVICE_BYTES of
+// memory (default 16 GiB: cudaMemGetInfo's total, past which cudaMalloc fails; read at each
+// call, as the capability),
 // sharing one memory and one set of streams. cudaSetDevice is per host thread; an allocation
 // remembers the device current when it was made (cudaPointerGetAttributes).
 //

@@ -12,7 +12,7 @@ void Arena::reserve(size_t bytes) {
   // few tokens longer than the largest so far do not reallocate every time.
   const size_t want = (bytes + bytes / 16 + Carver::kAlign - 1) / Carver::kAlign * Carver::kAlign;
   try {
-    buffer_ = backend_.alloc(want);
+    buffer_ = backend_.alloc(want, "activation arena");
   } catch (const Error& e) {
     PB_THROW("arena: cannot allocate {:.1f} MiB of {} memory for activations: {}",
              static_cast<double>(want) / (1 << 20), device_name(device()), e.what());

@@ -57,7 +57,8 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
   if (options.precision != Precision::fp32) {
     // The GEMMs' weight copy: the whole table in the low-precision type (one conversion pass
     // and one LAMB pass over a flat buffer; the fp32 views of it are simply never read).
-    lowp_memory_ = backend.alloc(precision_dtype(options.precision), {table_.total()});
+    lowp_memory_ = backend.alloc(precision_dtype(options.precision), {table_.total()},
+                                 "16-bit weight copy");
     params_lowp_ = lowp_memory_.tensor();
     gemm_weights_ = mixed_weights(table_, weights_, params_lowp_);
     refresh_lowp_params();
@@ -172,7 +173,7 @@ void Bert::grow_batch_buffer(BackendBuffer& buffer, size_t bytes) {
   if (bytes <= buffer.bytes()) return;
   buffer.reset();  // first: the old one's memory is given back before the new one is taken
   // Headroom as the arena's: a batch a few tokens longer does not reallocate.
-  buffer = backend_.alloc(bytes + bytes / 16);
+  buffer = backend_.alloc(bytes + bytes / 16, "batch buffer");
 }
 
 Dropout Bert::dropout(DropoutSite site, uint32_t layer) const {

@@ -64,7 +64,7 @@ Fp8State::Fp8State(Backend& backend, const BertConfig& config, const Fp8Recipe& 
   };
   Views measure(nullptr);
   carve(measure);
-  memory_ = backend.alloc(measure.used());
+  memory_ = backend.alloc(measure.used(), "FP8 scaling state and weight copies");
   Views views(static_cast<char*>(memory_.data()));
   carve(views);
 
@@ -148,7 +148,7 @@ void Fp8State::update(const std::function<void(const Tensor&)>& sum_over_ranks) 
 Tensor Fp8State::workspace(int64_t bytes) {
   if (static_cast<size_t>(bytes) > workspace_.bytes()) {
     workspace_.reset();
-    workspace_ = backend_.alloc(static_cast<size_t>(bytes + bytes / 16));
+    workspace_ = backend_.alloc(static_cast<size_t>(bytes + bytes / 16), "FP8 operand workspace");
   }
   return Tensor(workspace_.data(), DType::u8, {static_cast<int64_t>(workspace_.bytes())},
                 backend_.device());

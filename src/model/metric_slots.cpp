@@ -36,7 +36,8 @@ Tensor MetricSlots::slot(int64_t i) {
   const auto have = static_cast<int64_t>(slots_.bytes()) / kSlotBytes;
   if (i >= have) {  // the first forward (or more micro-steps than ever before)
     BackendBuffer grown = backend_.alloc(
-        static_cast<size_t>(std::max<int64_t>({i + 1, 2 * have, 16}) * kSlotBytes));
+        static_cast<size_t>(std::max<int64_t>({i + 1, 2 * have, 16}) * kSlotBytes),
+        "metric slots");
     if (have > 1)  // deferred slots in use
       backend_.copy(Tensor(grown.data(), DType::u8, {have * kSlotBytes}, backend_.device()),
                     slots_.tensor());

@@ -8,10 +8,10 @@ ModelReplica::ModelReplica(const ReplicaOptions& options) : table_(options.confi
   backend_options.validate = false;  // the batch and the table are checked on the host
   backend_ = make_backend(options.device, backend_options);
   const int64_t n = table_.total();
-  params_ = backend_->alloc(DType::f32, {n});
+  params_ = backend_->alloc(DType::f32, {n}, "fp32 master weights");
   backend_->zero(params_.tensor());  // defined before the Bert's first low-precision copy
   if (options.gradients) {
-    grads_ = backend_->alloc(DType::f32, {n});
+    grads_ = backend_->alloc(DType::f32, {n}, "gradients");
     backend_->zero(grads_.tensor());
   }
   bert_ = std::make_unique<Bert>(options.config, *backend_, params_.tensor(), grads_.tensor(),

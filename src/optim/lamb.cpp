@@ -98,12 +98,13 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
   // record) over an empty table, which needs a pointer all the same.
   static const LambTensor kNoRow{0, 0, 0};
   table_ = lamb_table(host_table_.empty() ? &kNoRow : host_table_.data(), num_tensors);
-  m_buffer_ = backend_.alloc(DType::f32, {len});
-  v_buffer_ = backend_.alloc(DType::f32, {len});
-  scalars_ = backend_.alloc(DType::u8, {kScalarBytes});
-  norms_buffer_ = backend_.alloc(DType::f32, {2 * num_tensors});
-  if (shard) squares_ = backend_.alloc(DType::f64, {1});
-  sums_buffer_ = backend_.alloc(DType::f64, {2 * std::max<int64_t>(all_tensors, 1)});
+  m_buffer_ = backend_.alloc(DType::f32, {len}, "LAMB first moments");
+  v_buffer_ = backend_.alloc(DType::f32, {len}, "LAMB second moments");
+  scalars_ = backend_.alloc(DType::u8, {kScalarBytes}, "LAMB scalars");
+  norms_buffer_ = backend_.alloc(DType::f32, {2 * num_tensors}, "LAMB norms");
+  if (shard) squares_ = backend_.alloc(DType::f64, {1}, "LAMB sum of squares");
+  sums_buffer_ =
+      backend_.alloc(DType::f64, {2 * std::max<int64_t>(all_tensors, 1)}, "LAMB sums");
   sums_all_ = Tensor(sums_buffer_.data(), DType::f64, {2 * all_tensors}, backend_.device());
   sums_ = Tensor(static_cast<double*>(sums_buffer_.data()) + 2 * std::min(sums_first_, all_tensors),
                  DType::f64, {num_tensors, 2}, backend_.device());
@@ -193,7 +194,8 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   if (options_.graph && backend_.supports_graphs() && (!sharded() || shard_.capturable)) {
     const LambStepScalars sc = lamb_step_scalars(cfg);
     const float values[4] = {sc.lr, sc.bias_correction1, sc.bias_correction2, sc.grad_scale};
-    if (!step_scalars_.data()) step_scalars_ = backend_.alloc(DType::f32, {4});
+    if (!step_scalars_.data())
+      step_scalars_ = backend_.alloc(DType::f32, {4}, "LAMB step scalars");
     backend_.write_floats(step_scalars_.tensor(), values, 4);
     cfg.step_scalars = step_scalars_.tensor();
     // One graph, for the buffers it was recorded on (another set evicts it).

@@ -84,5 +84,33 @@ TEST(BackendMemory, ZeroAndCopy) {
   EXPECT_THROW(be->zero(view(f.data(), {6}, Device::cuda)), Error);             // device
 }
 
+// Backend::alloc counts what its live buffers hold, and a failed allocation is an Error that
+// names the buffer, the bytes asked and the device's free and total memory.
+TEST(BackendMemory, AllocatedBytesAndAnAllocationThatFails) {
+  auto be = make_cpu_backend();
+  const size_t before = be->allocated_bytes();
+  {
+    BackendBuffer a = be->alloc(DType::f32, {1000}, "test a");
+    BackendBuffer b = be->alloc(777, "test b");
+    EXPECT_EQ(be->allocated_bytes(), before + 4000 + 777);
+    BackendBuffer moved = std::move(a);
+    EXPECT_EQ(be->allocated_bytes(), before + 4000 + 777);
+    b.reset();
+    EXPECT_EQ(be->allocated_bytes(), before + 4000);
+  }
+  EXPECT_EQ(be->allocated_bytes(), before);
+  const Backend::MemoryInfo m = be->memory_info();
+  EXPECT_GT(m.total, 0u);
+  EXPECT_LE(m.free, m.total);
+  const size_t huge = size_t{1} << 60;
+  const std::string e = error_of([&] { (void)be->alloc(huge, "a huge test buffer"); });
+  EXPECT_NE(e.find("out of cpu memory: a huge test buffer asked " + std::to_string(huge) +
+                   " bytes"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("MiB free of"), std::string::npos) << e;
+  EXPECT_EQ(be->allocated_bytes(), before);
+}
+
 }  // namespace
 }  // namespace packbert
