@@ -50,6 +50,8 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["arena_allocations"] = r.arena_allocations;
   j["optimizer_state_bytes"] = r.optimizer_state_bytes;
   j["bytes_sent_per_step"] = r.bytes_sent_per_step;
+  j["device_allocated_bytes"] = r.device_allocated_bytes;
+  j["device_free_bytes"] = r.device_free_bytes;
   j["host_syncs_per_step"] = r.host_syncs_per_step;
   j["launches_per_step"] = r.launches_per_step;
   j["pageable_copies_per_step"] = r.pageable_copies_per_step;
@@ -132,6 +134,8 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
   if (r.mst_chunks > 1) s += fmt::format(" (mst {})", r.mst_chunks);
   if (r.optimizer_state_bytes > 0)
     s += fmt::format(" | opt {}", format_bytes(r.optimizer_state_bytes));
+  if (r.device_allocated_bytes > 0)
+    s += fmt::format(" | dev {}", format_bytes(r.device_allocated_bytes));
   if (r.skipped_steps > 0) s += fmt::format(" | skipped {}", r.skipped_steps);
   s += fmt::format(" | eta {}", format_duration(r.eta_s));
   return s;
@@ -229,6 +233,8 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   }
   r.optimizer_state_bytes = context.optimizer_state_bytes;
   r.bytes_sent_per_step = context.bytes_sent_per_step;
+  r.device_allocated_bytes = context.device_allocated_bytes;
+  r.device_free_bytes = context.device_free_bytes;
   const HostWorkCounts& w = context.host_work;
   auto per_step = [&](int64_t now_count, int64_t start_count, int64_t excluded) {
     return static_cast<double>(now_count - start_count - excluded) / steps;

@@ -68,6 +68,11 @@ struct ProgressRecord {
   // collectives make the rank that sends most send (0 on one rank).
   int64_t optimizer_state_bytes = 0;
   int64_t bytes_sent_per_step = 0;
+  // What rank 0's backend buffers hold (Backend::allocated_bytes: parameters, gradients, weight
+  // copies, optimizer state, the arena, batch buffers, FP8 state), and its device's free memory
+  // (Backend::memory_info); 0 = not measured.
+  int64_t device_allocated_bytes = 0;
+  int64_t device_free_bytes = 0;
   // The backend's host synchronisations, launches, pageable copies and graph launches over the
   // interval divided by its steps (HostWorkCounts; evaluation and checkpoints taken out); 0 on
   // the CPU backend.
@@ -101,6 +106,8 @@ struct ProgressContext {
   const ActivationReport* activation = nullptr;  // null: not measured
   int64_t optimizer_state_bytes = 0;
   int64_t bytes_sent_per_step = 0;
+  int64_t device_allocated_bytes = 0;
+  int64_t device_free_bytes = 0;
   HostWorkCounts host_work;  // the counts now
 };
 

@@ -373,6 +373,8 @@ void log_progress(ProgressAccumulator& progress, const RunState& st, double elap
   at.activation = &act;
   at.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
   at.bytes_sent_per_step = trainer.bytes_sent_per_step();
+  at.device_allocated_bytes = static_cast<int64_t>(trainer.device_allocated_bytes());
+  at.device_free_bytes = static_cast<int64_t>(trainer.device_memory().free);
   at.host_work = host_work(trainer);
   const ProgressRecord r = progress.close(at);
   if (trainer.rank() == 0) spdlog::info("{}", format_progress_line(r, c.train.max_steps));

@@ -155,6 +155,9 @@ class Trainer {
   // Bytes of optimizer state (moments, norms; mixed precision's fp32 master weights) of the
   // rank that holds most (optim/distributed_lamb.h).
   size_t optimizer_state_bytes() const { return optimizer_->largest_state_bytes(); }
+  // What this rank's backend buffers hold (Backend::allocated_bytes), and its device's memory.
+  size_t device_allocated_bytes() const { return replica_.backend().allocated_bytes(); }
+  Backend::MemoryInfo device_memory() const { return replica_.backend().memory_info(); }
   // Bytes one step's gradient and optimizer collectives make the rank that sends most send.
   int64_t bytes_sent_per_step() const { return optimizer_->largest_bytes_sent(); }
   void load_state(const float* params, const float* m, const float* v, int64_t lamb_steps_done);

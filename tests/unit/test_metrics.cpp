@@ -128,11 +128,13 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_EQ(j.at("skipped_steps"), 2);
   EXPECT_EQ(j.at("optimizer_state_bytes"), 0);
   EXPECT_EQ(j.at("bytes_sent_per_step"), 0);
+  EXPECT_EQ(j.at("device_allocated_bytes"), 0);
+  EXPECT_EQ(j.at("device_free_bytes"), 0);
   EXPECT_DOUBLE_EQ(j.at("host_syncs_per_step").get<double>(), 0.25);
   EXPECT_DOUBLE_EQ(j.at("launches_per_step").get<double>(), 12.5);
   EXPECT_DOUBLE_EQ(j.at("pageable_copies_per_step").get<double>(), 0);
   EXPECT_DOUBLE_EQ(j.at("graph_launches_per_step").get<double>(), 4);
-  EXPECT_EQ(j.size(), 35u);
+  EXPECT_EQ(j.size(), 37u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
@@ -163,6 +165,9 @@ TEST(Metrics, OptimizerStateBytesInJsonAndProgressLine) {
   EXPECT_EQ(to_json(r).at("bytes_sent_per_step"), int64_t{7} << 20);
   const std::string s = format_progress_line(r, 1000);
   EXPECT_NE(s.find("opt 5.00 MiB"), std::string::npos) << s;
+  EXPECT_EQ(s.find("dev "), std::string::npos) << s;  // 0: not shown
+  r.device_allocated_bytes = int64_t{9} << 20;
+  EXPECT_NE(format_progress_line(r, 1000).find("dev 9.00 MiB"), std::string::npos);
 }
 
 TEST(Metrics, ProgressLine) {
@@ -383,7 +388,11 @@ TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
   at.activation = &act;
   at.optimizer_state_bytes = int64_t{5} << 20;
   at.bytes_sent_per_step = 123456789;
+  at.device_allocated_bytes = 4242;
+  at.device_free_bytes = 777;
   const ProgressRecord r = acc.close(at, t0 + milliseconds(100));
+  EXPECT_EQ(r.device_allocated_bytes, 4242);
+  EXPECT_EQ(r.device_free_bytes, 777);
   EXPECT_EQ(r.step, 1);
   EXPECT_DOUBLE_EQ(r.eta_s, 0);
   EXPECT_EQ(r.activation_peak_bytes, int64_t{3} << 30);
