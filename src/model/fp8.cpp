@@ -4,28 +4,9 @@
 
 #include "kernels/base/error.h"
 #include "kernels/common/fp8_convert.h"
+#include "model/arena.h"
 
 namespace packbert {
-
-namespace {
-
-// Consecutive views of one buffer, each 256-byte aligned (the FP8 GEMMs want 16).
-class Views {
- public:
-  explicit Views(char* base) : base_(base) {}
-  Tensor take(DType t, std::initializer_list<int64_t> dims, Device d) {
-    Tensor v(base_ ? base_ + used_ : nullptr, t, dims, d);
-    used_ += (v.bytes() + 255) / 256 * 256;
-    return v;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
-
-}  // namespace
 
 Fp8State::Fp8State(Backend& backend, const BertConfig& config, const Fp8Recipe& recipe,
                    int ranks, int rank)
@@ -42,30 +23,30 @@ Fp8State::Fp8State(Backend& backend, const BertConfig& config, const Fp8Recipe& 
   n_w_ = config.layers * kLinears;
   n_act_ = 2 * n_w_;
   const Device d = backend.device();
-  auto carve = [&](Views& v) {
-    amax_ = v.take(DType::f32, {n_act_}, d);
-    scales_ = v.take(DType::f32, {n_act_, 2}, d);
-    history_ = v.take(DType::f32, {n_act_, recipe.history}, d);
-    fp8_max_ = v.take(DType::f32, {n_act_}, d);
-    shared_ = v.take(DType::f64, {ranks, n_act_}, d);
-    w_amax_ = v.take(DType::f32, {n_w_}, d);
-    w_scales_ = v.take(DType::f32, {n_w_, 2}, d);
-    w_history_ = v.take(DType::f32, {n_w_, 1}, d);
-    w_fp8_max_ = v.take(DType::f32, {n_w_}, d);
-    w_shared_ = v.take(DType::f64, {1, n_w_}, d);
+  auto carve = [&](Carver& v) {  // 256-byte aligned views (the FP8 GEMMs want 16)
+    amax_ = v.take(DType::f32, {n_act_});
+    scales_ = v.take(DType::f32, {n_act_, 2});
+    history_ = v.take(DType::f32, {n_act_, recipe.history});
+    fp8_max_ = v.take(DType::f32, {n_act_});
+    shared_ = v.take(DType::f64, {ranks, n_act_});
+    w_amax_ = v.take(DType::f32, {n_w_});
+    w_scales_ = v.take(DType::f32, {n_w_, 2});
+    w_history_ = v.take(DType::f32, {n_w_, 1});
+    w_fp8_max_ = v.take(DType::f32, {n_w_});
+    w_shared_ = v.take(DType::f64, {1, n_w_});
     w8_.clear();
     w8t_.clear();
     const int64_t out[kLinears] = {3 * h, h, inter, h}, in[kLinears] = {h, h, h, inter};
     for (int64_t l = 0; l < config.layers; ++l)
       for (int j = 0; j < kLinears; ++j) {
-        w8_.push_back(v.take(DType::e4m3, {out[j], in[j]}, d));
-        w8t_.push_back(v.take(DType::e4m3, {in[j], out[j]}, d));
+        w8_.push_back(v.take(DType::e4m3, {out[j], in[j]}));
+        w8t_.push_back(v.take(DType::e4m3, {in[j], out[j]}));
       }
   };
-  Views measure(nullptr);
+  Carver measure(nullptr, d);
   carve(measure);
   memory_ = backend.alloc(measure.used(), "FP8 scaling state and weight copies");
-  Views views(static_cast<char*>(memory_.data()));
+  Carver views(memory_.data(), d);
   carve(views);
 
   // Initial values: amaxes and histories 0, scales 1, each operand's format's largest value.

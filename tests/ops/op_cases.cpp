@@ -136,6 +136,12 @@ double lowp_linear_tol(DType t) { return t == DType::bf16 ? 1.5e-2 : 2.5e-3; }
 
 }  // namespace
 
+std::vector<float> floats_of(const std::vector<uint8_t>& b) {
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), v.size() * 4);
+  return v;
+}
+
 std::string ep_name(Epilogue e) {
   return e == Epilogue::none        ? "none"
          : e == Epilogue::bias      ? "bias"
@@ -2172,11 +2178,6 @@ std::vector<uint16_t> patterns16(const OpRun& r, const std::string& name) {
   const std::vector<uint8_t> b = r.buf(name).bytes();
   std::vector<uint16_t> v(b.size() / 2);
   std::memcpy(v.data(), b.data(), v.size() * 2);
-  return v;
-}
-std::vector<float> floats_of(const std::vector<uint8_t>& b) {
-  std::vector<float> v(b.size() / 4);
-  std::memcpy(v.data(), b.data(), v.size() * 4);
   return v;
 }
 
