@@ -125,6 +125,12 @@ Backend::MemoryInfo Backend::memory_info() const {
   return m;
 }
 
+std::string Backend::planned_note() const {
+  if (planned_bytes_ == 0) return {};
+  return fmt::format(" (the plan: {:.1f} MiB; packbert plan)",
+                     static_cast<double>(planned_bytes_) / (1 << 20));
+}
+
 void* Backend::allocate_named(size_t bytes, const char* what) {
   void* p = nullptr;
   try {
@@ -132,10 +138,10 @@ void* Backend::allocate_named(size_t bytes, const char* what) {
   } catch (const Error& e) {
     const MemoryInfo m = memory_info();
     PB_THROW("out of {} memory: {} asked {} bytes ({:.1f} MiB), {:.1f} MiB free of {:.1f} MiB, "
-             "{:.1f} MiB held by this process's buffers ({})",
+             "{:.1f} MiB held by this process's buffers{} ({})",
              device_name(device()), what, bytes, static_cast<double>(bytes) / (1 << 20),
              static_cast<double>(m.free) / (1 << 20), static_cast<double>(m.total) / (1 << 20),
-             static_cast<double>(allocated_bytes_) / (1 << 20), e.what());
+             static_cast<double>(allocated_bytes_) / (1 << 20), planned_note(), e.what());
   }
   allocated_bytes_ += bytes;
   return p;

@@ -323,6 +323,15 @@ class Backend {
                       const char* what = "a buffer");
   // Bytes held by the BackendBuffers alloc() made that are still alive.
   size_t allocated_bytes() const { return allocated_bytes_; }
+  // Device memory the backend holds for itself, outside alloc(): the CUDA backend's cuBLASLt
+  // workspace and its ops' grow-only scratch; 0 on the CPU.
+  virtual size_t workspace_bytes() const { return 0; }
+  // What the memory plan (train/memory_plan.h) says this process's buffers hold: an allocation
+  // that fails says it beside what is held (0: no plan).
+  void set_planned_bytes(size_t bytes) { planned_bytes_ = bytes; }
+  size_t planned_bytes() const { return planned_bytes_; }
+  // " (the plan: X MiB; ...)" when a plan was set, else empty: for out-of-memory messages.
+  std::string planned_note() const;
   // The device's free and total memory now: the CUDA backend's cudaMemGetInfo; by default the
   // host's available and total RAM (/proc/meminfo).
   struct MemoryInfo {
@@ -638,6 +647,7 @@ class Backend {
   friend class BackendBuffer;  // gives its bytes back to allocated_bytes_
   void* allocate_named(size_t bytes, const char* what);
   size_t allocated_bytes_ = 0;
+  size_t planned_bytes_ = 0;
 };
 
 // The reference backend (fp32, BLAS + OpenMP).

@@ -18,10 +18,14 @@ namespace packbert {
 bool cuda_built() { return true; }
 int cuda_device_count() { return cuda::device_count(); }
 std::string describe_devices() { return cuda::describe(); }
+bool cuda_device_memory(int device, size_t& free, size_t& total) {
+  return cuda::memory(device, free, total);
+}
 #else
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
 std::string describe_devices() { return "cpu only (built without CUDA)"; }
+bool cuda_device_memory(int, size_t&, size_t&) { return false; }
 #endif
 
 std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& options) {

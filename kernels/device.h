@@ -1,6 +1,7 @@
 // Which compute devices this build and this machine offer.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace packbert {
@@ -12,5 +13,10 @@ bool cuda_built();
 int cuda_device_count();
 // One line per device ("cuda:0 NVIDIA H200, sm_90, 139.8 GiB"), or why there is none.
 std::string describe_devices();
+// Free and total memory of CUDA device `device`; false without CUDA or when it cannot be read.
+bool cuda_device_memory(int device, size_t& free, size_t& total);
+
+// The cuBLASLt workspace each CUDA backend allocates when it is made (outside Backend::alloc).
+constexpr size_t kCudaGemmWorkspaceBytes = size_t{32} << 20;
 
 }  // namespace packbert

@@ -1,4 +1,4 @@
-// packbert: one executable, subcommands prepare | inspect | pack | train | eval, each
+// packbert: one executable, subcommands prepare | inspect | pack | plan | train | eval, each
 // `packbert SUBCOMMAND [--config FILE.toml] [--section.key=VALUE ...] [options]` on one config
 // system (config/config.h).
 // Every error is a packbert::Error (or another exception) caught once here: logged with its
@@ -25,6 +25,7 @@
 #include "data/prepare/tokenizer.h"
 #include "kernels/device.h"
 #include "train/checkpoint.h"
+#include "train/memory_plan.h"
 #include "train/run_train.h"
 #include "config/train_config.h"
 
@@ -205,7 +206,7 @@ int run(int argc, char** argv, Mpi& mpi) {
   std::string misplaced_config;
   app.add_option("--config", misplaced_config)->group("");
 
-  CommandArgs prepare_args, inspect_args, pack_args, train_args, eval_args;
+  CommandArgs prepare_args, inspect_args, pack_args, plan_args, train_args, eval_args;
   CLI::App* prepare_cmd =
       add_command(app, "prepare", "Make pretraining shards from raw text (WordPiece, NSP pairs, "
                                   "MLM masking)", kOptionKeysHelp, prepare_args);
@@ -231,6 +232,24 @@ int run(int argc, char** argv, Mpi& mpi) {
   train_cmd->add_option("--init-checkpoint", init_checkpoint,
                         "Start from these model weights only; same as "
                         "--checkpoint.init_checkpoint");
+  CLI::App* plan_cmd =
+      add_command(app, "plan", "Device memory per rank of a train config, item by item and to "
+                               "the byte, before anything is allocated: whether it fits, the "
+                               "largest micro-batch that does, and what each knob saves",
+                  train_keys, plan_args);
+  int plan_ranks = 1;
+  std::string plan_gpu;
+  bool plan_json = false;
+  int plan_rank = -1;
+  plan_cmd->add_option("--ranks", plan_ranks, "Ranks (GPUs) the run would have")
+      ->capture_default_str();
+  plan_cmd->add_option("--gpu", plan_gpu,
+                       "The device to plan against: a100-40, a100-80, h100-80, h200-141, "
+                       "b200-180, or a size (bytes, or with MiB / GiB / MB / GB); default: this "
+                       "machine's cuda:0 for a cuda config, its available RAM for a cpu one");
+  plan_cmd->add_flag("--json", plan_json, "Print the plan as JSON (for scripts)");
+  plan_cmd->add_option("--rank", plan_rank,
+                       "Plan this rank (0-based) instead of the one that holds most");
   CLI::App* eval_cmd = add_command(app, "eval", "Masked-LM accuracy and loss of a checkpoint on "
                                                 "data.eval_dir (the config's [data] and [eval])",
                                    train_keys, eval_args);
@@ -300,6 +319,26 @@ int run(int argc, char** argv, Mpi& mpi) {
     config::check_located(where, [&] { validate_pack_config(c); });
     if (printed(pack_args, schema.to_toml(c))) return 0;
     return run_pack_command(c.pack, std::cout, read_sample_lengths);
+  } else if (command == "plan") {
+    const TrainConfig config =
+        load_train_config(plan_args.config, config_overrides(*plan_cmd), &where);
+    config::check_located(
+        where, [&] { validate_train_config(config, plan_ranks, ConfigPurpose::train); });
+    if (printed(plan_args, train_config_to_toml(config))) return 0;
+    DeviceMemory target;
+    if (!plan_gpu.empty()) {
+      target = parse_device_memory(plan_gpu);
+    } else {
+      target = this_machine_memory(config.train.device);
+    }
+    const MemoryPlan plan = plan_memory(config, plan_ranks, target, /*knobs=*/true, plan_rank);
+    if (mpi.rank == 0) {
+      if (plan_json)
+        std::cout << memory_plan_json(plan).dump(2) << "\n";
+      else
+        std::cout << format_memory_plan(plan);
+    }
+    return 0;
   } else if (command == "train") {
     std::vector<std::string> overrides = config_overrides(*train_cmd);
     if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);

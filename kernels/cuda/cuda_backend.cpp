@@ -10,6 +10,7 @@
 #include "kernels/common/op_args.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/device.h"
 
 // NVTX v3 is header-only (it loads the profiler's injection library when one is attached); the
 // emulated build has a recorder of the same API (cuda_emu/include/nvtx3).
@@ -21,7 +22,7 @@ static_assert(cuda::kDeviceLayerNormEps == kLayerNormEps, "the kernels' LayerNor
 static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
 
 namespace {
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt workspace
+constexpr size_t kWorkspaceBytes = kCudaGemmWorkspaceBytes;  // cuBLASLt workspace
 
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
@@ -45,6 +46,22 @@ void* cuda_alloc(size_t bytes) {
     PB_THROW("cuda_alloc: cudaMalloc of {:.1f} MiB failed: {} ({})",
              static_cast<double>(bytes) / (1 << 20), cudaGetErrorString(e), cudaGetErrorName(e));
   }
+  return p;
+}
+
+void* cuda_alloc_named(const char* op, const char* what, size_t bytes, const std::string& note) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {  // not sticky: clear it, say what was asked and free
+    cudaGetLastError();
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
+    PB_THROW("out of cuda memory: {}'s {} asked {} bytes ({:.1f} MiB), {:.1f} MiB free of "
+             "{:.1f} MiB{}",
+             op, what, bytes, static_cast<double>(bytes) / (1 << 20),
+             static_cast<double>(free) / (1 << 20), static_cast<double>(total) / (1 << 20), note);
+  }
+  PB_CUDA_OP(op, e);
   return p;
 }
 
@@ -90,6 +107,7 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)
   PB_CUDA_OP(op, cudaMalloc(&workspace_, kWorkspaceBytes));
   workspace_bytes_ = kWorkspaceBytes;
   fmha_ = std::make_unique<cuda::FmhaStreams>();
+  fmha_->oom_note = [this] { return planned_note(); };
   PB_CUDA_OP(op, cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   PB_CUDA_OP(op, cudaEventCreateWithFlags(&prefetch_issued_, cudaEventDisableTiming));
 }
@@ -119,6 +137,11 @@ CudaBackend::~CudaBackend() {
 void* CudaBackend::allocate_memory(size_t bytes) {
   begin("allocate_memory");  // on this backend's GPU
   return cuda_alloc(bytes);
+}
+
+size_t CudaBackend::workspace_bytes() const {
+  return workspace_bytes_ + scratch_d_bytes_ + scratch_f_bytes_ + scratch_b_bytes_ +
+         lamb_work_bytes_ + (fmha_ ? fmha_->device_bytes() : 0);
 }
 
 Backend::MemoryInfo CudaBackend::memory_info() const {
@@ -296,7 +319,8 @@ void CudaBackend::check_indices(const char* op, const char* name, const Tensor& 
 
 // ---- scratch ---------------------------------------------------------------------------------
 namespace {
-void* grow(const char* op, void*& p, size_t& have, size_t want) {
+// owner (optional): the backend whose plan an out-of-memory message names.
+void* grow(const char* op, void*& p, size_t& have, size_t want, const Backend* owner) {
   if (want <= have) return p;
   // Freed now (cudaFree waits for the work that may still use it), or once no recorded graph
   // that may read it lives.
@@ -311,9 +335,10 @@ void* grow(const char* op, void*& p, size_t& have, size_t want) {
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
     PB_THROW("out of cuda memory: {}'s scratch asked {} bytes ({:.1f} MiB), {:.1f} MiB free of "
-             "{:.1f} MiB",
+             "{:.1f} MiB{}",
              op, bytes, static_cast<double>(bytes) / (1 << 20),
-             static_cast<double>(free) / (1 << 20), static_cast<double>(total) / (1 << 20));
+             static_cast<double>(free) / (1 << 20), static_cast<double>(total) / (1 << 20),
+             owner ? owner->planned_note() : std::string());
   }
   PB_CUDA_OP(op, e);
   have = bytes;
@@ -322,13 +347,15 @@ void* grow(const char* op, void*& p, size_t& have, size_t want) {
 }  // namespace
 
 double* CudaBackend::scratch_doubles(const char* op, size_t n) {
-  return static_cast<double*>(grow(op, scratch_d_, scratch_d_bytes_, (n ? n : 1) * sizeof(double)));
+  return static_cast<double*>(
+      grow(op, scratch_d_, scratch_d_bytes_, (n ? n : 1) * sizeof(double), this));
 }
 float* CudaBackend::scratch_floats(const char* op, size_t n) {
-  return static_cast<float*>(grow(op, scratch_f_, scratch_f_bytes_, (n ? n : 1) * sizeof(float)));
+  return static_cast<float*>(
+      grow(op, scratch_f_, scratch_f_bytes_, (n ? n : 1) * sizeof(float), this));
 }
 void* CudaBackend::scratch_bytes(const char* op, size_t n) {
-  return grow(op, scratch_b_, scratch_b_bytes_, n ? n : 1);
+  return grow(op, scratch_b_, scratch_b_bytes_, n ? n : 1, this);
 }
 
 // ---- low precision ---------------------------------------------------------------------------
@@ -351,7 +378,7 @@ float* CudaLowpStaging::scratch(int slot, int64_t n) {
   PB_CHECK(slot >= 0 && slot < lowp::kMaxStaged, "staging slot {}", slot);
   const auto i = static_cast<size_t>(slot);
   return static_cast<float*>(
-      grow(op, slots_[i], bytes_[i], static_cast<size_t>(n > 0 ? n : 1) * sizeof(float)));
+      grow(op, slots_[i], bytes_[i], static_cast<size_t>(n > 0 ? n : 1) * sizeof(float), nullptr));
 }
 
 void CudaLowpStaging::widen(const Tensor& dst, const Tensor& src) {

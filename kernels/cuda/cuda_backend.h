@@ -4,6 +4,8 @@
 // PACKBERT_HAVE_CUDA (a GPU build, or the emulated one: kernels/cuda_emu).
 #pragma once
 
+#include <string>
+
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -38,6 +40,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device = 0, const CudaBackendOpti
 // cudaMalloc on the current device (256-byte aligned), throwing packbert::Error naming the size
 // when it fails; cuda_alloc(0) returns nullptr; cuda_free(nullptr) does nothing.
 void* cuda_alloc(size_t bytes);
+// cudaMalloc of `bytes` for `what` (op's buffer outside Backend::alloc); out of memory is an
+// Error "out of cuda memory: WHAT asked N bytes, F MiB free of T MiB" + note (the plan's figure).
+void* cuda_alloc_named(const char* op, const char* what, size_t bytes, const std::string& note);
 void cuda_free(void* p);
 
 // Waits for all work of this backend (a CUDA backend's stream); no-op for other backends (tests;

@@ -142,6 +142,7 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   Device device() const override { return Device::cuda; }
+  size_t workspace_bytes() const override;
   void* allocate_memory(size_t bytes) override;
   void free_memory(void* p) override;
   MemoryInfo memory_info() const override;  // cudaMemGetInfo on this backend's GPU

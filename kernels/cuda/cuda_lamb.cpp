@@ -81,7 +81,7 @@ const char* CudaBackend::lamb_work(const char* op, const LambTensor* entries,
     PB_CUDA_OP(op, cuda::device_free(lamb_work_));
     lamb_work_ = nullptr;
     lamb_work_bytes_ = 0;
-    PB_CUDA_OP(op, cudaMalloc(&lamb_work_, bytes));
+    lamb_work_ = cuda_alloc_named(op, "work list", bytes, planned_note());
     lamb_work_bytes_ = bytes;
   }
   char* w = static_cast<char*>(lamb_work_);

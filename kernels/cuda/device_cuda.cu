@@ -27,6 +27,18 @@ int device_count() {
   return n;
 }
 
+bool memory(int device, size_t& free, size_t& total) {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const bool ok = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  if (!ok) cudaGetLastError();
+  cudaSetDevice(previous);
+  return ok;
+}
+
 std::string describe() {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);

@@ -14,6 +14,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "kernels/common/fmha_work_list.h"
@@ -113,6 +115,10 @@ class FmhaStreams {
 
   // Throws packbert::Error naming op and what when e is an error.
   static void check_error(const char* op, const char* what, cudaError_t e);
+  // Device bytes of the work list and the workspace (Backend::workspace_bytes), and the text an
+  // out-of-memory error adds (the backend's plan: Backend::planned_note).
+  size_t device_bytes() const { return (order_capacity_ + workspace_capacity_) * 4; }
+  std::function<std::string()> oom_note;
 
  private:
   const int32_t* upload(const char* op, const FmhaPlan& plan, cudaStream_t main);

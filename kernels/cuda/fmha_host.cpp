@@ -13,6 +13,7 @@
 
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/counters.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/base/error.h"
 
 namespace packbert::cuda {
@@ -99,8 +100,9 @@ const int32_t* FmhaStreams::upload(const char* op, const FmhaPlan& plan, cudaStr
     check_error(op, "cudaStreamSynchronize", stream_synchronize(main));
     release_order();
     const size_t cap = n + n / 4 + 64;
-    check_error(op, "cudaMalloc of the attention work list",
-                cudaMalloc(&order_d_, cap * sizeof(int32_t)));
+    order_d_ = static_cast<int32_t*>(cuda_alloc_named(op, "attention work list",
+                                                      cap * sizeof(int32_t),
+                                                      oom_note ? oom_note() : std::string()));
     for (int32_t*& h : order_h_)
       check_error(op, "cudaMallocHost of the attention work list",
                   cudaMallocHost(&h, cap * sizeof(int32_t)));
@@ -133,8 +135,9 @@ float* FmhaStreams::workspace(const char* op, size_t n, cudaStream_t main) {
     workspace_d_ = nullptr;
     workspace_capacity_ = 0;
     const size_t cap = n + n / 4 + 64;
-    check_error(op, "cudaMalloc of the attention workspace",
-                cudaMalloc(&workspace_d_, cap * sizeof(float)));
+    workspace_d_ = static_cast<float*>(cuda_alloc_named(op, "attention workspace",
+                                                        cap * sizeof(float),
+                                                        oom_note ? oom_note() : std::string()));
     workspace_capacity_ = cap;
   }
   return workspace_d_;

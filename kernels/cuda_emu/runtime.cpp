@@ -70,6 +70,22 @@ int device_count() {
 // Read at every call, so that a test can set it around the allocations it makes.
 size_t device_memory_bytes() { return device_bytes_from_env(); }
 
+// PACKBERT_EMU_FAIL_PAST_BYTES: cudaMalloc fails once the process's device allocations would
+// pass this many bytes, while cudaMemGetInfo still reports the whole device: an allocation that
+// fails although the memory looked free (fragmentation, another process). Unset: never.
+size_t fail_past_bytes() {
+  const char* v = std::getenv("PACKBERT_EMU_FAIL_PAST_BYTES");
+  if (!v || !*v) return SIZE_MAX;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0') {
+    std::fprintf(stderr, "cuda emulation: PACKBERT_EMU_FAIL_PAST_BYTES=%s is not a byte count\n",
+                 v);
+    std::exit(2);
+  }
+  return static_cast<size_t>(n);
+}
+
 int compute_capability_from_env() {
   const char* v = std::getenv("PACKBERT_EMU_COMPUTE_CAPABILITY");
   if (!v || !*v) return 90;
@@ -542,7 +558,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (state().sticky) return emu::sticky_or(cudaSuccess);
   if (const cudaError_t e = emu::check_unsafe("cudaMalloc")) return emu::fail(e);
   if (bytes == 0) return cudaSuccess;
-  const size_t capacity = emu::device_memory_bytes();
+  const size_t capacity = std::min(emu::device_memory_bytes(), emu::fail_past_bytes());
   if (bytes > capacity - std::min(capacity, state().device_bytes) ||
       posix_memalign(p, 256, bytes) != 0) {
     *p = nullptr;

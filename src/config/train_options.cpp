@@ -90,7 +90,8 @@ int local_rank_from_env() {
 
 }  // namespace
 
-BatchShape largest_micro_batch(const TrainConfig& c, int world) {
+namespace {
+MicroBatchBound bound_of(const TrainConfig& c, int world) {
   const LoaderOptions lo = loader_options(c);
   PlannerConfig p;
   p.num_ranks = world;
@@ -98,7 +99,16 @@ BatchShape largest_micro_batch(const TrainConfig& c, int world) {
   p.packing.max_seq_len = c.train.max_seq_len;
   p.cost = lo.cost;
   p.method = lo.balance;
-  const MicroBatchBound b = micro_batch_bound(p, c.train.global_batch_size);
+  return micro_batch_bound(p, c.train.global_batch_size);
+}
+}  // namespace
+
+bool micro_batch_bound_strict(const TrainConfig& c, int world) {
+  return bound_of(c, world).samples_bounded;
+}
+
+BatchShape largest_micro_batch(const TrainConfig& c, int world) {
+  const MicroBatchBound b = bound_of(c, world);
   const int64_t len = c.train.max_seq_len;
   BatchShape s;
   s.seqs = b.samples;
@@ -132,6 +142,7 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model, in
   o.loss_scaler.growth_interval = c.train.loss_scale_growth_interval;
   o.device = c.train.device;
   o.reserve = largest_micro_batch(c, world);
+  o.deferred_forwards = int64_t{c.train.gradient_accumulation_steps} * c.log.every_steps;
   o.gpu_transport =
       c.train.gpu_allreduce == GpuAllreduce::host ? GradTransport::mpi : GradTransport::nccl;
   // One GPU per rank: a launcher that shows each rank only its own GPU (scripts/

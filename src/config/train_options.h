@@ -35,6 +35,8 @@ uint64_t derive_seed(uint64_t seed, uint64_t salt);
 // sample count is the count at max_seq_len, not a bound: a micro-batch of more, shorter samples
 // may need a little more, and the arena then grows (ActivationReport::allocations counts).
 BatchShape largest_micro_batch(const TrainConfig& c, int world);
+// Whether that shape bounds every micro-batch (false under lpt / lpt-search: see above).
+bool micro_batch_bound_strict(const TrainConfig& c, int world);
 
 // Everything the Trainer takes, for a world of `world` ranks: model (`model`: the config's own,
 // or a checkpoint's config.json for `packbert eval`), precision, MST, layout, seeds, schedule,

@@ -5,12 +5,17 @@
 namespace packbert {
 
 void Arena::reserve(size_t bytes) {
+  // A little headroom so that batches a few tokens longer than the largest so far do not
+  // reallocate every time.
+  if (bytes > capacity_) reserve_exact(bytes + bytes / 16);
+}
+
+void Arena::reserve_exact(size_t bytes) {
   if (bytes <= capacity_) return;
   buffer_.reset();
   capacity_ = 0;
-  // A multiple of the alignment (aligned_alloc's rule); a little headroom so that batches a
-  // few tokens longer than the largest so far do not reallocate every time.
-  const size_t want = (bytes + bytes / 16 + Carver::kAlign - 1) / Carver::kAlign * Carver::kAlign;
+  // A multiple of the alignment (aligned_alloc's rule).
+  const size_t want = (bytes + Carver::kAlign - 1) / Carver::kAlign * Carver::kAlign;
   try {
     buffer_ = backend_.alloc(want, "activation arena");
   } catch (const Error& e) {

@@ -40,6 +40,8 @@ class Arena {
 
   // Room for `bytes`; reallocates (contents are lost: they are per step) only when short.
   void reserve(size_t bytes);
+  // Room for `bytes` rounded up to kAlign, without the headroom (a reserve for a known bound).
+  void reserve_exact(size_t bytes);
   // Records that a step used `bytes` (<= capacity), split by kind (summing to bytes), for the
   // high-water mark and the report.
   void note_use(size_t bytes, const ActivationBytes& by_kind = {});

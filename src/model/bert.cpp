@@ -104,36 +104,150 @@ void Bert::fp8_end_step(const std::function<void(const Tensor&)>& sum_over_ranks
 namespace {
 constexpr int64_t kMaxAutoChunks = 64;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-}  // namespace
 
-ActivationPlan Bert::plan(const BatchShape& shape, bool gradients, int64_t m) const {
+// The model's sizing, as functions of its config and options only: the model's methods and
+// Bert::memory (the plan, without a model) both call these.
+ActivationPlan activation_plan(const BertOptions& o, const BatchShape& shape, bool gradients,
+                               int64_t m) {
   ActivationPlan p;
   p.gradients = gradients;
-  p.layer_recompute = options_.recompute == Recompute::layer;
-  p.act = precision_dtype(options_.precision);
-  if (m > 1 || options_.recompute == Recompute::mlp)
+  p.layer_recompute = o.recompute == Recompute::layer;
+  p.act = precision_dtype(o.precision);
+  if (m > 1 || o.recompute == Recompute::mlp)
     p.mlp_chunk_rows = std::max<int64_t>(1, ceil_div(shape.rows, m));
-  if (fp8_ && p.mlp_chunk_rows > 0)  // FP8 GEMMs take rows in multiples of 16
+  if (o.precision == Precision::fp8 && p.mlp_chunk_rows > 0)  // FP8 GEMMs take rows of 16
     p.mlp_chunk_rows = ceil_div(p.mlp_chunk_rows, 16) * 16;
-  p.mlm_chunk_rows = options_.mlm_chunk_rows > 0 ? options_.mlm_chunk_rows
-                     : m > 1                     ? std::max<int64_t>(1, ceil_div(shape.masked, m))
-                                                 : 0;
+  p.mlm_chunk_rows = o.mlm_chunk_rows > 0 ? o.mlm_chunk_rows
+                     : m > 1              ? std::max<int64_t>(1, ceil_div(shape.masked, m))
+                                          : 0;
   return p;
 }
 
-size_t Bert::plan_bytes(const BatchShape& shape, const ActivationPlan& p) const {
-  Carver measure(nullptr, backend_.device());
-  Activations scratch;
-  carve_activations(measure, config_, shape, p, scratch);
+size_t carve_bytes(const BertConfig& config, const BatchShape& shape, const ActivationPlan& p) {
+  Carver measure(nullptr, Device::cpu);
+  Bert::Activations scratch;
+  carve_activations(measure, config, shape, p, scratch);
   return measure.used();
 }
 
-int64_t Bert::mst_chunks_for(const BatchShape& shape, bool gradients) const {
-  if (options_.mst_chunks > 0) return options_.mst_chunks;
+int64_t chunks_for(const BertConfig& config, const BertOptions& o, const BatchShape& shape,
+                   bool gradients) {
+  if (o.mst_chunks > 0) return o.mst_chunks;
   for (int64_t m = 1; m < kMaxAutoChunks; m *= 2)
-    if (plan_bytes(shape, plan(shape, gradients, m)) <= options_.activation_budget_bytes)
+    if (carve_bytes(config, shape, activation_plan(o, shape, gradients, m)) <=
+        o.activation_budget_bytes)
       return m;
   return kMaxAutoChunks;
+}
+
+// The rows CUDA graphs lay a batch's capacity out in: 8 unpadded, the slot length padded or
+// packed; FP8's GEMMs want multiples of 16 as well.
+int64_t row_quantum(BatchLayout layout, int64_t max_seq_len, bool fp8) {
+  const int64_t q = layout == BatchLayout::unpadded ? 8 : max_seq_len;
+  return fp8 ? std::lcm<int64_t>(q, 16) : q;
+}
+
+// The arena bytes that hold every training batch whose laid shape is within `laid`: the
+// bound's own, and under mst_chunks = 0 (auto) also any smaller batch's, which may take fewer
+// chunks: at most the budget, and at most the bound's bytes at M = 1 (bytes grow with the shape
+// and shrink with M).
+size_t training_arena_bytes(const BertConfig& config, const BertOptions& o,
+                            const BatchShape& laid) {
+  size_t bytes = carve_bytes(config, laid,
+                             activation_plan(o, laid, true, chunks_for(config, o, laid, true)));
+  if (o.mst_chunks == 0)
+    bytes = std::max(bytes, std::min(o.activation_budget_bytes,
+                                     carve_bytes(config, laid, activation_plan(o, laid, true, 1))));
+  return (bytes + Carver::kAlign - 1) / Carver::kAlign * Carver::kAlign;
+}
+}  // namespace
+
+ActivationPlan Bert::plan(const BatchShape& shape, bool gradients, int64_t m) const {
+  return activation_plan(options_, shape, gradients, m);
+}
+
+size_t Bert::plan_bytes(const BatchShape& shape, const ActivationPlan& p) const {
+  return carve_bytes(config_, shape, p);
+}
+
+int64_t Bert::mst_chunks_for(const BatchShape& shape, bool gradients) const {
+  return chunks_for(config_, options_, shape, gradients);
+}
+
+BertMemory Bert::memory(const BertConfig& config, const BertOptions& options, bool graphs,
+                        int ranks, const BertReserve& r) {
+  const bool fp8 = options.precision == Precision::fp8;
+  auto buffer = [](size_t bytes) { return std::max<size_t>(bytes, 1); };  // Backend::alloc
+  BertMemory m;
+  BatchShape laid = r.shape;
+  if (graphs && laid.seqs > 0) {
+    GraphCapacity c;
+    c.row_quantum = row_quantum(r.layout, r.shape.max_len, fp8);
+    c.cover(laid);
+    laid = c.of(laid);
+  } else if (fp8) {
+    laid.rows = ceil_div(laid.rows, 16) * 16;
+  }
+  m.laid = laid;
+  m.mst_chunks = chunks_for(config, options, laid, true);
+  {
+    Carver measure(nullptr, Device::cpu);
+    Bert::Activations scratch;
+    carve_activations(measure, config, laid, activation_plan(options, laid, true, m.mst_chunks),
+                      scratch);
+    m.arena_by_kind = measure.used_by_kind();
+  }
+  const int64_t n = ParamTable(config).total();
+  if (options.precision != Precision::fp32)
+    m.lowp_weights = buffer(static_cast<size_t>(n) * dtype_size(precision_dtype(options.precision)));
+  if (fp8) {
+    m.fp8_state = Fp8State::state_bytes(config, options.fp8, ranks);
+    m.fp8_workspace = buffer(static_cast<size_t>(Fp8State::workspace_bytes_for(config, laid.rows)));
+  }
+  m.arena = buffer(training_arena_bytes(config, options, laid));
+  m.batch_buffers = 2 * buffer(batch_bytes(laid));
+  m.metric_slots = MetricSlots::bytes_for(r.deferred_forwards);
+  return m;
+}
+
+void Bert::reserve(const BertReserve& r) {
+  const bool fp8 = options_.precision == Precision::fp8;
+  const BertMemory m = memory(config_, options_, graphs_.on(), fp8_ ? fp8_->ranks() : 1, r);
+  if (graphs_.on() && r.shape.seqs > 0) {
+    graphs_.cover(r.shape, true, row_quantum(r.layout, r.shape.max_len, fp8));
+    const BatchShape c = graphs_.capacity(r.shape, true);
+    PB_CHECK(c.rows == m.laid.rows && c.seqs == m.laid.seqs && c.masked == m.laid.masked,
+             "Bert::reserve: graphs' capacity {} rows / {} seqs / {} masked, the plan's {} / {} / "
+             "{}", c.rows, c.seqs, c.masked, m.laid.rows, m.laid.seqs, m.laid.masked);
+  }
+  arena_.reserve_exact(m.arena);
+  for (BackendBuffer& b : batch_buffers_)
+    if (b.bytes() < m.batch_buffers / 2) {
+      b.reset();
+      b = backend_.alloc(m.batch_buffers / 2, "batch buffer");
+    }
+  if (fp8_) fp8_->reserve_workspace(static_cast<int64_t>(m.fp8_workspace));
+  metrics_.reserve(r.deferred_forwards);
+  reserved_ = true;
+  reserve_ = r;
+}
+
+bool Bert::fits_reserved(const BatchShape& shape, BatchLayout layout, bool gradients) const {
+  if (!reserved_ || shape.seqs == 0) return true;
+  BatchShape c = shape;
+  if (graphs_.on())
+    c = graphs_.capacity(shape, gradients,
+                         row_quantum(layout, reserve_.shape.max_len, fp8_ != nullptr));
+  else if (fp8_)
+    c.rows = ceil_div(c.rows, 16) * 16;
+  if (plan_bytes(c, plan(c, gradients, mst_chunks_for(c, gradients))) > arena_.capacity())
+    return false;
+  const size_t batch = batch_bytes(c);
+  for (int i = 0; i < 2; ++i)
+    if ((!graphs_.on() || i == (gradients ? 0 : 1)) && batch > batch_buffers_[i].bytes())
+      return false;
+  return !fp8_ || static_cast<size_t>(Fp8State::workspace_bytes_for(config_, c.rows)) <=
+                      fp8_->workspace_capacity();
 }
 
 size_t Bert::activation_bytes(const BatchShape& shape, bool gradients) const {
@@ -197,9 +311,8 @@ ActivationPlan Bert::lay_out(const Batch& batch, const ForwardOptions& options, 
   const bool graph_heads = graphed == Graphed::layers_and_heads || graphed == Graphed::whole;
   Batch fixed;
   if (graphed != Graphed::none) {
-    const int64_t quantum = batch.layout == BatchLayout::unpadded ? 8 : batch.max_seq_len;
     graphs_.cover(batch.shape(), options.gradients,
-                  fp8_ ? std::lcm<int64_t>(quantum, 16) : quantum);  // FP8: rows of 16
+                  row_quantum(batch.layout, batch.max_seq_len, fp8_ != nullptr));
     BatchShape c = graphs_.capacity(batch.shape(), options.gradients);
     if (!graph_heads) c.masked = batch.num_masked();  // a logits hook is shown no padded slot
     fixed = with_capacity(batch, c.rows, c.seqs, c.masked);
@@ -246,10 +359,7 @@ ActivationPlan Bert::lay_out(const Batch& batch, const ForwardOptions& options, 
   arena_.reserve(plan_bytes(shape, p));
   Carver carver(arena_.data(), backend_.device());
   carve_activations(carver, config_, shape, p, a);
-  if (fp8_) {  // one GEMM's FP8 operands: its backward's dout, dout^T and x^T at most
-    const int64_t wide = std::max(3 * config_.hidden, config_.intermediate);
-    fp8_->workspace(shape.rows * 3 * wide + 3 * 256);
-  }
+  if (fp8_) fp8_->workspace(Fp8State::workspace_bytes_for(config_, shape.rows));
   // The report describes the arena's purpose: a model with gradients reports its training
   // forwards (an evaluation between steps neither moves its peak nor its last step), a
   // forward-only model its evaluation forwards.

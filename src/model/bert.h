@@ -108,6 +108,34 @@ struct GradientRound {
 
 struct ActivationPlan;  // model/activations.h
 
+// What training reserves a model for before its first step (Bert::reserve), so that no step
+// allocates: the largest micro-batch (config/train_options.h largest_micro_batch), its layout
+// (CUDA graphs lay batches into capacities by it) and how many forwards' metrics may wait to be
+// read (MetricSlots: micro-steps x steps between reads).
+struct BertReserve {
+  BatchShape shape;
+  BatchLayout layout = BatchLayout::unpadded;
+  int64_t deferred_forwards = 0;
+};
+
+// The bytes a Bert's own buffers hold (Backend::alloc) once reserved: the model's part of the
+// memory plan (train/memory_plan.h), computed without a model by Bert::memory and allocated by
+// Bert::reserve from the same figures.
+struct BertMemory {
+  size_t lowp_weights = 0;   // the 16-bit weight copy (bf16 / fp16 / fp8)
+  size_t fp8_state = 0;      // FP8 scales, histories, amaxes and the FP8 weight copies
+  size_t fp8_workspace = 0;  // one GEMM's FP8 operands
+  size_t arena = 0;          // the activation arena's capacity
+  size_t batch_buffers = 0;  // the two batch buffers together
+  size_t metric_slots = 0;
+  BatchShape laid;           // the reserved shape as laid out (graphs' capacity, FP8's rows)
+  int64_t mst_chunks = 1;    // M of that shape
+  ActivationBytes arena_by_kind{};  // that shape's carve by kind (before the auto-M margin)
+  size_t total() const {
+    return lowp_weights + fp8_state + fp8_workspace + arena + batch_buffers + metric_slots;
+  }
+};
+
 class Bert {
  public:
   // params, grads: f32 [table.total()] on the backend's device, owned by the caller (grads may
@@ -144,6 +172,17 @@ class Bert {
   // step loop never allocates; forward() grows them anyway when a batch needs more
   // (arena_allocations() counts the arena's).
   void reserve(const BatchShape& shape, bool gradients = true);
+  // Training's reserve: every buffer of the model at the size Bert::memory gives, exactly (no
+  // growth headroom), after which a training batch within r.shape, and an evaluation batch
+  // that fits_reserved, allocates nothing. Call after set_data_parallel.
+  void reserve(const BertReserve& r);
+  // The same figures without a model. graphs: CUDA graphs on (cuda_graphs != off on a CUDA
+  // device); ranks: the data-parallel world (the FP8 state's shared amaxes).
+  static BertMemory memory(const BertConfig& config, const BertOptions& options, bool graphs,
+                           int ranks, const BertReserve& r);
+  // Whether a batch of this shape and layout runs in what reserve(BertReserve) allocated (true
+  // when it was not called): evaluation splits its batches until they do.
+  bool fits_reserved(const BatchShape& shape, BatchLayout layout, bool gradients) const;
   // Arena bytes a batch of this shape needs (with the M that forward() would use for it, and,
   // with graphs, in the capacity forward() lays it into).
   size_t activation_bytes(const BatchShape& shape, bool gradients = true) const;
@@ -196,6 +235,8 @@ class Bert {
  private:
   ActivationPlan plan(const BatchShape& shape, bool gradients, int64_t mst_chunks) const;
   size_t plan_bytes(const BatchShape& shape, const ActivationPlan& plan) const;
+  bool reserved_ = false;
+  BertReserve reserve_;  // what reserve(BertReserve) was given
   Dropout dropout(DropoutSite site, uint32_t layer) const;
   void encoder_layer_forward(int64_t l);
   void encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);

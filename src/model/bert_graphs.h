@@ -73,7 +73,8 @@ class BertGraphs {
 
   // The capacity of a batch (the shape itself when graphs are off or the batch is empty);
   // forwards with and without gradients keep a bound each.
-  BatchShape capacity(const BatchShape& shape, bool gradients) const;
+  // row_quantum > 0: as after cover(shape, gradients, row_quantum).
+  BatchShape capacity(const BatchShape& shape, bool gradients, int64_t row_quantum = 0) const;
   // Raises the bound to hold shape; row_quantum > 0 sets GraphCapacity::row_quantum (the
   // batch's layout: 8 unpadded, its slot length padded or packed).
   void cover(const BatchShape& shape, bool gradients, int64_t row_quantum = 0);

@@ -22,32 +22,11 @@ Fp8State::Fp8State(Backend& backend, const BertConfig& config, const Fp8Recipe& 
                "GEMMs' layout)", h, inter);
   n_w_ = config.layers * kLinears;
   n_act_ = 2 * n_w_;
-  const Device d = backend.device();
-  auto carve = [&](Carver& v) {  // 256-byte aligned views (the FP8 GEMMs want 16)
-    amax_ = v.take(DType::f32, {n_act_});
-    scales_ = v.take(DType::f32, {n_act_, 2});
-    history_ = v.take(DType::f32, {n_act_, recipe.history});
-    fp8_max_ = v.take(DType::f32, {n_act_});
-    shared_ = v.take(DType::f64, {ranks, n_act_});
-    w_amax_ = v.take(DType::f32, {n_w_});
-    w_scales_ = v.take(DType::f32, {n_w_, 2});
-    w_history_ = v.take(DType::f32, {n_w_, 1});
-    w_fp8_max_ = v.take(DType::f32, {n_w_});
-    w_shared_ = v.take(DType::f64, {1, n_w_});
-    w8_.clear();
-    w8t_.clear();
-    const int64_t out[kLinears] = {3 * h, h, inter, h}, in[kLinears] = {h, h, h, inter};
-    for (int64_t l = 0; l < config.layers; ++l)
-      for (int j = 0; j < kLinears; ++j) {
-        w8_.push_back(v.take(DType::e4m3, {out[j], in[j]}));
-        w8t_.push_back(v.take(DType::e4m3, {in[j], out[j]}));
-      }
-  };
-  Carver measure(nullptr, d);
-  carve(measure);
+  Carver measure(nullptr, backend.device());
+  carve(measure, config, recipe, ranks, nullptr);
   memory_ = backend.alloc(measure.used(), "FP8 scaling state and weight copies");
-  Carver views(memory_.data(), d);
-  carve(views);
+  Carver views(memory_.data(), backend.device());
+  carve(views, config, recipe, ranks, this);
 
   // Initial values: amaxes and histories 0, scales 1, each operand's format's largest value.
   std::vector<float> zeros(static_cast<size_t>(n_act_ * recipe.history), 0.f);
@@ -124,6 +103,59 @@ void Fp8State::update(const std::function<void(const Tensor&)>& sum_over_ranks) 
   }
   backend_.fp8_scale_update(shared_, fp8_max_, recipe_.margin, history_, scales_, amax_);
   ++updates_;
+}
+
+void Fp8State::carve(Carver& v, const BertConfig& config, const Fp8Recipe& recipe, int ranks,
+                     Fp8State* into) {
+  // 256-byte aligned views (the FP8 GEMMs want 16).
+  Fp8State* s = into;
+  const int64_t n_w = config.layers * kLinears, n_act = 2 * n_w;
+  auto take = [&](Tensor Fp8State::*field, DType dtype, std::initializer_list<int64_t> dims) {
+    const Tensor t = v.take(dtype, dims);
+    if (s) s->*field = t;
+  };
+  take(&Fp8State::amax_, DType::f32, {n_act});
+  take(&Fp8State::scales_, DType::f32, {n_act, 2});
+  take(&Fp8State::history_, DType::f32, {n_act, recipe.history});
+  take(&Fp8State::fp8_max_, DType::f32, {n_act});
+  take(&Fp8State::shared_, DType::f64, {ranks, n_act});
+  take(&Fp8State::w_amax_, DType::f32, {n_w});
+  take(&Fp8State::w_scales_, DType::f32, {n_w, 2});
+  take(&Fp8State::w_history_, DType::f32, {n_w, 1});
+  take(&Fp8State::w_fp8_max_, DType::f32, {n_w});
+  take(&Fp8State::w_shared_, DType::f64, {1, n_w});
+  if (s) {
+    s->w8_.clear();
+    s->w8t_.clear();
+  }
+  const int64_t h = config.hidden, inter = config.intermediate;
+  const int64_t out[kLinears] = {3 * h, h, inter, h}, in[kLinears] = {h, h, h, inter};
+  for (int64_t l = 0; l < config.layers; ++l)
+    for (int j = 0; j < kLinears; ++j) {
+      const Tensor w = v.take(DType::e4m3, {out[j], in[j]});
+      const Tensor wt = v.take(DType::e4m3, {in[j], out[j]});
+      if (s) {
+        s->w8_.push_back(w);
+        s->w8t_.push_back(wt);
+      }
+    }
+}
+
+size_t Fp8State::state_bytes(const BertConfig& config, const Fp8Recipe& recipe, int ranks) {
+  Carver measure(nullptr, Device::cpu);
+  carve(measure, config, recipe, ranks, nullptr);
+  return std::max<size_t>(measure.used(), 1);  // Backend::alloc gives at least one byte
+}
+
+int64_t Fp8State::workspace_bytes_for(const BertConfig& config, int64_t rows) {
+  const int64_t wide = std::max(3 * config.hidden, config.intermediate);
+  return rows * 3 * wide + 3 * 256;
+}
+
+void Fp8State::reserve_workspace(int64_t bytes) {
+  if (static_cast<size_t>(bytes) <= workspace_.bytes()) return;
+  workspace_.reset();
+  workspace_ = backend_.alloc(static_cast<size_t>(bytes), "FP8 operand workspace");
 }
 
 Tensor Fp8State::workspace(int64_t bytes) {

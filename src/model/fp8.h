@@ -22,6 +22,8 @@ struct Fp8Recipe {
   int margin = 0;      // the scale is 2^margin below the largest that does not saturate
 };
 
+class Carver;  // model/arena.h
+
 class Fp8State {
  public:
   // The linear layers of an encoder layer, in forward order.
@@ -32,6 +34,11 @@ class Fp8State {
   // this one's index.
   Fp8State(Backend& backend, const BertConfig& config, const Fp8Recipe& recipe, int ranks,
            int rank);
+  // The bytes of the one buffer such a state allocates (Backend::alloc): the same carve.
+  static size_t state_bytes(const BertConfig& config, const Fp8Recipe& recipe, int ranks);
+  // The workspace's bytes for one GEMM's FP8 operands over `rows` rows (its backward's dout,
+  // dout^T and x^T at most).
+  static int64_t workspace_bytes_for(const BertConfig& config, int64_t rows);
 
   // An operand's scale f32 [2] = {s, 1 / s} and its step amax f32 [1] (views).
   struct Operand {
@@ -60,8 +67,11 @@ class Fp8State {
   // scales updated from the histories; the amaxes start again from 0.
   void update(const std::function<void(const Tensor&)>& sum_over_ranks);
 
-  // A workspace of at least `bytes` (grow-only; its address changes when it grows).
+  // A workspace of at least `bytes` (grow-only, with 1/16 headroom; its address changes when it
+  // grows). reserve_workspace: exactly `bytes` when it holds less (Bert::reserve).
   Tensor workspace(int64_t bytes);
+  void reserve_workspace(int64_t bytes);
+  size_t workspace_capacity() const { return workspace_.bytes(); }
 
   // The training state a checkpoint keeps: every activation and gradient operand's history
   // [n, history] and scales [n, 2], and the update count. set_state takes the same back (an
@@ -74,9 +84,14 @@ class Fp8State {
   void set_state(const Saved& saved);
   int64_t operands() const { return n_act_; }
   int history() const { return recipe_.history; }
+  int ranks() const { return ranks_; }
 
  private:
   Operand activation(int64_t layer, Linear j, int kind) const;
+  // Lays the state's views out from v (measuring only when v has no base): into `into`, or
+  // nowhere (nullptr).
+  static void carve(Carver& v, const BertConfig& config, const Fp8Recipe& recipe, int ranks,
+                    Fp8State* into);
   int64_t index(int64_t layer, Linear j) const { return layer * kLinears + j; }
 
   Backend& backend_;

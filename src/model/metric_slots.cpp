@@ -32,6 +32,18 @@ Tensor MetricSlots::next(bool deferred) {
   return slot(deferred ? 1 + static_cast<int64_t>(deferred_.size()) : 0);
 }
 
+size_t MetricSlots::bytes_for(int64_t deferred) {
+  return static_cast<size_t>(std::max<int64_t>(deferred + 1, 16) * kSlotBytes);
+}
+
+void MetricSlots::reserve(int64_t deferred) {
+  if (bytes_for(deferred) <= slots_.bytes()) return;
+  PB_CHECK(deferred_.empty(), "metric slots reserved with {} deferred forwards pending",
+           deferred_.size());
+  slots_.reset();
+  slots_ = backend_.alloc(bytes_for(deferred), "metric slots");
+}
+
 Tensor MetricSlots::slot(int64_t i) {
   const auto have = static_cast<int64_t>(slots_.bytes()) / kSlotBytes;
   if (i >= have) {  // the first forward (or more micro-steps than ever before)

@@ -31,6 +31,11 @@ class MetricSlots {
   // (keeping their contents): take it before any other.
   Tensor next(bool deferred);
   Tensor slot(int64_t i);
+  // Room for the slots of `deferred` deferred forwards (and slot 0) now, so that no forward
+  // grows them; bytes_for: the bytes that holds (what Backend::alloc is asked).
+  void reserve(int64_t deferred);
+  static size_t bytes_for(int64_t deferred);
+  size_t bytes() const { return slots_.bytes(); }
   // Word i of a slot as a one-element tensor of dtype.
   static Tensor word(const Tensor& slot, int64_t i, DType dtype);
 

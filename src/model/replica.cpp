@@ -7,6 +7,7 @@ ModelReplica::ModelReplica(const ReplicaOptions& options) : table_(options.confi
   backend_options.cuda_device = options.cuda_device;
   backend_options.validate = false;  // the batch and the table are checked on the host
   backend_ = make_backend(options.device, backend_options);
+  backend_->set_planned_bytes(options.planned_bytes);
   const int64_t n = table_.total();
   params_ = backend_->alloc(DType::f32, {n}, "fp32 master weights");
   backend_->zero(params_.tensor());  // defined before the Bert's first low-precision copy

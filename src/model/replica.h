@@ -30,6 +30,9 @@ struct ReplicaOptions {
   bool gradients = true;   // a gradient buffer (training); false: forward only (evaluation)
   uint64_t init_seed = 0;  // the parameters' initialisation (init_parameters): the same on every
                            // rank, so replicas start bitwise identical
+  // What the memory plan says this rank's buffers hold (train/memory_plan.h): an allocation
+  // that fails names it (Backend::set_planned_bytes). 0: no plan.
+  size_t planned_bytes = 0;
   bool initialize = true;  // false: the weights come from load_params (no initialisation pass,
                            // no host copy of the whole table made for it)
 };

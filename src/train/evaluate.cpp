@@ -71,15 +71,17 @@ EvalSums evaluate_batch(Bert& bert, const Batch& batch) {
 
 namespace {
 
-// samples[first, last) in as few forwards as fit arena_limit: the whole range, or its two
-// halves, each split the same way.
+// samples[first, last) in as few forwards as fit arena_limit and what training reserved
+// (Bert::fits_reserved: an evaluation between steps allocates nothing): the whole range, or
+// its two halves, each split the same way.
 void evaluate_range(Bert& bert, const std::vector<Sample>& samples, size_t first, size_t last,
                     int max_seq_len, size_t arena_limit, EvalSums& sums) {
   const std::vector<Sample> chunk(samples.begin() + static_cast<std::ptrdiff_t>(first),
                                   samples.begin() + static_cast<std::ptrdiff_t>(last));
   const Batch batch = make_batch(chunk, BatchLayout::unpadded, max_seq_len);
-  if (arena_limit > 0 && last - first > 1 &&
-      bert.activation_bytes(batch.shape(), /*gradients=*/false) > arena_limit) {
+  if (last - first > 1 &&
+      ((arena_limit > 0 && bert.activation_bytes(batch.shape(), /*gradients=*/false) > arena_limit) ||
+       !bert.fits_reserved(batch.shape(), BatchLayout::unpadded, /*gradients=*/false))) {
     const size_t mid = first + (last - first) / 2;
     evaluate_range(bert, samples, first, mid, max_seq_len, arena_limit, sums);
     evaluate_range(bert, samples, mid, last, max_seq_len, arena_limit, sums);

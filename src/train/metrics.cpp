@@ -51,6 +51,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["optimizer_state_bytes"] = r.optimizer_state_bytes;
   j["bytes_sent_per_step"] = r.bytes_sent_per_step;
   j["device_allocated_bytes"] = r.device_allocated_bytes;
+  j["device_workspace_bytes"] = r.device_workspace_bytes;
   j["device_free_bytes"] = r.device_free_bytes;
   j["host_syncs_per_step"] = r.host_syncs_per_step;
   j["launches_per_step"] = r.launches_per_step;
@@ -234,6 +235,7 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   r.optimizer_state_bytes = context.optimizer_state_bytes;
   r.bytes_sent_per_step = context.bytes_sent_per_step;
   r.device_allocated_bytes = context.device_allocated_bytes;
+  r.device_workspace_bytes = context.device_workspace_bytes;
   r.device_free_bytes = context.device_free_bytes;
   const HostWorkCounts& w = context.host_work;
   auto per_step = [&](int64_t now_count, int64_t start_count, int64_t excluded) {

@@ -73,6 +73,9 @@ struct ProgressRecord {
   // (Backend::memory_info); 0 = not measured.
   int64_t device_allocated_bytes = 0;
   int64_t device_free_bytes = 0;
+  // What the backend holds for itself outside those buffers (Backend::workspace_bytes: the
+  // CUDA backend's cuBLASLt workspace and op scratch); 0 on the CPU.
+  int64_t device_workspace_bytes = 0;
   // The backend's host synchronisations, launches, pageable copies and graph launches over the
   // interval divided by its steps (HostWorkCounts; evaluation and checkpoints taken out); 0 on
   // the CPU backend.
@@ -108,6 +111,7 @@ struct ProgressContext {
   int64_t bytes_sent_per_step = 0;
   int64_t device_allocated_bytes = 0;
   int64_t device_free_bytes = 0;
+  int64_t device_workspace_bytes = 0;
   HostWorkCounts host_work;  // the counts now
 };
 

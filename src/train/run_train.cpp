@@ -30,6 +30,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "train/evaluate.h"
+#include "train/memory_plan.h"
 #include "train/evaluations.h"
 #include "train/metrics.h"
 #include "train/mllog.h"
@@ -374,6 +375,7 @@ void log_progress(ProgressAccumulator& progress, const RunState& st, double elap
   at.optimizer_state_bytes = static_cast<int64_t>(trainer.optimizer_state_bytes());
   at.bytes_sent_per_step = trainer.bytes_sent_per_step();
   at.device_allocated_bytes = static_cast<int64_t>(trainer.device_allocated_bytes());
+  at.device_workspace_bytes = static_cast<int64_t>(trainer.device_workspace_bytes());
   at.device_free_bytes = static_cast<int64_t>(trainer.device_memory().free);
   at.host_work = host_work(trainer);
   const ProgressRecord r = progress.close(at);
@@ -419,6 +421,59 @@ std::string save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& traine
   return dir;
 }
 
+// The memory plan (train/memory_plan.h) against this rank's device, before anything is
+// allocated or loaded. On CUDA a shortfall on any rank stops every rank with the plan's table
+// and its knobs; on the CPU it is a warning. Returns the plan's figure for this rank's buffers.
+size_t check_memory_plan(MPI_Comm comm, const TrainConfig& c, const TrainerOptions& o, int rank,
+                         int world) {
+  const bool cuda = o.device == Device::cuda;
+  size_t free = 0, total = 0;
+  bool known = false;
+  if (cuda) {
+    known = cuda_device_memory(o.cuda_device, free, total);  // makes this rank's context
+  } else {
+    const Backend::MemoryInfo m = make_cpu_backend()->memory_info();
+    free = m.free;
+    total = m.total;
+    known = total > 0;
+  }
+  const std::string where = cuda ? fmt::format("cuda:{}", o.cuda_device) : "this host's RAM";
+  const MemoryPlan plan = plan_memory(c, world, DeviceMemory{where, free, "free now"},
+                                      /*knobs=*/false, rank);
+  // The CUDA context already holds its part of what was free.
+  size_t need = plan.total();
+  for (const MemoryItem& it : plan.items)
+    if (it.key == "cuda_context") need -= it.bytes;
+  const int short_here = known && need > free ? 1 : 0;
+  int short_any = short_here;
+  PB_MPI_CHECK(MPI_Allreduce(&short_here, &short_any, 1, MPI_INT, MPI_MAX, comm));
+  if (short_any == 0) return plan.buffers;
+  constexpr double kMiB = 1 << 20;
+  if (rank == 0) {
+    const MemoryPlan full = plan_memory(c, world, DeviceMemory{where, free, "free now"});
+    const std::string table = format_memory_plan(full);
+    if (cuda)
+      spdlog::error("memory plan (packbert plan --config FILE --ranks {}):\n{}", world, table);
+    else
+      spdlog::warn("memory plan (packbert plan --config FILE --ranks {}):\n{}", world, table);
+  }
+  if (!cuda) {
+    if (short_here)
+      spdlog::warn("memory: rank {} needs {:.1f} MiB, {:.1f} MiB of RAM are available: the run may "
+                   "swap or be killed", rank, need / kMiB, free / kMiB);
+    return plan.buffers;
+  }
+  // Each rank says what it found before any exits: the first to fail aborts the job.
+  if (short_here)
+    spdlog::error("memory: this config needs {:.1f} MiB on {} (rank {} of {}), {:.1f} MiB are "
+                  "free: {:.1f} MiB short. Nothing was loaded; the plan and what each knob saves "
+                  "are above",
+                  need / kMiB, where, rank, world, free / kMiB, (need - free) / kMiB);
+  PB_MPI_CHECK(MPI_Barrier(comm));
+  PB_THROW("memory: the config does not fit {} rank's device (the memory plan above){}",
+           short_here ? "this" : "another", short_here ? "" : "; nothing was loaded");
+}
+
 }  // namespace
 
 void install_stop_signal_handlers() {
@@ -458,7 +513,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
   const BertConfig model = model_config(c);
   const SampleRules rules = sample_rules(c, model);
-  const TrainerOptions trainer_opts = trainer_options(c, model, world);
+  TrainerOptions trainer_opts = trainer_options(c, model, world);
+  trainer_opts.planned_bytes = check_memory_plan(comm, c, trainer_opts, rank, world);
   Trainer trainer(comm, trainer_opts);
   const StartState start = load_start_state(comm, c, trainer);
   RunState st = start.run;

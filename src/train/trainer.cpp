@@ -46,6 +46,7 @@ ReplicaOptions replica_options(const TrainerOptions& o) {
   // Every rank initialises from the same seed: the parameters start bitwise identical, and the
   // identical reduced gradients keep them so (no broadcast needed).
   r.init_seed = o.init_seed;
+  r.planned_bytes = o.planned_bytes;
   return r;
 }
 
@@ -62,7 +63,6 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
     options_.lamb.skip_nonfinite = true;
     scaler_ = std::make_unique<LossScaler>(options_.loss_scaler);
   }
-  if (options_.reserve.rows > 0) replica_.bert().reserve(options_.reserve);
   // Full graphs take the optimizer's update in too (unsharded: LambOptions::graph).
   options_.lamb.graph = options_.bert.cuda_graphs == CudaGraphs::full;
   GradReducerOptions reduce;
@@ -81,6 +81,8 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   int rank = 0;
   if (initialized) PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   bert.set_data_parallel(world, rank);  // FP8: the amaxes' maximum is over every rank
+  if (options_.reserve.rows > 0)  // after the FP8 state is made for the world
+    bert.reserve(BertReserve{options_.reserve, options_.layout, options_.deferred_forwards});
   OptimizedBuffers buffers{replica_.params(), replica_.grads(), bert.lowp_params(),
                            bert.fp32_ranges(), bert.forward_groups()};
   optimizer_ = std::make_unique<DistributedLamb>(backend, lamb_params(table), *reducer_,

@@ -68,9 +68,15 @@ struct TrainerOptions {
   // model reads all-gathered. A world of one is unsharded.
   bool sharded = false;
   // The largest micro-batch the run expects (config/train_options.h largest_micro_batch): the
-  // activation arena is sized for it once, at construction, so that the step loop never
-  // allocates. Empty (rows 0): the arena grows with the batches instead.
+  // model's buffers are sized for it once, at construction (Bert::reserve, with the layout
+  // above), so that the step loop never allocates. Empty (rows 0): they grow with the batches
+  // instead.
   BatchShape reserve;
+  // Forwards whose metrics may wait on the device to be read (micro-steps x steps between
+  // reads: train.gradient_accumulation_steps x log.every_steps), reserved with it.
+  int64_t deferred_forwards = 0;
+  // The memory plan's figure for this rank's buffers (ReplicaOptions::planned_bytes); 0: none.
+  size_t planned_bytes = 0;
 };
 
 // The losses of one optimizer step, over the whole global batch.
@@ -157,6 +163,7 @@ class Trainer {
   size_t optimizer_state_bytes() const { return optimizer_->largest_state_bytes(); }
   // What this rank's backend buffers hold (Backend::allocated_bytes), and its device's memory.
   size_t device_allocated_bytes() const { return replica_.backend().allocated_bytes(); }
+  size_t device_workspace_bytes() const { return replica_.backend().workspace_bytes(); }
   Backend::MemoryInfo device_memory() const { return replica_.backend().memory_info(); }
   // Bytes one step's gradient and optimizer collectives make the rank that sends most send.
   int64_t bytes_sent_per_step() const { return optimizer_->largest_bytes_sent(); }
