@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that the documentation still describes this tree (ctest `docs_check`).
 
-  scripts/check_docs.py [--root DIR]
+  scripts/check_docs.py [--root DIR] [--packbert BIN [--update]]
 
 - README.md stays short (at most 200 lines) and keeps the test command between its markers;
 - every relative link in README.md, DESIGN.md and docs/*.md names a file that exists, and a
@@ -15,6 +15,10 @@
 - the source paths in the comments of src/ and kernels/ ("model/bert.h", "kernels/backend.h")
   exist, and a name given after one ("train/batching.h make_batch") occurs in it.
 
+With --packbert (ctest `docs_plan_check`): every block of command output in docs/*.md, a line
+`<!-- packbert plan ARGS -->` and the fenced block after it, is what `BIN plan ARGS` prints
+now (run in the repository root); --update rewrites the blocks instead.
+
 A file moved or renamed without its documentation fails here, naming the page, the line and
 the path. Exit status 1 on any failure.
 """
@@ -22,6 +26,8 @@ import argparse
 import glob
 import os
 import re
+import shlex
+import subprocess
 import sys
 
 README_MAX_LINES = 200
@@ -139,11 +145,62 @@ def check_source_comments(root, errors):
                                           "does not occur")
 
 
+OUTPUT_MARK = re.compile(r"^<!-- packbert (plan .*) -->$")
+
+
+def check_outputs(root, packbert, update, errors):
+    """The `<!-- packbert plan ARGS -->` blocks against what the command prints now."""
+    for page in sorted(glob.glob(os.path.join(root, "docs", "*.md"))):
+        lines = open(page, encoding="utf-8").read().split("\n")
+        changed = False
+        i = 0
+        while i < len(lines):
+            m = OUTPUT_MARK.match(lines[i])
+            if not m:
+                i += 1
+                continue
+            where = f"{os.path.relpath(page, root)}:{i + 1}"
+            if i + 1 >= len(lines) or not lines[i + 1].startswith("```"):
+                errors.append(f"{where}: no fenced block after the marker")
+                i += 1
+                continue
+            end = i + 2
+            while end < len(lines) and not lines[end].startswith("```"):
+                end += 1
+            r = subprocess.run([packbert] + shlex.split(m.group(1)), cwd=root,
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                errors.append(f"{where}: `packbert {m.group(1)}` failed: {r.stderr.strip()}")
+                i = end + 1
+                continue
+            want = r.stdout.rstrip("\n").split("\n")
+            if lines[i + 2:end] != want:
+                if update:
+                    lines[i + 2:end] = want
+                    changed = True
+                    end = i + 2 + len(want)
+                else:
+                    errors.append(f"{where}: the block is not what `packbert {m.group(1)}` prints "
+                                  "now (scripts/check_docs.py --packbert BIN --update rewrites it)")
+            i = end + 1
+        if changed:
+            open(page, "w", encoding="utf-8").write("\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
-    root = os.path.abspath(ap.parse_args().root)
+    ap.add_argument("--packbert", help="check the docs' command output blocks with this binary")
+    ap.add_argument("--update", action="store_true", help="rewrite those blocks instead")
+    args = ap.parse_args()
+    root = os.path.abspath(args.root)
     errors = []
+    if args.packbert:
+        check_outputs(root, os.path.abspath(args.packbert), args.update, errors)
+        for e in errors:
+            print(e, file=sys.stderr)
+        print(f"check_docs: command output blocks, {len(errors)} problems")
+        return 1 if errors else 0
     readme = os.path.join(root, "README.md")
     lines = open(readme, encoding="utf-8").read().splitlines()
     if len(lines) > README_MAX_LINES:

@@ -244,9 +244,10 @@ int run(int argc, char** argv, Mpi& mpi) {
   plan_cmd->add_option("--ranks", plan_ranks, "Ranks (GPUs) the run would have")
       ->capture_default_str();
   plan_cmd->add_option("--gpu", plan_gpu,
-                       "The device to plan against: a100-40, a100-80, h100-80, h200-141, "
-                       "b200-180, or a size (bytes, or with MiB / GiB / MB / GB); default: this "
-                       "machine's cuda:0 for a cuda config, its available RAM for a cpu one");
+                       "The devices to plan against, comma-separated: a100-40, a100-80, "
+                       "h100-80, h200-141, b200-180, or a size (bytes, or with MiB / GiB / MB / "
+                       "GB); default: this machine's cuda:0 for a cuda config, its available "
+                       "RAM for a cpu one");
   plan_cmd->add_flag("--json", plan_json, "Print the plan as JSON (for scripts)");
   plan_cmd->add_option("--rank", plan_rank,
                        "Plan this rank (0-based) instead of the one that holds most");
@@ -322,16 +323,19 @@ int run(int argc, char** argv, Mpi& mpi) {
   } else if (command == "plan") {
     const TrainConfig config =
         load_train_config(plan_args.config, config_overrides(*plan_cmd), &where);
-    config::check_located(
-        where, [&] { validate_train_config(config, plan_ranks, ConfigPurpose::train); });
+    // A plan needs no data, and plans a GPU run on any machine: no path or device checks.
+    config::check_located(where, [&] {
+      validate_train_config(config, plan_ranks, ConfigPurpose::train, /*check_paths=*/false);
+    });
     if (printed(plan_args, train_config_to_toml(config))) return 0;
-    DeviceMemory target;
-    if (!plan_gpu.empty()) {
-      target = parse_device_memory(plan_gpu);
-    } else {
-      target = this_machine_memory(config.train.device);
+    std::vector<DeviceMemory> targets;
+    for (size_t at = 0; at < plan_gpu.size();) {
+      const size_t comma = std::min(plan_gpu.find(',', at), plan_gpu.size());
+      targets.push_back(parse_device_memory(plan_gpu.substr(at, comma - at)));
+      at = comma + 1;
     }
-    const MemoryPlan plan = plan_memory(config, plan_ranks, target, /*knobs=*/true, plan_rank);
+    if (targets.empty()) targets.push_back(this_machine_memory(config.train.device));
+    const MemoryPlan plan = plan_memory(config, plan_ranks, targets, /*knobs=*/true, plan_rank);
     if (mpi.rank == 0) {
       if (plan_json)
         std::cout << memory_plan_json(plan).dump(2) << "\n";

@@ -228,26 +228,21 @@ void Bert::reserve(const BertReserve& r) {
     }
   if (fp8_) fp8_->reserve_workspace(static_cast<int64_t>(m.fp8_workspace));
   metrics_.reserve(r.deferred_forwards);
-  reserved_ = true;
-  reserve_ = r;
 }
 
-bool Bert::fits_reserved(const BatchShape& shape, BatchLayout layout, bool gradients) const {
-  if (!reserved_ || shape.seqs == 0) return true;
+bool Bert::fits(const BertMemory& limits, const BatchShape& shape, BatchLayout layout,
+                bool gradients) const {
+  if (shape.seqs == 0) return true;
   BatchShape c = shape;
   if (graphs_.on())
     c = graphs_.capacity(shape, gradients,
-                         row_quantum(layout, reserve_.shape.max_len, fp8_ != nullptr));
+                         row_quantum(layout, limits.laid.max_len, fp8_ != nullptr));
   else if (fp8_)
     c.rows = ceil_div(c.rows, 16) * 16;
-  if (plan_bytes(c, plan(c, gradients, mst_chunks_for(c, gradients))) > arena_.capacity())
-    return false;
-  const size_t batch = batch_bytes(c);
-  for (int i = 0; i < 2; ++i)
-    if ((!graphs_.on() || i == (gradients ? 0 : 1)) && batch > batch_buffers_[i].bytes())
-      return false;
+  if (plan_bytes(c, plan(c, gradients, mst_chunks_for(c, gradients))) > limits.arena) return false;
+  if (batch_bytes(c) > limits.batch_buffers / 2) return false;
   return !fp8_ || static_cast<size_t>(Fp8State::workspace_bytes_for(config_, c.rows)) <=
-                      fp8_->workspace_capacity();
+                      limits.fp8_workspace;
 }
 
 size_t Bert::activation_bytes(const BatchShape& shape, bool gradients) const {

@@ -174,15 +174,18 @@ class Bert {
   void reserve(const BatchShape& shape, bool gradients = true);
   // Training's reserve: every buffer of the model at the size Bert::memory gives, exactly (no
   // growth headroom), after which a training batch within r.shape, and an evaluation batch
-  // that fits_reserved, allocates nothing. Call after set_data_parallel.
+  // that fits() memory()'s figures, allocates nothing. Call after set_data_parallel.
   void reserve(const BertReserve& r);
   // The same figures without a model. graphs: CUDA graphs on (cuda_graphs != off on a CUDA
   // device); ranks: the data-parallel world (the FP8 state's shared amaxes).
   static BertMemory memory(const BertConfig& config, const BertOptions& options, bool graphs,
                            int ranks, const BertReserve& r);
-  // Whether a batch of this shape and layout runs in what reserve(BertReserve) allocated (true
-  // when it was not called): evaluation splits its batches until they do.
-  bool fits_reserved(const BatchShape& shape, BatchLayout layout, bool gradients) const;
+  // Whether a batch of this shape and layout runs within `limits` (memory()'s figures: what
+  // training reserves), allocating nothing more: evaluation splits its batches until they do, in
+  // training and in `packbert eval` alike, so that both evaluate the same batches.
+  bool fits(const BertMemory& limits, const BatchShape& shape, BatchLayout layout,
+            bool gradients) const;
+  bool graphs_on() const { return graphs_.on(); }
   // Arena bytes a batch of this shape needs (with the M that forward() would use for it, and,
   // with graphs, in the capacity forward() lays it into).
   size_t activation_bytes(const BatchShape& shape, bool gradients = true) const;
@@ -235,8 +238,6 @@ class Bert {
  private:
   ActivationPlan plan(const BatchShape& shape, bool gradients, int64_t mst_chunks) const;
   size_t plan_bytes(const BatchShape& shape, const ActivationPlan& plan) const;
-  bool reserved_ = false;
-  BertReserve reserve_;  // what reserve(BertReserve) was given
   Dropout dropout(DropoutSite site, uint32_t layer) const;
   void encoder_layer_forward(int64_t l);
   void encoder_layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);

@@ -71,20 +71,18 @@ EvalSums evaluate_batch(Bert& bert, const Batch& batch) {
 
 namespace {
 
-// samples[first, last) in as few forwards as fit arena_limit and what training reserved
-// (Bert::fits_reserved: an evaluation between steps allocates nothing): the whole range, or
-// its two halves, each split the same way.
+// samples[first, last) in as few forwards as fit `limits`: the whole range, or its two halves,
+// each split the same way.
 void evaluate_range(Bert& bert, const std::vector<Sample>& samples, size_t first, size_t last,
-                    int max_seq_len, size_t arena_limit, EvalSums& sums) {
+                    int max_seq_len, const BertMemory* limits, EvalSums& sums) {
   const std::vector<Sample> chunk(samples.begin() + static_cast<std::ptrdiff_t>(first),
                                   samples.begin() + static_cast<std::ptrdiff_t>(last));
   const Batch batch = make_batch(chunk, BatchLayout::unpadded, max_seq_len);
-  if (last - first > 1 &&
-      ((arena_limit > 0 && bert.activation_bytes(batch.shape(), /*gradients=*/false) > arena_limit) ||
-       !bert.fits_reserved(batch.shape(), BatchLayout::unpadded, /*gradients=*/false))) {
+  if (limits && last - first > 1 &&
+      !bert.fits(*limits, batch.shape(), BatchLayout::unpadded, /*gradients=*/false)) {
     const size_t mid = first + (last - first) / 2;
-    evaluate_range(bert, samples, first, mid, max_seq_len, arena_limit, sums);
-    evaluate_range(bert, samples, mid, last, max_seq_len, arena_limit, sums);
+    evaluate_range(bert, samples, first, mid, max_seq_len, limits, sums);
+    evaluate_range(bert, samples, mid, last, max_seq_len, limits, sums);
     return;
   }
   sums += evaluate_batch(bert, batch);
@@ -93,13 +91,13 @@ void evaluate_range(Bert& bert, const std::vector<Sample>& samples, size_t first
 }  // namespace
 
 EvalResult evaluate(MPI_Comm comm, ModelReplica& model, const EvalSet& set, int64_t batch_size,
-                    int max_seq_len, size_t arena_limit) {
+                    int max_seq_len, const BertMemory* limits) {
   PB_REQUIRE(batch_size >= 1, "eval: batch_size {} must be >= 1", batch_size);
   const auto t0 = std::chrono::steady_clock::now();
   EvalSums sums;
   for (size_t first = 0; first < set.samples.size(); first += static_cast<size_t>(batch_size)) {
     const size_t last = std::min(set.samples.size(), first + static_cast<size_t>(batch_size));
-    evaluate_range(model.bert(), set.samples, first, last, max_seq_len, arena_limit, sums);
+    evaluate_range(model.bert(), set.samples, first, last, max_seq_len, limits, sums);
   }
   double v[6] = {sums.mlm_loss_sum, sums.nsp_loss_sum, static_cast<double>(sums.mlm_correct),
                  static_cast<double>(sums.nsp_correct), static_cast<double>(sums.masked_tokens),

@@ -8,10 +8,10 @@
 // batch size (up to fp32 summation order of the loss).
 //
 // The model is a ModelReplica (model/replica.h): the trainer's between steps, or one of its own
-// without gradients for `packbert eval`. Evaluation never grows the arena it runs in beyond
-// arena_limit bytes: a batch whose forward would need more is split in halves (recursively,
-// the same way on every call), so an evaluation during training fits inside the arena the
-// training step reserved, and the split depends only on the data, batch_size and the limit.
+// without gradients for `packbert eval`. Evaluation runs within `limits`, what training reserves
+// (Bert::memory): a batch whose forward would need more is split in halves (recursively, the
+// same way on every call), so an evaluation during training allocates nothing, and the split
+// depends only on the data, batch_size and the config.
 #pragma once
 
 #include <mpi.h>
@@ -61,8 +61,8 @@ struct EvalResult {
 };
 
 // Collective over comm. batch_size: samples per forward on each rank (fewer where a batch of
-// them would need more than arena_limit activation bytes; 0: no limit).
+// them would not fit `limits`; null: no limit).
 EvalResult evaluate(MPI_Comm comm, ModelReplica& model, const EvalSet& set, int64_t batch_size,
-                    int max_seq_len, size_t arena_limit);
+                    int max_seq_len, const BertMemory* limits);
 
 }  // namespace packbert

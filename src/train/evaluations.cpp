@@ -15,14 +15,22 @@ void MlperfBlocks::close() {
   open_ = false;
 }
 
-size_t eval_arena_limit(const ModelReplica& model, const TrainerOptions& o) {
-  return o.reserve.rows > 0 ? model.bert().activation_bytes(o.reserve, /*gradients=*/true) : 0;
+std::optional<BertMemory> eval_limits(const ModelReplica& model, const TrainerOptions& o) {
+  if (o.reserve.rows <= 0) return std::nullopt;
+  return Bert::memory(model.bert().config(), o.bert, model.bert().graphs_on(), 1,
+                      BertReserve{o.reserve, o.layout, o.deferred_forwards});
 }
 
 Evaluations::Evaluations(MPI_Comm comm, const TrainConfig& c, Trainer& trainer,
                          const EvalSet* set, MlLogger& ml, MetricsWriter& metrics,
                          int64_t samples)
-    : comm_(comm), c_(c), trainer_(trainer), set_(set), ml_(ml), metrics_(metrics) {
+    : comm_(comm),
+      c_(c),
+      trainer_(trainer),
+      set_(set),
+      ml_(ml),
+      metrics_(metrics),
+      limits_(eval_limits(trainer.replica(), trainer.options())) {
   const int64_t every = c.eval.every_samples;
   if (every > 0) next_ = (samples / every + 1) * every;
 }
@@ -38,7 +46,7 @@ bool Evaluations::run(int64_t step, int64_t samples) {
   ml_.start("eval_start", nullptr, {{"epoch_num", samples}});
   const EvalResult r =
       evaluate(comm_, trainer_.replica(), *set_, c_.eval.batch_size, c_.train.max_seq_len,
-               eval_arena_limit(trainer_.replica(), trainer_.options()));
+               limits_ ? &*limits_ : nullptr);
   ml_.event("eval_accuracy", r.mlm_accuracy, {{"epoch_num", samples}});
   ml_.end("eval_stop", nullptr, {{"epoch_num", samples}});
   spdlog::info("eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}, nsp "

@@ -4,6 +4,8 @@
 // `packbert eval`.
 #pragma once
 
+#include <optional>
+
 #include <mpi.h>
 
 #include <cstddef>
@@ -33,10 +35,10 @@ class MlperfBlocks {
   bool open_ = false;
 };
 
-// The most activation memory an evaluation forward may take: what a training step of the run
-// reserves (TrainerOptions::reserve), so that `packbert eval` and the run split the evaluation
-// batches alike (train/evaluate.h) and agree to the bit.
-size_t eval_arena_limit(const ModelReplica& model, const TrainerOptions& o);
+// What an evaluation forward may use: what training reserves (Bert::memory for
+// TrainerOptions::reserve), so that `packbert eval` and the run split the evaluation batches
+// alike (train/evaluate.h) and agree to the bit. None without a reserve.
+std::optional<BertMemory> eval_limits(const ModelReplica& model, const TrainerOptions& o);
 
 class Evaluations {
  public:
@@ -60,6 +62,7 @@ class Evaluations {
   const EvalSet* set_;
   MlLogger& ml_;
   MetricsWriter& metrics_;
+  std::optional<BertMemory> limits_;  // eval_limits of the trainer's model
   int64_t next_ = INT64_MAX;
   int64_t last_samples_ = -1;
   double last_accuracy_ = -1;

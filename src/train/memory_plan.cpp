@@ -205,13 +205,12 @@ DeviceMemory this_machine_memory(Device device) {
   return d;
 }
 
-MemoryPlan plan_memory(const TrainConfig& c, int ranks, const DeviceMemory& target, bool knobs,
-                       int rank) {
+MemoryPlan plan_memory(const TrainConfig& c, int ranks, const std::vector<DeviceMemory>& targets,
+                       bool knobs, int rank) {
   PB_REQUIRE(ranks >= 1, "plan: --ranks {} must be >= 1", ranks);
   MemoryPlan p;
   p.ranks = ranks;
   p.device = c.train.device;
-  p.target = target;
   const BatchShape shape = largest_micro_batch(c, ranks);
   p.rank = rank >= 0 ? rank : largest_rank(c, ranks, shape);
   PB_REQUIRE(p.rank < ranks, "plan: rank {} of {}", p.rank, ranks);
@@ -222,25 +221,31 @@ MemoryPlan plan_memory(const TrainConfig& c, int ranks, const DeviceMemory& targ
   p.micro_batch = r.model.laid;
   p.mst_chunks = r.model.mst_chunks;
   p.bound_strict = micro_batch_bound_strict(c, ranks);
-  if (target.bytes > 0) {
-    // Samples of max_seq_len per micro-batch: the largest that fits (bisection; the total grows
-    // with the micro-batch).
-    const int64_t len = c.train.max_seq_len;
-    auto total_at = [&](int64_t samples) {
-      BatchShape s;
-      s.seqs = samples;
-      s.rows = samples * len;
-      s.masked = samples * c.train.max_predictions_per_seq;
-      s.max_len = static_cast<int32_t>(len);
-      return rank_items(c, ranks, p.rank, s).total();
-    };
+  // Samples of max_seq_len per micro-batch: the largest that fits (bisection; the total grows
+  // with the micro-batch).
+  const int64_t len = c.train.max_seq_len;
+  auto total_at = [&](int64_t samples) {
+    BatchShape s;
+    s.seqs = samples;
+    s.rows = samples * len;
+    s.masked = samples * c.train.max_predictions_per_seq;
+    s.max_len = static_cast<int32_t>(len);
+    return rank_items(c, ranks, p.rank, s).total();
+  };
+  for (const DeviceMemory& target : targets) {
+    if (target.bytes == 0) continue;
+    MemoryVerdict v;
+    v.target = target;
+    v.fits = p.total() <= target.bytes;
+    v.spare = static_cast<int64_t>(target.bytes) - static_cast<int64_t>(p.total());
     int64_t lo = 0, hi = 1;
     while (hi < (int64_t{1} << 24) && total_at(hi) <= target.bytes) lo = hi, hi *= 2;
     while (hi - lo > 1) {
       const int64_t mid = lo + (hi - lo) / 2;
       (total_at(mid) <= target.bytes ? lo : hi) = mid;
     }
-    p.largest_samples = lo;
+    v.largest_samples = lo;
+    p.verdicts.push_back(v);
   }
   if (knobs) {
     auto knob = [&](const std::string& key, const std::string& setting, TrainConfig v) {
@@ -249,7 +254,7 @@ MemoryPlan plan_memory(const TrainConfig& c, int ranks, const DeviceMemory& targ
       k.setting = setting;
       k.total = total_for(v, ranks);
       k.saves = static_cast<int64_t>(p.total()) - static_cast<int64_t>(k.total);
-      k.fits = target.bytes == 0 || k.total <= target.bytes;
+      for (const MemoryVerdict& d : p.verdicts) k.fits.push_back(k.total <= d.target.bytes);
       p.knobs.push_back(k);
     };
     for (int64_t m : {2, 4, 8})
@@ -294,39 +299,42 @@ std::string format_memory_plan(const MemoryPlan& p) {
                    p.bound_strict ? ""
                                   : "; under lpt balance a micro-batch of more, shorter samples "
                                     "may exceed it (the arena then grows)");
-  s += fmt::format("\n{:<62} {:>12} {:>15}\n", "item", "MiB", "bytes");
+  s += fmt::format("\n{:<62} {:>10} {:>13}\n", "item", "MiB", "bytes");
   for (const MemoryItem& it : p.items) {
     if (it.bytes == 0 && it.depth == 0) {
-      s += fmt::format("{:<62} {:>12} {:>15}\n", it.label, "-", "-");
+      s += fmt::format("{:<62} {:>10} {:>13}\n", it.label, "-", "-");
       continue;
     }
     const std::string label = (it.depth ? "    " : "") + it.label;
-    s += fmt::format("{:<62} {:>12.1f} {:>15}{}\n", label, it.bytes / kMiB, it.bytes,
-                     it.note.empty() || it.exact ? "" : "  " + it.note);
+    s += fmt::format("{:<62} {:>10.1f} {:>13}\n", label, it.bytes / kMiB, it.bytes);
   }
-  s += fmt::format("{:<62} {:>12.1f} {:>15}\n", "buffers (exact: train's device_allocated_bytes)",
+  s += fmt::format("{:<62} {:>10.1f} {:>13}\n", "buffers (exact: train's device_allocated_bytes)",
                    p.buffers / kMiB, p.buffers);
   if (p.estimated > 0)
-    s += fmt::format("{:<62} {:>12.1f} {:>15}\n", "backend and device (estimates)",
+    s += fmt::format("{:<62} {:>10.1f} {:>13}\n", "backend and device (estimates)",
                      p.estimated / kMiB, p.estimated);
-  s += fmt::format("{:<62} {:>12.1f} {:>15}\n", "total", p.total() / kMiB, p.total());
-  if (p.target.bytes == 0) return s;
-  s += fmt::format("{:<62} {:>12.1f} {:>15}\n", "device: " + p.target.name, p.target.bytes / kMiB,
-                   p.target.bytes);
-  const double diff = (static_cast<double>(p.target.bytes) - static_cast<double>(p.total())) / kMiB;
-  s += p.fits() ? fmt::format("\nverdict: fits, {:.1f} MiB to spare\n", diff)
-                : fmt::format("\nverdict: does NOT fit, {:.1f} MiB short\n", -diff);
-  if (p.largest_samples >= 0)
-    s += fmt::format("largest micro-batch that fits: {} samples of {} tokens ({} tokens) per GPU\n",
-                     p.largest_samples,
-                     p.largest_samples > 0 ? p.micro_batch.max_len : 0,
-                     p.largest_samples * p.micro_batch.max_len);
+  s += fmt::format("{:<62} {:>10.1f} {:>13}\n", "total", p.total() / kMiB, p.total());
+  for (const MemoryItem& it : p.items)
+    if (!it.exact && !it.note.empty()) s += fmt::format("  {}: {}\n", it.label, it.note);
+  if (p.verdicts.empty()) return s;
+  s += fmt::format("\n{:<34} {:>10}  {:<8} {:>12}  {}\n", "device", "MiB", "verdict",
+                   "spare MiB", "largest micro-batch that fits (samples x tokens)");
+  for (const MemoryVerdict& v : p.verdicts)
+    s += fmt::format("{:<34} {:>10.1f}  {:<8} {:>12.1f}  {} x {}\n", v.target.name,
+                     v.target.bytes / kMiB, v.fits ? "fits" : "SHORT",
+                     static_cast<double>(v.spare) / kMiB, v.largest_samples,
+                     p.micro_batch.max_len);
   if (!p.knobs.empty()) {
-    s += fmt::format("\n{:<40} {:>12} {:>12}  {}\n", "knob", "total MiB", "saves MiB", "fits");
-    for (const MemoryKnob& k : p.knobs)
-      s += fmt::format("{:<40} {:>12.1f} {:>12.1f}  {}\n", k.key + " = " + k.setting,
+    s += fmt::format("\n{:<40} {:>10} {:>10}  {}\n", "knob", "total MiB", "saves MiB",
+                     "fits on");
+    for (const MemoryKnob& k : p.knobs) {
+      std::string on;
+      for (size_t i = 0; i < k.fits.size(); ++i)
+        if (k.fits[i]) on += (on.empty() ? "" : ", ") + p.verdicts[i].target.name;
+      s += fmt::format("{:<40} {:>10.1f} {:>10.1f}  {}\n", k.key + " = " + k.setting,
                        k.total / kMiB, static_cast<double>(k.saves) / kMiB,
-                       k.fits ? "yes" : "no");
+                       on.empty() ? "none" : on);
+    }
   }
   return s;
 }
@@ -353,14 +361,17 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
   j["buffers_bytes"] = p.buffers;
   j["estimated_bytes"] = p.estimated;
   j["total_bytes"] = p.total();
-  if (p.target.bytes > 0) {
-    j["target"] = {{"name", p.target.name}, {"bytes", p.target.bytes},
-                   {"source", p.target.source}};
-    j["fits"] = p.fits();
-    j["spare_bytes"] = static_cast<int64_t>(p.target.bytes) - static_cast<int64_t>(p.total());
-    j["largest_micro_batch"] = {{"samples", p.largest_samples},
-                                {"tokens", p.largest_samples * p.micro_batch.max_len}};
-  }
+  nlohmann::json verdicts = nlohmann::json::array();
+  for (const MemoryVerdict& v : p.verdicts)
+    verdicts.push_back({{"name", v.target.name},
+                        {"bytes", v.target.bytes},
+                        {"source", v.target.source},
+                        {"fits", v.fits},
+                        {"spare_bytes", v.spare},
+                        {"largest_micro_batch",
+                         {{"samples", v.largest_samples},
+                          {"tokens", v.largest_samples * p.micro_batch.max_len}}}});
+  j["targets"] = verdicts;
   nlohmann::json knobs = nlohmann::json::array();
   for (const MemoryKnob& k : p.knobs)
     knobs.push_back({{"key", k.key}, {"setting", k.setting}, {"total_bytes", k.total},

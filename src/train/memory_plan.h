@@ -51,7 +51,15 @@ struct MemoryKnob {
   std::string setting;  // its value in this variant
   size_t total = 0;     // the rank's total with it
   int64_t saves = 0;    // bytes below the config's own total (negative: costs)
+  std::vector<bool> fits;  // on each target (MemoryPlan::verdicts)
+};
+
+// The plan against one device.
+struct MemoryVerdict {
+  DeviceMemory target;
   bool fits = false;
+  int64_t spare = 0;             // target - total (negative: short)
+  int64_t largest_samples = 0;   // samples of max_seq_len per micro-batch that fit
 };
 
 struct MemoryPlan {
@@ -62,18 +70,21 @@ struct MemoryPlan {
   size_t buffers = 0;    // sum of the exact items: the run's device_allocated_bytes
   size_t estimated = 0;  // sum of the estimates
   size_t total() const { return buffers + estimated; }
-  DeviceMemory target;   // bytes 0: none given
-  bool fits() const { return target.bytes == 0 || total() <= target.bytes; }
+  std::vector<MemoryVerdict> verdicts;  // one per target given
+  bool fits() const {
+    for (const MemoryVerdict& v : verdicts)
+      if (!v.fits) return false;
+    return true;
+  }
   BatchShape micro_batch;      // the reserved micro-batch (largest_micro_batch), as laid out
   bool bound_strict = true;    // false: lpt balance, a batch may exceed it (the arena grows)
   int64_t mst_chunks = 1;
-  int64_t largest_samples = -1;  // samples of max_seq_len per micro-batch that fit; -1: no target
   std::vector<MemoryKnob> knobs;
 };
 
-// The plan of rank `rank` of `ranks` (-1: the rank that holds most) against `target`, with the
-// knobs when asked.
-MemoryPlan plan_memory(const TrainConfig& c, int ranks, const DeviceMemory& target,
+// The plan of rank `rank` of `ranks` (-1: the rank that holds most) against each target, with
+// the knobs when asked.
+MemoryPlan plan_memory(const TrainConfig& c, int ranks, const std::vector<DeviceMemory>& targets,
                        bool knobs = true, int rank = -1);
 
 // The table, the verdict, the largest micro-batch and the knobs, for people.

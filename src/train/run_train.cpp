@@ -438,7 +438,7 @@ size_t check_memory_plan(MPI_Comm comm, const TrainConfig& c, const TrainerOptio
     known = total > 0;
   }
   const std::string where = cuda ? fmt::format("cuda:{}", o.cuda_device) : "this host's RAM";
-  const MemoryPlan plan = plan_memory(c, world, DeviceMemory{where, free, "free now"},
+  const MemoryPlan plan = plan_memory(c, world, {DeviceMemory{where, free, "free now"}},
                                       /*knobs=*/false, rank);
   // The CUDA context already holds its part of what was free.
   size_t need = plan.total();
@@ -450,7 +450,7 @@ size_t check_memory_plan(MPI_Comm comm, const TrainConfig& c, const TrainerOptio
   if (short_any == 0) return plan.buffers;
   constexpr double kMiB = 1 << 20;
   if (rank == 0) {
-    const MemoryPlan full = plan_memory(c, world, DeviceMemory{where, free, "free now"});
+    const MemoryPlan full = plan_memory(c, world, {DeviceMemory{where, free, "free now"}});
     const std::string table = format_memory_plan(full);
     if (cuda)
       spdlog::error("memory plan (packbert plan --config FILE --ranks {}):\n{}", world, table);
@@ -641,9 +641,10 @@ int run_eval(MPI_Comm comm, const TrainConfig& c, const std::string& checkpoint_
       [&](float* host) { load_model_weights(checkpoint_dir, replica.table(), host); });
   const EvalSet set = load_eval_set(c.data.eval_dir, sample_rules(c, model), c.eval.max_samples,
                                     rank, world);
+  const std::optional<BertMemory> limits = eval_limits(replica, o);
   const EvalResult r = evaluate(comm, replica, set, c.eval.batch_size,
                                 static_cast<int>(model.max_position_embeddings),
-                                eval_arena_limit(replica, o));
+                                limits ? &*limits : nullptr);
   if (rank == 0) {
     nlohmann::json j = {{"checkpoint", checkpoint_dir}, {"eval_accuracy", r.mlm_accuracy},
                         {"eval_loss", r.mlm_loss}, {"nsp_accuracy", r.nsp_accuracy},

@@ -152,7 +152,7 @@ def run_refuse(a):
     r = subprocess.run(mpirun(2) + ["-x", "PACKBERT_EMU_DEVICE_BYTES", a.packbert, "train"] + keys,
                        capture_output=True, text=True, timeout=120, env=env)
     check_output("refuse", r, ["memory: this config needs", "on cuda:0 (rank 0 of 2)",
-                               "on cuda:1 (rank 1 of 2)", "verdict: does NOT fit",
+                               "on cuda:1 (rank 1 of 2)", "SHORT",
                                "model.mst_chunks = ",
                                "largest micro-batch that fits"], ["data:"])
     print(f"[measure] refuse: device {p['buffers_bytes']} B < plan total {p['total_bytes']} B")

@@ -180,6 +180,8 @@ void TrainCli::expect_bitwise_resume_after_sigkill(const std::string& name,
     ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", kill_at)) << read_file(dir + "/log.txt");
     p.signal_group(SIGKILL);
     EXPECT_EQ(p.wait(), 128 + SIGKILL);
+    // Its ranks too: one still exiting holds the checkpoint directory's lock.
+    ASSERT_TRUE(wait_unlocked(dir + "/ckpt/.packbert.lock"));
   }
   const auto before = read_records(dir + "/metrics.jsonl", "train");
   ASSERT_EQ(run_command(launcher + train_cmd(dir, args + " --resume auto")), 0)

@@ -2,7 +2,9 @@
 // the binary in the background (to kill or signal it), and reading the metrics file.
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,6 +100,22 @@ inline std::vector<nlohmann::json> read_records(const std::string& path, const s
     if (j.value("event", "") == event) out.push_back(std::move(j));
   }
   return out;
+}
+
+// Waits until no process holds the flock on `path` (a checkpoint directory's .packbert.lock:
+// the ranks of a killed mpirun may outlive it briefly); false after timeout_s.
+inline bool wait_unlocked(const std::string& path, double timeout_s = 60) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) return true;  // no lock file: nothing holds it
+    const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    ::close(fd);  // releases it again
+    if (free) return true;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 // A shell command run in the background: `exec`ed, so pid is the command itself.

@@ -130,11 +130,12 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_EQ(j.at("bytes_sent_per_step"), 0);
   EXPECT_EQ(j.at("device_allocated_bytes"), 0);
   EXPECT_EQ(j.at("device_free_bytes"), 0);
+  EXPECT_EQ(j.at("device_workspace_bytes"), 0);
   EXPECT_DOUBLE_EQ(j.at("host_syncs_per_step").get<double>(), 0.25);
   EXPECT_DOUBLE_EQ(j.at("launches_per_step").get<double>(), 12.5);
   EXPECT_DOUBLE_EQ(j.at("pageable_copies_per_step").get<double>(), 0);
   EXPECT_DOUBLE_EQ(j.at("graph_launches_per_step").get<double>(), 4);
-  EXPECT_EQ(j.size(), 37u);
+  EXPECT_EQ(j.size(), 38u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {

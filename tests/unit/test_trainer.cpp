@@ -8,6 +8,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "model/replica.h"
 #include "train/batching.h"
 #include "train/evaluate.h"
+#include "train/evaluations.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 #include "measure.h"
@@ -178,11 +180,14 @@ TEST(TrainStep, EvaluationFitsTheReservedArenaAndLeavesItsReportAlone) {
   for (size_t i = 0; i < set.samples.size(); ++i) set.samples[i].id = static_cast<int64_t>(i);
   set.total = static_cast<int64_t>(set.samples.size());
   const Batch all = make_batch(set.samples, BatchLayout::unpadded, kMaxSeqLen);
-  const size_t limit = bert.activation_bytes(o.reserve, /*gradients=*/true);
+  // What training reserved, which evaluation runs within (train/evaluations.h eval_limits).
+  const std::optional<BertMemory> limits = eval_limits(trainer.replica(), trainer.options());
+  ASSERT_TRUE(limits.has_value());
+  const size_t limit = limits->arena;
   ASSERT_GT(bert.activation_bytes(all.shape(), /*gradients=*/false), limit)
       << "the test needs an evaluation batch larger than the reserve";
   const EvalResult in_training =
-      evaluate(MPI_COMM_WORLD, trainer.replica(), set, set.total, kMaxSeqLen, limit);
+      evaluate(MPI_COMM_WORLD, trainer.replica(), set, set.total, kMaxSeqLen, &*limits);
   const ActivationReport after = trainer.activation_report();
   EXPECT_EQ(after.allocations, 1) << "evaluation grew the training arena";
   EXPECT_EQ(after.capacity, before.capacity);
@@ -195,7 +200,7 @@ TEST(TrainStep, EvaluationFitsTheReservedArenaAndLeavesItsReportAlone) {
   ModelReplica alone(ro);
   EXPECT_FALSE(alone.has_gradients());
   alone.load_params(trainer.params().data());
-  const EvalResult whole = evaluate(MPI_COMM_WORLD, alone, set, set.total, kMaxSeqLen, 0);
+  const EvalResult whole = evaluate(MPI_COMM_WORLD, alone, set, set.total, kMaxSeqLen, nullptr);
   EXPECT_GT(alone.bert().activation_report().peak_bytes, limit) << "one forward of all 40";
   EXPECT_EQ(whole.samples, set.total);
   EXPECT_EQ(in_training.samples, set.total);
