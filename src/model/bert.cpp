@@ -35,7 +35,7 @@ Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
 }  // namespace
 
 Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
-           const BertOptions& options)
+           const BertOptions& options, const Tensor& fp32_weights)
     : config_(config),
       backend_(backend),
       options_(options),
@@ -50,10 +50,19 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
              options.mst_chunks);
   PB_REQUIRE(options.mst_chunks > 0 || options.activation_budget_bytes > 0,
              "model: mst_chunks = 0 (auto) needs an activation budget (activation_budget_bytes)");
-  check_device("Bert", "params", params, backend.device());
-  weights_ = bind_weights(table_, params);
+  if (fp32_weights.defined()) {
+    PB_REQUIRE(options.precision == Precision::bf16 || options.precision == Precision::fp16,
+               "model: precision {} reads every weight in fp32 from the masters: they cannot be "
+               "sharded (bf16 / fp16 only)",
+               precision_name(options.precision));
+    check_device("Bert", "fp32_weights", fp32_weights, backend.device());
+    weights_ = bind_fp32_weights(table_, fp32_weights);
+  } else {
+    check_device("Bert", "params", params, backend.device());
+    weights_ = bind_weights(table_, params);
+    params_ = params;
+  }
   gemm_weights_ = weights_;
-  params_ = params;
   if (options.precision != Precision::fp32) {
     // The GEMMs' weight copy: the whole table in the low-precision type (one conversion pass
     // and one LAMB pass over a flat buffer; the fp32 views of it are simply never read).
@@ -61,6 +70,7 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
                                  "16-bit weight copy");
     params_lowp_ = lowp_memory_.tensor();
     gemm_weights_ = mixed_weights(table_, weights_, params_lowp_);
+    if (!params_.defined()) backend.zero(params_lowp_);  // until the replica loads it
     refresh_lowp_params();
   }
   fp32_ranges_ = fp32_read_ranges(table_, options.precision != Precision::fp32);
@@ -82,7 +92,13 @@ Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, con
 Bert::~Bert() = default;
 
 void Bert::refresh_lowp_params() {
-  if (params_lowp_.defined()) backend_.convert(params_lowp_, params_);
+  if (params_lowp_.defined() && params_.defined()) backend_.convert(params_lowp_, params_);
+  weights_changed();
+}
+
+void Bert::refresh_lowp_params_from(const Tensor& whole) {
+  PB_REQUIRE(params_lowp_.defined(), "model: no 16-bit copy to refresh (precision fp32)");
+  backend_.convert(params_lowp_, whole);
   weights_changed();
 }
 

@@ -141,8 +141,11 @@ class Bert {
   // params, grads: f32 [table.total()] on the backend's device, owned by the caller (grads may
   // be none for an evaluation-only model). The activation arena and the low-precision weight
   // copy are the backend's memory (Backend::alloc).
+  // fp32_weights (optional, bf16 / fp16 only): the fp32 values the ops read in a compact
+  // buffer of their own (params.h bind_fp32_weights), params then none: a rank of a sharded
+  // optimizer that keeps only its shard of the masters (model/replica.h shard_masters).
   Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
-       const BertOptions& options = {});
+       const BertOptions& options = {}, const Tensor& fp32_weights = Tensor());
   ~Bert();
   Bert(const Bert&) = delete;
   Bert& operator=(const Bert&) = delete;
@@ -206,6 +209,9 @@ class Bert {
   // any other way (initialisation, checkpoint load, a test) calls refresh_lowp_params().
   const Tensor& lowp_params() const { return params_lowp_; }
   void refresh_lowp_params();
+  // The 16-bit copy from `whole`, f32 [table.total()] laid out as the masters (a model without
+  // them: the sharded replica's loads).
+  void refresh_lowp_params_from(const Tensor& whole);
 
   // Precision fp8 (model/fp8.h; null otherwise): the scaling state. The trainer tells the model
   // its data-parallel world once (the amax of a step is the maximum over every rank; this

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -95,30 +96,24 @@ Tensor tensor_view(const Tensor& flat, const ParamTensor& t) {
 
 namespace {
 
-// One view over a layer's query, key and value tensors, which the table lays end to end.
-Tensor fused_view(const ParamTable& table, const Tensor& flat, const std::string& prefix,
-                  const char* suffix, std::initializer_list<int64_t> dims) {
-  const ParamTensor& q = table.at(prefix + "query" + suffix);
-  const ParamTensor& k = table.at(prefix + "key" + suffix);
-  const ParamTensor& v = table.at(prefix + "value" + suffix);
-  PB_CHECK(k.offset == q.offset + q.size && v.offset == k.offset + k.size,
-           "{}query/key/value{} are not adjacent", prefix, suffix);
-  Tensor t = tensor_view(flat, q);
-  const Tensor shaped(t.data, flat.dtype, dims, flat.device);
-  return shaped;
-}
-
-}  // namespace
-
-BertWeights bind_weights(const ParamTable& table, const Tensor& flat) {
-  PB_REQUIRE(flat.defined() &&
-                 (flat.dtype == DType::f32 || flat.dtype == DType::bf16 ||
-                  flat.dtype == DType::f16) &&
-                 flat.numel() == table.total(),
-             "bind_weights: flat buffer {} does not hold the {} floats of the parameter table",
-             flat.str(), table.total());
+// The views of every tensor the model uses, each made by at(offset in the flat table, shape).
+using ViewAt = std::function<Tensor(int64_t offset, const std::vector<int64_t>& shape)>;
+BertWeights bind_with(const ParamTable& table, const ViewAt& at) {
   const int64_t h = table.config().hidden;
-  auto get = [&](const std::string& name) { return tensor_view(flat, table.at(name)); };
+  auto get = [&](const std::string& name) {
+    const ParamTensor& t = table.at(name);
+    return at(t.offset, t.shape);
+  };
+  // Query, key and value laid end to end: one [3H, ...] tensor for the fused QKV GEMM.
+  auto fused = [&](const std::string& prefix, const char* suffix,
+                   const std::vector<int64_t>& dims) {
+    const ParamTensor& q = table.at(prefix + "query" + suffix);
+    const ParamTensor& k = table.at(prefix + "key" + suffix);
+    const ParamTensor& v = table.at(prefix + "value" + suffix);
+    PB_CHECK(k.offset == q.offset + q.size && v.offset == k.offset + k.size,
+             "{}query/key/value{} are not adjacent", prefix, suffix);
+    return at(q.offset, dims);
+  };
   auto ln = [&](const std::string& prefix) {
     return LayerNormParams{get(prefix + ".weight"), get(prefix + ".bias")};
   };
@@ -132,8 +127,8 @@ BertWeights bind_weights(const ParamTable& table, const Tensor& flat) {
   for (int64_t l = 0; l < table.config().layers; ++l) {
     const std::string p = fmt::format("bert.encoder.layer.{}.", l);
     LayerWeights lw;
-    lw.qkv_w = fused_view(table, flat, p + "attention.self.", ".weight", {3 * h, h});
-    lw.qkv_b = fused_view(table, flat, p + "attention.self.", ".bias", {3 * h});
+    lw.qkv_w = fused(p + "attention.self.", ".weight", {3 * h, h});
+    lw.qkv_b = fused(p + "attention.self.", ".bias", {3 * h});
     lw.attn_out_w = get(p + "attention.output.dense.weight");
     lw.attn_out_b = get(p + "attention.output.dense.bias");
     lw.attn_ln = ln(p + "attention.output.LayerNorm");
@@ -155,7 +150,55 @@ BertWeights bind_weights(const ParamTable& table, const Tensor& flat) {
   return w;
 }
 
+// A view of `count` elements of `base` from element `first`, shaped.
+Tensor shaped_view(const Tensor& base, int64_t first, const std::vector<int64_t>& shape) {
+  PB_CHECK(shape.size() <= static_cast<size_t>(Tensor::kMaxDims), "too many dims");
+  Tensor v = base;
+  v.data = static_cast<char*>(base.data) + first * static_cast<int64_t>(dtype_size(base.dtype));
+  v.ndim = static_cast<int>(shape.size());
+  for (int d = 0; d < Tensor::kMaxDims; ++d)
+    v.shape[d] = d < v.ndim ? shape[static_cast<size_t>(d)] : 0;
+  return v;
+}
+
+}  // namespace
+
+BertWeights bind_weights(const ParamTable& table, const Tensor& flat) {
+  PB_REQUIRE(flat.defined() &&
+                 (flat.dtype == DType::f32 || flat.dtype == DType::bf16 ||
+                  flat.dtype == DType::f16) &&
+                 flat.numel() == table.total(),
+             "bind_weights: flat buffer {} does not hold the {} floats of the parameter table",
+             flat.str(), table.total());
+  return bind_with(table, [&](int64_t offset, const std::vector<int64_t>& shape) {
+    return shaped_view(flat, offset, shape);
+  });
+}
+
+int64_t fp32_read_elems(const ParamTable& table) {
+  int64_t n = 0;
+  for (const auto& [a, b] : fp32_read_ranges(table, true)) n += b - a;
+  return n;
+}
+
+BertWeights bind_fp32_weights(const ParamTable& table, const Tensor& compact) {
+  const std::vector<std::pair<int64_t, int64_t>> ranges = fp32_read_ranges(table, true);
+  PB_REQUIRE(compact.defined() && compact.dtype == DType::f32 &&
+                 compact.numel() == fp32_read_elems(table),
+             "bind_fp32_weights: buffer {} does not hold the {} floats the ops read in fp32",
+             compact.str(), fp32_read_elems(table));
+  return bind_with(table, [&](int64_t offset, const std::vector<int64_t>& shape) {
+    int64_t first = 0;  // the range's first element in the compact buffer
+    for (const auto& [a, b] : ranges) {
+      if (offset >= a && offset < b) return shaped_view(compact, first + offset - a, shape);
+      first += b - a;
+    }
+    return Tensor();  // read in 16 bits (mixed_weights puts the copy's view here)
+  });
+}
+
 namespace {
+
 
 // FNV-1a: the tensor's name becomes part of the generator's counter.
 uint64_t name_hash(const std::string& s) {

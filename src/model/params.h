@@ -82,6 +82,12 @@ struct BertWeights {
 // of the weights that mixed precision's GEMMs read (BertOptions::precision), laid out the same.
 BertWeights bind_weights(const ParamTable& table, const Tensor& flat);
 
+// The same views for a sharded run's model (optim.sharded, bf16 / fp16): the tensors the ops read
+// in fp32 (fp32_read_ranges(table, true)) from `compact`, f32 [fp32_read_elems(table)], those
+// ranges laid end to end; every other view none (mixed_weights fills them from the 16-bit copy).
+BertWeights bind_fp32_weights(const ParamTable& table, const Tensor& compact);
+int64_t fp32_read_elems(const ParamTable& table);
+
 // What mixed precision's ops read in fp32 (BertOptions::precision): the 1-D tensors (biases,
 // LayerNorm parameters); every 2-D tensor (the weight matrices and the embedding tables) they
 // read from the 16-bit copy (Bert checks that it binds exactly these). The ranges [begin, end)

@@ -30,6 +30,13 @@ struct ReplicaOptions {
   bool gradients = true;   // a gradient buffer (training); false: forward only (evaluation)
   uint64_t init_seed = 0;  // the parameters' initialisation (init_parameters): the same on every
                            // rank, so replicas start bitwise identical
+  // A sharded optimizer's rank (optim.sharded in bf16 / fp16 on more than one rank): the replica
+  // keeps only its shard [master_begin, master_end) of the fp32 master weights, and the fp32
+  // values the ops read (biases, LayerNorm: model/params.h bind_fp32_weights) in a compact
+  // buffer of their own; params() is then the shard. Needs gradients (its loads stage through
+  // them).
+  bool shard_masters = false;
+  int64_t master_begin = 0, master_end = 0;
   // What the memory plan says this rank's buffers hold (train/memory_plan.h): an allocation
   // that fails names it (Backend::set_planned_bytes). 0: no plan.
   size_t planned_bytes = 0;
@@ -51,9 +58,13 @@ class ModelReplica {
   const Bert& bert() const { return *bert_; }
   bool has_gradients() const { return grads_.tensor().defined(); }
 
-  // f32 [table.total()] on the backend's device: the fp32 master weights, and the gradient
-  // (none without gradients).
+  // f32 [table.total()] on the backend's device: the fp32 master weights (with shard_masters
+  // only this rank's shard, f32 [master_end - master_begin]), and the gradient (none without
+  // gradients).
   const Tensor& params() const { return params_.tensor(); }
+  bool masters_sharded() const { return fp32_.tensor().defined(); }
+  // With shard_masters: the fp32 values the ops read, f32 [fp32_read_elems(table())]; else none.
+  const Tensor& fp32_weights() const { return fp32_.tensor(); }
   const Tensor& grads() const { return grads_.tensor(); }
 
   // Weights from host memory (table().total() floats), the low-precision copy refreshed.
@@ -62,15 +73,19 @@ class ModelReplica {
   // straight into the parameter buffer (no second copy of the weights), elsewhere through a
   // host array that is freed before returning.
   void load_params(const std::function<void(float* host)>& fill);
-  // Host copy of the parameters, copied from the device when they changed.
+  // Host copy of the parameters, copied from the device when they changed (an Error with
+  // shard_masters: no rank holds them all; DistributedLamb::gather_params does).
   const std::vector<float>& host_params() const;
   // Whoever changed params() on the device (the optimizer) says so here.
   void mark_params_changed() { host_params_stale_ = true; }
 
  private:
+  // Sharded masters: the gradient buffer holds the whole table; everything else from it.
+  void load_sharded_from_grads();
   std::unique_ptr<Backend> backend_;
   ParamTable table_;
-  BackendBuffer params_, grads_;
+  BackendBuffer params_, grads_, fp32_;
+  int64_t master_begin_ = 0;
   std::unique_ptr<Bert> bert_;
   mutable std::vector<float> host_params_;
   mutable bool host_params_stale_ = true;

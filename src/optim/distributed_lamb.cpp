@@ -40,7 +40,15 @@ size_t optimizer_state_bytes(const OptimizerLayout& layout, const std::vector<in
     if (std::max(p.offset, begin) < std::min(p.offset + p.size, end)) ++tensors;
   }
   size_t bytes = Lamb::state_bytes_for(end - begin, tensors, all, sharded && bounds.size() > 2);
-  if (layout.lowp_bytes > 0) bytes += static_cast<size_t>(n) * sizeof(float);
+  if (layout.lowp_bytes > 0 && layout.masters_sharded && sharded && bounds.size() > 2) {
+    int64_t fp32 = 0;
+    for (const auto& [a, b] : layout.fp32_ranges) fp32 += b - a;
+    // As Backend::alloc gives them: at least one byte each.
+    bytes += std::max<size_t>(static_cast<size_t>(end - begin) * sizeof(float), 1) +
+             std::max<size_t>(static_cast<size_t>(fp32) * sizeof(float), 1);
+  } else if (layout.lowp_bytes > 0) {
+    bytes += static_cast<size_t>(n) * sizeof(float);
+  }
   return bytes;
 }
 
@@ -78,9 +86,11 @@ DistributedLamb::DistributedLamb(Backend& backend, std::vector<LambParam> params
                                  const LrSchedule& schedule, const LambOptions& options,
                                  bool sharded)
     : backend_(backend), reducer_(reducer), buffers_(std::move(buffers)), table_(params) {
-  const int64_t n = buffers_.params.defined() ? buffers_.params.numel() : 0;
-  PB_REQUIRE(buffers_.grads.defined() && buffers_.grads.numel() == n,
-             "optimizer: gradient {} for {} weights", buffers_.grads.str(), n);
+  PB_REQUIRE(buffers_.grads.defined(), "optimizer: no gradient buffer");
+  const int64_t n = buffers_.grads.numel();
+  const bool local = buffers_.fp32_weights.defined();
+  PB_REQUIRE(local || (buffers_.params.defined() && buffers_.params.numel() == n),
+             "optimizer: gradient {} for weights {}", buffers_.grads.str(), buffers_.params.str());
   exchange_ = std::make_unique<ShardExchange>(reducer_);
   LambShard shard;
   const bool shard_it = sharded && reducer_.size() > 1;  // a world of one: nothing to shard
@@ -94,6 +104,11 @@ DistributedLamb::DistributedLamb(Backend& backend, std::vector<LambParam> params
     shard.graph_launched = [this] { exchange_->graph_launched(); };
     shard.after_update = [this] { after_update(); };
   }
+  PB_REQUIRE(!local || (shard_it && buffers_.params_lowp.defined() &&
+                        buffers_.params.numel() == shard.end - shard.begin),
+             "optimizer: sharded master weights {} need a sharded mixed-precision run whose "
+             "shard holds {} elements",
+             buffers_.params.str(), shard.end - shard.begin);
   lamb_ = std::make_unique<Lamb>(backend_, std::move(params), n, schedule, options,
                                  shard_it ? &shard : nullptr);
   if (!shard_it) return;
@@ -114,7 +129,8 @@ DistributedLamb::DistributedLamb(Backend& backend, std::vector<LambParam> params
       ShardExchange::Ranges fp32;
       for (const auto& [lo, hi] : buffers_.fp32_ranges)
         if (std::max(lo, a) < std::min(hi, b)) fp32.emplace_back(std::max(lo, a), std::min(hi, b));
-      if (!fp32.empty()) group.push_back({buffers_.params, std::move(fp32)});
+      // Sharded masters: the fp32 values go round apart (after_update).
+      if (!fp32.empty() && !local) group.push_back({buffers_.params, std::move(fp32)});
     } else {
       group.push_back({buffers_.params, {{a, b}}});
     }
@@ -159,12 +175,35 @@ LambStepInfo DistributedLamb::step(float grad_scale, bool read_back,
 }
 
 void DistributedLamb::after_update() {
+  const Tensor& grads = buffers_.grads;
+  const int64_t n = grads.numel(), begin = lamb_->shard_begin(), end = lamb_->shard_end();
+  if (buffers_.fp32_weights.defined()) {
+    // Sharded masters: the fp32 values the model reads travel through the gradient buffer,
+    // which is zero outside a step: this rank's pieces of them written at their flat offsets
+    // (the rest of its own range is zero: LAMB zeroed it), the others' zeroed, gathered,
+    // copied into the compact buffer, and zeroed again for the next accumulation.
+    if (begin > 0) backend_.zero(slice(grads, 0, begin));
+    if (end < n) backend_.zero(slice(grads, end, n - end));
+    for (const auto& [a, b] : buffers_.fp32_ranges) {
+      const int64_t lo = std::max(a, begin), hi = std::min(b, end);
+      if (lo < hi)
+        backend_.copy(slice(grads, lo, hi - lo), slice(buffers_.params, lo - begin, hi - lo));
+    }
+    exchange_->all_gather(grads, buffers_.fp32_ranges);
+    int64_t at = 0;
+    for (const auto& [a, b] : buffers_.fp32_ranges) {
+      backend_.copy(slice(buffers_.fp32_weights, at, b - a), slice(grads, a, b - a));
+      backend_.zero(slice(grads, a, b - a));
+      at += b - a;
+    }
+    exchange_->start_gathers(gathers_);
+    gathers_in_flight_ = true;
+    return;
+  }
   // Every rank updated its own range: what the model reads goes round, group by group.
   exchange_->start_gathers(gathers_);
   gathers_in_flight_ = true;
   // LAMB zeroed the gradient it owns; the rest holds this rank's unreduced sums.
-  const Tensor& grads = buffers_.grads;
-  const int64_t n = grads.numel(), begin = lamb_->shard_begin(), end = lamb_->shard_end();
   if (begin > 0) backend_.zero(slice(grads, 0, begin));
   if (end < n) backend_.zero(slice(grads, end, n - end));
 }
@@ -172,7 +211,7 @@ void DistributedLamb::after_update() {
 void DistributedLamb::save_state(float* params, float* m, float* v, int root) {
   sync_weights();
   const bool at_root = reducer_.rank() == root;
-  const int64_t n = buffers_.params.numel();
+  const int64_t n = buffers_.grads.numel();
   if (!sharded()) {
     if (!at_root) return;
     backend_.copy(view(params, {n}), buffers_.params);
@@ -188,29 +227,35 @@ void DistributedLamb::save_state(float* params, float* m, float* v, int root) {
     exchange_->gather_to_root(staging_.data(), at_root ? all : nullptr, root);
   }
   if (master_sharded()) {
-    if (len > 0) backend_.copy(view(staging_.data(), {len}), slice(buffers_.params, begin, len));
+    if (len > 0) backend_.copy(view(staging_.data(), {len}), own_params());
     exchange_->gather_to_root(staging_.data(), at_root ? params : nullptr, root);
   } else if (at_root) {
     backend_.copy(view(params, {n}), buffers_.params);
   }
 }
 
+Tensor DistributedLamb::own_params() const {
+  const int64_t begin = lamb_->shard_begin(), len = lamb_->shard_end() - begin;
+  return buffers_.fp32_weights.defined() ? buffers_.params : slice(buffers_.params, begin, len);
+}
+
 void DistributedLamb::gather_params(float* host) {
   sync_weights();
-  const int64_t n = buffers_.params.numel();
+  const int64_t n = buffers_.grads.numel();
   if (!master_sharded()) {
     backend_.copy(view(host, {n}), buffers_.params);
     return;
   }
   const int64_t begin = lamb_->shard_begin(), len = lamb_->shard_end() - begin;
   staging_.resize(static_cast<size_t>(len));
-  if (len > 0) backend_.copy(view(staging_.data(), {len}), slice(buffers_.params, begin, len));
+  if (len > 0) backend_.copy(view(staging_.data(), {len}), own_params());
   exchange_->gather_to_all(staging_.data(), host);
 }
 
 OptimizerLayout DistributedLamb::layout() const {
   OptimizerLayout l;
-  l.num_elems = buffers_.params.numel();
+  l.num_elems = buffers_.grads.numel();
+  l.masters_sharded = buffers_.fp32_weights.defined();
   l.table = table_;
   l.lowp_bytes = buffers_.params_lowp.defined() ? dtype_size(buffers_.params_lowp.dtype) : 0;
   l.fp32_ranges = buffers_.fp32_ranges;

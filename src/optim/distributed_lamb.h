@@ -22,7 +22,9 @@ namespace packbert {
 
 // The buffers the optimizer updates, all on the backend's device and laid out as the gradient.
 struct OptimizedBuffers {
-  Tensor params;       // f32 [n]: the fp32 master weights (the model's weights in an fp32 run)
+  // f32 [n]: the fp32 master weights (the model's weights in an fp32 run); with fp32_weights,
+  // this rank's shard of them only, f32 [end - begin] of the sharded optimizer's cut.
+  Tensor params;
   Tensor grads;        // f32 [n]: the reduced gradient; zero after a step
   Tensor params_lowp;  // bf16 / f16 [n]: the copy the GEMMs read (mixed precision), or none
   // The parts of params the model reads in fp32 (Bert::fp32_ranges): a sharded mixed-precision
@@ -31,6 +33,10 @@ struct OptimizedBuffers {
   // The weights by the part of the forward that reads them, in forward order
   // (Bert::forward_groups); empty: one group, the whole buffer.
   std::vector<std::pair<int64_t, int64_t>> forward_groups;
+  // Sharded masters (model/replica.h shard_masters): the fp32 values the model reads, the
+  // fp32_ranges laid end to end (f32 [their total]); after each update every rank's pieces of
+  // them go round through the gradient buffer (zero there outside a step) into it.
+  Tensor fp32_weights;
 };
 
 // What an optimizer's figures depend on (state_bytes, bytes_sent below): the same for every
@@ -40,13 +46,16 @@ struct OptimizerLayout {
   std::vector<LambParam> table;
   size_t lowp_bytes = 0;  // bytes of an element of the 16-bit copy (mixed precision); 0: fp32
   std::vector<std::pair<int64_t, int64_t>> fp32_ranges;  // OptimizedBuffers::fp32_ranges
+  // Sharded, each rank keeps only its range of the fp32 master weights, and the fp32_ranges'
+  // values apart (OptimizedBuffers::fp32_weights).
+  bool masters_sharded = false;
 };
 
 // Bytes of optimizer state on rank `rank` of bounds.size() - 1 ranks cut at bounds
 // (DistributedLamb::shard_bounds; replicated when !sharded): LAMB's moments, norms and sums
 // (Lamb::state_bytes_for), and in mixed precision the fp32 master weights (an fp32 run's
-// weights are the model's). The master weights stay whole on every rank: the model reads parts
-// of them in fp32 from the same flat buffer (the biases and LayerNorm parameters).
+// weights are the model's): whole, or with layout.masters_sharded the rank's range and the
+// fp32 values the model reads (the biases and LayerNorm parameters).
 size_t optimizer_state_bytes(const OptimizerLayout& layout, const std::vector<int64_t>& bounds,
                              bool sharded, int rank);
 // Bytes a step's collectives make that rank send (the gradient's round included), by the ring
@@ -129,6 +138,8 @@ class DistributedLamb {
   // The end of a sharded update (LambShard::after_update, inside the update's graph when there
   // is one): the gathers started, the gradient outside the shard zeroed.
   void after_update();
+  // This rank's range of the fp32 master weights (the whole params with sharded masters).
+  Tensor own_params() const;
   // The gathers of a sharded step, by forward group: (buffer, ranges) pairs.
   std::vector<std::vector<std::pair<Tensor, ShardExchange::Ranges>>> gathers_;
   bool gathers_in_flight_ = false;

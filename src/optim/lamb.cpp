@@ -136,7 +136,10 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
                         const std::vector<Backend::HostRead>& also_read) {
   const trace::Range range("lamb");
   const char* op = "Lamb::step";
-  check_tensor(op, "params", params, DType::f32, {num_elems_});
+  // Sharded, the master weights may be this rank's range only (model/replica.h shard_masters).
+  const bool local = sharded() && params.defined() && params.numel() == end_ - begin_ &&
+                     end_ - begin_ != num_elems_;
+  check_tensor(op, "params", params, DType::f32, {local ? end_ - begin_ : num_elems_});
   check_tensor(op, "grads", grads, DType::f32, {num_elems_});
   check_device(op, "params", params, backend_.device());
   check_device(op, "grads", grads, backend_.device());
@@ -156,7 +159,7 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   // Every rank holds the all-reduced gradient, so this is the global norm (apex FusedLAMB
   // takes one norm over all parameter groups, decayed or not). Sharded: each rank holds the
   // reduced gradient of its range only, and the squares are summed over ranks.
-  const Tensor own_params = slice(params, begin_, end_ - begin_);
+  const Tensor own_params = local ? params : slice(params, begin_, end_ - begin_);
   const Tensor own_grads = slice(grads, begin_, end_ - begin_);
   const Tensor own_lowp = slice(params_lowp, begin_, end_ - begin_);
   LambConfig cfg;

@@ -139,6 +139,8 @@ class Lamb {
   // gradient does then.
   // also_read: other host reads (Backend::read) to make in the same wait, after the update is
   // issued (the trainer's loss sums); with read_back false they are the step's only wait.
+  // Sharded, params may instead hold the shard's range only (f32 [end - begin]: a replica
+  // that keeps only its shard of the master weights).
   LambStepInfo step(const Tensor& params, const Tensor& grads, const Tensor& params_lowp = {},
                     float grad_scale = 1.0f, bool read_back = true,
                     const std::vector<Backend::HostRead>& also_read = {});

@@ -57,18 +57,27 @@ RankItems rank_items(const TrainConfig& c, int ranks, int rank, const BatchShape
   };
   const auto f32n = static_cast<size_t>(std::max<int64_t>(4 * n, 1));
   const bool mixed = o.bert.precision != Precision::fp32;
-  add("fp32_master_weights",
-      mixed ? "parameters: fp32 master weights" : "parameters (fp32, the master weights)", f32n,
-      true);
+  const bool sharded = o.sharded && ranks > 1;
+  const std::vector<int64_t> bounds = DistributedLamb::shard_bounds(n, ranks);
+  const int64_t begin = sharded ? bounds[static_cast<size_t>(rank)] : 0;
+  const int64_t end = sharded ? bounds[static_cast<size_t>(rank) + 1] : n;
+  // Sharded bf16 / fp16 keeps the rank's range of the masters (model/replica.h shard_masters).
+  if (sharded && (o.bert.precision == Precision::bf16 || o.bert.precision == Precision::fp16)) {
+    add("fp32_master_weights", fmt::format("parameters: fp32 master weights, this rank's 1/{}",
+                                           ranks),
+        static_cast<size_t>(std::max<int64_t>(4 * (end - begin), 1)), true);
+    add("fp32_read_weights", "parameters: fp32 biases and LayerNorm the ops read",
+        static_cast<size_t>(std::max<int64_t>(4 * fp32_read_elems(table), 1)), true);
+  } else {
+    add("fp32_master_weights",
+        mixed ? "parameters: fp32 master weights" : "parameters (fp32, the master weights)", f32n,
+        true);
+  }
   add("lowp_weights", "parameters: 16-bit copy", r.model.lowp_weights, true);
   add("fp8_state", "parameters: FP8 copies and scaling state", r.model.fp8_state, true);
   add("gradients", "gradients (fp32)", f32n, true);
 
   // LAMB: this rank's share of the moments (optim.sharded), as Lamb's constructor allocates.
-  const bool sharded = o.sharded && ranks > 1;
-  const std::vector<int64_t> bounds = DistributedLamb::shard_bounds(n, ranks);
-  const int64_t begin = sharded ? bounds[static_cast<size_t>(rank)] : 0;
-  const int64_t end = sharded ? bounds[static_cast<size_t>(rank) + 1] : n;
   int64_t tensors = 0, all = 0;
   for (const ParamTensor& t : table.tensors()) {
     if (t.size == 0) continue;

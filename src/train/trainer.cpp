@@ -36,7 +36,18 @@ std::vector<GradSpan> grad_spans(const ParamTable& table) {
   return out;
 }
 
-ReplicaOptions replica_options(const TrainerOptions& o) {
+// The data-parallel world of comm: (ranks, this rank); (1, 0) without MPI.
+std::pair<int, int> world_of(MPI_Comm comm) {
+  int initialized = 0, world = 1, rank = 0;
+  PB_MPI_CHECK(MPI_Initialized(&initialized));
+  if (initialized) {
+    PB_MPI_CHECK(MPI_Comm_size(comm, &world));
+    PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  }
+  return {world, rank};
+}
+
+ReplicaOptions replica_options(const TrainerOptions& o, MPI_Comm comm) {
   ReplicaOptions r;
   r.config = o.config;
   r.bert = o.bert;
@@ -47,13 +58,24 @@ ReplicaOptions replica_options(const TrainerOptions& o) {
   // identical reduced gradients keep them so (no broadcast needed).
   r.init_seed = o.init_seed;
   r.planned_bytes = o.planned_bytes;
+  // A sharded mixed-precision run keeps each rank's shard of the fp32 masters only
+  // (DistributedLamb's cut); FP8 casts its weight copies from whole masters.
+  const auto [world, rank] = world_of(comm);
+  if (o.sharded && world > 1 &&
+      (o.bert.precision == Precision::bf16 || o.bert.precision == Precision::fp16)) {
+    const std::vector<int64_t> bounds =
+        DistributedLamb::shard_bounds(ParamTable(o.config).total(), world);
+    r.shard_masters = true;
+    r.master_begin = bounds[static_cast<size_t>(rank)];
+    r.master_end = bounds[static_cast<size_t>(rank) + 1];
+  }
   return r;
 }
 
 }  // namespace
 
 Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
-    : options_(options), replica_(replica_options(options)) {
+    : options_(options), replica_(replica_options(options, comm)) {
   const ParamTable& table = replica_.table();
   Backend& backend = replica_.backend();
   const int64_t n = table.total();
@@ -84,7 +106,7 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   if (options_.reserve.rows > 0)  // after the FP8 state is made for the world
     bert.reserve(BertReserve{options_.reserve, options_.layout, options_.deferred_forwards});
   OptimizedBuffers buffers{replica_.params(), replica_.grads(), bert.lowp_params(),
-                           bert.fp32_ranges(), bert.forward_groups()};
+                           bert.fp32_ranges(), bert.forward_groups(), replica_.fp32_weights()};
   optimizer_ = std::make_unique<DistributedLamb>(backend, lamb_params(table), *reducer_,
                                                  std::move(buffers), LrSchedule(options_.lr),
                                                  options_.lamb, options_.sharded);

@@ -187,6 +187,7 @@ int run_balance(const Args& args) {
   fp32.fp32_ranges = {{0, n}};
   OptimizerLayout bf16 = fp32;
   bf16.lowp_bytes = dtype_size(DType::bf16);
+  bf16.masters_sharded = true;  // sharded, a rank keeps its range of them (replicated: whole)
   {
     // The parts the bf16 model reads in fp32: the model's own list. The weights' pages stay
     // untouched (read as zero pages); the 16-bit copy is written once.
@@ -206,7 +207,8 @@ int run_balance(const Args& args) {
   balance_table(fp32, "fp32");
   balance_table(bf16, "bf16");
   std::cout << "\nstate: optimizer_state_bytes (m, v, the norms and sums; in bf16 the fp32 master "
-               "weights too, whole on every rank). sent: optimizer_bytes_sent (replicated: the "
+               "weights too: whole when replicated, sharded the rank's range and the fp32 values "
+               "the model reads). sent: optimizer_bytes_sent (replicated: the "
                "gradient's all-reduce, 2 (N - 1) / N x 4 B per parameter; sharded: the "
                "reduce-scatter, the sums over ranks, the gathers of the weights).\n";
   return 0;
@@ -371,8 +373,10 @@ int run_timed(const Args& args, int rank, int size) {
     const char* name = sharded ? "sharded" : "replicated";
     if (sharded && size == 1) continue;
     if (!sharded && !args.replicated) continue;
+    // The masters whole (w): the timed step as before they were sharded (Tensor(): no
+    // compact fp32 buffer).
     OptimizedBuffers buffers{w.tensor(), g.tensor(), bert.lowp_params(), fp32_ranges,
-                             bert.forward_groups()};
+                             bert.forward_groups(), Tensor()};
     const int64_t begin = sharded ? own_begin : 0, end = sharded ? own_end : n;
     OptimizerLayout layout;
     layout.num_elems = n;

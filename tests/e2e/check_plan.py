@@ -91,19 +91,22 @@ def run_equal(a):
     cases = CUDA_CASES if a.device == "cuda" else CPU_CASES
     for name, ranks, extra in cases:
         keys = base_keys(a, a.work, name) + extra
+        metrics = f"{a.work}/{name}.jsonl"
+        if os.path.exists(metrics):
+            os.remove(metrics)  # train appends to it: an earlier run's records are not this one's
         p0 = plan(a, keys, ranks, rank=0)
         largest = plan(a, keys, ranks)
         r = subprocess.run(mpirun(ranks) + [a.packbert, "train"] + keys, capture_output=True,
                            text=True, timeout=600)
         if r.returncode != 0:
             fail(f"{name}: train exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-        recs = [json.loads(l) for l in open(f"{a.work}/{name}.jsonl")]
+        recs = [json.loads(l) for l in open(metrics)]
         train = [j for j in recs if j.get("event") == "train"]
         if not train or not any(j.get("event") == "eval" for j in recs):
             fail(f"{name}: no train or no eval record in the metrics")
         state = item(largest, "optimizer_moments") + item(largest, "optimizer_scalars")
         if largest_state_counts_master(keys):
-            state += item(largest, "fp32_master_weights")
+            state += item(largest, "fp32_master_weights") + item(largest, "fp32_read_weights")
         for j in train:
             got = {"device_allocated_bytes": j["device_allocated_bytes"],
                    "activation_capacity_bytes": j["activation_capacity_bytes"],
