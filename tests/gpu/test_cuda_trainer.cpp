@@ -116,7 +116,8 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
 // The sharded optimizer on the CUDA backend, two ranks (mpirun on this binary; the ranks find
 // PACKBERT_SHARDED_TEST_CHILD set): three steps with the gradient travelling through the host
 // (MPI: two ranks can share one GPU, and NCCL cannot) give the unsharded run's weights, moments
-// and gradient norms bit for bit. The cut lies inside a tensor: its norms are the sums of its
+// and gradient norms bit for bit, in fp32 and in bf16 (where each sharded rank keeps only its
+// range of the fp32 master weights, model/replica.h shard_masters). The cut lies inside a tensor: its norms are the sums of its
 // two pieces' double sums of squares, added in another order than the whole tensor's, and
 // equal after the rounding to f32 unless the two double sums (a few 1e-16 apart, relative)
 // straddle a rounding boundary of f32 (2^-24 relative apart): about 1e-8 per norm, 1e-7 for
@@ -129,47 +130,52 @@ void sharded_rank() {
   struct Finalize {
     ~Finalize() { MPI_Finalize(); }
   } finalize;
-  std::mt19937_64 rng(test_seed());  // the same on both ranks
-  StepBatch batch = random_step_batch(rng, 6, 2, 5, kMaxSeqLen, 10);
-  batch.global_samples *= 2;
-  batch.global_masked_tokens *= 2;
-  TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-2, 10);
-  o.lr.num_warmup_steps = 1;
-  o.device = Device::cuda;
-  o.gpu_transport = GradTransport::mpi;
-  o.bucket_bytes = 256 << 10;  // several buckets, cut inside tensors
-  Trainer plain(MPI_COMM_WORLD, o);
-  o.sharded = true;
-  Trainer sharded(MPI_COMM_WORLD, o);
-  ASSERT_TRUE(sharded.optimizer_sharded());
-  ASSERT_LT(sharded.optimizer_state_bytes(), plain.optimizer_state_bytes());
-  double step1_loss = 0;
-  for (int64_t s = 0; s < 3; ++s) {
-    batch.step = s;
-    const StepMetrics a = plain.step(batch), b = sharded.step(batch, {}, /*read=*/s != 1);
-    if (s == 1) step1_loss = a.loss;
-    if (s != 1) {
-      EXPECT_EQ(a.loss, b.loss) << "step " << s;
-      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+  // fp32, and bf16, whose sharded ranks keep only their range of the fp32 master weights.
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    std::mt19937_64 rng(test_seed());  // the same on both ranks
+    StepBatch batch = random_step_batch(rng, 6, 2, 5, kMaxSeqLen, 10);
+    batch.global_samples *= 2;
+    batch.global_masked_tokens *= 2;
+    TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-2, 10);
+    o.lr.num_warmup_steps = 1;
+    o.device = Device::cuda;
+    o.gpu_transport = GradTransport::mpi;
+    o.bucket_bytes = 256 << 10;  // several buckets, cut inside tensors
+    o.bert.precision = precision;
+    Trainer plain(MPI_COMM_WORLD, o);
+    o.sharded = true;
+    Trainer sharded(MPI_COMM_WORLD, o);
+    ASSERT_TRUE(sharded.optimizer_sharded());
+    ASSERT_LT(sharded.optimizer_state_bytes(), plain.optimizer_state_bytes());
+    double step1_loss = 0;
+    for (int64_t s = 0; s < 3; ++s) {
+      batch.step = s;
+      const StepMetrics a = plain.step(batch), b = sharded.step(batch, {}, /*read=*/s != 1);
+      if (s == 1) step1_loss = a.loss;
+      if (s != 1) {
+        EXPECT_EQ(a.loss, b.loss) << "step " << s;
+        EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+      }
+      if (s == 2) {  // step 1's loss, unread there, arrives here
+        ASSERT_EQ(b.earlier_losses.size(), 1u);
+        EXPECT_EQ(b.earlier_losses[0].loss, step1_loss);
+      }
     }
-    if (s == 2) {  // step 1's loss, unread there, arrives here
-      ASSERT_EQ(b.earlier_losses.size(), 1u);
-      EXPECT_EQ(b.earlier_losses[0].loss, step1_loss);
+    EXPECT_EQ(plain.params(), sharded.params());
+    const auto n = static_cast<size_t>(plain.table().total());
+    std::vector<float> wp(n), mp(n), vp(n), ws(n), ms(n), vs(n);
+    plain.save_state(wp.data(), mp.data(), vp.data(), plain.rank());
+    for (int root : {0, 1}) {  // each rank's range from the device, gathered on root
+      std::fill(ws.begin(), ws.end(), -1.f);
+      std::fill(ms.begin(), ms.end(), -1.f);
+      std::fill(vs.begin(), vs.end(), -1.f);
+      sharded.save_state(ws.data(), ms.data(), vs.data(), root);
+      if (sharded.rank() != root) continue;
+      EXPECT_EQ(wp, ws) << "root " << root;
+      EXPECT_EQ(mp, ms) << "root " << root;
+      EXPECT_EQ(vp, vs) << "root " << root;
     }
-  }
-  EXPECT_EQ(plain.params(), sharded.params());
-  const auto n = static_cast<size_t>(plain.table().total());
-  std::vector<float> wp(n), mp(n), vp(n), ws(n), ms(n), vs(n);
-  plain.save_state(wp.data(), mp.data(), vp.data(), plain.rank());
-  for (int root : {0, 1}) {  // each rank's range from the device, gathered on root
-    std::fill(ws.begin(), ws.end(), -1.f);
-    std::fill(ms.begin(), ms.end(), -1.f);
-    std::fill(vs.begin(), vs.end(), -1.f);
-    sharded.save_state(ws.data(), ms.data(), vs.data(), root);
-    if (sharded.rank() != root) continue;
-    EXPECT_EQ(wp, ws) << "root " << root;
-    EXPECT_EQ(mp, ms) << "root " << root;
-    EXPECT_EQ(vp, vs) << "root " << root;
   }
 }
 
