@@ -81,17 +81,25 @@ std::vector<LambTensor> ParamTable::lamb_rows() const {
   return rows;
 }
 
+namespace {
+// The elements of `base` from element `first` on, as a tensor of `shape`.
+Tensor shaped_view(const Tensor& base, int64_t first, const std::vector<int64_t>& shape) {
+  PB_CHECK(shape.size() <= static_cast<size_t>(Tensor::kMaxDims), "too many dims");
+  Tensor v = base;
+  v.data = static_cast<char*>(base.data) + first * static_cast<int64_t>(dtype_size(base.dtype));
+  v.ndim = static_cast<int>(shape.size());
+  for (int d = 0; d < Tensor::kMaxDims; ++d)
+    v.shape[d] = d < v.ndim ? shape[static_cast<size_t>(d)] : 0;
+  return v;
+}
+}  // namespace
+
 Tensor tensor_view(const Tensor& flat, const ParamTensor& t) {
   PB_CHECK((flat.dtype == DType::f32 || flat.dtype == DType::bf16 || flat.dtype == DType::f16) &&
                t.offset + t.size <= flat.numel(),
            "parameter {} [{} + {}] outside the flat buffer {}", t.name, t.offset, t.size,
            flat.str());
-  PB_CHECK(t.shape.size() <= static_cast<size_t>(Tensor::kMaxDims), "{}: too many dims", t.name);
-  Tensor v = flat;
-  v.data = static_cast<char*>(flat.data) + t.offset * static_cast<int64_t>(dtype_size(flat.dtype));
-  v.ndim = static_cast<int>(t.shape.size());
-  for (int d = 0; d < Tensor::kMaxDims; ++d) v.shape[d] = d < v.ndim ? t.shape[d] : 0;
-  return v;
+  return shaped_view(flat, t.offset, t.shape);
 }
 
 namespace {
@@ -150,16 +158,6 @@ BertWeights bind_with(const ParamTable& table, const ViewAt& at) {
   return w;
 }
 
-// A view of `count` elements of `base` from element `first`, shaped.
-Tensor shaped_view(const Tensor& base, int64_t first, const std::vector<int64_t>& shape) {
-  PB_CHECK(shape.size() <= static_cast<size_t>(Tensor::kMaxDims), "too many dims");
-  Tensor v = base;
-  v.data = static_cast<char*>(base.data) + first * static_cast<int64_t>(dtype_size(base.dtype));
-  v.ndim = static_cast<int>(shape.size());
-  for (int d = 0; d < Tensor::kMaxDims; ++d)
-    v.shape[d] = d < v.ndim ? shape[static_cast<size_t>(d)] : 0;
-  return v;
-}
 
 }  // namespace
 

@@ -77,20 +77,18 @@ RankItems rank_items(const TrainConfig& c, int ranks, int rank, const BatchShape
   add("fp8_state", "parameters: FP8 copies and scaling state", r.model.fp8_state, true);
   add("gradients", "gradients (fp32)", f32n, true);
 
-  // LAMB: this rank's share of the moments (optim.sharded), as Lamb's constructor allocates.
-  int64_t tensors = 0, all = 0;
-  for (const ParamTensor& t : table.tensors()) {
-    if (t.size == 0) continue;
-    ++all;
-    if (std::max(t.offset, begin) < std::min(t.offset + t.size, end)) ++tensors;
-  }
+  // LAMB: this rank's share of the moments (optim.sharded), as the run reports it
+  // (optimizer_state_bytes without the master weights, which are counted above).
+  OptimizerLayout lamb;
+  lamb.num_elems = n;
+  lamb.table = lamb_params(table);
   const size_t moments = 2 * static_cast<size_t>(std::max<int64_t>(4 * (end - begin), 1));
   add("optimizer_moments",
       sharded ? fmt::format("optimizer: LAMB moments, this rank's 1/{}", ranks)
               : std::string("optimizer: LAMB moments"),
       moments, true);
   add("optimizer_scalars", "optimizer: LAMB norms, sums, scalars",
-      Lamb::state_bytes_for(end - begin, tensors, all, sharded) - moments, true);
+      optimizer_state_bytes(lamb, bounds, o.sharded, rank) - moments, true);
   // The update's graph reads its rate and scales from the device (LambOptions::graph).
   if (graphs && o.bert.cuda_graphs == CudaGraphs::full &&
       (!sharded || o.gpu_transport == GradTransport::nccl))

@@ -19,14 +19,6 @@ namespace {
 // A step's counts, summed over the ranks every step (Trainer::sum_metrics).
 enum Count : size_t { kMasked, kSequences, kTokens, kRows, kCounts };
 
-std::vector<LambParam> lamb_params(const ParamTable& table) {
-  std::vector<LambParam> out;
-  out.reserve(table.tensors().size());
-  for (const ParamTensor& t : table.tensors())
-    out.push_back({t.name, t.offset, t.size, t.no_decay});
-  return out;
-}
-
 // The reducer is told tensors by their index in the table, exactly the index Bert's
 // GradientReady hook reports, so the hook can pass it straight through.
 std::vector<GradSpan> grad_spans(const ParamTable& table) {
@@ -73,6 +65,14 @@ ReplicaOptions replica_options(const TrainerOptions& o, MPI_Comm comm) {
 }
 
 }  // namespace
+
+std::vector<LambParam> lamb_params(const ParamTable& table) {
+  std::vector<LambParam> out;
+  out.reserve(table.tensors().size());
+  for (const ParamTensor& t : table.tensors())
+    out.push_back({t.name, t.offset, t.size, t.no_decay});
+  return out;
+}
 
 Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
     : options_(options), replica_(replica_options(options, comm)) {

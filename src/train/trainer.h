@@ -79,6 +79,9 @@ struct TrainerOptions {
   size_t planned_bytes = 0;
 };
 
+// LAMB's table of a parameter table: each tensor by name, offset, size and no_decay.
+std::vector<LambParam> lamb_params(const ParamTable& table);
+
 // The losses of one optimizer step, over the whole global batch.
 struct StepLosses {
   int64_t step = 0;            // StepBatch::step

@@ -76,6 +76,7 @@
 #include "optim/distributed_lamb.h"
 #include "optim/lamb.h"
 #include "optim/sharding.h"
+#include "train/trainer.h"
 
 namespace packbert {
 namespace {
@@ -115,13 +116,6 @@ Args parse(int argc, char** argv) {
   PB_REQUIRE(a.precision != Precision::fp16,
              "--precision fp16: the optimizer's figures are bf16's; use fp32 or bf16");
   return a;
-}
-
-std::vector<LambParam> lamb_params(const ParamTable& table) {
-  std::vector<LambParam> out;
-  for (const ParamTensor& t : table.tensors())
-    out.push_back({t.name, t.offset, t.size, t.no_decay});
-  return out;
 }
 
 int64_t range_elems(const Ranges& ranges) {

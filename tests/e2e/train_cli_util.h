@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -90,6 +91,15 @@ metrics_file = "{dir}/metrics.jsonl"
 }
 
 // The metrics file's records of one event kind ("train" or "eval"), in file order.
+// The tensor data of a safetensors file: what follows its header (whose metadata may differ
+// between two runs of the same tensors); empty when the file is shorter than its header says.
+inline std::string checkpoint_tensor_bytes(const std::string& path) {
+  const std::string f = read_file(path);
+  uint64_t header = 0;
+  if (f.size() >= 8) std::memcpy(&header, f.data(), 8);
+  return f.size() >= 8 + header ? f.substr(8 + header) : std::string();
+}
+
 inline std::vector<nlohmann::json> read_records(const std::string& path, const std::string& event) {
   std::vector<nlohmann::json> out;
   std::ifstream f(path);
