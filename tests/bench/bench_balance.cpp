@@ -1,6 +1,8 @@
 // Step planner balance: for each configuration (ranks x samples per rank) and method, the mean
 // and worst max/mean cost over ranks per step, with lengths drawn from the MLPerf Wikipedia
-// histogram, and the planning time per step. A table, never a timed assertion.
+// histogram, and the planning time per step. A table, never a timed assertion. A second table
+// holds the largest micro-batch of any plan against the planner's bound (micro_batch_bound,
+// which sizes the activation arena): under lpt / lpt-search its sample count is not a bound.
 //
 // Usage: bench_balance [steps, default 1000] [histogram file, "" for the default]
 //                      [search budget in probes, default PlannerConfig's]
@@ -46,6 +48,9 @@ struct Stats {
   }
 };
 
+// The MLPerf phase-2 data's max_predictions_per_seq.
+constexpr int64_t kMaxPredictions = 76;
+
 // One step's candidates: lengths from the histogram, ~15 % of tokens masked (at most 76, as in
 // the MLPerf data), ids unique across steps.
 std::vector<Candidate> draw_step(std::mt19937_64& rng, std::discrete_distribution<int>& draw,
@@ -53,7 +58,8 @@ std::vector<Candidate> draw_step(std::mt19937_64& rng, std::discrete_distributio
   std::vector<Candidate> c(n);
   for (int i = 0; i < n; ++i) {
     const int len = draw(rng);
-    c[i] = {first_id + i, len, std::min(76, std::max(1, (len * 15 + 50) / 100))};
+    c[i] = {first_id + i, len,
+            std::min(static_cast<int>(kMaxPredictions), std::max(1, (len * 15 + 50) / 100))};
   }
   return c;
 }
@@ -62,6 +68,22 @@ double micros_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
       .count();
 }
+
+// The largest micro-batch seen: samples, masked tokens, tokens, and the cells beyond the bound.
+struct Largest {
+  int64_t samples = 0, masked = 0, tokens = 0, over = 0, cells = 0;
+  void add(const StepPlan& p, const MicroBatchBound& b, int64_t masked_bound) {
+    for (const auto& r : p.ranks)
+      for (const auto& mb : r.micro_batches) {
+        const auto n = static_cast<int64_t>(mb.samples.size());
+        samples = std::max(samples, n);
+        masked = std::max(masked, mb.masked_tokens);
+        tokens = std::max(tokens, mb.tokens);
+        over += n > b.samples || mb.masked_tokens > masked_bound || mb.tokens > b.tokens;
+        ++cells;
+      }
+  }
+};
 
 // max/mean over every (rank, micro-step) cell.
 double cell_imbalance(const StepPlan& p) {
@@ -105,6 +127,14 @@ int main(int argc, char** argv) {
                             {8, 56, 4, steps},
                             {64, 8, 2, steps}};
 
+  struct Row {
+    std::string name;
+    BalanceMethod method;
+    MicroBatchBound bound;
+    int64_t masked_bound;
+    Largest largest;
+  };
+  std::vector<Row> largest_rows;
   std::printf("%-22s %-12s %14s %14s %14s %10s %10s %8s %8s\n", "configuration", "method",
               "mean max/mean", "worst max/mean", "cells max/mean", "mean us", "median us",
               "moves", "probes");
@@ -125,6 +155,10 @@ int main(int argc, char** argv) {
       pc.search_budget = budget;
       Stats st, cells;
       int64_t moves = 0, probes = 0;
+      // The arena's bound (config/train_options.cpp largest_micro_batch): the planner's, with
+      // at most kMaxPredictions masked tokens a sample.
+      const MicroBatchBound bound = micro_batch_bound(pc, n);
+      Row row{name, m, bound, std::min(bound.tokens, bound.samples * kMaxPredictions), {}};
       for (int s = 0; s < cfg.steps; ++s) {
         const auto cand = draw_step(rng, draw, n, int64_t{s} * n);
         const auto t0 = std::chrono::steady_clock::now();
@@ -132,6 +166,7 @@ int main(int argc, char** argv) {
         const double us = micros_since(t0);
         st.add(plan.imbalance(), us);
         cells.add(cell_imbalance(plan), 0);
+        row.largest.add(plan, bound, row.masked_bound);
         moves += plan.search_moves;
         probes += plan.search_probes;
       }
@@ -139,8 +174,31 @@ int main(int argc, char** argv) {
       std::printf("%-22s %-12s %14.5f %14.5f %14.5f %10.1f %10.1f %8.1f %8.0f\n", name,
                   balance_method_name(m), st.mean(), st.worst, cells.mean(), st.mean_us(),
                   st.median_us(), moves / steps_run, probes / steps_run);
+      largest_rows.push_back(row);
     }
   }
+
+  // What the activation arena is sized for against what the plans gave a micro-batch.
+  std::printf(
+      "\nthe largest micro-batch of any step against the planner's bound (micro_batch_bound; the "
+      "arena's reserve)\n");
+  std::printf("%-22s %-12s %16s %18s %20s %16s\n", "configuration", "method", "samples (bound)",
+              "masked (bound)", "tokens (bound)", "cells beyond");
+  for (const Row& r : largest_rows) {
+    char samples[32], masked[32], tokens[32], beyond[32];
+    std::snprintf(samples, sizeof samples, "%lld (%lld%s)",
+                  static_cast<long long>(r.largest.samples),
+                  static_cast<long long>(r.bound.samples), r.bound.samples_bounded ? "" : "*");
+    std::snprintf(masked, sizeof masked, "%lld (%lld)", static_cast<long long>(r.largest.masked),
+                  static_cast<long long>(r.masked_bound));
+    std::snprintf(tokens, sizeof tokens, "%lld (%lld)", static_cast<long long>(r.largest.tokens),
+                  static_cast<long long>(r.bound.tokens));
+    std::snprintf(beyond, sizeof beyond, "%lld of %lld", static_cast<long long>(r.largest.over),
+                  static_cast<long long>(r.largest.cells));
+    std::printf("%-22s %-12s %16s %18s %20s %16s\n", r.name.c_str(),
+                balance_method_name(r.method), samples, masked, tokens, beyond);
+  }
+  std::printf("* the count at max_seq_len, not a bound (lpt / lpt-search)\n");
 
   // What a loader pays on top: packing its own rank's micro-batches (pack_online).
   std::printf(
