@@ -91,17 +91,12 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   reduce.bucket_bytes = options_.bucket_bytes;
   reduce.device_transport = options_.gpu_transport;
   reduce.cuda_device = options_.cuda_device;
-  int world = 1;
-  int initialized = 0;
-  PB_MPI_CHECK(MPI_Initialized(&initialized));
-  if (initialized) PB_MPI_CHECK(MPI_Comm_size(comm, &world));
+  const auto [world, rank] = world_of(comm);
   reduce.shard_bounds = DistributedLamb::shard_bounds(n, world);
   reducer_ = std::make_unique<GradReducer>(comm, backend, replica_.grads(), grad_spans(table),
                                            reduce);
   metric_sums_ = std::make_unique<MetricSums>(comm);
   Bert& bert = replica_.bert();
-  int rank = 0;
-  if (initialized) PB_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   bert.set_data_parallel(world, rank);  // FP8: the amaxes' maximum is over every rank
   if (options_.reserve.rows > 0)  // after the FP8 state is made for the world
     bert.reserve(BertReserve{options_.reserve, options_.layout, options_.deferred_forwards});

@@ -39,6 +39,26 @@ class TrainCli : public TrainDataSuite {
     }
   }
 
+  // The tensors of the two checkpoint files (model, optimizer) of step directories a and b, byte
+  // for byte (the headers' metadata may differ: the trainer state records the config, sharding
+  // included).
+  static void expect_same_checkpoint_tensors(const std::string& a, const std::string& b) {
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+      const std::string x = checkpoint_tensor_bytes(a + "/" + file);
+      EXPECT_FALSE(x.empty()) << a << "/" << file;
+      EXPECT_TRUE(x == checkpoint_tensor_bytes(b + "/" + file)) << a << "/" << file;
+    }
+  }
+  // A run resumed from run `from`'s checkpoint of step 9: its name, ranks, extra keys, and the
+  // bar of expect_resumed_losses.
+  struct Resume {
+    const char* name;
+    int np;
+    const char* more;
+    std::string from;
+    double tol;  // relative, per loss
+  };
+
   static std::string train_cmd(const std::string& dir, const std::string& args = "") {
     return kBin + " train --config " + dir + "/config.toml " + args + " > " + dir +
            "/log.txt 2>&1";
@@ -503,24 +523,13 @@ TEST_F(TrainCli, ShardedRunsFollowTheUnshardedOneAndResumeAcrossRankCounts) {
   EXPECT_EQ(state(want.back()), state(one.back()));  // replicated: every rank holds it all
   expect_measure("np4 sharded state over np1 unsharded", state(got4.back()) / state(one.back()),
                  0.3);
-  // The tensors of both files, byte for byte (the headers' metadata may differ: the trainer
-  // state records the config, sharding included).
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    const std::string a = checkpoint_tensor_bytes(sharded + "/ckpt/step_00000012/" + file);
-    EXPECT_FALSE(a.empty()) << file;
-    EXPECT_TRUE(a == checkpoint_tensor_bytes(plain + "/ckpt/step_00000012/" + file)) << file;
-  }
-  struct Resume {
-    const char* name;
-    int np;
-    const char* more;
-    std::string from;
-  };
-  for (const Resume& r : {Resume{"sharded_np4_to_plain_np1", 1, "", sharded4},
-                          Resume{"plain_np2_to_sharded_np3", 3, "--optim.sharded=true", plain}}) {
+  expect_same_checkpoint_tensors(sharded + "/ckpt/step_00000012", plain + "/ckpt/step_00000012");
+  for (const Resume& r :
+       {Resume{"sharded_np4_to_plain_np1", 1, "", sharded4, 1e-6},
+        Resume{"plain_np2_to_sharded_np3", 3, "--optim.sharded=true", plain, 1e-6}}) {
     const std::string dir =
         train(r.name, r.np, std::string(r.more) + " --resume " + r.from + "/ckpt/step_00000009");
-    expect_resumed_losses(r.name, dir, one, 1e-6, "unsharded 1 rank");
+    expect_resumed_losses(r.name, dir, one, r.tol, "unsharded 1 rank");
   }
   // bf16: the bytes a step sends, replicated against sharded, at 4 ranks.
   const std::string bf16 = "--train.max_steps=2 --checkpoint.every_steps=0 --train.precision=bf16 ";
@@ -564,18 +573,7 @@ TEST_F(TrainCli, ShardedBf16MastersAreTheReplicatedRunsAndResumeAcrossRankCounts
   const double ratio = got.back().at("optimizer_state_bytes").get<double>() /
                        want.back().at("optimizer_state_bytes").get<double>();
   expect_measure("bf16 np 2: sharded state over replicated", ratio, 0.55);
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    const std::string a = checkpoint_tensor_bytes(sharded + "/ckpt/step_00000009/" + file);
-    EXPECT_FALSE(a.empty()) << file;
-    EXPECT_TRUE(a == checkpoint_tensor_bytes(plain + "/ckpt/step_00000009/" + file)) << file;
-  }
-  struct Resume {
-    const char* name;
-    int np;
-    const char* more;
-    std::string from;
-    double tol;  // relative, per loss
-  };
+  expect_same_checkpoint_tensors(sharded + "/ckpt/step_00000009", plain + "/ckpt/step_00000009");
   for (const Resume& r :
        {Resume{"bf16_sharded_np2_to_plain_np2", 2, "", sharded, 0.0},
         Resume{"bf16_plain_np2_to_sharded_np4", 4, "--optim.sharded=true", plain, 1e-2}}) {
