@@ -2,9 +2,14 @@
 
 #include <algorithm>
 
+#include "model/attention_block.h"
+#include "model/embeddings.h"
+#include "model/heads.h"
+#include "model/mlp_block.h"
+
 namespace packbert {
 
-void carve_batch(Carver& c, const BatchShape& shape, Bert::Activations& a) {
+void carve_batch(Carver& c, const BatchShape& shape, StepActivations& a) {
   const DType i32 = DType::i32;
   const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
   a.step = c.take(i32, {1});  // first: their places depend on no count
@@ -31,101 +36,80 @@ void carve_batch(Carver& c, const BatchShape& shape, Bert::Activations& a) {
 
 size_t batch_bytes(const BatchShape& shape) {
   Carver measure(nullptr, Device::cpu);
-  Bert::Activations scratch;
+  StepActivations scratch;
   carve_batch(measure, shape, scratch);
   return measure.used();
 }
 
-void carve_activations(Carver& c, const BertConfig& config, const BatchShape& shape,
-                       const ActivationPlan& plan, Bert::Activations& a) {
-  using K = ActivationKind;
-  const DType f32 = DType::f32;
-  const DType act = plan.act;  // token-wise activations and their gradients
-  const int64_t rows = shape.rows, m = shape.masked, s = shape.seqs;
-  const int64_t h = config.hidden, inter = config.intermediate;
-  const int64_t chunk = plan.mlm_chunk_rows > 0 ? std::min(plan.mlm_chunk_rows, m) : m;
-  const int64_t mlp_chunk = plan.mlp_chunk_rows > 0 ? std::min(plan.mlp_chunk_rows, rows) : 0;
-  const bool gradients = plan.gradients;
-  a.shape = shape;
-  a.gradients = gradients;
-  a.plan = plan;
+Dropout dropout_of(const StepActivations& a, const BertConfig& config, DropoutSite site,
+                   uint32_t layer) {
+  Dropout d;
+  if (a.keys.on)
+    d.p = site == DropoutSite::attention_probs ? config.attention_dropout : config.hidden_dropout;
+  d.seed = a.keys.seed;
+  d.step = a.keys.step;
+  d.device_step = a.step;  // the same step, uploaded with the batch
+  d.layer = layer;
+  d.site = site;
+  return d;
+}
 
-  a.emb_ln_mean = c.take(K::layernorm, f32, {rows});
-  a.emb_ln_rstd = c.take(K::layernorm, f32, {rows});
+void carve_activations(Carver& c, const BertConfig& config, const BatchShape& shape,
+                       const ActivationPlan& plan, StepActivations& a) {
+  const int64_t rows = shape.rows, h = config.hidden;
+  a.shape = shape;
+  a.gradients = plan.gradients;
+  a.plan = plan;
+  Embeddings::carve(c, shape, a.embedding);
   auto carve_layer = [&] {
     LayerActivations la;
-    la.qkv = c.take(K::attention, act, {rows, 3 * h});
-    la.ctx = c.take(K::attention, act, {rows, h});
-    la.lse = c.take(K::attention, f32, {rows, config.heads});
-    la.attn_ln_in = c.take(K::layernorm, act, {rows, h});
-    la.attn_ln_mean = c.take(K::layernorm, f32, {rows});
-    la.attn_ln_rstd = c.take(K::layernorm, f32, {rows});
-    la.h1 = c.take(K::hidden, act, {rows, h});
-    if (mlp_chunk == 0) {
-      la.ffn_pre = c.take(K::mlp, act, {rows, inter});
-      la.ffn_act = c.take(K::mlp, act, {rows, inter});
-    }
-    la.ffn_ln_in = c.take(K::layernorm, act, {rows, h});
-    la.ffn_ln_mean = c.take(K::layernorm, f32, {rows});
-    la.ffn_ln_rstd = c.take(K::layernorm, f32, {rows});
+    AttentionBlock::carve(c, config, shape, plan, la.attention);
+    MlpBlock::carve(c, config, shape, plan, la.mlp);
     return la;
   };
+  auto hidden = [&] { return c.take(ActivationKind::hidden, plan.act, {rows, h}); };
   a.hidden.clear();
   a.layers.clear();
-  a.hidden.push_back(c.take(K::hidden, act, {rows, h}));
-  if (!gradients) {
+  a.hidden.push_back(hidden());
+  if (!plan.gradients) {
     // Forward only (evaluation): nothing is kept for a backward, so one set of layer buffers
     // serves every layer and the layer inputs/outputs alternate between two buffers.
-    const Tensor other = c.take(K::hidden, act, {rows, h});
+    const Tensor other = hidden();
     for (int64_t l = 0; l < config.layers; ++l) a.hidden.push_back(l % 2 == 0 ? other : a.hidden[0]);
     a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
   } else {
     for (int64_t l = 0; l < config.layers; ++l) {
       if (!plan.layer_recompute) a.layers.push_back(carve_layer());
-      a.hidden.push_back(c.take(K::hidden, act, {rows, h}));
+      a.hidden.push_back(hidden());
     }
     if (plan.layer_recompute) a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
   }
-  a.mlp_pre = a.mlp_act = Tensor();
-  if (mlp_chunk > 0) {
-    a.mlp_pre = c.take(K::mlp, act, {mlp_chunk, inter});
-    a.mlp_act = c.take(K::mlp, act, {mlp_chunk, inter});
-  }
+  MlpBlock::carve_scratch(c, config, shape, plan, a.mlp);
   // The encoder's backward buffers (rows only) before the heads' (masked tokens, sequences), so
   // that everything an encoder layer reads or writes sits at offsets fixed by the rows and the
   // plan: a layer's recorded graph (BertOptions::cuda_graphs) serves batches whose masked-token
   // counts differ.
-  a.dhidden[0] = a.dhidden[1] = a.dtmp = a.dctx = a.dwide = a.mlp_dpre = Tensor();
-  if (gradients) {
-    a.dhidden[0] = c.take(K::grad_scratch, act, {rows, h});
-    a.dhidden[1] = c.take(K::grad_scratch, act, {rows, h});
-    a.dtmp = c.take(K::grad_scratch, act, {rows, h});
-    a.dctx = c.take(K::grad_scratch, act, {rows, h});
+  a.scratch = EncoderScratch{};
+  if (plan.gradients) {
+    using K = ActivationKind;
+    const int64_t mlp_chunk = MlpBlock::chunk_rows(shape, plan);
+    EncoderScratch& t = a.scratch;
+    t.dhidden[0] = c.take(K::grad_scratch, plan.act, {rows, h});
+    t.dhidden[1] = c.take(K::grad_scratch, plan.act, {rows, h});
+    t.dtmp = c.take(K::grad_scratch, plan.act, {rows, h});
+    t.dctx = c.take(K::grad_scratch, plan.act, {rows, h});
     if (mlp_chunk > 0) {
-      a.dwide = c.take(K::grad_scratch, act, {rows, 3 * h});
-      a.mlp_dpre = c.take(K::mlp, act, {mlp_chunk, inter});
+      t.dwide = c.take(K::grad_scratch, plan.act, {rows, 3 * h});
+      a.mlp.dpre = c.take(K::mlp, plan.act, {mlp_chunk, config.intermediate});
     } else {
-      a.dwide = c.take(K::grad_scratch, act, {rows, std::max(inter, 3 * h)});
+      t.dwide = c.take(K::grad_scratch, plan.act, {rows, std::max(config.intermediate, 3 * h)});
     }
   }
-  a.mlm_x = c.take(K::heads, act, {m, h});
-  a.mlm_pre = c.take(K::heads, act, {m, h});
-  a.mlm_act = c.take(K::heads, act, {m, h});
-  a.mlm_ln_mean = c.take(K::heads, f32, {m});
-  a.mlm_ln_rstd = c.take(K::heads, f32, {m});
-  a.mlm_out = c.take(K::heads, act, {m, h});
-  a.logits = c.take(K::mlm_logits, f32, {chunk, config.vocab_size});
-  a.nsp_ws = c.take(K::heads, f32, {nsp_workspace_elems(s, h)});
-
-  a.mlm_dout = a.mlm_dact = a.mlm_dx = Tensor();
-  if (!gradients) return;
-  a.mlm_dout = c.take(K::heads, act, {m, h});
-  a.mlm_dact = c.take(K::heads, act, {m, h});
-  a.mlm_dx = c.take(K::heads, act, {m, h});
+  carve_heads(c, config, shape, plan, a.heads);
 }
 
 void upload_batch(Backend& be, const Batch& b, uint32_t step,
-                  const std::vector<float>& grad_scales, Bert::Activations& a, bool ahead) {
+                  const std::vector<float>& grad_scales, StepActivations& a, bool ahead) {
   // Empty arrays (no masked token) have nothing to copy and no host pointer to copy from.
   std::vector<Backend::HostUpload> copies;
   auto put = [&](const Tensor& dst, const auto& src) {

@@ -42,15 +42,6 @@ Graphed BertGraphs::plan(bool logits_to_host) const {
   return full_ ? Graphed::whole : Graphed::layers_and_heads;
 }
 
-BatchShape BertGraphs::capacity(const BatchShape& shape, bool gradients,
-                                int64_t row_quantum) const {
-  if (!on_ || shape.seqs == 0) return shape;
-  GraphCapacity c = capacity_[gradients ? 1 : 0];
-  c.cover(shape);
-  if (row_quantum > 0) c.row_quantum = row_quantum;
-  return c.of(shape);
-}
-
 void BertGraphs::cover(const BatchShape& shape, bool gradients, int64_t row_quantum) {
   if (!on_) return;
   GraphCapacity& c = capacity_[gradients ? 1 : 0];

@@ -71,10 +71,11 @@ class BertGraphs {
   // reading the logits, the heads run op by op and the layers as segmented's.
   Graphed plan(bool logits_to_host) const;
 
-  // The capacity of a batch (the shape itself when graphs are off or the batch is empty);
-  // forwards with and without gradients keep a bound each.
-  // row_quantum > 0: as after cover(shape, gradients, row_quantum).
-  BatchShape capacity(const BatchShape& shape, bool gradients, int64_t row_quantum = 0) const;
+  // The capacities batches are laid into so far (forwards with and without gradients keep a
+  // bound each), for laid_shape (model/bert_memory.h); null when graphs are off.
+  const GraphCapacity* bound(bool gradients) const {
+    return on_ ? &capacity_[gradients ? 1 : 0] : nullptr;
+  }
   // Raises the bound to hold shape; row_quantum > 0 sets GraphCapacity::row_quantum (the
   // batch's layout: 8 unpadded, its slot length padded or packed).
   void cover(const BatchShape& shape, bool gradients, int64_t row_quantum = 0);

@@ -16,6 +16,10 @@
 
 namespace packbert {
 
+// FP8 GEMMs take their rows in multiples of this (kernels/backend.h fp8_gemm): the model pads a
+// batch's rows, and an MLP chunk's, to it.
+constexpr int64_t kFp8Rows = 16;
+
 // The recipe's knobs (train.fp8_history, train.fp8_margin; docs/fp8.md says why the defaults).
 struct Fp8Recipe {
   int history = 1024;  // steps of amax history an activation or gradient scale looks back on

@@ -9,7 +9,7 @@
 //
 // The model is a ModelReplica (model/replica.h): the trainer's between steps, or one of its own
 // without gradients for `packbert eval`. Evaluation runs within `limits`, what training reserves
-// (Bert::memory): a batch whose forward would need more is split in halves (recursively, the
+// (plan_bert_memory): a batch whose forward would need more is split in halves (recursively, the
 // same way on every call), so an evaluation during training allocates nothing, and the split
 // depends only on the data, batch_size and the config.
 #pragma once

@@ -17,7 +17,7 @@ void MlperfBlocks::close() {
 
 std::optional<BertMemory> eval_limits(const ModelReplica& model, const TrainerOptions& o) {
   if (o.reserve.rows <= 0) return std::nullopt;
-  return Bert::memory(model.bert().config(), o.bert, model.bert().graphs_on(), 1,
+  return plan_bert_memory(model.bert().config(), o.bert, model.bert().graphs_on(), 1,
                       BertReserve{o.reserve, o.layout, o.deferred_forwards});
 }
 

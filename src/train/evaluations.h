@@ -35,7 +35,7 @@ class MlperfBlocks {
   bool open_ = false;
 };
 
-// What an evaluation forward may use: what training reserves (Bert::memory for
+// What an evaluation forward may use: what training reserves (plan_bert_memory for
 // TrainerOptions::reserve), so that `packbert eval` and the run split the evaluation batches
 // alike (train/evaluate.h) and agree to the bit. None without a reserve.
 std::optional<BertMemory> eval_limits(const ModelReplica& model, const TrainerOptions& o);

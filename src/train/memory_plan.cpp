@@ -47,7 +47,7 @@ RankItems rank_items(const TrainConfig& c, int ranks, int rank, const BatchShape
   const bool cuda = o.device == Device::cuda;
   const bool graphs = cuda && o.bert.cuda_graphs != CudaGraphs::off;
   RankItems r;
-  r.model = Bert::memory(model, o.bert, graphs, ranks,
+  r.model = plan_bert_memory(model, o.bert, graphs, ranks,
                          BertReserve{shape, o.layout, o.deferred_forwards});
   auto add = [&](const std::string& key, const std::string& label, size_t bytes, bool exact,
                  const std::string& note = {}) {

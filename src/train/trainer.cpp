@@ -99,9 +99,9 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   Bert& bert = replica_.bert();
   bert.set_data_parallel(world, rank);  // FP8: the amaxes' maximum is over every rank
   if (options_.reserve.rows > 0)  // after the FP8 state is made for the world
-    bert.reserve(BertReserve{options_.reserve, options_.layout, options_.deferred_forwards});
-  OptimizedBuffers buffers{replica_.params(), replica_.grads(), bert.lowp_params(),
-                           bert.fp32_ranges(), bert.forward_groups(), replica_.fp32_weights()};
+    bert.reserve_training(BertReserve{options_.reserve, options_.layout, options_.deferred_forwards});
+  OptimizedBuffers buffers{replica_.params(), replica_.grads(), bert.weights().lowp(),
+                           bert.weights().fp32_ranges(), bert.weights().forward_groups(), replica_.fp32_weights()};
   optimizer_ = std::make_unique<DistributedLamb>(backend, lamb_params(table), *reducer_,
                                                  std::move(buffers), LrSchedule(options_.lr),
                                                  options_.lamb, options_.sharded);
@@ -162,8 +162,7 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   round.launched = [&reducer] { reducer.graph_launched(); };
   round.all_ranks = [&reducer](const std::vector<int64_t>& v) { return reducer.all_ranks(v); };
   round.tag = static_cast<int64_t>(optimizer_->collective());
-  const bool round_in_graph =
-      options_.bert.cuda_graphs == CudaGraphs::full && reducer.capturable();
+  round.in_graph = reducer.capturable();
 
   for (size_t m = 0; m < micro_steps; ++m) {
     const LoaderMicroBatch& mb = batch.micro_batches[m];
@@ -175,10 +174,10 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     // ignored outside a round).
     const bool last = m + 1 == micro_steps;
     if (last) reducer.begin(optimizer_->collective());
-    if (last && round_in_graph) {
-      bert.backward(round);
+    if (last) {
+      bert.backward_and_reduce(round);
     } else {
-      bert.backward(last ? ready : GradientReady{});
+      bert.backward();
     }
     local[kMasked] += static_cast<double>(r.masked_tokens);
     local[kSequences] += static_cast<double>(r.sequences);

@@ -262,7 +262,7 @@ int run(int argc, char** argv) {
     std::unique_ptr<Bert> bert;
     try {
       bert = std::make_unique<Bert>(config, be, pv, gv, gbo);
-      bert->reserve(batch.shape());
+      bert->grow_for(batch.shape());
     } catch (const std::exception& e) {
       std::printf("%-9s %-9s %8lld  does not fit: %s\n", lname.c_str(), gname.c_str(),
                   static_cast<long long>(batch.rows), e.what());
@@ -272,7 +272,7 @@ int run(int argc, char** argv) {
     auto step = [&] {
       bert->forward(batch, masked, n, step_no++, 1);
       bert->backward();
-      lamb(be, bert->lowp_params());
+      lamb(be, bert->weights().lowp());
       if (bert->fp8()) bert->fp8_end_step({});  // fp8: scales updated, weights cast again
     };
     const int warm = graphs == CudaGraphs::off ? warmup : std::max(warmup, 4);
@@ -304,7 +304,7 @@ int run(int argc, char** argv) {
       const int reps = 10;
       cuda_synchronize(*cuda_be);
       const auto l0 = Clock::now();
-      for (int k = 0; k < reps; ++k) lamb(*cuda_be, bert->lowp_params());
+      for (int k = 0; k < reps; ++k) lamb(*cuda_be, bert->weights().lowp());
       cuda_synchronize(*cuda_be);
       lamb_ms = seconds_since(l0) * 1e3 / reps;
     }

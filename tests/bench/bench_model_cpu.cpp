@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
         auto start = [&](int i) {  // build and warm up (arena, scratch, page faults)
           berts[i] = std::make_unique<Bert>(config, *be, pv, gv);
           step(i);
-          arena[i] = berts[i]->arena_high_water() / 1048576.0;
+          arena[i] = berts[i]->activation_report().peak_bytes / 1048576.0;
         };
         start(0);
         const bool together = arena[0] * 2.2 <= max_arena_gib * 1024.0;

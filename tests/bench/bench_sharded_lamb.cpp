@@ -190,7 +190,7 @@ int run_balance(const Args& args) {
     BertOptions bo;
     bo.precision = Precision::bf16;
     const Bert bert(config, *backend, w.tensor(), Tensor(), bo);
-    bf16.fp32_ranges = bert.fp32_ranges();
+    bf16.fp32_ranges = bert.weights().fp32_ranges();
   }
   std::cout << fmt::format(
       "bench_sharded_lamb --balance: BERT-{} ({:.1f}M parameters, {} tensors), the cut "
@@ -326,7 +326,7 @@ int run_timed(const Args& args, int rank, int size) {
   bert_options.precision = args.precision;
   if (!host_memory) backend->zero(w.tensor());  // defined before the first 16-bit copy
   Bert bert(config, *backend, w.tensor(), Tensor(), bert_options);
-  const Ranges fp32_ranges = bert.fp32_ranges();
+  const Ranges fp32_ranges = bert.weights().fp32_ranges();
   if (w_whole) {
     fill(*backend, w.tensor(), 0, n);
   } else {
@@ -369,8 +369,8 @@ int run_timed(const Args& args, int rank, int size) {
     if (!sharded && !args.replicated) continue;
     // The masters whole (w): the timed step as before they were sharded (Tensor(): no
     // compact fp32 buffer).
-    OptimizedBuffers buffers{w.tensor(), g.tensor(), bert.lowp_params(), fp32_ranges,
-                             bert.forward_groups(), Tensor()};
+    OptimizedBuffers buffers{w.tensor(), g.tensor(), bert.weights().lowp(), fp32_ranges,
+                             bert.weights().forward_groups(), Tensor()};
     const int64_t begin = sharded ? own_begin : 0, end = sharded ? own_end : n;
     OptimizerLayout layout;
     layout.num_elems = n;
@@ -437,7 +437,7 @@ int run_timed(const Args& args, int rank, int size) {
       shard.sum_over_ranks = [&](const Tensor& v) { exchange.sum(v); };
       Lamb lamb(*backend, params, n, LrSchedule(lr), lo, sharded ? &shard : nullptr);
       lamb_t = bench::slowest_rank_time(args.iters, [&] {
-        lamb.step(w.tensor(), g.tensor(), bert.lowp_params(), 1.0f, /*read_back=*/false);
+        lamb.step(w.tensor(), g.tensor(), bert.weights().lowp(), 1.0f, /*read_back=*/false);
         backend->synchronize();
       });
     }

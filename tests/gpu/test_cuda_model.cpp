@@ -111,8 +111,8 @@ struct GraphedPair {
         on(bert_options(precision, graphs)),
         eager(m.config, *gpu, params.tensor(), grads_off.tensor(), off),
         graphed(m.config, *gpu, params.tensor(), grads_on.tensor(), on) {
-    eager.reserve(largest);
-    graphed.reserve(largest);
+    eager.grow_for(largest);
+    graphed.grow_for(largest);
   }
   static CudaBackendOptions backend_options() {
     CudaBackendOptions bo;
@@ -139,8 +139,8 @@ struct EvalPair {
   EvalPair(GraphedPair& p, const BatchShape& largest)
       : off(p.m.config, *p.gpu, p.params.tensor(), Tensor(), p.off),
         on(p.m.config, *p.gpu, p.params.tensor(), Tensor(), p.on) {
-    off.reserve(largest, false);
-    on.reserve(largest, false);
+    off.grow_for(largest, false);
+    on.grow_for(largest, false);
     fo.gradients = false;
     fo.dropout = false;
   }
@@ -425,8 +425,8 @@ TEST(CudaModel, GraphsOutliveOneOffShapes) {
     Bert eager(m.config, *gpu, params.tensor(), Tensor(), off);
     Bert graphed(m.config, *gpu, params.tensor(), Tensor(), on);
     const BatchShape largest{kMaxSeqLen, 10, 1, kMaxSeqLen};
-    eager.reserve(largest, false);
-    graphed.reserve(largest, false);
+    eager.grow_for(largest, false);
+    graphed.grow_for(largest, false);
     ForwardOptions fo;
     fo.gradients = false;
     fo.dropout = false;

@@ -8,6 +8,8 @@
 #include <set>
 #include <string>
 
+#include "model/bert_memory.h"
+#include "model/fp8.h"
 #include "model_test_util.h"
 
 namespace packbert::test {
@@ -202,6 +204,57 @@ TEST(ModelBatch, GraphCapacityHasAFewBucketsFromTheBound) {
     EXPECT_TRUE(cap.cover(more));
     EXPECT_EQ(cap.bound.seqs, bound.seqs + 3);
     EXPECT_EQ(cap.bound.rows, bound.rows);
+  }
+}
+
+// laid_shape, the one place that decides the shape a batch is computed in: without graphs the
+// batch's own (FP8: rows up to the next multiple of kFp8Rows, nothing else changed); with
+// graphs the capacity GraphCapacity::of gives after covering it, whose rows are multiples of the
+// row quantum (the layout's, with FP8 also of kFp8Rows); an empty batch as it is.
+TEST(ModelBatch, LaidShapeIsTheBatchTheFp8RowsOrTheGraphCapacity) {
+  std::mt19937_64 rng(test::test_seed());
+  for (int trial = 0; trial < 200; ++trial) {
+    BatchShape s;
+    s.rows = 1 + static_cast<int64_t>(rng() % 5000);
+    s.masked = static_cast<int64_t>(rng() % 800);
+    s.seqs = 1 + static_cast<int64_t>(rng() % 40);
+    s.max_len = 1 + static_cast<int32_t>(rng() % 512);
+    const bool fp8 = trial % 2 == 1;
+    const BatchShape plain = laid_shape(s, nullptr, fp8);
+    EXPECT_EQ(plain.seqs, s.seqs);
+    EXPECT_EQ(plain.masked, s.masked);
+    EXPECT_EQ(plain.max_len, s.max_len);
+    if (fp8) {
+      EXPECT_EQ(plain.rows % kFp8Rows, 0);
+      EXPECT_GE(plain.rows, s.rows);
+      EXPECT_LT(plain.rows - s.rows, kFp8Rows);
+    } else {
+      EXPECT_EQ(plain.rows, s.rows);
+    }
+    const auto layout = static_cast<BatchLayout>(trial % 3);
+    const int64_t slot = 64 << (trial % 4);
+    const int64_t q = row_quantum(layout, slot, fp8);
+    EXPECT_EQ(q % (layout == BatchLayout::unpadded ? 8 : slot), 0);
+    EXPECT_EQ(q % (fp8 ? kFp8Rows : 1), 0);
+    GraphCapacity cap;
+    cap.row_quantum = q;
+    BatchShape bound = s;
+    bound.rows += static_cast<int64_t>(rng() % 3000);
+    bound.seqs += static_cast<int64_t>(rng() % 5);
+    cap.cover(bound);
+    const BatchShape laid = laid_shape(s, &cap, fp8);
+    EXPECT_EQ(laid.rows, cap.of(s).rows);
+    EXPECT_EQ(laid.seqs, bound.seqs);
+    EXPECT_EQ(laid.masked, bound.masked);
+    EXPECT_EQ(laid.rows % q, 0);
+    EXPECT_GE(laid.rows, s.rows);
+    BatchShape larger = bound;  // a batch beyond the bound is laid into a raised one
+    larger.rows += 1;
+    EXPECT_GE(laid_shape(larger, &cap, fp8).rows, larger.rows);
+    EXPECT_EQ(cap.bound.rows, bound.rows) << "laid_shape changed the bound it was given";
+    const BatchShape empty;
+    EXPECT_EQ(laid_shape(empty, &cap, fp8).rows, 0);
+    EXPECT_EQ(laid_shape(empty, nullptr, fp8).rows, 0);
   }
 }
 

@@ -150,9 +150,9 @@ TEST(ModelForward, ArenaGrowsOnlyForLargerBatchesAndReportsItsHighWater) {
   const auto big = model_samples(rng, {60, 61, 62, 63}, 8, m.config.real_vocab_size);
   const Batch large = make_batch(big, BatchLayout::padded, 64);
   const BatchShape shape = large.shape();
-  bert.reserve(shape);
-  EXPECT_EQ(bert.arena_allocations(), 1);
-  EXPECT_GE(bert.arena_capacity(), bert.activation_bytes(shape));
+  bert.grow_for(shape);
+  EXPECT_EQ(bert.activation_report().allocations, 1);
+  EXPECT_GE(bert.activation_report().capacity, bert.activation_bytes(shape));
   for (int i = 0; i < 3; ++i) {
     std::vector<int> lengths = {std::uniform_int_distribution<int>(5, 64)(rng), 7};
     const auto s = model_samples(rng, lengths, 8, m.config.real_vocab_size);
@@ -160,15 +160,15 @@ TEST(ModelForward, ArenaGrowsOnlyForLargerBatchesAndReportsItsHighWater) {
     bert.forward(b, b.num_masked(), b.num_seqs(), i, 1);
     bert.backward();
   }
-  EXPECT_EQ(bert.arena_allocations(), 1) << "a smaller batch reallocated the arena";
+  EXPECT_EQ(bert.activation_report().allocations, 1) << "a smaller batch reallocated the arena";
   bert.forward(large, large.num_masked(), large.num_seqs(), 9, 1);
   bert.backward();
-  EXPECT_EQ(bert.arena_allocations(), 1);
-  EXPECT_EQ(bert.arena_high_water(), bert.activation_bytes(shape));
+  EXPECT_EQ(bert.activation_report().allocations, 1);
+  EXPECT_EQ(bert.activation_report().peak_bytes, bert.activation_bytes(shape));
   // Per token, the tiny model keeps about L * (8H + 2I) + 6H floats (~17 KB) plus the heads.
   const double per_row = static_cast<double>(bert.activation_bytes(shape)) / large.rows;
   std::printf("arena %.2f MiB for %lld rows (%.1f KB / row)\n",
-              bert.arena_high_water() / 1048576.0, static_cast<long long>(large.rows),
+              bert.activation_report().peak_bytes / 1048576.0, static_cast<long long>(large.rows),
               per_row / 1024);
   EXPECT_GT(per_row, 4.0 * (2 * (8 * 128 + 2 * 512) + 6 * 128));
 }

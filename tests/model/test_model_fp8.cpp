@@ -91,8 +91,8 @@ TEST(ModelFp8, ColdStepIsTheBf16StepAndRecordsTheScales) {
   // another kernel, with another summation order, for a short tile), so the bits are the bf16
   // step's on the same rows (1000 seeds, none failed: scripts/seed_sweep.py --seeds 1000 --
   // build/tests/test_model_fp8 --gtest_filter=ModelFp8.Cold*; with the unpadded batch, 1 in 200).
-  const std::vector<Batch> b16 = {with_capacity(b[0], (b[0].rows + 15) / 16 * 16,
-                                                b[0].num_seqs())};
+  const int64_t rows16 = laid_shape(b[0].shape(), nullptr, /*fp8=*/true).rows;
+  const std::vector<Batch> b16 = {with_capacity(b[0], rows16, b[0].num_seqs())};
   const StepOutput bf16 = c.run(*be, b16, precision_options(Precision::bf16), 0);
   std::vector<float> scales;
   const StepOutput cold = c.run(*be, b, precision_options(Precision::fp8), 0, &scales);
@@ -107,6 +107,8 @@ TEST(ModelFp8, ColdStepIsTheBf16StepAndRecordsTheScales) {
             view(out.grads.data(), {c.model.table.total()}), precision_options(Precision::fp8));
   bert.forward(b[0], c.gm, c.gs, c.step, c.seed);
   bert.backward();
+  // The arena holds what activation_bytes gives for the batch: laid in FP8's rows of kFp8Rows.
+  EXPECT_EQ(bert.activation_report().step_bytes, bert.activation_bytes(b[0].shape()));
   bert.fp8_end_step({});
   const Fp8State::Saved st = bert.fp8()->state();
   ASSERT_EQ(st.updates, 1);

@@ -177,11 +177,11 @@ TEST(ModelPrecision, ArenaHoldsActivationsInSixteenBits) {
   Bert fp32(c.model.config, *be, c.model.params_view(), view(grads.data(), {c.model.table.total()}));
   Bert bf16(c.model.config, *be, c.model.params_view(), view(grads.data(), {c.model.table.total()}),
             precision_options(Precision::bf16));
-  EXPECT_FALSE(fp32.lowp_params().defined());
-  ASSERT_TRUE(bf16.lowp_params().defined());
-  EXPECT_EQ(bf16.lowp_params().dtype, DType::bf16);
+  EXPECT_FALSE(fp32.weights().lowp().defined());
+  ASSERT_TRUE(bf16.weights().lowp().defined());
+  EXPECT_EQ(bf16.weights().lowp().dtype, DType::bf16);
   // The copy is round(master), element for element.
-  const auto* low = static_cast<const uint16_t*>(bf16.lowp_params().data);
+  const auto* low = static_cast<const uint16_t*>(bf16.weights().lowp().data);
   for (size_t i = 0; i < c.model.params.size(); ++i)
     ASSERT_EQ(low[i], lowp::float_to_bf16(c.model.params[i])) << i;
   // Token-wise buffers halve (to the carve's 256-byte alignment); the fp32 statistics, lse
@@ -438,9 +438,9 @@ TEST(PrecisionLamb, LambClassRefreshesTheModelsCopy) {
   lr.max_steps = 10;
   lr.num_warmup_steps = 1;
   Lamb lamb(*be, lp, c.model.table.total(), LrSchedule(lr));
-  const LambStepInfo info = lamb.step(c.model.params_view(), gv, bert.lowp_params());
+  const LambStepInfo info = lamb.step(c.model.params_view(), gv, bert.weights().lowp());
   ASSERT_FALSE(info.skipped);
-  const auto* low = static_cast<const uint16_t*>(bert.lowp_params().data);
+  const auto* low = static_cast<const uint16_t*>(bert.weights().lowp().data);
   for (size_t i = 0; i < c.model.params.size(); ++i)
     ASSERT_EQ(low[i], lowp::float_to_bf16(c.model.params[i])) << i;
 }

@@ -164,7 +164,7 @@ TEST(TrainStep, EvaluationFitsTheReservedArenaAndLeavesItsReportAlone) {
   o.reserve = b.shape();
   Trainer trainer(MPI_COMM_WORLD, o);
   Bert& bert = trainer.replica().bert();
-  ASSERT_EQ(bert.arena_allocations(), 1);
+  ASSERT_EQ(bert.activation_report().allocations, 1);
   trainer.step(batch);
   const ActivationReport before = trainer.activation_report();
   EXPECT_EQ(before.allocations, 1) << "the step grew the reserved arena";

@@ -1,0 +1,32 @@
+// The attention block of an encoder layer, post-LN (BERT's):
+//   h1 = LN(x + dropout(attention(x Wqkv^T + bqkv) Wo^T + bo))
+// with x = hidden[l]. Attention runs over each sequence's own rows (SeqLayout): it never
+// crosses a sequence boundary, whatever the layout.
+#pragma once
+
+#include <cstdint>
+
+#include "model/activations.h"
+#include "model/parts.h"
+
+namespace packbert {
+
+class AttentionBlock {
+ public:
+  explicit AttentionBlock(const ModelRefs& m) : m_(m) {}
+
+  // hidden[l] -> layers[l].attention.h1.
+  void forward(int64_t l);
+  // dh1 = dL/dh1 -> dx = dL/d(hidden[l]): the residual share written (=), the projection's
+  // added (+=); the block's parameter gradients +=. Uses the encoder scratch's dtmp, dctx and
+  // dwide.
+  void backward(int64_t l, const Tensor& dh1, const Tensor& dx);
+
+  static void carve(Carver& carver, const BertConfig& config, const BatchShape& shape,
+                    const ActivationPlan& plan, AttentionSaved& saved);
+
+ private:
+  ModelRefs m_;
+};
+
+}  // namespace packbert

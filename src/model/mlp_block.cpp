@@ -1,0 +1,116 @@
+#include "model/mlp_block.h"
+
+#include <algorithm>
+
+#include "model/linears.h"
+
+namespace packbert {
+
+void MlpBlock::forward(int64_t l) {
+  StepActivations& a = m_.act;
+  const LayerWeights& w = m_.weights.layers[l];
+  const MlpSaved& s = a.layers[l].mlp;
+  dense_forward(l);
+  m_.backend.residual_layernorm_forward(a.layout, s.ln_in, w.ffn_out_b,
+                                        a.layers[l].attention.h1, w.ffn_ln,
+                                        m_.dropout(DropoutSite::ffn_output, l), a.hidden[l + 1],
+                                        s.ln_in, s.ln_mean, s.ln_rstd);
+}
+
+void MlpBlock::backward(int64_t l, const Tensor& dy) {
+  StepActivations& a = m_.act;
+  const LayerWeights& w = m_.weights.layers[l];
+  LayerWeights& g = m_.grads.layers[l];
+  const MlpSaved& s = a.layers[l].mlp;
+  // dy -> d(FFN out) in dtmp, and dL/dh1's residual share into dy itself.
+  m_.backend.residual_layernorm_backward(a.layout, dy, s.ln_in, s.ln_mean, s.ln_rstd, w.ffn_ln,
+                                         m_.dropout(DropoutSite::ffn_output, l), a.scratch.dtmp,
+                                         dy, g.ffn_out_b, g.ffn_ln);
+  dense_backward(l, a.scratch.dtmp, dy);
+}
+
+void MlpBlock::dense_forward(int64_t l) {
+  StepActivations& a = m_.act;
+  const LayerWeights& w = m_.weights.layers[l];
+  const MlpSaved& s = a.layers[l].mlp;
+  const Tensor& h1 = a.layers[l].attention.h1;
+  const Epilogue gelu = bias_gelu_epilogue(m_.config.hidden_act);
+  const int64_t chunk = a.plan.mlp_chunk_rows;
+  if (chunk == 0) {
+    m_.linears.forward(l, Fp8State::ffn_in, 0, h1, w.ffn_in_w, w.ffn_in_b, gelu, s.act, s.pre);
+    m_.linears.forward(l, Fp8State::ffn_out, 0, s.act, w.ffn_out_w, Tensor(), Epilogue::none,
+                       s.ln_in, Tensor());
+    return;
+  }
+  for (int64_t first = 0; first < a.shape.rows; first += chunk) {
+    const int64_t n = std::min(chunk, a.shape.rows - first);
+    const Tensor pre = rows_of(a.mlp.pre, 0, n), act = rows_of(a.mlp.act, 0, n);
+    m_.linears.forward(l, Fp8State::ffn_in, first, rows_of(h1, first, n), w.ffn_in_w,
+                       w.ffn_in_b, gelu, act, pre);
+    m_.linears.forward(l, Fp8State::ffn_out, first, act, w.ffn_out_w, Tensor(), Epilogue::none,
+                       rows_of(s.ln_in, first, n), Tensor());
+  }
+}
+
+void MlpBlock::dense_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
+  StepActivations& a = m_.act;
+  const LayerWeights& w = m_.weights.layers[l];
+  LayerWeights& g = m_.grads.layers[l];
+  const MlpSaved& s = a.layers[l].mlp;
+  const Tensor& h1_all = a.layers[l].attention.h1;
+  const int64_t rows = a.shape.rows, chunk = a.plan.mlp_chunk_rows;
+  LinearBackwardOptions accumulate;
+  accumulate.dx_accumulate = true;  // dL/dh1 = residual share + FFN share
+  LinearBackwardOptions through_gelu;
+  through_gelu.gelu = m_.config.hidden_act;  // dx of W2 is written as d(FFN pre)
+  if (chunk == 0) {
+    const Tensor dpre = reshaped(a.scratch.dwide, {rows, m_.config.intermediate});
+    through_gelu.x_gelu_pre = s.pre;
+    m_.linears.backward(l, Fp8State::ffn_out, 0, s.act, w.ffn_out_w, dout, dpre, g.ffn_out_w,
+                        Tensor(), through_gelu);
+    m_.linears.backward(l, Fp8State::ffn_in, 0, h1_all, w.ffn_in_w, dpre, dh1, g.ffn_in_w,
+                        g.ffn_in_b, accumulate);
+    return;
+  }
+  const Epilogue gelu = bias_gelu_epilogue(m_.config.hidden_act);
+  for (int64_t first = 0; first < rows; first += chunk) {
+    const int64_t n = std::min(chunk, rows - first);
+    const Tensor pre = rows_of(a.mlp.pre, 0, n), act = rows_of(a.mlp.act, 0, n);
+    const Tensor dpre = rows_of(a.mlp.dpre, 0, n), h1 = rows_of(h1_all, first, n);
+    m_.linears.forward(l, Fp8State::ffn_in, first, h1, w.ffn_in_w, w.ffn_in_b, gelu, act, pre);
+    through_gelu.x_gelu_pre = pre;
+    m_.linears.backward(l, Fp8State::ffn_out, first, act, w.ffn_out_w, rows_of(dout, first, n),
+                        dpre, g.ffn_out_w, Tensor(), through_gelu);
+    m_.linears.backward(l, Fp8State::ffn_in, first, h1, w.ffn_in_w, dpre, rows_of(dh1, first, n),
+                        g.ffn_in_w, g.ffn_in_b, accumulate);
+  }
+}
+
+int64_t MlpBlock::chunk_rows(const BatchShape& shape, const ActivationPlan& plan) {
+  return plan.mlp_chunk_rows > 0 ? std::min(plan.mlp_chunk_rows, shape.rows) : 0;
+}
+
+void MlpBlock::carve(Carver& c, const BertConfig& config, const BatchShape& shape,
+                     const ActivationPlan& plan, MlpSaved& s) {
+  using K = ActivationKind;
+  const int64_t rows = shape.rows;
+  s.pre = s.act = Tensor();
+  if (chunk_rows(shape, plan) == 0) {
+    s.pre = c.take(K::mlp, plan.act, {rows, config.intermediate});
+    s.act = c.take(K::mlp, plan.act, {rows, config.intermediate});
+  }
+  s.ln_in = c.take(K::layernorm, plan.act, {rows, config.hidden});
+  s.ln_mean = c.take(K::layernorm, DType::f32, {rows});
+  s.ln_rstd = c.take(K::layernorm, DType::f32, {rows});
+}
+
+void MlpBlock::carve_scratch(Carver& c, const BertConfig& config, const BatchShape& shape,
+                             const ActivationPlan& plan, MlpScratch& t) {
+  const int64_t chunk = chunk_rows(shape, plan);
+  t = MlpScratch{};
+  if (chunk == 0) return;
+  t.pre = c.take(ActivationKind::mlp, plan.act, {chunk, config.intermediate});
+  t.act = c.take(ActivationKind::mlp, plan.act, {chunk, config.intermediate});
+}
+
+}  // namespace packbert
