@@ -170,7 +170,7 @@ void ProgressAccumulator::add(const StepMetrics& m, const StepBatch& batch) {
   tokens_ += m.tokens;
   rows_ += m.rows;
   for (const StepLosses& l : m.earlier_losses) add_losses(l);
-  if (m.losses_read) {
+  if (m.read.losses) {
     StepLosses l;
     l.loss = m.loss;
     l.mlm_loss = m.mlm_loss;

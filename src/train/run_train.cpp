@@ -316,7 +316,7 @@ class SkippedSteps {
       ++skipped;
       spdlog::info("step {}: fp16 gradient overflow at loss scale {}; the update was skipped and "
                    "the scale halved", step, m.loss_scale);
-    } else if (m.skipped || (m.losses_read && !std::isfinite(m.loss))) {
+    } else if (m.skipped || (m.read.losses && !std::isfinite(m.loss))) {
       ++skipped;
       ++nonfinite_in_row_;
       spdlog::warn("step {}: non-finite {} (loss {}, gradient norm {}); the update was skipped "

@@ -19,6 +19,14 @@ namespace {
 // A step's counts, summed over the ranks every step (Trainer::sum_metrics).
 enum Count : size_t { kMasked, kSequences, kTokens, kRows, kCounts };
 
+// The losses of a step that did not read them back.
+StepLosses unread_losses() {
+  StepLosses l;
+  l.loss = l.mlm_loss = l.nsp_loss = l.mlm_accuracy = l.nsp_accuracy =
+      std::numeric_limits<double>::quiet_NaN();
+  return l;
+}
+
 // The reducer is told tensors by their index in the table, exactly the index Bert's
 // GradientReady hook reports, so the hook can pass it straight through.
 std::vector<GradSpan> grad_spans(const ParamTable& table) {
@@ -109,6 +117,16 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   // evaluation) waits for its own.
   DistributedLamb* optimizer = optimizer_.get();
   bert.set_weights_ready([optimizer](int group) { optimizer->wait_weights(group); });
+  // The gradient round: the reducer's collectives as the backward finishes each tensor. Full
+  // graphs take it into the last backward's graph where the reducer can be captured (NCCL, or
+  // one rank): docs/communication.md#graphs.
+  GradReducer* reducer = reducer_.get();
+  round_.ready = [reducer](int tensor) { reducer->ready_tensor(tensor); };
+  round_.complete = [reducer] { reducer->complete(); };
+  round_.launched = [reducer] { reducer->graph_launched(); };
+  round_.all_ranks = [reducer](const std::vector<int64_t>& v) { return reducer->all_ranks(v); };
+  round_.tag = static_cast<int64_t>(optimizer_->collective());
+  round_.in_graph = reducer->capturable();
 }
 
 void Trainer::save_state(float* params, float* m, float* v, int root) {
@@ -126,131 +144,136 @@ const std::vector<float>& Trainer::params() {
 Trainer::~Trainer() = default;
 
 StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect_grads,
-                          bool read_optimizer) {
+                          bool read_back) {
   PB_REQUIRE(batch.global_samples > 0, "train step {}: the global batch is empty", batch.step);
   // The dropout key holds 24 bits of step (common/philox.h); the loader's step count starts at
   // 0 and grows by 1, and the config refuses max_steps beyond the range before any work.
   PB_REQUIRE(batch.step >= 0 && batch.step < int64_t{kDropoutMaxStep},
              "train step {}: outside the dropout key's step range (< {})", batch.step,
              kDropoutMaxStep);
-  const auto dropout_step = static_cast<uint32_t>(batch.step);
-  ForwardOptions fwd;
-  fwd.dropout = options_.dropout;
+  PB_REQUIRE(!batch.micro_batches.empty(), "train step {}: no micro-batches", batch.step);
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
-  fwd.loss_scale = loss_scale;
-  // The losses stay on the device: read after the optimizer step is issued, on a step that
-  // reads (read_losses below), together with those of the unread steps before it.
-  fwd.defer_metrics = true;
-
-  // This rank's counts of its micro-steps (the host knows them), all-reduced after the
-  // gradients (a blocking collective must not run inside the all-reduce round) in the one
-  // collective that also sums the losses read (sum_metrics).
+  // This rank's counts (the host knows them), summed over the ranks after the gradients with
+  // the losses read (sum_metrics): a blocking collective must not run inside the round.
   std::vector<double> local(kCounts, 0.0);
-  const size_t micro_steps = batch.micro_batches.size();
-  PB_REQUIRE(micro_steps > 0, "train step {}: no micro-batches", batch.step);
-  GradReducer& reducer = *reducer_;
-  Bert& bert = replica_.bert();
-  Backend& backend = replica_.backend();
-  const Tensor& grads = replica_.grads();
-  const int64_t n = replica_.table().total();
-  const GradientReady ready = [&reducer](int tensor) { reducer.ready_tensor(tensor); };
-  // Full graphs take the round into the last backward's graph when its collectives can be
-  // captured (NCCL, or one rank): docs/communication.md#graphs.
-  GradientRound round;
-  round.ready = ready;
-  round.complete = [&reducer] { reducer.complete(); };
-  round.launched = [&reducer] { reducer.graph_launched(); };
-  round.all_ranks = [&reducer](const std::vector<int64_t>& v) { return reducer.all_ranks(v); };
-  round.tag = static_cast<int64_t>(optimizer_->collective());
-  round.in_graph = reducer.capturable();
-
-  for (size_t m = 0; m < micro_steps; ++m) {
-    const LoaderMicroBatch& mb = batch.micro_batches[m];
-    const Batch b = make_batch(mb.samples, options_.layout, options_.max_seq_len, mb.packs);
-    const ForwardResult r = bert.forward(b, batch.global_masked_tokens, batch.global_samples,
-                                         dropout_step, options_.dropout_seed, fwd);
-    // Only the last micro-step's gradients are final; arming the round there makes its
-    // backward start the buckets as the layers finish (earlier micro-steps' ready() calls are
-    // ignored outside a round).
-    const bool last = m + 1 == micro_steps;
-    if (last) reducer.begin(optimizer_->collective());
-    if (last) {
-      bert.backward_and_reduce(round);
-    } else {
-      bert.backward();
-    }
-    local[kMasked] += static_cast<double>(r.masked_tokens);
-    local[kSequences] += static_cast<double>(r.sequences);
-    local[kTokens] += static_cast<double>(b.num_tokens());
-    local[kRows] += static_cast<double>(b.rows);
-  }
+  for (size_t m = 0; m < batch.micro_batches.size(); ++m)
+    micro_step(batch, m, loss_scale, local);
 
   StepMetrics out;
   out.step = batch.step;
-  out.allreduce = reducer.finish();  // grads now hold the sum over ranks: the global gradient
-  if (inspect_grads) {
-    optimizer_->gather_gradient();  // sharded: each rank holds the sum of its range only
-    host_grads_.resize(static_cast<size_t>(n));
-    backend.copy(view(host_grads_.data(), {n}), grads);
-    inspect_grads(host_grads_.data(), n);
-  }
-
-  // Mixed precision: LAMB also rewrites the GEMMs' low-precision weight copy, and divides the
-  // loss scale out of the gradients. Afterwards every rank holds the weights the model reads.
-  const bool read = read_optimizer || backend.device() == Device::cpu || scaler_ != nullptr;
-  // The losses of this step and the unread ones before it come back in the optimizer's wait.
-  unread_.push_back({batch.step, micro_steps, batch.global_masked_tokens, batch.global_samples});
-  const bool read_losses = read_optimizer || scaler_ != nullptr;
-  const Tensor loss_sums = read_losses ? bert.deferred_sums() : Tensor();
-  std::vector<uint8_t> loss_bytes(loss_sums.defined() ? loss_sums.bytes() : 0);
-  std::vector<Backend::HostRead> also_read;
-  if (!loss_bytes.empty()) also_read.push_back({loss_bytes.data(), loss_sums});
-  const LambStepInfo info = optimizer_->step(loss_scale, read, also_read);
-  out.loss_scale = loss_scale;
-  if (scaler_) scaler_->update(!info.skipped);
-  replica_.mark_params_changed();
-  // FP8: the step's amaxes, maximum over the ranks (one small sum of one-hot rows through the
-  // reducer's transport), into the histories and the next step's scales.
-  if (bert.fp8()) {
-    ShardExchange exchange(reducer);
-    bert.fp8_end_step([&exchange](const Tensor& shared) { exchange.sum(shared); });
-  }
+  out.allreduce = reducer_->finish();  // grads now hold the sum over ranks: the global gradient
+  if (inspect_grads) inspect(inspect_grads);
+  out.read = reads_for(read_back);
+  unread_.push_back({batch.step, batch.micro_batches.size(), batch.global_masked_tokens,
+                     batch.global_samples});
+  std::vector<uint8_t> loss_bytes;
+  const LambStepInfo info = update(loss_scale, out.read, loss_bytes);
   out.lr = info.lr;
-  out.optimizer_read = info.read_back;
+  out.loss_scale = loss_scale;
   out.grad_norm = info.grad_norm;
   out.skipped = info.skipped;
   out.unread_skips = info.unread_skips;
   out.longest_skipped_run = info.longest_skipped_run;
 
+  // The metrics of the global batch: the counts every step, the losses when read.
   std::vector<ForwardResult> results;
-  if (read_losses)
-    results = bert.take_deferred_results(loss_bytes.empty() ? nullptr : loss_bytes.data());
-  std::vector<StepLosses> losses = sum_metrics(local, read_losses ? &results : nullptr);
-  const double masked = local[kMasked], seqs = local[kSequences];
-  PB_REQUIRE(static_cast<int64_t>(masked) == batch.global_masked_tokens &&
-                 static_cast<int64_t>(seqs) == batch.global_samples,
+  if (out.read.losses)
+    results = replica_.bert().take_deferred_results(loss_bytes.empty() ? nullptr
+                                                                       : loss_bytes.data());
+  set_losses(out, sum_metrics(local, out.read.losses ? &results : nullptr));
+  PB_REQUIRE(static_cast<int64_t>(local[kMasked]) == batch.global_masked_tokens &&
+                 static_cast<int64_t>(local[kSequences]) == batch.global_samples,
              "train step {}: the ranks trained {} sequences / {} masked tokens, the plan says "
              "{} / {}",
-             batch.step, seqs, masked, batch.global_samples, batch.global_masked_tokens);
-  out.losses_read = read_losses;
-  if (read_losses) {
-    const StepLosses& l = losses.back();
-    out.loss = l.loss;
-    out.mlm_loss = l.mlm_loss;
-    out.nsp_loss = l.nsp_loss;
-    out.mlm_accuracy = l.mlm_accuracy;
-    out.nsp_accuracy = l.nsp_accuracy;
-    losses.pop_back();
-    out.earlier_losses = std::move(losses);
-  } else {
-    out.loss = out.mlm_loss = out.nsp_loss = out.mlm_accuracy = out.nsp_accuracy =
-        std::numeric_limits<double>::quiet_NaN();
-  }
+             batch.step, local[kSequences], local[kMasked], batch.global_samples,
+             batch.global_masked_tokens);
   out.samples = batch.global_samples;
   out.masked_tokens = batch.global_masked_tokens;
   out.tokens = static_cast<int64_t>(local[kTokens]);
   out.rows = static_cast<int64_t>(local[kRows]);
   return out;
+}
+
+void Trainer::inspect(const ReducedGradHook& hook) {
+  optimizer_->gather_gradient();  // sharded: each rank holds the sum of its range only
+  const int64_t n = replica_.table().total();
+  host_grads_.resize(static_cast<size_t>(n));
+  replica_.backend().copy(view(host_grads_.data(), {n}), replica_.grads());
+  hook(host_grads_.data(), n);
+}
+
+// The step's own losses (the last read, NaN when none was) and those of the unread steps before.
+void Trainer::set_losses(StepMetrics& out, std::vector<StepLosses> losses) {
+  StepLosses mine = unread_losses();
+  if (out.read.losses) {
+    mine = losses.back();
+    losses.pop_back();
+  }
+  out.loss = mine.loss;
+  out.mlm_loss = mine.mlm_loss;
+  out.nsp_loss = mine.nsp_loss;
+  out.mlm_accuracy = mine.mlm_accuracy;
+  out.nsp_accuracy = mine.nsp_accuracy;
+  out.earlier_losses = std::move(losses);
+}
+
+// One micro-batch: forward, then backward. Only the last micro-step's gradients are final, so
+// its backward holds the gradient round (the buckets start as the layers finish).
+void Trainer::micro_step(const StepBatch& batch, size_t m, float loss_scale,
+                         std::vector<double>& local) {
+  const LoaderMicroBatch& mb = batch.micro_batches[m];
+  const Batch b = make_batch(mb.samples, options_.layout, options_.max_seq_len, mb.packs);
+  ForwardOptions fwd;
+  fwd.dropout = options_.dropout;
+  fwd.loss_scale = loss_scale;
+  fwd.defer_metrics = true;  // read in the optimizer's wait (update), when the step reads
+  Bert& bert = replica_.bert();
+  const ForwardResult r = bert.forward(b, batch.global_masked_tokens, batch.global_samples,
+                                       static_cast<uint32_t>(batch.step), options_.dropout_seed,
+                                       fwd);
+  if (m + 1 == batch.micro_batches.size()) {
+    reducer_->begin(optimizer_->collective());
+    bert.backward_and_reduce(round_);
+  } else {
+    bert.backward();
+  }
+  local[kMasked] += static_cast<double>(r.masked_tokens);
+  local[kSequences] += static_cast<double>(r.sequences);
+  local[kTokens] += static_cast<double>(b.num_tokens());
+  local[kRows] += static_cast<double>(b.rows);
+}
+
+StepReads Trainer::reads_for(bool read_back) const {
+  StepReads r;
+  r.losses = read_back || scaler_ != nullptr;
+  r.optimizer = r.losses || replica_.backend().device() == Device::cpu;
+  return r;
+}
+
+// LAMB's update (mixed precision: it also rewrites the GEMMs' 16-bit copy and divides the loss
+// scale out of the gradients); afterwards every rank holds the weights the model reads. Its one
+// wait reads the optimizer's scalars and the unread steps' loss sums, as `read` asks.
+LambStepInfo Trainer::update(float loss_scale, const StepReads& read,
+                             std::vector<uint8_t>& loss_bytes) {
+  const Tensor loss_sums = read.losses ? replica_.bert().deferred_sums() : Tensor();
+  loss_bytes.assign(loss_sums.defined() ? loss_sums.bytes() : 0, 0);
+  std::vector<Backend::HostRead> with;
+  if (!loss_bytes.empty()) with.push_back({loss_bytes.data(), loss_sums});
+  const LambStepInfo info = optimizer_->step(loss_scale, read.optimizer, with);
+  after_update(info);
+  return info;
+}
+
+void Trainer::after_update(const LambStepInfo& info) {
+  if (scaler_) scaler_->update(!info.skipped);
+  replica_.mark_params_changed();
+  // FP8: the step's amaxes, maximum over the ranks (one small sum of one-hot rows through the
+  // reducer's transport), into the histories and the next step's scales.
+  Bert& bert = replica_.bert();
+  if (bert.fp8()) {
+    ShardExchange exchange(*reducer_);
+    bert.fp8_end_step([&exchange](const Tensor& shared) { exchange.sum(shared); });
+  }
 }
 
 std::vector<StepLosses> Trainer::sum_metrics(std::vector<double>& counts,

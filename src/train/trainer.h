@@ -3,15 +3,16 @@
 //   for each micro-batch of this rank's StepBatch:
 //     make_batch(samples, layout, packs)     host arrays in the chosen layout (train/batching.h)
 //     Bert::forward(global counts, step)     loss already scaled by the step's global counts
-//     Bert::backward(ready hook)             gradients += into the flat buffer; on the last
-//                                            micro-step each finished tensor starts its bucket's
+//     Bert::backward                         gradients += into the flat buffer; on the last
+//       (last: backward_and_reduce)          micro-step each finished tensor starts its bucket's
 //                                            reduction (comm/grad_reducer.h: MPI or NCCL)
 //   GradReducer::finish()                    every rank now holds the global batch's gradient
 //                                            (sharded: the sum of its own range of it)
 //   (optional inspection of that gradient)   tests dump it here: the optimizer zeroes it
 //   DistributedLamb::step                    global norm, clipping, trust ratio; grads := 0;
 //                                            every rank then holds the weights the model reads
-//                                            (optim/distributed_lamb.h: replicated or sharded)
+//                                            (optim/distributed_lamb.h: replicated or sharded);
+//                                            its one wait reads back what StepReads says
 //   MetricSums::sum                          loss and accuracies of the whole global batch
 //
 // Because the loss is normalised by global counts and dropout is keyed by sample ids, the
@@ -94,20 +95,29 @@ struct StepLosses {
   int64_t samples = 0;
 };
 
+// What a step reads back from the device, in its one wait after the optimizer's update is
+// issued (on CUDA the other steps never wait for the device).
+struct StepReads {
+  bool losses = false;     // this step's losses, and those of the unread steps before it
+  bool optimizer = false;  // the gradient norm and LAMB's skip record (LambStepInfo)
+};
+
 // What one optimizer step did, over the whole global batch (all ranks, all micro-steps).
 struct StepMetrics {
   int64_t step = 0;            // StepBatch::step
+  StepReads read{/*losses=*/true, /*optimizer=*/false};  // what it read back (Trainer::step)
+  // The losses, when read.losses (NaN otherwise): this step's; earlier_losses those of the
+  // unread steps since the previous read, in step order.
   double loss = 0;             // the step loss: MLM mean + NSP mean over the global batch
   double mlm_loss = 0;         // mean MLM token loss
   double nsp_loss = 0;         // mean NSP loss
   double mlm_accuracy = 0;     // masked tokens whose argmax is the label, fraction
   double nsp_accuracy = 0;
+  std::vector<StepLosses> earlier_losses;
   int64_t samples = 0;         // sequences trained
   int64_t masked_tokens = 0;
   double lr = 0;               // the rate of this update
-  // The optimizer's scalars, read back from the device only when step() was asked to (always on
-  // the CPU backend and in fp16, whose loss scaler decides on the host): LambStepInfo.
-  bool optimizer_read = false;
+  // The optimizer's scalars, when read.optimizer: LambStepInfo.
   float grad_norm = -1.f;      // global gradient norm before clipping; -1 when not read
   bool skipped = false;        // non-finite gradient: no update (LambOptions::skip_nonfinite)
   int64_t unread_skips = 0;    // steps the device skipped since the previous read
@@ -116,12 +126,6 @@ struct StepMetrics {
   int64_t tokens = 0;          // real tokens of the global batch
   int64_t rows = 0;            // rows the model computed over, padding included (all ranks)
   GradReduceStats allreduce;  // the gradient reduction's round
-  // The losses stay on the device until a step that reads the optimizer (every step in fp16,
-  // whose loss scaler needs them): there loss .. nsp_accuracy are the step's own and
-  // earlier_losses those of the unread steps since the previous read, in step order. On an
-  // unread step losses_read is false and loss .. nsp_accuracy are NaN.
-  bool losses_read = true;
-  std::vector<StepLosses> earlier_losses;
 };
 
 // Called between GradReducer::finish() and Lamb::step with the reduced gradient (a host copy,
@@ -140,11 +144,11 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // One optimizer step from this rank's part of a global batch (micro-batches may be empty).
-  // read_optimizer: read the losses (of this step and the unread ones before it), the gradient
-  // norm and LAMB's skip record back (StepMetrics); on CUDA the other steps never wait for the
-  // device. fp16 always reads; the CPU backend always reads the optimizer's scalars.
+  // read_back: read the losses and the optimizer's scalars back (StepReads); without it the
+  // step reads nothing, except what must be: in fp16 everything (the loss scaler decides on
+  // the host), on the CPU backend the optimizer's scalars (there is no device to wait for).
   StepMetrics step(const StepBatch& batch, const ReducedGradHook& inspect_grads = {},
-                   bool read_optimizer = true);
+                   bool read_back = true);
 
   // The losses of the steps since the last read (StepMetrics::earlier_losses), read now: for a
   // run that stops after an unread step. Collective.
@@ -205,6 +209,7 @@ class Trainer {
   std::unique_ptr<GradReducer> reducer_;    // the gradient's rounds
   std::unique_ptr<DistributedLamb> optimizer_;  // LAMB, replicated or sharded
   std::unique_ptr<MetricSums> metric_sums_;  // the step's loss sums and counts
+  GradientRound round_;  // the gradient round the last micro-step's backward holds
   // The steps whose losses are still on the device (Bert::deferred_results holds their
   // micro-steps' sums, in order): each one's micro-step count and global counts.
   struct UnreadStep {
@@ -214,6 +219,15 @@ class Trainer {
     int64_t samples = 0;
   };
   std::vector<UnreadStep> unread_;
+  // The parts of step(): one micro-batch's forward and backward (the counts it adds to
+  // `local`), the optimizer's update with the step's one wait (the unread losses' sums read in
+  // it into `loss_bytes`), and what follows an update.
+  void micro_step(const StepBatch& batch, size_t m, float loss_scale, std::vector<double>& local);
+  StepReads reads_for(bool read_back) const;
+  LambStepInfo update(float loss_scale, const StepReads& read, std::vector<uint8_t>& loss_bytes);
+  void after_update(const LambStepInfo& info);
+  void inspect(const ReducedGradHook& hook);  // the reduced gradient, gathered, to the hook
+  static void set_losses(StepMetrics& out, std::vector<StepLosses> losses);
   // Sums counts over the ranks in place and, given the unread steps' micro-step results (read
   // from the device), their loss sums too, in one collective; returns those steps' losses and
   // forgets them, or nothing.

@@ -58,13 +58,13 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
   for (int64_t s = 0; s < 3; ++s) {
     batch.step = s;
     const StepMetrics a = cpu.step(batch), b = gpu.step(batch);
-    const StepMetrics u = unread.step(batch, {}, /*read_optimizer=*/s == 2);
+    const StepMetrics u = unread.step(batch, {}, /*read_back=*/s == 2);
     gpu_losses.push_back(b.loss);
-    EXPECT_EQ(u.optimizer_read, s == 2);
+    EXPECT_EQ(u.read.optimizer, s == 2);
     EXPECT_EQ(u.grad_norm, s == 2 ? b.grad_norm : -1.f) << "step " << s;
     EXPECT_EQ(u.unread_skips, 0);
     // The unread steps' losses stay on the device and arrive with the read, bit for bit.
-    EXPECT_EQ(u.losses_read, s == 2);
+    EXPECT_EQ(u.read.losses, s == 2);
     if (s == 2) {
       EXPECT_EQ(u.loss, b.loss);
       ASSERT_EQ(u.earlier_losses.size(), 2u);

@@ -99,14 +99,14 @@ TEST(TrainStep, UnreadLossesArriveWithTheNextRead) {
   for (int64_t s = 0; s < 6; ++s) {
     batch.step = s;
     const StepMetrics a = every.step(batch);
-    const StepMetrics b = unread.step(batch, {}, /*read_optimizer=*/s == 2);
-    ASSERT_TRUE(a.losses_read);
+    const StepMetrics b = unread.step(batch, {}, /*read_back=*/s == 2);
+    ASSERT_TRUE(a.read.losses);
     ASSERT_TRUE(std::isfinite(a.loss));
     EXPECT_TRUE(a.earlier_losses.empty());
     want.push_back(a);
     acc_every.add(a, batch);
     acc_unread.add(b, batch);
-    EXPECT_EQ(b.losses_read, s == 2);
+    EXPECT_EQ(b.read.losses, s == 2);
     if (s == 2) {
       EXPECT_EQ(b.loss, a.loss);
       EXPECT_EQ(b.mlm_accuracy, a.mlm_accuracy);
