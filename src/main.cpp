@@ -15,7 +15,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "config/command_config.h"
 #include "config/config.h"
 #include "kernels/base/error.h"

@@ -7,7 +7,7 @@
 #include <thread>
 #include <utility>
 
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "comm/nccl_transport.h"
 #include "kernels/base/error.h"
 #include "core/watchdog.h"

@@ -1,6 +1,6 @@
 #include "comm/metric_sums.h"
 
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "kernels/base/error.h"
 #include "core/watchdog.h"
 

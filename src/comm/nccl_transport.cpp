@@ -12,7 +12,7 @@
 
 #include "kernels/base/error.h"
 #include "core/watchdog.h"
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #ifdef PACKBERT_CUDA_EMULATION
 #include "kernels/mutants.h"  // PB_MUTANT (the emulated build only)
 #endif

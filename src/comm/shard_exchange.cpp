@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "kernels/base/error.h"
 #include "core/watchdog.h"
 

@@ -20,7 +20,7 @@
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "kernels/base/error.h"
 #include "core/watchdog.h"
 #include "train/checkpoint_internal.h"

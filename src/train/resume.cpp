@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "kernels/base/error.h"
 #include "core/watchdog.h"
 #include "train/safetensors.h"

@@ -26,7 +26,7 @@
 #include "data/loader/loader.h"
 #include "data/prepare/tokenizer.h"
 #include "kernels/device.h"
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "train/evaluate.h"

@@ -6,7 +6,7 @@
 #include <functional>
 #include <limits>
 
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "comm/shard_exchange.h"
 #include "kernels/base/error.h"
 #include "kernels/common/philox.h"

@@ -42,7 +42,7 @@
 #include "comm/grad_reducer.h"
 #include "comm/metric_sums.h"
 #include "comm/shard_exchange.h"
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 
 namespace packbert {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <thread>
 
-#include "comm/mpi_check.h"
+#include "core/mpi_check.h"
 #include "kernels/base/error.h"
 #include "core/watchdog.h"
 

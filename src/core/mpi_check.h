@@ -5,7 +5,8 @@
 // (MPI_COMM_WORLD, the loader's duplicate of it, calls on no communicator, which MPI raises on
 // MPI_COMM_WORLD) the default handler, MPI_ERRORS_ARE_FATAL, aborts with MPI's own message
 // before a return code exists; the check there holds if a caller installs MPI_ERRORS_RETURN.
-// Header-only, so the loader (packbert_data, which does not link packbert_comm) uses it too.
+// Header-only, in core so that every layer that calls MPI includes it from below: the loader
+// (data), comm, train and main. core's library itself links no MPI; each includer's does.
 #pragma once
 
 #include <mpi.h>
