@@ -18,11 +18,10 @@
 
 #include "config/key_doc.h"
 #include "config/locations.h"
-#include "kernels/base/tensor.h"
 #include "data/loader/loader.h"  // LastStepPolicy
-#include "model/batch.h"
-#include "model/bert.h"
-#include "model/config.h"
+#include "kernels/backend.h"      // Gelu
+#include "kernels/base/tensor.h"  // Device
+#include "model/option_enums.h"   // Recompute, Precision, CudaGraphs, BatchLayout
 
 namespace packbert {
 

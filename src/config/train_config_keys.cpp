@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "config/train_config.h"
 #include "config/train_config_schema.h"
+#include "model/config.h"  // bert_preset_names
 
 namespace packbert {
 

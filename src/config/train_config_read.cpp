@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "config/train_config_schema.h"
+#include "model/config.h"  // bert_preset
 
 namespace packbert {
 

@@ -18,10 +18,11 @@
 
 #include "kernels/backend.h"
 #include "model/config.h"
+#include "model/option_enums.h"
 
 namespace packbert {
 
-enum class BatchLayout { unpadded, packed, padded };
+// BatchLayout (unpadded, packed, padded) and its names: model/option_enums.h.
 
 // The extents that size a batch's activations (Bert::reserve for the largest expected).
 struct BatchShape {
@@ -30,8 +31,6 @@ struct BatchShape {
   int64_t seqs = 0;
   int32_t max_len = 0;
 };
-const char* batch_layout_name(BatchLayout l);
-BatchLayout parse_batch_layout(const std::string& name);  // "unpadded" | "packed" | "padded"
 
 struct Batch {
   BatchLayout layout = BatchLayout::unpadded;

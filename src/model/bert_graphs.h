@@ -15,12 +15,11 @@
 #include "kernels/backend.h"
 #include "kernels/graph_cache.h"
 #include "model/batch.h"
+#include "model/option_enums.h"
 
 namespace packbert {
 
-enum class CudaGraphs { off, segmented, full };
-const char* cuda_graphs_name(CudaGraphs g);          // "off", "segmented", "full"
-CudaGraphs parse_cuda_graphs(const std::string& s);  // the names above; Error otherwise
+// CudaGraphs (off, segmented, full) and its names: model/option_enums.h.
 
 // Everything the host arguments of a part's recorded ops depend on.
 struct GraphKey {

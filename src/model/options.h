@@ -9,16 +9,9 @@
 #include "kernels/backend.h"
 #include "model/bert_graphs.h"
 #include "model/fp8.h"
+#include "model/option_enums.h"
 
 namespace packbert {
-
-// Activation recomputation (BertOptions::recompute).
-enum class Recompute {
-  none,   // every layer keeps what its backward reads
-  mlp,    // the MLP intermediate [rows, 4H] is not kept: recomputed per chunk in backward
-  layer,  // only each layer's input is kept; the layer's forward reruns before its backward
-};
-const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 
 // Mixed precision (BertOptions::precision): the storage type of the token-wise activations
 // and of the weight copy the GEMMs read. fp32 is the reference; bf16 and fp16 keep fp32 master
@@ -30,9 +23,7 @@ const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 // graphs (the CPU) runs the ops. docs/performance.md (CUDA graphs) says what each records.
 // fp8: bf16, and the encoder's linear layers' GEMMs in FP8 with delayed scaling (model/fp8.h,
 // docs/fp8.md).
-enum class Precision { fp32, bf16, fp16, fp8 };
-const char* precision_name(Precision p);           // "fp32", "bf16", "fp16", "fp8"
-Precision parse_precision(const std::string& s);   // the names above; Error otherwise
+// Precision and its names: model/option_enums.h.
 DType precision_dtype(Precision p);                // f32, bf16, f16, bf16 (fp8's storage)
 
 struct BertOptions {
