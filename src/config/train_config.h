@@ -8,8 +8,10 @@
 //   train_config_keys.cpp      the key table, enum names, equality, writer, docs table
 //   train_config_read.cpp      file + overrides -> TrainConfig (model preset resolution)
 //   train_config_validate.cpp  the rules between keys, and the paths
+//   train_config_model.cpp     the model and the learning-rate schedule a config describes
 // The options of the code a config drives (model, trainer, loader, LAMB, schedule) are made in
-// one place: src/config/train_options.h.
+// one place: src/train/train_options.h (the model and the schedule, which the validation checks,
+// in config/train_config_model.h).
 #pragma once
 
 #include <cstdint>

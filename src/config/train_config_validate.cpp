@@ -11,7 +11,9 @@
 #include "kernels/base/error.h"
 #include "kernels/device.h"
 #include "config/train_config.h"
-#include "config/train_options.h"
+#include "config/train_config_model.h"
+#include "model/config.h"      // validate, bert_preset_names
+#include "optim/lr_schedule.h"  // LrSchedule
 
 namespace packbert {
 

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "config/train_options.h"
+#include "train/train_options.h"
 #include "kernels/base/error.h"
 #include "kernels/backend.h"
 #include "kernels/device.h"

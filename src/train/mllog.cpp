@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "config/train_options.h"
+#include "train/train_options.h"
 #include "kernels/base/error.h"
 #include "core/files.h"
 #include "optim/lr_schedule.h"

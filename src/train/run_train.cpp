@@ -36,7 +36,7 @@
 #include "train/mllog.h"
 #include "train/batching.h"
 #include "train/resume.h"
-#include "config/train_options.h"
+#include "train/train_options.h"
 #include "train/trainer.h"
 
 namespace packbert {

@@ -68,7 +68,7 @@ struct TrainerOptions {
   // buffer (optim/distributed_lamb.h); the gradient is reduce-scattered and the weights the
   // model reads all-gathered. A world of one is unsharded.
   bool sharded = false;
-  // The largest micro-batch the run expects (config/train_options.h largest_micro_batch): the
+  // The largest micro-batch the run expects (train/train_options.h largest_micro_batch): the
   // model's buffers are sized for it once, at construction (Bert::reserve, with the layout
   // above), so that the step loop never allocates. Empty (rows 0): they grow with the batches
   // instead.

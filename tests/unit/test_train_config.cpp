@@ -14,7 +14,7 @@
 
 #include "kernels/base/error.h"
 #include "config/train_config.h"
-#include "config/train_options.h"
+#include "train/train_options.h"
 
 namespace fs = std::filesystem;
 using namespace packbert;

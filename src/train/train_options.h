@@ -1,12 +1,15 @@
 // The one place that turns a train config (config/train_config.h) into the options of the code
 // it drives: the model, the trainer (replica, LAMB, schedule, reducer, arena reserve), the
 // loader and the sample rules. `packbert train` and `packbert eval` both take theirs from here,
-// so the two cannot read a key differently.
+// so the two cannot read a key differently. It lives in train, above config, because the
+// trainer's options are train's; the model and the schedule, which the config's validation
+// checks too, come from config/train_config_model.h (included here).
 #pragma once
 
 #include <cstdint>
 
 #include "config/train_config.h"
+#include "config/train_config_model.h"  // model_config, lr_schedule_config
 #include "data/loader/loader.h"
 #include "data/shards/sample.h"
 #include "model/config.h"
@@ -16,8 +19,9 @@
 
 namespace packbert {
 
-BertConfig model_config(const TrainConfig& c);          // vocabulary: BertConfig's default
-LrScheduleConfig lr_schedule_config(const TrainConfig& c);  // base_lr = lr, max_steps, warmup..
+// The model and the learning-rate schedule (model_config, lr_schedule_config) are the config's
+// own, config/train_config_model.h: its validation checks them.
+
 // check_finite and skip_nonfinite always on: the run counts the skipped steps against
 // train.max_nonfinite_steps.
 LambOptions lamb_options(const TrainConfig& c);

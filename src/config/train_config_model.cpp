@@ -1,0 +1,30 @@
+#include "config/train_config_model.h"
+
+namespace packbert {
+
+BertConfig model_config(const TrainConfig& c) {
+  BertConfig b = bert_preset(c.model.preset);
+  b.layers = c.model.layers;
+  b.hidden = c.model.hidden;
+  b.heads = c.model.heads;
+  b.intermediate = c.model.intermediate;
+  b.max_position_embeddings = c.model.max_position_embeddings;
+  b.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
+  b.attention_dropout = static_cast<float>(c.model.attention_dropout);
+  b.hidden_act = c.model.hidden_act;
+  return b;
+}
+
+LrScheduleConfig lr_schedule_config(const TrainConfig& c) {
+  LrScheduleConfig s;
+  s.base_lr = c.optim.lr;
+  s.max_steps = c.train.max_steps;
+  s.num_warmup_steps = c.optim.warmup_steps;
+  s.warmup_proportion = c.optim.warmup_proportion;
+  s.start_warmup_step = c.optim.start_warmup_step;
+  s.poly_power = c.optim.poly_power;
+  s.end_lr = c.optim.end_lr;
+  return s;
+}
+
+}  // namespace packbert
