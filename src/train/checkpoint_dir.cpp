@@ -140,19 +140,9 @@ void require_writable_dir(const std::string& dir) {
   fs::remove(probe, ec);
 }
 
-// Rank 0's part of claim_checkpoint_dir.
-std::unique_ptr<CheckpointDirLock> claim_on_root(const TrainConfig::Checkpoint& k) {
-  require_writable_dir(k.dir);
-  auto lock = std::make_unique<CheckpointDirLock>(k.dir);
-  if (continues_checkpoint_dir(k)) return lock;
-  const std::vector<std::string> found = checkpoints_in(k.dir);
-  if (found.empty()) return lock;
-  if (k.overwrite) {
-    const std::vector<std::string> deleted = delete_checkpoints(k.dir);
-    spdlog::warn("checkpoint.overwrite: deleted {} checkpoint(s) under {} before starting: {}",
-                 found.size(), k.dir, fmt::join(deleted, ", "));
-    return lock;
-  }
+// The refusal of a run that does not continue dir's checkpoints, `found` (non-empty).
+[[noreturn]] void refuse_checkpoints(const TrainConfig::Checkpoint& k,
+                                     const std::vector<std::string>& found) {
   const std::string& newest = found.back();
   const bool damaged = newest.find(".corrupt") != std::string::npos;
   PB_THROW("checkpoint.dir {} holds {} checkpoint(s) of an earlier run (newest: {}{}), and this "
@@ -163,6 +153,30 @@ std::unique_ptr<CheckpointDirLock> claim_on_root(const TrainConfig::Checkpoint& 
            k.dir, found.size(), newest, damaged ? ", damaged and set aside" : "",
            k.resume.empty() ? std::string("starts fresh")
                             : fmt::format("resumes {}, which is not one of them", k.resume));
+}
+
+// Rank 0's part of claim_checkpoint_dir. A refused run writes nothing in dir: a run using dir
+// now is found (and named) by taking the lock on the lock file as it is, and this run records
+// itself there, or makes the file where there is none, only once dir's checkpoints allow the
+// run. Where there is no lock file no run is using dir; one that starts meanwhile holds the
+// file this run then makes, and is named.
+std::unique_ptr<CheckpointDirLock> claim_on_root(const TrainConfig::Checkpoint& k) {
+  require_writable_dir(k.dir);
+  std::unique_ptr<CheckpointDirLock> lock = CheckpointDirLock::existing(k.dir);
+  const bool fresh = !continues_checkpoint_dir(k);
+  std::vector<std::string> found;
+  if (fresh) found = checkpoints_in(k.dir);
+  if (!found.empty() && !k.overwrite) refuse_checkpoints(k, found);
+  if (lock)
+    lock->record();
+  else
+    lock = std::make_unique<CheckpointDirLock>(k.dir);
+  if (!found.empty()) {
+    const std::vector<std::string> deleted = delete_checkpoints(k.dir);
+    spdlog::warn("checkpoint.overwrite: deleted {} checkpoint(s) under {} before starting: {}",
+                 found.size(), k.dir, fmt::join(deleted, ", "));
+  }
+  return lock;
 }
 
 // A TOML value as the config file spells it.
@@ -216,10 +230,21 @@ toml::table parse_config(const std::string& text, const char* which) {
 
 }  // namespace
 
-CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) : CheckpointDirLock(dir, true) {
+  record();
+}
+
+std::unique_ptr<CheckpointDirLock> CheckpointDirLock::existing(const std::string& dir) {
+  std::unique_ptr<CheckpointDirLock> lock(new CheckpointDirLock(dir, false));
+  if (lock->fd_ < 0) return nullptr;
+  return lock;
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir, bool create) {
   const std::string file = path(dir);
-  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  fd_ = ::open(file.c_str(), O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0644);
   if (fd_ < 0 && errno == EACCES) fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0 && errno == ENOENT && !create) return;
   PB_REQUIRE(fd_ >= 0, "checkpoint.dir: cannot open the lock file {}: {}", file, os_error(errno));
   int r = 0;
   do {
@@ -242,6 +267,10 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
     return;
   }
   held_ = true;
+}
+
+void CheckpointDirLock::record() {
+  if (!held()) return;
   const std::string text = holder_text();
   // The record is for people; a lock file we cannot write (another user's) leaves the old one.
   if (::ftruncate(fd_, 0) == 0) {

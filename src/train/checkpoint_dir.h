@@ -20,19 +20,28 @@ namespace packbert {
 // The flock on <dir>/.packbert.lock, released when destroyed (or when the process ends).
 class CheckpointDirLock {
  public:
-  // Takes the lock without waiting (dir must exist). Error naming the lock file and the holder
-  // when another process holds it. When the file system cannot lock (NFS without a lock
-  // daemon, Lustre mounted without flock: ENOLCK, ENOSYS, EOPNOTSUPP), a warning naming the
-  // reason, and held() is false: the run goes on without the lock.
+  // Takes the lock without waiting (dir must exist) and records this process in the file (host,
+  // pid, start time, Slurm job). Error naming the lock file and the holder when another process
+  // holds it. When the file system cannot lock (NFS without a lock daemon, Lustre mounted
+  // without flock: ENOLCK, ENOSYS, EOPNOTSUPP), a warning naming the reason, and held() is
+  // false: the run goes on without the lock.
   explicit CheckpointDirLock(const std::string& dir);
+  // The same on a lock file that exists, writing nothing: null when dir has no lock file. A run
+  // takes this before it decides whether it may use dir, and records itself (record()) only
+  // once it may, so that a refused run leaves the file naming the run it names.
+  static std::unique_ptr<CheckpointDirLock> existing(const std::string& dir);
   ~CheckpointDirLock();
   CheckpointDirLock(const CheckpointDirLock&) = delete;
   CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
 
+  // Writes this process's line into the lock file (when the lock is held).
+  void record();
   bool held() const { return fd_ >= 0 && held_; }
   static std::string path(const std::string& dir);  // dir/.packbert.lock
 
  private:
+  CheckpointDirLock(const std::string& dir, bool create);
+
   int fd_ = -1;
   bool held_ = false;
 };
@@ -49,8 +58,10 @@ bool continues_checkpoint_dir(const TrainConfig::Checkpoint& k);
 // Collective over comm, before any data is loaded; nothing when checkpoint.dir is "". Rank 0
 // creates checkpoint.dir, takes its lock, and, when the run does not continue one of its
 // checkpoints, refuses one that holds checkpoints (naming the newest and the three ways on) or,
-// with checkpoint.overwrite, deletes them. Every rank throws the same Error when rank 0 refuses.
-// Returns the lock on rank 0 (null elsewhere): keep it for the run's life.
+// with checkpoint.overwrite, deletes them. A refused run writes nothing in checkpoint.dir: the
+// refusal comes before the lock file is made or records this run. Every rank throws the same
+// Error when rank 0 refuses. Returns the lock on rank 0 (null elsewhere): keep it for the run's
+// life.
 std::unique_ptr<CheckpointDirLock> claim_checkpoint_dir(MPI_Comm comm,
                                                         const TrainConfig::Checkpoint& k);
 

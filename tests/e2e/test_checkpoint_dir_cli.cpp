@@ -1,7 +1,8 @@
 // One run per checkpoint directory, through the binary (src/train/checkpoint_dir.h): a run that
 // starts fresh (or from weights, or from a checkpoint elsewhere) into a directory holding
 // checkpoints, damaged ones included, refuses before any data is loaded and leaves every byte
-// of them as it was, on one rank and on two; --resume auto and checkpoint.overwrite still work;
+// of the directory as it was, the lock file that names their run included, on one rank and on
+// two; --resume auto and checkpoint.overwrite still work;
 // two runs started together on one directory: one runs, the other refuses naming it, on one
 // rank and on two; a run killed with SIGKILL (rank 0 of two, too) never blocks --resume auto;
 // a resume that changes keys logs one warning naming each, old -> new.
@@ -46,6 +47,36 @@ std::map<std::string, std::string> checkpoint_bytes(const std::string& root) {
     const std::string rel = fs::relative(e.path(), root).string();
     if (rel.rfind("step_", 0) == 0 && e.is_regular_file()) out[rel] = read_file(e.path());
   }
+  return out;
+}
+
+// Every entry under root, the lock file included -> its bytes ("(directory)" for a directory).
+std::map<std::string, std::string> every_byte(const std::string& root) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    out[fs::relative(e.path(), root).string()] =
+        e.is_directory() ? std::string("(directory)") : read_file(e.path());
+  return out;
+}
+
+// The entries whose bytes differ between two every_byte() maps, or that only one holds; for a
+// text file of a few lines (the lock file), with both texts.
+std::string changed(const std::map<std::string, std::string>& before,
+                    const std::map<std::string, std::string>& after) {
+  std::string out;
+  for (const auto* side : {&before, &after})
+    for (const auto& [name, bytes] : *side) {
+      const auto b = before.find(name), a = after.find(name);
+      if (side == &after && b != before.end()) continue;  // seen from before
+      if (b == before.end() || a == after.end()) {
+        out += fmt::format("{} {}\n", name, b == before.end() ? "appeared" : "disappeared");
+      } else if (b->second != a->second) {
+        out += name + " changed";
+        if (b->second.size() < 256 && a->second.size() < 256)
+          out += fmt::format(": \"{}\" -> \"{}\"", b->second, a->second);
+        out += "\n";
+      }
+    }
   return out;
 }
 
@@ -150,6 +181,35 @@ std::string logged_pid(const std::string& log, int rank) {
   const std::regex re(fmt::format(R"(\[rank {}\][^\n]*packbert train: \d+ rank\(s\), pid (\d+))",
                                   rank));
   return std::regex_search(log, m, re) ? m[1].str() : std::string();
+}
+
+// A refused fresh run changes nothing in checkpoint.dir: the lock file still names the run that
+// wrote the checkpoints, not the one refused (its refusal says "Nothing was changed"), on one
+// rank and on two; and where there is no lock file (checkpoints copied in), none is made.
+TEST_F(CheckpointDirCli, RefusedFreshRunLeavesTheLockFileAndEveryOtherByte) {
+  const std::string dir = run_dir("refused_lock");
+  const std::string ckpt = dir + "/ckpt";
+  ASSERT_EQ(run_command(train_cmd(dir, "--train.max_steps=3")), 0) << read_file(dir + "/log.txt");
+  const std::string pid = logged_pid(read_file(dir + "/log.txt"), 0);
+  ASSERT_FALSE(pid.empty()) << read_file(dir + "/log.txt");
+  const std::string lock = ckpt + "/.packbert.lock";
+  ASSERT_NE(read_file(lock).find("pid " + pid + ","), std::string::npos) << read_file(lock);
+  const std::string fresh = "--train.seed=" + std::to_string((seed_ + 1) & 0x7fffffff);
+  for (const bool lock_file : {true, false}) {
+    if (!lock_file) {
+      ASSERT_TRUE(fs::remove(lock));
+    }
+    const auto before = every_byte(ckpt);
+    ASSERT_EQ(before.count(".packbert.lock"), lock_file ? 1u : 0u);
+    for (const std::string& launcher : {std::string(), mpirun(2)}) {
+      SCOPED_TRACE(fmt::format("lock file {}, {}", lock_file, launcher));
+      EXPECT_NE(run_command(launcher + train_cmd(dir, fresh, "refused.txt")), 0);
+      const std::string out = read_file(dir + "/refused.txt");
+      expect_refusal(out, ckpt, "step_00000003");
+      EXPECT_NE(out.find("Nothing was changed"), std::string::npos) << out;
+      EXPECT_EQ(changed(before, every_byte(ckpt)), "");
+    }
+  }
 }
 
 // Two runs started together on one empty directory: exactly one runs, the other exits non-zero

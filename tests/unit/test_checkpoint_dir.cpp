@@ -107,6 +107,38 @@ TEST(CheckpointDirLock, IsExclusiveWithinOneProcessTooAndReleasedByItsEnd) {
   EXPECT_TRUE(after.held());
 }
 
+// existing() decides nothing in the directory: no lock file is made, and the record of the run
+// that made one stays until record(); a held lock is refused, naming its holder, as by the
+// constructor.
+TEST(CheckpointDirLock, ExistingWritesNothingUntilRecord) {
+  TempDir tmp;
+  const std::string file = CheckpointDirLock::path(tmp.path());
+  EXPECT_EQ(CheckpointDirLock::existing(tmp.path()), nullptr);
+  EXPECT_FALSE(fs::exists(file));
+  const std::string earlier = fmt::format("host elsewhere, pid {}, started then\n",
+                                          1 + test::test_seed() % 100000);
+  std::ofstream(file) << earlier;
+  {
+    const std::unique_ptr<CheckpointDirLock> lock = CheckpointDirLock::existing(tmp.path());
+    ASSERT_NE(lock, nullptr);
+    EXPECT_TRUE(lock->held());
+    EXPECT_EQ(test::read_file(file), earlier);
+    EXPECT_NE(error_of([&] { CheckpointDirLock again(tmp.path()); }).find("in use"),
+              std::string::npos);
+    EXPECT_EQ(test::read_file(file), earlier);
+    lock->record();
+    EXPECT_NE(test::read_file(file).find(fmt::format("pid {},", ::getpid())), std::string::npos)
+        << test::read_file(file);
+  }
+  LockHolder holder(tmp.path());
+  ASSERT_TRUE(holder.held());
+  const std::string err = error_of([&] { CheckpointDirLock::existing(tmp.path()); });
+  EXPECT_NE(err.find(fmt::format("is in use by another run: host {}, pid {}, started ",
+                                 hostname(), holder.pid())),
+            std::string::npos)
+      << err;
+}
+
 TEST(CheckpointDirLock, UnopenableLockFileIsAnErrorNamingIt) {
   TempDir tmp;
   const std::string missing = tmp.file("no/such/dir");
