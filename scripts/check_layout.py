@@ -160,8 +160,10 @@ class Order:
             return "kernels"
         if parts[0] != "src" or len(parts) < 2:
             return None
-        if len(parts) == 2:
-            return "main" if parts[1] == "main.cpp" else None
+        if len(parts) == 2:  # main.cpp; any other source file here is in no module
+            if parts[1] == "main.cpp":
+                return "main"
+            return parts[1] if parts[1].endswith(SOURCE_EXTENSIONS) else None
         return parts[1]
 
 
