@@ -9,7 +9,7 @@
 - every repository path quoted in backticks (`src/...`, `kernels/...`, `scripts/...`, `tests/...`,
   `configs/...`, `docs/...`, `data/...`) exists, or matches a file when it holds a wildcard, and
   so does every source path written without them (`src/train/trainer.h`);
-- a name given with its file ("`largest_micro_batch` in src/config/train_options.h", or "`name`
+- a name given with its file ("`largest_micro_batch` in src/train/train_options.h", or "`name`
   ([src/...](...)") occurs in that file, and every part of a qualified name in backticks
   (`SeqLayout::fixed_launch`) occurs in the sources (src/, kernels/, tests/, scripts/);
 - the source paths in the comments of src/ and kernels/ ("model/bert.h", "kernels/backend.h")

@@ -39,7 +39,7 @@ struct ActivationReport {
 };
 
 // What training reserves a model for before its first step (Bert::reserve_training), so that no
-// step allocates: the largest micro-batch (config/train_options.h largest_micro_batch), its
+// step allocates: the largest micro-batch (train/train_options.h largest_micro_batch), its
 // layout (CUDA graphs lay batches into capacities by it) and how many forwards' metrics may wait
 // to be read (MetricSlots: micro-steps x steps between reads).
 struct BertReserve {

@@ -50,7 +50,7 @@ struct BertOptions {
   // resumes in another), which is why this is an option of the run and not of BertConfig.
   // bf16 / fp16: activations (hidden states, QKV, attention context, MLP, the heads' token
   // buffers and every activation gradient) are stored in that type, the GEMMs read a copy of
-  // the weight matrices and embedding tables in that type (lowp_params(), refreshed by LAMB in
+  // the weight matrices and embedding tables in that type (ModelWeights::lowp(), refreshed by LAMB in
   // its update pass), biases and LayerNorm parameters are read in fp32. The arena shrinks
   // accordingly.
   Precision precision = Precision::fp32;

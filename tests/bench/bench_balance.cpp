@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       pc.search_budget = budget;
       Stats st, cells;
       int64_t moves = 0, probes = 0;
-      // The arena's bound (config/train_options.cpp largest_micro_batch): the planner's, with
+      // The arena's bound (train/train_options.cpp largest_micro_batch): the planner's, with
       // at most kMaxPredictions masked tokens a sample.
       const MicroBatchBound bound = micro_batch_bound(pc, n);
       Row row{name, m, bound, std::min(bound.tokens, bound.samples * kMaxPredictions), {}};
