@@ -68,8 +68,8 @@ PB_HD float philox_uniform(uint32_t bits) {
 // counter. For attention probabilities: position = query position, element = key position,
 // head = the head; for hidden states head = 0 and element = the hidden index. The high bits of
 // position and element (sequences beyond 65536 tokens, for long-sequence MST runs) sit above
-// the step, so every position < 2^16 / element < 2^18 / step < 2^24 has the counter it had
-// before those fields were widened: masks of ordinary runs did not change.
+// the step: for a position < 2^16 and an element < 2^18 they are zero, and ctr[0] and ctr[3]
+// hold the low fields alone.
 constexpr uint32_t kDropoutMaxPosition = 1u << 20;
 constexpr uint32_t kDropoutMaxElement = 1u << 22;
 constexpr uint32_t kDropoutMaxStep = 1u << 24;

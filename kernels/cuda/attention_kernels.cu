@@ -1,18 +1,12 @@
-// Variable-length multi-head attention, fp32, the first (correctness) step of the CUDA backend.
+// Variable-length multi-head attention in fp32, head dim up to kAttentionMaxHeadDim (64).
 //
 // Launches take a work list (fmha.h): the backend sorts the sequences into length buckets
-// (common/fmha_work_list.h) and launches each bucket as its own grid, sized by that bucket's longest
-// sequence, on its own stream; blocks past a sequence's end inside a bucket exit at once.
+// (common/fmha_work_list.h) and launches each bucket as its own grid, sized by that bucket's
+// longest sequence, on its own stream; blocks past a sequence's end inside a bucket exit at once.
 // bf16 / fp16 activations take the tensor-core kernels of fmha_mma_*.cu instead.
-//
-// TODO(cuda attention, later steps of the CUDA backend issue -- not done here):
-//  1. FlashAttention-2 tiling for fp32 too (64-128 query rows per block, K/V tiles double-
-//     buffered with cp.async / TMA); head dim 128 (this kernel stops at 64,
-//     kAttentionMaxHeadDim).
-//  2. A single fused backward (dQ via atomics or a dQ accumulation pass) instead of two
-//     kernels that both recompute P; the dropout mask bits computed once per tile and shared.
-//  3. Sequences longer than 512 for the MST work are supported by this code (any length up to
-//     the dropout key's 2^20 positions) but untuned: the tile loop is serial per block.
+// Any sequence length up to the dropout key's 2^20 positions runs; each block walks its tiles
+// one after another. Where these kernels could go faster (FlashAttention-2 tiling, head dim
+// 128, one backward kernel) is in docs/performance.md (GPU, fp32 attention).
 //
 // Kernels (lse is [rows, heads], as the CPU backend's):
 //   forward   block = 4 warps x 4 query rows of one (sequence, head); K/V tiles of 32 keys in
@@ -245,7 +239,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, cons
     #pragma unroll
     for (int t = 0; t < kDims; ++t) {
       const int c = lane + 32 * t;
-      if (c < a.d) dqkv[(start + qi) * ld + static_cast<int64_t>(head) * a.d + c] = dq[r][t] * a.scale;
+      if (c < a.d)
+        dqkv[(start + qi) * ld + static_cast<int64_t>(head) * a.d + c] = dq[r][t] * a.scale;
     }
   }
 }

@@ -28,8 +28,8 @@ struct DeviceLayout {
   int32_t max_len = 0;
 };
 
-// The storage formats of float buffers (kernels/base/tensor.h's DType is not visible to the .cu files;
-// the host side maps it with float_format()).
+// The storage formats of float buffers (kernels/base/tensor.h's DType is not visible to the .cu
+// files; the host side maps it with float_format()).
 enum class FloatFormat : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
 
 // ---- float-format conversions (convert_kernels.cu) -----------------------------------------
@@ -116,8 +116,8 @@ cudaError_t gather_rows(const void* x, const int32_t* index, void* out, FloatFor
 cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, void* dx,
                                      FloatFormat f, int64_t m, int64_t h, int64_t rows,
                                      uint32_t* scratch, cudaStream_t s);
-// dx[index[i], :] += src[i, :] (h columns) for m DISTINCT indices (but -1): src fp32, dx in format f,
-// each sum in fp32 rounded once to f (the NSP head's [CLS] rows).
+// dx[index[i], :] += src[i, :] (h columns) for m DISTINCT indices (but -1): src fp32, dx in
+// format f, each sum in fp32 rounded once to f (the NSP head's [CLS] rows).
 cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
                          int64_t m, int64_t h, cudaStream_t s);
 
@@ -178,13 +178,14 @@ cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
 // (||w|| then ||u||).
 cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
                        int64_t num_tensors, float lr, float grad_scale,
-                       const float* step_scalars, const float* global_grad_norm, const double* sums, float* params,
+                       const float* step_scalars, const float* global_grad_norm,
+                       const double* sums, float* params,
                        const float* grads, void* params_lowp, FloatFormat lowp_format,
                        float* norms_ws, cudaStream_t s);
 
 // ---- LayerNorm family (embedding_kernels.cu, layernorm_kernels.cu) -------------------------
-// backend.h's kLayerNormEps (the .cu files do not include backend.h; cuda_backend.cpp
-// static_asserts that the two agree).
+// kLayerNormEps of kernels/ops/layernorm.h (the .cu files do not include the op headers;
+// cuda_backend.cpp static_asserts that the two agree).
 constexpr float kDeviceLayerNormEps = 1e-12f;
 struct EmbeddingPtrs {
   const float* word;
@@ -233,7 +234,7 @@ cudaError_t residual_layernorm_backward(const DeviceLayout& l, const float* dout
                                         float* dgamma, float* dbeta, double* partial,
                                         cudaStream_t s);
 
-// The same four ops with bf16 / f16 storage (backend.h's "lowp:" tensors), in one pass: load,
+// The same four ops with bf16 / f16 storage (their "lowp:" tensors), in one pass: load,
 // the fp32 math of the functions above, store rounded to nearest even. The host dispatch sends
 // only the combinations the model uses: the op's low-precision tensors all in one format f
 // (bf16 or f16; the embedding tables f32 or f), every other float tensor f32; anything else
@@ -278,7 +279,7 @@ cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat 
                                              float* dbeta, double* partial, cudaStream_t s);
 
 // ---- attention (attention_kernels.cu) ------------------------------------------------------
-constexpr int kAttentionMaxHeadDim = 64;  // this step's kernels; see the TODO list there
+constexpr int kAttentionMaxHeadDim = 64;  // the fp32 kernels' shared-memory row width
 cudaError_t attention_forward(const DeviceLayout& l, const float* qkv, int64_t hidden, int heads,
                               const DropoutStream& ds, float* out, float* lse, cudaStream_t s);
 cudaError_t attention_backward(const DeviceLayout& l, const float* qkv, const float* out,

@@ -65,11 +65,8 @@
 // 164 KiB) or 6 (sm_90, 228 KiB) blocks per SM, so registers, not shared memory, bound the
 // blocks per SM.
 //
-// Hopper (sm_90): not used yet, for want of a GPU to prove them on. The K / V (Q / dO) tile
-// copies would become TMA bulk tensor loads (cp.async.bulk.tensor, one thread, an mbarrier per
-// buffer) in load_tile_async's place, and the per-warp mma.sync products warpgroup-wide
-// wgmma.mma_async with B read from shared memory directly (the ldsm_b_* loads go away), which
-// needs 64-row slabs per warpgroup and a swizzled tile layout instead of the padded stride.
+// Hopper (sm_90) runs these same kernels: cp.async copies and mma.sync products, no TMA and no
+// wgmma (what those would change: docs/performance.md, GPU).
 //
 // Included by the two kernel files only. Its helpers have internal linkage, as in a .cu file:
 // each of the two compiles its own copy (the CUDA sources are not linked as device code).

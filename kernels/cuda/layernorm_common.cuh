@@ -7,13 +7,14 @@
 // Threads walk a row in groups of 4 consecutive columns: one Philox call (dropout_bits4) gives
 // the mask words of exactly those 4 elements, as on the CPU.
 //
-// Mixed precision: the kernels are templates on the storage type of the tensors backend.h's
-// "lowp:" lines name (float, __nv_bfloat16, __half). They load and widen, compute in fp32 exactly
-// as the fp32 instantiation does, and round once where they store (to nearest even), so one pass
-// gives what the CPU's emulation (widen, fp32 op, round) gives, up to fp32 summation order. Where
-// the fp32 kernel re-reads a value it stored (the embedding sum in out, h in ln_in), the
-// low-precision one recomputes it or keeps the fp32 value in shared memory instead: the
-// statistics and the normalisation use the unrounded value, as the emulation does.
+// Mixed precision: the kernels are templates on the storage type (float, __nv_bfloat16, __half)
+// of the tensors the ops' "lowp:" lines name (kernels/ops/embedding.h, kernels/ops/layernorm.h).
+// They load and widen, compute in fp32 exactly as the fp32 instantiation does, and round once
+// where they store (to nearest even), so one pass gives what the CPU's emulation (widen, fp32
+// op, round) gives, up to fp32 summation order. Where the fp32 kernel re-reads a value it
+// stored (the embedding sum in out, h in ln_in), the low-precision one recomputes it or keeps
+// the fp32 value in shared memory instead: the statistics and the normalisation use the
+// unrounded value, as the emulation does.
 //
 // Included by those two files only. Its helpers and kernels have internal linkage, as in a .cu
 // file: each of the two compiles its own copy (the CUDA sources are not linked as device code).
