@@ -1,7 +1,7 @@
-// Runs a backend's fp32 ops on low-precision (bf16 / f16) tensors: the generic first step of
-// mixed precision, shared by the CPU backend (which emulates the storage precision with it, so
-// the model's mixed-precision path is testable anywhere) and the CUDA backend (for the ops
-// without a native low-precision kernel yet).
+// Runs a backend's fp32 ops on low-precision (bf16 / f16) tensors: the generic path of mixed
+// precision, shared by the CPU backend (which emulates the storage precision with it, so the
+// model's mixed-precision path is testable anywhere) and the CUDA backend (for the ops and the
+// combinations without a native low-precision kernel).
 //
 // For one call: every low-precision input is widened (exactly) into fp32 scratch, the backend's
 // fp32 op runs on the scratch, and every low-precision output is rounded back to nearest even.
@@ -11,7 +11,8 @@
 // logits) share one scratch buffer, so in-place contracts keep holding. The tensors the contract
 // keeps in fp32 (LayerNorm statistics, lse, loss sums, parameter gradients, biases and LayerNorm
 // parameters, workspaces) are rejected when given in low precision: the adapter never rounds
-// what must stay exact (kernels/backend.h lists, per op, which tensors may be low precision).
+// what must stay exact (each op's "lowp:" line in kernels/ops/ lists which tensors may be low
+// precision; kernels/backend.h, Precision, what never is).
 //
 // The backend supplies the memory and the two conversions (Staging); the per-op functions
 // below know which argument is read, written or both.

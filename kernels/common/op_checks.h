@@ -5,9 +5,10 @@
 
 #include <cstdint>
 
-#include "kernels/backend.h"
-#include "kernels/common/philox.h"
 #include "kernels/base/error.h"
+#include "kernels/common/philox.h"
+#include "kernels/ops/lamb.h"
+#include "kernels/ops/layout.h"
 
 namespace packbert::checks {
 
@@ -104,24 +105,6 @@ inline void check_lamb_table(const char* op, const LambTensor* rows, int64_t num
                op, t, e.offset, e.size, e.decay, n);
     end = e.offset + e.size;
   }
-}
-
-inline void check_lamb_config(const char* op, const LambConfig& cfg) {
-  PB_REQUIRE(cfg.grad_scale > 0.f && cfg.grad_scale <= 3.0e38f,
-             "{}: grad_scale {} must be positive and finite", op, cfg.grad_scale);
-  PB_REQUIRE(cfg.step >= 1 && cfg.beta1 >= 0.f && cfg.beta1 < 1.f && cfg.beta2 >= 0.f &&
-                 cfg.beta2 < 1.f && cfg.max_grad_norm > 0.f,
-             "{}: step {} (from 1), beta1 {} and beta2 {} in [0, 1), max_grad_norm {} > 0", op,
-             cfg.step, cfg.beta1, cfg.beta2, cfg.max_grad_norm);
-}
-
-// An attention qkv row of width ld = 3 x hidden with hidden divisible by num_heads: hidden
-// (Error naming the width and the heads otherwise).
-inline int64_t qkv_hidden(const char* op, int64_t ld, int num_heads) {
-  PB_REQUIRE(ld % 3 == 0 && num_heads >= 1 && (ld / 3) % num_heads == 0,
-             "{}: qkv width {} is not 3 x hidden with hidden divisible by {} heads", op, ld,
-             num_heads);
-  return ld / 3;
 }
 
 }  // namespace packbert::checks

@@ -96,7 +96,7 @@ inline void attention_dropout_row(const DropoutStream& ds, uint64_t sample, uint
   cpu::dropout_row(ds, sample, head, qpos, len, factors);
 }
 
-// Rows that belong to no sequence: attention writes zeros there (see backend.h).
+// Rows that belong to no sequence: attention writes zeros there (kernels/ops/attention.h).
 template <typename F>
 void for_padding_rows(const SeqLayout& layout, F&& f) {
   const int32_t* tseq = layout.token_seq.ptr<int32_t>();

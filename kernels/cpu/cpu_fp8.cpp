@@ -1,4 +1,4 @@
-// FP8 on the CPU backend (backend.h, FP8): the cast into FP8 operands with its amax, the FP8
+// FP8 on the CPU backend (kernels/ops/fp8.h): the cast into FP8 operands with its amax, the FP8
 // GEMM emulated exactly as its contract reads -- the operands widened and de-scaled (exact:
 // power-of-two scales), then linear_forward's fp32 GEMM and epilogue, the output rounded once --
 // and delayed scaling's bookkeeping. So FP8 training runs and is tested on any machine, and the
@@ -7,10 +7,10 @@
 #include <cstring>
 
 #include "kernels/common/fp8_convert.h"
-#include "kernels/common/op_args.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_simd.h"
+#include "kernels/ops/fp8.h"
 
 namespace packbert {
 

@@ -3,11 +3,11 @@
 #include <cmath>
 
 #include "kernels/common/math.h"
-#include "kernels/common/op_args.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_lowp.h"
+#include "kernels/ops/lamb.h"
 
 namespace packbert {
 

@@ -10,11 +10,11 @@
 #include <algorithm>
 
 #include "kernels/common/math.h"
-#include "kernels/common/op_args.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cpu/cpu_lowp.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_lowp.h"
 #include "kernels/cpu/cpu_simd.h"
+#include "kernels/ops/linear.h"
 
 namespace packbert {
 

@@ -5,11 +5,12 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/common/op_args.h"
+#include "kernels/common/mlm_loss_by_ops.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cpu/cpu_lowp.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_lowp.h"
 #include "kernels/cpu/cpu_simd.h"
+#include "kernels/ops/losses.h"
 
 namespace packbert {
 

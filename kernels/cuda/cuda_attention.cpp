@@ -1,9 +1,9 @@
 // CudaBackend's attention: the CPU backend's checks, then the grouped launch of the fp32 kernels
 // (attention_kernels.cu) or the tensor-core ones (fmha_mma_forward.cu, fmha_mma_backward.cu).
-#include "kernels/common/op_args.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/fmha_host.h"
+#include "kernels/ops/attention.h"
 
 namespace packbert {
 

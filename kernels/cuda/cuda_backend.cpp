@@ -7,10 +7,10 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/common/op_args.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/device.h"
+#include "kernels/ops/op_args.h"
 
 // NVTX v3 is header-only (it loads the profiler's injection library when one is attached); the
 // emulated build has a recorder of the same API (cuda_emu/include/nvtx3).

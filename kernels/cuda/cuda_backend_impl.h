@@ -14,14 +14,14 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/base/trace.h"
 #include "kernels/common/lowp_adapter.h"
 #include "kernels/common/op_checks.h"
-#include "kernels/common/op_args.h"
-#include "kernels/base/trace.h"
 #include "kernels/cuda/counters.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/fmha.h"
+#include "kernels/ops/op_args.h"
 
 // Every CUDA runtime call is checked; the error names the op, the call and file:line.
 #define PB_CUDA_OP(op, call)                                                                 \
@@ -98,7 +98,7 @@ inline GemmCall gemm_call(bool transa, bool transb, int64_t m, int64_t n, int64_
 
 // The memory and conversions of the low-precision adapter (common/lowp_adapter.h) on a
 // device: grow-only fp32 slots and the convert kernel on the backend's stream. The ops without
-// a native bf16 / f16 kernel yet run through it (widen, fp32 kernel, round back).
+// a native bf16 / f16 kernel run through it (widen, fp32 kernel, round back).
 class CudaLowpStaging final : public lowp::Staging {
  public:
   explicit CudaLowpStaging(const cudaStream_t& stream) : stream_(stream) {}
@@ -126,7 +126,7 @@ cuda::FloatFormat float_format(const char* op, const char* name, const Tensor& t
 inline cudaDataType_t cuda_type(DType t) {
   return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
 }
-// The same view read as f32: a bf16 / f16 op runs the shared shape checks of op_args.h on it,
+// The same view read as f32: a bf16 / f16 op runs the shared shape checks (kernels/ops/) on it,
 // and checks the dtypes itself.
 inline Tensor shape_of(Tensor t) {
   if (t.defined()) t.dtype = DType::f32;
@@ -157,81 +157,17 @@ class CudaBackend final : public Backend {
   void synchronize(const char* op);
   cudaStream_t stream() const { return stream_; }  // every op runs on it (native_stream())
 
-  void zero(const Tensor& t) override;
   void write_floats(const Tensor& dst, const float* values, int n) override;
-  void copy(const Tensor& dst, const Tensor& src) override;
   void upload(const std::vector<HostUpload>& copies) override;
   void prefetch(const std::vector<HostUpload>& copies) override;
   cudaStream_t copy_stream() const { return copy_stream_; }  // prefetch()'s copies
   void read(const std::vector<HostRead>& reads) override;
-
-  void embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
-                         const Tensor& segment_ids, const EmbeddingParams& params,
-                         const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,
-                         const Tensor& ln_rstd) override;
-  void embedding_backward(const SeqLayout& layout, const Tensor& input_ids,
-                          const Tensor& segment_ids, const EmbeddingParams& params,
-                          const Dropout& dropout, const Tensor& ln_mean, const Tensor& ln_rstd,
-                          const Tensor& dout, const EmbeddingParams& grads) override;
-
-  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue epilogue,
-                      const Tensor& out, const Tensor& pre) override;
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dout, const Tensor& dx,
-                       const Tensor& dw, const Tensor& db,
-                       const LinearBackwardOptions& options) override;
-
-  void residual_layernorm_forward(const SeqLayout& layout, const Tensor& x, const Tensor& bias,
-                                  const Tensor& residual, const LayerNormParams& ln,
-                                  const Dropout& dropout, const Tensor& out, const Tensor& ln_in,
-                                  const Tensor& ln_mean, const Tensor& ln_rstd) override;
-  void residual_layernorm_backward(const SeqLayout& layout, const Tensor& dout,
-                                   const Tensor& ln_in, const Tensor& ln_mean,
-                                   const Tensor& ln_rstd, const LayerNormParams& ln,
-                                   const Dropout& dropout, const Tensor& dx,
-                                   const Tensor& dresidual, const Tensor& dbias,
-                                   const LayerNormParams& dln) override;
-
-  void attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
-                         const Dropout& dropout, const Tensor& out, const Tensor& lse) override;
-  void attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, const Tensor& dout, int num_heads,
-                          const Dropout& dropout, const Tensor& dqkv) override;
-
-  void gather_rows(const Tensor& x, const Tensor& index, const Tensor& out) override;
-  void gather_rows_backward(const Tensor& dout, const Tensor& index, const Tensor& dx) override;
-
-  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const GradScale& grad_scale,
-                             const Tensor& loss_sum, const Tensor& num_correct,
-                             const Tensor& dlogits) override;
-  void mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
-                const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
-                const Tensor& db) override;
-  void nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
-                const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
-                const PoolerParams& grads) override;
-
-  void l2_norm(const Tensor& x, const Tensor& out) override;
-  void sum_squares(const Tensor& x, const Tensor& out) override;
-  void norm_from_sum_squares(const Tensor& sum, const Tensor& out) override;
-  void lamb_update(const Tensor& table, const LambConfig& config,
-                   const Tensor& global_grad_norm, const Tensor& params, const Tensor& grads,
-                   const Tensor& m, const Tensor& v, const Tensor& sums,
-                   const Tensor& record = Tensor()) override;
-  void lamb_apply(const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,
-                  const Tensor& sums, const Tensor& params, const Tensor& grads,
-                  const Tensor& params_lowp = Tensor(), const Tensor& norms_ws = Tensor()) override;
-  void convert(const Tensor& dst, const Tensor& src) override;
-
-  void fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale, const Tensor& amax,
-                const Tensor& out, const Tensor& out_t) override;
-  void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
-                const Tensor& out, const Fp8GemmOptions& options) override;
-  void fp8_amax_share(const Tensor& amax, int rank, const Tensor& shared) override;
-  void fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, int margin,
-                        const Tensor& history, const Tensor& scales, const Tensor& amax) override;
   std::string fp8_unsupported() const override;
+
+  // Every op (kernels/backend.h, PACKBERT_BACKEND_OPS), in a file per family: cuda_backend.cpp
+  // (zero, copy, convert), cuda_layernorm.cpp (embeddings, LayerNorm), cuda_linear.cpp,
+  // cuda_attention.cpp, cuda_losses.cpp, cuda_lamb.cpp, cuda_fp8.cpp.
+  PACKBERT_BACKEND_OPS(PACKBERT_OP_OVERRIDE)
 
  private:
   // ---- helpers (cuda_backend.cpp) ----
@@ -243,9 +179,11 @@ class CudaBackend final : public Backend {
   void expect_optional(const char* op, const char* name, const Tensor& t, DType dtype,
                        std::initializer_list<int64_t> dims);
   void check_pointer(const char* op, const char* name, const Tensor& t);
-  // The per-tensor check this backend adds to the shared argument checks (common/op_args.h).
+  // The per-tensor check this backend adds to the shared argument checks (kernels/ops/op_args.h).
   checks::OpArgs::Extra pointer_check() {
-    return [this](const char* op, const char* name, const Tensor& t) { check_pointer(op, name, t); };
+    return [this](const char* op, const char* name, const Tensor& t) {
+      check_pointer(op, name, t);
+    };
   }
   // Shapes and devices of the layout's tensors; with validate_indices also their contents.
   // An empty slot (length 0) only where `empty` allows it.

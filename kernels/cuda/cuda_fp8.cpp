@@ -1,4 +1,4 @@
-// FP8 on the CUDA backend (backend.h, FP8): the cast kernel (fp8_kernels.cu), and the FP8 GEMM
+// FP8 on the CUDA backend (kernels/ops/fp8.h): the cast kernel (fp8_kernels.cu), and the FP8 GEMM
 // through cuBLASLt. cuBLASLt's FP8 GEMMs (Ada and Hopper: compute capability 8.9 and 9.x) take
 // one layout, "TN": in column-major terms A transposed and B not, i.e. both operands K-major --
 // what fp8_gemm's row-major a [n, k] and b [m, k] are:
@@ -9,8 +9,8 @@
 // GEMM with an epilogue writes fp32 scratch and fp8_epilogue adds the bias (and the GELU) and
 // rounds once, as the CPU does. Without one, cuBLASLt writes out directly (accumulating into
 // fp32 with beta = 1 for the weight gradients).
-#include "kernels/common/op_args.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/ops/fp8.h"
 
 namespace packbert {
 

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/common/op_args.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/ops/lamb.h"
 
 namespace packbert {
 

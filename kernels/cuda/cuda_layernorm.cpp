@@ -1,9 +1,10 @@
 // CudaBackend's token-wise layer ops, embedding and bias + dropout + residual + LayerNorm: the
 // CPU backend's checks, then the kernels of embedding_kernels.cu (and embedding_scatter.cu) and
 // layernorm_kernels.cu.
-#include "kernels/common/op_args.h"
 #include "kernels/common/op_checks.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/ops/embedding.h"
+#include "kernels/ops/layernorm.h"
 
 namespace packbert {
 

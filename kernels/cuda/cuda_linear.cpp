@@ -2,8 +2,8 @@
 // with bf16 / f16 ones ("linear layers in bf16 / f16" below), through the GEMMs of cuda_gemm.cpp
 // (which says how the row-major buffers map to cuBLASLt's column-major and which epilogues run,
 // and why); a kernel does what an epilogue cannot (bias, GELU, the bias gradient).
-#include "kernels/common/op_args.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/ops/linear.h"
 
 namespace packbert {
 

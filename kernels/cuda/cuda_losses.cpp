@@ -6,8 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/common/op_args.h"
+#include "kernels/common/mlm_loss_by_ops.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/ops/losses.h"
 
 namespace packbert {
 

@@ -1,4 +1,4 @@
-// FP8 kernels (backend.h, FP8): the cast of a buffer into an FP8 operand and / or its transpose,
+// FP8 kernels (kernels/ops/fp8.h): the cast of a buffer into an FP8 operand and / or its transpose,
 // with the amax of the rows it keeps, and the epilogue of an FP8 GEMM that wrote fp32. The
 // per-element arithmetic is common/fp8_convert.h's and common/math.h's, the CPU backend's very
 // functions, so both write the same bytes.

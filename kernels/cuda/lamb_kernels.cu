@@ -1,7 +1,7 @@
-// LAMB over a work list of chunks, in two passes (backend.h, lamb_update / lamb_apply): per-row
-// sums of squares of the weights and of the update (partials per chunk, added per row in order)
-// with the update itself and the skipped-step record; then the norms, the trust ratio and the
-// update's application (and the low-precision weight copy).
+// LAMB over a work list of chunks, in two passes (kernels/ops/lamb.h, lamb_update, lamb_apply):
+// per-row sums of squares of the weights and of the update (partials per chunk, added per row in
+// order) with the update itself and the skipped-step record; then the norms, the trust ratio and
+// the update's application (and the low-precision weight copy).
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_util.cuh"
 
