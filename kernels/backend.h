@@ -242,7 +242,7 @@ class Backend {
   // dst.bytes() from src, host memory the caller may reuse once upload returns. The default
   // copies each with copy(); the CUDA backend stages them in pinned memory of its own (two
   // buffers used in turn) and copies them asynchronously, so that the host does not wait for
-  // the device (kernels/cuda/cuda_backend.cpp). The batch goes up through prefetch (below).
+  // the device (kernels/cuda/cuda_copies.cpp). The batch goes up through prefetch (below).
   struct HostUpload {
     Tensor dst;
     const void* src = nullptr;

@@ -164,9 +164,9 @@ class CudaBackend final : public Backend {
   void read(const std::vector<HostRead>& reads) override;
   std::string fp8_unsupported() const override;
 
-  // Every op (kernels/backend.h, PACKBERT_BACKEND_OPS), in a file per family: cuda_backend.cpp
-  // (zero, copy, convert), cuda_layernorm.cpp (embeddings, LayerNorm), cuda_linear.cpp,
-  // cuda_attention.cpp, cuda_losses.cpp, cuda_lamb.cpp, cuda_fp8.cpp.
+  // Every op (kernels/backend.h, PACKBERT_BACKEND_OPS), in a file per family: cuda_copies.cpp
+  // (zero, copy), cuda_backend.cpp (convert), cuda_layernorm.cpp (embeddings, LayerNorm),
+  // cuda_linear.cpp, cuda_attention.cpp, cuda_losses.cpp, cuda_lamb.cpp, cuda_fp8.cpp.
   PACKBERT_BACKEND_OPS(PACKBERT_OP_OVERRIDE)
 
  private:
