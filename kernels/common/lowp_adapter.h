@@ -273,8 +273,9 @@ inline void gather_rows_backward(Backend& be, Staging& st, const Tensor& dout,
 }
 
 inline void softmax_cross_entropy(Backend& be, Staging& st, const Tensor& logits,
-                                  const Tensor& labels, const GradScale& grad_scale, const Tensor& loss_sum,
-                                  const Tensor& num_correct, const Tensor& dlogits) {
+                                  const Tensor& labels, const GradScale& grad_scale,
+                                  const Tensor& loss_sum, const Tensor& num_correct,
+                                  const Tensor& dlogits) {
   Call c("softmax_cross_entropy", st);
   const Tensor ls = c.in("logits", logits), ds = c.out("dlogits", dlogits);  // may alias
   c.widen();

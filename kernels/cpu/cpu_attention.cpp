@@ -121,7 +121,8 @@ void CpuBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, i
   expect(op, "out", out, DType::f32, {a.rows, a.hidden});
   expect(op, "lse", lse, DType::f32, {a.rows, a.heads});
   cpu::check_layout(op, layout, a.rows);
-  const DropoutStream ds = cpu::dropout_stream(op, dropout, layout.max_len, a.heads, layout.max_len);
+  const DropoutStream ds =
+      cpu::dropout_stream(op, dropout, layout.max_len, a.heads, layout.max_len);
   const bool drop = dropout_enabled(ds);
 
   const float* base = qkv.ptr<float>();
@@ -194,7 +195,8 @@ void CpuBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv, 
   expect(op, "dout", dout, DType::f32, {a.rows, a.hidden});
   expect(op, "dqkv", dqkv, DType::f32, {a.rows, a.ld});
   cpu::check_layout(op, layout, a.rows);
-  const DropoutStream ds = cpu::dropout_stream(op, dropout, layout.max_len, a.heads, layout.max_len);
+  const DropoutStream ds =
+      cpu::dropout_stream(op, dropout, layout.max_len, a.heads, layout.max_len);
   const bool drop = dropout_enabled(ds);
 
   const float* base = qkv.ptr<float>();
@@ -202,7 +204,9 @@ void CpuBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv, 
   const float* l = lse.ptr<float>();
   const float* dO = dout.ptr<float>();
   float* dbase = dqkv.ptr<float>();
-  for_padding_rows(layout, [&](int64_t r) { std::fill(dbase + r * a.ld, dbase + (r + 1) * a.ld, 0.f); });
+  for_padding_rows(layout, [&](int64_t r) {
+    std::fill(dbase + r * a.ld, dbase + (r + 1) * a.ld, 0.f);
+  });
   const int32_t* starts = layout.seq_start.ptr<int32_t>();
   const int32_t* lens = layout.seq_len.ptr<int32_t>();
   const int64_t* samples = layout.sample_id.ptr<int64_t>();

@@ -116,7 +116,8 @@ void CpuBackend::fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, i
                                   const Tensor& history, const Tensor& scales,
                                   const Tensor& amax) {
   const checks::OpArgs args("fp8_scale_update", Device::cpu);
-  const auto d = checks::fp8_scale_update_args(args, shared, fp8_max, margin, history, scales, amax);
+  const auto d =
+      checks::fp8_scale_update_args(args, shared, fp8_max, margin, history, scales, amax);
   for (int64_t i = 0; i < d.n; ++i)
     fp8::fp8_update_operand(shared.ptr<double>() + i, d.n, d.ranks, fp8_max.ptr<float>()[i],
                             margin, history.ptr<float>() + i * d.h, d.h,

@@ -65,9 +65,13 @@ struct EmbeddingRows {
   const int32_t* positions;
   int64_t hidden;
   const float* word_row(int64_t r) const { return word + ids[r] * hidden; }
-  const float* pos_row(int64_t r) const { return pos + static_cast<int64_t>(positions[r]) * hidden; }
+  const float* pos_row(int64_t r) const {
+    return pos + static_cast<int64_t>(positions[r]) * hidden;
+  }
   const float* type_row(int64_t r) const { return type + segs[r] * hidden; }
-  float sum(int64_t r, int64_t c) const { return (word_row(r)[c] + pos_row(r)[c]) + type_row(r)[c]; }
+  float sum(int64_t r, int64_t c) const {
+    return (word_row(r)[c] + pos_row(r)[c]) + type_row(r)[c];
+  }
 };
 
 }  // namespace

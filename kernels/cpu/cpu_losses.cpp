@@ -127,8 +127,9 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
 }
 
 void CpuBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                          const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
-                          const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                          const GradScale& grad_scale, const Tensor& logits_ws,
+                          const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                          const Tensor& dw,
                           const Tensor& db) {
   if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db}))
     return lowp::mlm_loss(*this, lowp_, x, w, b, labels, grad_scale, logits_ws, loss_sum,
@@ -138,7 +139,8 @@ void CpuBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, con
 }
 
 void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                          const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
+                          const Tensor& labels, const GradScale& grad_scale,
+                          const Tensor& workspace,
                           const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                           const PoolerParams& grads) {
   if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b,
@@ -147,8 +149,8 @@ void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Pooler
     return lowp::nsp_loss(*this, lowp_, layout, x, params, labels, grad_scale, workspace,
                           loss_sum, num_correct, dx, grads);
   const char* op = "nsp_loss";
-  const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cpu), layout, x, params, labels,
-                                            workspace, dx, grads);
+  const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cpu), layout, x, params,
+                                            labels, workspace, dx, grads);
   cpu::check_layout(op, layout, layout.rows, checks::EmptySeqs::allowed);
 
   // An empty slot is left out: its [CLS] gathers as 0 (index -1) and its label as -1.

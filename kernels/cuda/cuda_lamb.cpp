@@ -74,7 +74,8 @@ const char* CudaBackend::lamb_work(const char* op, const LambTensor* entries,
   PB_REQUIRE(chunks.size() <= 0x7fffffff, "{}: {} chunks exceed the grid", op, chunks.size());
   const size_t chunk_bytes = chunks.size() * sizeof(cuda::LambChunk);
   const size_t range_at = (chunk_bytes + 255) / 256 * 256;
-  const size_t bytes = range_at + std::max<size_t>(ranges.size(), 1) * sizeof(cuda::LambTensorRange);
+  const size_t bytes =
+      range_at + std::max<size_t>(ranges.size(), 1) * sizeof(cuda::LambTensorRange);
   // The previous list may still be read by a launch in flight: wait before replacing it.
   PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
   if (bytes > lamb_work_bytes_) {

@@ -157,7 +157,8 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
   // Ids were validated by the forward; backward trusts them (same buffers, same step).
   if (rows == 0 || h == 0) return end(op);
   auto ptr = [](const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
-  double* partial = scratch_doubles(op, 2 * static_cast<size_t>(cuda::column_sum_partials(rows, h)));
+  double* partial =
+      scratch_doubles(op, 2 * static_cast<size_t>(cuda::column_sum_partials(rows, h)));
   // Then the tables' gradients from d, the gradient wrt the embedding sum (cuda_kernels.h).
   auto scatter = [&](const float* d) {
     if (!grads.word.defined() && !grads.position.defined() && !grads.token_type.defined()) return;
@@ -311,7 +312,8 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
   if (dropout_enabled(ds)) dl = device_layout(op, layout, rows);
   if (rows == 0 || h == 0) return end(op);
   auto ptr = [](const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
-  double* partial = scratch_doubles(op, 2 * static_cast<size_t>(cuda::column_sum_partials(rows, h)));
+  double* partial =
+      scratch_doubles(op, 2 * static_cast<size_t>(cuda::column_sum_partials(rows, h)));
   if (native) {
     // dbias sums the unrounded dx (as the emulation does), kept in fp32 scratch for it.
     float* dx32 = dbias.defined() ? scratch_floats(op, static_cast<size_t>(rows * h)) : nullptr;

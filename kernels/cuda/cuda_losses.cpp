@@ -100,8 +100,9 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
 
 // ---- MLM ---------------------------------------------------------------------------------------
 void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
-                           const GradScale& grad_scale, const Tensor& logits_ws, const Tensor& loss_sum,
-                           const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                           const GradScale& grad_scale, const Tensor& logits_ws,
+                           const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                           const Tensor& dw,
                            const Tensor& db) {
   const trace::Range range("mlm_loss");
   if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db})) {
@@ -143,7 +144,8 @@ int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes) {
 }
 
 bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b,
-                                const Tensor& labels, const GradScale& grad_scale, const Tensor& logits_ws,
+                                const Tensor& labels, const GradScale& grad_scale,
+                                const Tensor& logits_ws,
                                 const Tensor& loss_sum, const Tensor& num_correct,
                                 const Tensor& dx, const Tensor& dw, const Tensor& db) {
   const char* op = "mlm_loss";
@@ -231,7 +233,8 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
 
 // ---- NSP ---------------------------------------------------------------------------------------
 void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
-                           const Tensor& labels, const GradScale& grad_scale, const Tensor& workspace,
+                           const Tensor& labels, const GradScale& grad_scale,
+                           const Tensor& workspace,
                            const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
                            const PoolerParams& grads) {
   const trace::Range range("nsp_loss");
@@ -304,7 +307,8 @@ std::array<Tensor, 5> CudaBackend::nsp_workspace(const Tensor& workspace, int64_
 }
 
 void CudaBackend::nsp_head(const Tensor& workspace, int64_t s, int64_t h,
-                           const PoolerParams& params, const Tensor& labels, const GradScale& grad_scale,
+                           const PoolerParams& params, const Tensor& labels,
+                           const GradScale& grad_scale,
                            const Tensor& loss_sum, const Tensor& num_correct, bool backward,
                            const PoolerParams& grads) {
   const char* op = "nsp_loss";

@@ -120,11 +120,21 @@ cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* p
   if (n == 0) return cudaSuccess;
   const unsigned grid = grid_for(n, kThreads);
   switch (mode) {
-    case 0: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<0>)(acc, bias, out, pre, f, rows, cols); break;
-    case 1: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<1>)(acc, bias, out, pre, f, rows, cols); break;
-    case 2: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<2>)(acc, bias, out, pre, f, rows, cols); break;
-    case 3: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<3>)(acc, bias, out, pre, f, rows, cols); break;
-    default: PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<4>)(acc, bias, out, pre, f, rows, cols); break;
+    case 0:
+      PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<0>)(acc, bias, out, pre, f, rows, cols);
+      break;
+    case 1:
+      PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<1>)(acc, bias, out, pre, f, rows, cols);
+      break;
+    case 2:
+      PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<2>)(acc, bias, out, pre, f, rows, cols);
+      break;
+    case 3:
+      PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<3>)(acc, bias, out, pre, f, rows, cols);
+      break;
+    default:
+      PB_LAUNCH(grid, kThreads, 0, s, fp8_epilogue_kernel<4>)(acc, bias, out, pre, f, rows, cols);
+      break;
   }
   return launched();
 }
