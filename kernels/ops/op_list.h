@@ -3,7 +3,8 @@
 // kernels/cuda) and any wrapper that forwards the ops (tests/bench/op_timer.h) are expanded.
 //
 // A family's list is a macro PACKBERT_<FAMILY>_OPS(OP) with one entry per op, its contract in a
-// comment above it:
+// block comment above it (inside the macro: every line but the last ends in a backslash, and a
+// contract never holds the characters that end a block comment):
 //   OP(name, (parameters), (arguments))
 // parameters: the op's parameter list as the Backend declares it, default arguments included
 // (every expansion carries them, so a call through a backend's own type takes the same
