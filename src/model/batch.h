@@ -86,7 +86,7 @@ struct GraphCapacity {
 // The batch with padding rows after its last row up to `rows` rows, empty sequence slots
 // (seq_len 0, at the row after the last token, sample id 0, NSP label 0; SeqLayout::seq_len)
 // after its last sequence up to `seqs`, and unused masked slots (row -1, label -1: the heads'
-// ops leave them out, backend.h gather_rows) after its last masked token up to `masked`
+// ops leave them out, kernels/ops/losses.h gather_rows) after its last masked token up to `masked`
 // (< 0: as many as it has): every token, label and sequence where it was, so the model computes
 // the same loss and gradients.
 Batch with_capacity(const Batch& b, int64_t rows, int64_t seqs, int64_t masked = -1);

@@ -1,5 +1,5 @@
 // The embeddings part: hidden[0] = dropout(LayerNorm(word + position + token type)) over the
-// micro-batch's rows (kernels/backend.h embedding_forward); positions are each row's position
+// micro-batch's rows (kernels/ops/embedding.h embedding_forward); positions are each row's position
 // inside its own sequence (SeqLayout::token_pos), in every layout.
 #pragma once
 

@@ -61,7 +61,7 @@ void NspHead::forward(float scale, const HeadSums& sums, const NspLogitsHook& ho
                       grad ? a.scratch.dhidden[0] : Tensor(),
                       grad ? m_.grads.pooler_nsp : PoolerParams{});
   if (!hook) return;
-  // nsp_loss leaves the logits in its workspace (backend.h nsp_loss).
+  // nsp_loss leaves the logits in its workspace (kernels/ops/losses.h nsp_loss).
   std::vector<float> host(static_cast<size_t>(seqs * 2));
   const Tensor logits(ws.ptr<float>() + 4 * seqs * h, DType::f32, {seqs, 2}, ws.device);
   m_.backend.copy(view(host.data(), {seqs, 2}), logits);

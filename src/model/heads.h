@@ -2,7 +2,7 @@
 // only (transform LayerNorm(gelu(y Wt^T + bt)), then the decoder tied to the word embeddings)
 // and the NSP head on each sequence's [CLS] row (tanh pooler, classifier). The loss ends the
 // graph, so with gradients each head's backward follows its forward at once: the decoder's
-// logits become their gradient chunk by chunk (kernels/backend.h mlm_loss) and are never kept.
+// logits become their gradient chunk by chunk (kernels/ops/losses.h mlm_loss) and are never kept.
 // dy = dL/dy receives the masked rows from MLM (written: zero elsewhere) and the [CLS] rows
 // from NSP (added).
 #pragma once
