@@ -5,10 +5,8 @@
 
 Copies the tree it reads (src/, kernels/, DESIGN.md) into a temporary directory, requires the
 clean copy to pass, then plants one mistake at a time in the copy, each undone before the next,
-and requires check_layout.py to fail naming the planted file and line. This tests the check, not
-the tree (ctests layering_include_edges and source_file_sizes do that): a source file of the
-tree that is over 600 lines while it is being split is named as an exception in the copy's
-DESIGN.md, with the test saying so, so that the copy starts clean.
+and requires check_layout.py to fail naming the planted file and line (ctests
+layering_include_edges and source_file_sizes check the tree itself).
 
 The mistakes:
 
@@ -57,19 +55,6 @@ def main():
                 out += [os.path.relpath(os.path.join(base, n), root) for n in sorted(names)
                         if n.endswith(ext)]
             return out
-
-        # Files of the tree over 600 lines that DESIGN.md does not name yet: the copy names them.
-        design = os.path.join(root, "DESIGN.md")
-        with open(design, encoding="utf-8") as f:
-            named = set(re.findall(r"^\s*- over 600 lines: ([\w./-]+):", f.read(), re.M))
-        long = [p for folder in ("src", "kernels")
-                for p in sources(folder, (".cpp", ".h", ".cu", ".cuh"))
-                if p not in named and len(open(os.path.join(root, p), encoding="utf-8",
-                                               errors="replace").read().splitlines()) > 600]
-        if long:
-            print(f"over 600 lines in the tree, named in the copy's DESIGN.md: {', '.join(long)}")
-            with open(design, "a", encoding="utf-8") as f:
-                f.write("".join(f"\n- over 600 lines: {p}: being split\n" for p in long))
 
         rc, out = run()
         if rc != 0:
