@@ -82,7 +82,6 @@ inline Tensor lamb_table(const LambTensor* rows, int64_t n) {
      A non-finite global_grad_norm / grad_scale skips the step on the device, with no read-back:   \
      params, m, v and params_lowp stay as they were (grads, sums and norms_ws are then             \
      unspecified).                                                                                 \
-                                                                                                   \
      lamb_update: m and v updated in place, grads overwritten with u (as apex does, saving a       \
      buffer), and sums f64 [T, 2] = (sum of w^2 before the step, sum of u^2) per row, each added   \
      in a fixed order within the row (l2_norm's blocks from the row's first element). record       \

@@ -15,7 +15,7 @@
 //                                          exit: scripts/bench_cpu_vs_torch.sh times PyTorch
 //                                          on exactly these batches)
 //
-// After each max_len, a summary line sets the unpadded / padded speed-up against the issue's
+// After each max_len, a summary line sets the unpadded / padded speed-up against the project's
 // target (1.8x at 512) and against the ideal padded rows / unpadded rows (what removing padding
 // would give if a step's time were proportional to its rows).
 //

@@ -478,7 +478,7 @@ TEST_F(TrainCli, UnwritableCheckpointDirectoryFailsBeforeTraining) {
 //   pieces' double sums in another order: equal after the rounding to f32 but with a chance of
 //   about 1e-8 per norm (tests/gpu/test_cuda_trainer.cpp derives it);
 // - sharded runs at 2 and 4 ranks follow the unsharded 1-rank run within 1e-6 relative per
-//   step's loss (the bar is 1e-5; unsharded runs at other rank counts differ by 3e-8 ..
+//   step's loss (the bar is 1e-5; unsharded runs at other rank counts differ by 3e-8 ..
 //   5e-8: tests/CMakeLists.txt, mpi_train_check_*), with at most 0.3x of its optimizer state on
 //   the rank that holds most at 4 ranks (1/4 of the moments, plus the per-tensor sums);
 // - a sharded 4-rank checkpoint resumes unsharded at 1 rank, and an unsharded 2-rank one sharded

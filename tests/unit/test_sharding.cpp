@@ -58,7 +58,7 @@ OptimizerLayout layout_of(const ParamTable& table, bool bf16) {
   return l;
 }
 
-// BERT-Large (the bar: max / mean <= 1.01 up to 1024 ranks; the bound above gives
+// BERT-Large (the required balance: max / mean <= 1.01 up to 1024 ranks; the bound above gives
 // 1 + 64 N / n <= 1.0002 there).
 TEST(PlanShards, BertLargeStaysBalancedUpTo1024Ranks) {
   const ParamTable table(bert_preset("large"));
@@ -94,7 +94,7 @@ TEST(OptimizerFigures, ShardedTrafficAndStateAgainstReplicated) {
         } else {
           EXPECT_LE(ratio, 1.001) << preset << " fp32 at " << ranks << " ranks";
         }
-        // The bar for the sharded fp32 masters: BERT-Large in bf16 at 8 ranks, the
+        // The required saving of the sharded fp32 masters: BERT-Large in bf16 at 8 ranks, the
         // largest rank's state at most 0.3x of the replicated one's (12 B / 8 per parameter
         // and the fp32 biases and LayerNorm, against 12 B).
         if (ranks == 8 && bf16 && std::string(preset) == "large")
