@@ -12,10 +12,11 @@ namespace packbert {
 
 BackendBuffer::BackendBuffer(Backend* owner, void* data, size_t bytes, const Tensor& view)
     : owner_(owner), bytes_(bytes), view_(view) {
-  if (!view_.defined() && data) view_ = Tensor(data, DType::u8, {static_cast<int64_t>(bytes)},
-                                               owner ? owner->device() : Device::cpu);
-  PB_CHECK(view_.data == data && view_.bytes() <= bytes, "buffer view {} of {} bytes",
-           view_.str(), bytes);
+  if (!view_.defined() && data)
+    view_ = Tensor(data, DType::u8, {static_cast<int64_t>(bytes)},
+                   owner ? owner->device() : Device::cpu);
+  PB_CHECK(view_.data == data && view_.bytes() <= bytes, "buffer view {} of {} bytes", view_.str(),
+           bytes);
 }
 
 BackendBuffer& BackendBuffer::operator=(BackendBuffer&& o) noexcept {
@@ -137,11 +138,12 @@ void* Backend::allocate_named(size_t bytes, const char* what) {
     p = allocate_memory(bytes);
   } catch (const Error& e) {
     const MemoryInfo m = memory_info();
-    PB_THROW("out of {} memory: {} asked {} bytes ({:.1f} MiB), {:.1f} MiB free of {:.1f} MiB, "
-             "{:.1f} MiB held by this process's buffers{} ({})",
-             device_name(device()), what, bytes, static_cast<double>(bytes) / (1 << 20),
-             static_cast<double>(m.free) / (1 << 20), static_cast<double>(m.total) / (1 << 20),
-             static_cast<double>(allocated_bytes_) / (1 << 20), planned_note(), e.what());
+    PB_THROW(
+        "out of {} memory: {} asked {} bytes ({:.1f} MiB), {:.1f} MiB free of {:.1f} MiB, "
+        "{:.1f} MiB held by this process's buffers{} ({})",
+        device_name(device()), what, bytes, static_cast<double>(bytes) / (1 << 20),
+        static_cast<double>(m.free) / (1 << 20), static_cast<double>(m.total) / (1 << 20),
+        static_cast<double>(allocated_bytes_) / (1 << 20), planned_note(), e.what());
   }
   allocated_bytes_ += bytes;
   return p;

@@ -37,8 +37,9 @@ std::unique_ptr<Backend> make_backend(Device device, const BackendOptions& optio
   return make_cuda_backend(options.cuda_device, co);
 #else
   (void)options;
-  PB_THROW("device cuda asked for, but this build has no CUDA backend (configure with "
-           "-DPACKBERT_CUDA=ON)");
+  PB_THROW(
+      "device cuda asked for, but this build has no CUDA backend (configure with "
+      "-DPACKBERT_CUDA=ON)");
 #endif
 }
 

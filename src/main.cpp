@@ -106,12 +106,12 @@ class KeyOptions {
       } else if (k.spec.list) {
         e->option = cmd->add_option(option, e->values, doc)->type_name("TEXT");
       } else {
-        const std::string type = k.type.rfind("enum(", 0) == 0
-                                     ? k.type.substr(5, k.type.size() - 6)
-                                     : k.type == "int" ? "INT" : k.type == "float" ? "FLOAT"
-                                                                                   : "TEXT";
-        e->option = cmd->add_option(option, e->value, doc)->type_name(type)
-                        ->default_str(k.default_value);
+        const std::string type = k.type.rfind("enum(", 0) == 0 ? k.type.substr(5, k.type.size() - 6)
+                                 : k.type == "int"             ? "INT"
+                                 : k.type == "float"           ? "FLOAT"
+                                                               : "TEXT";
+        e->option =
+            cmd->add_option(option, e->value, doc)->type_name(type)->default_str(k.default_value);
       }
       entries_.push_back(std::move(e));
     }
@@ -124,11 +124,14 @@ class KeyOptions {
     for (const auto& e : entries_) {
       if (e->option->count() == 0) continue;
       std::string value = e->value;
-      if (e->flag_key) value = e->flag ? "true" : "false";
-      else if (e->spec.list) value = config::toml_string_list(e->values);
-      else if (e->spec.bare_string) value = config::toml_string(e->value);
-      out.push_back(schema.read_override(e->key + "=" + value,
-                                         "option " + e->option->get_name(false, true)));
+      if (e->flag_key)
+        value = e->flag ? "true" : "false";
+      else if (e->spec.list)
+        value = config::toml_string_list(e->values);
+      else if (e->spec.bare_string)
+        value = config::toml_string(e->value);
+      out.push_back(
+          schema.read_override(e->key + "=" + value, "option " + e->option->get_name(false, true)));
     }
     return out;
   }
@@ -152,10 +155,12 @@ std::vector<std::string> config_overrides(const CLI::App& cmd) {
   std::vector<std::string> out;
   for (size_t i = 0; i < extra.size(); ++i) {
     const std::string& a = extra[i];
-    const bool key_like = a.rfind("--", 0) == 0 && a.find('.') != std::string::npos &&
-                          a.find('.') < a.find('=');
-    PB_REQUIRE(key_like, "{}: unexpected argument '{}' (config overrides are "
-                         "--section.key=VALUE)", cmd.get_name(), a);
+    const bool key_like =
+        a.rfind("--", 0) == 0 && a.find('.') != std::string::npos && a.find('.') < a.find('=');
+    PB_REQUIRE(key_like,
+               "{}: unexpected argument '{}' (config overrides are "
+               "--section.key=VALUE)",
+               cmd.get_name(), a);
     if (a.find('=') != std::string::npos) {
       out.push_back(a.substr(2));
     } else {
@@ -200,26 +205,34 @@ int run(int argc, char** argv, Mpi& mpi) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error | critical | off")
       ->capture_default_str();
-  app.add_flag_callback("--devices", [] { std::cout << describe_devices() << "\n"; std::exit(0); },
-                        "Print the compute devices this build and machine offer, then exit");
+  app.add_flag_callback(
+      "--devices",
+      [] {
+        std::cout << describe_devices() << "\n";
+        std::exit(0);
+      },
+      "Print the compute devices this build and machine offer, then exit");
   // The old place of --config (before the subcommand): an error that shows the new one.
   std::string misplaced_config;
   app.add_option("--config", misplaced_config)->group("");
 
   CommandArgs prepare_args, inspect_args, pack_args, plan_args, train_args, eval_args;
   CLI::App* prepare_cmd =
-      add_command(app, "prepare", "Make pretraining shards from raw text (WordPiece, NSP pairs, "
-                                  "MLM masking)", kOptionKeysHelp, prepare_args);
+      add_command(app, "prepare",
+                  "Make pretraining shards from raw text (WordPiece, NSP pairs, "
+                  "MLM masking)",
+                  kOptionKeysHelp, prepare_args);
   const KeyOptions prepare_options(prepare_cmd, prepare_config_schema());
-  CLI::App* inspect_cmd =
-      add_command(app, "inspect", "Validate shards and print counts, length distribution, "
-                                  "masked counts and padding; or verify checkpoints (every "
-                                  "checksum) and summarise them", kOptionKeysHelp,
-                  inspect_args);
+  CLI::App* inspect_cmd = add_command(app, "inspect",
+                                      "Validate shards and print counts, length distribution, "
+                                      "masked counts and padding; or verify checkpoints (every "
+                                      "checksum) and summarise them",
+                                      kOptionKeysHelp, inspect_args);
   const KeyOptions inspect_options(inspect_cmd, inspect_config_schema());
-  CLI::App* pack_cmd =
-      add_command(app, "pack", "Pack a length histogram (or a dataset) with each algorithm and "
-                               "report the efficiency", kOptionKeysHelp, pack_args);
+  CLI::App* pack_cmd = add_command(app, "pack",
+                                   "Pack a length histogram (or a dataset) with each algorithm and "
+                                   "report the efficiency",
+                                   kOptionKeysHelp, pack_args);
   const KeyOptions pack_options(pack_cmd, pack_config_schema());
   const std::string train_keys = train_keys_help();
   CLI::App* train_cmd =
@@ -232,11 +245,11 @@ int run(int argc, char** argv, Mpi& mpi) {
   train_cmd->add_option("--init-checkpoint", init_checkpoint,
                         "Start from these model weights only; same as "
                         "--checkpoint.init_checkpoint");
-  CLI::App* plan_cmd =
-      add_command(app, "plan", "Device memory per rank of a train config, item by item and to "
-                               "the byte, before anything is allocated: whether it fits, the "
-                               "largest micro-batch that does, and what each knob saves",
-                  train_keys, plan_args);
+  CLI::App* plan_cmd = add_command(app, "plan",
+                                   "Device memory per rank of a train config, item by item and to "
+                                   "the byte, before anything is allocated: whether it fits, the "
+                                   "largest micro-batch that does, and what each knob saves",
+                                   train_keys, plan_args);
   int plan_ranks = 1;
   std::string plan_gpu;
   bool plan_json = false;
@@ -251,12 +264,16 @@ int run(int argc, char** argv, Mpi& mpi) {
   plan_cmd->add_flag("--json", plan_json, "Print the plan as JSON (for scripts)");
   plan_cmd->add_option("--rank", plan_rank,
                        "Plan this rank (0-based) instead of the one that holds most");
-  CLI::App* eval_cmd = add_command(app, "eval", "Masked-LM accuracy and loss of a checkpoint on "
-                                                "data.eval_dir (the config's [data] and [eval])",
+  CLI::App* eval_cmd = add_command(app, "eval",
+                                   "Masked-LM accuracy and loss of a checkpoint on "
+                                   "data.eval_dir (the config's [data] and [eval])",
                                    train_keys, eval_args);
   std::string eval_checkpoint;
-  eval_cmd->add_option("--checkpoint", eval_checkpoint, "Checkpoint directory (model.safetensors "
-                                                        "and config.json)")->required();
+  eval_cmd
+      ->add_option("--checkpoint", eval_checkpoint,
+                   "Checkpoint directory (model.safetensors "
+                   "and config.json)")
+      ->required();
 
   try {
     app.parse(argc, argv);
@@ -281,20 +298,20 @@ int run(int argc, char** argv, Mpi& mpi) {
 
   if (command == "prepare") {
     const auto& schema = prepare_config_schema();
-    const PrepareConfig c = load_command_config(schema, prepare_args, *prepare_cmd,
-                                                prepare_options, where);
+    const PrepareConfig c =
+        load_command_config(schema, prepare_args, *prepare_cmd, prepare_options, where);
     config::check_located(where, [&] { validate_prepare_config(c); });
     if (printed(prepare_args, schema.to_toml(c))) return 0;
     const PrepareStats st = run_prepare(c.prepare);
-    spdlog::info("prepare: {} documents, {} training samples in {} shards, {} eval samples, "
-                 "{:.1f} MB of text in {:.2f} s ({:.2f} MB/s)",
-                 st.documents, st.train_samples, st.train_shards.size(), st.eval_samples,
-                 st.input_bytes / 1e6, st.seconds,
-                 st.input_bytes / 1e6 / std::max(st.seconds, 1e-9));
+    spdlog::info(
+        "prepare: {} documents, {} training samples in {} shards, {} eval samples, "
+        "{:.1f} MB of text in {:.2f} s ({:.2f} MB/s)",
+        st.documents, st.train_samples, st.train_shards.size(), st.eval_samples,
+        st.input_bytes / 1e6, st.seconds, st.input_bytes / 1e6 / std::max(st.seconds, 1e-9));
   } else if (command == "inspect") {
     const auto& schema = inspect_config_schema();
-    const InspectConfig c = load_command_config(schema, inspect_args, *inspect_cmd,
-                                                inspect_options, where);
+    const InspectConfig c =
+        load_command_config(schema, inspect_args, *inspect_cmd, inspect_options, where);
     config::check_located(where, [&] { validate_inspect_config(c); });
     if (printed(inspect_args, schema.to_toml(c))) return 0;
     const InspectOptions& inspect = c.inspect;
@@ -309,7 +326,8 @@ int run(int argc, char** argv, Mpi& mpi) {
     SampleRules rules;
     rules.vocab_size = inspect.vocab_size;
     rules.max_seq_len = inspect.max_seq_len;
-    if (!inspect.vocab.empty()) rules = vocab_sample_rules(Vocab::load(inspect.vocab), inspect.max_seq_len);
+    if (!inspect.vocab.empty())
+      rules = vocab_sample_rules(Vocab::load(inspect.vocab), inspect.max_seq_len);
     const InspectReport report = inspect_shards(inspect.path, rules, inspect.skip_bad_samples);
     print_inspect_report(report, std::cout);
     if (report.bad_samples > 0)
@@ -350,15 +368,15 @@ int run(int argc, char** argv, Mpi& mpi) {
       overrides.push_back("checkpoint.init_checkpoint=" + init_checkpoint);
     const TrainConfig config = load_train_config(train_args.config, overrides, &where);
     // run_train checks again (its callers need not be this one); here the error names the line.
-    config::check_located(
-        where, [&] { validate_train_config(config, mpi.size, ConfigPurpose::train); });
+    config::check_located(where,
+                          [&] { validate_train_config(config, mpi.size, ConfigPurpose::train); });
     if (printed(train_args, train_config_to_toml(config))) return 0;
     return run_train(MPI_COMM_WORLD, config);
   } else if (command == "eval") {
     const TrainConfig config =
         load_train_config(eval_args.config, config_overrides(*eval_cmd), &where);
-    config::check_located(
-        where, [&] { validate_train_config(config, mpi.size, ConfigPurpose::eval); });
+    config::check_located(where,
+                          [&] { validate_train_config(config, mpi.size, ConfigPurpose::eval); });
     if (printed(eval_args, train_config_to_toml(config))) return 0;
     return run_eval(MPI_COMM_WORLD, config, eval_checkpoint);
   }

@@ -25,15 +25,15 @@ namespace detail {
 #define PB_THROW(...) throw ::packbert::Error(::fmt::format(__VA_ARGS__))
 
 // Input/contract check that throws packbert::Error with the formatted message.
-#define PB_REQUIRE(cond, ...)        \
-  do {                               \
-    if (!(cond)) PB_THROW(__VA_ARGS__); \
+#define PB_REQUIRE(cond, ...)                                                                      \
+  do {                                                                                             \
+    if (!(cond)) PB_THROW(__VA_ARGS__);                                                            \
   } while (0)
 
 // Internal invariant: failure is a bug; the message carries file:line and the condition.
-#define PB_CHECK(cond, ...)                                                             \
-  do {                                                                                  \
-    if (!(cond))                                                                        \
-      ::packbert::detail::throw_check_failed(__FILE__, __LINE__, #cond,                 \
-                                             ::fmt::format(__VA_ARGS__));               \
+#define PB_CHECK(cond, ...)                                                                        \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
+      ::packbert::detail::throw_check_failed(__FILE__, __LINE__, #cond,                            \
+                                             ::fmt::format(__VA_ARGS__));                          \
   } while (0)

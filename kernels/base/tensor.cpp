@@ -70,7 +70,8 @@ namespace {
 std::string expected_str(DType dtype, std::initializer_list<int64_t> dims) {
   std::string s = fmt::format("{}[", dtype_name(dtype));
   int i = 0;
-  for (int64_t d : dims) s += fmt::format("{}{}", i++ ? ", " : "", d == kAnyDim ? "*" : fmt::format("{}", d));
+  for (int64_t d : dims)
+    s += fmt::format("{}{}", i++ ? ", " : "", d == kAnyDim ? "*" : fmt::format("{}", d));
   return s + "]";
 }
 

@@ -24,12 +24,30 @@ const char* device_name(Device d);
 // The dtype of a C++ element type (bf16/f16 have no portable C++ type and are named directly).
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::i8; };
-template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::u8; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct DTypeOf<int8_t> {
+  static constexpr DType value = DType::i8;
+};
+template <>
+struct DTypeOf<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
+};
 
 // A non-owning view of a dense row-major buffer. The default view (data == nullptr) means
 // "none": ops use it for optional arguments.
@@ -50,7 +68,7 @@ struct Tensor {
   int64_t dim(int i) const;  // throws Error when i is out of range
   int64_t numel() const;     // 1 for ndim == 0
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
-  std::string str() const;   // "f32[4096, 768] cpu", or "none"
+  std::string str() const;  // "f32[4096, 768] cpu", or "none"
 
   // Typed pointer; PB_CHECK that T matches the dtype (a mismatch is a bug in the backend).
   template <typename T>

@@ -28,7 +28,7 @@ constexpr float kE5M2Max = 57344.f;
 // whose largest finite magnitude pattern is max_bits: the magnitude pattern.
 template <int M, int B>
 PB_HD uint32_t round_magnitude(uint32_t a, uint32_t max_bits) {
-  const uint32_t e = a >> 23;  // fp32's biased exponent
+  const uint32_t e = a >> 23;                 // fp32's biased exponent
   if (e >= static_cast<uint32_t>(128 - B)) {  // a normal of the format (>= 2^(1 - B))
     const uint32_t shift = 23 - M;
     const uint32_t r = a - (static_cast<uint32_t>(127 - B) << 23);  // rebias the exponent
@@ -38,7 +38,7 @@ PB_HD uint32_t round_magnitude(uint32_t a, uint32_t max_bits) {
   // A subnormal (or zero): |x| in units of 2^(1 - B - M), rounded to nearest even; a carry to
   // 2^M is the smallest normal, which is right.
   const int shift = 150 - (B + M - 1) - static_cast<int>(e);  // >= 24 - M
-  if (shift > 25) return 0;  // below half the smallest subnormal
+  if (shift > 25) return 0;                                   // below half the smallest subnormal
   const uint32_t m = (a & 0x7fffffu) | (e ? 0x800000u : 0u);
   uint32_t q = m >> shift;
   const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
@@ -123,9 +123,9 @@ PB_HD float fp8_scale(float amax, float fp8_max, int margin, float previous) {
 // backend: the step's amax is the largest over the ranks' shared values (a NaN above all); a
 // finite one shifts into the history (oldest first) and the scale pair {s, 1 / s} follows the
 // history's maximum; a non-finite one changes nothing. The amax is reset for the next step.
-PB_HD void fp8_update_operand(const double* shared, int64_t stride, int64_t ranks,
-                              float fp8_max, int margin, float* history, int64_t h,
-                              float* scale_pair, float* amax) {
+PB_HD void fp8_update_operand(const double* shared, int64_t stride, int64_t ranks, float fp8_max,
+                              int margin, float* history, int64_t h, float* scale_pair,
+                              float* amax) {
   uint32_t top = 0;
   for (int64_t r = 0; r < ranks; ++r) {
     const uint32_t b = amax_bits(static_cast<float>(shared[r * stride]));

@@ -144,8 +144,8 @@ inline void embedding_forward(Backend& be, Staging& st, const SeqLayout& layout,
   q.ln_beta = c.f32("ln_beta", p.ln_beta);
   const Tensor o = c.out("out", out);
   c.widen();
-  be.embedding_forward(layout, input_ids, segment_ids, q, dropout, o,
-                       c.f32("ln_mean", ln_mean), c.f32("ln_rstd", ln_rstd));
+  be.embedding_forward(layout, input_ids, segment_ids, q, dropout, o, c.f32("ln_mean", ln_mean),
+                       c.f32("ln_rstd", ln_rstd));
   c.narrow();
 }
 
@@ -202,11 +202,10 @@ inline void linear_backward(Backend& be, Staging& st, const Tensor& x, const Ten
 }
 
 inline void residual_layernorm_forward(Backend& be, Staging& st, const SeqLayout& layout,
-                                       const Tensor& x, const Tensor& bias,
-                                       const Tensor& residual, const LayerNormParams& ln,
-                                       const Dropout& dropout, const Tensor& out,
-                                       const Tensor& ln_in, const Tensor& ln_mean,
-                                       const Tensor& ln_rstd) {
+                                       const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                       const LayerNormParams& ln, const Dropout& dropout,
+                                       const Tensor& out, const Tensor& ln_in,
+                                       const Tensor& ln_mean, const Tensor& ln_rstd) {
   Call c("residual_layernorm_forward", st);
   const Tensor xs = c.in("x", x), rs = c.in("residual", residual);
   const Tensor os = c.out("out", out), ls = c.out("ln_in", ln_in);  // ln_in may alias x
@@ -232,9 +231,9 @@ inline void residual_layernorm_backward(Backend& be, Staging& st, const SeqLayou
   c.narrow();
 }
 
-inline void attention_forward(Backend& be, Staging& st, const SeqLayout& layout,
-                              const Tensor& qkv, int num_heads, const Dropout& dropout,
-                              const Tensor& out, const Tensor& lse) {
+inline void attention_forward(Backend& be, Staging& st, const SeqLayout& layout, const Tensor& qkv,
+                              int num_heads, const Dropout& dropout, const Tensor& out,
+                              const Tensor& lse) {
   Call c("attention_forward", st);
   const Tensor qs = c.in("qkv", qkv), os = c.out("out", out);
   c.widen();
@@ -242,10 +241,9 @@ inline void attention_forward(Backend& be, Staging& st, const SeqLayout& layout,
   c.narrow();
 }
 
-inline void attention_backward(Backend& be, Staging& st, const SeqLayout& layout,
-                               const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                               const Tensor& dout, int num_heads, const Dropout& dropout,
-                               const Tensor& dqkv) {
+inline void attention_backward(Backend& be, Staging& st, const SeqLayout& layout, const Tensor& qkv,
+                               const Tensor& out, const Tensor& lse, const Tensor& dout,
+                               int num_heads, const Dropout& dropout, const Tensor& dqkv) {
   Call c("attention_backward", st);
   const Tensor qs = c.in("qkv", qkv), os = c.in("out", out), ds = c.in("dout", dout);
   const Tensor dq = c.out("dqkv", dqkv);
@@ -263,8 +261,8 @@ inline void gather_rows(Backend& be, Staging& st, const Tensor& x, const Tensor&
   c.narrow();
 }
 
-inline void gather_rows_backward(Backend& be, Staging& st, const Tensor& dout,
-                                 const Tensor& index, const Tensor& dx) {
+inline void gather_rows_backward(Backend& be, Staging& st, const Tensor& dout, const Tensor& index,
+                                 const Tensor& dx) {
   Call c("gather_rows_backward", st);
   const Tensor ds = c.in("dout", dout), dxs = c.out("dx", dx);
   c.widen();

@@ -11,8 +11,8 @@
 //   from 65520 up, the midpoint above the largest finite 65504).
 // - f16 keeps its subnormals (down to 2^-24), rounded to nearest even too; results below half
 //   of 2^-24 are signed zeros. fp32 subnormals are far below f16's range and give zero.
-// No C++ type is involved: storage is uint16_t, which is what kernels/base/tensor.h's DType::bf16 / f16
-// buffers hold, and the CUDA side reinterprets the same bits as __nv_bfloat16 / __half.
+// No C++ type is involved: storage is uint16_t, which is what kernels/base/tensor.h's DType::bf16 /
+// f16 buffers hold, and the CUDA side reinterprets the same bits as __nv_bfloat16 / __half.
 #pragma once
 
 #include <stdint.h>
@@ -53,7 +53,8 @@ PB_HD uint16_t float_to_bf16(float f) {
 
 PB_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
-// ---- f16: 1 sign, 5 exponent (bias 15), 10 mantissa bits -----------------------------------------
+// ---- f16: 1 sign, 5 exponent (bias 15), 10 mantissa bits
+// -----------------------------------------
 PB_HD uint16_t float_to_f16(float f) {
   const uint32_t x = float_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
@@ -69,8 +70,8 @@ PB_HD uint16_t float_to_f16(float f) {
   // 1024 is the smallest normal, 0x0400, which is right.
   const uint32_t e = a >> 23;
   if (e < 102) return static_cast<uint16_t>(sign);  // below 2^-25: rounds to zero
-  const uint32_t m = (a & 0x7fffffu) | 0x800000u;     // value = m * 2^(e - 150)
-  const uint32_t shift = 126u - e;                    // 14 .. 24
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u;   // value = m * 2^(e - 150)
+  const uint32_t shift = 126u - e;                  // 14 .. 24
   uint32_t q = m >> shift;
   const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
   if (rem > half || (rem == half && (q & 1u))) ++q;

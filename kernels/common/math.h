@@ -72,11 +72,11 @@ PB_HD float layernorm_dx(float g, float xhat, float mean_g, float mean_gx, float
 // ---- LAMB (NVIDIA apex FusedLAMB, decoupled weight decay, grad averaging) -------------------
 struct LambCoeffs {
   float beta1, beta2;
-  float beta3;              // 1 - beta1 (grad averaging)
-  float bias_correction1;   // 1 - beta1^step
-  float bias_correction2;   // 1 - beta2^step
+  float beta3;             // 1 - beta1 (grad averaging)
+  float bias_correction1;  // 1 - beta1^step
+  float bias_correction2;  // 1 - beta2^step
   float eps;
-  float clip_divisor;       // lamb_clip_divisor(global grad norm, max grad norm)
+  float clip_divisor;  // lamb_clip_divisor(global grad norm, max grad norm)
 };
 
 // Whether a LAMB step may update: the global gradient norm over the loss scale is finite

@@ -36,11 +36,12 @@ inline void check_layout_arrays(const char* op, const SeqLayout& l, const HostLa
   for (int64_t i = 0; i < l.num_seqs; ++i) {
     const int64_t start = a.seq_start[i], len = a.seq_len[i];
     PB_REQUIRE(len >= 0 && len <= l.max_len && start >= 0 && start + len <= rows,
-               "{}: sequence {} at row {} with length {} does not fit {} rows (max_len {})", op,
-               i, start, len, rows, l.max_len);
+               "{}: sequence {} at row {} with length {} does not fit {} rows (max_len {})", op, i,
+               start, len, rows, l.max_len);
     PB_REQUIRE(len >= 1 || empty == EmptySeqs::allowed,
                "{}: sequence {} is an empty slot (length 0): this op reads every sequence's "
-               "first token", op, i);
+               "first token",
+               op, i);
     PB_REQUIRE(a.sample_id[i] >= 0 && static_cast<uint64_t>(a.sample_id[i]) < kDropoutMaxSampleId,
                "{}: sequence {} has sample id {} outside [0, 2^44)", op, i, a.sample_id[i]);
     for (int64_t p = 0; p < len; ++p) {
@@ -70,8 +71,8 @@ inline DropoutStream checked_dropout_stream(const char* op, const Dropout& d, in
              kDropoutMaxLayer, kDropoutMaxSite);
   PB_REQUIRE(elements <= kDropoutMaxElement && heads <= kDropoutMaxHead &&
                  max_position <= kDropoutMaxPosition,
-             "{}: {} elements, {} heads, {} positions exceed the dropout key ranges", op,
-             elements, heads, max_position);
+             "{}: {} elements, {} heads, {} positions exceed the dropout key ranges", op, elements,
+             heads, max_position);
   PB_REQUIRE(d.step < kDropoutMaxStep, "{}: dropout step {} outside the key range (< {})", op,
              d.step, kDropoutMaxStep);
   DropoutStream s = make_dropout_stream(d.p, d.seed, d.step, d.layer, site);
@@ -98,11 +99,11 @@ inline void check_lamb_table(const char* op, const LambTensor* rows, int64_t num
   int64_t end = 0;
   for (int64_t t = 0; t < num_tensors; ++t) {
     const LambTensor& e = rows[t];
-    PB_REQUIRE(e.offset >= end && e.size >= 0 && e.offset + e.size <= n &&
-                   (e.decay == 0 || e.decay == 1),
-               "{}: table row {} (offset {}, size {}, decay {}) overlaps the previous row, leaves "
-               "the {} elements or has a decay flag other than 0/1 (rows ascend by offset)",
-               op, t, e.offset, e.size, e.decay, n);
+    PB_REQUIRE(
+        e.offset >= end && e.size >= 0 && e.offset + e.size <= n && (e.decay == 0 || e.decay == 1),
+        "{}: table row {} (offset {}, size {}, decay {}) overlaps the previous row, leaves "
+        "the {} elements or has a decay flag other than 0/1 (rows ascend by offset)",
+        op, t, e.offset, e.size, e.decay, n);
     end = e.offset + e.size;
   }
 }

@@ -82,9 +82,9 @@ constexpr uint64_t kDropoutMaxSampleId = uint64_t{1} << 44;
 struct DropoutStream {
   uint32_t key0 = 0, key1 = 0;  // seed
   uint32_t step = 0;
-  uint32_t layer_site = 0;      // layer | site << 8
-  uint32_t threshold = 0;       // element dropped iff its bits < threshold; 0 = keep all
-  float scale = 1.0f;           // 1 / (1 - p): kept elements are scaled so E[out] = in
+  uint32_t layer_site = 0;  // layer | site << 8
+  uint32_t threshold = 0;   // element dropped iff its bits < threshold; 0 = keep all
+  float scale = 1.0f;       // 1 / (1 - p): kept elements are scaled so E[out] = in
   // Where set, the step is this word of the op's memory as it is when a kernel runs, not `step`
   // (dropout_now): a CUDA graph's replay then draws the masks of the step of the moment.
   const uint32_t* step_at = nullptr;

@@ -86,8 +86,9 @@ AttnShape attention_shape(const char* op, const SeqLayout& layout, const Tensor&
   PB_REQUIRE(ld <= 0x7fffffff && layout.max_len <= 0x7fffffff / 4,
              "{}: qkv width {} or max_len {} exceeds the BLAS int range", op, ld, layout.max_len);
   const int64_t d = hidden / num_heads;
-  return AttnShape{layout.rows, hidden, num_heads, d, ld,
-                   static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))};
+  return AttnShape{layout.rows, hidden,
+                   num_heads,   d,
+                   ld,          static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))};
 }
 
 // The dropout multipliers of query row `qpos` against keys [0, len) of one (sample, head).
@@ -146,7 +147,7 @@ void CpuBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, i
     const int64_t s = order[t / a.heads], head = t % a.heads, len = lens[s], start = starts[s];
     const int64_t block = std::min(kQueryBlock, len);
     float* sc = thread_scratch(omp_get_thread_num(), scratch);  // [block, len] scores -> probs
-    float* f = sc + 2 * block * len;                             // [len] dropout factors
+    float* f = sc + 2 * block * len;                            // [len] dropout factors
     const float* q0 = base + start * a.ld + head * d;
     const float* k0 = q0 + a.hidden;
     const float* v0 = k0 + a.hidden;
@@ -204,9 +205,8 @@ void CpuBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv, 
   const float* l = lse.ptr<float>();
   const float* dO = dout.ptr<float>();
   float* dbase = dqkv.ptr<float>();
-  for_padding_rows(layout, [&](int64_t r) {
-    std::fill(dbase + r * a.ld, dbase + (r + 1) * a.ld, 0.f);
-  });
+  for_padding_rows(layout,
+                   [&](int64_t r) { std::fill(dbase + r * a.ld, dbase + (r + 1) * a.ld, 0.f); });
   const int32_t* starts = layout.seq_start.ptr<int32_t>();
   const int32_t* lens = layout.seq_len.ptr<int32_t>();
   const int64_t* samples = layout.sample_id.ptr<int64_t>();
@@ -221,8 +221,8 @@ void CpuBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv, 
     const int64_t s = order[t / a.heads], head = t % a.heads, len = lens[s], start = starts[s];
     const int64_t block = std::min(kQueryBlock, len);
     float* pb = thread_scratch(omp_get_thread_num(), scratch);  // [block, len] P, then P * F
-    float* gb = pb + block * len;                                // [block, len] dP, then dS
-    float* f = gb + block * len;                                 // [len] dropout factors
+    float* gb = pb + block * len;                               // [block, len] dP, then dS
+    float* f = gb + block * len;                                // [len] dropout factors
     const float* q0 = base + start * a.ld + head * d;
     const float* k0 = q0 + a.hidden;
     const float* v0 = k0 + a.hidden;

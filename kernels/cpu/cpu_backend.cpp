@@ -47,11 +47,11 @@ void check_layout(const char* op, const SeqLayout& l, int64_t rows, checks::Empt
   expect(op, "layout.sample_id", l.sample_id, DType::i64, {s});
   expect(op, "layout.token_seq", l.token_seq, DType::i32, {rows});
   expect(op, "layout.token_pos", l.token_pos, DType::i32, {rows});
-  checks::check_layout_arrays(op, l,
-                              {l.seq_start.ptr<int32_t>(), l.seq_len.ptr<int32_t>(),
-                               l.sample_id.ptr<int64_t>(), l.token_seq.ptr<int32_t>(),
-                               l.token_pos.ptr<int32_t>()},
-                              rows, empty);
+  checks::check_layout_arrays(
+      op, l,
+      {l.seq_start.ptr<int32_t>(), l.seq_len.ptr<int32_t>(), l.sample_id.ptr<int64_t>(),
+       l.token_seq.ptr<int32_t>(), l.token_pos.ptr<int32_t>()},
+      rows, empty);
 }
 
 DropoutStream dropout_stream(const char* op, const Dropout& d, int64_t elements, int64_t heads,
@@ -140,9 +140,9 @@ void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
 }
 
 float* CpuBackend::thread_scratch(int thread, size_t floats) {
-  PB_CHECK(thread < static_cast<int>(thread_scratch_.size()) &&
-               thread_scratch_[thread].size() >= floats,
-           "thread scratch {} not reserved for {} floats", thread, floats);
+  PB_CHECK(
+      thread < static_cast<int>(thread_scratch_.size()) && thread_scratch_[thread].size() >= floats,
+      "thread scratch {} not reserved for {} floats", thread, floats);
   return thread_scratch_[thread].data();
 }
 

@@ -30,8 +30,8 @@ DropoutStream dropout_stream(const char* op, const Dropout& d, int64_t elements,
 
 // The dropout multipliers (0 or 1/(1-p)) of `n` consecutive elements of one token row; all 1
 // when dropout is disabled or the row is padding (token_seq < 0).
-void row_dropout_factors(const DropoutStream& s, const SeqLayout& layout, int64_t row,
-                         int64_t n, float* factors);
+void row_dropout_factors(const DropoutStream& s, const SeqLayout& layout, int64_t row, int64_t n,
+                         float* factors);
 
 // out[c] += sum over rows of x[r * ld + c] for c < cols, summed in row order in double: the
 // bias / gamma gradient reduction, parallel over column blocks.
@@ -79,8 +79,7 @@ class BlasSingleThread {
 // Debian OpenBLAS is the pthread build, whose pool and libgomp's would each spin or yield while
 // the other works (on 2 cores a fifth of a training step's cycles went to that).
 // Call from outside parallel regions only.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 }  // namespace packbert::cpu

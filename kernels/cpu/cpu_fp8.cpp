@@ -77,8 +77,8 @@ void CpuBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& 
   const auto* qb = static_cast<const uint8_t*>(b.data);
 #pragma omp parallel for schedule(static) if ((n + m) * k >= 65536)
   for (int64_t i = 0; i < (n + m) * k; ++i)
-    wa[i] = i < n * k ? widen_fp8(qa[i], a.dtype) * inv_a
-                      : widen_fp8(qb[i - n * k], b.dtype) * inv_b;
+    wa[i] =
+        i < n * k ? widen_fp8(qa[i], a.dtype) * inv_a : widen_fp8(qb[i - n * k], b.dtype) * inv_b;
   const Tensor fa = view(wa, {n, k}), fb = view(wb, {m, k});
   float* f_out = narrow ? wb + m * k : out.ptr<float>();
   float* f_pre = f_out + n * m;  // 16-bit out only
@@ -113,15 +113,14 @@ void CpuBackend::fp8_amax_share(const Tensor& amax, int rank, const Tensor& shar
 }
 
 void CpuBackend::fp8_scale_update(const Tensor& shared, const Tensor& fp8_max, int margin,
-                                  const Tensor& history, const Tensor& scales,
-                                  const Tensor& amax) {
+                                  const Tensor& history, const Tensor& scales, const Tensor& amax) {
   const checks::OpArgs args("fp8_scale_update", Device::cpu);
   const auto d =
       checks::fp8_scale_update_args(args, shared, fp8_max, margin, history, scales, amax);
   for (int64_t i = 0; i < d.n; ++i)
-    fp8::fp8_update_operand(shared.ptr<double>() + i, d.n, d.ranks, fp8_max.ptr<float>()[i],
-                            margin, history.ptr<float>() + i * d.h, d.h,
-                            scales.ptr<float>() + 2 * i, amax.ptr<float>() + i);
+    fp8::fp8_update_operand(shared.ptr<double>() + i, d.n, d.ranks, fp8_max.ptr<float>()[i], margin,
+                            history.ptr<float>() + i * d.h, d.h, scales.ptr<float>() + 2 * i,
+                            amax.ptr<float>() + i);
 }
 
 }  // namespace packbert

@@ -69,9 +69,9 @@ void CpuBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
                              const Tensor& grads, const Tensor& m, const Tensor& v,
                              const Tensor& sums, const Tensor& record) {
   const char* op = "lamb_update";
-  const auto [num_tensors, n] = checks::lamb_update_args(
-      checks::OpArgs(op, Device::cpu), table, cfg, global_grad_norm, params, grads, m, v, sums,
-      record);
+  const auto [num_tensors, n] =
+      checks::lamb_update_args(checks::OpArgs(op, Device::cpu), table, cfg, global_grad_norm,
+                               params, grads, m, v, sums, record);
   static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
@@ -89,9 +89,9 @@ void CpuBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
   c.eps = cfg.eps;
   // The loss scale folds into the clip divisor: u reads grad / (clip * scale). With scale 1
   // both operations are exact, so the fp32 step is unchanged bit for bit.
-  c.clip_divisor = lamb_clip_divisor(global_grad_norm.ptr<float>()[0] / sc.grad_scale,
-                                     cfg.max_grad_norm) *
-                   sc.grad_scale;
+  c.clip_divisor =
+      lamb_clip_divisor(global_grad_norm.ptr<float>()[0] / sc.grad_scale, cfg.max_grad_norm) *
+      sc.grad_scale;
 
   const float* w = params.ptr<float>();
   float* g = grads.ptr<float>();
@@ -120,8 +120,8 @@ void CpuBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items.count(); ++item) {
       const int64_t t = items.row_of(item);
-      partial[item] = block_sum_squares(w + entries[t].offset + items.begin(item, t),
-                                        items.len(item, t));
+      partial[item] =
+          block_sum_squares(w + entries[t].offset + items.begin(item, t), items.len(item, t));
     }
 #pragma omp single
     finish(0);
@@ -145,8 +145,7 @@ void CpuBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
                             const Tensor& norms_ws) {
   const char* op = "lamb_apply";
   const auto [num_tensors, n] = checks::lamb_apply_args(
-      checks::OpArgs(op, Device::cpu), table, cfg, global_grad_norm, sums, params, grads,
-      norms_ws);
+      checks::OpArgs(op, Device::cpu), table, cfg, global_grad_norm, sums, params, grads, norms_ws);
   if (params_lowp.defined()) {
     PB_REQUIRE(params_lowp.dtype == DType::bf16 || params_lowp.dtype == DType::f16,
                "{}: params_lowp is {}, expected bf16 or f16", op, params_lowp.str());
@@ -167,8 +166,8 @@ void CpuBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
       norms_ws.ptr<float>()[num_tensors + t] = unorm;
     }
     // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
-    step_size[t] = lamb_step_size(sc.lr, wnorm, unorm,
-                                  entries[t].decay == 1 && cfg.weight_decay != 0.f);
+    step_size[t] =
+        lamb_step_size(sc.lr, wnorm, unorm, entries[t].decay == 1 && cfg.weight_decay != 0.f);
   }
   int64_t* first = lamb_blocks(num_tensors);
   first[0] = 0;

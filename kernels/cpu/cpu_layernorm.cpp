@@ -31,8 +31,8 @@ int64_t col_blocks(int64_t cols) { return (cols + kColBlock - 1) / kColBlock; }
 // rows in order in double, so the result does not depend on the thread count.
 template <typename Input, typename UseRow>
 void add_layernorm_param_grads(int64_t rows, int64_t h, const float* dy, Input input,
-                               const float* mean, const float* rstd, UseRow use_row,
-                               float* dgamma, float* dbeta) {
+                               const float* mean, const float* rstd, UseRow use_row, float* dgamma,
+                               float* dbeta) {
   if (!dgamma && !dbeta) return;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < col_blocks(h); ++b) {
@@ -78,10 +78,10 @@ struct EmbeddingRows {
 
 void CpuBackend::embedding_forward(const SeqLayout& layout, const Tensor& input_ids,
                                    const Tensor& segment_ids, const EmbeddingParams& p,
-                                   const Dropout& dropout, const Tensor& out,
-                                   const Tensor& ln_mean, const Tensor& ln_rstd) {
-  if (lowp::any({&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &out, &ln_mean,
-                 &ln_rstd}))
+                                   const Dropout& dropout, const Tensor& out, const Tensor& ln_mean,
+                                   const Tensor& ln_rstd) {
+  if (lowp::any(
+          {&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &out, &ln_mean, &ln_rstd}))
     return lowp::embedding_forward(*this, lowp_, layout, input_ids, segment_ids, p, dropout, out,
                                    ln_mean, ln_rstd);
   const char* op = "embedding_forward";
@@ -91,9 +91,13 @@ void CpuBackend::embedding_forward(const SeqLayout& layout, const Tensor& input_
   cpu::check_layout(op, layout, rows);
   const DropoutStream ds = cpu::dropout_stream(op, dropout, h, 1, layout.max_len);
 
-  const EmbeddingRows e{p.word.ptr<float>(), p.position.ptr<float>(), p.token_type.ptr<float>(),
-                        input_ids.ptr<int32_t>(), segment_ids.ptr<int32_t>(),
-                        layout.token_pos.ptr<int32_t>(), h};
+  const EmbeddingRows e{p.word.ptr<float>(),
+                        p.position.ptr<float>(),
+                        p.token_type.ptr<float>(),
+                        input_ids.ptr<int32_t>(),
+                        segment_ids.ptr<int32_t>(),
+                        layout.token_pos.ptr<int32_t>(),
+                        h};
   for (int64_t r = 0; r < rows; ++r) {
     PB_REQUIRE(e.ids[r] >= 0 && e.ids[r] < vocab && e.segs[r] >= 0 &&
                    e.segs[r] < p.token_type.dim(0) && e.positions[r] < p.position.dim(0),
@@ -131,22 +135,26 @@ void CpuBackend::embedding_backward(const SeqLayout& layout, const Tensor& input
                                     const Dropout& dropout, const Tensor& ln_mean,
                                     const Tensor& ln_rstd, const Tensor& dout,
                                     const EmbeddingParams& grads) {
-  if (lowp::any({&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &ln_mean,
-                 &ln_rstd, &dout, &grads.word, &grads.position, &grads.token_type,
-                 &grads.ln_gamma, &grads.ln_beta}))
+  if (lowp::any({&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &ln_mean, &ln_rstd,
+                 &dout, &grads.word, &grads.position, &grads.token_type, &grads.ln_gamma,
+                 &grads.ln_beta}))
     return lowp::embedding_backward(*this, lowp_, layout, input_ids, segment_ids, p, dropout,
                                     ln_mean, ln_rstd, dout, grads);
   const char* op = "embedding_backward";
   const checks::OpArgs args(op, Device::cpu);
   const auto [rows, h] = checks::embedding_backward_args(args, layout, input_ids, segment_ids, p,
-                                                        ln_mean, ln_rstd, dout, grads);
+                                                         ln_mean, ln_rstd, dout, grads);
   cpu::check_layout(op, layout, rows);
   const DropoutStream ds = cpu::dropout_stream(op, dropout, h, 1, layout.max_len);
   // Ids were validated by the forward; backward trusts them (same buffers, same step).
 
-  const EmbeddingRows e{p.word.ptr<float>(), p.position.ptr<float>(), p.token_type.ptr<float>(),
-                        input_ids.ptr<int32_t>(), segment_ids.ptr<int32_t>(),
-                        layout.token_pos.ptr<int32_t>(), h};
+  const EmbeddingRows e{p.word.ptr<float>(),
+                        p.position.ptr<float>(),
+                        p.token_type.ptr<float>(),
+                        input_ids.ptr<int32_t>(),
+                        segment_ids.ptr<int32_t>(),
+                        layout.token_pos.ptr<int32_t>(),
+                        h};
   const int32_t* tseq = layout.token_seq.ptr<int32_t>();
   const float* gamma = p.ln_gamma.ptr<float>();
   const float* mean = ln_mean.ptr<float>();
@@ -267,8 +275,8 @@ void CpuBackend::residual_layernorm_backward(const SeqLayout& layout, const Tens
                                              const Dropout& dropout, const Tensor& dx,
                                              const Tensor& dresidual, const Tensor& dbias,
                                              const LayerNormParams& dln) {
-  if (lowp::any({&dout, &ln_in, &ln_mean, &ln_rstd, &ln.gamma, &ln.beta, &dx, &dresidual,
-                 &dbias, &dln.gamma, &dln.beta}))
+  if (lowp::any({&dout, &ln_in, &ln_mean, &ln_rstd, &ln.gamma, &ln.beta, &dx, &dresidual, &dbias,
+                 &dln.gamma, &dln.beta}))
     return lowp::residual_layernorm_backward(*this, lowp_, layout, dout, ln_in, ln_mean, ln_rstd,
                                              ln, dropout, dx, dresidual, dbias, dln);
   const char* op = "residual_layernorm_backward";

@@ -70,9 +70,8 @@ struct GemmTiles {
   }
 };
 
-GemmTiles plan_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                    float* c, int64_t ldc) {
+GemmTiles plan_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const char* op = "gemm";
   for (int64_t v : {m, n, k, lda, ldb, ldc}) blas_int(op, v);
   GemmTiles g;
@@ -169,8 +168,8 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
     finish(GemmTiles::Block{0, n, 0, m});
     return;
   }
-  const GemmTiles g = plan_gemm(false, true, n, m, k, 1.0f, x.ptr<float>(), k, w.ptr<float>(), k,
-                                0.0f, c, m);
+  const GemmTiles g =
+      plan_gemm(false, true, n, m, k, 1.0f, x.ptr<float>(), k, w.ptr<float>(), k, 0.0f, c, m);
   const cpu::BlasSingleThread single;
   if (g.tiles == 1) {
     finish(g.run(0));
@@ -206,10 +205,10 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
   // The tasks: dW tiles, dX tiles (each followed by its share of the dGELU), then the bias
   // gradient's column blocks. They write disjoint outputs and only read dout, so they run in any
   // order -- unless dx overlaps x, which the dW tiles read: then dW (and db) go first.
-  const GemmTiles gw = dw.defined() && m > 0 && k > 0
-                           ? plan_gemm(true, false, m, k, n, 1.0f, g, m, x.ptr<float>(), k, 1.0f,
-                                       dw.ptr<float>(), k)
-                           : GemmTiles{};
+  const GemmTiles gw =
+      dw.defined() && m > 0 && k > 0
+          ? plan_gemm(true, false, m, k, n, 1.0f, g, m, x.ptr<float>(), k, 1.0f, dw.ptr<float>(), k)
+          : GemmTiles{};
   const GemmTiles gx = d ? plan_gemm(false, false, n, k, m, 1.0f, g, m, w.ptr<float>(), k,
                                      opt.dx_accumulate ? 1.0f : 0.0f, d, k)
                          : GemmTiles{};
@@ -231,7 +230,8 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
   const cpu::BlasSingleThread single;
   const int64_t tasks = gw.tiles + gx.tiles + nb;
   const bool small = 2.0 * static_cast<double>(n) * static_cast<double>(m) *
-                         static_cast<double>(k) * (gw.tiles > 0 ? 2 : 1) < 4e6 &&
+                             static_cast<double>(k) * (gw.tiles > 0 ? 2 : 1) <
+                         4e6 &&
                      n * m < 65536;
   const auto* xb = x.defined() ? static_cast<const char*>(x.data) : nullptr;
   const auto* dxb = reinterpret_cast<const char*>(d);

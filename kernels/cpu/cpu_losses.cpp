@@ -14,9 +14,9 @@
 
 namespace packbert {
 
+using cpu::exp_shifted_sum;
 using cpu::expect;
 using cpu::expect_optional;
-using cpu::exp_shifted_sum;
 using cpu::row_max;
 
 namespace {
@@ -100,7 +100,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
     const float mx = row_max(zi, v);
     int64_t argmax = 0;
     while (argmax < v && !(zi[argmax] == mx)) ++argmax;  // first maximum wins ties
-    if (argmax == v) {  // NaN in the row: the scalar rule
+    if (argmax == v) {                                   // NaN in the row: the scalar rule
       argmax = 0;
       for (int64_t c = 1; c < v; ++c)
         if (zi[c] > zi[argmax]) argmax = c;
@@ -129,8 +129,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
 void CpuBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
                           const GradScale& grad_scale, const Tensor& logits_ws,
                           const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
-                          const Tensor& dw,
-                          const Tensor& db) {
+                          const Tensor& dw, const Tensor& db) {
   if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db}))
     return lowp::mlm_loss(*this, lowp_, x, w, b, labels, grad_scale, logits_ws, loss_sum,
                           num_correct, dx, dw, db);
@@ -140,14 +139,12 @@ void CpuBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, con
 
 void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
                           const Tensor& labels, const GradScale& grad_scale,
-                          const Tensor& workspace,
-                          const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
-                          const PoolerParams& grads) {
-  if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b,
-                 &workspace, &loss_sum, &dx, &grads.dense_w, &grads.dense_b, &grads.cls_w,
-                 &grads.cls_b}))
-    return lowp::nsp_loss(*this, lowp_, layout, x, params, labels, grad_scale, workspace,
-                          loss_sum, num_correct, dx, grads);
+                          const Tensor& workspace, const Tensor& loss_sum,
+                          const Tensor& num_correct, const Tensor& dx, const PoolerParams& grads) {
+  if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b, &workspace,
+                 &loss_sum, &dx, &grads.dense_w, &grads.dense_b, &grads.cls_w, &grads.cls_b}))
+    return lowp::nsp_loss(*this, lowp_, layout, x, params, labels, grad_scale, workspace, loss_sum,
+                          num_correct, dx, grads);
   const char* op = "nsp_loss";
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cpu), layout, x, params,
                                             labels, workspace, dx, grads);
@@ -159,19 +156,19 @@ void CpuBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Pooler
   const int32_t* lab = labels.ptr<int32_t>();
   std::vector<int32_t> cls_row(static_cast<size_t>(s)), slot_label(static_cast<size_t>(s));
   for (int64_t i = 0; i < s; ++i) {
-    PB_REQUIRE(len[i] == 0 || lab[i] == 0 || lab[i] == 1,
-               "{}: labels[{}] = {} is not 0 or 1", op, i, lab[i]);
+    PB_REQUIRE(len[i] == 0 || lab[i] == 0 || lab[i] == 1, "{}: labels[{}] = {} is not 0 or 1", op,
+               i, lab[i]);
     cls_row[i] = len[i] > 0 ? start[i] : -1;
     slot_label[i] = len[i] > 0 ? lab[i] : -1;
   }
   const Tensor cls_index = view(cls_row.data(), {s});
 
   float* ws = workspace.ptr<float>();
-  const Tensor cls = view(ws, {s, h});                   // each sequence's [CLS] row
-  const Tensor pooled = view(ws + s * h, {s, h});        // tanh(cls Wp^T + bp)
+  const Tensor cls = view(ws, {s, h});             // each sequence's [CLS] row
+  const Tensor pooled = view(ws + s * h, {s, h});  // tanh(cls Wp^T + bp)
   const Tensor dpooled = view(ws + 2 * s * h, {s, h});
   const Tensor dcls = view(ws + 3 * s * h, {s, h});
-  const Tensor logits = view(ws + 4 * s * h, {s, 2});    // becomes dlogits in place
+  const Tensor logits = view(ws + 4 * s * h, {s, 2});  // becomes dlogits in place
   gather_rows(x, cls_index, cls);
   linear_forward(cls, params.dense_w, params.dense_b, Epilogue::bias, pooled, Tensor());
   float* pp = pooled.ptr<float>();

@@ -204,21 +204,19 @@ inline void dropout_row(const DropoutStream& ds, uint64_t sample, uint32_t head,
 }
 #endif
 
-
 // ---- GELU (erf form) ---------------------------------------------------------------------
 // 1 + erf(z), 4 lanes: |z| < 1 by erf's Taylor series (12 terms, relative error ~1e-10 before
 // rounding), |z| >= 1 by erfc(|z|) = t exp(-z^2 - 1.26551223 + t P(t)), t = 1 / (1 + |z|/2)
 // (Numerical Recipes' erfcc, relative error < 1.2e-7 for every z >= 0), so 1 + erf(z) keeps its
 // relative accuracy in the far negative tail, where GELU is tiny. Same formula scalar below.
-constexpr float kErfTaylor[12] = {1.1283791670955126f,    -0.37612638903183754f,
-                                  0.11283791670955126f,   -0.026866170645131252f,
-                                  0.005223977625442188f,  -0.0008548327023450852f,
-                                  0.00012055332981789664f, -1.492565035840625e-05f,
-                                  1.6462114365889246e-06f, -1.6365844691234924e-07f,
-                                  1.4807192815879218e-08f, -1.2290555301717926e-09f};
-constexpr float kErfcPoly[9] = {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f,
-                                -0.18628806f, 0.09678418f, 0.37409196f,  1.00002368f,
-                                -1.26551223f};  // Horner from 0.17087277
+constexpr float kErfTaylor[12] = {
+    1.1283791670955126f,      -0.37612638903183754f,   0.11283791670955126f,
+    -0.026866170645131252f,   0.005223977625442188f,   -0.0008548327023450852f,
+    0.00012055332981789664f,  -1.492565035840625e-05f, 1.6462114365889246e-06f,
+    -1.6365844691234924e-07f, 1.4807192815879218e-08f, -1.2290555301717926e-09f};
+constexpr float kErfcPoly[9] = {
+    -0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f,
+    0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};  // Horner from 0.17087277
 constexpr float kErfcLead = 0.17087277f;
 constexpr float kSqrtHalf = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
@@ -253,8 +251,8 @@ inline __m128 gelu4(__m128 x) {
 inline __m128 gelu_grad4(__m128 x) {
   const __m128 cdf =
       _mm_mul_ps(_mm_set1_ps(0.5f), one_plus_erf4(_mm_mul_ps(x, _mm_set1_ps(kSqrtHalf))));
-  const __m128 pdf = _mm_mul_ps(_mm_set1_ps(kInvSqrt2Pi),
-                                exp4(_mm_mul_ps(_mm_set1_ps(-0.5f), _mm_mul_ps(x, x))));
+  const __m128 pdf =
+      _mm_mul_ps(_mm_set1_ps(kInvSqrt2Pi), exp4(_mm_mul_ps(_mm_set1_ps(-0.5f), _mm_mul_ps(x, x))));
   return _mm_add_ps(cdf, _mm_mul_ps(x, pdf));
 }
 
@@ -271,7 +269,8 @@ inline __m128 tanh4(__m128 u) {
 // The tanh GELU and its derivative (kernels/common/math.h gelu_tanh, gelu_tanh_grad).
 inline __m128 gelu_tanh_arg4(__m128 x) {
   const __m128 x3 = _mm_mul_ps(_mm_mul_ps(x, x), x);
-  return _mm_mul_ps(_mm_set1_ps(kSqrt2OverPi), _mm_add_ps(x, _mm_mul_ps(_mm_set1_ps(0.044715f), x3)));
+  return _mm_mul_ps(_mm_set1_ps(kSqrt2OverPi),
+                    _mm_add_ps(x, _mm_mul_ps(_mm_set1_ps(0.044715f), x3)));
 }
 
 inline __m128 gelu_tanh4(__m128 x) {
@@ -282,8 +281,9 @@ inline __m128 gelu_tanh4(__m128 x) {
 inline __m128 gelu_tanh_grad4(__m128 x) {
   const __m128 half = _mm_set1_ps(0.5f), one = _mm_set1_ps(1.f);
   const __m128 t = tanh4(gelu_tanh_arg4(x));
-  const __m128 du = _mm_mul_ps(_mm_set1_ps(kSqrt2OverPi),
-                               _mm_add_ps(one, _mm_mul_ps(_mm_set1_ps(0.134145f), _mm_mul_ps(x, x))));
+  const __m128 du =
+      _mm_mul_ps(_mm_set1_ps(kSqrt2OverPi),
+                 _mm_add_ps(one, _mm_mul_ps(_mm_set1_ps(0.134145f), _mm_mul_ps(x, x))));
   const __m128 sech2 = _mm_sub_ps(one, _mm_mul_ps(t, t));
   return _mm_add_ps(_mm_mul_ps(half, _mm_add_ps(one, t)),
                     _mm_mul_ps(_mm_mul_ps(half, x), _mm_mul_ps(sech2, du)));
@@ -332,7 +332,9 @@ inline void map4_mul(float* g, const float* pre, int64_t n, F4 f4) {
 
 // y[j] = gelu(x[j]) (y may alias x); g[j] *= gelu'(pre[j]); the same for the tanh form.
 inline void gelu_to(const float* x, float* y, int64_t n) { map4_to(x, y, n, gelu4); }
-inline void mul_gelu_grad(float* g, const float* pre, int64_t n) { map4_mul(g, pre, n, gelu_grad4); }
+inline void mul_gelu_grad(float* g, const float* pre, int64_t n) {
+  map4_mul(g, pre, n, gelu_grad4);
+}
 inline void gelu_tanh_to(const float* x, float* y, int64_t n) { map4_to(x, y, n, gelu_tanh4); }
 inline void mul_gelu_tanh_grad(float* g, const float* pre, int64_t n) {
   map4_mul(g, pre, n, gelu_tanh_grad4);

@@ -94,8 +94,8 @@ __device__ __forceinline__ float key_dropout_factor(const DropoutStream& ds, uin
   return dropout_factor(ds, bits);
 }
 
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a, float* out,
-                                                                     float* lse) {
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_kernel(AttnArgs a, float* out, float* lse) {
   __shared__ float Qs[kBlockRows * kS];
   __shared__ float Ks[kTile * kS];
   __shared__ float Vs[kTile * kS];
@@ -113,11 +113,11 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a,
   load_rows(a, start, len, 0, head, q0, kBlockRows, Qs);
 
   float m[kRowsPerWarp], lsum[kRowsPerWarp], acc[kRowsPerWarp][kDims];
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     m[r] = -INFINITY;
     lsum[r] = 0.0f;
-    #pragma unroll
+#pragma unroll
     for (int t = 0; t < kDims; ++t) acc[r][t] = 0.0f;
   }
   for (int k0 = 0; k0 < len; k0 += kTile) {
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a,
     load_rows(a, start, len, 2, head, k0, kTile, Vs);
     __syncthreads();
     const bool kvalid = k0 + lane < len;
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int qr = warp * kRowsPerWarp + r, qi = q0 + qr;
       if (qi >= len) continue;  // uniform over the warp
@@ -138,24 +138,24 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a,
       lsum[r] = lsum[r] * alpha + warp_sum(p);
       const float f = drop ? key_dropout_factor(dstream, sample, head, qi, k0, lane) : 1.0f;
       const float pf = p * f;
-      #pragma unroll
+#pragma unroll
       for (int t = 0; t < kDims; ++t) acc[r][t] *= alpha;
-      #pragma unroll
+#pragma unroll
       for (int j = 0; j < kTile; ++j) {
         const float pj = __shfl_sync(kFullMask, pf, j);
-        #pragma unroll
+#pragma unroll
         for (int t = 0; t < kDims; ++t) acc[r][t] += pj * Vs[j * kS + lane + 32 * t];
       }
       m[r] = mnew;
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int qi = q0 + warp * kRowsPerWarp + r;
     if (qi >= len) continue;
     const int64_t row = start + qi;
     const float inv = 1.0f / lsum[r];
-    #pragma unroll
+#pragma unroll
     for (int t = 0; t < kDims; ++t) {
       const int c = lane + 32 * t;
       if (c < a.d) out[row * a.hidden + static_cast<int64_t>(head) * a.d + c] = acc[r][t] * inv;
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttnArgs a,
 __device__ __forceinline__ float row_delta(const AttnArgs& a, const float* dos_row,
                                            const float* out, int64_t row, int head, int lane) {
   float part = 0.0f;
-  #pragma unroll
+#pragma unroll
   for (int t = 0; t < kDims; ++t) {
     const int c = lane + 32 * t;
     if (c < a.d) part += dos_row[c] * out[row * a.hidden + static_cast<int64_t>(head) * a.d + c];
@@ -176,9 +176,9 @@ __device__ __forceinline__ float row_delta(const AttnArgs& a, const float* dos_r
   return warp_sum(part);
 }
 
-__global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, const float* out,
-                                                                const float* lse,
-                                                                const float* dout, float* dqkv) {
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_kernel(AttnArgs a, const float* out, const float* lse, const float* dout,
+                        float* dqkv) {
   __shared__ float Qs[kBlockRows * kS];
   __shared__ float dOs[kBlockRows * kS];
   __shared__ float Ks[kTile * kS];
@@ -199,13 +199,13 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, cons
   __syncthreads();
 
   float delta[kRowsPerWarp], lse_r[kRowsPerWarp], dq[kRowsPerWarp][kDims];
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int qr = warp * kRowsPerWarp + r, qi = q0 + qr;
     const bool valid = qi < len;
     delta[r] = valid ? row_delta(a, dOs + qr * kS, out, start + qi, head, lane) : 0.0f;
     lse_r[r] = valid ? lse[(start + qi) * a.heads + head] : 0.0f;
-    #pragma unroll
+#pragma unroll
     for (int t = 0; t < kDims; ++t) dq[r][t] = 0.0f;
   }
   for (int k0 = 0; k0 < len; k0 += kTile) {
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, cons
     load_rows(a, start, len, 2, head, k0, kTile, Vs);
     __syncthreads();
     const bool kvalid = k0 + lane < len;
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int qr = warp * kRowsPerWarp + r, qi = q0 + qr;
       if (qi >= len) continue;  // uniform over the warp
@@ -223,20 +223,20 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, cons
       const float p = kvalid ? expf(s - lse_r[r]) : 0.0f;
       const float f = drop ? key_dropout_factor(dstream, sample, head, qi, k0, lane) : 1.0f;
       const float ds = p * (f * dp - delta[r]);
-      #pragma unroll
+#pragma unroll
       for (int j = 0; j < kTile; ++j) {
         const float dsj = __shfl_sync(kFullMask, ds, j);
-        #pragma unroll
+#pragma unroll
         for (int t = 0; t < kDims; ++t) dq[r][t] += dsj * Ks[j * kS + lane + 32 * t];
       }
     }
   }
   const int64_t ld = 3 * a.hidden;
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int qi = q0 + warp * kRowsPerWarp + r;
     if (qi >= len) continue;
-    #pragma unroll
+#pragma unroll
     for (int t = 0; t < kDims; ++t) {
       const int c = lane + 32 * t;
       if (c < a.d)
@@ -245,9 +245,9 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(AttnArgs a, cons
   }
 }
 
-__global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, const float* out,
-                                                                 const float* lse,
-                                                                 const float* dout, float* dqkv) {
+__global__ void __launch_bounds__(kThreads)
+    attention_dkv_kernel(AttnArgs a, const float* out, const float* lse, const float* dout,
+                         float* dqkv) {
   __shared__ float Kb[kBlockRows * kS];
   __shared__ float Vb[kBlockRows * kS];
   __shared__ float Qs[kTile * kS];
@@ -270,9 +270,9 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
   const int kbase = kb0 + warp * kRowsPerWarp;  // this warp's 4 keys: kbase .. kbase + 3
 
   float dk[kRowsPerWarp][kDims], dv[kRowsPerWarp][kDims];
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r)
-    #pragma unroll
+#pragma unroll
     for (int t = 0; t < kDims; ++t) dk[r][t] = dv[r][t] = 0.0f;
   for (int q0 = 0; q0 < len; q0 += kTile) {
     __syncthreads();
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
     if (drop)
       bits = dropout_bits4(dstream, sample, static_cast<uint32_t>(head), static_cast<uint32_t>(qi),
                            static_cast<uint32_t>(kbase));
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int kr = warp * kRowsPerWarp + r;
       if (kbase + r >= len) continue;  // uniform over the warp
@@ -308,11 +308,11 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
       const float f = drop ? dropout_factor(dstream, bits.v[r]) : 1.0f;
       const float pf = p * f;
       const float ds = p * (f * dp - delta_i);
-      #pragma unroll
+#pragma unroll
       for (int i = 0; i < kTile; ++i) {
         const float pfi = __shfl_sync(kFullMask, pf, i);
         const float dsi = __shfl_sync(kFullMask, ds, i);
-        #pragma unroll
+#pragma unroll
         for (int t = 0; t < kDims; ++t) {
           dv[r][t] += pfi * dOs[i * kS + lane + 32 * t];
           dk[r][t] += dsi * Qs[i * kS + lane + 32 * t];
@@ -321,12 +321,12 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(AttnArgs a, con
     }
   }
   const int64_t ld = 3 * a.hidden;
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int j = kbase + r;
     if (j >= len) continue;
     float* row = dqkv + (start + j) * ld + static_cast<int64_t>(head) * a.d;
-    #pragma unroll
+#pragma unroll
     for (int t = 0; t < kDims; ++t) {
       const int c = lane + 32 * t;
       if (c < a.d) {
@@ -372,8 +372,8 @@ cudaError_t attention_forward_work(const DeviceLayout& l, const AttnWork& w, con
 
 cudaError_t attention_backward_work(const DeviceLayout& l, const AttnWork& w, const float* qkv,
                                     const float* out, const float* lse, const float* dout,
-                                    int64_t hidden, int heads, const DropoutStream& ds,
-                                    float* dqkv, cudaStream_t s) {
+                                    int64_t hidden, int heads, const DropoutStream& ds, float* dqkv,
+                                    cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
   const AttnArgs a = make_args(l, w, qkv, hidden, heads, ds);
   PB_LAUNCH(work_grid(w, a), kThreads, 0, s, attention_dq_kernel)(a, out, lse, dout, dqkv);
@@ -390,8 +390,8 @@ cudaError_t attention_forward(const DeviceLayout& l, const float* qkv, int64_t h
   cudaError_t e = fmha_zero_padding_rows(l, out, hidden, 4, s);
   if (e != cudaSuccess) return e;
   if ((e = fmha_zero_padding_rows(l, lse, heads, 4, s)) != cudaSuccess) return e;
-  return attention_forward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, hidden, heads,
-                                ds, out, lse, s);
+  return attention_forward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, hidden, heads, ds,
+                                out, lse, s);
 }
 
 cudaError_t attention_backward(const DeviceLayout& l, const float* qkv, const float* out,
@@ -400,8 +400,8 @@ cudaError_t attention_backward(const DeviceLayout& l, const float* qkv, const fl
   if (l.rows == 0) return cudaSuccess;
   const cudaError_t e = fmha_zero_padding_rows(l, dqkv, 3 * hidden, 4, s);
   if (e != cudaSuccess) return e;
-  return attention_backward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, out, lse,
-                                 dout, hidden, heads, ds, dqkv, s);
+  return attention_backward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, out, lse, dout,
+                                 hidden, heads, ds, dqkv, s);
 }
 
 }  // namespace packbert::cuda

@@ -12,8 +12,7 @@ constexpr int kThreads = 256;
 __global__ void convert_kernel(const void* src, FloatFormat sf, void* dst, FloatFormat df,
                                int64_t n, float scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-  {
+       i += int64_t{gridDim.x} * blockDim.x) {
     const float x = load_as_float(src, sf, i);
     store_from_float(dst, df, i, scale == 1.f ? x : x * scale);  // NaN payloads kept at 1
   }
@@ -37,8 +36,8 @@ __global__ void convert_rows_kernel(const void* src, FloatFormat sf, int64_t src
 cudaError_t convert(const void* src, FloatFormat src_format, void* dst, FloatFormat dst_format,
                     int64_t n, cudaStream_t s, float scale) {
   if (n == 0) return cudaSuccess;
-  PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, convert_kernel)(
-      src, src_format, dst, dst_format, n, scale);
+  PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, convert_kernel)(src, src_format, dst, dst_format,
+                                                                   n, scale);
   return launched();
 }
 

@@ -28,8 +28,8 @@ AttnShape attention_shape(const char* op, const SeqLayout& layout, const Tensor&
 }
 
 // rows, hidden and heads of qkv for the kernel family that runs it (fp32 or tensor-core).
-AttnShape attention_dims(const char* op, const SeqLayout& layout, const Tensor& qkv,
-                         int num_heads, bool fp32) {
+AttnShape attention_dims(const char* op, const SeqLayout& layout, const Tensor& qkv, int num_heads,
+                         bool fp32) {
   if (fp32) return attention_shape(op, layout, qkv, num_heads);
   const cuda::FmhaShape a = cuda::fmha_attention_shape(op, layout, qkv, num_heads);
   return AttnShape{a.rows, a.hidden, a.heads, a.hidden / a.heads};
@@ -101,23 +101,23 @@ void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, 
     fmha_->run(op, plan, stream_, [&](const cuda::AttnWork& w, cudaStream_t s) {
       return native ? cuda::fmha_forward_work(type, dl, w, qkv.data, hidden, num_heads, ds,
                                               out.data, lse.ptr<float>(), s)
-                    : cuda::attention_forward_work(dl, w, qkv.ptr<float>(), hidden, num_heads,
-                                                   ds, out.ptr<float>(), lse.ptr<float>(), s);
+                    : cuda::attention_forward_work(dl, w, qkv.ptr<float>(), hidden, num_heads, ds,
+                                                   out.ptr<float>(), lse.ptr<float>(), s);
     });
   }
   end(op);
 }
 
-void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
-                                     const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                     int num_heads, const Dropout& dropout, const Tensor& dqkv) {
+void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
+                                     const Tensor& lse, const Tensor& dout, int num_heads,
+                                     const Dropout& dropout, const Tensor& dqkv) {
   const trace::Range range("attention_backward");
   const char* op = "attention_backward";
   const bool fp32 = !lowp::any({&qkv, &out, &lse, &dout, &dqkv});
   const bool native = !fp32 && cuda::fmha_native(qkv, num_heads, {&out, &dout, &dqkv});
   if (!fp32 && !native)
-    return lowp::attention_backward(*this, lowp_, layout, qkv, out, lse, dout, num_heads,
-                                    dropout, dqkv);
+    return lowp::attention_backward(*this, lowp_, layout, qkv, out, lse, dout, num_heads, dropout,
+                                    dqkv);
   const AttnShape shape = attention_dims(op, layout, qkv, num_heads, fp32);
   const int64_t rows = shape.rows, hidden = shape.hidden, heads = shape.heads;
   expect(op, "qkv", qkv, qkv.dtype, {rows, 3 * hidden});
@@ -135,15 +135,15 @@ void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
   cuda::fmha_check_grid(op, plan, native ? cuda::kFmhaTile : cuda::kAttentionF32Tile);
   if (!plan.buckets.empty()) {
     const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);
-    float* delta = native ? fmha_->workspace(op, static_cast<size_t>(rows * heads), stream_)
-                          : nullptr;
+    float* delta =
+        native ? fmha_->workspace(op, static_cast<size_t>(rows * heads), stream_) : nullptr;
     fmha_->run(op, plan, stream_, [&](const cuda::AttnWork& w, cudaStream_t s) {
-      return native ? cuda::fmha_backward_work(type, dl, w, qkv.data, out.data,
-                                               lse.ptr<float>(), dout.data, hidden, num_heads,
-                                               ds, delta, dqkv.data, s)
-                    : cuda::attention_backward_work(dl, w, qkv.ptr<float>(), out.ptr<float>(),
-                                                    lse.ptr<float>(), dout.ptr<float>(), hidden,
-                                                    num_heads, ds, dqkv.ptr<float>(), s);
+      return native
+                 ? cuda::fmha_backward_work(type, dl, w, qkv.data, out.data, lse.ptr<float>(),
+                                            dout.data, hidden, num_heads, ds, delta, dqkv.data, s)
+                 : cuda::attention_backward_work(dl, w, qkv.ptr<float>(), out.ptr<float>(),
+                                                 lse.ptr<float>(), dout.ptr<float>(), hidden,
+                                                 num_heads, ds, dqkv.ptr<float>(), s);
     });
   }
   end(op);

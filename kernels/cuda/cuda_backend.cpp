@@ -58,10 +58,11 @@ void* cuda_alloc_named(const char* op, const char* what, size_t bytes, const std
     cudaGetLastError();
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
-    PB_THROW("out of cuda memory: {}'s {} asked {} bytes ({:.1f} MiB), {:.1f} MiB free of "
-             "{:.1f} MiB{}",
-             op, what, bytes, static_cast<double>(bytes) / (1 << 20),
-             static_cast<double>(free) / (1 << 20), static_cast<double>(total) / (1 << 20), note);
+    PB_THROW(
+        "out of cuda memory: {}'s {} asked {} bytes ({:.1f} MiB), {:.1f} MiB free of "
+        "{:.1f} MiB{}",
+        op, what, bytes, static_cast<double>(bytes) / (1 << 20),
+        static_cast<double>(free) / (1 << 20), static_cast<double>(total) / (1 << 20), note);
   }
   PB_CUDA_OP(op, e);
   return p;
@@ -271,8 +272,8 @@ template <typename T>
 std::vector<T> CudaBackend::to_host(const char* op, const Tensor& t) {
   std::vector<T> h(static_cast<size_t>(t.numel()));
   if (!h.empty()) {
-    PB_CUDA_OP(op, cuda::memcpy_async(h.data(), t.ptr<T>(), t.bytes(), cudaMemcpyDeviceToHost,
-                                   stream_));
+    PB_CUDA_OP(
+        op, cuda::memcpy_async(h.data(), t.ptr<T>(), t.bytes(), cudaMemcpyDeviceToHost, stream_));
     PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
   }
   return h;
@@ -296,8 +297,7 @@ cuda::DeviceLayout CudaBackend::device_layout(const char* op, const SeqLayout& l
     const auto tseq = to_host<int32_t>(op, l.token_seq);
     const auto tpos = to_host<int32_t>(op, l.token_pos);
     checks::check_layout_arrays(
-        op, l, {start.data(), len.data(), sample.data(), tseq.data(), tpos.data()}, rows,
-        empty);
+        op, l, {start.data(), len.data(), sample.data(), tseq.data(), tpos.data()}, rows, empty);
   }
   cuda::DeviceLayout d;
   // A "none" view of 0 elements has no pointer; kernels never read it then.
@@ -336,11 +336,11 @@ void* grow(const char* op, void*& p, size_t& have, size_t want, const Backend* o
     p = nullptr;
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
-    PB_THROW("out of cuda memory: {}'s scratch asked {} bytes ({:.1f} MiB), {:.1f} MiB free of "
-             "{:.1f} MiB{}",
-             op, bytes, static_cast<double>(bytes) / (1 << 20),
-             static_cast<double>(free) / (1 << 20), static_cast<double>(total) / (1 << 20),
-             owner ? owner->planned_note() : std::string());
+    PB_THROW(
+        "out of cuda memory: {}'s scratch asked {} bytes ({:.1f} MiB), {:.1f} MiB free of "
+        "{:.1f} MiB{}",
+        op, bytes, static_cast<double>(bytes) / (1 << 20), static_cast<double>(free) / (1 << 20),
+        static_cast<double>(total) / (1 << 20), owner ? owner->planned_note() : std::string());
   }
   PB_CUDA_OP(op, e);
   have = bytes;

@@ -24,21 +24,20 @@
 #include "kernels/ops/op_args.h"
 
 // Every CUDA runtime call is checked; the error names the op, the call and file:line.
-#define PB_CUDA_OP(op, call)                                                                 \
-  do {                                                                                       \
-    const cudaError_t pb_err_ = (call);                                                      \
-    if (pb_err_ != cudaSuccess)                                                              \
-      PB_THROW("{}: CUDA error '{}' ({}) from {} at {}:{}", op, cudaGetErrorString(pb_err_), \
-               cudaGetErrorName(pb_err_), #call, __FILE__, __LINE__);                        \
+#define PB_CUDA_OP(op, call)                                                                       \
+  do {                                                                                             \
+    const cudaError_t pb_err_ = (call);                                                            \
+    if (pb_err_ != cudaSuccess)                                                                    \
+      PB_THROW("{}: CUDA error '{}' ({}) from {} at {}:{}", op, cudaGetErrorString(pb_err_),       \
+               cudaGetErrorName(pb_err_), #call, __FILE__, __LINE__);                              \
   } while (0)
 
-#define PB_CUBLASLT_OP(op, call)                                                             \
-  do {                                                                                       \
-    const cublasStatus_t pb_st_ = (call);                                                    \
-    if (pb_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
-      PB_THROW("{}: cuBLASLt error {} ({}) from {} at {}:{}", op,                            \
-               cublasLtGetStatusName(pb_st_), cublasLtGetStatusString(pb_st_), #call,        \
-               __FILE__, __LINE__);                                                          \
+#define PB_CUBLASLT_OP(op, call)                                                                   \
+  do {                                                                                             \
+    const cublasStatus_t pb_st_ = (call);                                                          \
+    if (pb_st_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      PB_THROW("{}: cuBLASLt error {} ({}) from {} at {}:{}", op, cublasLtGetStatusName(pb_st_),   \
+               cublasLtGetStatusString(pb_st_), #call, __FILE__, __LINE__);                        \
   } while (0)
 
 namespace packbert {
@@ -58,7 +57,7 @@ struct GemmCall {
   int64_t ldc = 0;
   cudaDataType_t ab_type = CUDA_R_32F;  // A and B
   cudaDataType_t c_type = CUDA_R_32F;   // C and D
-  float alpha = 1.f;  // D = alpha op(A) op(B) + beta C
+  float alpha = 1.f;                    // D = alpha op(A) op(B) + beta C
   float beta = 0.f;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // BIAS: the bias (read); BGRADB: the bias gradient (written, not added)
@@ -76,9 +75,9 @@ struct GemmCall {
 
 // The column-major GEMM C [m x n] = op(A) op(B) (op = transpose where asked): A and B of type
 // ab, C of type c, beta 0, no epilogue.
-inline GemmCall gemm_call(bool transa, bool transb, int64_t m, int64_t n, int64_t k,
-                          const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
-                          int64_t ldc, cudaDataType_t ab, cudaDataType_t c_type) {
+inline GemmCall gemm_call(bool transa, bool transb, int64_t m, int64_t n, int64_t k, const void* a,
+                          int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc,
+                          cudaDataType_t ab, cudaDataType_t c_type) {
   GemmCall g;
   g.transa = transa;
   g.transb = transb;
@@ -171,8 +170,8 @@ class CudaBackend final : public Backend {
 
  private:
   // ---- helpers (cuda_backend.cpp) ----
-  void begin(const char* op);               // makes the backend's device current
-  void end(const char* op);                 // options_.sync_each_op: wait and check
+  void begin(const char* op);  // makes the backend's device current
+  void end(const char* op);    // options_.sync_each_op: wait and check
   void launched(const char* op, const char* kernel, cudaError_t e);
   void expect(const char* op, const char* name, const Tensor& t, DType dtype,
               std::initializer_list<int64_t> dims);
@@ -181,9 +180,8 @@ class CudaBackend final : public Backend {
   void check_pointer(const char* op, const char* name, const Tensor& t);
   // The per-tensor check this backend adds to the shared argument checks (kernels/ops/op_args.h).
   checks::OpArgs::Extra pointer_check() {
-    return [this](const char* op, const char* name, const Tensor& t) {
-      check_pointer(op, name, t);
-    };
+    return
+        [this](const char* op, const char* name, const Tensor& t) { check_pointer(op, name, t); };
   }
   // Shapes and devices of the layout's tensors; with validate_indices also their contents.
   // An empty slot (length 0) only where `empty` allows it.
@@ -197,8 +195,8 @@ class CudaBackend final : public Backend {
     std::vector<int32_t> lens;
     DropoutStream ds;
   };
-  AttnLaunch attention_launch(const char* op, const SeqLayout& layout, int64_t rows,
-                              int64_t heads, const Dropout& dropout);
+  AttnLaunch attention_launch(const char* op, const SeqLayout& layout, int64_t rows, int64_t heads,
+                              const Dropout& dropout);
   // checks::checked_dropout_stream, and the device step (if any) checked as this GPU's memory.
   DropoutStream dropout_stream(const char* op, const Dropout& d, int64_t elements, int64_t heads,
                                int64_t max_position);
@@ -232,13 +230,12 @@ class CudaBackend final : public Backend {
   // fused (BGRADB would sum the scaled g), so pass db only with alpha 1.
   bool weight_grad_gemm(const char* op, const void* x, const void* g, float* dw, float* db,
                         int64_t n, int64_t k, int64_t m, cudaDataType_t ab, float alpha = 1.f);
-  bool input_grad_gemm(const char* op, const void* w, const void* g, void* dx, int64_t n,
-                       int64_t k, int64_t m, bool accumulate, cudaDataType_t ab,
-                       cudaDataType_t c_type, const void* tanh_gelu_pre = nullptr,
-                       float alpha = 1.f);
+  bool input_grad_gemm(const char* op, const void* w, const void* g, void* dx, int64_t n, int64_t k,
+                       int64_t m, bool accumulate, cudaDataType_t ab, cudaDataType_t c_type,
+                       const void* tanh_gelu_pre = nullptr, float alpha = 1.f);
   // The forward GEMM out [n, m] = x [n, k] w^T, operands and output of one type.
-  static GemmCall forward_gemm_call(const void* x, const void* w, void* out, int64_t n,
-                                    int64_t k, int64_t m, cudaDataType_t type);
+  static GemmCall forward_gemm_call(const void* x, const void* w, void* out, int64_t n, int64_t k,
+                                    int64_t m, cudaDataType_t type);
   // g (from forward_gemm_call, c = the pre-activation) as GELU_AUX_BIAS: out = gelu_tanh(x w^T
   // + bias), pre = x w^T + bias. False when cuBLASLt does not take it (the caller falls back).
   bool gelu_aux_gemm(const char* op, GemmCall g, void* out, const float* bias);
@@ -246,10 +243,10 @@ class CudaBackend final : public Backend {
   // linear_forward / linear_backward with bf16 / f16 operands through cuBLASLt
   // (cuda_linear.cpp; true when they ran; false: a combination the native path does not take,
   // for the adapter).
-  bool linear_forward_lowp(const Tensor& x, const Tensor& w, const Tensor& bias,
-                           Epilogue epilogue, const Tensor& out, const Tensor& pre);
-  bool linear_backward_lowp(const Tensor& x, const Tensor& w, const Tensor& dout,
-                            const Tensor& dx, const Tensor& dw, const Tensor& db,
+  bool linear_forward_lowp(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue epilogue,
+                           const Tensor& out, const Tensor& pre);
+  bool linear_backward_lowp(const Tensor& x, const Tensor& w, const Tensor& dout, const Tensor& dx,
+                            const Tensor& dw, const Tensor& db,
                             const LinearBackwardOptions& options);
   // mlm_loss with x, w (and dx) bf16 / f16: the decoder GEMMs on the low-precision operands
   // (cuda_losses.cpp); false for a combination it does not take (the adapter's then).
@@ -263,8 +260,8 @@ class CudaBackend final : public Backend {
   // (false for a combination it does not take: the adapter's then).
   static std::array<Tensor, 5> nsp_workspace(const Tensor& workspace, int64_t s, int64_t h);
   static bool may_have_empty_slots(const SeqLayout& layout);
-  std::pair<Tensor, Tensor> nsp_slots(const char* op, const SeqLayout& layout,
-                                      const Tensor& labels, int32_t* scratch, bool derive);
+  std::pair<Tensor, Tensor> nsp_slots(const char* op, const SeqLayout& layout, const Tensor& labels,
+                                      int32_t* scratch, bool derive);
   void nsp_head(const Tensor& workspace, int64_t s, int64_t h, const PoolerParams& params,
                 const Tensor& labels, const GradScale& grad_scale, const Tensor& loss_sum,
                 const Tensor& num_correct, bool backward, const PoolerParams& grads);

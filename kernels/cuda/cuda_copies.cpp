@@ -164,8 +164,8 @@ void CudaBackend::read(const std::vector<HostRead>& reads) {
     for (const HostRead& r : reads) {
       if (r.src.bytes() == 0) continue;
       begin(op);
-      PB_CUDA_OP(op, cuda::memcpy_async(r.dst, r.src.data, r.src.bytes(),
-                                        cudaMemcpyDeviceToHost, stream_));
+      PB_CUDA_OP(op, cuda::memcpy_async(r.dst, r.src.data, r.src.bytes(), cudaMemcpyDeviceToHost,
+                                        stream_));
       PB_CUDA_OP(op, cuda::stream_synchronize(stream_));
     }
     end(op);

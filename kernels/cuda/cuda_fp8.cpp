@@ -16,9 +16,7 @@ namespace packbert {
 
 namespace {
 
-cudaDataType_t fp8_type(DType t) {
-  return t == DType::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
-}
+cudaDataType_t fp8_type(DType t) { return t == DType::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 
 cudaDataType_t out_type(DType t) {
   return t == DType::f32 ? CUDA_R_32F : t == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -28,9 +26,10 @@ cudaDataType_t out_type(DType t) {
 
 std::string CudaBackend::fp8_unsupported() const {
   if (compute_capability_ >= 89) return {};
-  return fmt::format("cuda:{} ({}) is compute capability {}.{}; FP8 GEMMs need 8.9 or newer "
-                     "(Ada, Hopper)",
-                     device_, device_name_, compute_capability_ / 10, compute_capability_ % 10);
+  return fmt::format(
+      "cuda:{} ({}) is compute capability {}.{}; FP8 GEMMs need 8.9 or newer "
+      "(Ada, Hopper)",
+      device_, device_name_, compute_capability_ / 10, compute_capability_ % 10);
 }
 
 void CudaBackend::fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& scale,
@@ -47,9 +46,8 @@ void CudaBackend::fp8_cast(const Tensor& src, const Tensor& rows, const Tensor& 
                           rows.defined() ? rows.ptr<int32_t>() : nullptr,
                           scale.defined() ? scale.ptr<float>() : nullptr,
                           amax.defined() ? amax.ptr<float>() : nullptr,
-                          static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), n,
-                          c, out.defined() ? n_out : 0, out_t.defined() ? n_t : 0, e4m3,
-                          stream_));
+                          static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), n, c,
+                          out.defined() ? n_out : 0, out_t.defined() ? n_t : 0, e4m3, stream_));
   end(op);
 }
 
@@ -75,8 +73,8 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor&
   g.beta = o.accumulate ? 1.f : 0.f;
   gemm(op, g);  // DEFAULT epilogue: throws naming the status when cuBLASLt refuses
   if (!direct) {
-    const bool tanh_form = o.dgelu_pre.defined() ? o.gelu == Gelu::tanh
-                                                 : gelu_of(o.epilogue) == Gelu::tanh;
+    const bool tanh_form =
+        o.dgelu_pre.defined() ? o.gelu == Gelu::tanh : gelu_of(o.epilogue) == Gelu::tanh;
     const int mode = o.dgelu_pre.defined()  ? (tanh_form ? 4 : 3)
                      : has_gelu(o.epilogue) ? (tanh_form ? 2 : 1)
                                             : 0;
@@ -84,8 +82,8 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor&
     launched(op, "fp8_epilogue",
              cuda::fp8_epilogue(static_cast<const float*>(d),
                                 o.bias.defined() ? o.bias.ptr<float>() : nullptr, out.data,
-                                pre.defined() ? pre.data : nullptr,
-                                float_format(op, "out", out), n, m, mode, stream_));
+                                pre.defined() ? pre.data : nullptr, float_format(op, "out", out), n,
+                                m, mode, stream_));
   }
   end(op);
 }
@@ -96,8 +94,8 @@ void CudaBackend::fp8_amax_share(const Tensor& amax, int rank, const Tensor& sha
   const auto dims = checks::fp8_amax_share_args(args, amax, rank, shared);
   begin(op);
   launched(op, "fp8_amax_share",
-           cuda::fp8_amax_share(amax.ptr<float>(), rank, shared.ptr<double>(), dims.n,
-                                dims.ranks, stream_));
+           cuda::fp8_amax_share(amax.ptr<float>(), rank, shared.ptr<double>(), dims.n, dims.ranks,
+                                stream_));
   end(op);
 }
 

@@ -99,10 +99,10 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
   PB_CUBLASLT_OP(op, cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = g.transa ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = g.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
-                                                    sizeof(ta)));
-  PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
-                                                    sizeof(tb)));
+  PB_CUBLASLT_OP(
+      op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  PB_CUBLASLT_OP(
+      op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                     &g.epilogue, sizeof(g.epilogue)));
   if (g.bias) {
@@ -123,12 +123,11 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
   // the values there then), and the accumulation mode.
   for (const auto& [attr, ptr] : {std::pair{CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.a_scale},
                                   std::pair{CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.b_scale}})
-    if (ptr)
-      PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, attr, &ptr, sizeof(ptr)));
+    if (ptr) PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, attr, &ptr, sizeof(ptr)));
   if (g.fast_accum) {
     const int8_t on = 1;
-    PB_CUBLASLT_OP(op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on,
-                                                      sizeof(on)));
+    PB_CUBLASLT_OP(
+        op, cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)));
   }
   const uint64_t a_rows = static_cast<uint64_t>(g.transa ? g.k : g.m);
   const uint64_t a_cols = static_cast<uint64_t>(g.transa ? g.m : g.k);
@@ -143,9 +142,9 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     PB_CUBLASLT_OP(op, cublasLtMatmulPreferenceCreate(&d.pref));
-    PB_CUBLASLT_OP(op, cublasLtMatmulPreferenceSetAttribute(
-                           d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
-                           sizeof(workspace_bytes_)));
+    PB_CUBLASLT_OP(
+        op, cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &workspace_bytes_, sizeof(workspace_bytes_)));
     // The heuristic assumes 256-byte aligned buffers unless told otherwise; views into a
     // workspace (nsp_loss, MLM chunks) can be less aligned.
     const uint32_t aligns[4] = {key.align_a, key.align_b, key.align_c, key.align_c};
@@ -158,17 +157,18 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
     GemmPlan plan;
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, d.op, d.a, d.b, d.c, d.c,
-                                                             d.pref, 1, &result, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt_, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found);
     if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
       plan.supported = true;
       plan.algo = result.algo;
     } else if (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
       PB_CUBLASLT_OP(op, st);  // names the status when the query itself failed
-      PB_THROW("{}: cuBLASLt has no algorithm for m={} n={} k={} (ld {} {} {}, transa {} "
-               "transb {}, A/B type {}, C/D type {}, fp32 compute)", op, g.m, g.n, g.k, g.lda,
-               g.ldb, g.ldc, g.transa, g.transb, static_cast<int>(g.ab_type),
-               static_cast<int>(g.c_type));
+      PB_THROW(
+          "{}: cuBLASLt has no algorithm for m={} n={} k={} (ld {} {} {}, transa {} "
+          "transb {}, A/B type {}, C/D type {}, fp32 compute)",
+          op, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.transa, g.transb, static_cast<int>(g.ab_type),
+          static_cast<int>(g.c_type));
     } else {
       // Any refusal of an epilogue (no algorithm, NOT_SUPPORTED, INVALID_VALUE for a
       // combination it does not take) falls back to DEFAULT + a kernel; said once per shape so
@@ -182,9 +182,9 @@ bool CudaBackend::gemm(const char* op, const GemmCall& g) {
     it = plans_.emplace(key, plan).first;
   }
   if (!it->second.supported) return false;
-  const cublasStatus_t st = cublasLtMatmul(lt_, d.op, &g.alpha, g.a, d.a, g.b, d.b, &g.beta,
-                                           g.c, d.c, g.c, d.c, &it->second.algo, workspace_,
-                                           workspace_bytes_, stream_);
+  const cublasStatus_t st =
+      cublasLtMatmul(lt_, d.op, &g.alpha, g.a, d.a, g.b, d.b, &g.beta, g.c, d.c, g.c, d.c,
+                     &it->second.algo, workspace_, workspace_bytes_, stream_);
   if (st == CUBLAS_STATUS_SUCCESS) {
     cuda::count_launch();
     return true;
@@ -221,8 +221,8 @@ bool CudaBackend::gelu_aux_gemm(const char* op, GemmCall g, void* out, const flo
 }
 
 bool CudaBackend::weight_grad_gemm(const char* op, const void* x, const void* g, float* dw,
-                                   float* db, int64_t n, int64_t k, int64_t m,
-                                   cudaDataType_t ab, float alpha) {
+                                   float* db, int64_t n, int64_t k, int64_t m, cudaDataType_t ab,
+                                   float alpha) {
   // Column-major: dw^T [k x m] += alpha x^T [k x n] * g [n x m]; fp32 output, accumulated.
   GemmCall c = gemm_call(false, true, k, m, n, x, k, g, m, dw, k, ab, CUDA_R_32F);
   c.alpha = alpha;
@@ -242,10 +242,9 @@ bool CudaBackend::weight_grad_gemm(const char* op, const void* x, const void* g,
   return false;
 }
 
-bool CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, void* dx,
-                                  int64_t n, int64_t k, int64_t m, bool accumulate,
-                                  cudaDataType_t ab, cudaDataType_t c_type,
-                                  const void* tanh_gelu_pre, float alpha) {
+bool CudaBackend::input_grad_gemm(const char* op, const void* w, const void* g, void* dx, int64_t n,
+                                  int64_t k, int64_t m, bool accumulate, cudaDataType_t ab,
+                                  cudaDataType_t c_type, const void* tanh_gelu_pre, float alpha) {
   // Column-major: dx^T [k x n] (+)= alpha w^T [k x m] * g^T [m x n].
   GemmCall c = gemm_call(false, false, k, n, m, w, k, g, m, dx, k, ab, c_type);
   c.alpha = alpha;

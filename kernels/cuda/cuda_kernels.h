@@ -54,14 +54,14 @@ cudaError_t fp8_cast(const void* src, FloatFormat src_format, const int32_t* row
 // out [rows, cols] (format f) from an FP8 GEMM's fp32 result acc, rounded once: mode 0 adds
 // the bias (null: none); 1 / 2 add it and apply the erf / tanh GELU, writing the argument to pre
 // first; 3 / 4 multiply by the erf / tanh GELU's derivative at pre. The CPU's order.
-cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* pre,
-                         FloatFormat f, int64_t rows, int64_t cols, int mode, cudaStream_t s);
+cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* pre, FloatFormat f,
+                         int64_t rows, int64_t cols, int mode, cudaStream_t s);
 // Backend::fp8_amax_share and fp8_scale_update over n operands (common/fp8_convert.h).
 cudaError_t fp8_amax_share(const float* amax, int64_t rank, double* shared, int64_t n,
                            int64_t ranks, cudaStream_t s);
-cudaError_t fp8_scale_update(const double* shared, const float* fp8_max, int margin,
-                             float* history, float* scales, float* amax, int64_t n,
-                             int64_t ranks, int64_t h, cudaStream_t s);
+cudaError_t fp8_scale_update(const double* shared, const float* fp8_max, int margin, float* history,
+                             float* scales, float* amax, int64_t n, int64_t ranks, int64_t h,
+                             cudaStream_t s);
 
 // ---- elementwise (elementwise_kernels.cu) --------------------------------------------------
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
@@ -76,8 +76,7 @@ cudaError_t gelu_forward(const float* pre, float* out, int64_t n, bool tanh_form
 cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, bool tanh_form,
                                   cudaStream_t s);
 // c[r, :] += bias for rows x cols (the fallback when cuBLASLt's BIAS epilogue is unavailable).
-cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols,
-                          cudaStream_t s);
+cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 // dst[i] += src[i].
 cudaError_t add_inplace(float* dst, const float* src, int64_t n, cudaStream_t s);
 // x = tanh(x); dp *= 1 - p^2.
@@ -92,8 +91,8 @@ constexpr int64_t kColumnChunk = 256;
 inline int64_t column_sum_partials(int64_t rows, int64_t cols) {
   return (rows + kColumnChunk - 1) / kColumnChunk * cols;
 }
-cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                            double* partial, float* out, cudaStream_t s);
+cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld, double* partial,
+                            float* out, cudaStream_t s);
 // Sum of squares of n floats into partial[block] (blocks of kNormChunk, double, fixed tree),
 // then the sum of the partials in order: root[0] = its square root rounded to f32 (l2_norm), or,
 // with root null, sum[0] = the double sum (sum_squares). partial: l2_norm_partials(n) doubles.
@@ -118,8 +117,8 @@ cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, voi
                                      uint32_t* scratch, cudaStream_t s);
 // dx[index[i], :] += src[i, :] (h columns) for m DISTINCT indices (but -1): src fp32, dx in
 // format f, each sum in fp32 rounded once to f (the NSP head's [CLS] rows).
-cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
-                         int64_t m, int64_t h, cudaStream_t s);
+cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f, int64_t m,
+                         int64_t h, cudaStream_t s);
 
 // ---- softmax cross-entropy (loss_kernels.cu) -----------------------------------------------
 // Softmax cross-entropy over m rows of v logits. Per row (one block): first argmax, lse, loss;
@@ -127,11 +126,10 @@ cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, Float
 // from grad_scale_ptr when it is not null. A label of -1 leaves its row out (loss 0, not
 // correct, dlogits 0). Row losses and correct flags go to row_loss / row_correct (m doubles
 // each), then one block adds their sums (in row order) to loss_sum[0] and num_correct[0].
-cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t m,
-                                  int64_t v, float grad_scale, const float* grad_scale_ptr,
-                                  float* dlogits, double* row_loss,
-                                  double* row_correct, float* loss_sum, int32_t* num_correct,
-                                  cudaStream_t s);
+cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t m, int64_t v,
+                                  float grad_scale, const float* grad_scale_ptr, float* dlogits,
+                                  double* row_loss, double* row_correct, float* loss_sum,
+                                  int32_t* num_correct, cudaStream_t s);
 
 // The NSP head's rows and labels (loss_kernels.cu): for each of s slots, cls_row = seq_start and
 // slot_label = labels, or -1 for both where seq_len is 0 (an empty slot, left out).
@@ -154,8 +152,8 @@ struct LambChunk {
 struct LambTensorRange {
   int64_t first_chunk;  // chunks [first_chunk, first_chunk + chunks) belong to the tensor
   int64_t chunks;
-  float decay;          // weight decay of the tensor (0 for excluded tensors)
-  int32_t adapt;        // trust ratio applies (decay tensor and weight_decay != 0)
+  float decay;    // weight decay of the tensor (0 for excluded tensors)
+  int32_t adapt;  // trust ratio applies (decay tensor and weight_decay != 0)
 };
 struct LambArgs {
   float lr, beta1, beta2, beta3, bias_correction1, bias_correction2, eps, max_grad_norm;
@@ -168,18 +166,16 @@ struct LambArgs {
 // one per chunk); a non-finite global_grad_norm / grad_scale skips it, and record (may be null)
 // i32 [3] counts that (common/math.h, lamb_record_step). An empty table only updates the record
 // (a rank of a sharded optimizer with no element of its own still counts the step).
-cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
-                        const LambTensorRange* tensors, int64_t num_tensors, const LambArgs& args,
-                        const float* global_grad_norm, const float* params, float* grads,
-                        float* m, float* v, double* sums, double* partial, int32_t* record,
-                        cudaStream_t s);
+cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
+                        int64_t num_tensors, const LambArgs& args, const float* global_grad_norm,
+                        const float* params, float* grads, float* m, float* v, double* sums,
+                        double* partial, int32_t* record, cudaStream_t s);
 // lamb_apply: w -= step * u with the norms from sums; params_lowp (may be null): the
 // low-precision weight copy, written round(w) in the same pass; norms_ws (may be null) f32 [2T]
 // (||w|| then ||u||).
 cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
-                       int64_t num_tensors, float lr, float grad_scale,
-                       const float* step_scalars, const float* global_grad_norm,
-                       const double* sums, float* params,
+                       int64_t num_tensors, float lr, float grad_scale, const float* step_scalars,
+                       const float* global_grad_norm, const double* sums, float* params,
                        const float* grads, void* params_lowp, FloatFormat lowp_format,
                        float* norms_ws, cudaStream_t s);
 
@@ -214,17 +210,16 @@ cudaError_t embedding_backward(const DeviceLayout& l, const EmbeddingPtrs& p, in
 // embedding_scatter_scratch_bytes(rows, h, vocab + positions + types) bytes (0: a CUDA error).
 size_t embedding_scatter_scratch_bytes(int64_t rows, int64_t h, int64_t key_limit);
 cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
-                              const int32_t* segment_ids, int64_t h, const float* d,
-                              float* dword, int64_t vocab, float* dpos, int64_t positions,
-                              float* dtype, int64_t types, void* scratch, size_t scratch_bytes,
+                              const int32_t* segment_ids, int64_t h, const float* d, float* dword,
+                              int64_t vocab, float* dpos, int64_t positions, float* dtype,
+                              int64_t types, void* scratch, size_t scratch_bytes,
                               cudaStream_t stream);
 // h = dropout(x + bias) + residual; out = LN(h) * gamma + beta. bias / residual may be null;
 // ln_in may alias x. l is only read when dropout is enabled.
 cudaError_t residual_layernorm_forward(const DeviceLayout& l, const float* x, const float* bias,
-                                       const float* residual, const float* gamma,
-                                       const float* beta, const DropoutStream& ds, int64_t rows,
-                                       int64_t h, float* out, float* ln_in, float* mean,
-                                       float* rstd, cudaStream_t s);
+                                       const float* residual, const float* gamma, const float* beta,
+                                       const DropoutStream& ds, int64_t rows, int64_t h, float* out,
+                                       float* ln_in, float* mean, float* rstd, cudaStream_t s);
 // dresidual may alias dout or be null; dbias / dgamma / dbeta may be null (+=).
 // partial: doubles, at least 2 * column_sum_partials(rows, h).
 cudaError_t residual_layernorm_backward(const DeviceLayout& l, const float* dout,
@@ -270,13 +265,13 @@ cudaError_t residual_layernorm_forward_lowp(const DeviceLayout& l, FloatFormat f
                                             cudaStream_t s);
 // dout, ln_in, dx, dresidual in format f. dx32: fp32 [rows, h] scratch, required with dbias
 // (the bias gradient sums the unrounded dx).
-cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat f,
-                                             const void* dout, const void* ln_in,
-                                             const float* mean, const float* rstd,
-                                             const float* gamma, const DropoutStream& ds,
-                                             int64_t rows, int64_t h, void* dx, void* dresidual,
-                                             float* dx32, float* dbias, float* dgamma,
-                                             float* dbeta, double* partial, cudaStream_t s);
+cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat f, const void* dout,
+                                             const void* ln_in, const float* mean,
+                                             const float* rstd, const float* gamma,
+                                             const DropoutStream& ds, int64_t rows, int64_t h,
+                                             void* dx, void* dresidual, float* dx32, float* dbias,
+                                             float* dgamma, float* dbeta, double* partial,
+                                             cudaStream_t s);
 
 // ---- attention (attention_kernels.cu) ------------------------------------------------------
 constexpr int kAttentionMaxHeadDim = 64;  // the fp32 kernels' shared-memory row width

@@ -46,15 +46,15 @@ void CudaBackend::sum_of_squares(const char* op, const Tensor& x, const Tensor& 
   end(op);
 }
 
-const char* CudaBackend::lamb_work(const char* op, const LambTensor* entries,
-                                   int64_t num_tensors, float weight_decay) {
-  const bool same_work = lamb_work_ && weight_decay == lamb_weight_decay_ &&
-                         lamb_rows_.size() == static_cast<size_t>(num_tensors) &&
-                         std::equal(lamb_rows_.begin(), lamb_rows_.end(), entries,
-                                    [](const LambTensor& x, const LambTensor& y) {
-                                      return x.offset == y.offset && x.size == y.size &&
-                                             x.decay == y.decay;
-                                    });
+const char* CudaBackend::lamb_work(const char* op, const LambTensor* entries, int64_t num_tensors,
+                                   float weight_decay) {
+  const bool same_work =
+      lamb_work_ && weight_decay == lamb_weight_decay_ &&
+      lamb_rows_.size() == static_cast<size_t>(num_tensors) &&
+      std::equal(lamb_rows_.begin(), lamb_rows_.end(), entries,
+                 [](const LambTensor& x, const LambTensor& y) {
+                   return x.offset == y.offset && x.size == y.size && x.decay == y.decay;
+                 });
   if (same_work) return static_cast<const char*>(lamb_work_);
   // A new table (the first step): the chunk list and the per-row ranges, uploaded once.
   std::vector<cuda::LambChunk> chunks;
@@ -90,8 +90,8 @@ const char* CudaBackend::lamb_work(const char* op, const LambTensor* entries,
     PB_CUDA_OP(op, cuda::memcpy_sync(w, chunks.data(), chunk_bytes, cudaMemcpyHostToDevice));
   if (!ranges.empty())
     PB_CUDA_OP(op, cuda::memcpy_sync(w + range_at, ranges.data(),
-                              ranges.size() * sizeof(cuda::LambTensorRange),
-                              cudaMemcpyHostToDevice));
+                                     ranges.size() * sizeof(cuda::LambTensorRange),
+                                     cudaMemcpyHostToDevice));
   lamb_rows_.assign(entries, entries + num_tensors);
   lamb_weight_decay_ = weight_decay;
   lamb_range_at_ = range_at;
@@ -105,9 +105,9 @@ void CudaBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
                               const Tensor& sums, const Tensor& record) {
   const trace::Range range("lamb_update");
   const char* op = "lamb_update";
-  const auto [num_tensors, n] = checks::lamb_update_args(
-      checks::OpArgs(op, Device::cuda, pointer_check()), table, cfg, global_grad_norm, params,
-      grads, m, v, sums, record);
+  const auto [num_tensors, n] =
+      checks::lamb_update_args(checks::OpArgs(op, Device::cuda, pointer_check()), table, cfg,
+                               global_grad_norm, params, grads, m, v, sums, record);
   begin(op);
   const auto* entries = static_cast<const LambTensor*>(table.data);
   checks::check_lamb_table(op, entries, num_tensors, n);
@@ -145,13 +145,13 @@ void CudaBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
                              const Tensor& norms_ws) {
   const trace::Range range("lamb_apply");
   const char* op = "lamb_apply";
-  const auto [num_tensors, n] = checks::lamb_apply_args(
-      checks::OpArgs(op, Device::cuda, pointer_check()), table, cfg, global_grad_norm, sums,
-      params, grads, norms_ws);
+  const auto [num_tensors, n] =
+      checks::lamb_apply_args(checks::OpArgs(op, Device::cuda, pointer_check()), table, cfg,
+                              global_grad_norm, sums, params, grads, norms_ws);
   cuda::FloatFormat lowp_format = cuda::FloatFormat::f32;
   if (params_lowp.defined()) {
-    PB_REQUIRE(lowp::is_lowp(params_lowp.dtype), "{}: params_lowp is {}, expected bf16 or f16",
-               op, params_lowp.str());
+    PB_REQUIRE(lowp::is_lowp(params_lowp.dtype), "{}: params_lowp is {}, expected bf16 or f16", op,
+               params_lowp.str());
     expect(op, "params_lowp", params_lowp, params_lowp.dtype, {n});
     lowp_format = float_format(op, "params_lowp", params_lowp);
   }
@@ -165,9 +165,8 @@ void CudaBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
                             reinterpret_cast<const cuda::LambTensorRange*>(ws + lamb_range_at_),
                             num_tensors, cfg.lr, cfg.grad_scale,
                             cfg.step_scalars.defined() ? cfg.step_scalars.ptr<float>() : nullptr,
-                            global_grad_norm.ptr<float>(),
-                            sums.ptr<double>(), n ? params.ptr<float>() : nullptr,
-                            n ? grads.ptr<float>() : nullptr,
+                            global_grad_norm.ptr<float>(), sums.ptr<double>(),
+                            n ? params.ptr<float>() : nullptr, n ? grads.ptr<float>() : nullptr,
                             n && params_lowp.defined() ? params_lowp.data : nullptr, lowp_format,
                             norms_ws.defined() ? norms_ws.ptr<float>() : nullptr, stream_));
   end(op);

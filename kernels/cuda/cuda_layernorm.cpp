@@ -37,8 +37,8 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
   const char* op = "embedding_forward";
   // Native low precision: out in bf16 / f16 with the tables f32 (the model) or in out's dtype.
   // Any other combination: the adapter (widen, fp32 kernel, round back).
-  const bool fp32 = !lowp::any({&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta,
-                                &out, &ln_mean, &ln_rstd});
+  const bool fp32 = !lowp::any(
+      {&p.word, &p.position, &p.token_type, &p.ln_gamma, &p.ln_beta, &out, &ln_mean, &ln_rstd});
   const DType lp =
       fp32 ? DType::f32 : native_lowp_dtype({&out}, {&p.ln_gamma, &p.ln_beta, &ln_mean, &ln_rstd});
   const DType tab = p.word.dtype;
@@ -83,18 +83,22 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
   }
   if (rows == 0 || h == 0) return end(op);
   if (native) {
-    const cuda::EmbeddingLowpPtrs ep{p.word.data,           p.position.data,
-                                     p.token_type.data,     float_format(op, "word", p.word),
-                                     p.ln_gamma.ptr<float>(), p.ln_beta.ptr<float>(),
-                                     input_ids.ptr<int32_t>(), segment_ids.ptr<int32_t>()};
+    const cuda::EmbeddingLowpPtrs ep{p.word.data,
+                                     p.position.data,
+                                     p.token_type.data,
+                                     float_format(op, "word", p.word),
+                                     p.ln_gamma.ptr<float>(),
+                                     p.ln_beta.ptr<float>(),
+                                     input_ids.ptr<int32_t>(),
+                                     segment_ids.ptr<int32_t>()};
     launched(op, "embedding_forward_lowp",
              cuda::embedding_forward_lowp(dl, ep, h, ds, out.data, float_format(op, "out", out),
                                           ln_mean.ptr<float>(), ln_rstd.ptr<float>(), stream_));
     return end(op);
   }
-  const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),     p.position.ptr<float>(),
+  const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),       p.position.ptr<float>(),
                                p.token_type.ptr<float>(), p.ln_gamma.ptr<float>(),
-                               p.ln_beta.ptr<float>(),  input_ids.ptr<int32_t>(),
+                               p.ln_beta.ptr<float>(),    input_ids.ptr<int32_t>(),
                                segment_ids.ptr<int32_t>()};
   launched(op, "embedding_forward",
            cuda::embedding_forward(dl, ep, h, ds, out.ptr<float>(), ln_mean.ptr<float>(),
@@ -116,9 +120,9 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
                                 &grads.token_type, &grads.ln_gamma, &grads.ln_beta});
   const DType lp =
       fp32 ? DType::f32
-           : native_lowp_dtype({&dout}, {&p.ln_gamma, &p.ln_beta, &ln_mean, &ln_rstd, &grads.word,
-                                         &grads.position, &grads.token_type, &grads.ln_gamma,
-                                         &grads.ln_beta});
+           : native_lowp_dtype(
+                 {&dout}, {&p.ln_gamma, &p.ln_beta, &ln_mean, &ln_rstd, &grads.word,
+                           &grads.position, &grads.token_type, &grads.ln_gamma, &grads.ln_beta});
   const DType tab = p.word.dtype;
   const bool native = lp != DType::f32 && (tab == DType::f32 || tab == lp) &&
                       p.position.dtype == tab && p.token_type.dtype == tab;
@@ -166,30 +170,37 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
     const size_t bytes = cuda::embedding_scatter_scratch_bytes(rows, h, vocab + positions + types);
     PB_REQUIRE(bytes > 0, "{}: sizing the table scatter of {} rows failed", op, rows);
     launched(op, "embedding_scatter",
-             cuda::embedding_scatter(dl, input_ids.ptr<int32_t>(), segment_ids.ptr<int32_t>(), h,
-                                     d, ptr(grads.word), vocab, ptr(grads.position), positions,
-                                     ptr(grads.token_type), types, scratch_bytes(op, bytes),
-                                     bytes, stream_));
+             cuda::embedding_scatter(dl, input_ids.ptr<int32_t>(), segment_ids.ptr<int32_t>(), h, d,
+                                     ptr(grads.word), vocab, ptr(grads.position), positions,
+                                     ptr(grads.token_type), types, scratch_bytes(op, bytes), bytes,
+                                     stream_));
   };
   if (native) {
     // The gradient wrt the embedding sum is formed in fp32 scratch (the emulation's too): a
     // low-precision dout cannot hold it unrounded, and the op may leave dout alone.
     float* d = scratch_floats(op, static_cast<size_t>(rows * h));
-    const cuda::EmbeddingLowpPtrs ep{p.word.data,           p.position.data,
-                                     p.token_type.data,     float_format(op, "word", p.word),
-                                     p.ln_gamma.ptr<float>(), nullptr,
-                                     input_ids.ptr<int32_t>(), segment_ids.ptr<int32_t>()};
-    launched(op, "embedding_backward_lowp",
-             cuda::embedding_backward_lowp(
-                 dl, ep, h, ds, ln_mean.ptr<float>(), ln_rstd.ptr<float>(), dout.data,
-                 float_format(op, "dout", dout), d, ptr(grads.ln_gamma), ptr(grads.ln_beta),
-                 partial, stream_));
+    const cuda::EmbeddingLowpPtrs ep{p.word.data,
+                                     p.position.data,
+                                     p.token_type.data,
+                                     float_format(op, "word", p.word),
+                                     p.ln_gamma.ptr<float>(),
+                                     nullptr,
+                                     input_ids.ptr<int32_t>(),
+                                     segment_ids.ptr<int32_t>()};
+    launched(
+        op, "embedding_backward_lowp",
+        cuda::embedding_backward_lowp(dl, ep, h, ds, ln_mean.ptr<float>(), ln_rstd.ptr<float>(),
+                                      dout.data, float_format(op, "dout", dout), d,
+                                      ptr(grads.ln_gamma), ptr(grads.ln_beta), partial, stream_));
     scatter(d);
     return end(op);
   }
-  const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),       p.position.ptr<float>(),
-                               p.token_type.ptr<float>(), p.ln_gamma.ptr<float>(),
-                               nullptr,                   input_ids.ptr<int32_t>(),
+  const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),
+                               p.position.ptr<float>(),
+                               p.token_type.ptr<float>(),
+                               p.ln_gamma.ptr<float>(),
+                               nullptr,
+                               input_ids.ptr<int32_t>(),
                                segment_ids.ptr<int32_t>()};
   launched(op, "embedding_backward",
            cuda::embedding_backward(dl, ep, h, ds, ln_mean.ptr<float>(), ln_rstd.ptr<float>(),
@@ -220,8 +231,8 @@ void CudaBackend::residual_layernorm_forward(const SeqLayout& layout, const Tens
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   int64_t rows = 0, h = 0;
   if (fp32) {
-    const checks::RowDims d = checks::residual_layernorm_forward_args(
-        args, x, bias, residual, ln, out, ln_in, ln_mean, ln_rstd);
+    const checks::RowDims d = checks::residual_layernorm_forward_args(args, x, bias, residual, ln,
+                                                                      out, ln_in, ln_mean, ln_rstd);
     rows = d.rows, h = d.h;
   } else {
     args("x", x, lp, {kAnyDim, kAnyDim});
@@ -321,8 +332,8 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
              cuda::residual_layernorm_backward_lowp(
                  dl, float_format(op, "dout", dout), dout.data, ln_in.data, ln_mean.ptr<float>(),
                  ln_rstd.ptr<float>(), ln.gamma.ptr<float>(), ds, rows, h, dx.data,
-                 dresidual.defined() ? dresidual.data : nullptr, dx32, ptr(dbias),
-                 ptr(dln.gamma), ptr(dln.beta), partial, stream_));
+                 dresidual.defined() ? dresidual.data : nullptr, dx32, ptr(dbias), ptr(dln.gamma),
+                 ptr(dln.beta), partial, stream_));
     return end(op);
   }
   launched(op, "residual_layernorm_backward",

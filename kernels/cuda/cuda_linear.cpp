@@ -46,9 +46,9 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   }
   if (b && !bias_done) launched(op, "add_bias_rows", cuda::add_bias_rows(c, b, n, m, stream_));
   if (has_gelu(epilogue))
-    launched(op, "gelu_forward",
-             cuda::gelu_forward(c, out.ptr<float>(), n * m, gelu_of(epilogue) == Gelu::tanh,
-                                stream_));
+    launched(
+        op, "gelu_forward",
+        cuda::gelu_forward(c, out.ptr<float>(), n * m, gelu_of(epilogue) == Gelu::tanh, stream_));
   end(op);
 }
 
@@ -69,13 +69,13 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   float* g = dout.ptr<float>();
   const bool tanh_form = opt.gelu == Gelu::tanh;
   if (opt.out_gelu_pre.defined())
-    launched(op, "gelu_backward_inplace",
-             cuda::gelu_backward_inplace(g, opt.out_gelu_pre.ptr<float>(), n * m, tanh_form,
-                                         stream_));
+    launched(
+        op, "gelu_backward_inplace",
+        cuda::gelu_backward_inplace(g, opt.out_gelu_pre.ptr<float>(), n * m, tanh_form, stream_));
   bool db_done = !db.defined() || m == 0;
   if (dw.defined() && m > 0 && k > 0)
-    db_done = weight_grad_gemm(op, x.data, g, dw.ptr<float>(),
-                               db_done ? nullptr : db.ptr<float>(), n, k, m, CUDA_R_32F) ||
+    db_done = weight_grad_gemm(op, x.data, g, dw.ptr<float>(), db_done ? nullptr : db.ptr<float>(),
+                               n, k, m, CUDA_R_32F) ||
               db_done;
   if (!db_done) {
     double* partial = scratch_doubles(op, static_cast<size_t>(cuda::column_sum_partials(n, m)));
@@ -86,16 +86,15 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
     float* d = dx.ptr<float>();
     if (m == 0) {
       if (!opt.dx_accumulate)
-        PB_CUDA_OP(op, cuda::memset_async(d, 0, static_cast<size_t>(n * k) * sizeof(float),
-                                          stream_));
+        PB_CUDA_OP(op,
+                   cuda::memset_async(d, 0, static_cast<size_t>(n * k) * sizeof(float), stream_));
     } else {
-      const bool fused = input_grad_gemm(op, w.data, g, d, n, k, m, opt.dx_accumulate,
-                                         CUDA_R_32F, CUDA_R_32F,
-                                         tanh_form ? opt.x_gelu_pre.data : nullptr);
+      const bool fused = input_grad_gemm(op, w.data, g, d, n, k, m, opt.dx_accumulate, CUDA_R_32F,
+                                         CUDA_R_32F, tanh_form ? opt.x_gelu_pre.data : nullptr);
       if (opt.x_gelu_pre.defined() && !fused)
-        launched(op, "gelu_backward_inplace",
-                 cuda::gelu_backward_inplace(d, opt.x_gelu_pre.ptr<float>(), n * k, tanh_form,
-                                             stream_));
+        launched(
+            op, "gelu_backward_inplace",
+            cuda::gelu_backward_inplace(d, opt.x_gelu_pre.ptr<float>(), n * k, tanh_form, stream_));
     }
   }
   end(op);
@@ -117,8 +116,8 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
       (bias.defined() && bias.dtype != DType::f32))
     return false;
   const checks::OpArgs args(op, Device::cuda, pointer_check());
-  const auto [n, k, m] = checks::linear_forward_args(args, shape_of(x), shape_of(w), bias,
-                                                     epilogue, shape_of(out), shape_of(pre));
+  const auto [n, k, m] = checks::linear_forward_args(args, shape_of(x), shape_of(w), bias, epilogue,
+                                                     shape_of(out), shape_of(pre));
   PB_REQUIRE(!has_gelu(epilogue) || pre.data != out.data, "{}: pre may not alias out", op);
   if (n == 0 || m == 0) return true;
   begin(op);
@@ -129,8 +128,8 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
     PB_CUDA_OP(op, cuda::memset_async(c, 0, static_cast<size_t>(n * m) * dtype_size(t), stream_));
     if (b) {  // bias only: through fp32 scratch
       float* tmp = scratch_floats(op, static_cast<size_t>(n * m));
-      PB_CUDA_OP(op, cuda::memset_async(tmp, 0, static_cast<size_t>(n * m) * sizeof(float),
-                                        stream_));
+      PB_CUDA_OP(op,
+                 cuda::memset_async(tmp, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
       launched(op, "add_bias_rows", cuda::add_bias_rows(tmp, b, n, m, stream_));
       launched(op, "convert", cuda::convert(tmp, cuda::FloatFormat::f32, c, f, n * m, stream_));
     }
@@ -162,9 +161,9 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
     }
   }
   if (has_gelu(epilogue))
-    launched(op, "gelu_forward_lowp",
-             cuda::gelu_forward_lowp(c, out.data, f, n * m, gelu_of(epilogue) == Gelu::tanh,
-                                     stream_));
+    launched(
+        op, "gelu_forward_lowp",
+        cuda::gelu_forward_lowp(c, out.data, f, n * m, gelu_of(epilogue) == Gelu::tanh, stream_));
   end(op);
   return true;
 }
@@ -184,21 +183,20 @@ bool CudaBackend::linear_backward_lowp(const Tensor& x, const Tensor& w, const T
   shapes.x_gelu_pre = shape_of(opt.x_gelu_pre);
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   const auto [n, k, m] = checks::linear_backward_args(args, shape_of(x), shape_of(w),
-                                                      shape_of(dout), shape_of(dx), dw, db,
-                                                      shapes);
+                                                      shape_of(dout), shape_of(dx), dw, db, shapes);
   if (n == 0) return true;
   begin(op);
   const cuda::FloatFormat f = float_format(op, "dout", dout);
   void* g = dout.data;
   const bool tanh_form = opt.gelu == Gelu::tanh;
   if (opt.out_gelu_pre.defined())
-    launched(op, "gelu_backward_inplace_lowp",
-             cuda::gelu_backward_inplace_lowp(g, opt.out_gelu_pre.data, f, n * m, tanh_form,
-                                              stream_));
+    launched(
+        op, "gelu_backward_inplace_lowp",
+        cuda::gelu_backward_inplace_lowp(g, opt.out_gelu_pre.data, f, n * m, tanh_form, stream_));
   bool db_done = !db.defined() || m == 0;
   if (dw.defined() && m > 0 && k > 0)  // weight gradients accumulate in fp32
-    db_done = weight_grad_gemm(op, x.data, g, dw.ptr<float>(),
-                               db_done ? nullptr : db.ptr<float>(), n, k, m, cuda_type(t)) ||
+    db_done = weight_grad_gemm(op, x.data, g, dw.ptr<float>(), db_done ? nullptr : db.ptr<float>(),
+                               n, k, m, cuda_type(t)) ||
               db_done;
   if (!db_done) {  // column sums of the widened dout, in fixed order as the fp32 path
     float* gf = scratch_floats(op, static_cast<size_t>(n * m));
@@ -213,13 +211,13 @@ bool CudaBackend::linear_backward_lowp(const Tensor& x, const Tensor& w, const T
         PB_CUDA_OP(op, cuda::memset_async(dx.data, 0, static_cast<size_t>(n * k) * dtype_size(t),
                                           stream_));
     } else {  // dx += in fp32, rounded once
-      const bool fused = input_grad_gemm(op, w.data, g, dx.data, n, k, m, opt.dx_accumulate,
-                                         cuda_type(t), cuda_type(t),
-                                         tanh_form ? opt.x_gelu_pre.data : nullptr);
+      const bool fused =
+          input_grad_gemm(op, w.data, g, dx.data, n, k, m, opt.dx_accumulate, cuda_type(t),
+                          cuda_type(t), tanh_form ? opt.x_gelu_pre.data : nullptr);
       if (opt.x_gelu_pre.defined() && !fused)
         launched(op, "gelu_backward_inplace_lowp",
-                 cuda::gelu_backward_inplace_lowp(dx.data, opt.x_gelu_pre.data, f, n * k,
-                                                  tanh_form, stream_));
+                 cuda::gelu_backward_inplace_lowp(dx.data, opt.x_gelu_pre.data, f, n * k, tanh_form,
+                                                  stream_));
     }
   }
   end(op);

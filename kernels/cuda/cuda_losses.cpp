@@ -41,8 +41,8 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& index, const Tensor
   check_indices(op, "index", index, rows, true);
   if (m * h > 0)
     launched(op, "gather_rows",
-             cuda::gather_rows(x.data, index.ptr<int32_t>(), out.data, float_format(op, "x", x),
-                               m, h, stream_));
+             cuda::gather_rows(x.data, index.ptr<int32_t>(), out.data, float_format(op, "x", x), m,
+                               h, stream_));
   end(op);
 }
 
@@ -52,18 +52,18 @@ void CudaBackend::gather_rows_backward(const Tensor& dout, const Tensor& index, 
     return lowp::gather_rows_backward(*this, lowp_, dout, index, dx);
   const char* op = "gather_rows_backward";
   const auto [rows, h, m] =
-      checks::gather_rows_args(checks::OpArgs(op, Device::cuda, pointer_check()), "dx",
-                               as_f32(dx), index, "dout", as_f32(dout));
+      checks::gather_rows_args(checks::OpArgs(op, Device::cuda, pointer_check()), "dx", as_f32(dx),
+                               index, "dout", as_f32(dout));
   begin(op);
   check_indices(op, "index", index, rows, true);
   if (dx.bytes()) PB_CUDA_OP(op, cuda::memset_async(dx.data, 0, dx.bytes(), stream_));
   if (m * h > 0) {
-    auto* scratch = static_cast<uint32_t*>(
-        scratch_bytes(op, static_cast<size_t>(rows + 1) * sizeof(uint32_t)));
-    launched(op, "scatter_add_rows_ordered",
-             cuda::scatter_add_rows_ordered(dout.data, index.ptr<int32_t>(), dx.data,
-                                            float_format(op, "dx", dx), m, h, rows, scratch,
-                                            stream_));
+    auto* scratch =
+        static_cast<uint32_t*>(scratch_bytes(op, static_cast<size_t>(rows + 1) * sizeof(uint32_t)));
+    launched(
+        op, "scatter_add_rows_ordered",
+        cuda::scatter_add_rows_ordered(dout.data, index.ptr<int32_t>(), dx.data,
+                                       float_format(op, "dx", dx), m, h, rows, scratch, stream_));
   }
   end(op);
 }
@@ -86,14 +86,11 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   if (m > 0) {
     double* rows = scratch_doubles(op, 2 * static_cast<size_t>(m));
     launched(op, "softmax_cross_entropy",
-             cuda::softmax_cross_entropy(logits.ptr<float>(), labels.ptr<int32_t>(), m, v,
-                                         grad_scale.value,
-                                         grad_scale.device.defined()
-                                             ? grad_scale.device.ptr<float>()
-                                             : nullptr,
-                                         dlogits.defined() ? dlogits.ptr<float>() : nullptr,
-                                         rows, rows + m, loss_sum.ptr<float>(),
-                                         num_correct.ptr<int32_t>(), stream_));
+             cuda::softmax_cross_entropy(
+                 logits.ptr<float>(), labels.ptr<int32_t>(), m, v, grad_scale.value,
+                 grad_scale.device.defined() ? grad_scale.device.ptr<float>() : nullptr,
+                 dlogits.defined() ? dlogits.ptr<float>() : nullptr, rows, rows + m,
+                 loss_sum.ptr<float>(), num_correct.ptr<int32_t>(), stream_));
   }
   end(op);
 }
@@ -102,8 +99,7 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labe
 void CudaBackend::mlm_loss(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& labels,
                            const GradScale& grad_scale, const Tensor& logits_ws,
                            const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
-                           const Tensor& dw,
-                           const Tensor& db) {
+                           const Tensor& dw, const Tensor& db) {
   const trace::Range range("mlm_loss");
   if (lowp::any({&x, &w, &b, &logits_ws, &loss_sum, &dx, &dw, &db})) {
     if (mlm_loss_lowp(x, w, b, labels, grad_scale, logits_ws, loss_sum, num_correct, dx, dw, db))
@@ -145,9 +141,9 @@ int64_t mlm_backward_block_columns(int64_t m, int64_t v, int64_t elem_bytes) {
 
 bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& b,
                                 const Tensor& labels, const GradScale& grad_scale,
-                                const Tensor& logits_ws,
-                                const Tensor& loss_sum, const Tensor& num_correct,
-                                const Tensor& dx, const Tensor& dw, const Tensor& db) {
+                                const Tensor& logits_ws, const Tensor& loss_sum,
+                                const Tensor& num_correct, const Tensor& dx, const Tensor& dw,
+                                const Tensor& db) {
   const char* op = "mlm_loss";
   const DType t = x.dtype;
   auto is_f32 = [](const Tensor& v) { return !v.defined() || v.dtype == DType::f32; };
@@ -190,8 +186,8 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
   // then the rounded gradient of one column block [m, block].
   const bool one_block = block >= v;
   const int64_t dx_bytes = one_block ? 0 : (m * h * 4 + 255) / 256 * 256;
-  char* scratch = static_cast<char*>(scratch_bytes(op, static_cast<size_t>(dx_bytes +
-                                                                           m * block * es)));
+  char* scratch =
+      static_cast<char*>(scratch_bytes(op, static_cast<size_t>(dx_bytes + m * block * es)));
   float* dx32 = reinterpret_cast<float*>(scratch);
   void* g16 = scratch + dx_bytes;
   const char* wb = static_cast<const char*>(w.data);
@@ -201,7 +197,7 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
   const float gs = grad_scale.value;
   if (t == DType::f16 && gs != 0.f && std::isfinite(gs))
     up = std::ldexp(1.f, 9 - std::ilogb(gs));  // |g| <= |grad_scale| < 2^(ilogb + 1)
-  const float down = 1.f / up;                         // exact: a power of two
+  const float down = 1.f / up;                 // exact: a power of two
   for (int64_t c0 = 0; c0 < v; c0 += block) {
     const int64_t n = std::min(block, v - c0);
     const float* gf = logits + c0;  // columns c0 .. c0 + n of the fp32 gradient [m, v]
@@ -210,8 +206,7 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
     bool db_done = !db.defined();
     if (dw.defined())
       db_done = weight_grad_gemm(op, x.data, g16, dw.ptr<float>() + c0 * h,
-                                 db_done ? nullptr : db.ptr<float>() + c0, m, h, n, type,
-                                 down) ||
+                                 db_done ? nullptr : db.ptr<float>() + c0, m, h, n, type, down) ||
                 db_done;
     if (!db_done) {
       double* partial = scratch_doubles(op, static_cast<size_t>(cuda::column_sum_partials(m, n)));
@@ -221,8 +216,8 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
     if (one_block)
       input_grad_gemm(op, w.data, g16, dx.data, m, h, n, false, type, type, nullptr, down);
     else
-      input_grad_gemm(op, wb + c0 * h * es, g16, dx32, m, h, n, c0 > 0, type, CUDA_R_32F,
-                      nullptr, down);
+      input_grad_gemm(op, wb + c0 * h * es, g16, dx32, m, h, n, c0 > 0, type, CUDA_R_32F, nullptr,
+                      down);
   }
   if (!one_block)
     launched(op, "convert",
@@ -234,18 +229,16 @@ bool CudaBackend::mlm_loss_lowp(const Tensor& x, const Tensor& w, const Tensor& 
 // ---- NSP ---------------------------------------------------------------------------------------
 void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const PoolerParams& params,
                            const Tensor& labels, const GradScale& grad_scale,
-                           const Tensor& workspace,
-                           const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
-                           const PoolerParams& grads) {
+                           const Tensor& workspace, const Tensor& loss_sum,
+                           const Tensor& num_correct, const Tensor& dx, const PoolerParams& grads) {
   const trace::Range range("nsp_loss");
-  if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b,
-                 &workspace, &loss_sum, &dx, &grads.dense_w, &grads.dense_b, &grads.cls_w,
-                 &grads.cls_b})) {
-    if (nsp_loss_lowp(layout, x, params, labels, grad_scale, workspace, loss_sum, num_correct,
-                      dx, grads))
+  if (lowp::any({&x, &params.dense_w, &params.dense_b, &params.cls_w, &params.cls_b, &workspace,
+                 &loss_sum, &dx, &grads.dense_w, &grads.dense_b, &grads.cls_w, &grads.cls_b})) {
+    if (nsp_loss_lowp(layout, x, params, labels, grad_scale, workspace, loss_sum, num_correct, dx,
+                      grads))
       return;
-    return lowp::nsp_loss(*this, lowp_, layout, x, params, labels, grad_scale, workspace,
-                          loss_sum, num_correct, dx, grads);
+    return lowp::nsp_loss(*this, lowp_, layout, x, params, labels, grad_scale, workspace, loss_sum,
+                          num_correct, dx, grads);
   }
   const char* op = "nsp_loss";
   const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()),
@@ -255,20 +248,19 @@ void CudaBackend::nsp_loss(const SeqLayout& layout, const Tensor& x, const Poole
   if (s == 0) return end(op);
   // Scratch: the slots' [CLS] rows and labels (nsp_slots), then the scatter's.
   const int64_t slot_words = may_have_empty_slots(layout) ? (2 * s + 63) / 64 * 64 : 0;
-  auto* scratch = static_cast<int32_t*>(scratch_bytes(
-      op, static_cast<size_t>(slot_words + layout.rows + 1) * sizeof(int32_t)));
+  auto* scratch = static_cast<int32_t*>(
+      scratch_bytes(op, static_cast<size_t>(slot_words + layout.rows + 1) * sizeof(int32_t)));
   const auto [cls_row, slot_label] = nsp_slots(op, layout, labels, scratch, slot_words > 0);
   gather_rows(x, cls_row, nsp_workspace(workspace, s, h)[0]);
   nsp_head(workspace, s, h, params, slot_label, grad_scale, loss_sum, num_correct, dx.defined(),
            grads);
   if (!dx.defined()) return end(op);
   // dx[cls_row[i]] += dcls[i]; the rows are distinct (a valid layout), -1 skipped.
-  launched(op, "scatter_add_rows_ordered",
-           cuda::scatter_add_rows_ordered(nsp_workspace(workspace, s, h)[3].data,
-                                          cls_row.ptr<int32_t>(), dx.data,
-                                          cuda::FloatFormat::f32, s, h, layout.rows,
-                                          reinterpret_cast<uint32_t*>(scratch + slot_words),
-                                          stream_));
+  launched(
+      op, "scatter_add_rows_ordered",
+      cuda::scatter_add_rows_ordered(nsp_workspace(workspace, s, h)[3].data, cls_row.ptr<int32_t>(),
+                                     dx.data, cuda::FloatFormat::f32, s, h, layout.rows,
+                                     reinterpret_cast<uint32_t*>(scratch + slot_words), stream_));
   end(op);
 }
 
@@ -308,9 +300,8 @@ std::array<Tensor, 5> CudaBackend::nsp_workspace(const Tensor& workspace, int64_
 
 void CudaBackend::nsp_head(const Tensor& workspace, int64_t s, int64_t h,
                            const PoolerParams& params, const Tensor& labels,
-                           const GradScale& grad_scale,
-                           const Tensor& loss_sum, const Tensor& num_correct, bool backward,
-                           const PoolerParams& grads) {
+                           const GradScale& grad_scale, const Tensor& loss_sum,
+                           const Tensor& num_correct, bool backward, const PoolerParams& grads) {
   const char* op = "nsp_loss";
   const auto [cls, pooled, dpooled, dcls, logits] = nsp_workspace(workspace, s, h);
   linear_forward(cls, params.dense_w, params.dense_b, Epilogue::bias, pooled, Tensor());
@@ -332,22 +323,22 @@ void CudaBackend::nsp_head(const Tensor& workspace, int64_t s, int64_t h,
 bool CudaBackend::nsp_loss_lowp(const SeqLayout& layout, const Tensor& x,
                                 const PoolerParams& params, const Tensor& labels,
                                 const GradScale& grad_scale, const Tensor& workspace,
-                                const Tensor& loss_sum, const Tensor& num_correct,
-                                const Tensor& dx, const PoolerParams& grads) {
+                                const Tensor& loss_sum, const Tensor& num_correct, const Tensor& dx,
+                                const PoolerParams& grads) {
   const char* op = "nsp_loss";
   const DType t = x.dtype;
   auto is_f32 = [](const Tensor& v) { return !v.defined() || v.dtype == DType::f32; };
   if (!lowp::is_lowp(t) || params.dense_w.dtype != t || params.cls_w.dtype != t ||
       (dx.defined() && dx.dtype != t) || !is_f32(params.dense_b) || !is_f32(params.cls_b) ||
-      !is_f32(workspace) || !is_f32(loss_sum) || !is_f32(grads.dense_w) ||
-      !is_f32(grads.dense_b) || !is_f32(grads.cls_w) || !is_f32(grads.cls_b))
+      !is_f32(workspace) || !is_f32(loss_sum) || !is_f32(grads.dense_w) || !is_f32(grads.dense_b) ||
+      !is_f32(grads.cls_w) || !is_f32(grads.cls_b))
     return false;
   PoolerParams shapes = params;
   shapes.dense_w = shape_of(params.dense_w);
   shapes.cls_w = shape_of(params.cls_w);
-  const auto [h, s] = checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()),
-                                            layout, shape_of(x), shapes, labels, workspace,
-                                            shape_of(dx), grads);
+  const auto [h, s] =
+      checks::nsp_loss_args(checks::OpArgs(op, Device::cuda, pointer_check()), layout, shape_of(x),
+                            shapes, labels, workspace, shape_of(dx), grads);
   begin(op);
   device_layout(op, layout, layout.rows, checks::EmptySeqs::allowed);
   if (s == 0) {
@@ -370,10 +361,10 @@ bool CudaBackend::nsp_loss_lowp(const SeqLayout& layout, const Tensor& x,
                 slot_bytes > 0);
   void* cls16 = scratch + wp_bytes + wc_bytes + slot_bytes;
   const cuda::FloatFormat f32 = cuda::FloatFormat::f32;
-  launched(op, "convert", cuda::convert(params.dense_w.data, f, wide.dense_w.data, f32, h * h,
-                                        stream_));
-  launched(op, "convert", cuda::convert(params.cls_w.data, f, wide.cls_w.data, f32, 2 * h,
-                                        stream_));
+  launched(op, "convert",
+           cuda::convert(params.dense_w.data, f, wide.dense_w.data, f32, h * h, stream_));
+  launched(op, "convert",
+           cuda::convert(params.cls_w.data, f, wide.cls_w.data, f32, 2 * h, stream_));
   const Tensor cls = nsp_workspace(workspace, s, h)[0];
   launched(op, "gather_rows",
            cuda::gather_rows(x.data, cls_row.ptr<int32_t>(), cls16, f, s, h, stream_));

@@ -8,12 +8,12 @@
 #include "kernels/cuda/device_seams.cuh"
 
 // Every CUDA runtime call is checked; failure names the call, file and line.
-#define PB_CUDA_CHECK(call)                                                                    \
-  do {                                                                                         \
-    cudaError_t err_ = (call);                                                                 \
-    if (err_ != cudaSuccess)                                                                   \
-      PB_THROW("CUDA error '{}' from {} at {}:{}", cudaGetErrorString(err_), #call, __FILE__, \
-               __LINE__);                                                                      \
+#define PB_CUDA_CHECK(call)                                                                        \
+  do {                                                                                             \
+    cudaError_t err_ = (call);                                                                     \
+    if (err_ != cudaSuccess)                                                                       \
+      PB_THROW("CUDA error '{}' from {} at {}:{}", cudaGetErrorString(err_), #call, __FILE__,      \
+               __LINE__);                                                                          \
   } while (0)
 
 namespace packbert::cuda {

@@ -25,18 +25,18 @@
 // stream, kernel)(args...). The kernel comes last: a template's commas stay inside __VA_ARGS__.
 // Each launch is counted (counters.h).
 #ifdef PACKBERT_CUDA_EMULATION
-#define PB_LAUNCH(grid, block, shared, stream, ...)                                           \
-  ::packbert::emu::launcher(#__VA_ARGS__, grid, block, shared,                             \
-                            ::packbert::cuda::counted_launch(stream),                      \
+#define PB_LAUNCH(grid, block, shared, stream, ...)                                                \
+  ::packbert::emu::launcher(#__VA_ARGS__, grid, block, shared,                                     \
+                            ::packbert::cuda::counted_launch(stream),                              \
                             [](const auto&... args) { __VA_ARGS__(args...); })
 #else
-#define PB_LAUNCH(grid, block, shared, stream, ...) \
+#define PB_LAUNCH(grid, block, shared, stream, ...)                                                \
   __VA_ARGS__<<<grid, block, shared, ::packbert::cuda::counted_launch(stream)>>>
 #endif
 
 // extern __shared__ T name[]: the launch's dynamic shared memory.
 #ifdef PACKBERT_CUDA_EMULATION
-#define PB_EXTERN_SHARED(T, name) \
+#define PB_EXTERN_SHARED(T, name)                                                                  \
   T* const name = static_cast<T*>(::packbert::emu::dynamic_shared_memory())
 #else
 #define PB_EXTERN_SHARED(T, name) extern __shared__ T name[]
@@ -68,8 +68,8 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&c)[4], const uint32_t 
 #endif
 }
 
-__device__ __forceinline__ void mma_m16n8k16_f16(float (&c)[4], const uint32_t (&a)[4],
-                                                 uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_m16n8k16_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
 #ifdef PACKBERT_CUDA_EMULATION
   ::packbert::emu::mma_m16n8k16(::packbert::emu::MmaType::f16, c, a, b0, b1);
 #else
@@ -94,8 +94,7 @@ template <int N, bool Trans>
 __device__ __forceinline__ void ldmatrix_m8n8(uint32_t (&r)[N], const void* row) {
   static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
 #ifdef PACKBERT_CUDA_EMULATION
-  const unsigned lane =
-      (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
   uint32_t words[4] = {0u, 0u, 0u, 0u};
   if (lane < 8u * N) {
     if (reinterpret_cast<uintptr_t>(row) % 16 != 0)

@@ -79,11 +79,11 @@ cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t
                               cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (tanh_form)
-    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_forward_lowp_kernel<true>)(
-        pre, out, f, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_forward_lowp_kernel<true>)(pre, out, f,
+                                                                                     n);
   else
-    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_forward_lowp_kernel<false>)(
-        pre, out, f, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_forward_lowp_kernel<false>)(pre, out, f,
+                                                                                      n);
   return launched();
 }
 
@@ -93,8 +93,8 @@ cudaError_t gelu_backward_inplace_lowp(void* g, const void* pre, FloatFormat f, 
   if (tanh_form)
     PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_backward_lowp_kernel<true>)(g, pre, f, n);
   else
-    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_backward_lowp_kernel<false>)(
-        g, pre, f, n);
+    PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, gelu_backward_lowp_kernel<false>)(g, pre, f,
+                                                                                       n);
   return launched();
 }
 
@@ -117,11 +117,10 @@ cudaError_t gelu_backward_inplace(float* g, const float* pre, int64_t n, bool ta
   return launched();
 }
 
-cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols,
-                          cudaStream_t s) {
+cudaError_t add_bias_rows(float* c, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows * cols == 0) return cudaSuccess;
-  PB_LAUNCH(grid_for(rows * cols, kThreads), kThreads, 0, s, add_bias_rows_kernel)(
-      c, bias, rows, cols);
+  PB_LAUNCH(grid_for(rows * cols, kThreads), kThreads, 0, s, add_bias_rows_kernel)(c, bias, rows,
+                                                                                   cols);
   return launched();
 }
 

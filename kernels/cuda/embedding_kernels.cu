@@ -33,9 +33,13 @@ template <typename Tab>
 EmbeddingSum<Tab> embedding_sum(const DeviceLayout& l, const void* word, const void* position,
                                 const void* token_type, const int32_t* input_ids,
                                 const int32_t* segment_ids, int64_t h) {
-  return EmbeddingSum<Tab>{static_cast<const Tab*>(word), static_cast<const Tab*>(position),
-                           static_cast<const Tab*>(token_type), input_ids, segment_ids,
-                           l.token_pos, h};
+  return EmbeddingSum<Tab>{static_cast<const Tab*>(word),
+                           static_cast<const Tab*>(position),
+                           static_cast<const Tab*>(token_type),
+                           input_ids,
+                           segment_ids,
+                           l.token_pos,
+                           h};
 }
 
 // out (stored as Out) from tables stored as Tab. The fp32 instantiation keeps the sum in out
@@ -140,10 +144,8 @@ cudaError_t embedding_forward_typed(const DeviceLayout& l, const EmbeddingSum<Ta
 template <typename Tab, typename D>
 cudaError_t embedding_backward_typed(const DeviceLayout& l, const EmbeddingSum<Tab>& sum,
                                      const float* gamma, int64_t h, const DropoutStream& ds,
-                                     const float* mean, const float* rstd, const D* dout,
-                                     float* d,
-                                     float* dgamma, float* dbeta, double* partial,
-                                     cudaStream_t s) {
+                                     const float* mean, const float* rstd, const D* dout, float* d,
+                                     float* dgamma, float* dbeta, double* partial, cudaStream_t s) {
   if (l.rows == 0) return cudaSuccess;
   const auto rows = static_cast<unsigned>(l.rows);
   PB_LAUNCH(rows, kRowThreads, 0, s, embedding_dropout_backward_kernel<D>)(l, h, ds, dout, d);
@@ -157,9 +159,9 @@ cudaError_t embedding_backward_typed(const DeviceLayout& l, const EmbeddingSum<T
 }
 
 template <typename Out>
-cudaError_t embedding_forward_lowp_as(const DeviceLayout& l, const EmbeddingLowpPtrs& p,
-                                      int64_t h, const DropoutStream& ds, void* out, float* mean,
-                                      float* rstd, cudaStream_t s) {
+cudaError_t embedding_forward_lowp_as(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
+                                      const DropoutStream& ds, void* out, float* mean, float* rstd,
+                                      cudaStream_t s) {
   if (p.tables == FloatFormat::f32)
     return embedding_forward_typed<float, Out>(
         l, embedding_sum<float>(l, p.word, p.position, p.token_type, p.input_ids, p.segment_ids, h),
@@ -170,11 +172,10 @@ cudaError_t embedding_forward_lowp_as(const DeviceLayout& l, const EmbeddingLowp
 }
 
 template <typename D>
-cudaError_t embedding_backward_lowp_as(const DeviceLayout& l, const EmbeddingLowpPtrs& p,
-                                       int64_t h, const DropoutStream& ds, const float* mean,
-                                       const float* rstd, const void* dout, float* d,
-                                       float* dgamma, float* dbeta, double* partial,
-                                       cudaStream_t s) {
+cudaError_t embedding_backward_lowp_as(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
+                                       const DropoutStream& ds, const float* mean,
+                                       const float* rstd, const void* dout, float* d, float* dgamma,
+                                       float* dbeta, double* partial, cudaStream_t s) {
   const auto* dy = static_cast<const D*>(dout);
   if (p.tables == FloatFormat::f32)
     return embedding_backward_typed<float, D>(

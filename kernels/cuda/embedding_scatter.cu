@@ -18,8 +18,8 @@
 namespace packbert::cuda {
 namespace {
 
-constexpr int64_t kPiece = 256;     // tokens per piece of a long run
-constexpr int kColumns = 128;       // threads per block, one column each
+constexpr int64_t kPiece = 256;  // tokens per piece of a long run
+constexpr int kColumns = 128;    // threads per block, one column each
 
 // The bits of a key in [0, limit]: the sort looks at no more.
 int key_bits(uint32_t limit) {
@@ -47,10 +47,9 @@ cudaError_t scratch_layout(int64_t n, int64_t h, int bits, ScratchLayout& s) {
       nullptr, sort_temp, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), items, 0, bits);
   if (e != cudaSuccess) return e;
-  e = cub::DeviceRunLengthEncode::Encode(nullptr, rle_temp, static_cast<const uint32_t*>(nullptr),
-                                         static_cast<uint32_t*>(nullptr),
-                                         static_cast<int32_t*>(nullptr),
-                                         static_cast<int32_t*>(nullptr), items);
+  e = cub::DeviceRunLengthEncode::Encode(
+      nullptr, rle_temp, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), items);
   if (e != cudaSuccess) return e;
   e = cub::DeviceScan::ExclusiveSum(nullptr, scan_temp, static_cast<const int32_t*>(nullptr),
                                     static_cast<int32_t*>(nullptr), items);
@@ -114,7 +113,10 @@ __device__ int64_t run_of_piece(const int32_t* piece_offsets, const int32_t* pie
   int64_t lo = 0, hi = runs - 1;
   while (lo < hi) {  // the last s with piece_offsets[s] <= q
     const int64_t mid = (lo + hi + 1) / 2;
-    if (piece_offsets[mid] <= q) lo = mid; else hi = mid - 1;
+    if (piece_offsets[mid] <= q)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   while (lo > 0 && pieces[lo] == 0) --lo;  // runs without pieces share the next offset
   return lo;
@@ -145,8 +147,8 @@ __global__ void add_runs_kernel(const uint32_t* unique, const int32_t* rows_sort
                                 const int32_t* offsets, const int32_t* counts,
                                 const int32_t* pieces, const int32_t* piece_offsets,
                                 const int32_t* num_runs, const float* d, const float* sums,
-                                int64_t h, float* dword, float* dpos, float* dtype,
-                                uint32_t vocab, uint32_t positions, uint32_t limit) {
+                                int64_t h, float* dword, float* dpos, float* dtype, uint32_t vocab,
+                                uint32_t positions, uint32_t limit) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= h) return;
   const int64_t runs = *num_runs;
@@ -191,9 +193,9 @@ size_t embedding_scatter_scratch_bytes(int64_t rows, int64_t h, int64_t key_limi
 }
 
 cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
-                              const int32_t* segment_ids, int64_t h, const float* d,
-                              float* dword, int64_t vocab, float* dpos, int64_t positions,
-                              float* dtype, int64_t types, void* scratch, size_t scratch_bytes,
+                              const int32_t* segment_ids, int64_t h, const float* d, float* dword,
+                              int64_t vocab, float* dpos, int64_t positions, float* dtype,
+                              int64_t types, void* scratch, size_t scratch_bytes,
                               cudaStream_t stream) {
   if (l.rows == 0 || h == 0 || (!dword && !dpos && !dtype)) return cudaSuccess;
   const int64_t n = 3 * l.rows;
@@ -222,8 +224,8 @@ cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
       static_cast<uint32_t>(vocab), static_cast<uint32_t>(positions), limit, keys_in, rows_in);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   size_t temp_bytes = s.temp_bytes;
-  e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, rows_in, rows_out,
-                                      items, 0, bits, stream);
+  e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, rows_in, rows_out, items,
+                                      0, bits, stream);
   if (e != cudaSuccess) return e;
   count_launch();
   // counts beyond the runs stay 0, so the scans below read defined values only.
@@ -237,8 +239,8 @@ cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
   e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, counts, offsets, items, stream);
   if (e != cudaSuccess) return e;
   count_launch();
-  PB_LAUNCH(grid_for(n, 256), 256, 0, stream, count_pieces_kernel)(
-      unique, counts, num_runs, limit, pieces, n);
+  PB_LAUNCH(grid_for(n, 256), 256, 0, stream, count_pieces_kernel)(unique, counts, num_runs, limit,
+                                                                   pieces, n);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   temp_bytes = s.temp_bytes;
   e = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, pieces, piece_offsets, items, stream);
@@ -248,8 +250,8 @@ cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
   const dim3 block(kColumns);
   const auto col_blocks = static_cast<unsigned>((h + kColumns - 1) / kColumns);
   const dim3 piece_grid(col_blocks, static_cast<unsigned>(std::min(max_pieces(n), kMaxGridY)));
-  PB_LAUNCH(piece_grid, block, 0, stream, piece_sums_kernel)(
-      rows_out, offsets, counts, pieces, piece_offsets, num_runs, d, h, sums);
+  PB_LAUNCH(piece_grid, block, 0, stream, piece_sums_kernel)(rows_out, offsets, counts, pieces,
+                                                             piece_offsets, num_runs, d, h, sums);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const int64_t max_runs = std::min<int64_t>(n, int64_t{limit} + 1);
   const dim3 run_grid(col_blocks, static_cast<unsigned>(std::min(max_runs, kMaxGridY)));

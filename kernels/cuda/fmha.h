@@ -3,8 +3,8 @@
 // kernels (fmha_mma_*.cu), in the style of cuda_kernels.h: raw pointers in, cudaError_t out.
 //
 // A launch covers one work list: `count` sequences whose indices are seqs[0 .. count) (a device
-// array of the bucket, kernels/common/fmha_work_list.h), the longest of them max_len tokens. The grid
-// is count x ceil(max_len / query tile) x heads, so a bucket of short sequences never pays for
+// array of the bucket, kernels/common/fmha_work_list.h), the longest of them max_len tokens. The
+// grid is count x ceil(max_len / query tile) x heads, so a bucket of short sequences never pays for
 // the batch's longest. seqs == nullptr means sequences 0 .. count-1 in layout order.
 //
 // The work-list kernels write only rows of the listed sequences; rows of no sequence are zeroed
@@ -41,8 +41,8 @@ cudaError_t attention_forward_work(const DeviceLayout& l, const AttnWork& w, con
                                    float* lse, cudaStream_t s);
 cudaError_t attention_backward_work(const DeviceLayout& l, const AttnWork& w, const float* qkv,
                                     const float* out, const float* lse, const float* dout,
-                                    int64_t hidden, int heads, const DropoutStream& ds,
-                                    float* dqkv, cudaStream_t s);
+                                    int64_t hidden, int heads, const DropoutStream& ds, float* dqkv,
+                                    cudaStream_t s);
 // Query (key) rows per block of the fp32 kernels: the grid's tile count per sequence.
 constexpr int kAttentionF32Tile = 16;
 
@@ -64,14 +64,13 @@ struct FmhaKernelBudget {
   int live_regs;
 };
 std::vector<FmhaKernelBudget> fmha_kernel_budget();
-cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
-                              const void* qkv, int64_t hidden, int heads,
-                              const DropoutStream& ds, void* out, float* lse, cudaStream_t s);
+cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w, const void* qkv,
+                              int64_t hidden, int heads, const DropoutStream& ds, void* out,
+                              float* lse, cudaStream_t s);
 cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
-                               const void* qkv, const void* out, const float* lse,
-                               const void* dout, int64_t hidden, int heads,
-                               const DropoutStream& ds, float* delta, void* dqkv,
-                               cudaStream_t s);
+                               const void* qkv, const void* out, const float* lse, const void* dout,
+                               int64_t hidden, int heads, const DropoutStream& ds, float* delta,
+                               void* dqkv, cudaStream_t s);
 
 // ---- grouped launch (fmha_host.cpp) ---------------------------------------------------------
 // The auxiliary streams and events of CudaBackend's attention, and the device copy of the
@@ -100,8 +99,7 @@ class FmhaStreams {
     cudaError_t first_error = cudaSuccess;
     for (int i = 0; i < n; ++i) {
       const FmhaBucket& b = plan.buckets[static_cast<size_t>(n - 1 - i)];
-      const AttnWork w{order ? order + b.first : nullptr, static_cast<int32_t>(b.count),
-                       b.max_len};
+      const AttnWork w{order ? order + b.first : nullptr, static_cast<int32_t>(b.count), b.max_len};
       const cudaError_t e = launch(w, streams_[i % kStreams]);
       if (e != cudaSuccess && first_error == cudaSuccess) first_error = e;
     }
@@ -127,7 +125,7 @@ class FmhaStreams {
   // a stream capture (CUDA graphs) refuses to end with a forked stream left unjoined.
   void fork(const char* op, cudaStream_t main, int used);
   void join(const char* op, cudaStream_t main, int used);
-  void release();  // destroys what exists (the destructor, and a constructor that failed)
+  void release();        // destroys what exists (the destructor, and a constructor that failed)
   void release_order();  // frees the work list's buffers (the caller waited for their users)
 
   cudaStream_t streams_[kStreams] = {};

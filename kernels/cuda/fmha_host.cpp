@@ -100,9 +100,8 @@ const int32_t* FmhaStreams::upload(const char* op, const FmhaPlan& plan, cudaStr
     check_error(op, "cudaStreamSynchronize", stream_synchronize(main));
     release_order();
     const size_t cap = n + n / 4 + 64;
-    order_d_ = static_cast<int32_t*>(cuda_alloc_named(op, "attention work list",
-                                                      cap * sizeof(int32_t),
-                                                      oom_note ? oom_note() : std::string()));
+    order_d_ = static_cast<int32_t*>(cuda_alloc_named(
+        op, "attention work list", cap * sizeof(int32_t), oom_note ? oom_note() : std::string()));
     for (int32_t*& h : order_h_)
       check_error(op, "cudaMallocHost of the attention work list",
                   cudaMallocHost(&h, cap * sizeof(int32_t)));
@@ -119,11 +118,10 @@ const int32_t* FmhaStreams::upload(const char* op, const FmhaPlan& plan, cudaStr
   order_last_ = plan.order;
   have_order_ = true;
   if (n) {
-    check_error(op, "cudaMemcpyAsync of the attention work list",
-                memcpy_async(order_d_, order_h_[i], n * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             main));
-    check_error(op, "cudaEventRecord (attention work list)",
-                cudaEventRecord(uploaded_[i], main));
+    check_error(
+        op, "cudaMemcpyAsync of the attention work list",
+        memcpy_async(order_d_, order_h_[i], n * sizeof(int32_t), cudaMemcpyHostToDevice, main));
+    check_error(op, "cudaEventRecord (attention work list)", cudaEventRecord(uploaded_[i], main));
   }
   return order_d_;
 }
@@ -135,9 +133,8 @@ float* FmhaStreams::workspace(const char* op, size_t n, cudaStream_t main) {
     workspace_d_ = nullptr;
     workspace_capacity_ = 0;
     const size_t cap = n + n / 4 + 64;
-    workspace_d_ = static_cast<float*>(cuda_alloc_named(op, "attention workspace",
-                                                        cap * sizeof(float),
-                                                        oom_note ? oom_note() : std::string()));
+    workspace_d_ = static_cast<float*>(cuda_alloc_named(
+        op, "attention workspace", cap * sizeof(float), oom_note ? oom_note() : std::string()));
     workspace_capacity_ = cap;
   }
   return workspace_d_;
@@ -200,9 +197,8 @@ template <typename T>
 std::vector<T> copy_to_host(const char* op, const Tensor& t, cudaStream_t s) {
   std::vector<T> h(static_cast<size_t>(t.numel()));
   if (!h.empty())
-    FmhaStreams::check_error(
-        op, "cudaMemcpyAsync of the layout",
-        memcpy_async(h.data(), t.data, t.bytes(), cudaMemcpyDeviceToHost, s));
+    FmhaStreams::check_error(op, "cudaMemcpyAsync of the layout",
+                             memcpy_async(h.data(), t.data, t.bytes(), cudaMemcpyDeviceToHost, s));
   return h;
 }
 }  // namespace

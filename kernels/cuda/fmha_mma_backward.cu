@@ -24,9 +24,9 @@ __device__ __forceinline__ void rows_delta(const uint16_t* obase, int64_t ld, in
                                            int t, const uint32_t (&dof)[kDChunks][4],
                                            float (&d)[2]) {
   float part[2] = {0.f, 0.f};
-  #pragma unroll
+#pragma unroll
   for (int kc = 0; kc < kDChunks; ++kc)
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int i = (r & 1) ? qa + 8 : qa;
       const int col = kc * 16 + ((r & 2) ? 8 : 0) + 2 * t;
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   float delta[2];
   rows_delta<T>(obase, a.hidden, qa, len, t, dof, delta);
   float lse2[2];
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int qi = i ? qb : qa;
     lse2[i] = qi < len ? a.lse[(bw.start + qi) * a.heads + head] * kLog2e : 0.f;
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   }
   const float c = a.scale * kLog2e;
   float dq[kDTiles][4];
-  #pragma unroll
+#pragma unroll
   for (int n = 0; n < kDTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
   for (int k0 = 0, buf = 0; k0 < len; k0 += kTile, buf ^= 1) {
@@ -93,13 +93,13 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
     const uint16_t* K = Ks[buf];
     const uint16_t* V = Vs[buf];
     float s[kRowTiles][4], dp[kRowTiles][4];
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
-    #pragma unroll
+#pragma unroll
     for (int kc = 0; kc < kDChunks; kc += 2)
-      #pragma unroll
+#pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
         uint32_t b[4];
         ldsm_b_cols(K, n * 8, kc, lane, b);
@@ -109,23 +109,23 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
         Elem<T>::mma(dp[n], dof[kc], b[0], b[1]);
         Elem<T>::mma(dp[n], dof[kc + 1], b[2], b[3]);
       }
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
       float f[4] = {1.f, 1.f, 1.f, 1.f};
       if (drop) dropout_query_rows(dstream, sample, head, qa, qb, k0 + n * 8, t, f);
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + n * 8 + 2 * t + (e & 1);
         const float p = key < len ? exp2f(s[n][e] * c - lse2[e >> 1]) : 0.f;
         s[n][e] = p * (f[e] * dp[n][e] - delta[e >> 1]);  // dS
       }
     }
-    // dQ += dS K: K's k (keys) runs along the tile's rows.
-    #pragma unroll
+// dQ += dS K: K's k (keys) runs along the tile's rows.
+#pragma unroll
     for (int kc = 0; kc < kRowTiles / 2; ++kc) {
       uint32_t da[4];
       c_to_a<T>(s, kc, da);
-      #pragma unroll
+#pragma unroll
       for (int n = 0; n < kDTiles; n += 2) {
         uint32_t b[4];
         ldsm_b_rows(K, kc, n * 8, lane, b);
@@ -134,12 +134,12 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
       }
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int qi = i ? qb : qa;
     if (qi >= len) continue;
     uint16_t* drow = dqkv + (bw.start + qi) * ld + hoff;
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kDTiles; ++n)
       *reinterpret_cast<uint32_t*>(drow + n * 8 + 2 * t) =
           Elem<T>::pack(dq[n][2 * i] * a.scale, dq[n][2 * i + 1] * a.scale);
@@ -188,9 +188,9 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
   load_a_rows(vbase, ld, ka, len, t, vf);
   const float c = a.scale * kLog2e;
   float dk[kDTiles][4], dv[kDTiles][4];
-  #pragma unroll
+#pragma unroll
   for (int n = 0; n < kDTiles; ++n)
-    #pragma unroll
+#pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
   for (int q0 = 0, buf = 0; q0 < len; q0 += kTile, buf ^= 1) {
@@ -207,13 +207,13 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
     const float* lse_t = lse_s[buf];
     const float* delta_t = delta_s[buf];
     float st[kRowTiles][4], dpt[kRowTiles][4];  // S^T and dP^T: rows keys, columns queries
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
-    #pragma unroll
+#pragma unroll
     for (int kc = 0; kc < kDChunks; ++kc)
-      #pragma unroll
+#pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
         uint32_t b[2];
         ldsm_b_cols(Q, n * 8, kc, lane, b);
@@ -221,25 +221,25 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
         ldsm_b_cols(dO, n * 8, kc, lane, b);
         Elem<T>::mma(dpt[n], vf[kc], b[0], b[1]);
       }
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
       float f[4] = {1.f, 1.f, 1.f, 1.f};
       if (drop) dropout_key_rows(dstream, sample, head, kslab, q0 + n * 8 + 2 * t, lane, f);
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qt = n * 8 + 2 * t + (e & 1);
         const float p = q0 + qt < len ? exp2f(st[n][e] * c - lse_t[qt]) : 0.f;
-        st[n][e] = p * f[e];                                 // (P f)^T
+        st[n][e] = p * f[e];                               // (P f)^T
         dpt[n][e] = p * (f[e] * dpt[n][e] - delta_t[qt]);  // dS^T
       }
     }
-    // dV += (P f)^T dO, dK += dS^T Q: the queries (k) run along the tiles' rows.
-    #pragma unroll
+// dV += (P f)^T dO, dK += dS^T Q: the queries (k) run along the tiles' rows.
+#pragma unroll
     for (int kc = 0; kc < kRowTiles / 2; ++kc) {
       uint32_t pa[4], da[4];
       c_to_a<T>(st, kc, pa);
       c_to_a<T>(dpt, kc, da);
-      #pragma unroll
+#pragma unroll
       for (int n = 0; n < kDTiles; n += 2) {
         uint32_t b[4];
         ldsm_b_rows(dO, kc, n * 8, lane, b);
@@ -251,12 +251,12 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
       }
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int ki = i ? kb : ka;
     if (ki >= len) continue;
     uint16_t* drow = dqkv + (bw.start + ki) * ld + hoff;
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
       *reinterpret_cast<uint32_t*>(drow + a.hidden + n * 8 + 2 * t) =
           Elem<T>::pack(dk[n][2 * i] * a.scale, dk[n][2 * i + 1] * a.scale);
@@ -278,10 +278,9 @@ cudaError_t backward_t(const FmhaArgs& a, const AttnWork& w, void* dqkv, cudaStr
 }  // namespace
 
 cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
-                               const void* qkv, const void* out, const float* lse,
-                               const void* dout, int64_t hidden, int heads,
-                               const DropoutStream& ds, float* delta, void* dqkv,
-                               cudaStream_t s) {
+                               const void* qkv, const void* out, const float* lse, const void* dout,
+                               int64_t hidden, int heads, const DropoutStream& ds, float* delta,
+                               void* dqkv, cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
   FmhaArgs a = make_args(l, w, qkv, hidden, heads, ds);
   a.out = static_cast<const uint16_t*>(out);

@@ -87,9 +87,9 @@ constexpr int kD = kFmhaHeadDim;    // 64
 constexpr int kTile = kFmhaTile;    // rows of a tile (queries or keys)
 constexpr int kWarps = kTile / 16;  // one m16 slab per warp
 constexpr int kThreads = kWarps * 32;
-constexpr int kStride = kD + 8;     // shared row stride in elements (see above)
-constexpr int kDChunks = kD / 16;   // k16 chunks along d
-constexpr int kDTiles = kD / 8;     // n8 tiles along d
+constexpr int kStride = kD + 8;       // shared row stride in elements (see above)
+constexpr int kDChunks = kD / 16;     // k16 chunks along d
+constexpr int kDTiles = kD / 8;       // n8 tiles along d
 constexpr int kRowTiles = kTile / 8;  // n8 tiles along a 64-row tile
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -97,8 +97,8 @@ static_assert(kTile == 64 && kD == 64, "the fragment bookkeeping assumes 64 x 64
 // Static shared memory per block (see Budget above): two buffers of two 16-bit tiles,
 // and in the dK / dV kernel two buffers of the tile's lse and D.
 constexpr int kTileBytes = kTile * kStride * 2;
-constexpr int kSmemForward = 2 * 2 * kTileBytes;  // K, V
-constexpr int kSmemDq = 2 * 2 * kTileBytes;       // K, V
+constexpr int kSmemForward = 2 * 2 * kTileBytes;                  // K, V
+constexpr int kSmemDq = 2 * 2 * kTileBytes;                       // K, V
 constexpr int kSmemDkv = 2 * 2 * kTileBytes + 2 * 2 * kTile * 4;  // Q, dO; lse, D
 static_assert(kSmemDkv <= 48 * 1024 && kSmemForward <= 48 * 1024,
               "static shared memory is limited to 48 KiB (more needs dynamic shared memory)");
@@ -151,8 +151,8 @@ struct FmhaArgs {
   float* delta;          // [rows, heads] (backward): D = dO . O, written by dQ, read by dK / dV
   int64_t hidden;
   int heads;
-  int blocks_per_seq;    // ceil(work max_len / kTile)
-  float scale;           // 1 / sqrt(d)
+  int blocks_per_seq;  // ceil(work max_len / kTile)
+  float scale;         // 1 / sqrt(d)
   DropoutStream ds;
 };
 
@@ -216,7 +216,7 @@ __device__ __forceinline__ uint32_t gword(const uint16_t* base, int64_t ld, int 
 // A fragments (all kDChunks chunks along d) of rows i0 = slab + g and i0 + 8 of a global matrix.
 __device__ __forceinline__ void load_a_rows(const uint16_t* base, int64_t ld, int i0, int len,
                                             int t, uint32_t (&f)[kDChunks][4]) {
-  #pragma unroll
+#pragma unroll
   for (int kc = 0; kc < kDChunks; ++kc) {
     f[kc][0] = gword(base, ld, i0, len, kc * 16 + 2 * t);
     f[kc][1] = gword(base, ld, i0 + 8, len, kc * 16 + 2 * t);
@@ -251,15 +251,15 @@ __device__ __forceinline__ void dropout_query_rows(const DropoutStream& ds, uint
                                                    int head, int qa, int qb, int kb, int t,
                                                    float (&f)[4]) {
   const bool odd = t & 1;
-  const Philox4x32 w = dropout_bits4(ds, sample, static_cast<uint32_t>(head),
-                                     static_cast<uint32_t>(odd ? qb : qa),
-                                     static_cast<uint32_t>(kb + 4 * (t >> 1)));
+  const Philox4x32 w =
+      dropout_bits4(ds, sample, static_cast<uint32_t>(head), static_cast<uint32_t>(odd ? qb : qa),
+                    static_cast<uint32_t>(kb + 4 * (t >> 1)));
   const uint32_t r0 = __shfl_xor_sync(kFullMask, odd ? w.v[0] : w.v[2], 1);
   const uint32_t r1 = __shfl_xor_sync(kFullMask, odd ? w.v[1] : w.v[3], 1);
-  f[0] = dropout_factor(ds, odd ? r0 : w.v[0]);   // (qa, key 2t)
-  f[1] = dropout_factor(ds, odd ? r1 : w.v[1]);   // (qa, key 2t + 1)
-  f[2] = dropout_factor(ds, odd ? w.v[2] : r0);   // (qb, key 2t)
-  f[3] = dropout_factor(ds, odd ? w.v[3] : r1);   // (qb, key 2t + 1)
+  f[0] = dropout_factor(ds, odd ? r0 : w.v[0]);  // (qa, key 2t)
+  f[1] = dropout_factor(ds, odd ? r1 : w.v[1]);  // (qa, key 2t + 1)
+  f[2] = dropout_factor(ds, odd ? w.v[2] : r0);  // (qb, key 2t)
+  f[3] = dropout_factor(ds, odd ? w.v[3] : r1);  // (qb, key 2t + 1)
 }
 
 // Dropout factors of one C tile whose rows are keys kbase + g (elements 0, 1) and kbase + g + 8
@@ -269,16 +269,15 @@ __device__ __forceinline__ void dropout_query_rows(const DropoutStream& ds, uint
 // transposed among the 4 lanes (round k: lane w reads call (w + k) % 4, whose lane sends word
 // (c - k) % 4 = w), so lane w ends with word w of each call: its key is group + w. All lanes
 // must call.
-__device__ __forceinline__ void dropout_key_rows(const DropoutStream& ds, uint64_t sample,
-                                                 int head, int kbase, int qc, int lane,
-                                                 float (&f)[4]) {
+__device__ __forceinline__ void dropout_key_rows(const DropoutStream& ds, uint64_t sample, int head,
+                                                 int kbase, int qc, int lane, float (&f)[4]) {
   const int g = lane >> 2, w = g & 3;
   const int group = kbase + (g & ~3) + ((w >> 1) ? 8 : 0);
-  const Philox4x32 bits = dropout_bits4(ds, sample, static_cast<uint32_t>(head),
-                                        static_cast<uint32_t>(qc + (w & 1)),
-                                        static_cast<uint32_t>(group));
+  const Philox4x32 bits =
+      dropout_bits4(ds, sample, static_cast<uint32_t>(head), static_cast<uint32_t>(qc + (w & 1)),
+                    static_cast<uint32_t>(group));
   uint32_t got[4] = {0u, 0u, 0u, 0u};
-  #pragma unroll
+#pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int c = (w + k) & 3;
     const uint32_t v = __shfl_sync(kFullMask, word_of(bits, (w - k) & 3), (lane & ~12) | (c << 2));
@@ -287,7 +286,7 @@ __device__ __forceinline__ void dropout_key_rows(const DropoutStream& ds, uint64
     got[2] = c == 2 ? v : got[2];
     got[3] = c == 3 ? v : got[3];
   }
-  #pragma unroll
+#pragma unroll
   for (int e = 0; e < 4; ++e)
     f[e] = dropout_factor(ds, got[PB_MUTANT(Mutant::fmha_dkv_dropout_words) ? (e + 1) & 3 : e]);
 }
@@ -302,8 +301,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // The arguments of a work list's launch; the backward sets out, dout, lse and delta.
-inline FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* qkv,
-                          int64_t hidden, int heads, const DropoutStream& ds) {
+inline FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* qkv, int64_t hidden,
+                          int heads, const DropoutStream& ds) {
   FmhaArgs a;
   a.l = l;
   a.seqs = w.seqs;

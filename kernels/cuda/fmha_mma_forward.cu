@@ -12,8 +12,8 @@ namespace packbert::cuda {
 namespace {
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint16_t* out,
-                                                                float* lse) {
+__global__ void __launch_bounds__(kThreads)
+    fmha_forward_kernel(FmhaArgs a, uint16_t* out, float* lse) {
   __shared__ __align__(16) uint16_t Ks[2][kTile * kStride];  // double-buffered K / V tiles
   __shared__ __align__(16) uint16_t Vs[2][kTile * kStride];
   const BlockWork bw = block_work(a);
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
   const float c = a.scale * kLog2e;  // scores in log2 units
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[kDTiles][4];
-  #pragma unroll
+#pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
   for (int k0 = 0, buf = 0; k0 < len; k0 += kTile, buf ^= 1) {
@@ -53,11 +53,11 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
     const uint16_t* K = Ks[buf];
     const uint16_t* V = Vs[buf];
     float s[kRowTiles][4];
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kRowTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    #pragma unroll
+#pragma unroll
     for (int kc = 0; kc < kDChunks; kc += 2)
-      #pragma unroll
+#pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
         uint32_t b[4];
         ldsm_b_cols(K, n * 8, kc, lane, b);
@@ -67,33 +67,33 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
     // Scale and mask (keys past the end: -inf), then the running max of each row. Key k0 is
     // always valid, so the new max is finite and exp2(-inf - max) = 0 masks.
     float mx[2] = {-INFINITY, -INFINITY};
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + n * 8 + 2 * t + (e & 1);
         s[n][e] = key < len ? s[n][e] * c : -INFINITY;
         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
     float alpha[2];
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float mnew = fmaxf(m[i], quad_max(mx[i]));
       alpha[i] = exp2f(m[i] - mnew);  // 0 on the first tile (m = -inf)
       m[i] = mnew;
     }
     float rs[2] = {0.f, 0.f};
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float p = exp2f(s[n][e] - m[e >> 1]);
         s[n][e] = p;
         rs[e >> 1] += p;  // the softmax sum: before dropout, as the fp32 kernel and the CPU
       }
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];  // per-thread partial sums
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
       o[n][0] *= alpha[0];
       o[n][1] *= alpha[0];
@@ -101,20 +101,20 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
       o[n][3] *= alpha[1];
     }
     if (drop) {
-      #pragma unroll
+#pragma unroll
       for (int n = 0; n < kRowTiles; ++n) {
         float f[4];
         dropout_query_rows(dstream, sample, head, qa, qb, k0 + n * 8, t, f);
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] *= f[e];
       }
     }
-    // O += P V: P's C tiles are the A fragments; V's k (keys) runs along the tile's rows.
-    #pragma unroll
+// O += P V: P's C tiles are the A fragments; V's k (keys) runs along the tile's rows.
+#pragma unroll
     for (int kc = 0; kc < kRowTiles / 2; ++kc) {
       uint32_t pa[4];
       c_to_a<T>(s, kc, pa);
-      #pragma unroll
+#pragma unroll
       for (int n = 0; n < kDTiles; n += 2) {
         uint32_t b[4];
         ldsm_b_rows(V, kc, n * 8, lane, b);
@@ -123,16 +123,16 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
       }
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int qi = i ? qb : qa;
     if (qi >= len) continue;
     const int64_t row = bw.start + qi;
     const float inv = 1.0f / l[i];
     uint16_t* orow = out + row * a.hidden + static_cast<int64_t>(head) * kD;
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < kDTiles; ++n)
       *reinterpret_cast<uint32_t*>(orow + n * 8 + 2 * t) =
           Elem<T>::pack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
@@ -141,10 +141,9 @@ __global__ void __launch_bounds__(kThreads) fmha_forward_kernel(FmhaArgs a, uint
 }
 
 template <typename T>
-cudaError_t forward_t(const FmhaArgs& a, const AttnWork& w, void* out, float* lse,
-                      cudaStream_t s) {
-  PB_LAUNCH(work_grid(w, a), kThreads, 0, s, fmha_forward_kernel<T>)(
-      a, static_cast<uint16_t*>(out), lse);
+cudaError_t forward_t(const FmhaArgs& a, const AttnWork& w, void* out, float* lse, cudaStream_t s) {
+  PB_LAUNCH(work_grid(w, a), kThreads, 0, s, fmha_forward_kernel<T>)(a, static_cast<uint16_t*>(out),
+                                                                     lse);
   return launched();
 }
 
@@ -159,9 +158,9 @@ std::vector<FmhaKernelBudget> fmha_kernel_budget() {
           {"dkv", kThreads, kSmemDkv, 32 + 32 + 32 + 32 + 16 + 16}};  // dK, dV, S^T, dP^T; K, V
 }
 
-cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
-                              const void* qkv, int64_t hidden, int heads,
-                              const DropoutStream& ds, void* out, float* lse, cudaStream_t s) {
+cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w, const void* qkv,
+                              int64_t hidden, int heads, const DropoutStream& ds, void* out,
+                              float* lse, cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
   const FmhaArgs a = make_args(l, w, qkv, hidden, heads, ds);
   return t == FmhaType::bf16 ? forward_t<__nv_bfloat16>(a, w, out, lse, s)

@@ -29,11 +29,11 @@ cudaError_t fmha_zero_padding_rows(const DeviceLayout& l, void* x, int64_t width
   if (l.rows == 0 || width == 0) return cudaSuccess;
   const unsigned grid = grid_for(l.rows * 32, 256);  // a warp per row
   if (elem_bytes == 2)
-    PB_LAUNCH(grid, 256, 0, s, zero_padding_rows_kernel<uint16_t>)(
-        l.token_seq, l.rows, width, static_cast<uint16_t*>(x));
+    PB_LAUNCH(grid, 256, 0, s, zero_padding_rows_kernel<uint16_t>)(l.token_seq, l.rows, width,
+                                                                   static_cast<uint16_t*>(x));
   else if (elem_bytes == 4)
-    PB_LAUNCH(grid, 256, 0, s, zero_padding_rows_kernel<uint32_t>)(
-        l.token_seq, l.rows, width, static_cast<uint32_t*>(x));
+    PB_LAUNCH(grid, 256, 0, s, zero_padding_rows_kernel<uint32_t>)(l.token_seq, l.rows, width,
+                                                                   static_cast<uint32_t*>(x));
   else
     return cudaErrorInvalidValue;
   return launched();

@@ -108,14 +108,14 @@ cudaError_t fp8_cast(const void* src, FloatFormat src_format, const int32_t* row
   const dim3 grid(static_cast<unsigned>((c + kTile - 1) / kTile),
                   static_cast<unsigned>(row_tiles < kMaxGridY ? row_tiles : kMaxGridY));
   const dim3 block(kTile, kTileRows);
-  PB_LAUNCH(grid, block, 0, s, fp8_cast_kernel)(
-      src, src_format, rows, scale, reinterpret_cast<unsigned*>(amax), out, out_t, n, c, n_out,
-      n_t, e4m3 ? 1 : 0, row_tiles);
+  PB_LAUNCH(grid, block, 0, s, fp8_cast_kernel)(src, src_format, rows, scale,
+                                                reinterpret_cast<unsigned*>(amax), out, out_t, n, c,
+                                                n_out, n_t, e4m3 ? 1 : 0, row_tiles);
   return launched();
 }
 
-cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* pre,
-                         FloatFormat f, int64_t rows, int64_t cols, int mode, cudaStream_t s) {
+cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* pre, FloatFormat f,
+                         int64_t rows, int64_t cols, int mode, cudaStream_t s) {
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
   const unsigned grid = grid_for(n, kThreads);
@@ -142,14 +142,14 @@ cudaError_t fp8_epilogue(const float* acc, const float* bias, void* out, void* p
 cudaError_t fp8_amax_share(const float* amax, int64_t rank, double* shared, int64_t n,
                            int64_t ranks, cudaStream_t s) {
   if (n * ranks == 0) return cudaSuccess;
-  PB_LAUNCH(grid_for(n * ranks, kThreads), kThreads, 0, s, fp8_amax_share_kernel)(
-      amax, rank, shared, n, ranks);
+  PB_LAUNCH(grid_for(n * ranks, kThreads), kThreads, 0, s, fp8_amax_share_kernel)(amax, rank,
+                                                                                  shared, n, ranks);
   return launched();
 }
 
-cudaError_t fp8_scale_update(const double* shared, const float* fp8_max, int margin,
-                             float* history, float* scales, float* amax, int64_t n,
-                             int64_t ranks, int64_t h, cudaStream_t s) {
+cudaError_t fp8_scale_update(const double* shared, const float* fp8_max, int margin, float* history,
+                             float* scales, float* amax, int64_t n, int64_t ranks, int64_t h,
+                             cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   PB_LAUNCH(grid_for(n, kThreads), kThreads, 0, s, fp8_scale_update_kernel)(
       shared, fp8_max, margin, history, scales, amax, n, ranks, h);

@@ -11,8 +11,7 @@ constexpr int kThreads = 256;
 // out[i, :] = x[index[i], :], elements of T (float, or the 16 bits of bf16 / f16: a copy); an
 // index of -1 (an unused slot) gives a row of 0. The scatters below skip such indices.
 template <typename T>
-__global__ void gather_rows_kernel(const T* x, const int32_t* index, T* out, int64_t m,
-                                   int64_t h) {
+__global__ void gather_rows_kernel(const T* x, const int32_t* index, T* out, int64_t m, int64_t h) {
   const int64_t n = m * h;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -43,8 +42,8 @@ __global__ void scatter_repeated_kernel(const int32_t* index, const uint32_t* fi
 }
 
 __global__ void scatter_add_first_kernel(const void* dout, const int32_t* index,
-                                         const uint32_t* first, void* dx, FloatFormat f,
-                                         int64_t m, int64_t h) {
+                                         const uint32_t* first, void* dx, FloatFormat f, int64_t m,
+                                         int64_t h) {
   const int64_t n = m * h;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
        e += int64_t{gridDim.x} * blockDim.x) {
@@ -68,8 +67,8 @@ __global__ void scatter_add_rest_kernel(const void* dout, const int32_t* index,
   }
 }
 
-__global__ void add_rows_f32_kernel(const float* src, const int32_t* index, void* dx,
-                                    FloatFormat f, int64_t m, int64_t h) {
+__global__ void add_rows_f32_kernel(const float* src, const int32_t* index, void* dx, FloatFormat f,
+                                    int64_t m, int64_t h) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m * h;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / h;
@@ -103,20 +102,20 @@ cudaError_t scatter_add_rows_ordered(const void* dout, const int32_t* index, voi
   if (e == cudaSuccess) e = memset_async(repeated, 0, sizeof(uint32_t), s);
   if (e != cudaSuccess) return e;
   PB_LAUNCH(grid_for(m, kThreads), kThreads, 0, s, scatter_first_kernel)(index, first, m);
-  PB_LAUNCH(grid_for(m, kThreads), kThreads, 0, s, scatter_repeated_kernel)(
-      index, first, repeated, m);
-  PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, scatter_add_first_kernel)(
-      dout, index, first, dx, f, m, h);
-  PB_LAUNCH(grid_for(h, 128), 128, 0, s, scatter_add_rest_kernel)(
-      dout, index, first, repeated, dx, f, m, h);
+  PB_LAUNCH(grid_for(m, kThreads), kThreads, 0, s, scatter_repeated_kernel)(index, first, repeated,
+                                                                            m);
+  PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, scatter_add_first_kernel)(dout, index, first,
+                                                                                 dx, f, m, h);
+  PB_LAUNCH(grid_for(h, 128), 128, 0, s, scatter_add_rest_kernel)(dout, index, first, repeated, dx,
+                                                                  f, m, h);
   return launched();
 }
 
-cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f,
-                         int64_t m, int64_t h, cudaStream_t s) {
+cudaError_t add_rows_f32(const float* src, const int32_t* index, void* dx, FloatFormat f, int64_t m,
+                         int64_t h, cudaStream_t s) {
   if (m == 0 || h == 0) return cudaSuccess;
-  PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, add_rows_f32_kernel)(src, index, dx, f,
-                                                                           m, h);
+  PB_LAUNCH(grid_for(m * h, kThreads), kThreads, 0, s, add_rows_f32_kernel)(src, index, dx, f, m,
+                                                                            h);
   return launched();
 }
 

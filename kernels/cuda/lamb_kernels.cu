@@ -71,11 +71,10 @@ __global__ void lamb_update_kernel(const LambChunk* chunks, const LambTensorRang
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange* tensors,
-                                  float lr, const double* sums, float* w, const float* u,
-                                  void* w_lowp, FloatFormat lowp_format,
-                                  const float* global_grad_norm, float grad_scale,
-                                  const float* step_scalars) {
+__global__ void lamb_apply_kernel(const LambChunk* chunks, const LambTensorRange* tensors, float lr,
+                                  const double* sums, float* w, const float* u, void* w_lowp,
+                                  FloatFormat lowp_format, const float* global_grad_norm,
+                                  float grad_scale, const float* step_scalars) {
   if (step_scalars) lr = step_scalars[0], grad_scale = step_scalars[3];
   if (!lamb_norm_is_finite(global_grad_norm[0], grad_scale)) return;  // skipped step
   const LambChunk ch = chunks[blockIdx.x];
@@ -103,11 +102,10 @@ __global__ void write_floats_kernel(float* dst, FloatArgs values, int n) {
 
 }  // namespace
 
-cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
-                        const LambTensorRange* tensors, int64_t num_tensors, const LambArgs& a,
-                        const float* global_grad_norm, const float* params, float* grads,
-                        float* m, float* v, double* sums, double* partial, int32_t* record,
-                        cudaStream_t s) {
+cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
+                        int64_t num_tensors, const LambArgs& a, const float* global_grad_norm,
+                        const float* params, float* grads, float* m, float* v, double* sums,
+                        double* partial, int32_t* record, cudaStream_t s) {
   cudaError_t e;
   if (num_tensors > 0) {
     const unsigned tgrid = grid_for(num_tensors, 128);
@@ -121,8 +119,8 @@ cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
     if ((e = launched()) != cudaSuccess) return e;
     // u into the gradient buffer, m and v in place, sum of u^2 per row.
     if (num_chunks > 0) {
-      PB_LAUNCH(cgrid, kThreads, 0, s, lamb_update_kernel)(
-          chunks, tensors, a, global_grad_norm, params, grads, m, v, partial);
+      PB_LAUNCH(cgrid, kThreads, 0, s, lamb_update_kernel)(chunks, tensors, a, global_grad_norm,
+                                                           params, grads, m, v, partial);
       if ((e = launched()) != cudaSuccess) return e;
     }
     PB_LAUNCH(tgrid, 128, 0, s, lamb_row_sum_kernel)(tensors, num_tensors, partial, sums, 1);
@@ -137,9 +135,8 @@ cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks,
 }
 
 cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
-                       int64_t num_tensors, float lr, float grad_scale,
-                       const float* step_scalars, const float* global_grad_norm,
-                       const double* sums, float* params,
+                       int64_t num_tensors, float lr, float grad_scale, const float* step_scalars,
+                       const float* global_grad_norm, const double* sums, float* params,
                        const float* grads, void* params_lowp, FloatFormat lowp_format,
                        float* norms_ws, cudaStream_t s) {
   if (num_tensors == 0) return cudaSuccess;

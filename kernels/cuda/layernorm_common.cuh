@@ -75,8 +75,8 @@ __device__ __forceinline__ RowKey row_key(const DeviceLayout& l, const DropoutSt
 // Stage 1 of the gamma / beta gradients: per chunk of rows (in order), per column.
 template <typename D, typename Input>
 __global__ void ln_param_partials_kernel(const D* dy, Input input, const float* mean,
-                                         const float* rstd, const int32_t* token_seq,
-                                         int64_t rows, int64_t h, double* pg, double* pb) {
+                                         const float* rstd, const int32_t* token_seq, int64_t rows,
+                                         int64_t h, double* pg, double* pb) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= h) return;
   const int64_t r0 = blockIdx.y * kColumnChunk;
@@ -104,18 +104,17 @@ __global__ void ln_param_finish_kernel(const double* pg, const double* pb, int64
 }
 
 template <typename D, typename Input>
-cudaError_t layernorm_param_grads(const D* dy, Input input, const float* mean,
-                                  const float* rstd, const int32_t* token_seq, int64_t rows,
-                                  int64_t h, float* dgamma, float* dbeta, double* partial,
-                                  cudaStream_t s) {
+cudaError_t layernorm_param_grads(const D* dy, Input input, const float* mean, const float* rstd,
+                                  const int32_t* token_seq, int64_t rows, int64_t h, float* dgamma,
+                                  float* dbeta, double* partial, cudaStream_t s) {
   if (!dgamma && !dbeta) return cudaSuccess;
   if (rows == 0 || h == 0) return cudaSuccess;
   const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
   double* pg = partial;
   double* pb = partial + chunks * h;
   const dim3 grid(static_cast<unsigned>((h + 127) / 128), static_cast<unsigned>(chunks));
-  PB_LAUNCH(grid, 128, 0, s, ln_param_partials_kernel)(
-      dy, input, mean, rstd, token_seq, rows, h, pg, pb);
+  PB_LAUNCH(grid, 128, 0, s, ln_param_partials_kernel)(dy, input, mean, rstd, token_seq, rows, h,
+                                                       pg, pb);
   cudaError_t e = launched();
   if (e != cudaSuccess) return e;
   PB_LAUNCH(grid.x, 128, 0, s, ln_param_finish_kernel)(pg, pb, chunks, h, dgamma, dbeta);

@@ -25,9 +25,9 @@ struct SavedInput {
 // rounded (and may alias x, so h cannot be formed again).
 template <typename T>
 __global__ void residual_ln_forward_kernel(DeviceLayout l, const T* x, const float* bias,
-                                           const T* residual, const float* gamma,
-                                           const float* beta, DropoutStream ds, int64_t h,
-                                           T* out, T* ln_in, float* mean, float* rstd) {
+                                           const T* residual, const float* gamma, const float* beta,
+                                           DropoutStream ds, int64_t h, T* out, T* ln_in,
+                                           float* mean, float* rstd) {
   ds = dropout_now(ds);  // the step of this run
   __shared__ float scratch[96];
   PB_EXTERN_SHARED(float, staged);  // low precision only: the row's fp32 h
@@ -72,8 +72,8 @@ __global__ void residual_ln_forward_kernel(DeviceLayout l, const T* x, const flo
 template <typename T>
 __global__ void residual_ln_backward_kernel(DeviceLayout l, const T* dout, const T* ln_in,
                                             const float* mean, const float* rstd,
-                                            const float* gamma, DropoutStream ds, int64_t h,
-                                            T* dx, T* dresidual, float* dx32) {
+                                            const float* gamma, DropoutStream ds, int64_t h, T* dx,
+                                            T* dresidual, float* dx32) {
   ds = dropout_now(ds);  // the step of this run
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x, o = row * h;
@@ -125,9 +125,9 @@ cudaError_t residual_layernorm_backward_typed(const DeviceLayout& l, const void*
                                               const void* ln_in, const float* mean,
                                               const float* rstd, const float* gamma,
                                               const DropoutStream& ds, int64_t rows, int64_t h,
-                                              void* dx, void* dresidual, float* dx32,
-                                              float* dbias, float* dgamma, float* dbeta,
-                                              double* partial, cudaStream_t s) {
+                                              void* dx, void* dresidual, float* dx32, float* dbias,
+                                              float* dgamma, float* dbeta, double* partial,
+                                              cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   const auto* dy = static_cast<const T*>(dout);
   // Parameter gradients first: dresidual may overwrite dout.
@@ -147,10 +147,9 @@ cudaError_t residual_layernorm_backward_typed(const DeviceLayout& l, const void*
 }  // namespace
 
 cudaError_t residual_layernorm_forward(const DeviceLayout& l, const float* x, const float* bias,
-                                       const float* residual, const float* gamma,
-                                       const float* beta, const DropoutStream& ds, int64_t rows,
-                                       int64_t h, float* out, float* ln_in, float* mean,
-                                       float* rstd, cudaStream_t s) {
+                                       const float* residual, const float* gamma, const float* beta,
+                                       const DropoutStream& ds, int64_t rows, int64_t h, float* out,
+                                       float* ln_in, float* mean, float* rstd, cudaStream_t s) {
   return residual_layernorm_forward_typed<float>(l, x, bias, residual, gamma, beta, ds, rows, h,
                                                  out, ln_in, mean, rstd, s);
 }
@@ -174,20 +173,19 @@ cudaError_t residual_layernorm_forward_lowp(const DeviceLayout& l, FloatFormat f
                                             cudaStream_t s) {
   if (f == FloatFormat::f32 || h > kLowpLayerNormMaxHidden) return cudaErrorInvalidValue;
   return f == FloatFormat::bf16
-             ? residual_layernorm_forward_typed<__nv_bfloat16>(l, x, bias, residual, gamma, beta,
-                                                               ds, rows, h, out, ln_in, mean,
-                                                               rstd, s)
-             : residual_layernorm_forward_typed<__half>(l, x, bias, residual, gamma, beta, ds,
-                                                        rows, h, out, ln_in, mean, rstd, s);
+             ? residual_layernorm_forward_typed<__nv_bfloat16>(
+                   l, x, bias, residual, gamma, beta, ds, rows, h, out, ln_in, mean, rstd, s)
+             : residual_layernorm_forward_typed<__half>(l, x, bias, residual, gamma, beta, ds, rows,
+                                                        h, out, ln_in, mean, rstd, s);
 }
 
-cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat f,
-                                             const void* dout, const void* ln_in,
-                                             const float* mean, const float* rstd,
-                                             const float* gamma, const DropoutStream& ds,
-                                             int64_t rows, int64_t h, void* dx, void* dresidual,
-                                             float* dx32, float* dbias, float* dgamma,
-                                             float* dbeta, double* partial, cudaStream_t s) {
+cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat f, const void* dout,
+                                             const void* ln_in, const float* mean,
+                                             const float* rstd, const float* gamma,
+                                             const DropoutStream& ds, int64_t rows, int64_t h,
+                                             void* dx, void* dresidual, float* dx32, float* dbias,
+                                             float* dgamma, float* dbeta, double* partial,
+                                             cudaStream_t s) {
   if (f == FloatFormat::f32 || (dbias && !dx32)) return cudaErrorInvalidValue;
   return f == FloatFormat::bf16
              ? residual_layernorm_backward_typed<__nv_bfloat16>(l, dout, ln_in, mean, rstd, gamma,

@@ -13,8 +13,8 @@ constexpr int kThreads = 256;
 // *grad_scale_ptr when given (read when the kernel runs: a graph replays the step's), else
 // grad_scale.
 __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, int64_t v,
-                                    float grad_scale, const float* grad_scale_ptr,
-                                    float* dlogits, double* row_loss, double* row_correct) {
+                                    float grad_scale, const float* grad_scale_ptr, float* dlogits,
+                                    double* row_loss, double* row_correct) {
   __shared__ float best_val[kThreads];
   __shared__ int64_t best_idx[kThreads];
   __shared__ double scratch[32];
@@ -100,23 +100,22 @@ __global__ void nsp_slots_kernel(const int32_t* seq_start, const int32_t* seq_le
 cudaError_t nsp_slots(const int32_t* seq_start, const int32_t* seq_len, const int32_t* labels,
                       int64_t s, int32_t* cls_row, int32_t* slot_label, cudaStream_t st) {
   if (s == 0) return cudaSuccess;
-  PB_LAUNCH(grid_for(s, kThreads), kThreads, 0, st, nsp_slots_kernel)(seq_start, seq_len, labels,
-                                                                       s, cls_row, slot_label);
+  PB_LAUNCH(grid_for(s, kThreads), kThreads, 0, st, nsp_slots_kernel)(seq_start, seq_len, labels, s,
+                                                                      cls_row, slot_label);
   return launched();
 }
 
-cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t m,
-                                  int64_t v, float grad_scale, const float* grad_scale_ptr,
-                                  float* dlogits, double* row_loss,
-                                  double* row_correct, float* loss_sum, int32_t* num_correct,
-                                  cudaStream_t s) {
+cudaError_t softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t m, int64_t v,
+                                  float grad_scale, const float* grad_scale_ptr, float* dlogits,
+                                  double* row_loss, double* row_correct, float* loss_sum,
+                                  int32_t* num_correct, cudaStream_t s) {
   if (m == 0) return cudaSuccess;
   PB_LAUNCH(static_cast<unsigned>(m), kThreads, 0, s, softmax_xent_kernel)(
       logits, labels, v, grad_scale, grad_scale_ptr, dlogits, row_loss, row_correct);
   cudaError_t e = launched();
   if (e != cudaSuccess) return e;
-  PB_LAUNCH(1, kThreads, 0, s, softmax_xent_finish_kernel)(
-      row_loss, row_correct, m, loss_sum, num_correct);
+  PB_LAUNCH(1, kThreads, 0, s, softmax_xent_finish_kernel)(row_loss, row_correct, m, loss_sum,
+                                                           num_correct);
   return launched();
 }
 

@@ -36,8 +36,7 @@ __global__ void sum_squares_chunks_kernel(const float* x, int64_t n, double* par
   const int64_t i0 = blockIdx.x * kNormChunk;
   const int64_t i1 = i0 + kNormChunk < n ? i0 + kNormChunk : n;
   double s = 0.0;
-  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
-    s += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -59,8 +58,8 @@ __global__ void finish_sum_of_squares_kernel(const double* partial, int64_t k, f
 
 }  // namespace
 
-cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                            double* partial, float* out, cudaStream_t s) {
+cudaError_t add_column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld, double* partial,
+                            float* out, cudaStream_t s) {
   if (cols == 0 || rows == 0) return cudaSuccess;
   const int64_t chunks = (rows + kColumnChunk - 1) / kColumnChunk;
   const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),

@@ -104,8 +104,9 @@ cudaError_t check_unsafe(const char* call) {
     }
   }
   if (!refused) return cudaSuccess;
-  complain(call, "not permitted while a stream capture (Global mode, or ThreadLocal begun by this "
-                 "thread) is under way; the capture is invalidated");
+  complain(call,
+           "not permitted while a stream capture (Global mode, or ThreadLocal begun by this "
+           "thread) is under way; the capture is invalidated");
   return cudaErrorStreamCaptureUnsupported;
 }
 
@@ -123,9 +124,10 @@ cudaError_t check_legacy(const char* call) {
     }
   }
   if (!refused) return cudaSuccess;
-  complain(call, "the legacy default stream, while a blocking stream is capturing or a Global "
-                 "(or this thread's ThreadLocal) capture is under way; the capture is "
-                 "invalidated");
+  complain(call,
+           "the legacy default stream, while a blocking stream is capturing or a Global "
+           "(or this thread's ThreadLocal) capture is under way; the capture is "
+           "invalidated");
   return cudaErrorStreamCaptureImplicit;
 }
 
@@ -191,12 +193,14 @@ cudaError_t capture_wait(CUstream_st* s, CUevent_st* e) {
   invalidate(c);
   if (e->capture && !e->capture->ended) {
     invalidate(*e->capture);
-    complain("cudaStreamWaitEvent", "the event was recorded in another capture; both captures "
-                                    "are invalidated");
+    complain("cudaStreamWaitEvent",
+             "the event was recorded in another capture; both captures "
+             "are invalidated");
     return cudaErrorStreamCaptureMerge;
   }
-  complain("cudaStreamWaitEvent", "a capturing stream waits for an event recorded outside its "
-                                  "capture; the capture is invalidated");
+  complain("cudaStreamWaitEvent",
+           "a capturing stream waits for an event recorded outside its "
+           "capture; the capture is invalidated");
   return cudaErrorStreamCaptureIsolation;
 }
 
@@ -212,8 +216,9 @@ cudaError_t join_capture(CUstream_st* s, CUevent_st* e) {
   }
   if (s->legacy) {
     invalidate(*c);
-    complain("cudaStreamWaitEvent", "the legacy default stream cannot join a capture; the "
-                                    "capture is invalidated");
+    complain("cudaStreamWaitEvent",
+             "the legacy default stream cannot join a capture; the "
+             "capture is invalidated");
     return cudaErrorStreamCaptureImplicit;
   }
   if (c->invalidated) return cudaErrorStreamCaptureInvalidated;
@@ -250,8 +255,9 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
   if (s->destroyed) return emu::fail(cudaErrorInvalidResourceHandle);
   if (s->capture) {
     emu::invalidate(*s->capture);
-    emu::complain("cudaStreamBeginCapture", "the stream is already capturing; that capture is "
-                                            "invalidated");
+    emu::complain("cudaStreamBeginCapture",
+                  "the stream is already capturing; that capture is "
+                  "invalidated");
     return emu::fail(cudaErrorIllegalState);
   }
   auto c = std::make_shared<emu::Capture>();
@@ -284,14 +290,16 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   const std::shared_ptr<emu::Capture> c = s->capture;
   if (c->origin != s) {
     emu::invalidate(*c);
-    emu::complain("cudaStreamEndCapture", "the capture began on another stream; it is "
-                                          "invalidated");
+    emu::complain("cudaStreamEndCapture",
+                  "the capture began on another stream; it is "
+                  "invalidated");
     return emu::sticky_or(cudaErrorStreamCaptureUnmatched);
   }
   if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id()) {
     emu::invalidate(*c);
-    emu::complain("cudaStreamEndCapture", "the capture began on another thread; it is "
-                                          "invalidated");
+    emu::complain("cudaStreamEndCapture",
+                  "the capture began on another thread; it is "
+                  "invalidated");
     return emu::sticky_or(cudaErrorStreamCaptureWrongThread);
   }
   cudaError_t r = cudaSuccess;
@@ -332,7 +340,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
     for (const auto& c : state().captures)
       if (emu::has_blocking_stream(*c)) return emu::sticky_or(cudaErrorStreamCaptureImplicit);
   }
-  *status = !s->capture                ? cudaStreamCaptureStatusNone
+  *status = !s->capture               ? cudaStreamCaptureStatusNone
             : s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
                                       : cudaStreamCaptureStatusActive;
   return emu::sticky_or(cudaSuccess);
@@ -370,8 +378,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (s->capture) {
     if (s->capture->invalidated) return emu::fail(cudaErrorStreamCaptureInvalidated);
     emu::invalidate(*s->capture);
-    emu::complain("cudaGraphLaunch", "launching a graph into a capture is not emulated; the "
-                                     "capture is invalidated");
+    emu::complain("cudaGraphLaunch",
+                  "launching a graph into a capture is not emulated; the "
+                  "capture is invalidated");
     return emu::fail(cudaErrorStreamCaptureUnsupported);
   }
   if (s->legacy) {

@@ -137,8 +137,8 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
-                                        cublasComputeType_t compute, cudaDataType_t scale) {
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
   if (!desc) return CUBLAS_STATUS_INVALID_VALUE;
   *desc = new (std::nothrow) cublasLtMatmulDescOpaque_st();
   if (!*desc) return CUBLAS_STATUS_ALLOC_FAILED;
@@ -163,8 +163,8 @@ cublasStatus_t set_value(T* field, const void* buf, size_t size) {
 }  // namespace
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
-                                              cublasLtMatmulDescAttributes_t attr,
-                                              const void* buf, size_t size) {
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size) {
   if (!desc || !buf) return CUBLAS_STATUS_INVALID_VALUE;
   switch (attr) {
     case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: {
@@ -247,11 +247,12 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 }
 
 // ---- the heuristic and the matmul ------------------------------------------------------------
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
-    cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
-    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
-    cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
-    int* returned) {
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int* returned) {
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!returned) return CUBLAS_STATUS_INVALID_VALUE;
   *returned = 0;
@@ -274,10 +275,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
-                              const void* alpha, const void* A, cublasLtMatrixLayout_t a_layout,
-                              const void* B, cublasLtMatrixLayout_t b_layout, const void* beta,
-                              const void* C, cublasLtMatrixLayout_t c_layout, void* D,
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, const void* alpha,
+                              const void* A, cublasLtMatrixLayout_t a_layout, const void* B,
+                              cublasLtMatrixLayout_t b_layout, const void* beta, const void* C,
+                              cublasLtMatrixLayout_t c_layout, void* D,
                               cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t* algo,
                               void* /*workspace*/, size_t /*workspace_bytes*/,
                               cudaStream_t stream) {
@@ -301,8 +302,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
     return CUBLAS_STATUS_NOT_SUPPORTED;  // found for other types or another epilogue
   if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT && refuse_epilogues_at_run()) {
     complain(call, "epilogue " + std::to_string(p.epilogue) + " refused at run time (m=" +
-                       std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" +
-                       std::to_string(p.k) + ", PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES)");
+                       std::to_string(p.m) + " n=" + std::to_string(p.n) +
+                       " k=" + std::to_string(p.k) + ", PACKBERT_EMU_CUBLASLT_REFUSE_EPILOGUES)");
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if (C == D && (p.c.ld != p.d.ld)) {

@@ -40,8 +40,7 @@ bool extent(uint64_t rows, uint64_t cols, uint64_t ld, uint64_t* elements) {
     return true;
   }
   uint64_t e;
-  if (__builtin_mul_overflow(ld, cols - 1, &e) || __builtin_add_overflow(e, rows, &e))
-    return false;
+  if (__builtin_mul_overflow(ld, cols - 1, &e) || __builtin_add_overflow(e, rows, &e)) return false;
   *elements = e;
   return true;
 }
@@ -139,8 +138,7 @@ cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_st* op,
                              const cublasLtMatrixLayoutOpaque_st* a,
                              const cublasLtMatrixLayoutOpaque_st* b,
                              const cublasLtMatrixLayoutOpaque_st* c,
-                             const cublasLtMatrixLayoutOpaque_st* d, Problem* p,
-                             std::string* why) {
+                             const cublasLtMatrixLayoutOpaque_st* d, Problem* p, std::string* why) {
   if (!op || !a || !b || !c || !d) {
     *why = "a null descriptor";
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -178,8 +176,8 @@ cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_st* op,
     }
   }
   if (has_aux(p->epilogue) && (p->aux_ld < 1 || static_cast<uint64_t>(p->aux_ld) < p->m)) {
-    *why = "EPILOGUE_AUX_LD " + std::to_string(p->aux_ld) + " below D's " +
-           std::to_string(p->m) + " rows";
+    *why = "EPILOGUE_AUX_LD " + std::to_string(p->aux_ld) + " below D's " + std::to_string(p->m) +
+           " rows";
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   p->bias_type = op->bias_type == -1 ? static_cast<int32_t>(d->type) : op->bias_type;
@@ -211,20 +209,17 @@ cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_st* op,
     }
     if (!is_float_type(a->type) || b->type != a->type || c->type != d->type ||
         (d->type != a->type && d->type != CUDA_R_32F)) {
-      *why = std::string("types A ") + type_name(a->type) + ", B " + type_name(b->type) +
-             ", C " + type_name(c->type) + ", D " + type_name(d->type);
+      *why = std::string("types A ") + type_name(a->type) + ", B " + type_name(b->type) + ", C " +
+             type_name(c->type) + ", D " + type_name(d->type);
       return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (!is_implemented(p->epilogue)) {
       *why = "epilogue " + std::to_string(p->epilogue);
       return CUBLAS_STATUS_NOT_SUPPORTED;
     }
-    const bool uses_bias =
-        has_bias_input(p->epilogue) || p->epilogue == CUBLASLT_EPILOGUE_BGRADB;
-    if (uses_bias && p->bias_type != static_cast<int32_t>(d->type) &&
-        p->bias_type != CUDA_R_32F) {
-      *why = std::string("bias type ") + type_name(p->bias_type) + " with D " +
-             type_name(d->type);
+    const bool uses_bias = has_bias_input(p->epilogue) || p->epilogue == CUBLASLT_EPILOGUE_BGRADB;
+    if (uses_bias && p->bias_type != static_cast<int32_t>(d->type) && p->bias_type != CUDA_R_32F) {
+      *why = std::string("bias type ") + type_name(p->bias_type) + " with D " + type_name(d->type);
       return CUBLAS_STATUS_NOT_SUPPORTED;
     }
   }
@@ -242,9 +237,9 @@ bool check_buffer(const char* name, const void* ptr, int type, uint64_t rows, ui
   uint64_t bytes = 0;
   const bool fits = sized && !__builtin_mul_overflow(elements, type_bytes(type), &bytes);
   if (fits && bytes == 0) return true;  // nothing is accessed
-  const std::string what = std::string("cublasLtMatmul: ") + name + " (" +
-                           std::to_string(rows) + " x " + std::to_string(cols) + " " +
-                           type_name(type) + ", ld " + std::to_string(ld) + ": " +
+  const std::string what = std::string("cublasLtMatmul: ") + name + " (" + std::to_string(rows) +
+                           " x " + std::to_string(cols) + " " + type_name(type) + ", ld " +
+                           std::to_string(ld) + ": " +
                            (fits ? std::to_string(bytes) + " bytes" : "an overflowing extent") +
                            " from " + (ptr ? "" : "null ");
   char at[32];

@@ -41,8 +41,7 @@ cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_st* op,
                              const cublasLtMatrixLayoutOpaque_st* a,
                              const cublasLtMatrixLayoutOpaque_st* b,
                              const cublasLtMatrixLayoutOpaque_st* c,
-                             const cublasLtMatrixLayoutOpaque_st* d, Problem* p,
-                             std::string* why);
+                             const cublasLtMatrixLayoutOpaque_st* d, Problem* p, std::string* why);
 
 // One buffer the matmul touches: inside one device allocation for its whole extent, aligned to
 // its element. Records the fault and returns false otherwise.

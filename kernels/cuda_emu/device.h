@@ -46,8 +46,8 @@ void syncthreads();
 constexpr int kWarpWords = 16;
 using WarpCombine = void (*)(unsigned mask, const uint32_t (*in)[kWarpWords],
                              uint32_t (*out)[kWarpWords], const void* arg);
-void warp_collective(const char* op, unsigned mask, const uint32_t* in, int in_words,
-                     uint32_t* out, int out_words, WarpCombine combine, const void* arg);
+void warp_collective(const char* op, unsigned mask, const uint32_t* in, int in_words, uint32_t* out,
+                     int out_words, WarpCombine combine, const void* arg);
 
 // An error inside a kernel (an instruction misused: ptx.cpp): recorded for the block with the
 // kernel's and the thread's names; the thread never runs again.
@@ -92,8 +92,8 @@ inline T __shfl_sync(unsigned mask, T var, int srcLane, int width = warpSize) {
 }
 template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = warpSize) {
-  return packbert::emu::shfl("__shfl_xor_sync", packbert::emu::ShflMode::xor_, mask, var,
-                             laneMask, width);
+  return packbert::emu::shfl("__shfl_xor_sync", packbert::emu::ShflMode::xor_, mask, var, laneMask,
+                             width);
 }
 template <typename T>
 inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
@@ -117,7 +117,7 @@ template <typename T>
 inline T atomicMin(T* address, T val) {
   T old = __atomic_load_n(address, __ATOMIC_RELAXED);
   while (val < old && !__atomic_compare_exchange_n(address, &old, val, true, __ATOMIC_RELAXED,
-                                                    __ATOMIC_RELAXED)) {
+                                                   __ATOMIC_RELAXED)) {
   }
   return old;
 }
@@ -125,7 +125,7 @@ template <typename T>
 inline T atomicMax(T* address, T val) {
   T old = __atomic_load_n(address, __ATOMIC_RELAXED);
   while (val > old && !__atomic_compare_exchange_n(address, &old, val, true, __ATOMIC_RELAXED,
-                                                    __ATOMIC_RELAXED)) {
+                                                   __ATOMIC_RELAXED)) {
   }
   return old;
 }

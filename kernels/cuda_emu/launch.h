@@ -23,7 +23,11 @@ class Launcher {
  public:
   Launcher(const char* name, dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
            Kernel kernel)
-      : name_(name), grid_(grid), block_(block), shared_(shared), stream_(stream),
+      : name_(name),
+        grid_(grid),
+        block_(block),
+        shared_(shared),
+        stream_(stream),
         kernel_(kernel) {}
 
   template <typename... A>

@@ -157,8 +157,8 @@ void store16(ncclDataType_t t, void* p, size_t i, float v) {
 
 // out[i] = sum over ranks r in order of the r-th contribution's element (first + i), for
 // i < count; contributions are `stride` elements apart in `all`.
-void sum_in_rank_order(ncclDataType_t t, const char* all, size_t stride, int nranks,
-                       size_t first, size_t count, void* out) {
+void sum_in_rank_order(ncclDataType_t t, const char* all, size_t stride, int nranks, size_t first,
+                       size_t count, void* out) {
   const size_t es = type_size(t);
   for (size_t i = 0; i < count; ++i) {
     if (t == ncclFloat64) {
@@ -289,15 +289,14 @@ struct ncclComm {
         sum_in_rank_order(type, all.data(), h.count, nranks, 0, h.count, op.recv);
         break;
       case Kind::reduce:
-        if (rank == h.root) sum_in_rank_order(type, all.data(), h.count, nranks, 0, h.count, op.recv);
+        if (rank == h.root)
+          sum_in_rank_order(type, all.data(), h.count, nranks, 0, h.count, op.recv);
         break;
       case Kind::reduce_scatter:
         sum_in_rank_order(type, all.data(), h.count * n, nranks,
                           static_cast<size_t>(rank) * h.count, h.count, op.recv);
         break;
-      case Kind::all_gather:
-        std::memcpy(op.recv, all.data(), h.count * n * es);
-        break;
+      case Kind::all_gather: std::memcpy(op.recv, all.data(), h.count * n * es); break;
       case Kind::broadcast:  // only the root sent anything
         std::memmove(op.recv, all.data(), h.count * es);
         break;
@@ -324,23 +323,21 @@ cudaError_t enqueue_op(ncclComm_t comm, cudaStream_t stream, std::shared_ptr<Op>
   if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
       status == cudaStreamCaptureStatusActive)
     o->h.capture = ++comm->captured;
-  return packbert::emu::enqueue_async(
-      stream, kind_name(static_cast<Kind>(o->h.kind)), [comm, o] {
-        auto run = std::make_shared<Op>();
-        run->h = o->h;
-        run->h.index = comm->issued++;
-        run->send = o->send;
-        run->recv = o->recv;
-        return packbert::emu::AsyncRun{[comm, run] { comm->post(run); },
-                                       [run] { return run->done.load(); }};
-      });
+  return packbert::emu::enqueue_async(stream, kind_name(static_cast<Kind>(o->h.kind)), [comm, o] {
+    auto run = std::make_shared<Op>();
+    run->h = o->h;
+    run->h.index = comm->issued++;
+    run->send = o->send;
+    run->recv = o->recv;
+    return packbert::emu::AsyncRun{[comm, run] { comm->post(run); },
+                                   [run] { return run->done.load(); }};
+  });
 }
 
 // A collective's checks at the call (NCCL's argument errors), then its enqueueing (or, inside a
 // group, its recording for ncclGroupEnd).
-ncclResult_t collective(Kind kind, const void* send, void* recv, size_t count,
-                        ncclDataType_t type, ncclRedOp_t op, int root, ncclComm_t comm,
-                        cudaStream_t stream) {
+ncclResult_t collective(Kind kind, const void* send, void* recv, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   const char* name = kind_name(kind);
   ncclResult_t r = ncclSuccess;
   if (!comm) {
@@ -355,9 +352,8 @@ ncclResult_t collective(Kind kind, const void* send, void* recv, size_t count,
     r = error(ncclInvalidArgument, std::string(name) + ": only ncclSum is emulated");
   } else if ((kind == Kind::reduce || kind == Kind::broadcast) &&
              (root < 0 || root >= comm->nranks)) {
-    r = error(ncclInvalidArgument,
-              std::string(name) + ": root " + std::to_string(root) + " of " +
-                  std::to_string(comm->nranks) + " ranks");
+    r = error(ncclInvalidArgument, std::string(name) + ": root " + std::to_string(root) + " of " +
+                                       std::to_string(comm->nranks) + " ranks");
   } else {
     const size_t es = type_size(type), n = static_cast<size_t>(comm->nranks);
     const size_t send_elems = send_count(kind, count, root, comm->rank, n);
@@ -441,8 +437,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
                    "calls MPI)");
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     if (world != nranks)
-      return error(ncclInvalidUsage, "ncclCommInitRank: " + std::to_string(nranks) +
-                                         " ranks of " + std::to_string(world) +
+      return error(ncclInvalidUsage, "ncclCommInitRank: " + std::to_string(nranks) + " ranks of " +
+                                         std::to_string(world) +
                                          ": the emulation's communicators span every MPI rank");
     if (MPI_Comm_split(MPI_COMM_WORLD, 0, rank, &c->mpi) != MPI_SUCCESS)
       return error(ncclSystemError, "ncclCommInitRank: MPI_Comm_split failed");
@@ -529,9 +525,8 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   return collective(Kind::all_reduce, send, recv, count, type, op, 0, comm, stream);
 }
 
-ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount,
-                               ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                               cudaStream_t stream) {
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return collective(Kind::reduce_scatter, send, recv, recvcount, type, op, 0, comm, stream);
 }
 

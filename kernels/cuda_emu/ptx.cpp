@@ -125,8 +125,8 @@ void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
       reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(bytes) != 0)
     device_error("cp.async address not aligned to cp-size");
   if (q.count == AsyncCopies::kMax) device_error("more cp.async copies in flight than emulated");
-  q.copy[q.count++] = AsyncCopy{dst, src, static_cast<uint32_t>(bytes),
-                                static_cast<uint32_t>(src_bytes)};
+  q.copy[q.count++] =
+      AsyncCopy{dst, src, static_cast<uint32_t>(bytes), static_cast<uint32_t>(src_bytes)};
 }
 
 void cp_async_commit() {
@@ -164,8 +164,7 @@ void cp_async_retire(int k) {
   q.groups -= g;
 }
 
-void mma_m16n8k16(MmaType type, float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                  uint32_t b1) {
+void mma_m16n8k16(MmaType type, float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   uint32_t in[10], out[4];
   std::memcpy(in, a, 16);
   in[4] = b0;

@@ -128,9 +128,7 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
-cudaError_t sticky_or(cudaError_t e) {
-  return fail(state().sticky ? cudaErrorLaunchFailure : e);
-}
+cudaError_t sticky_or(cudaError_t e) { return fail(state().sticky ? cudaErrorLaunchFailure : e); }
 
 void complain(const char* call, const std::string& what) {
   std::fprintf(stderr, "cuda emulation: %s: %s\n", call, what.c_str());
@@ -168,8 +166,8 @@ std::string describe(const void* p, size_t bytes) {
     --it;
     if (a < it->first + it->second.bytes + 4096) {
       std::snprintf(buf, sizeof(buf),
-                    "%zu bytes at offset %zu of a %zu-byte %s allocation (%zu past its end)",
-                    bytes, static_cast<size_t>(a - it->first), it->second.bytes,
+                    "%zu bytes at offset %zu of a %zu-byte %s allocation (%zu past its end)", bytes,
+                    static_cast<size_t>(a - it->first), it->second.bytes,
                     it->second.kind == Memory::device ? "device" : "pinned host",
                     static_cast<size_t>(a + bytes - it->first - it->second.bytes));
       return buf;
@@ -329,8 +327,7 @@ cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()>
   return submit(stream, GraphNode{what, std::move(work), nullptr});
 }
 
-cudaError_t enqueue_async(cudaStream_t stream, const char* what,
-                          std::function<AsyncRun()> issue) {
+cudaError_t enqueue_async(cudaStream_t stream, const char* what, std::function<AsyncRun()> issue) {
   return submit(stream, GraphNode{what, nullptr, std::move(issue)});
 }
 
@@ -388,8 +385,8 @@ void launch(cudaStream_t stream, Launch l) {
   const uint64_t threads = uint64_t{b.x} * b.y * b.z;
   std::string bad;
   if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024)
-    bad = "block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
-          std::to_string(b.z) + ") outside CUDA's limits (1024 threads, z <= 64)";
+    bad = "block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+          ") outside CUDA's limits (1024 threads, z <= 64)";
   else if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
     bad = "grid (" + std::to_string(g.x) + "," + std::to_string(g.y) + "," + std::to_string(g.z) +
           ") outside CUDA's limits (x < 2^31, y and z <= 65535)";
@@ -664,9 +661,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   if (CUstream_st* s = emu::resolve(stream); (pageable_src || pageable_dst) && s->capture) {
     if (s->capture->invalidated) return emu::fail(cudaErrorStreamCaptureInvalidated);
     emu::invalidate(*s->capture);
-    emu::complain("cudaMemcpyAsync", "a pageable host buffer on a capturing stream (capture "
-                                     "needs pinned memory, cudaMallocHost); the capture is "
-                                     "invalidated");
+    emu::complain("cudaMemcpyAsync",
+                  "a pageable host buffer on a capturing stream (capture "
+                  "needs pinned memory, cudaMallocHost); the capture is "
+                  "invalidated");
     return emu::fail(cudaErrorStreamCaptureUnsupported);
   }
   if (pageable_dst) {
@@ -679,9 +677,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     // Staged at the call: the caller may reuse its buffer at once.
     auto copy = std::make_shared<std::vector<unsigned char>>(
         static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + n);
-    r = emu::enqueue(stream, "cudaMemcpyAsync", [dst, copy] {
-      std::memcpy(dst, copy->data(), copy->size());
-    });
+    r = emu::enqueue(stream, "cudaMemcpyAsync",
+                     [dst, copy] { std::memcpy(dst, copy->data(), copy->size()); });
   } else {
     r = emu::enqueue(stream, "cudaMemcpyAsync", [dst, src, n] { std::memmove(dst, src, n); });
   }

@@ -77,8 +77,8 @@ struct CUstream_st {
 
 struct CUevent_st {
   unsigned flags = 0;
-  CUstream_st* stream = nullptr;  // of the last record (null: never recorded)
-  uint64_t seq = 0;               // that record's position in the stream
+  CUstream_st* stream = nullptr;     // of the last record (null: never recorded)
+  uint64_t seq = 0;                  // that record's position in the stream
   std::atomic<bool> reached{false};  // the record has run (read without the lock by a query)
   std::chrono::steady_clock::time_point time{};
   // Last recorded in a capture (then stream is null): that capture and the recording stream's
@@ -110,7 +110,7 @@ struct Allocation {
 struct State {
   std::recursive_mutex mutex;
   CUstream_st legacy;
-  std::set<CUstream_st*> streams;  // created, not the legacy one
+  std::set<CUstream_st*> streams;                       // created, not the legacy one
   std::vector<std::unique_ptr<CUstream_st>> destroyed;  // events recorded on them may remain
   std::map<uintptr_t, Allocation> allocations;
   size_t device_bytes = 0;

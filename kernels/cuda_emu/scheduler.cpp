@@ -57,7 +57,7 @@ namespace fc = boost::context::detail;
 
 constexpr size_t kStackBytes = size_t{256} << 10;  // per CUDA thread (ASan's frames are larger)
 constexpr size_t kGuardBytes = size_t{4} << 10;    // PROT_NONE below each stack: overflow faults
-constexpr unsigned kTsanNoSync = 1u;  // __tsan_switch_to_fiber_no_sync
+constexpr unsigned kTsanNoSync = 1u;               // __tsan_switch_to_fiber_no_sync
 
 enum class State : uint8_t { ready, barrier, warp, done };
 
@@ -65,7 +65,7 @@ enum class State : uint8_t { ready, barrier, warp, done };
 // thread's fiber.
 struct Context {
   fc::fcontext_t fc = nullptr;
-  void* tsan = nullptr;            // ThreadSanitizer's fiber
+  void* tsan = nullptr;  // ThreadSanitizer's fiber
   void* asan_fake_stack = nullptr;
   const void* stack_bottom = nullptr;  // AddressSanitizer: the stack it runs on
   size_t stack_size = 0;
@@ -73,7 +73,7 @@ struct Context {
 
 struct Thread {
   Context ctx;
-  char* stack = nullptr;  // lowest usable byte; kStackBytes long
+  char* stack = nullptr;     // lowest usable byte; kStackBytes long
   bool stack_dirty = false;  // abandoned mid-kernel: its stack may still hold ASan's poison
   uint3 idx{};
   State state = State::done;
@@ -236,8 +236,8 @@ void on_exit(Scheduler& s) {
   for (int i = 0; i < w.pending; ++i)
     if ((w.ops[i].mask >> (t % 32)) & 1u)
       abandon(s, "thread " + thread_name(b, t) + " (lane " + std::to_string(t % 32) +
-                     ") exited while lanes " + ranges(lanes_of(w.ops[i].arrived, 0)) +
-                     " wait in " + w.ops[i].op + " for it");
+                     ") exited while lanes " + ranges(lanes_of(w.ops[i].arrived, 0)) + " wait in " +
+                     w.ops[i].op + " for it");
   const int pending = s.pool[static_cast<size_t>(t)].copies.count;
   if (pending > 0)
     abandon(s, "thread " + thread_name(b, t) + " exited with " + std::to_string(pending) +
@@ -302,8 +302,7 @@ std::string describe_deadlock(Scheduler& s) {
     if (st == State::done) done.push_back(t);
   }
   std::string m = "deadlock:";
-  if (!at_barrier.empty())
-    m += " threads " + ranges(at_barrier) + " wait at __syncthreads;";
+  if (!at_barrier.empty()) m += " threads " + ranges(at_barrier) + " wait at __syncthreads;";
   for (int w = 0; w < (b.threads + 31) / 32; ++w)
     for (int i = 0; i < b.warps[w].pending; ++i) {
       const WarpOp& op = b.warps[w].ops[i];
@@ -409,33 +408,30 @@ std::string hex(unsigned m) {
                    ranges(lanes_of(mask & ~existing, 0)) + " that warp " + std::to_string(warp) +
                    " of a " + std::to_string(b.threads) + "-thread block does not have");
   if (mask & wp.exited)
-    abandon(s, std::string(op) + " in warp " + std::to_string(warp) + " with mask " +
-                   hex(mask) + " names lanes " + ranges(lanes_of(mask & wp.exited, 0)) +
-                   ", which have exited");
+    abandon(s, std::string(op) + " in warp " + std::to_string(warp) + " with mask " + hex(mask) +
+                   " names lanes " + ranges(lanes_of(mask & wp.exited, 0)) + ", which have exited");
   for (int i = 0; i < wp.pending; ++i) {
     const WarpOp& o = wp.ops[i];
     if (o.mask != mask && (o.mask & mask))
-      abandon(s, "warp " + std::to_string(warp) + " lane " + std::to_string(lane) + " calls " +
-                     op + " with mask " + hex(mask) + " while lanes " +
-                     ranges(lanes_of(o.arrived, 0)) + " wait in " + o.op + " with mask " +
-                     hex(o.mask));
+      abandon(s, "warp " + std::to_string(warp) + " lane " + std::to_string(lane) + " calls " + op +
+                     " with mask " + hex(mask) + " while lanes " + ranges(lanes_of(o.arrived, 0)) +
+                     " wait in " + o.op + " with mask " + hex(o.mask));
     if (o.mask == mask && std::strcmp(o.op, op) != 0)
-      abandon(s, "warp " + std::to_string(warp) + " lanes disagree: lane " +
-                     std::to_string(lane) + " calls " + op + " while lanes " +
-                     ranges(lanes_of(o.arrived, 0)) + " wait in " + o.op + " (mask " +
-                     hex(mask) + ")");
+      abandon(s, "warp " + std::to_string(warp) + " lanes disagree: lane " + std::to_string(lane) +
+                     " calls " + op + " while lanes " + ranges(lanes_of(o.arrived, 0)) +
+                     " wait in " + o.op + " (mask " + hex(mask) + ")");
   }
 }
 
 // The hot path of every shuffle and mma: a few bit tests, one copy in, one copy out.
-void warp_collective(const char* op, unsigned mask, const uint32_t* in, int in_words,
-                     uint32_t* out, int out_words, WarpCombine combine, const void* arg) {
+void warp_collective(const char* op, unsigned mask, const uint32_t* in, int in_words, uint32_t* out,
+                     int out_words, WarpCombine combine, const void* arg) {
   Scheduler& s = *g_sched;
   Block& b = current_block(op);
   const int t = s.current, warp = t / 32, lane = t % 32;
   Warp& wp = b.warps[warp];
-  const unsigned existing = b.threads - warp * 32 >= 32 ? 0xffffffffu
-                                                         : ((1u << (b.threads - warp * 32)) - 1u);
+  const unsigned existing =
+      b.threads - warp * 32 >= 32 ? 0xffffffffu : ((1u << (b.threads - warp * 32)) - 1u);
   WarpOp* w = wp.pending > 0 && wp.ops[0].mask == mask ? &wp.ops[0] : nullptr;
   if (!((mask >> lane) & 1u) || (mask & ~existing) || (mask & wp.exited) ||
       (w ? (w->op != op && std::strcmp(w->op, op) != 0) : wp.pending > 0))
@@ -493,19 +489,13 @@ void shfl_combine(unsigned mask, const uint32_t (*in)[kWarpWords], uint32_t (*ou
     const int base = lane & ~(width - 1), n = static_cast<int>(in[lane][2]);
     int src = lane;
     switch (a.mode) {
-      case ShflMode::idx:
-        src = base + (n & (width - 1));
-        break;
+      case ShflMode::idx: src = base + (n & (width - 1)); break;
       case ShflMode::xor_:
         src = lane ^ n;
         if (src >= base + width) src = lane;  // a later group: the lane's own value
         break;
-      case ShflMode::up:
-        src = lane - n >= base ? lane - n : lane;
-        break;
-      case ShflMode::down:
-        src = lane + n < base + width ? lane + n : lane;
-        break;
+      case ShflMode::up: src = lane - n >= base ? lane - n : lane; break;
+      case ShflMode::down: src = lane + n < base + width ? lane + n : lane; break;
     }
     // A source lane outside the mask yields an undefined value on a GPU: here the caller's own.
     if (src < 0 || src > 31 || !((mask >> src) & 1u)) src = lane;

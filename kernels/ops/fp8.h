@@ -86,8 +86,8 @@ struct Fp8CastDims {
 inline Fp8CastDims fp8_cast_args(const OpArgs& a, const Tensor& src, const Tensor& rows,
                                  const Tensor& scale, const Tensor& amax, const Tensor& out,
                                  const Tensor& out_t) {
-  PB_REQUIRE(src.defined() && (src.dtype == DType::f32 || src.dtype == DType::bf16 ||
-                               src.dtype == DType::f16),
+  PB_REQUIRE(src.defined() &&
+                 (src.dtype == DType::f32 || src.dtype == DType::bf16 || src.dtype == DType::f16),
              "{}: src is {}, expected f32, bf16 or f16", a.op, src.str());
   a("src", src, src.dtype, {kAnyDim, kAnyDim});
   const int64_t n = src.dim(0), c = src.dim(1);
@@ -100,8 +100,8 @@ inline Fp8CastDims fp8_cast_args(const OpArgs& a, const Tensor& src, const Tenso
                out.defined() ? "out" : "out_t", first.str());
     a.optional("out", out, first.dtype, {kAnyDim, c});
     a.optional("out_t", out_t, first.dtype, {c, kAnyDim});
-    PB_REQUIRE(n_out >= n && n_t >= n, "{}: {} rows of src, out has {} and out_t {} (>= {})",
-               a.op, n, n_out, n_t, n);
+    PB_REQUIRE(n_out >= n && n_t >= n, "{}: {} rows of src, out has {} and out_t {} (>= {})", a.op,
+               n, n_out, n_t, n);
     a("scale", scale, DType::f32, {2});
   } else {
     a.optional("scale", scale, DType::f32, {2});
@@ -116,8 +116,8 @@ inline GemmDims fp8_gemm_args(const OpArgs& a, const Tensor& x, const Tensor& x_
                               const Tensor& w, const Tensor& w_scale, const Tensor& out,
                               const Fp8GemmOptions& o) {
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a", &x}, {"b", &w}})
-    PB_REQUIRE(t->defined() && is_fp8(t->dtype), "{}: {} is {}, expected e4m3 or e5m2", a.op,
-               name, t->str());
+    PB_REQUIRE(t->defined() && is_fp8(t->dtype), "{}: {} is {}, expected e4m3 or e5m2", a.op, name,
+               t->str());
   PB_REQUIRE(!(x.dtype == DType::e5m2 && w.dtype == DType::e5m2),
              "{}: a and b are both e5m2 (FP8 GEMMs take e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3)",
              a.op);
@@ -131,8 +131,8 @@ inline GemmDims fp8_gemm_args(const OpArgs& a, const Tensor& x, const Tensor& x_
              a.op, n, k, m);
   a("a_scale", x_scale, DType::f32, {2});
   a("b_scale", w_scale, DType::f32, {2});
-  PB_REQUIRE(out.defined() && (out.dtype == DType::f32 || out.dtype == DType::bf16 ||
-                               out.dtype == DType::f16),
+  PB_REQUIRE(out.defined() &&
+                 (out.dtype == DType::f32 || out.dtype == DType::bf16 || out.dtype == DType::f16),
              "{}: out is {}, expected f32, bf16 or f16", a.op, out.str());
   a("out", out, out.dtype, {n, m});
   if (o.epilogue == Epilogue::none) {
@@ -169,9 +169,8 @@ inline Fp8ScaleDims fp8_amax_share_args(const OpArgs& a, const Tensor& amax, int
 }
 
 inline Fp8ScaleDims fp8_scale_update_args(const OpArgs& a, const Tensor& shared,
-                                          const Tensor& fp8_max, int margin,
-                                          const Tensor& history, const Tensor& scales,
-                                          const Tensor& amax) {
+                                          const Tensor& fp8_max, int margin, const Tensor& history,
+                                          const Tensor& scales, const Tensor& amax) {
   a("shared", shared, DType::f64, {kAnyDim, kAnyDim});
   const int64_t ranks = shared.dim(0), n = shared.dim(1);
   a("fp8_max", fp8_max, DType::f32, {n});

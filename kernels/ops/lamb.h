@@ -146,8 +146,7 @@ inline LambDims lamb_update_args(const OpArgs& a, const Tensor& table, const Lam
 
 inline LambDims lamb_apply_args(const OpArgs& a, const Tensor& table, const LambConfig& cfg,
                                 const Tensor& global_grad_norm, const Tensor& sums,
-                                const Tensor& params, const Tensor& grads,
-                                const Tensor& norms_ws) {
+                                const Tensor& params, const Tensor& grads, const Tensor& norms_ws) {
   OpArgs(a.op, Device::cpu)("table", table, DType::i64, {kAnyDim, 3});
   const int64_t num_tensors = table.dim(0);
   a("params", params, DType::f32, {kAnyDim});

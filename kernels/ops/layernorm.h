@@ -50,11 +50,10 @@ struct LayerNormParams {
 
 namespace packbert::checks {
 
-inline RowDims residual_layernorm_forward_args(const OpArgs& a, const Tensor& x,
-                                               const Tensor& bias, const Tensor& residual,
-                                               const LayerNormParams& ln, const Tensor& out,
-                                               const Tensor& ln_in, const Tensor& ln_mean,
-                                               const Tensor& ln_rstd) {
+inline RowDims residual_layernorm_forward_args(const OpArgs& a, const Tensor& x, const Tensor& bias,
+                                               const Tensor& residual, const LayerNormParams& ln,
+                                               const Tensor& out, const Tensor& ln_in,
+                                               const Tensor& ln_mean, const Tensor& ln_rstd) {
   a("x", x, DType::f32, {kAnyDim, kAnyDim});
   const int64_t rows = x.dim(0), h = x.dim(1);
   a.optional("bias", bias, DType::f32, {h});
@@ -74,8 +73,7 @@ inline RowDims residual_layernorm_backward_args(const OpArgs& a, const Tensor& d
                                                 const Tensor& ln_in, const Tensor& ln_mean,
                                                 const Tensor& ln_rstd, const LayerNormParams& ln,
                                                 const Tensor& dx, const Tensor& dresidual,
-                                                const Tensor& dbias,
-                                                const LayerNormParams& dln) {
+                                                const Tensor& dbias, const LayerNormParams& dln) {
   a("dout", dout, DType::f32, {kAnyDim, kAnyDim});
   const int64_t rows = dout.dim(0), h = dout.dim(1);
   a("ln_in", ln_in, DType::f32, {rows, h});

@@ -12,17 +12,17 @@ namespace packbert {
 // Where the tokens of one micro-batch sit in the token-wise buffers. Every tensor lives on the
 // backend's device. A row that belongs to no sequence is padding: token_seq = -1.
 struct SeqLayout {
-  int64_t rows = 0;      // rows of every token-wise buffer
+  int64_t rows = 0;  // rows of every token-wise buffer
   int32_t num_seqs = 0;
-  int32_t max_len = 0;   // the longest sequence (sizes the CPU attention scratch)
-  Tensor seq_start;      // i32 [num_seqs]: row of each sequence's first token ([CLS])
-  Tensor seq_len;        // i32 [num_seqs]: tokens of each sequence, >= 1; or 0, an empty slot
-                         // (no row names it: a fixed-capacity batch's unused sequence, which
-                         // the token-wise ops skip and nsp_loss leaves out)
-  Tensor sample_id;      // i64 [num_seqs]: global sample id (the dropout key), < 2^44
-  Tensor token_seq;      // i32 [rows]: sequence of each row, -1 for padding
-  Tensor token_pos;      // i32 [rows]: position inside its sequence (0 for padding); this is
-                         // also the position-embedding index, so positions restart per sequence
+  int32_t max_len = 0;  // the longest sequence (sizes the CPU attention scratch)
+  Tensor seq_start;     // i32 [num_seqs]: row of each sequence's first token ([CLS])
+  Tensor seq_len;       // i32 [num_seqs]: tokens of each sequence, >= 1; or 0, an empty slot
+                        // (no row names it: a fixed-capacity batch's unused sequence, which
+                        // the token-wise ops skip and nsp_loss leaves out)
+  Tensor sample_id;     // i64 [num_seqs]: global sample id (the dropout key), < 2^44
+  Tensor token_seq;     // i32 [rows]: sequence of each row, -1 for padding
+  Tensor token_pos;     // i32 [rows]: position inside its sequence (0 for padding); this is
+                        // also the position-embedding index, so positions restart per sequence
   // Optional: a host copy of seq_len (num_seqs values, equal to it), when the caller has one
   // (the model keeps its batch's). A device backend then plans its attention launches without
   // reading seq_len back, which would wait for the stream; with index validation on it checks
@@ -51,7 +51,7 @@ struct Dropout {
   float p = 0.f;
   uint64_t seed = 0;
   uint32_t step = 0;
-  uint32_t layer = 0;    // encoder layer; the embedding uses 0 (the site tells them apart)
+  uint32_t layer = 0;  // encoder layer; the embedding uses 0 (the site tells them apart)
   DropoutSite site = DropoutSite::embedding;
   // Optional: i32 [1] in the backend's memory holding the step (equal to `step` when the op is
   // issued), read when the op runs instead of `step`, so that a CUDA graph captured at one step

@@ -154,8 +154,7 @@ struct NspDims {
 
 inline NspDims nsp_loss_args(const OpArgs& a, const SeqLayout& layout, const Tensor& x,
                              const PoolerParams& params, const Tensor& labels,
-                             const Tensor& workspace, const Tensor& dx,
-                             const PoolerParams& grads) {
+                             const Tensor& workspace, const Tensor& dx, const PoolerParams& grads) {
   a("x", x, DType::f32, {layout.rows, kAnyDim});
   const int64_t h = x.dim(1), s = layout.num_seqs;
   a("labels", labels, DType::i32, {s});

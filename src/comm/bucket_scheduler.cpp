@@ -64,8 +64,7 @@ std::vector<GradBucket> plan_grad_buckets(const std::vector<GradSpan>& tensors, 
   return buckets;
 }
 
-std::vector<int64_t> bucket_part_counts(const GradBucket& b,
-                                         const std::vector<int64_t>& bounds) {
+std::vector<int64_t> bucket_part_counts(const GradBucket& b, const std::vector<int64_t>& bounds) {
   std::vector<int64_t> counts(bounds.empty() ? 0 : bounds.size() - 1, 0);
   const int64_t lo = b.offset, hi = b.offset + b.size;
   for (size_t r = 0; r < counts.size(); ++r)
@@ -189,9 +188,10 @@ GradReduceStats GradBucketScheduler::finish() {
   for (size_t j = 0; j < tensors_.size(); ++j) {
     if (tensor_ready_[j]) continue;
     const int i = original_index_[j];
-    PB_THROW("{}: finish() but tensor {} (offset {}, size {}) was never marked ready in this "
-             "round",
-             label_, i, tensors_[j].offset, tensors_[j].size);
+    PB_THROW(
+        "{}: finish() but tensor {} (offset {}, size {}) was never marked ready in this "
+        "round",
+        label_, i, tensors_[j].offset, tensors_[j].size);
   }
   GradReduceStats stats;
   stats.buckets = static_cast<int>(buckets_.size());
@@ -214,8 +214,9 @@ GradReduceStats GradBucketScheduler::finish() {
 }
 
 void GradBucketTransport::launched() {
-  PB_THROW("grad reducer: a graph holding this transport's collectives was launched, but they "
-           "cannot be captured (only NCCL's can)");
+  PB_THROW(
+      "grad reducer: a graph holding this transport's collectives was launched, but they "
+      "cannot be captured (only NCCL's can)");
 }
 
 void GradBucketTransport::watch_launch(const char*) { launched(); }

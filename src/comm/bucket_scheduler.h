@@ -26,9 +26,9 @@ struct GradSpan {
 // A contiguous piece of the buffer reduced by one collective.
 struct GradBucket {
   int64_t offset = 0;
-  int64_t size = 0;          // elements (fits an int count, MPI's and NCCL's alike)
-  int first_tensor = 0;      // tensors overlapping it, as indices into the sorted table:
-  int last_tensor = -1;      // [first_tensor, last_tensor]; empty for a gap-only bucket
+  int64_t size = 0;      // elements (fits an int count, MPI's and NCCL's alike)
+  int first_tensor = 0;  // tensors overlapping it, as indices into the sorted table:
+  int last_tensor = -1;  // [first_tensor, last_tensor]; empty for a gap-only bucket
 };
 
 // The bucket plan (pure arithmetic): tensors sorted by offset, non-overlapping, inside
@@ -153,9 +153,9 @@ class GradBucketScheduler {
 
   std::string label_;
   GradBucketTransport* transport_ = nullptr;
-  std::vector<GradSpan> tensors_;       // sorted by offset
-  std::vector<int> sorted_index_;       // constructor's index -> sorted index
-  std::vector<int> original_index_;     // sorted index -> constructor's index
+  std::vector<GradSpan> tensors_;    // sorted by offset
+  std::vector<int> sorted_index_;    // constructor's index -> sorted index
+  std::vector<int> original_index_;  // sorted index -> constructor's index
   std::vector<GradBucket> buckets_;
   std::vector<int> tensor_first_bucket_, tensor_last_bucket_;  // buckets each tensor overlaps
 

@@ -26,15 +26,19 @@ MPI_Datatype mpi_type_of(DType t) {
   PB_THROW("shard exchange: all_gather of a {} buffer (f32, bf16 or f16)", dtype_name(t));
 }
 
-
 // One MPI collective per bucket on host memory; a device buffer is staged through the host.
 class MpiTransport final : public GradBucketTransport {
  public:
   MpiTransport(MPI_Comm comm, int rank, int size, Backend& backend, const Tensor& grads,
                size_t num_buckets, std::vector<int64_t> bounds)
-      : comm_(comm), rank_(rank), size_(size), bounds_(std::move(bounds)), backend_(backend),
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        bounds_(std::move(bounds)),
+        backend_(backend),
         grads_(grads),
-        staged_(grads.device != Device::cpu), requests_(num_buckets, MPI_REQUEST_NULL),
+        staged_(grads.device != Device::cpu),
+        requests_(num_buckets, MPI_REQUEST_NULL),
         completed_indices_(num_buckets, 0) {
     if (staged_) host_.assign(static_cast<size_t>(grads.numel()), 0.f);
     host_grads_ = staged_ ? host_.data() : static_cast<float*>(grads.data);
@@ -114,8 +118,7 @@ class MpiTransport final : public GradBucketTransport {
       const GradBucket& b = buckets[k];
       const GradBucket mine = own_part(b);
       if (staged && mine.size > 0) {
-        const Tensor h(host + mine.offset * static_cast<int64_t>(elem), buffer.dtype,
-                       {mine.size});
+        const Tensor h(host + mine.offset * static_cast<int64_t>(elem), buffer.dtype, {mine.size});
         backend_.copy(h, slice(buffer, mine.offset, mine.size));
       }
       counts[k] = part_counts(b);
@@ -128,15 +131,14 @@ class MpiTransport final : public GradBucketTransport {
     }
     int done = 0;
     while (!done) {
-      PB_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
-                               MPI_STATUSES_IGNORE));
+      PB_MPI_CHECK(
+          MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
       if (!done) std::this_thread::yield();
     }
     if (staged) {
       for (const GradBucket& b : buckets)
         backend_.copy(slice(buffer, b.offset, b.size),
-                      Tensor(host + b.offset * static_cast<int64_t>(elem), buffer.dtype,
-                             {b.size}));
+                      Tensor(host + b.offset * static_cast<int64_t>(elem), buffer.dtype, {b.size}));
     }
   }
 
@@ -174,8 +176,8 @@ class MpiTransport final : public GradBucketTransport {
   Backend& backend_;
   Tensor grads_;
   bool staged_;
-  std::vector<float> host_;         // staged: the host copy of the gradient
-  float* host_grads_ = nullptr;     // where MPI reads and writes
+  std::vector<float> host_;      // staged: the host copy of the gradient
+  float* host_grads_ = nullptr;  // where MPI reads and writes
   std::vector<float> shard_scratch_;
   std::vector<char> gather_host_;
   GradCollective collective_ = GradCollective::allreduce;
@@ -200,15 +202,13 @@ GradReducer::GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads,
   PB_MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) PB_MPI_CHECK(MPI_Finalized(&finalized));
   if (initialized && !finalized) PB_MPI_CHECK(MPI_Comm_size(parent, &size_));
-  const bool nccl = grads.device != Device::cpu &&
-                    options.device_transport == GradTransport::nccl;
+  const bool nccl = grads.device != Device::cpu && options.device_transport == GradTransport::nccl;
   bounds_ = options.shard_bounds;
   if (bounds_.empty()) {
     for (int r = 0; r <= size_; ++r) bounds_.push_back(num_elems_ * r / size_);
   }
   PB_REQUIRE(bounds_.size() == static_cast<size_t>(size_) + 1 && bounds_.front() == 0 &&
-                 bounds_.back() == num_elems_ &&
-                 std::is_sorted(bounds_.begin(), bounds_.end()),
+                 bounds_.back() == num_elems_ && std::is_sorted(bounds_.begin(), bounds_.end()),
              "grad reducer: {} shard bounds for {} ranks (need {}, ascending from 0 to {})",
              bounds_.size(), size_, size_ + 1, num_elems_);
   if (size_ > 1) {
@@ -251,9 +251,8 @@ GradReducer::~GradReducer() {
 }
 
 void GradReducer::begin(GradCollective collective) {
-  collective_name_ = collective == GradCollective::allreduce
-                         ? "all-reduce (gradient reducer)"
-                         : "reduce-scatter (gradient reducer)";
+  collective_name_ = collective == GradCollective::allreduce ? "all-reduce (gradient reducer)"
+                                                             : "reduce-scatter (gradient reducer)";
   sched_.begin(collective);
 }
 
@@ -261,7 +260,8 @@ void GradReducer::ready_tensor(int i) { sched_.ready_tensor(i); }
 void GradReducer::ready(int64_t offset, int64_t size) { sched_.ready(offset, size); }
 void GradReducer::progress() { sched_.progress(); }
 GradReduceStats GradReducer::finish() {
-  // At the watchdog's step. With NCCL the host does not wait here (docs/communication.md#nccl-hangs).
+  // At the watchdog's step. With NCCL the host does not wait here
+  // (docs/communication.md#nccl-hangs).
   const WatchScope watch(collective_name_);
   return sched_.finish();
 }
@@ -272,8 +272,10 @@ void GradReducer::complete() {
 }
 
 void GradReducer::graph_launched() {
-  PB_REQUIRE(capturable(), "grad reducer: a graph holding a round of the {} transport (only "
-             "NCCL's rounds can be captured)", transport_name_);
+  PB_REQUIRE(capturable(),
+             "grad reducer: a graph holding a round of the {} transport (only "
+             "NCCL's rounds can be captured)",
+             transport_name_);
   sched_.graph_launched();
 }
 

@@ -46,8 +46,8 @@ class GradReducer {
   // grads: the flat f32 gradient buffer [num_elems] on the backend's device (it must stay
   // valid; the caller must not write a bucket between its start and finish()). tensors: the
   // table in any order; ready_tensor(i) takes the index i into it. Collective over parent.
-  GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads,
-              std::vector<GradSpan> tensors, const GradReducerOptions& options = {});
+  GradReducer(MPI_Comm parent, Backend& backend, const Tensor& grads, std::vector<GradSpan> tensors,
+              const GradReducerOptions& options = {});
   // Frees the communicator. If a round is still in flight (an exception unwound the backward),
   // MPI's communicator and requests are leaked instead and NCCL's is aborted: waiting could
   // hang on a peer that died, and the top-level handler is about to MPI_Abort anyway.
@@ -78,7 +78,8 @@ class GradReducer {
   // return; with NCCL the backend's stream waits for it (work issued next sees it).
   GradReduceStats finish();
 
-  // Whether a round can run inside a CUDA graph (docs/communication.md#graphs): NCCL's transport, or none.
+  // Whether a round can run inside a CUDA graph (docs/communication.md#graphs): NCCL's transport,
+  // or none.
   bool capturable() const { return !transport_ || std::strcmp(transport_name_, "nccl") == 0; }
   // finish()'s work at the end of the backward's ops (recorded when they are captured); finish()
   // then returns its statistics only.

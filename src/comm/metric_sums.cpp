@@ -27,8 +27,7 @@ MetricSums::~MetricSums() {
 }
 
 void MetricSums::sum(double* data, int count, const char* collective) {
-  PB_REQUIRE(count >= 0 && (data || count == 0), "metric sums: {} values ({})", count,
-             collective);
+  PB_REQUIRE(count >= 0 && (data || count == 0), "metric sums: {} values ({})", count, collective);
   if (size_ == 1 || count == 0) return;
   const WatchScope watch(collective);
   PB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm_));

@@ -94,10 +94,10 @@ class NcclTransport final : public GradBucketTransport {
       // Never wait here: a started bucket not yet complete may be waiting for a peer that died.
       // After a complete step every bucket is done (the optimizer that followed finish() has
       // been waited for), so a clean shutdown destroys the communicator; anything else aborts.
-      const bool clean = !failed_ && !in_round_ && std::uncaught_exceptions() == 0 &&
-                         (!round_done_ || cudaEventQuery(round_done_) == cudaSuccess) &&
-                         (groups_started_ == 0 ||
-                          cudaEventQuery(group_done_[groups_started_ - 1]) == cudaSuccess);
+      const bool clean =
+          !failed_ && !in_round_ && std::uncaught_exceptions() == 0 &&
+          (!round_done_ || cudaEventQuery(round_done_) == cudaSuccess) &&
+          (groups_started_ == 0 || cudaEventQuery(group_done_[groups_started_ - 1]) == cudaSuccess);
       if (clean) {
         (void)ncclCommDestroy(comm_);
       } else {
@@ -133,8 +133,8 @@ class NcclTransport final : public GradBucketTransport {
     PB_NCCL_CUDA(cudaEventRecord(ready, compute_));
     PB_NCCL_CUDA(cudaStreamWaitEvent(comm_stream_, ready, 0));
     if (collective_ == GradCollective::allreduce) {
-      PB_NCCL_NCCL(ncclAllReduce(data, data, static_cast<size_t>(b.size), ncclFloat, ncclSum,
-                                 comm_, comm_stream_));
+      PB_NCCL_NCCL(ncclAllReduce(data, data, static_cast<size_t>(b.size), ncclFloat, ncclSum, comm_,
+                                 comm_stream_));
     } else {
       // One in-place ncclReduce per owner of a part of the bucket, in one group.
       const std::vector<int64_t> counts = bucket_part_counts(b, bounds_);
@@ -419,20 +419,20 @@ class NcclTransport final : public GradBucketTransport {
     const char* detail = comm_ && !aborted_ ? ncclGetLastError(comm_) : nullptr;
     const std::string more = detail && *detail ? std::string(" (") + detail + ")" : "";
     abort_comm();
-    PB_THROW("nccl transport: {}:{}: {} failed: {}{} (NCCL error {})", file, line,
-             call_name(call), ncclGetErrorString(r), more, static_cast<int>(r));
+    PB_THROW("nccl transport: {}:{}: {} failed: {}{} (NCCL error {})", file, line, call_name(call),
+             ncclGetErrorString(r), more, static_cast<int>(r));
   }
 
   int device_;
   cudaStream_t compute_;
   float* grads_;
   cudaStream_t comm_stream_ = nullptr;
-  std::vector<cudaEvent_t> ready_, done_;  // per bucket
+  std::vector<cudaEvent_t> ready_, done_;                    // per bucket
   std::vector<cudaEvent_t> captured_ready_, captured_done_;  // per bucket, in captures only
-  std::vector<cudaEvent_t> group_done_;    // per gather group (start_groups)
-  cudaEvent_t round_start_ = nullptr;      // recorded at each round's begin
-  cudaEvent_t launch_done_ = nullptr;      // after a graph holding a round
-  cudaEvent_t round_done_ = nullptr;       // the last round's end (null: none yet)
+  std::vector<cudaEvent_t> group_done_;                      // per gather group (start_groups)
+  cudaEvent_t round_start_ = nullptr;                        // recorded at each round's begin
+  cudaEvent_t launch_done_ = nullptr;                        // after a graph holding a round
+  cudaEvent_t round_done_ = nullptr;  // the last round's end (null: none yet)
   size_t groups_started_ = 0;
   ncclComm_t comm_ = nullptr;
   std::atomic<bool> aborted_{false};
@@ -485,8 +485,10 @@ std::unique_ptr<GradBucketTransport> make_nccl_transport(MPI_Comm parent,
     int ok = local_error.empty() ? 1 : 0, all_ok = 0;
     PB_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, boot.comm));
     if (!ok) PB_THROW("{}", local_error);
-    PB_REQUIRE(all_ok, "nccl transport: rank {}: another rank failed to {} (its log names the "
-               "error)", rank, what);
+    PB_REQUIRE(all_ok,
+               "nccl transport: rank {}: another rank failed to {} (its log names the "
+               "error)",
+               rank, what);
   };
 
   std::string error, gpu;

@@ -5,8 +5,9 @@
 namespace packbert {
 
 std::unique_ptr<GradBucketTransport> make_nccl_transport(MPI_Comm, const NcclTransportSetup&) {
-  PB_THROW("grad reducer: NCCL asked for, but this build has no CUDA (configure with "
-           "-DPACKBERT_CUDA=ON)");
+  PB_THROW(
+      "grad reducer: NCCL asked for, but this build has no CUDA (configure with "
+      "-DPACKBERT_CUDA=ON)");
 }
 
 }  // namespace packbert

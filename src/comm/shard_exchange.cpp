@@ -133,10 +133,11 @@ void ShardExchange::sum(const Tensor& values) {
 
 void ShardExchange::graph_launched() {
   GradReducer& r = reducer_;
-  PB_REQUIRE(r.capturable(), "shard exchange: a graph holding sums of the {} transport (only "
-             "NCCL's can be captured)", r.transport_name());
-  if (r.transport_)
-    r.transport_->watch_launch("NCCL all-reduce (shard exchange sums, in a graph)");
+  PB_REQUIRE(r.capturable(),
+             "shard exchange: a graph holding sums of the {} transport (only "
+             "NCCL's can be captured)",
+             r.transport_name());
+  if (r.transport_) r.transport_->watch_launch("NCCL all-reduce (shard exchange sums, in a graph)");
 }
 
 }  // namespace packbert

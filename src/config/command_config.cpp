@@ -53,8 +53,8 @@ void require_set(const std::string& key, bool set) {
 }
 void require_file(const std::string& key, const std::string& path) {
   std::error_code ec;
-  PB_REQUIRE(std::filesystem::is_regular_file(path, ec), "{} = \"{}\": no such file",
-             named(key), path);
+  PB_REQUIRE(std::filesystem::is_regular_file(path, ec), "{} = \"{}\": no such file", named(key),
+             path);
 }
 
 }  // namespace
@@ -158,8 +158,7 @@ void validate_inspect_config(const InspectConfig& c) {
   const InspectOptions& o = c.inspect;
   require_set("inspect.path", !o.path.empty());
   if (!o.vocab.empty()) require_file("inspect.vocab", o.vocab);
-  PB_REQUIRE(o.vocab_size >= 1, "{} = {}: must be >= 1", named("inspect.vocab_size"),
-             o.vocab_size);
+  PB_REQUIRE(o.vocab_size >= 1, "{} = {}: must be >= 1", named("inspect.vocab_size"), o.vocab_size);
   PB_REQUIRE(o.max_seq_len >= 0, "{} = {}: must be >= 0 (0 = no limit)",
              named("inspect.max_seq_len"), o.max_seq_len);
 }

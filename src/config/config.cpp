@@ -67,8 +67,8 @@ std::string bracketed(const std::vector<std::string>& sections) {
                                const std::string& command) {
   const std::string s = snake(section);
   PB_REQUIRE(s == section || std::find(sections.begin(), sections.end(), s) == sections.end(),
-             "{}: section [{}] is kebab-case; config sections and keys are snake_case: [{}]",
-             where, section, s);
+             "{}: section [{}] is kebab-case; config sections and keys are snake_case: [{}]", where,
+             section, s);
   PB_THROW("{}: unknown section [{}] for {} (known: {})", where, section, command,
            bracketed(sections));
 }
@@ -77,8 +77,8 @@ std::string bracketed(const std::vector<std::string>& sections) {
 [[noreturn]] void fail_key(const std::string& where, const std::string& section,
                            const std::string& key, const std::vector<KeySpec>& keys) {
   PB_REQUIRE(snake(key) == key || !find_spec(keys, section + "." + snake(key)),
-             "{}: key '{}' is kebab-case; config keys are snake_case: {}.{}", where, key,
-             section, snake(key));
+             "{}: key '{}' is kebab-case; config keys are snake_case: {}.{}", where, key, section,
+             snake(key));
   std::vector<std::string> known;
   for (const KeySpec& k : keys)
     if (section_of(k.name) == section) known.push_back(k.name.substr(section.size() + 1));
@@ -159,8 +159,7 @@ std::string read_string_list(const toml::node& n, std::vector<std::string>& out)
 std::string read_choice(const toml::node& n, const std::vector<std::string>& names,
                         std::string& out) {
   const auto* v = n.as_string();
-  if (!v)
-    return fmt::format("expected one of {}, got {}", fmt::join(names, " | "), describe(n));
+  if (!v) return fmt::format("expected one of {}, got {}", fmt::join(names, " | "), describe(n));
   if (std::find(names.begin(), names.end(), v->get()) == names.end())
     return fmt::format("unknown value '{}' (expected one of {})", v->get(),
                        fmt::join(names, " | "));
@@ -200,8 +199,7 @@ std::string toml_string_list(const std::vector<std::string>& v) {
 std::vector<Setting> read_file(const std::string& path, const std::vector<KeySpec>& keys,
                                const std::string& command) {
   std::error_code ec;
-  PB_REQUIRE(std::filesystem::is_regular_file(path, ec), "{}: cannot open the config file",
-             path);
+  PB_REQUIRE(std::filesystem::is_regular_file(path, ec), "{}: cannot open the config file", path);
   std::shared_ptr<toml::table> doc;
   try {
     doc = std::make_shared<toml::table>(toml::parse_file(path));
@@ -228,7 +226,8 @@ std::vector<Setting> read_file(const std::string& path, const std::vector<KeySpe
     if (!node.is_table()) {
       PB_REQUIRE(s != "log-level" && s != "log_level",
                  "{}: '{}': the log level is not a config key; give --log-level LEVEL before "
-                 "the subcommand", at, s);
+                 "the subcommand",
+                 at, s);
       PB_THROW("{}: key '{}' is outside any section; {} reads the sections {}", at, s, command,
                bracketed(sections));
     }
@@ -263,8 +262,8 @@ Setting read_override(const std::string& text, const std::vector<KeySpec>& keys,
   const std::string name = trim(s.substr(0, eq));
   const std::string raw = trim(s.substr(eq + 1));
   const size_t dot = name.find('.');
-  PB_REQUIRE(dot != std::string::npos,
-             "{}: expected section.key=VALUE (e.g. --{}=VALUE)", at, keys.front().name);
+  PB_REQUIRE(dot != std::string::npos, "{}: expected section.key=VALUE (e.g. --{}=VALUE)", at,
+             keys.front().name);
   const std::string section = name.substr(0, dot);
   const std::vector<std::string> sections = sections_of(keys);
   if (std::find(sections.begin(), sections.end(), section) == sections.end())

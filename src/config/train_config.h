@@ -20,7 +20,7 @@
 
 #include "config/key_doc.h"
 #include "config/locations.h"
-#include "data/loader/loader.h"  // LastStepPolicy
+#include "data/loader/loader.h"   // LastStepPolicy
 #include "kernels/backend.h"      // Gelu
 #include "kernels/base/tensor.h"  // Device
 #include "model/option_enums.h"   // Recompute, Precision, CudaGraphs, BatchLayout
@@ -43,51 +43,51 @@ struct TrainConfig {
     int64_t max_position_embeddings = 512;
     double hidden_dropout = 0.1;
     double attention_dropout = 0.1;
-    int64_t mlm_chunk_rows = 0;  // MLM head rows per chunk (mini-sequence); 0 = all at once
-    int64_t mst_chunks = 1;      // MST chunks M of the MLP and MLM head; 0 = auto (budget)
+    int64_t mlm_chunk_rows = 0;        // MLM head rows per chunk (mini-sequence); 0 = all at once
+    int64_t mst_chunks = 1;            // MST chunks M of the MLP and MLM head; 0 = auto (budget)
     int64_t activation_budget_mb = 0;  // MiB of activation arena for mst_chunks = 0
     Recompute recompute = Recompute::none;  // none | mlp | layer (BertOptions::recompute)
     Gelu hidden_act = Gelu::erf;            // gelu (erf) | gelu_tanh (BertConfig::hidden_act)
   } model;
 
   struct Train {
-    int64_t max_steps = 1000;         // optimizer steps of the run
-    int64_t global_batch_size = 256;  // samples per optimizer step, all ranks together
+    int64_t max_steps = 1000;             // optimizer steps of the run
+    int64_t global_batch_size = 256;      // samples per optimizer step, all ranks together
     int gradient_accumulation_steps = 1;  // micro-steps per optimizer step (>= 1)
-    uint64_t seed = 42;               // init, data order and dropout
+    uint64_t seed = 42;                   // init, data order and dropout
     BatchLayout layout = BatchLayout::unpadded;
     int max_seq_len = 512;
-    int max_seqs_per_pack = 3;        // 0 = no limit
-    int max_predictions_per_seq = 76; // masked positions a sample may hold (MLPerf: 76 at 512)
+    int max_seqs_per_pack = 3;         // 0 = no limit
+    int max_predictions_per_seq = 76;  // masked positions a sample may hold (MLPerf: 76 at 512)
     LastStepPolicy last_step = LastStepPolicy::partial;
     bool dropout = true;
-    int max_nonfinite_steps = 5;      // non-finite steps skipped in a row before it is an error
-    Device device = Device::cpu;      // cpu | cuda (one GPU per rank: local rank r takes GPU r)
+    int max_nonfinite_steps = 5;  // non-finite steps skipped in a row before it is an error
+    Device device = Device::cpu;  // cpu | cuda (one GPU per rank: local rank r takes GPU r)
     Precision precision = Precision::fp32;  // fp32 | bf16 | fp16 | fp8 (BertOptions::precision)
-    int fp8_history = 1024;           // fp8: amax history length (Fp8Recipe::history)
-    int fp8_margin = 0;               // fp8: scale margin, a power of two (Fp8Recipe::margin)
+    int fp8_history = 1024;                 // fp8: amax history length (Fp8Recipe::history)
+    int fp8_margin = 0;                     // fp8: scale margin, a power of two (Fp8Recipe::margin)
     CudaGraphs cuda_graphs = CudaGraphs::off;  // off | segmented | full (BertOptions::cuda_graphs)
     GpuAllreduce gpu_allreduce = GpuAllreduce::nccl;  // TrainerOptions::gpu_transport
-    double loss_scale_init = 65536.0;    // fp16: first loss scale (a power of two)
-    int64_t loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
+    double loss_scale_init = 65536.0;                 // fp16: first loss scale (a power of two)
+    int64_t loss_scale_growth_interval = 2000;        // fp16: clean steps before the scale doubles
     // Seconds a collective may wait before the job aborts (core/watchdog.h); 0 = off. Why 30
     // minutes: DESIGN.md, Distribution.
     double collective_timeout_s = 1800.0;
   } train;
 
   struct Optim {
-    double lr = 3.5e-4;               // peak learning rate (opt_base_learning_rate)
+    double lr = 3.5e-4;  // peak learning rate (opt_base_learning_rate)
     double end_lr = 0.0;
-    int64_t warmup_steps = 0;         // 0: warmup_proportion decides
+    int64_t warmup_steps = 0;  // 0: warmup_proportion decides
     double warmup_proportion = 0.0;
-    int64_t start_warmup_step = 0;    // MLPerf start_warmup_step (may be negative)
+    int64_t start_warmup_step = 0;  // MLPerf start_warmup_step (may be negative)
     double poly_power = 1.0;
     double beta1 = 0.9;
     double beta2 = 0.999;
     double epsilon = 1e-6;
     double weight_decay = 0.01;
     double max_grad_norm = 1.0;
-    bool sharded = false;             // each rank keeps and updates a 1/N range (optim/sharding.h)
+    bool sharded = false;  // each rank keeps and updates a 1/N range (optim/sharding.h)
   } optim;
 
   struct Data {
@@ -101,19 +101,19 @@ struct TrainConfig {
   } data;
 
   struct Checkpoint {
-    std::string dir;            // "" = no checkpoints are written
-    int64_t every_steps = 0;    // 0 = only at the end and on SIGTERM
-    int keep = 3;               // newest complete checkpoints kept under dir
-    std::string resume;         // "" none | "auto" newest complete under dir | a checkpoint path
+    std::string dir;              // "" = no checkpoints are written
+    int64_t every_steps = 0;      // 0 = only at the end and on SIGTERM
+    int keep = 3;                 // newest complete checkpoints kept under dir
+    std::string resume;           // "" none | "auto" newest complete under dir | a checkpoint path
     std::string init_checkpoint;  // model weights only (fresh optimizer and data order)
-    bool overwrite = false;     // a fresh run deletes the checkpoints under dir first
+    bool overwrite = false;       // a fresh run deletes the checkpoints under dir first
   } checkpoint;
 
   struct Eval {
-    int64_t every_samples = 0;   // 0 = only at the end (if at_end)
-    int64_t max_samples = 10000; // 0 = the whole eval set
-    int batch_size = 64;         // samples per rank per forward
-    double target_accuracy = 0;  // MLM accuracy that ends the run; 0 = no target
+    int64_t every_samples = 0;    // 0 = only at the end (if at_end)
+    int64_t max_samples = 10000;  // 0 = the whole eval set
+    int batch_size = 64;          // samples per rank per forward
+    double target_accuracy = 0;   // MLM accuracy that ends the run; 0 = no target
     bool at_end = true;
   } eval;
 
@@ -157,10 +157,10 @@ enum class ConfigPurpose { train, eval };
 // With check_paths (the checks that depend on this machine): train.device = "cuda" needs a
 // build with the CUDA backend; for Purpose::train, data.train_dir and data.vocab must exist;
 // data.eval_dir must exist when evaluation is on (eval_enabled(): switch it off with
-// eval.at_end=false, eval.every_samples=0, eval.target_accuracy=0); checkpoint.init_checkpoint and a resume path
-// other than "auto" must exist; resume "auto" needs checkpoint.dir. For Purpose::eval:
-// data.eval_dir must exist (and data.vocab is not needed). Every Error names the key, e.g.
-// "model.hidden (100) must be divisible by model.heads (3)".
+// eval.at_end=false, eval.every_samples=0, eval.target_accuracy=0); checkpoint.init_checkpoint and
+// a resume path other than "auto" must exist; resume "auto" needs checkpoint.dir. For
+// Purpose::eval: data.eval_dir must exist (and data.vocab is not needed). Every Error names the
+// key, e.g. "model.hidden (100) must be divisible by model.heads (3)".
 void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose purpose,
                            bool check_paths = true);
 

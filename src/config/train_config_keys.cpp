@@ -39,11 +39,13 @@ const EnumTable<Device>& device_table() {
   return t;
 }
 const EnumTable<Precision>& precision_table() {
-  static const auto t = named({Precision::fp32, Precision::bf16, Precision::fp16, Precision::fp8}, precision_name);
+  static const auto t =
+      named({Precision::fp32, Precision::bf16, Precision::fp16, Precision::fp8}, precision_name);
   return t;
 }
 const EnumTable<CudaGraphs>& cuda_graphs_table() {
-  static const auto t = named({CudaGraphs::off, CudaGraphs::segmented, CudaGraphs::full}, cuda_graphs_name);
+  static const auto t =
+      named({CudaGraphs::off, CudaGraphs::segmented, CudaGraphs::full}, cuda_graphs_name);
   return t;
 }
 const EnumTable<Recompute>& recompute_table() {
@@ -263,9 +265,10 @@ std::vector<Key> make_keys() {
                   "stop when the eval MLM accuracy reaches this; 0 = no target"));
   k.push_back(key("eval.at_end", &C::eval, &E::at_end, "evaluate after the last step"));
   // [log]
-  k.push_back(key("log.every_steps", &C::log, &L::every_steps,
-                  "progress line and metrics record interval, steps (the GPU's losses and optimizer "
-                  "scalars are read on these steps only)"));
+  k.push_back(
+      key("log.every_steps", &C::log, &L::every_steps,
+          "progress line and metrics record interval, steps (the GPU's losses and optimizer "
+          "scalars are read on these steps only)"));
   k.push_back(key("log.metrics_file", &C::log, &L::metrics_file,
                   "JSONL metrics (scripts/plot_metrics.py); \"\" = none"));
   k.push_back(

@@ -9,7 +9,7 @@
 
 namespace packbert {
 
-BertConfig model_config(const TrainConfig& c);          // vocabulary: BertConfig's default
+BertConfig model_config(const TrainConfig& c);              // vocabulary: BertConfig's default
 LrScheduleConfig lr_schedule_config(const TrainConfig& c);  // base_lr = lr, max_steps, warmup..
 
 }  // namespace packbert

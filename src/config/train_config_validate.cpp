@@ -12,7 +12,7 @@
 #include "kernels/device.h"
 #include "config/train_config.h"
 #include "config/train_config_model.h"
-#include "model/config.h"      // validate, bert_preset_names
+#include "model/config.h"       // validate, bert_preset_names
 #include "optim/lr_schedule.h"  // LrSchedule
 
 namespace packbert {
@@ -54,8 +54,7 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              "model.attention_dropout ({}) must be in [0, 1)", m.attention_dropout);
   PB_REQUIRE(m.mlm_chunk_rows >= 0, "model.mlm_chunk_rows ({}) must be >= 0 (0 = all at once)",
              m.mlm_chunk_rows);
-  PB_REQUIRE(m.mst_chunks >= 0, "model.mst_chunks ({}) must be >= 1, or 0 for auto",
-             m.mst_chunks);
+  PB_REQUIRE(m.mst_chunks >= 0, "model.mst_chunks ({}) must be >= 1, or 0 for auto", m.mst_chunks);
   PB_REQUIRE(m.activation_budget_mb >= 0, "model.activation_budget_mb ({}) must be >= 0",
              m.activation_budget_mb);
   PB_REQUIRE(m.mst_chunks != 0 || m.activation_budget_mb > 0,
@@ -154,7 +153,8 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
   PB_REQUIRE(!k.overwrite || !k.dir.empty(), "checkpoint.overwrite = true needs checkpoint.dir");
   PB_REQUIRE(!k.overwrite || k.resume.empty(),
              "checkpoint.overwrite = true deletes the checkpoints under checkpoint.dir, and "
-             "checkpoint.resume = \"{}\" continues one: give one of the two", k.resume);
+             "checkpoint.resume = \"{}\" continues one: give one of the two",
+             k.resume);
 
   const auto& e = c.eval;
   PB_REQUIRE(e.every_samples >= 0, "eval.every_samples ({}) must be >= 0", e.every_samples);

@@ -38,9 +38,12 @@ void replace_file(const std::string& path, const std::string& text, const char* 
   int err = 0;  // the first failure's errno
   for (size_t done = 0; done < text.size() && err == 0;) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n > 0) done += static_cast<size_t>(n);
-    else if (n == 0) err = EIO;
-    else if (errno != EINTR) err = errno;
+    if (n > 0)
+      done += static_cast<size_t>(n);
+    else if (n == 0)
+      err = EIO;
+    else if (errno != EINTR)
+      err = errno;
   }
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;

@@ -32,9 +32,9 @@ namespace packbert::detail {
 }  // namespace packbert::detail
 
 // PB_MPI_CHECK(MPI_Iallreduce(...)): throws packbert::Error unless the call returns MPI_SUCCESS.
-#define PB_MPI_CHECK(call)                                                      \
-  do {                                                                          \
-    const int pb_mpi_rc_ = (call);                                              \
-    if (pb_mpi_rc_ != MPI_SUCCESS)                                              \
-      ::packbert::detail::throw_mpi_error(pb_mpi_rc_, #call, __FILE__, __LINE__); \
+#define PB_MPI_CHECK(call)                                                                         \
+  do {                                                                                             \
+    const int pb_mpi_rc_ = (call);                                                                 \
+    if (pb_mpi_rc_ != MPI_SUCCESS)                                                                 \
+      ::packbert::detail::throw_mpi_error(pb_mpi_rc_, #call, __FILE__, __LINE__);                  \
   } while (0)

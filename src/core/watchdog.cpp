@@ -42,8 +42,7 @@ void CollectiveWatchdog::configure(double timeout_s, int rank, Action action) {
   stop();
   timeout_s_ = timeout_s;
   rank_ = rank;
-  action_ = action ? std::move(action)
-                   : Action([](const std::string&) { std::_Exit(kExitCode); });
+  action_ = action ? std::move(action) : Action([](const std::string&) { std::_Exit(kExitCode); });
   if (timeout_s == 0) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -93,9 +92,8 @@ std::string CollectiveWatchdog::message(const WatchScope& s, double waited_s) co
 void CollectiveWatchdog::note_stop_signal(int signal) {
   if (stop_agreed_.load(std::memory_order_relaxed)) return;
   int64_t none = 0;
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          Clock::now().time_since_epoch())
-                          .count();
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
   if (stop_signal_ns_.compare_exchange_strong(none, now == 0 ? 1 : now))
     stop_signal_.store(signal, std::memory_order_relaxed);
 }
@@ -105,8 +103,8 @@ int64_t CollectiveWatchdog::stop_bound_since_ns() const {
   return stop_signal_ns_.load(std::memory_order_relaxed);
 }
 
-std::string CollectiveWatchdog::stop_message(const char* collective, int64_t step,
-                                             double waited_s, double since_signal_s) const {
+std::string CollectiveWatchdog::stop_message(const char* collective, int64_t step, double waited_s,
+                                             double since_signal_s) const {
   return fmt::format(
       "collective watchdog: rank {} received signal {} {:.1f} s ago, while it waits in {} at "
       "step {}{} (for {:.1f} s): a rank that can stop reaches the stop within {} s of the signal "
@@ -132,8 +130,8 @@ void CollectiveWatchdog::run() {
     if (stopping_) break;
     const Clock::time_point now = Clock::now();
     const int64_t signal_ns = stop_bound_since_ns();
-    const Clock::time_point signal_at{std::chrono::duration_cast<Clock::duration>(
-        std::chrono::nanoseconds(signal_ns))};
+    const Clock::time_point signal_at{
+        std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(signal_ns))};
     for (WatchScope* s = head_; s; s = s->next_) {
       if (s->fired_) continue;
       const double waited = std::chrono::duration<double>(now - s->start_).count();
@@ -177,8 +175,8 @@ void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lk) {
     const Clock::time_point now = Clock::now();
     const double waited = std::chrono::duration<double>(now - e.front().start).count();
     const int64_t signal_ns = stop_bound_since_ns();
-    const Clock::time_point signal_at{std::chrono::duration_cast<Clock::duration>(
-        std::chrono::nanoseconds(signal_ns))};
+    const Clock::time_point signal_at{
+        std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(signal_ns))};
     const bool past_stop_bound =
         signal_ns != 0 &&
         std::chrono::duration<double>(now - std::max(e.front().start, signal_at)).count() >=
@@ -186,17 +184,21 @@ void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lk) {
     if (waited < timeout_s_ && !past_stop_bound) continue;
     w->fired_ = true;
     const AsyncWatch::Entry& oldest = e.front();
-    const std::string text = waited < timeout_s_
-        ? stop_message(oldest.collective, oldest.step, waited,
-                       std::chrono::duration<double>(now - signal_at).count()) +
-              "; the NCCL communicator is aborted first"
-        : fmt::format(
-        "collective watchdog: rank {}: {} at step {}{} has not completed after {:.1f} s, past "
-        "train.collective_timeout_s = {}; another rank never joined it (stuck or dead; the ranks "
-        "that waited log this line too, unless the abort ends them first); aborting the NCCL "
-        "communicator and the job",
-        rank_, oldest.collective, oldest.step, oldest.step == 0 ? " (before the first step)" : "",
-        waited, timeout_s_);
+    const std::string text =
+        waited < timeout_s_
+            ? stop_message(oldest.collective, oldest.step, waited,
+                           std::chrono::duration<double>(now - signal_at).count()) +
+                  "; the NCCL communicator is aborted first"
+            : fmt::format(
+                  "collective watchdog: rank {}: {} at step {}{} has not completed after {:.1f} s, "
+                  "past "
+                  "train.collective_timeout_s = {}; another rank never joined it (stuck or dead; "
+                  "the ranks "
+                  "that waited log this line too, unless the abort ends them first); aborting the "
+                  "NCCL "
+                  "communicator and the job",
+                  rank_, oldest.collective, oldest.step,
+                  oldest.step == 0 ? " (before the first step)" : "", waited, timeout_s_);
     // Not under the lock (as for a scope): the abort and the action may take long or return.
     const std::function<void()> abort = w->abort_;
     lk.unlock();
@@ -243,8 +245,7 @@ size_t AsyncWatch::pending() const {
 
 WatchScope::WatchScope(CollectiveWatchdog& watchdog, const char* collective, int64_t step,
                        StopBound bound)
-    : collective_(collective), step_(step == kCurrentStep ? watchdog.step() : step),
-      bound_(bound) {
+    : collective_(collective), step_(step == kCurrentStep ? watchdog.step() : step), bound_(bound) {
   if (!watchdog.enabled()) return;
   watchdog_ = &watchdog;
   start_ = std::chrono::steady_clock::now();

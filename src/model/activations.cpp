@@ -75,7 +75,8 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
     // Forward only (evaluation): nothing is kept for a backward, so one set of layer buffers
     // serves every layer and the layer inputs/outputs alternate between two buffers.
     const Tensor other = hidden();
-    for (int64_t l = 0; l < config.layers; ++l) a.hidden.push_back(l % 2 == 0 ? other : a.hidden[0]);
+    for (int64_t l = 0; l < config.layers; ++l)
+      a.hidden.push_back(l % 2 == 0 ? other : a.hidden[0]);
     a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
   } else {
     for (int64_t l = 0; l < config.layers; ++l) {
@@ -108,8 +109,8 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
   carve_heads(c, config, shape, plan, a.heads);
 }
 
-void upload_batch(Backend& be, const Batch& b, uint32_t step,
-                  const std::vector<float>& grad_scales, StepActivations& a, bool ahead) {
+void upload_batch(Backend& be, const Batch& b, uint32_t step, const std::vector<float>& grad_scales,
+                  StepActivations& a, bool ahead) {
   // Empty arrays (no masked token) have nothing to copy and no host pointer to copy from.
   std::vector<Backend::HostUpload> copies;
   auto put = [&](const Tensor& dst, const auto& src) {

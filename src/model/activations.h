@@ -80,13 +80,13 @@ struct EncoderScratch {
 // The heads' buffers: the MLM transform over the masked rows, the decoder's logits chunk, the
 // NSP workspace, and (with gradients) the transform's gradients.
 struct HeadsActivations {
-  Tensor mlm_x;                 // [masked, H] final hidden states of masked rows
-  Tensor mlm_pre;               // [masked, H] transform dense, before GELU
-  Tensor mlm_act;               // [masked, H] its GELU (the LayerNorm's saved input)
-  Tensor mlm_ln_mean, mlm_ln_rstd;  // [masked]
-  Tensor mlm_out;               // [masked, H] transform output, the decoder's input
-  Tensor logits;                // [chunk, V] decoder workspace
-  Tensor nsp_ws;                // nsp_workspace_elems(seqs, H)
+  Tensor mlm_x;                       // [masked, H] final hidden states of masked rows
+  Tensor mlm_pre;                     // [masked, H] transform dense, before GELU
+  Tensor mlm_act;                     // [masked, H] its GELU (the LayerNorm's saved input)
+  Tensor mlm_ln_mean, mlm_ln_rstd;    // [masked]
+  Tensor mlm_out;                     // [masked, H] transform output, the decoder's input
+  Tensor logits;                      // [chunk, V] decoder workspace
+  Tensor nsp_ws;                      // nsp_workspace_elems(seqs, H)
   Tensor mlm_dout, mlm_dact, mlm_dx;  // [masked, H] (with gradients)
 };
 
@@ -104,24 +104,24 @@ struct StepActivations {
   DropoutKeys keys;
 
   // The batch on the device (carve_batch, in one of the model's two batch buffers).
-  Tensor input_ids, segment_ids;          // i32 [rows]
-  Tensor token_seq, token_pos;            // i32 [rows]
-  Tensor seq_start, seq_len;              // i32 [seqs]
-  Tensor sample_id;                       // i64 [seqs]
-  Tensor nsp_labels;                      // i32 [seqs]
-  Tensor masked_rows, masked_labels;      // i32 [masked]
-  Tensor step;                            // i32 [1]: the step (the dropouts' device_step)
-  Tensor grad_scales;                     // f32 [2]: the MLM and NSP losses' gradient factors
-                                          // (loss scale / global count; GradScale::device)
-  SeqLayout layout;                       // over the tensors above
-  SeqLayout nsp_layout;                   // layout over the batch's own sequences: without the
-                                          // empty slots a graphed batch's layout ends in
-  std::vector<int32_t> host_seq_len;      // the batch's seq_len on the host (layout.host_seq_len)
+  Tensor input_ids, segment_ids;      // i32 [rows]
+  Tensor token_seq, token_pos;        // i32 [rows]
+  Tensor seq_start, seq_len;          // i32 [seqs]
+  Tensor sample_id;                   // i64 [seqs]
+  Tensor nsp_labels;                  // i32 [seqs]
+  Tensor masked_rows, masked_labels;  // i32 [masked]
+  Tensor step;                        // i32 [1]: the step (the dropouts' device_step)
+  Tensor grad_scales;                 // f32 [2]: the MLM and NSP losses' gradient factors
+                                      // (loss scale / global count; GradScale::device)
+  SeqLayout layout;                   // over the tensors above
+  SeqLayout nsp_layout;               // layout over the batch's own sequences: without the
+                                      // empty slots a graphed batch's layout ends in
+  std::vector<int32_t> host_seq_len;  // the batch's seq_len on the host (layout.host_seq_len)
 
   // The arena.
   EmbeddingSaved embedding;
-  std::vector<Tensor> hidden;             // L + 1 of [rows, H]: embeddings, then each layer
-  std::vector<LayerActivations> layers;   // L (all views of one set with layer_recompute)
+  std::vector<Tensor> hidden;            // L + 1 of [rows, H]: embeddings, then each layer
+  std::vector<LayerActivations> layers;  // L (all views of one set with layer_recompute)
   MlpScratch mlp;
   EncoderScratch scratch;
   HeadsActivations heads;

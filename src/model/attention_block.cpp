@@ -11,14 +11,14 @@ void AttentionBlock::forward(int64_t l) {
   const Tensor& x = a.hidden[l];
   const int heads = static_cast<int>(m_.config.heads);
   m_.linears.forward(l, Fp8State::qkv, 0, x, w.qkv_w, w.qkv_b, Epilogue::bias, s.qkv, Tensor());
-  m_.backend.attention_forward(a.layout, s.qkv, heads,
-                               m_.dropout(DropoutSite::attention_probs, l), s.ctx, s.lse);
+  m_.backend.attention_forward(a.layout, s.qkv, heads, m_.dropout(DropoutSite::attention_probs, l),
+                               s.ctx, s.lse);
   // The output projection's bias is added by the LayerNorm op (before its dropout).
   m_.linears.forward(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, Tensor(), Epilogue::none,
                      s.ln_in, Tensor());
   m_.backend.residual_layernorm_forward(a.layout, s.ln_in, w.attn_out_b, x, w.attn_ln,
-                                        m_.dropout(DropoutSite::attention_output, l), s.h1,
-                                        s.ln_in, s.ln_mean, s.ln_rstd);
+                                        m_.dropout(DropoutSite::attention_output, l), s.h1, s.ln_in,
+                                        s.ln_mean, s.ln_rstd);
 }
 
 void AttentionBlock::backward(int64_t l, const Tensor& dh1, const Tensor& dx) {
@@ -30,10 +30,10 @@ void AttentionBlock::backward(int64_t l, const Tensor& dh1, const Tensor& dx) {
   const Tensor dqkv = reshaped(t.dwide, {a.shape.rows, 3 * m_.config.hidden});
   // dh1 -> d(attention out) in dtmp, the residual share into dx.
   m_.backend.residual_layernorm_backward(a.layout, dh1, s.ln_in, s.ln_mean, s.ln_rstd, w.attn_ln,
-                                         m_.dropout(DropoutSite::attention_output, l), t.dtmp,
-                                         dx, g.attn_out_b, g.attn_ln);
-  m_.linears.backward(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, t.dtmp, t.dctx,
-                      g.attn_out_w, Tensor(), {});
+                                         m_.dropout(DropoutSite::attention_output, l), t.dtmp, dx,
+                                         g.attn_out_b, g.attn_ln);
+  m_.linears.backward(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, t.dtmp, t.dctx, g.attn_out_w,
+                      Tensor(), {});
   m_.backend.attention_backward(a.layout, s.qkv, s.ctx, s.lse, t.dctx,
                                 static_cast<int>(m_.config.heads),
                                 m_.dropout(DropoutSite::attention_probs, l), dqkv);

@@ -58,8 +58,8 @@ bool GraphCapacity::cover(const BatchShape& s) {
 }
 
 BatchShape GraphCapacity::of(const BatchShape& s) const {
-  const int64_t row_step = round_up(
-      std::max<int64_t>(1, round_up(bound.rows, kRowBuckets) / kRowBuckets), row_quantum);
+  const int64_t row_step =
+      round_up(std::max<int64_t>(1, round_up(bound.rows, kRowBuckets) / kRowBuckets), row_quantum);
   BatchShape c = s;
   c.rows = round_up(s.rows, row_step);
   c.masked = std::max(bound.masked, s.masked);
@@ -93,12 +93,11 @@ void check_model_batch(const Batch& b, const BertConfig& config, int64_t global_
                        int64_t global_samples) {
   const auto rows = static_cast<size_t>(b.rows);
   const size_t seqs = b.seq_len.size(), masked = b.masked_rows.size();
-  PB_REQUIRE(b.input_ids.size() == rows && b.segment_ids.size() == rows &&
-                 b.token_seq.size() == rows && b.token_pos.size() == rows &&
-                 b.seq_start.size() == seqs && b.sample_id.size() == seqs &&
-                 b.nsp_labels.size() == seqs && b.masked_labels.size() == masked,
-             "model: inconsistent batch ({} rows, {} sequences, {} masked tokens)", b.rows, seqs,
-             masked);
+  PB_REQUIRE(
+      b.input_ids.size() == rows && b.segment_ids.size() == rows && b.token_seq.size() == rows &&
+          b.token_pos.size() == rows && b.seq_start.size() == seqs && b.sample_id.size() == seqs &&
+          b.nsp_labels.size() == seqs && b.masked_labels.size() == masked,
+      "model: inconsistent batch ({} rows, {} sequences, {} masked tokens)", b.rows, seqs, masked);
   PB_REQUIRE(b.max_len <= config.max_position_embeddings,
              "model: a sequence of {} tokens exceeds max_position_embeddings {}", b.max_len,
              config.max_position_embeddings);
@@ -107,8 +106,8 @@ void check_model_batch(const Batch& b, const BertConfig& config, int64_t global_
   for (size_t r = 0; r < rows; ++r)
     PB_REQUIRE(b.input_ids[r] >= 0 && b.input_ids[r] < config.real_vocab_size &&
                    b.segment_ids[r] >= 0 && b.segment_ids[r] < config.type_vocab_size,
-               "model: row {} (sample id {}) has token id {} (vocab {}) / segment {} (types {})",
-               r, b.token_seq[r] >= 0 ? b.sample_id[b.token_seq[r]] : -1, b.input_ids[r],
+               "model: row {} (sample id {}) has token id {} (vocab {}) / segment {} (types {})", r,
+               b.token_seq[r] >= 0 ? b.sample_id[b.token_seq[r]] : -1, b.input_ids[r],
                config.real_vocab_size, b.segment_ids[r], config.type_vocab_size);
   for (size_t i = 0; i < masked; ++i)
     PB_REQUIRE(b.masked_labels[i] >= 0 && b.masked_labels[i] < config.real_vocab_size &&
@@ -116,11 +115,11 @@ void check_model_batch(const Batch& b, const BertConfig& config, int64_t global_
                    b.token_seq[b.masked_rows[i]] >= 0,
                "model: masked token {} has label {} (vocab {}) at row {} of {} (padding?)", i,
                b.masked_labels[i], config.real_vocab_size, b.masked_rows[i], b.rows);
-  PB_REQUIRE(global_masked >= static_cast<int64_t>(masked) &&
-                 global_samples >= static_cast<int64_t>(seqs),
-             "model: global counts ({} masked tokens, {} samples) below this batch's own ({}, "
-             "{}): pass the whole step's counts",
-             global_masked, global_samples, masked, seqs);
+  PB_REQUIRE(
+      global_masked >= static_cast<int64_t>(masked) && global_samples >= static_cast<int64_t>(seqs),
+      "model: global counts ({} masked tokens, {} samples) below this batch's own ({}, "
+      "{}): pass the whole step's counts",
+      global_masked, global_samples, masked, seqs);
 }
 
 }  // namespace packbert

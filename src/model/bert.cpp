@@ -165,12 +165,12 @@ void Bert::heads(float mlm_scale, float nsp_scale, const ForwardOptions& options
                  const Tensor& sums) {
   const trace::Range range("heads");
   backend_.zero(sums);  // the slot's four words (MetricSlots)
-  mlm_head_.forward(mlm_scale,
-                    {MetricSlots::word(sums, 0, DType::f32), MetricSlots::word(sums, 2, DType::i32)},
-                    options.mlm_logits);
-  nsp_head_.forward(nsp_scale,
-                    {MetricSlots::word(sums, 1, DType::f32), MetricSlots::word(sums, 3, DType::i32)},
-                    options.nsp_logits);
+  mlm_head_.forward(
+      mlm_scale, {MetricSlots::word(sums, 0, DType::f32), MetricSlots::word(sums, 2, DType::i32)},
+      options.mlm_logits);
+  nsp_head_.forward(
+      nsp_scale, {MetricSlots::word(sums, 1, DType::f32), MetricSlots::word(sums, 3, DType::i32)},
+      options.nsp_logits);
 }
 
 Tensor Bert::deferred_sums() const { return metrics_.deferred_sums(); }

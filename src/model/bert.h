@@ -174,8 +174,8 @@ class Bert {
   // bert.cpp: the parts of a step.
   GraphKey graph_key(const ActivationPlan& plan, const Tensor& sums, float mlm_scale,
                      bool gradients) const;
-  void forward_ops(Graphed graphed, float mlm_scale, float nsp_scale,
-                   const ForwardOptions& options, const Tensor& sums);
+  void forward_ops(Graphed graphed, float mlm_scale, float nsp_scale, const ForwardOptions& options,
+                   const Tensor& sums);
   void layer_forward(int64_t l);
   void layer_backward(int64_t l, const Tensor& dy, const Tensor& dx);
   void heads(float mlm_scale, float nsp_scale, const ForwardOptions& options, const Tensor& sums);

@@ -26,14 +26,14 @@ struct GraphKey {
   static constexpr int64_t kWhole = -1;  // part: a whole micro-step (CudaGraphs::full)
   static constexpr int64_t kHeads = -2;  // part: the heads alone (segmented)
   bool backward = false;
-  int64_t part = 0;  // an encoder layer, kWhole or kHeads
+  int64_t part = 0;             // an encoder layer, kWhole or kHeads
   const void* batch = nullptr;  // the batch buffer and the arena
   const void* arena = nullptr;
   // The laid batch: rows, slots and the attention bound (a layer reads no masked token, so
   // its keys leave the masked count, the heads' plan, slot and scaling out).
   int64_t rows = 0, seqs = 0, masked = 0, max_len = 0;
   int64_t mlp_chunk_rows = 0, mlm_chunk_rows = 0;  // the plan's (ActivationPlan)
-  const void* sums = nullptr;  // the metric slot the heads write
+  const void* sums = nullptr;                      // the metric slot the heads write
   int mlm_scale_exponent = 0;  // f16: the decoder's range scaling (cuda_losses.cpp)
   bool layer_recompute = false, gradients = false, dropout = false;
   uint64_t seed = 0;
@@ -44,8 +44,8 @@ struct GraphKey {
 
   auto fields() const {
     return std::tie(backward, part, batch, arena, rows, seqs, masked, max_len, mlp_chunk_rows,
-                    mlm_chunk_rows, sums, mlm_scale_exponent, layer_recompute, gradients,
-                    dropout, seed, fp8_workspace, fp8_warm);
+                    mlm_chunk_rows, sums, mlm_scale_exponent, layer_recompute, gradients, dropout,
+                    seed, fp8_workspace, fp8_warm);
   }
   bool operator==(const GraphKey& o) const { return key_equal(*this, o); }
 };
@@ -92,10 +92,10 @@ class BertGraphs {
   // every rank's keys (all_ranks), the same table on every rank. Returns false when some rank
   // cannot record (it runs no whole step: an empty micro-batch): the caller then runs the ops.
   // launched() follows each launch of such a graph.
-  bool whole_round(int64_t tag, bool mine,
-                   const std::function<std::vector<int64_t>(const std::vector<int64_t>&)>&
-                       all_ranks,
-                   const std::function<void()>& ops, const std::function<void()>& launched);
+  bool whole_round(
+      int64_t tag, bool mine,
+      const std::function<std::vector<int64_t>(const std::vector<int64_t>&)>& all_ranks,
+      const std::function<void()>& ops, const std::function<void()>& launched);
 
  private:
   GraphKey key(bool backward, int64_t part) const;

@@ -25,9 +25,9 @@ size_t training_arena_bytes(const BertConfig& config, const BertOptions& o,
   const int64_t m = mst_chunks_for(config, o, laid, true);
   size_t bytes = activation_carve_bytes(config, laid, activation_plan(o, laid, true, m));
   if (o.mst_chunks == 0)
-    bytes = std::max(bytes, std::min(o.activation_budget_bytes,
-                                     activation_carve_bytes(config, laid,
-                                                            activation_plan(o, laid, true, 1))));
+    bytes = std::max(
+        bytes, std::min(o.activation_budget_bytes,
+                        activation_carve_bytes(config, laid, activation_plan(o, laid, true, 1))));
   return (bytes + Carver::kAlign - 1) / Carver::kAlign * Carver::kAlign;
 }
 }  // namespace
@@ -95,8 +95,8 @@ BertMemory plan_bert_memory(const BertConfig& config, const BertOptions& options
   {
     Carver measure(nullptr, Device::cpu);
     StepActivations scratch;
-    carve_activations(measure, config, laid,
-                      activation_plan(options, laid, true, m.mst_chunks), scratch);
+    carve_activations(measure, config, laid, activation_plan(options, laid, true, m.mst_chunks),
+                      scratch);
     m.arena_by_kind = measure.used_by_kind();
   }
   const int64_t n = ParamTable(config).total();
@@ -118,8 +118,7 @@ BertMemory plan_bert_memory(const BertConfig& config, const BertOptions& options
 
 void Bert::reserve_training(const BertReserve& r) {
   Fp8State* fp8 = linears_.fp8();
-  const BertMemory m =
-      plan_bert_memory(config_, options_, graphs_.on(), fp8 ? fp8->ranks() : 1, r);
+  const BertMemory m = plan_bert_memory(config_, options_, graphs_.on(), fp8 ? fp8->ranks() : 1, r);
   if (graphs_.on() && r.shape.seqs > 0) {
     graphs_.cover(r.shape, true, row_quantum(r.layout, r.shape.max_len, fp8 != nullptr));
     const BatchShape c = laid_shape(r.shape, graph_bound(true), fp8 != nullptr);
@@ -167,9 +166,9 @@ bool Bert::fits(const BertMemory& limits, const BatchShape& shape, BatchLayout l
     capacity.row_quantum = row_quantum(layout, limits.laid.max_len, fp8 != nullptr);
   }
   const BatchShape c = laid_shape(shape, graphs_.on() ? &capacity : nullptr, fp8 != nullptr);
-  if (activation_carve_bytes(config_, c,
-                             activation_plan(options_, c, gradients,
-                                             mst_chunks_for(c, gradients))) > limits.arena)
+  if (activation_carve_bytes(
+          config_, c, activation_plan(options_, c, gradients, mst_chunks_for(c, gradients))) >
+      limits.arena)
     return false;
   if (batch_bytes(c) > limits.batch_buffers / 2) return false;
   return !fp8 || static_cast<size_t>(Fp8State::workspace_bytes_for(config_, c.rows)) <=
@@ -178,9 +177,8 @@ bool Bert::fits(const BertMemory& limits, const BatchShape& shape, BatchLayout l
 
 size_t Bert::activation_bytes(const BatchShape& shape, bool gradients) const {
   const BatchShape c = laid_shape(shape, graph_bound(gradients), linears_.fp8() != nullptr);
-  return activation_carve_bytes(config_, c,
-                                activation_plan(options_, c, gradients,
-                                                mst_chunks_for(c, gradients)));
+  return activation_carve_bytes(
+      config_, c, activation_plan(options_, c, gradients, mst_chunks_for(c, gradients)));
 }
 
 int64_t Bert::mst_chunks_for(const BatchShape& shape, bool gradients) const {

@@ -21,15 +21,15 @@ namespace packbert {
 // gradient buffer counts only its forwards with gradients (training): an evaluation forward in
 // between is not part of the report (a forward-only model counts its evaluation forwards).
 struct ActivationReport {
-  size_t peak_bytes = 0;            // high-water mark over all forward() calls so far
-  ActivationBytes peak_by_kind{};   // its split (the step that set it)
-  size_t step_bytes = 0;            // the last forward()
+  size_t peak_bytes = 0;           // high-water mark over all forward() calls so far
+  ActivationBytes peak_by_kind{};  // its split (the step that set it)
+  size_t step_bytes = 0;           // the last forward()
   ActivationBytes step_by_kind{};
-  size_t capacity = 0;              // bytes allocated (>= peak, with growth headroom)
-  int64_t allocations = 0;          // times the arena was (re)allocated: 1 when reserved once
-  int64_t mst_chunks = 1;           // M of the last forward (auto resolved)
-  int64_t mlp_chunk_rows = 0;       // rows per MLP chunk (0: intermediate kept per layer)
-  int64_t mlm_chunk_rows = 0;       // masked rows per decoder call (0: all)
+  size_t capacity = 0;         // bytes allocated (>= peak, with growth headroom)
+  int64_t allocations = 0;     // times the arena was (re)allocated: 1 when reserved once
+  int64_t mst_chunks = 1;      // M of the last forward (auto resolved)
+  int64_t mlp_chunk_rows = 0;  // rows per MLP chunk (0: intermediate kept per layer)
+  int64_t mlm_chunk_rows = 0;  // masked rows per decoder call (0: all)
   // Outside the arena: the uploaded batch's two buffers (ids, layout arrays, labels; used in
   // turn, so that the next micro-batch's upload overlaps this one's compute), bytes allocated.
   size_t batch_buffer_bytes = 0;
@@ -56,8 +56,8 @@ struct BertMemory {
   size_t arena = 0;          // the activation arena's capacity
   size_t batch_buffers = 0;  // the two batch buffers together
   size_t metric_slots = 0;
-  BatchShape laid;           // the reserved shape as laid out (laid_shape)
-  int64_t mst_chunks = 1;    // M of that shape
+  BatchShape laid;                  // the reserved shape as laid out (laid_shape)
+  int64_t mst_chunks = 1;           // M of that shape
   ActivationBytes arena_by_kind{};  // that shape's carve by kind (before the auto-M margin)
   size_t total() const {
     return lowp_weights + fp8_state + fp8_workspace + arena + batch_buffers + metric_slots;
@@ -66,8 +66,8 @@ struct BertMemory {
 
 // How a batch of `shape` is laid out in the arena with M = m chunks (BertOptions: MST,
 // recomputation, precision).
-ActivationPlan activation_plan(const BertOptions& options, const BatchShape& shape,
-                               bool gradients, int64_t m);
+ActivationPlan activation_plan(const BertOptions& options, const BatchShape& shape, bool gradients,
+                               int64_t m);
 // The arena bytes of that plan (carve_activations measured).
 size_t activation_carve_bytes(const BertConfig& config, const BatchShape& shape,
                               const ActivationPlan& plan);

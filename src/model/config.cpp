@@ -37,8 +37,7 @@ BertConfig bert_preset(const std::string& name) {
   if (name == "mini") return preset(4, 256, 4, 1024);
   if (name == "base") return preset(12, 768, 12, 3072);
   if (name == "large") return preset(24, 1024, 16, 4096);
-  PB_THROW("unknown model preset '{}' (known: {})", name,
-           fmt::join(bert_preset_names(), ", "));
+  PB_THROW("unknown model preset '{}' (known: {})", name, fmt::join(bert_preset_names(), ", "));
 }
 
 void validate(const BertConfig& c) {
@@ -67,8 +66,8 @@ void validate(const BertConfig& c) {
   // The dropout key (kernels/common/philox.h) gives each field a fixed number of bits.
   PB_REQUIRE(c.layers <= kDropoutMaxLayer, "model config: layers {} > {} (dropout key range)",
              c.layers, kDropoutMaxLayer);
-  PB_REQUIRE(c.heads <= kDropoutMaxHead, "model config: heads {} > {} (dropout key range)",
-             c.heads, kDropoutMaxHead);
+  PB_REQUIRE(c.heads <= kDropoutMaxHead, "model config: heads {} > {} (dropout key range)", c.heads,
+             kDropoutMaxHead);
   PB_REQUIRE(c.hidden <= kDropoutMaxElement, "model config: hidden {} > {} (dropout key range)",
              c.hidden, kDropoutMaxElement);
   PB_REQUIRE(c.max_position_embeddings <= kDropoutMaxPosition,

@@ -8,18 +8,19 @@
 
 namespace packbert {
 
-Fp8State::Fp8State(Backend& backend, const BertConfig& config, const Fp8Recipe& recipe,
-                   int ranks, int rank)
+Fp8State::Fp8State(Backend& backend, const BertConfig& config, const Fp8Recipe& recipe, int ranks,
+                   int rank)
     : backend_(backend), config_(config), recipe_(recipe), ranks_(ranks), rank_(rank) {
-  PB_REQUIRE(recipe.history >= 1 && recipe.history <= 65536,
-             "fp8: history {} steps (1 to 65536)", recipe.history);
-  PB_REQUIRE(recipe.margin >= 0 && recipe.margin <= 64, "fp8: margin {} (0 to 64)",
-             recipe.margin);
+  PB_REQUIRE(recipe.history >= 1 && recipe.history <= 65536, "fp8: history {} steps (1 to 65536)",
+             recipe.history);
+  PB_REQUIRE(recipe.margin >= 0 && recipe.margin <= 64, "fp8: margin {} (0 to 64)", recipe.margin);
   PB_REQUIRE(ranks >= 1 && rank >= 0 && rank < ranks, "fp8: rank {} of {}", rank, ranks);
   const int64_t h = config.hidden, inter = config.intermediate;
   for (int64_t v : {h, inter})
-    PB_REQUIRE(v % 16 == 0, "fp8: hidden {} and intermediate {} must be multiples of 16 (FP8 "
-               "GEMMs' layout)", h, inter);
+    PB_REQUIRE(v % 16 == 0,
+               "fp8: hidden {} and intermediate {} must be multiples of 16 (FP8 "
+               "GEMMs' layout)",
+               h, inter);
   n_w_ = config.layers * kLinears;
   n_act_ = 2 * n_w_;
   Carver measure(nullptr, backend.device());

@@ -25,12 +25,11 @@ void MlmHead::forward(float scale, const HeadSums& sums, const MlmLogitsHook& ho
   const int64_t chunk = t.logits.dim(0);
   for (int64_t first = 0; first < m; first += chunk) {
     const int64_t n = std::min(chunk, m - first);
-    m_.backend.mlm_loss(rows_of(t.mlm_out, first, n), w.embeddings.word, w.mlm_bias,
-                        rows_of(a.masked_labels, first, n), gs, rows_of(t.logits, 0, n),
-                        sums.loss_sum, sums.correct,
-                        grad ? rows_of(t.mlm_dout, first, n) : Tensor(),
-                        grad ? m_.grads.embeddings.word : Tensor(),
-                        grad ? m_.grads.mlm_bias : Tensor());
+    m_.backend.mlm_loss(
+        rows_of(t.mlm_out, first, n), w.embeddings.word, w.mlm_bias,
+        rows_of(a.masked_labels, first, n), gs, rows_of(t.logits, 0, n), sums.loss_sum,
+        sums.correct, grad ? rows_of(t.mlm_dout, first, n) : Tensor(),
+        grad ? m_.grads.embeddings.word : Tensor(), grad ? m_.grads.mlm_bias : Tensor());
     if (hook) {
       std::vector<float> host(static_cast<size_t>(n * m_.config.vocab_size));
       m_.backend.copy(view(host.data(), {n, m_.config.vocab_size}), rows_of(t.logits, 0, n));
@@ -54,12 +53,11 @@ void NspHead::forward(float scale, const HeadSums& sums, const NspLogitsHook& ho
   const Tensor& ws = a.heads.nsp_ws;
   const bool grad = a.gradients;
   const int64_t seqs = a.nsp_layout.num_seqs, h = m_.config.hidden;
-  m_.backend.nsp_loss(a.nsp_layout, a.hidden[m_.config.layers], m_.weights.pooler_nsp,
-                      rows_of(a.nsp_labels, 0, seqs),
-                      GradScale(scale, rows_of(a.grad_scales, 1, 1)),
-                      rows_of(ws, 0, nsp_workspace_elems(seqs, h)), sums.loss_sum, sums.correct,
-                      grad ? a.scratch.dhidden[0] : Tensor(),
-                      grad ? m_.grads.pooler_nsp : PoolerParams{});
+  m_.backend.nsp_loss(
+      a.nsp_layout, a.hidden[m_.config.layers], m_.weights.pooler_nsp,
+      rows_of(a.nsp_labels, 0, seqs), GradScale(scale, rows_of(a.grad_scales, 1, 1)),
+      rows_of(ws, 0, nsp_workspace_elems(seqs, h)), sums.loss_sum, sums.correct,
+      grad ? a.scratch.dhidden[0] : Tensor(), grad ? m_.grads.pooler_nsp : PoolerParams{});
   if (!hook) return;
   // nsp_loss leaves the logits in its workspace (kernels/ops/losses.h nsp_loss).
   std::vector<float> host(static_cast<size_t>(seqs * 2));

@@ -19,7 +19,8 @@ namespace packbert {
 // Called with host copies of the logits of a forward without gradients (Bert's ForwardOptions):
 // MLM f32 [n, vocab_size] of the masked tokens first .. first + n - 1 (once per decoder chunk),
 // NSP f32 [num_seqs, 2] once.
-using MlmLogitsHook = std::function<void(int64_t first, const std::vector<float>& logits, int64_t n)>;
+using MlmLogitsHook =
+    std::function<void(int64_t first, const std::vector<float>& logits, int64_t n)>;
 using NspLogitsHook = std::function<void(const std::vector<float>& logits, int64_t num_seqs)>;
 
 // The heads' loss sums and correct counts: one-element device tensors (MetricSlots words).

@@ -22,8 +22,8 @@ void set_metrics(ForwardResult& r, const uint8_t* words, int64_t global_masked,
   r.nsp_loss_sum = nsp_sum;
   r.mlm_correct = mlm_correct;
   r.nsp_correct = nsp_correct;
-  r.loss = (global_masked > 0 ? r.mlm_loss_sum / global_masked : 0.0) +
-           r.nsp_loss_sum / global_samples;
+  r.loss =
+      (global_masked > 0 ? r.mlm_loss_sum / global_masked : 0.0) + r.nsp_loss_sum / global_samples;
 }
 
 }  // namespace
@@ -48,8 +48,7 @@ Tensor MetricSlots::slot(int64_t i) {
   const auto have = static_cast<int64_t>(slots_.bytes()) / kSlotBytes;
   if (i >= have) {  // the first forward (or more micro-steps than ever before)
     BackendBuffer grown = backend_.alloc(
-        static_cast<size_t>(std::max<int64_t>({i + 1, 2 * have, 16}) * kSlotBytes),
-        "metric slots");
+        static_cast<size_t>(std::max<int64_t>({i + 1, 2 * have, 16}) * kSlotBytes), "metric slots");
     if (have > 1)  // deferred slots in use
       backend_.copy(Tensor(grown.data(), DType::u8, {have * kSlotBytes}, backend_.device()),
                     slots_.tensor());

@@ -44,8 +44,7 @@ class MetricSlots {
                      int64_t global_samples);
   // A deferred forward's host-side result; on_device: it wrote its slot (an empty batch has
   // none).
-  void defer(const ForwardResult& r, int64_t global_masked, int64_t global_samples,
-             bool on_device);
+  void defer(const ForwardResult& r, int64_t global_masked, int64_t global_samples, bool on_device);
   // The device bytes of every deferred slot written (undefined when none), and the deferred
   // results from a host copy of them (null when none); the list is then empty again.
   Tensor deferred_sums() const;

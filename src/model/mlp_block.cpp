@@ -11,10 +11,9 @@ void MlpBlock::forward(int64_t l) {
   const LayerWeights& w = m_.weights.layers[l];
   const MlpSaved& s = a.layers[l].mlp;
   dense_forward(l);
-  m_.backend.residual_layernorm_forward(a.layout, s.ln_in, w.ffn_out_b,
-                                        a.layers[l].attention.h1, w.ffn_ln,
-                                        m_.dropout(DropoutSite::ffn_output, l), a.hidden[l + 1],
-                                        s.ln_in, s.ln_mean, s.ln_rstd);
+  m_.backend.residual_layernorm_forward(a.layout, s.ln_in, w.ffn_out_b, a.layers[l].attention.h1,
+                                        w.ffn_ln, m_.dropout(DropoutSite::ffn_output, l),
+                                        a.hidden[l + 1], s.ln_in, s.ln_mean, s.ln_rstd);
 }
 
 void MlpBlock::backward(int64_t l, const Tensor& dy) {
@@ -24,8 +23,8 @@ void MlpBlock::backward(int64_t l, const Tensor& dy) {
   const MlpSaved& s = a.layers[l].mlp;
   // dy -> d(FFN out) in dtmp, and dL/dh1's residual share into dy itself.
   m_.backend.residual_layernorm_backward(a.layout, dy, s.ln_in, s.ln_mean, s.ln_rstd, w.ffn_ln,
-                                         m_.dropout(DropoutSite::ffn_output, l), a.scratch.dtmp,
-                                         dy, g.ffn_out_b, g.ffn_ln);
+                                         m_.dropout(DropoutSite::ffn_output, l), a.scratch.dtmp, dy,
+                                         g.ffn_out_b, g.ffn_ln);
   dense_backward(l, a.scratch.dtmp, dy);
 }
 
@@ -45,8 +44,8 @@ void MlpBlock::dense_forward(int64_t l) {
   for (int64_t first = 0; first < a.shape.rows; first += chunk) {
     const int64_t n = std::min(chunk, a.shape.rows - first);
     const Tensor pre = rows_of(a.mlp.pre, 0, n), act = rows_of(a.mlp.act, 0, n);
-    m_.linears.forward(l, Fp8State::ffn_in, first, rows_of(h1, first, n), w.ffn_in_w,
-                       w.ffn_in_b, gelu, act, pre);
+    m_.linears.forward(l, Fp8State::ffn_in, first, rows_of(h1, first, n), w.ffn_in_w, w.ffn_in_b,
+                       gelu, act, pre);
     m_.linears.forward(l, Fp8State::ffn_out, first, act, w.ffn_out_w, Tensor(), Epilogue::none,
                        rows_of(s.ln_in, first, n), Tensor());
   }

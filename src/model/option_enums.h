@@ -18,8 +18,8 @@ const char* recompute_name(Recompute r);  // "none", "mlp", "layer"
 
 // Mixed precision (BertOptions::precision; model/options.h says what each one stores).
 enum class Precision { fp32, bf16, fp16, fp8 };
-const char* precision_name(Precision p);           // "fp32", "bf16", "fp16", "fp8"
-Precision parse_precision(const std::string& s);   // the names above; Error otherwise
+const char* precision_name(Precision p);          // "fp32", "bf16", "fp16", "fp8"
+Precision parse_precision(const std::string& s);  // the names above; Error otherwise
 
 // CUDA graphs (BertOptions::cuda_graphs, model/bert_graphs.h).
 enum class CudaGraphs { off, segmented, full };

@@ -24,7 +24,7 @@ namespace packbert {
 // fp8: bf16, and the encoder's linear layers' GEMMs in FP8 with delayed scaling (model/fp8.h,
 // docs/fp8.md).
 // Precision and its names: model/option_enums.h.
-DType precision_dtype(Precision p);                // f32, bf16, f16, bf16 (fp8's storage)
+DType precision_dtype(Precision p);  // f32, bf16, f16, bf16 (fp8's storage)
 
 struct BertOptions {
   // Masked tokens per decoder call (0: all at once, or ceil(masked / M) under MST). The logits
@@ -50,8 +50,8 @@ struct BertOptions {
   // resumes in another), which is why this is an option of the run and not of BertConfig.
   // bf16 / fp16: activations (hidden states, QKV, attention context, MLP, the heads' token
   // buffers and every activation gradient) are stored in that type, the GEMMs read a copy of
-  // the weight matrices and embedding tables in that type (ModelWeights::lowp(), refreshed by LAMB in
-  // its update pass), biases and LayerNorm parameters are read in fp32. The arena shrinks
+  // the weight matrices and embedding tables in that type (ModelWeights::lowp(), refreshed by LAMB
+  // in its update pass), biases and LayerNorm parameters are read in fp32. The arena shrinks
   // accordingly.
   Precision precision = Precision::fp32;
   Fp8Recipe fp8;  // precision fp8's recipe

@@ -158,16 +158,15 @@ BertWeights bind_with(const ParamTable& table, const ViewAt& at) {
   return w;
 }
 
-
 }  // namespace
 
 BertWeights bind_weights(const ParamTable& table, const Tensor& flat) {
-  PB_REQUIRE(flat.defined() &&
-                 (flat.dtype == DType::f32 || flat.dtype == DType::bf16 ||
-                  flat.dtype == DType::f16) &&
-                 flat.numel() == table.total(),
-             "bind_weights: flat buffer {} does not hold the {} floats of the parameter table",
-             flat.str(), table.total());
+  PB_REQUIRE(
+      flat.defined() &&
+          (flat.dtype == DType::f32 || flat.dtype == DType::bf16 || flat.dtype == DType::f16) &&
+          flat.numel() == table.total(),
+      "bind_weights: flat buffer {} does not hold the {} floats of the parameter table", flat.str(),
+      table.total());
   return bind_with(table, [&](int64_t offset, const std::vector<int64_t>& shape) {
     return shaped_view(flat, offset, shape);
   });
@@ -181,10 +180,10 @@ int64_t fp32_read_elems(const ParamTable& table) {
 
 BertWeights bind_fp32_weights(const ParamTable& table, const Tensor& compact) {
   const std::vector<std::pair<int64_t, int64_t>> ranges = fp32_read_ranges(table, true);
-  PB_REQUIRE(compact.defined() && compact.dtype == DType::f32 &&
-                 compact.numel() == fp32_read_elems(table),
-             "bind_fp32_weights: buffer {} does not hold the {} floats the ops read in fp32",
-             compact.str(), fp32_read_elems(table));
+  PB_REQUIRE(
+      compact.defined() && compact.dtype == DType::f32 && compact.numel() == fp32_read_elems(table),
+      "bind_fp32_weights: buffer {} does not hold the {} floats the ops read in fp32",
+      compact.str(), fp32_read_elems(table));
   return bind_with(table, [&](int64_t offset, const std::vector<int64_t>& shape) {
     int64_t first = 0;  // the range's first element in the compact buffer
     for (const auto& [a, b] : ranges) {
@@ -196,7 +195,6 @@ BertWeights bind_fp32_weights(const ParamTable& table, const Tensor& compact) {
 }
 
 namespace {
-
 
 // FNV-1a: the tensor's name becomes part of the generator's counter.
 uint64_t name_hash(const std::string& s) {
@@ -266,8 +264,7 @@ std::vector<std::pair<int64_t, int64_t>> fp32_read_ranges(const ParamTable& tabl
   return out;
 }
 
-BertWeights mixed_weights(const ParamTable& table, const BertWeights& master,
-                          const Tensor& lowp) {
+BertWeights mixed_weights(const ParamTable& table, const BertWeights& master, const Tensor& lowp) {
   BertWeights w = master;
   const BertWeights low = bind_weights(table, lowp);
   for (size_t l = 0; l < low.layers.size(); ++l) {

@@ -37,7 +37,7 @@ class ParamTable {
 
   const BertConfig& config() const { return config_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
-  int64_t total() const { return total_; }  // elements of the flat buffer
+  int64_t total() const { return total_; }                 // elements of the flat buffer
   const ParamTensor* find(const std::string& name) const;  // nullptr when unknown
   const ParamTensor& at(const std::string& name) const;    // Error when unknown
   // LAMB's view (backend.h LambTensor): one row per tensor, ascending offsets.
@@ -54,15 +54,15 @@ class ParamTable {
 
 // Views of one encoder layer's tensors.
 struct LayerWeights {
-  Tensor qkv_w;        // [3H, H] attention.self.{query,key,value}.weight
-  Tensor qkv_b;        // [3H]
-  Tensor attn_out_w;   // [H, H] attention.output.dense.weight
-  Tensor attn_out_b;   // [H]
+  Tensor qkv_w;             // [3H, H] attention.self.{query,key,value}.weight
+  Tensor qkv_b;             // [3H]
+  Tensor attn_out_w;        // [H, H] attention.output.dense.weight
+  Tensor attn_out_b;        // [H]
   LayerNormParams attn_ln;  // attention.output.LayerNorm
-  Tensor ffn_in_w;     // [I, H] intermediate.dense.weight
-  Tensor ffn_in_b;     // [I]
-  Tensor ffn_out_w;    // [H, I] output.dense.weight
-  Tensor ffn_out_b;    // [H]
+  Tensor ffn_in_w;          // [I, H] intermediate.dense.weight
+  Tensor ffn_in_b;          // [I]
+  Tensor ffn_out_w;         // [H, I] output.dense.weight
+  Tensor ffn_out_b;         // [H]
   LayerNormParams ffn_ln;   // output.LayerNorm
 };
 

@@ -1,9 +1,9 @@
 // What the parts of a model share (model/embeddings.h, model/attention_block.h,
-// model/mlp_block.h, model/heads.h): the backend and config, the weights the ops read and the gradients they add to,
-// the encoder's linear layers, and the micro-batch in flight. Bert owns each of these and gives
-// every part the same references; a part keeps no state of its own between calls, and owns its
-// forward, its backward and the carve of its activations (its memory figure: a Carver with a
-// null base measures it). docs/architecture.md shows how they compose.
+// model/mlp_block.h, model/heads.h): the backend and config, the weights the ops read and the
+// gradients they add to, the encoder's linear layers, and the micro-batch in flight. Bert owns each
+// of these and gives every part the same references; a part keeps no state of its own between
+// calls, and owns its forward, its backward and the carve of its activations (its memory figure: a
+// Carver with a null base measures it). docs/architecture.md shows how they compose.
 #pragma once
 
 #include <cstdint>

@@ -93,8 +93,9 @@ void ModelReplica::load_sharded_from_grads() {
 }
 
 const std::vector<float>& ModelReplica::host_params() const {
-  PB_REQUIRE(!masters_sharded(), "model: no rank holds every fp32 master weight (they are "
-                                 "sharded): gather them (DistributedLamb::gather_params)");
+  PB_REQUIRE(!masters_sharded(),
+             "model: no rank holds every fp32 master weight (they are "
+             "sharded): gather them (DistributedLamb::gather_params)");
   if (host_params_stale_) {
     host_params_.resize(static_cast<size_t>(table_.total()));
     backend_->copy(view(host_params_.data(), {table_.total()}), params_.tensor());

@@ -5,8 +5,7 @@
 namespace packbert {
 
 ModelWeights::ModelWeights(const ParamTable& table, Backend& backend, Precision precision,
-                           const Tensor& params, const Tensor& grads,
-                           const Tensor& fp32_weights)
+                           const Tensor& params, const Tensor& grads, const Tensor& fp32_weights)
     : backend_(backend) {
   if (fp32_weights.defined()) {
     PB_REQUIRE(precision == Precision::bf16 || precision == Precision::fp16,
@@ -24,8 +23,7 @@ ModelWeights::ModelWeights(const ParamTable& table, Backend& backend, Precision 
   if (precision != Precision::fp32) {
     // The GEMMs' weight copy: the whole table in the low-precision type (one conversion pass
     // and one LAMB pass over a flat buffer; the fp32 views of it are simply never read).
-    lowp_memory_ = backend.alloc(precision_dtype(precision), {table.total()},
-                                 "16-bit weight copy");
+    lowp_memory_ = backend.alloc(precision_dtype(precision), {table.total()}, "16-bit weight copy");
     lowp_ = lowp_memory_.tensor();
     read_ = mixed_weights(table, masters_, lowp_);
     if (!params_.defined()) backend.zero(lowp_);  // until the replica loads it

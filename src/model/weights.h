@@ -22,8 +22,8 @@ class ModelWeights {
   // be none: a model without gradients). fp32_weights (optional, bf16 / fp16 only): the fp32
   // values the ops read in a compact buffer of their own (params.h bind_fp32_weights), params
   // then none: a rank of a sharded optimizer that keeps only its shard of the masters.
-  ModelWeights(const ParamTable& table, Backend& backend, Precision precision,
-               const Tensor& params, const Tensor& grads, const Tensor& fp32_weights);
+  ModelWeights(const ParamTable& table, Backend& backend, Precision precision, const Tensor& params,
+               const Tensor& grads, const Tensor& fp32_weights);
 
   const BertWeights& masters() const { return masters_; }  // fp32
   // What the ops read: masters() with every weight matrix and embedding table a view of lowp()

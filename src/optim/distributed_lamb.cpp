@@ -117,8 +117,8 @@ DistributedLamb::DistributedLamb(Backend& backend, std::vector<LambParam> params
   if (groups.empty()) groups.emplace_back(0, n);
   for (const LambParam& p : table_) {
     const bool covered = p.size == 0 || std::any_of(groups.begin(), groups.end(), [&](auto g) {
-      return g.first <= p.offset && p.offset + p.size <= g.second;
-    });
+                           return g.first <= p.offset && p.offset + p.size <= g.second;
+                         });
     PB_REQUIRE(covered, "optimizer: tensor '{}' (offset {}, size {}) lies in no forward group",
                p.name, p.offset, p.size);
   }

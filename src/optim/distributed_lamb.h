@@ -74,8 +74,8 @@ class DistributedLamb {
   // Collective over the reducer's ranks. sharded with one rank is replicated. The reducer (and
   // the buffers) must outlive the optimizer.
   DistributedLamb(Backend& backend, std::vector<LambParam> params, GradReducer& reducer,
-                  OptimizedBuffers buffers, const LrSchedule& schedule,
-                  const LambOptions& options, bool sharded);
+                  OptimizedBuffers buffers, const LrSchedule& schedule, const LambOptions& options,
+                  bool sharded);
   // A clean end waits for the last step's gathers (a communicator torn down under them would be
   // aborted); while an exception unwinds, nothing waits (a peer may have died).
   ~DistributedLamb();

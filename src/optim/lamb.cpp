@@ -27,13 +27,12 @@ void check_options(const LambOptions& o) {
 // Sorts by offset (lamb_step wants ascending rows) and rejects overlaps and rows outside the
 // buffer, naming the tensors: a wrong table would otherwise update one tensor twice.
 void check_table(std::vector<LambParam>& params, int64_t n) {
-  PB_REQUIRE(n >= 1 && !params.empty(), "lamb: {} parameter elements in {} tensors (need some)",
-             n, params.size());
-  std::stable_sort(params.begin(), params.end(),
-                   [](const LambParam& a, const LambParam& b) {
-                     // An empty tensor before a non-empty one at the same offset.
-                     return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
-                   });
+  PB_REQUIRE(n >= 1 && !params.empty(), "lamb: {} parameter elements in {} tensors (need some)", n,
+             params.size());
+  std::stable_sort(params.begin(), params.end(), [](const LambParam& a, const LambParam& b) {
+    // An empty tensor before a non-empty one at the same offset.
+    return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
+  });
   const LambParam* prev = nullptr;
   for (const LambParam& p : params) {
     PB_REQUIRE(p.offset >= 0 && p.size >= 0 && p.offset + p.size <= n,
@@ -103,8 +102,7 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
   scalars_ = backend_.alloc(DType::u8, {kScalarBytes}, "LAMB scalars");
   norms_buffer_ = backend_.alloc(DType::f32, {2 * num_tensors}, "LAMB norms");
   if (shard) squares_ = backend_.alloc(DType::f64, {1}, "LAMB sum of squares");
-  sums_buffer_ =
-      backend_.alloc(DType::f64, {2 * std::max<int64_t>(all_tensors, 1)}, "LAMB sums");
+  sums_buffer_ = backend_.alloc(DType::f64, {2 * std::max<int64_t>(all_tensors, 1)}, "LAMB sums");
   sums_all_ = Tensor(sums_buffer_.data(), DType::f64, {2 * all_tensors}, backend_.device());
   sums_ = Tensor(static_cast<double*>(sums_buffer_.data()) + 2 * std::min(sums_first_, all_tensors),
                  DType::f64, {num_tensors, 2}, backend_.device());
@@ -197,8 +195,7 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   if (options_.graph && backend_.supports_graphs() && (!sharded() || shard_.capturable)) {
     const LambStepScalars sc = lamb_step_scalars(cfg);
     const float values[4] = {sc.lr, sc.bias_correction1, sc.bias_correction2, sc.grad_scale};
-    if (!step_scalars_.data())
-      step_scalars_ = backend_.alloc(DType::f32, {4}, "LAMB step scalars");
+    if (!step_scalars_.data()) step_scalars_ = backend_.alloc(DType::f32, {4}, "LAMB step scalars");
     backend_.write_floats(step_scalars_.tensor(), values, 4);
     cfg.step_scalars = step_scalars_.tensor();
     // One graph, for the buffers it was recorded on (another set evicts it).

@@ -190,7 +190,7 @@ class Lamb {
   int64_t steps_done_ = 0;
 
   std::vector<LambTensor> host_table_;  // offsets relative to begin_
-  Tensor table_;  // host_table_ as the op's i64 [T, 3]
+  Tensor table_;                        // host_table_ as the op's i64 [T, 3]
   // scalars_: the global norm (f32) then the skip record (i32 [3]), read back in one copy.
   BackendBuffer m_buffer_, v_buffer_, scalars_, norms_buffer_;
   BackendBuffer squares_;  // sharded: this rank's sum of squared gradients (f64 [1])
@@ -199,7 +199,7 @@ class Lamb {
   BackendBuffer sums_buffer_;
   int64_t sums_first_ = 0;
   Tensor m_, v_, grad_norm_, record_, norms_, sums_all_, sums_;  // their views
-  int64_t skips_seen_ = 0;  // record[0] at the last read
+  int64_t skips_seen_ = 0;                                       // record[0] at the last read
   // LambOptions::graph: the update's graph, keyed by the buffers it reads (GraphCache of one:
   // recorded again when they change), and its step scalars (f32 [4]; not state).
   struct UpdateKey {

@@ -26,8 +26,8 @@ LossScaler::LossScaler(const LossScalerOptions& options) : options_(options) {
              "loss scaler: min_scale {} and max_scale {} must be powers of two, min <= max",
              options_.min_scale, options_.max_scale);
   PB_REQUIRE(options_.init_scale >= options_.min_scale && options_.init_scale <= options_.max_scale,
-             "loss scaler: init_scale {} outside [{}, {}]", options_.init_scale,
-             options_.min_scale, options_.max_scale);
+             "loss scaler: init_scale {} outside [{}, {}]", options_.init_scale, options_.min_scale,
+             options_.max_scale);
   PB_REQUIRE(options_.growth_interval >= 1, "loss scaler: growth_interval {} must be >= 1",
              options_.growth_interval);
   state_.scale = floor_pow2(options_.init_scale);

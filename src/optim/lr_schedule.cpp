@@ -15,9 +15,9 @@ LrSchedule::LrSchedule(const LrScheduleConfig& c) : config_(c) {
   PB_REQUIRE(c.max_steps >= 1, "lr schedule: max_steps {} must be >= 1", c.max_steps);
   PB_REQUIRE(c.num_warmup_steps >= 0, "lr schedule: warmup_steps {} must be >= 0",
              c.num_warmup_steps);
-  PB_REQUIRE(std::isfinite(c.warmup_proportion) && c.warmup_proportion >= 0 &&
-                 c.warmup_proportion <= 1,
-             "lr schedule: warmup_proportion {} must be in [0, 1]", c.warmup_proportion);
+  PB_REQUIRE(
+      std::isfinite(c.warmup_proportion) && c.warmup_proportion >= 0 && c.warmup_proportion <= 1,
+      "lr schedule: warmup_proportion {} must be in [0, 1]", c.warmup_proportion);
   // The reference silently prefers warmup_steps; two answers to one question is a config error.
   PB_REQUIRE(c.num_warmup_steps == 0 || c.warmup_proportion == 0,
              "lr schedule: both warmup_steps ({}) and warmup_proportion ({}) are set; give one",
@@ -51,8 +51,7 @@ double LrSchedule::lr(int64_t k) const {
     return c.base_lr * static_cast<double>(std::max<int64_t>(into_warmup, 0)) /
            static_cast<double>(warmup_steps_);
   }
-  const double progress =
-      std::min(static_cast<double>(k) / static_cast<double>(c.max_steps), 1.0);
+  const double progress = std::min(static_cast<double>(k) / static_cast<double>(c.max_steps), 1.0);
   return (c.base_lr - c.end_lr) * std::pow(1.0 - progress, c.poly_power) + c.end_lr;
 }
 

@@ -5,7 +5,8 @@
 //
 //   k = 1-based index of the optimizer update (the first update is k = 1)
 //   warmup:  k - start_warmup_step <  W:  lr = base_lr * (k - start_warmup_step) / W
-//   decay:   otherwise                    lr = (base_lr - end_lr) * (1 - min(k / max_steps, 1))^power
+//   decay:   otherwise                    lr = (base_lr - end_lr) * (1 - min(k / max_steps,
+//   1))^power
 //                                              + end_lr
 //
 // where W = num_warmup_steps, or floor(max_steps * warmup_proportion) with start_warmup_step
@@ -29,9 +30,9 @@
 namespace packbert {
 
 struct LrScheduleConfig {
-  double base_lr = 0.0;            // peak rate (MLPerf opt_base_learning_rate)
-  int64_t max_steps = 0;           // the rate reaches end_lr here (opt_learning_rate_training_steps)
-  int64_t num_warmup_steps = 0;    // opt_learning_rate_warmup_steps; 0: use warmup_proportion
+  double base_lr = 0.0;          // peak rate (MLPerf opt_base_learning_rate)
+  int64_t max_steps = 0;         // the rate reaches end_lr here (opt_learning_rate_training_steps)
+  int64_t num_warmup_steps = 0;  // opt_learning_rate_warmup_steps; 0: use warmup_proportion
   double warmup_proportion = 0.0;  // in [0, 1]; used only when num_warmup_steps is 0
   int64_t start_warmup_step = 0;   // MLPerf start_warmup_step (may be negative); with
                                    // num_warmup_steps only, as in the reference

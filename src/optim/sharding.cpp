@@ -15,8 +15,7 @@ std::vector<int64_t> plan_shards(int64_t num_elems, int ranks, int64_t align) {
   PB_REQUIRE(units <= std::numeric_limits<int64_t>::max() / ranks,
              "sharding: {} elements over {} ranks overflow the plan", num_elems, ranks);
   std::vector<int64_t> bounds = {0};
-  for (int r = 1; r < ranks; ++r)
-    bounds.push_back(std::min(num_elems, units * r / ranks * align));
+  for (int r = 1; r < ranks; ++r) bounds.push_back(std::min(num_elems, units * r / ranks * align));
   bounds.push_back(num_elems);
   return bounds;
 }

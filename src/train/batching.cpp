@@ -37,8 +37,8 @@ void check_sample_shape(const Sample& s, size_t index, int max_seq_len) {
 
 // Where each sample's first token goes, in layout order, and the row count.
 struct Placement {
-  std::vector<size_t> order;  // sample indices in layout order
-  std::vector<int64_t> start; // row of each (in `order` order)
+  std::vector<size_t> order;   // sample indices in layout order
+  std::vector<int64_t> start;  // row of each (in `order` order)
   int64_t rows = 0;
 };
 

@@ -1,5 +1,6 @@
 // Where the data meets the model: the loader's samples of one micro-batch laid out as the Batch
-// the model consumes (model/batch.h). Packing is the planner's (data/packing/planner.h), never done here.
+// the model consumes (model/batch.h). Packing is the planner's (data/packing/planner.h), never done
+// here.
 #pragma once
 
 #include <cstdint>

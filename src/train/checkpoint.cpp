@@ -53,9 +53,8 @@ int64_t parse_step_name(const std::string& name) {
   const std::string prefix = "step_";
   if (name.size() < prefix.size() + 8 || name.compare(0, prefix.size(), prefix) != 0) return -1;
   const std::string digits = name.substr(prefix.size());
-  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
-        return c >= '0' && c <= '9';
-      }))
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return -1;
   return std::stoll(digits);
 }
@@ -72,9 +71,10 @@ std::string read_checked_text(const std::string& dir, const char* file,
   }
   const std::string got = st_checksum_hex(text.data(), text.size());
   if (got != it->second)
-    throw DamagedFileError(fmt::format("{}: damaged (or edited): its checksum is {}, {} says {} "
-                                       "({})", path, got, holder.path(), it->second,
-                                       kStChecksumAlgorithm));
+    throw DamagedFileError(
+        fmt::format("{}: damaged (or edited): its checksum is {}, {} says {} "
+                    "({})",
+                    path, got, holder.path(), it->second, kStChecksumAlgorithm));
   return text;
 }
 
@@ -201,8 +201,7 @@ int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
     if (used == it->second.size() && v >= 0) return v;
   } catch (const std::exception&) {
   }
-  PB_THROW("{}: metadata '{}' = '{}' is not a non-negative integer", file.path(), key,
-           it->second);
+  PB_THROW("{}: metadata '{}' = '{}' is not a non-negative integer", file.path(), key, it->second);
 }
 
 // ---- integrity -----------------------------------------------------------------------------
@@ -214,14 +213,16 @@ void require_files(const std::string& dir, std::initializer_list<const char*> fi
   PB_REQUIRE(fs::is_directory(dir, ec), "{}: not a checkpoint directory", dir);
   for (const char* f : files)
     if (!fs::is_regular_file(join(dir, f), ec))
-      throw DamagedFileError(fmt::format("{}: missing (the checkpoint {} is incomplete)",
-                                         join(dir, f), dir));
+      throw DamagedFileError(
+          fmt::format("{}: missing (the checkpoint {} is incomplete)", join(dir, f), dir));
 }
 
 void warn_unverified(const std::string& dir, const std::vector<std::string>& unverified) {
   if (unverified.empty()) return;
-  spdlog::warn("{}: no checksums for {} (written before checkpoints carried them): loaded "
-               "without verifying", dir, fmt::join(unverified, ", "));
+  spdlog::warn(
+      "{}: no checksums for {} (written before checkpoints carried them): loaded "
+      "without verifying",
+      dir, fmt::join(unverified, ", "));
 }
 
 }  // namespace
@@ -271,8 +272,8 @@ std::string write_checkpoint(const std::string& root, const CheckpointWrite& w, 
       const Fp8Checkpoint& f = *w.fp8;
       PB_REQUIRE(f.amax_history.size() == static_cast<size_t>(f.operands * f.history) &&
                      f.scales.size() == static_cast<size_t>(2 * f.operands),
-                 "{}: an FP8 state of {} history and {} scale values for {} operands x {}",
-                 root, f.amax_history.size(), f.scales.size(), f.operands, f.history);
+                 "{}: an FP8 state of {} history and {} scale values for {} operands x {}", root,
+                 f.amax_history.size(), f.scales.size(), f.operands, f.history);
       opt.push_back({kFp8History, StDType::f32, {f.operands, f.history}, f.amax_history.data()});
       opt.push_back({kFp8Scales, StDType::f32, {f.operands, 2}, f.scales.data()});
       opt_md[kFp8Updates] = std::to_string(f.updates);
@@ -352,8 +353,10 @@ std::string set_checkpoint_aside(const std::string& dir) {
   std::string aside = d.string() + kAsideSuffix;
   for (int k = 2; fs::exists(fs::symlink_status(aside, ec)); ++k)
     aside = d.string() + kAsideSuffix + "-" + std::to_string(k);
-  PB_REQUIRE(::rename(d.c_str(), aside.c_str()) == 0, "{}: cannot move the damaged checkpoint "
-             "aside to {}: {}", dir, aside, os_error(errno));
+  PB_REQUIRE(::rename(d.c_str(), aside.c_str()) == 0,
+             "{}: cannot move the damaged checkpoint "
+             "aside to {}: {}",
+             dir, aside, os_error(errno));
   fsync_dir(d.has_parent_path() ? d.parent_path().string() : std::string("."));
   return aside;
 }
@@ -382,9 +385,9 @@ CheckpointRead read_checkpoint(const std::string& dir, const ParamTable& table, 
   CheckpointRead r;
   SafetensorsFile model(join(dir, kModelFile));
   if (!model.has_checksums()) unverified.push_back(kModelFile);
-  r.config = parse_hf_config(join(dir, kConfigFile), read_checked_text(dir, kConfigFile, model,
-                                                                       kConfigChecksumKey,
-                                                                       &unverified));
+  r.config =
+      parse_hf_config(join(dir, kConfigFile),
+                      read_checked_text(dir, kConfigFile, model, kConfigChecksumKey, &unverified));
   check_config(join(dir, kConfigFile), table.config(), r.config, true);
   check_no_extra(model, table, {""});
   read_flat(model, table, "", params);
@@ -393,9 +396,8 @@ CheckpointRead read_checkpoint(const std::string& dir, const ParamTable& table, 
   if (!opt.has_checksums()) unverified.push_back(kOptimizerFile);
   check_no_extra(opt, table, {"exp_avg.", "exp_avg_sq."}, {kFp8History, kFp8Scales});
   if (opt.contains(kFp8History) || opt.contains(kFp8Scales)) {
-    PB_REQUIRE(opt.contains(kFp8History) && opt.contains(kFp8Scales),
-               "{}: '{}' without '{}'", opt.path(),
-               opt.contains(kFp8History) ? kFp8History : kFp8Scales,
+    PB_REQUIRE(opt.contains(kFp8History) && opt.contains(kFp8Scales), "{}: '{}' without '{}'",
+               opt.path(), opt.contains(kFp8History) ? kFp8History : kFp8Scales,
                opt.contains(kFp8History) ? kFp8Scales : kFp8History);
     const std::vector<int64_t> hs = opt.info(kFp8History).shape, ss = opt.info(kFp8Scales).shape;
     PB_REQUIRE(hs.size() == 2 && ss.size() == 2 && ss[0] == hs[0] && ss[1] == 2,
@@ -438,9 +440,9 @@ void load_model_weights(const std::string& dir, const ParamTable& table, float* 
   std::vector<std::string> unverified;
   SafetensorsFile model(join(dir, kModelFile));
   if (!model.has_checksums()) unverified.push_back(kModelFile);
-  const BertConfig c = parse_hf_config(
-      join(dir, kConfigFile),
-      read_checked_text(dir, kConfigFile, model, kConfigChecksumKey, &unverified));
+  const BertConfig c =
+      parse_hf_config(join(dir, kConfigFile),
+                      read_checked_text(dir, kConfigFile, model, kConfigChecksumKey, &unverified));
   check_config(join(dir, kConfigFile), table.config(), c, false);
   check_no_extra(model, table, {""});
   read_flat(model, table, "", params);

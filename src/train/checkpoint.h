@@ -77,7 +77,7 @@ struct CheckpointWrite {
   int64_t step = 0;               // the directory's name: step_%08d
   int64_t lamb_steps_done = 0;    // LAMB's bias-correction counter
   std::string trainer_state_json;
-  bool checksums = true;          // false: files as written before checksums (tests, benchmark)
+  bool checksums = true;  // false: files as written before checksums (tests, benchmark)
   const Fp8Checkpoint* fp8 = nullptr;  // precision fp8's scaling state
 };
 
@@ -134,10 +134,10 @@ std::string trainer_state_to_json(const TrainerState& s);
 TrainerState trainer_state_from_json(const std::string& text, const std::string& path);
 
 struct CheckpointRead {
-  int64_t step = 0;             // from optimizer.safetensors ("step"), else the dir's name
+  int64_t step = 0;  // from optimizer.safetensors ("step"), else the dir's name
   int64_t lamb_steps_done = 0;
   std::string trainer_state_json;
-  BertConfig config;            // the checkpoint's config.json
+  BertConfig config;                 // the checkpoint's config.json
   std::optional<Fp8Checkpoint> fp8;  // when the checkpoint has one
 };
 
@@ -160,18 +160,18 @@ void load_model_weights(const std::string& dir, const ParamTable& table, float* 
 
 // What verify_checkpoint() found in one directory.
 struct CheckpointFileInfo {
-  std::string name;      // "model.safetensors", ...
+  std::string name;  // "model.safetensors", ...
   bool present = false;
-  uint64_t bytes = 0;    // the file's size
-  int64_t tensors = 0;   // safetensors files
+  uint64_t bytes = 0;   // the file's size
+  int64_t tensors = 0;  // safetensors files
   bool checksummed = false;
 };
 struct CheckpointCheck {
   std::string dir;
   int64_t step = -1, samples = -1, tokens = -1;  // -1: unknown (trainer_state.json unreadable)
-  std::string config;                           // describe() of config.json; "" if unreadable
-  std::vector<CheckpointFileInfo> files;        // the four files, in the order above
-  std::vector<std::string> damage;              // each failure, naming file and tensor
+  std::string config;                            // describe() of config.json; "" if unreadable
+  std::vector<CheckpointFileInfo> files;         // the four files, in the order above
+  std::vector<std::string> damage;               // each failure, naming file and tensor
   bool damaged() const { return !damage.empty(); }
   // Files without a checksum (written before checksums existed): loadable, not verified.
   std::vector<std::string> unverified;

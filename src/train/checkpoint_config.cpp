@@ -73,7 +73,8 @@ std::vector<FieldDiff> config_diffs(const BertConfig& a, const BertConfig& b, bo
     // Resuming keeps the GELU; a weights-only start may change it (Google's TF checkpoints,
     // trained with the tanh form, say "gelu", which Hugging Face reads as erf).
     auto act = [](Gelu g) { return std::string(g == Gelu::tanh ? "gelu_new" : "gelu"); };
-    if (a.hidden_act != b.hidden_act) d.push_back({"hidden_act", act(a.hidden_act), act(b.hidden_act)});
+    if (a.hidden_act != b.hidden_act)
+      d.push_back({"hidden_act", act(a.hidden_act), act(b.hidden_act)});
   }
   return d;
 }
@@ -84,14 +85,14 @@ std::string detail::hf_config_text(const BertConfig& config) {
   return hf_config_json(config).dump(2) + "\n";
 }
 
-void detail::check_config(const std::string& path, const BertConfig& expected,
-                          const BertConfig& c, bool dropout) {
+void detail::check_config(const std::string& path, const BertConfig& expected, const BertConfig& c,
+                          bool dropout) {
   const auto diffs = config_diffs(expected, c, dropout);
   if (diffs.empty()) return;
   std::string msg;
   for (const FieldDiff& f : diffs)
-    msg += fmt::format("{}{} = {} (the model has {})", msg.empty() ? "" : "; ", f.field,
-                       f.theirs, f.ours);
+    msg += fmt::format("{}{} = {} (the model has {})", msg.empty() ? "" : "; ", f.field, f.theirs,
+                       f.ours);
   PB_THROW("{}: checkpoint config does not match the model: {}", path, msg);
 }
 
@@ -122,8 +123,7 @@ BertConfig detail::parse_hf_config(const std::string& path, const std::string& t
   };
   auto float_field = [&](const char* key, float fallback) -> float {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    PB_REQUIRE(j[key].is_number(), "{}: field '{}' = {} is not a number", path, key,
-               j[key].dump());
+    PB_REQUIRE(j[key].is_number(), "{}: field '{}' = {} is not a number", path, key, j[key].dump());
     return static_cast<float>(j[key].get<double>());
   };
   auto string_field = [&](const char* key, const char* required_value) {

@@ -42,8 +42,8 @@ std::string holder_text() {
   ::gmtime_r(&now, &utc);
   char when[32] = {};
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
-  std::string text = fmt::format("host {}, pid {}, started {}", host, static_cast<long>(::getpid()),
-                                 when);
+  std::string text =
+      fmt::format("host {}, pid {}, started {}", host, static_cast<long>(::getpid()), when);
   if (const char* job = std::getenv("SLURM_JOB_ID"); job && *job)
     text += fmt::format(", Slurm job {}", job);
   return text + "\n";
@@ -110,8 +110,7 @@ std::string broadcast(MPI_Comm comm, std::string s, int from) {
 std::vector<std::string> delete_checkpoints(const std::string& dir) {
   std::vector<std::string> names = checkpoints_in(dir);
   std::error_code ec;
-  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec))
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
     if (is_leftover_name(it->path().filename().string()))
       names.push_back(it->path().filename().string());
   const std::string pid = std::to_string(::getpid());
@@ -145,14 +144,15 @@ void require_writable_dir(const std::string& dir) {
                                      const std::vector<std::string>& found) {
   const std::string& newest = found.back();
   const bool damaged = newest.find(".corrupt") != std::string::npos;
-  PB_THROW("checkpoint.dir {} holds {} checkpoint(s) of an earlier run (newest: {}{}), and this "
-           "run {}: its checkpoints would be written among them and prune theirs. Nothing was "
-           "changed. To continue that run, give --resume auto; to start this one elsewhere, give "
-           "another checkpoint.dir; to delete them and start here, give "
-           "--checkpoint.overwrite=true",
-           k.dir, found.size(), newest, damaged ? ", damaged and set aside" : "",
-           k.resume.empty() ? std::string("starts fresh")
-                            : fmt::format("resumes {}, which is not one of them", k.resume));
+  PB_THROW(
+      "checkpoint.dir {} holds {} checkpoint(s) of an earlier run (newest: {}{}), and this "
+      "run {}: its checkpoints would be written among them and prune theirs. Nothing was "
+      "changed. To continue that run, give --resume auto; to start this one elsewhere, give "
+      "another checkpoint.dir; to delete them and start here, give "
+      "--checkpoint.overwrite=true",
+      k.dir, found.size(), newest, damaged ? ", damaged and set aside" : "",
+      k.resume.empty() ? std::string("starts fresh")
+                       : fmt::format("resumes {}, which is not one of them", k.resume));
 }
 
 // Rank 0's part of claim_checkpoint_dir. A refused run writes nothing in dir: a run using dir
@@ -255,15 +255,17 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir, bool create) {
     if (err == EWOULDBLOCK) {
       ::close(fd_);
       fd_ = -1;
-      PB_THROW("checkpoint.dir {} is in use by another run: {} (it holds the lock {}). Two runs "
-               "in one checkpoint directory would prune each other's checkpoints: wait for it to "
-               "end, stop it, or give this run another checkpoint.dir",
-               dir, read_holder(file), file);
+      PB_THROW(
+          "checkpoint.dir {} is in use by another run: {} (it holds the lock {}). Two runs "
+          "in one checkpoint directory would prune each other's checkpoints: wait for it to "
+          "end, stop it, or give this run another checkpoint.dir",
+          dir, read_holder(file), file);
     }
-    spdlog::warn("checkpoint.dir {}: cannot lock {}: {} (the file system offers no flock here: "
-                 "docs/training.md, Checkpoints); going on without the lock: nothing stops a "
-                 "second run from using this directory at the same time",
-                 dir, file, os_error(err));
+    spdlog::warn(
+        "checkpoint.dir {}: cannot lock {}: {} (the file system offers no flock here: "
+        "docs/training.md, Checkpoints); going on without the lock: nothing stops a "
+        "second run from using this directory at the same time",
+        dir, file, os_error(err));
     return;
   }
   held_ = true;
@@ -347,8 +349,8 @@ std::vector<ConfigChange> config_changes(const std::string& before, const std::s
     const bool in_b = ib != fb.end(), in_a = ia != fa.end();
     if (!in_b && !in_a) continue;
     if (in_b && in_a && same(*ib->second, *ia->second)) continue;
-    out.push_back({key, in_b ? show(*ib->second) : "(absent)",
-                   in_a ? show(*ia->second) : "(absent)"});
+    out.push_back(
+        {key, in_b ? show(*ib->second) : "(absent)", in_a ? show(*ia->second) : "(absent)"});
   }
   return out;
 }

@@ -17,8 +17,7 @@ std::string trainer_state_to_json(const TrainerState& s) {
   j["tokens"] = s.tokens;
   j["skipped_steps"] = s.skipped_steps;
   if (s.loss_scale) {
-    j["loss_scale"] = {{"scale", s.loss_scale->scale},
-                       {"clean_steps", s.loss_scale->clean_steps}};
+    j["loss_scale"] = {{"scale", s.loss_scale->scale}, {"clean_steps", s.loss_scale->clean_steps}};
   }
   j["loader"] = nlohmann::json::parse(loader_position_to_json(s.loader));
   j["rng"] = {{"train_seed", s.rng.train_seed},
@@ -65,8 +64,7 @@ class StateFields {
     return j_.at(key).get<std::string>();
   }
   void require(const char* key, bool ok, const char* what) const {
-    PB_REQUIRE(ok, "{}: field '{}{}' = {} is not {}", path_, prefix_, key, j_.at(key).dump(),
-               what);
+    PB_REQUIRE(ok, "{}: field '{}{}' = {} is not {}", path_, prefix_, key, j_.at(key).dump(), what);
   }
   [[noreturn]] void fail(const char* key, const std::string& why) const {
     PB_THROW("{}: field '{}{}': {}", path_, prefix_, key, why);

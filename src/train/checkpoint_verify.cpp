@@ -87,8 +87,10 @@ void print_check(const CheckpointCheck& c, std::ostream& os) {
     fmt::print(os, "  verdict: DAMAGED ({} problem(s))\n", c.damage.size());
     for (const std::string& d : c.damage) fmt::print(os, "    {}\n", d);
   } else if (!c.unverified.empty()) {
-    fmt::print(os, "  verdict: readable, not verified: no checksums for {} (written before "
-               "checkpoints carried them)\n", fmt::join(c.unverified, ", "));
+    fmt::print(os,
+               "  verdict: readable, not verified: no checksums for {} (written before "
+               "checkpoints carried them)\n",
+               fmt::join(c.unverified, ", "));
   } else {
     fmt::print(os, "  verdict: ok (every checksum matches, {})\n", kStChecksumAlgorithm);
   }
@@ -158,8 +160,8 @@ bool is_checkpoint_path(const std::string& path) {
 int inspect_checkpoints(const std::string& path, std::ostream& os) {
   const bool single = holds_checkpoint_file(path) ||
                       parse_step_name(fs::path(path).lexically_normal().filename().string()) >= 0;
-  std::vector<std::string> dirs = single ? std::vector<std::string>{path}
-                                         : checkpoint_dirs_newest_first(path);
+  std::vector<std::string> dirs =
+      single ? std::vector<std::string>{path} : checkpoint_dirs_newest_first(path);
   std::reverse(dirs.begin(), dirs.end());
   int damaged = 0;
   for (const std::string& dir : dirs) {
@@ -171,9 +173,9 @@ int inspect_checkpoints(const std::string& path, std::ostream& os) {
     const std::vector<std::string> aside = set_aside_checkpoints(path);
     fmt::print(os, "{}: {} checkpoint(s), {} ok, {} damaged{}\n", path, dirs.size(),
                dirs.size() - static_cast<size_t>(damaged), damaged,
-               aside.empty() ? std::string()
-                             : fmt::format("; set aside earlier (not checked): {}",
-                                           fmt::join(aside, ", ")));
+               aside.empty()
+                   ? std::string()
+                   : fmt::format("; set aside earlier (not checked): {}", fmt::join(aside, ", ")));
   }
   return damaged;
 }

@@ -58,8 +58,8 @@ EvalSums evaluate_batch(Bert& bert, const Batch& batch) {
   eval.dropout = false;
   eval.gradients = false;
   // The normalisers only scale the loss (not returned here) and the unused gradients.
-  const ForwardResult r = bert.forward(batch, std::max<int64_t>(1, batch.num_masked()),
-                                       batch.num_seqs(), 0, 0, eval);
+  const ForwardResult r =
+      bert.forward(batch, std::max<int64_t>(1, batch.num_masked()), batch.num_seqs(), 0, 0, eval);
   out.mlm_loss_sum = r.mlm_loss_sum;
   out.nsp_loss_sum = r.nsp_loss_sum;
   out.mlm_correct = r.mlm_correct;
@@ -99,8 +99,11 @@ EvalResult evaluate(MPI_Comm comm, ModelReplica& model, const EvalSet& set, int6
     const size_t last = std::min(set.samples.size(), first + static_cast<size_t>(batch_size));
     evaluate_range(model.bert(), set.samples, first, last, max_seq_len, limits, sums);
   }
-  double v[6] = {sums.mlm_loss_sum, sums.nsp_loss_sum, static_cast<double>(sums.mlm_correct),
-                 static_cast<double>(sums.nsp_correct), static_cast<double>(sums.masked_tokens),
+  double v[6] = {sums.mlm_loss_sum,
+                 sums.nsp_loss_sum,
+                 static_cast<double>(sums.mlm_correct),
+                 static_cast<double>(sums.nsp_correct),
+                 static_cast<double>(sums.masked_tokens),
                  static_cast<double>(sums.samples)};
   MetricSums(comm).sum(v, 6, "MPI_Allreduce (evaluation)");
   EvalResult r;

@@ -18,12 +18,11 @@ void MlperfBlocks::close() {
 std::optional<BertMemory> eval_limits(const ModelReplica& model, const TrainerOptions& o) {
   if (o.reserve.rows <= 0) return std::nullopt;
   return plan_bert_memory(model.bert().config(), o.bert, model.bert().graphs_on(), 1,
-                      BertReserve{o.reserve, o.layout, o.deferred_forwards});
+                          BertReserve{o.reserve, o.layout, o.deferred_forwards});
 }
 
-Evaluations::Evaluations(MPI_Comm comm, const TrainConfig& c, Trainer& trainer,
-                         const EvalSet* set, MlLogger& ml, MetricsWriter& metrics,
-                         int64_t samples)
+Evaluations::Evaluations(MPI_Comm comm, const TrainConfig& c, Trainer& trainer, const EvalSet* set,
+                         MlLogger& ml, MetricsWriter& metrics, int64_t samples)
     : comm_(comm),
       c_(c),
       trainer_(trainer),
@@ -44,18 +43,22 @@ bool Evaluations::due(int64_t samples) {
 bool Evaluations::run(int64_t step, int64_t samples) {
   last_samples_ = samples;
   ml_.start("eval_start", nullptr, {{"epoch_num", samples}});
-  const EvalResult r =
-      evaluate(comm_, trainer_.replica(), *set_, c_.eval.batch_size, c_.train.max_seq_len,
-               limits_ ? &*limits_ : nullptr);
+  const EvalResult r = evaluate(comm_, trainer_.replica(), *set_, c_.eval.batch_size,
+                                c_.train.max_seq_len, limits_ ? &*limits_ : nullptr);
   ml_.event("eval_accuracy", r.mlm_accuracy, {{"epoch_num", samples}});
   ml_.end("eval_stop", nullptr, {{"epoch_num", samples}});
-  spdlog::info("eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}, nsp "
-               "accuracy {:.4f} over {} samples / {} masked tokens in {:.1f} s",
-               step, samples, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples,
-               r.masked_tokens, r.seconds);
-  metrics_.write({{"event", "eval"}, {"step", step}, {"samples", samples},
-                  {"eval_accuracy", r.mlm_accuracy}, {"eval_loss", r.mlm_loss},
-                  {"eval_nsp_accuracy", r.nsp_accuracy}, {"eval_samples", r.samples},
+  spdlog::info(
+      "eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}, nsp "
+      "accuracy {:.4f} over {} samples / {} masked tokens in {:.1f} s",
+      step, samples, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples, r.masked_tokens,
+      r.seconds);
+  metrics_.write({{"event", "eval"},
+                  {"step", step},
+                  {"samples", samples},
+                  {"eval_accuracy", r.mlm_accuracy},
+                  {"eval_loss", r.mlm_loss},
+                  {"eval_nsp_accuracy", r.nsp_accuracy},
+                  {"eval_samples", r.samples},
                   {"eval_masked_tokens", r.masked_tokens}});
   last_accuracy_ = r.mlm_accuracy;
   return c_.eval.target_accuracy > 0 && r.mlm_accuracy >= c_.eval.target_accuracy;

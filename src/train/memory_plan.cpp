@@ -48,7 +48,7 @@ RankItems rank_items(const TrainConfig& c, int ranks, int rank, const BatchShape
   const bool graphs = cuda && o.bert.cuda_graphs != CudaGraphs::off;
   RankItems r;
   r.model = plan_bert_memory(model, o.bert, graphs, ranks,
-                         BertReserve{shape, o.layout, o.deferred_forwards});
+                             BertReserve{shape, o.layout, o.deferred_forwards});
   auto add = [&](const std::string& key, const std::string& label, size_t bytes, bool exact,
                  const std::string& note = {}) {
     if (bytes == 0) return;
@@ -63,8 +63,8 @@ RankItems rank_items(const TrainConfig& c, int ranks, int rank, const BatchShape
   const int64_t end = sharded ? bounds[static_cast<size_t>(rank) + 1] : n;
   // Sharded bf16 / fp16 keeps the rank's range of the masters (model/replica.h shard_masters).
   if (sharded && (o.bert.precision == Precision::bf16 || o.bert.precision == Precision::fp16)) {
-    add("fp32_master_weights", fmt::format("parameters: fp32 master weights, this rank's 1/{}",
-                                           ranks),
+    add("fp32_master_weights",
+        fmt::format("parameters: fp32 master weights, this rank's 1/{}", ranks),
         static_cast<size_t>(std::max<int64_t>(4 * (end - begin), 1)), true);
     add("fp32_read_weights", "parameters: fp32 biases and LayerNorm the ops read",
         static_cast<size_t>(std::max<int64_t>(4 * fp32_read_elems(table), 1)), true);
@@ -95,8 +95,8 @@ RankItems rank_items(const TrainConfig& c, int ranks, int rank, const BatchShape
     add("optimizer_graph_scalars", "optimizer: the update graph's scalars", 16, true);
 
   add("activation_arena", "activations: the arena", r.model.arena, true,
-      fmt::format("{} rows, {} sequences, {} masked; M = {}", r.model.laid.rows,
-                  r.model.laid.seqs, r.model.laid.masked, r.model.mst_chunks));
+      fmt::format("{} rows, {} sequences, {} masked; M = {}", r.model.laid.rows, r.model.laid.seqs,
+                  r.model.laid.masked, r.model.mst_chunks));
   for (int k = 0; k < kActivationKinds; ++k) {
     const size_t b = r.model.arena_by_kind[static_cast<size_t>(k)];
     if (b == 0) continue;
@@ -109,14 +109,22 @@ RankItems rank_items(const TrainConfig& c, int ranks, int rank, const BatchShape
     size_t carved = 0;
     for (size_t b : r.model.arena_by_kind) carved += b;
     if (r.model.arena > carved)
-      r.items.push_back({"arena_auto_margin", "smaller batches at a smaller M (mst_chunks = 0)",
-                         r.model.arena - carved, true, {}, 1});
+      r.items.push_back({"arena_auto_margin",
+                         "smaller batches at a smaller M (mst_chunks = 0)",
+                         r.model.arena - carved,
+                         true,
+                         {},
+                         1});
   }
   add("batch_buffers", "batch buffers (two, used in turn)", r.model.batch_buffers, true);
   add("fp8_workspace", "FP8 operand workspace", r.model.fp8_workspace, true);
   add("metric_slots", "loss sums per forward", r.model.metric_slots, true);
-  r.items.push_back({"evaluation", "evaluation forward: within the arena (batches split to fit)",
-                     0, true, {}, 0});
+  r.items.push_back({"evaluation",
+                     "evaluation forward: within the arena (batches split to fit)",
+                     0,
+                     true,
+                     {},
+                     0});
 
   if (cuda) {
     add("gemm_workspace", "backend: cuBLASLt workspace", kCudaGemmWorkspaceBytes, false,
@@ -190,8 +198,8 @@ DeviceMemory parse_device_memory(const std::string& text) {
   if (unit == "gb") scale = 1e9;
   if (unit == "mb") scale = 1e6;
   PB_REQUIRE(end != text.c_str() && scale > 0 && v > 0,
-             "--gpu {}: expected one of {}, or a size (bytes, or with MiB / GiB / MB / GB)",
-             text, names);
+             "--gpu {}: expected one of {}, or a size (bytes, or with MiB / GiB / MB / GB)", text,
+             names);
   return {text, static_cast<size_t>(v * scale), "given"};
 }
 
@@ -324,23 +332,21 @@ std::string format_memory_plan(const MemoryPlan& p) {
   for (const MemoryItem& it : p.items)
     if (!it.exact && !it.note.empty()) s += fmt::format("  {}: {}\n", it.label, it.note);
   if (p.verdicts.empty()) return s;
-  s += fmt::format("\n{:<34} {:>10}  {:<8} {:>12}  {}\n", "device", "MiB", "verdict",
-                   "spare MiB", "largest micro-batch that fits (samples x tokens)");
+  s += fmt::format("\n{:<34} {:>10}  {:<8} {:>12}  {}\n", "device", "MiB", "verdict", "spare MiB",
+                   "largest micro-batch that fits (samples x tokens)");
   for (const MemoryVerdict& v : p.verdicts)
     s += fmt::format("{:<34} {:>10.1f}  {:<8} {:>12.1f}  {} x {}\n", v.target.name,
                      v.target.bytes / kMiB, v.fits ? "fits" : "SHORT",
-                     static_cast<double>(v.spare) / kMiB, v.largest_samples,
-                     p.micro_batch.max_len);
+                     static_cast<double>(v.spare) / kMiB, v.largest_samples, p.micro_batch.max_len);
   if (!p.knobs.empty()) {
-    s += fmt::format("\n{:<40} {:>10} {:>10}  {}\n", "knob", "total MiB", "saves MiB",
-                     "fits on");
+    s += fmt::format("\n{:<40} {:>10} {:>10}  {}\n", "knob", "total MiB", "saves MiB", "fits on");
     for (const MemoryKnob& k : p.knobs) {
       std::string on;
       for (size_t i = 0; i < k.fits.size(); ++i)
         if (k.fits[i]) on += (on.empty() ? "" : ", ") + p.verdicts[i].target.name;
-      s += fmt::format("{:<40} {:>10.1f} {:>10.1f}  {}\n", k.key + " = " + k.setting,
-                       k.total / kMiB, static_cast<double>(k.saves) / kMiB,
-                       on.empty() ? "none" : on);
+      s +=
+          fmt::format("{:<40} {:>10.1f} {:>10.1f}  {}\n", k.key + " = " + k.setting, k.total / kMiB,
+                      static_cast<double>(k.saves) / kMiB, on.empty() ? "none" : on);
     }
   }
   return s;
@@ -358,8 +364,8 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
                       {"bound_strict", p.bound_strict}};
   nlohmann::json items = nlohmann::json::array();
   for (const MemoryItem& it : p.items) {
-    nlohmann::json i = {{"key", it.key}, {"label", it.label}, {"bytes", it.bytes},
-                        {"exact", it.exact}};
+    nlohmann::json i = {
+        {"key", it.key}, {"label", it.label}, {"bytes", it.bytes}, {"exact", it.exact}};
     if (it.depth) i["part_of"] = "activation_arena";
     if (!it.note.empty()) i["note"] = it.note;
     items.push_back(i);
@@ -381,8 +387,11 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
   j["targets"] = verdicts;
   nlohmann::json knobs = nlohmann::json::array();
   for (const MemoryKnob& k : p.knobs)
-    knobs.push_back({{"key", k.key}, {"setting", k.setting}, {"total_bytes", k.total},
-                     {"saves_bytes", k.saves}, {"fits", k.fits}});
+    knobs.push_back({{"key", k.key},
+                     {"setting", k.setting},
+                     {"total_bytes", k.total},
+                     {"saves_bytes", k.saves},
+                     {"fits", k.fits}});
   j["knobs"] = knobs;
   return j;
 }

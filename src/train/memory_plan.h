@@ -47,10 +47,10 @@ DeviceMemory parse_device_memory(const std::string& text);
 DeviceMemory this_machine_memory(Device device);
 
 struct MemoryKnob {
-  std::string key;      // the config key, e.g. "model.mst_chunks"
-  std::string setting;  // its value in this variant
-  size_t total = 0;     // the rank's total with it
-  int64_t saves = 0;    // bytes below the config's own total (negative: costs)
+  std::string key;         // the config key, e.g. "model.mst_chunks"
+  std::string setting;     // its value in this variant
+  size_t total = 0;        // the rank's total with it
+  int64_t saves = 0;       // bytes below the config's own total (negative: costs)
   std::vector<bool> fits;  // on each target (MemoryPlan::verdicts)
 };
 
@@ -58,8 +58,8 @@ struct MemoryKnob {
 struct MemoryVerdict {
   DeviceMemory target;
   bool fits = false;
-  int64_t spare = 0;             // target - total (negative: short)
-  int64_t largest_samples = 0;   // samples of max_seq_len per micro-batch that fit
+  int64_t spare = 0;            // target - total (negative: short)
+  int64_t largest_samples = 0;  // samples of max_seq_len per micro-batch that fit
 };
 
 struct MemoryPlan {
@@ -76,8 +76,8 @@ struct MemoryPlan {
       if (!v.fits) return false;
     return true;
   }
-  BatchShape micro_batch;      // the reserved micro-batch (largest_micro_batch), as laid out
-  bool bound_strict = true;    // false: lpt balance, a batch may exceed it (the arena grows)
+  BatchShape micro_batch;    // the reserved micro-batch (largest_micro_batch), as laid out
+  bool bound_strict = true;  // false: lpt balance, a batch may exceed it (the arena grows)
   int64_t mst_chunks = 1;
   std::vector<MemoryKnob> knobs;
 };

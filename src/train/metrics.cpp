@@ -120,10 +120,10 @@ std::string format_rate(double per_s) {
 }  // namespace
 
 std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
-  std::string s = fmt::format("step {}/{} | {} samples | loss {:.4f} (mlm {:.4f}, nsp {:.4f}) | "
-                              "mlm acc {:.4f} | lr {:.2e}",
-                              r.step, max_steps, r.samples, r.loss, r.mlm_loss, r.nsp_loss,
-                              r.mlm_accuracy, r.lr);
+  std::string s = fmt::format(
+      "step {}/{} | {} samples | loss {:.4f} (mlm {:.4f}, nsp {:.4f}) | "
+      "mlm acc {:.4f} | lr {:.2e}",
+      r.step, max_steps, r.samples, r.loss, r.mlm_loss, r.nsp_loss, r.mlm_accuracy, r.lr);
   if (r.grad_norm >= 0) s += fmt::format(" | gnorm {:.3f}", r.grad_norm);
   if (r.loss_scale != 1) s += fmt::format(" | scale {}", r.loss_scale);
   s += fmt::format(" | {} samples/s | {} tok/s | pad {:.1f}% | imb {:.2f} | wait {:.3f}s",
@@ -241,8 +241,7 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   auto per_step = [&](int64_t now_count, int64_t start_count, int64_t excluded) {
     return static_cast<double>(now_count - start_count - excluded) / steps;
   };
-  r.host_syncs_per_step =
-      per_step(w.host_syncs, work_start_.host_syncs, work_excluded_.host_syncs);
+  r.host_syncs_per_step = per_step(w.host_syncs, work_start_.host_syncs, work_excluded_.host_syncs);
   r.launches_per_step = per_step(w.launches, work_start_.launches, work_excluded_.launches);
   r.pageable_copies_per_step =
       per_step(w.pageable_copies, work_start_.pageable_copies, work_excluded_.pageable_copies);
@@ -267,9 +266,9 @@ void MetricsWriter::write(const nlohmann::json& record) {
   // NaN / inf are not JSON: nlohmann writes null, which plot_metrics.py skips.
   const std::string line =
       record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  PB_REQUIRE(std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
-                 std::fflush(file_) == 0,
-             "{}: cannot write the metrics file: {}", path_, std::strerror(errno));
+  PB_REQUIRE(
+      std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
+      "{}: cannot write the metrics file: {}", path_, std::strerror(errno));
 }
 
 int64_t peak_rss_bytes() {

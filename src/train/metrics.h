@@ -54,15 +54,15 @@ struct ProgressRecord {
   // The padding rows CUDA graphs add (their capacities, model/batch.h GraphCapacity) over the
   // batches' own rows, this rank's training forwards since the run started; 0 without graphs.
   double graph_padding = 0;
-  double imbalance = 1;         // planner: max rank cost / mean rank cost
-  double data_wait_s = 0;       // exposed data-loader wait per step, mean
-  double step_time_s = 0;       // wall time per step, mean
-  double eta_s = 0;             // to max_steps at the current rate; < 0 = unknown
-  double elapsed_s = 0;         // since training started
-  int64_t peak_rss_bytes = 0;   // this process (rank 0), peak_rss_bytes()
-  int64_t activation_peak_bytes = 0;  // activation arena high-water mark; 0 = not measured
+  double imbalance = 1;                   // planner: max rank cost / mean rank cost
+  double data_wait_s = 0;                 // exposed data-loader wait per step, mean
+  double step_time_s = 0;                 // wall time per step, mean
+  double eta_s = 0;                       // to max_steps at the current rate; < 0 = unknown
+  double elapsed_s = 0;                   // since training started
+  int64_t peak_rss_bytes = 0;             // this process (rank 0), peak_rss_bytes()
+  int64_t activation_peak_bytes = 0;      // activation arena high-water mark; 0 = not measured
   int64_t activation_capacity_bytes = 0;  // the arena allocated (TrainerOptions::reserve)
-  int64_t arena_allocations = 0;      // times it was allocated: 1 = reserved once, never grown
+  int64_t arena_allocations = 0;          // times it was allocated: 1 = reserved once, never grown
   // The optimizer state of the rank that holds most (moments, norms, mixed precision's fp32
   // master weights: optim/distributed_lamb.h), and the bytes one step's gradient and optimizer
   // collectives make the rank that sends most send (0 on one rank).
@@ -86,8 +86,8 @@ struct ProgressRecord {
   // Its split by kind of buffer (model/arena.h ActivationKind names, in that order; sums to
   // activation_peak_bytes); empty = not measured.
   std::vector<std::pair<std::string, int64_t>> activation_bytes_by_kind;
-  int64_t mst_chunks = 0;       // mini-sequence chunks M of the last step; 0 = not known
-  int64_t skipped_steps = 0;    // non-finite steps skipped since the run started
+  int64_t mst_chunks = 0;     // mini-sequence chunks M of the last step; 0 = not known
+  int64_t skipped_steps = 0;  // non-finite steps skipped since the run started
 };
 
 // {"event": "train", every field above by its name}.
@@ -104,8 +104,8 @@ struct ProgressContext {
   int64_t samples = 0;  // trained since the run started (all ranks)
   int64_t tokens = 0;
   int64_t skipped_steps = 0;
-  int64_t max_steps = 0;  // for the ETA
-  double elapsed_s = 0;   // since training started
+  int64_t max_steps = 0;                         // for the ETA
+  double elapsed_s = 0;                          // since training started
   const ActivationReport* activation = nullptr;  // null: not measured
   int64_t optimizer_state_bytes = 0;
   int64_t bytes_sent_per_step = 0;
@@ -186,9 +186,9 @@ class MetricsWriter {
 // One JSON line: {"checkpoint": "/abs/step_00000120" or null, "reason": "signal",
 // "samples": 3840, "signal": 15, "step": 120}.
 struct RunEnd {
-  std::string reason;      // "finished" (train.max_steps), "target_reached" or "signal"
-  int signal = 0;          // the stop signal when reason is "signal", else 0
-  int64_t step = 0;        // optimizer steps done
+  std::string reason;  // "finished" (train.max_steps), "target_reached" or "signal"
+  int signal = 0;      // the stop signal when reason is "signal", else 0
+  int64_t step = 0;    // optimizer steps done
   int64_t samples = 0;
   std::string checkpoint;  // the checkpoint written at the end; "" = none (no checkpoint.dir)
 };

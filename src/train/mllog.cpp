@@ -120,13 +120,12 @@ void MlLogger::log(const char* event_type, const std::string& key, const nlohman
                    const nlohmann::json& metadata, const char* file, int line) {
   if (!enabled_) return;
   const std::string text =
-      format_line(now_ms(), event_type, key, value, metadata, mllog_source_name(file), line) +
-      "\n";
+      format_line(now_ms(), event_type, key, value, metadata, mllog_source_name(file), line) + "\n";
   std::lock_guard<std::mutex> lock(mutex_);
   if (file_) {
-    PB_REQUIRE(std::fwrite(text.data(), 1, text.size(), file_) == text.size() &&
-                   std::fflush(file_) == 0,
-               "{}: cannot write the MLPerf log: {}", path_, std::strerror(errno));
+    PB_REQUIRE(
+        std::fwrite(text.data(), 1, text.size(), file_) == text.size() && std::fflush(file_) == 0,
+        "{}: cannot write the MLPerf log: {}", path_, std::strerror(errno));
   }
   if (echo_) {
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -158,9 +157,8 @@ void log_bert_constants(MlLogger& logger, const TrainConfig& c, int world_size,
   ev("submission_org", c.log.submission_org);
   ev("submission_division", config_name(c.log.submission_division));
   ev("submission_status", config_name(c.log.submission_status));
-  ev("submission_platform", c.log.submission_platform.empty()
-                                ? fmt::format("{}xCPU", world_size)
-                                : c.log.submission_platform);
+  ev("submission_platform", c.log.submission_platform.empty() ? fmt::format("{}xCPU", world_size)
+                                                              : c.log.submission_platform);
   ev("seed", c.train.seed);
   ev("global_batch_size", c.train.global_batch_size);
   ev("gradient_accumulation_steps", c.train.gradient_accumulation_steps);

@@ -53,8 +53,7 @@ class MlLogger {
   // The line (without newline) for these fields; what every call above writes. Thread-safe.
   static std::string format_line(int64_t time_ms, const std::string& event_type,
                                  const std::string& key, const nlohmann::json& value,
-                                 const nlohmann::json& metadata, const std::string& file,
-                                 int line);
+                                 const nlohmann::json& metadata, const std::string& file, int line);
   // json.dumps(v) of Python for a JSON value (separators ", " and ": ", ensure_ascii).
   static std::string python_dumps(const nlohmann::json& v);
 

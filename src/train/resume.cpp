@@ -89,17 +89,18 @@ std::optional<ResumedCheckpoint> read_newest_valid_checkpoint(MPI_Comm comm,
     std::string aside;
     if (rank == 0) {
       aside = set_checkpoint_aside(dir);
-      spdlog::warn("resume auto: {} is damaged: {}; moved aside to {}; trying the one before",
-                   dir, message, aside);
+      spdlog::warn("resume auto: {} is damaged: {}; moved aside to {}; trying the one before", dir,
+                   message, aside);
     }
     aside = broadcast_string(comm, aside, 0);
     set_aside.push_back(fmt::format("{} ({})", aside, message));
   }
   if (!set_aside.empty())
-    PB_THROW("resume auto: no valid checkpoint under {}: every one is damaged and was moved "
-             "aside: {}. Nothing was trained; to start fresh, remove or move them, or resume "
-             "from a checkpoint of your choice with --resume DIR",
-             root, fmt::join(set_aside, "; "));
+    PB_THROW(
+        "resume auto: no valid checkpoint under {}: every one is damaged and was moved "
+        "aside: {}. Nothing was trained; to start fresh, remove or move them, or resume "
+        "from a checkpoint of your choice with --resume DIR",
+        root, fmt::join(set_aside, "; "));
   std::string earlier;
   if (rank == 0) earlier = fmt::format("{}", fmt::join(set_aside_checkpoints(root), ", "));
   earlier = broadcast_string(comm, earlier, 0);

@@ -97,16 +97,19 @@ size_t check_memory_plan(MPI_Comm comm, const TrainConfig& c, const TrainerOptio
   }
   if (!cuda) {
     if (short_here)
-      spdlog::warn("memory: rank {} needs {:.1f} MiB, {:.1f} MiB of RAM are available: the run may "
-                   "swap or be killed", rank, need / kMiB, free / kMiB);
+      spdlog::warn(
+          "memory: rank {} needs {:.1f} MiB, {:.1f} MiB of RAM are available: the run may "
+          "swap or be killed",
+          rank, need / kMiB, free / kMiB);
     return plan.buffers;
   }
   // Each rank says what it found before any exits: the first to fail aborts the job.
   if (short_here)
-    spdlog::error("memory: this config needs {:.1f} MiB on {} (rank {} of {}), {:.1f} MiB are "
-                  "free: {:.1f} MiB short. Nothing was loaded; the plan and what each knob saves "
-                  "are above",
-                  need / kMiB, where, rank, world, free / kMiB, (need - free) / kMiB);
+    spdlog::error(
+        "memory: this config needs {:.1f} MiB on {} (rank {} of {}), {:.1f} MiB are "
+        "free: {:.1f} MiB short. Nothing was loaded; the plan and what each knob saves "
+        "are above",
+        need / kMiB, where, rank, world, free / kMiB, (need - free) / kMiB);
   PB_MPI_CHECK(MPI_Barrier(comm));
   PB_THROW("memory: the config does not fit {} rank's device (the memory plan above){}",
            short_here ? "this" : "another", short_here ? "" : "; nothing was loaded");

@@ -45,9 +45,10 @@ void restore_fp8_state(Trainer& trainer, const CheckpointRead& r, const std::str
   if (!f || !r.fp8) return;
   if (r.fp8->operands != f->operands() || r.fp8->history != f->history()) {
     if (trainer.rank() == 0)
-      spdlog::warn("resume: {} holds an FP8 state of {} operands x {} steps of history, this run "
-                   "has {} x {} (train.fp8_history): the FP8 scales start afresh",
-                   dir, r.fp8->operands, r.fp8->history, f->operands(), f->history());
+      spdlog::warn(
+          "resume: {} holds an FP8 state of {} operands x {} steps of history, this run "
+          "has {} x {} (train.fp8_history): the FP8 scales start afresh",
+          dir, r.fp8->operands, r.fp8->history, f->operands(), f->history());
     return;
   }
   f->set_state({r.fp8->amax_history, r.fp8->scales, r.fp8->updates});
@@ -82,9 +83,10 @@ void check_init_beside_resume(const TrainConfig& c, const std::string& resume,
   const std::string& init = c.checkpoint.init_checkpoint;
   const std::string recorded = recorded_init_checkpoint(recorded_config);
   if (!recorded.empty() && comparable_path(recorded) == comparable_path(init)) {
-    spdlog::info("resume: {} was written by a run started from --init-checkpoint {}, as this "
-                 "one is: resuming it (the init checkpoint is not read again)",
-                 resume, init);
+    spdlog::info(
+        "resume: {} was written by a run started from --init-checkpoint {}, as this "
+        "one is: resuming it (the init checkpoint is not read again)",
+        resume, init);
     return;
   }
   PB_THROW(
@@ -100,8 +102,8 @@ void check_init_beside_resume(const TrainConfig& c, const std::string& resume,
 // A resume says what it changes (rank 0): every config key whose value differs from the config
 // recorded in the checkpoint's trainer_state.json, old -> new, in one warning; and the ranks.
 // What cannot be resumed (the model's shape, the data) is an error elsewhere.
-void log_resume_changes(const std::string& resume, const TrainerState& state,
-                        const TrainConfig& c, int world) {
+void log_resume_changes(const std::string& resume, const TrainerState& state, const TrainConfig& c,
+                        int world) {
   if (state.config.empty()) {
     spdlog::info("resume: {} records no config to compare this run's with", resume);
   } else {
@@ -109,17 +111,18 @@ void log_resume_changes(const std::string& resume, const TrainerState& state,
       const std::vector<ConfigChange> changes =
           config_changes(state.config, train_config_to_toml(c));
       if (!changes.empty())
-        spdlog::warn("resume: {} config key(s) differ from those of the run that wrote {}, old "
-                     "-> new: {}",
-                     changes.size(), resume, describe(changes));
+        spdlog::warn(
+            "resume: {} config key(s) differ from those of the run that wrote {}, old "
+            "-> new: {}",
+            changes.size(), resume, describe(changes));
     } catch (const std::exception& e) {
       spdlog::warn("resume: cannot compare the config with the one {} records: {}", resume,
                    e.what());
     }
   }
   if (state.world_size > 0 && state.world_size != world)
-    spdlog::info("resume: {} was written by {} rank(s); this run has {}", resume,
-                 state.world_size, world);
+    spdlog::info("resume: {} was written by {} rank(s); this run has {}", resume, state.world_size,
+                 world);
 }
 
 // What trainer_state.json records of the run at `st`.
@@ -184,8 +187,7 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
     restore_fp8_state(trainer, r, resume);
     PB_REQUIRE(st.run.step == r.step, "{}: trainer_state.json says step {}, the checkpoint {}",
                resume, st.run.step, r.step);
-    if (!c.checkpoint.init_checkpoint.empty())
-      check_init_beside_resume(c, resume, state.config);
+    if (!c.checkpoint.init_checkpoint.empty()) check_init_beside_resume(c, resume, state.config);
     if (trainer.rank() == 0) log_resume_changes(resume, state, c, trainer.world_size());
     st.from = resume;
   } else if (!c.checkpoint.init_checkpoint.empty()) {
@@ -217,8 +219,7 @@ std::string save_checkpoint(MPI_Comm comm, const TrainConfig& c, Trainer& traine
     w.v = v.data();
     w.step = st.step;
     w.lamb_steps_done = trainer.lamb_steps_done();
-    w.trainer_state_json =
-        trainer_state_to_json(trainer_state(c, st, loader.position(), trainer));
+    w.trainer_state_json = trainer_state_to_json(trainer_state(c, st, loader.position(), trainer));
     const std::optional<Fp8Checkpoint> fp8 = fp8_state(trainer);
     if (fp8) w.fp8 = &*fp8;
     dir = write_checkpoint(c.checkpoint.dir, w, c.checkpoint.keep);

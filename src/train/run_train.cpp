@@ -57,9 +57,10 @@ class SkippedSteps {
       // Steps between two reads whose updates the device skipped (never fp16, which reads
       // every step).
       skipped += m.unread_skips;
-      spdlog::warn("steps before {}: {} had a non-finite gradient; the device skipped their "
-                   "updates (longest run {}, {} allowed)",
-                   step, m.unread_skips, m.longest_skipped_run, c_.train.max_nonfinite_steps);
+      spdlog::warn(
+          "steps before {}: {} had a non-finite gradient; the device skipped their "
+          "updates (longest run {}, {} allowed)",
+          step, m.unread_skips, m.longest_skipped_run, c_.train.max_nonfinite_steps);
       PB_REQUIRE(m.longest_skipped_run <= c_.train.max_nonfinite_steps,
                  "train: {} in a row had a non-finite gradient (before step {}); the run "
                  "diverged: lower optim.lr or check the data (train.max_nonfinite_steps = {})",
@@ -67,15 +68,18 @@ class SkippedSteps {
     }
     if (scale_overflow) {
       ++skipped;
-      spdlog::info("step {}: fp16 gradient overflow at loss scale {}; the update was skipped and "
-                   "the scale halved", step, m.loss_scale);
+      spdlog::info(
+          "step {}: fp16 gradient overflow at loss scale {}; the update was skipped and "
+          "the scale halved",
+          step, m.loss_scale);
     } else if (m.skipped || (m.read.losses && !std::isfinite(m.loss))) {
       ++skipped;
       ++nonfinite_in_row_;
-      spdlog::warn("step {}: non-finite {} (loss {}, gradient norm {}); the update was skipped "
-                   "({} in a row, {} allowed)",
-                   step, m.skipped ? "gradient" : "loss", m.loss, m.grad_norm,
-                   nonfinite_in_row_, c_.train.max_nonfinite_steps);
+      spdlog::warn(
+          "step {}: non-finite {} (loss {}, gradient norm {}); the update was skipped "
+          "({} in a row, {} allowed)",
+          step, m.skipped ? "gradient" : "loss", m.loss, m.grad_norm, nonfinite_in_row_,
+          c_.train.max_nonfinite_steps);
       PB_REQUIRE(nonfinite_in_row_ <= c_.train.max_nonfinite_steps,
                  "train: {} in a row had a non-finite loss or gradient (last: step {}); "
                  "the run diverged: lower optim.lr or check the data (train.max_nonfinite_steps "
@@ -176,8 +180,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   LoaderOptions lo = loader_options(c);
   lo.rules = rules;
   DataLoader loader(comm, {c.data.train_dir}, lo, start.loader);
-  spdlog::info("data: {} training samples in {} shard(s), {} steps per epoch",
-               loader.num_samples(), loader.shards().size(), loader.steps_per_epoch());
+  spdlog::info("data: {} training samples in {} shard(s), {} steps per epoch", loader.num_samples(),
+               loader.shards().size(), loader.steps_per_epoch());
 
   std::optional<EvalSet> eval_set;
   if (c.eval_enabled()) {
@@ -239,8 +243,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
       break;
     }
     if (target_reached) {
-      spdlog::info("target mlm accuracy {} reached at step {} ({} samples)",
-                   c.eval.target_accuracy, st.step, st.samples);
+      spdlog::info("target mlm accuracy {} reached at step {} ({} samples)", c.eval.target_accuracy,
+                   st.step, st.samples);
       break;
     }
   }
@@ -289,22 +293,22 @@ int run_eval(MPI_Comm comm, const TrainConfig& c, const std::string& checkpoint_
   ModelReplica replica(ro);
   replica.load_params(
       [&](float* host) { load_model_weights(checkpoint_dir, replica.table(), host); });
-  const EvalSet set = load_eval_set(c.data.eval_dir, sample_rules(c, model), c.eval.max_samples,
-                                    rank, world);
+  const EvalSet set =
+      load_eval_set(c.data.eval_dir, sample_rules(c, model), c.eval.max_samples, rank, world);
   const std::optional<BertMemory> limits = eval_limits(replica, o);
-  const EvalResult r = evaluate(comm, replica, set, c.eval.batch_size,
-                                static_cast<int>(model.max_position_embeddings),
-                                limits ? &*limits : nullptr);
+  const EvalResult r =
+      evaluate(comm, replica, set, c.eval.batch_size,
+               static_cast<int>(model.max_position_embeddings), limits ? &*limits : nullptr);
   if (rank == 0) {
-    nlohmann::json j = {{"checkpoint", checkpoint_dir}, {"eval_accuracy", r.mlm_accuracy},
-                        {"eval_loss", r.mlm_loss}, {"nsp_accuracy", r.nsp_accuracy},
-                        {"nsp_loss", r.nsp_loss}, {"samples", r.samples},
+    nlohmann::json j = {{"checkpoint", checkpoint_dir},     {"eval_accuracy", r.mlm_accuracy},
+                        {"eval_loss", r.mlm_loss},          {"nsp_accuracy", r.nsp_accuracy},
+                        {"nsp_loss", r.nsp_loss},           {"samples", r.samples},
                         {"masked_tokens", r.masked_tokens}, {"seconds", r.seconds}};
     std::cout << j.dump() << std::endl;
-    spdlog::info("eval {}: mlm accuracy {:.4f}, mlm loss {:.4f}, nsp accuracy {:.4f} over {} "
-                 "samples / {} masked tokens",
-                 checkpoint_dir, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples,
-                 r.masked_tokens);
+    spdlog::info(
+        "eval {}: mlm accuracy {:.4f}, mlm loss {:.4f}, nsp accuracy {:.4f} over {} "
+        "samples / {} masked tokens",
+        checkpoint_dir, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples, r.masked_tokens);
   }
   return 0;
 }

@@ -34,9 +34,9 @@ struct DTypeRow {
   size_t size;
 };
 constexpr DTypeRow kDTypes[] = {
-    {StDType::f64, "F64", 8}, {StDType::f32, "F32", 4}, {StDType::f16, "F16", 2},
-    {StDType::bf16, "BF16", 2}, {StDType::i64, "I64", 8}, {StDType::i32, "I32", 4},
-    {StDType::i16, "I16", 2}, {StDType::i8, "I8", 1},   {StDType::u8, "U8", 1},
+    {StDType::f64, "F64", 8},      {StDType::f32, "F32", 4}, {StDType::f16, "F16", 2},
+    {StDType::bf16, "BF16", 2},    {StDType::i64, "I64", 8}, {StDType::i32, "I32", 4},
+    {StDType::i16, "I16", 2},      {StDType::i8, "I8", 1},   {StDType::u8, "U8", 1},
     {StDType::boolean, "BOOL", 1},
 };
 
@@ -58,9 +58,9 @@ constexpr size_t kHexDigits = 16;
 std::string os_error(int err) { return std::strerror(err); }
 
 // Throws DamagedFileError with the formatted message unless cond holds.
-#define PB_DAMAGED(cond, ...)                                                      \
-  do {                                                                             \
-    if (!(cond)) throw ::packbert::DamagedFileError(::fmt::format(__VA_ARGS__));   \
+#define PB_DAMAGED(cond, ...)                                                                      \
+  do {                                                                                             \
+    if (!(cond)) throw ::packbert::DamagedFileError(::fmt::format(__VA_ARGS__));                   \
   } while (0)
 
 std::string hex64(uint64_t h) { return fmt::format("{:016x}", h); }
@@ -111,8 +111,8 @@ size_t header_digits_at(const std::string& text) {
     return std::string::npos;
   size_t p = k + key.size();
   auto blanks = [&] {
-    while (p < text.size() && (text[p] == ' ' || text[p] == '\t' || text[p] == '\n' ||
-                               text[p] == '\r'))
+    while (p < text.size() &&
+           (text[p] == ' ' || text[p] == '\t' || text[p] == '\n' || text[p] == '\r'))
       ++p;
   };
   blanks();
@@ -141,9 +141,9 @@ bool checked_numel(const std::vector<int64_t>& shape, uint64_t* out) {
 // f(i) for every i in [0, n), on up to kStMaxThreads threads taking the next i as they finish;
 // then rethrows the exception of the lowest i that threw.
 void parallel_for(size_t n, const std::function<void(size_t)>& f) {
-  const size_t threads = std::min<size_t>(
-      {n, static_cast<size_t>(kStMaxThreads),
-       static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()))});
+  const size_t threads =
+      std::min<size_t>({n, static_cast<size_t>(kStMaxThreads),
+                        static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()))});
   std::vector<std::exception_ptr> errors(n);
   std::atomic<size_t> next{0};
   auto work = [&] {
@@ -370,14 +370,16 @@ void SafetensorsFile::open(const std::string& path) {
   PB_REQUIRE(::fstat(fd_, &st) == 0, "{}: stat failed: {}", path, os_error(errno));
   PB_REQUIRE(S_ISREG(st.st_mode), "{}: not a regular file", path);
   const auto file_size = static_cast<uint64_t>(st.st_size);
-  PB_DAMAGED(file_size >= 8, "{}: not a safetensors file: {} bytes, shorter than the 8-byte "
-             "header length", path, file_size);
+  PB_DAMAGED(file_size >= 8,
+             "{}: not a safetensors file: {} bytes, shorter than the 8-byte "
+             "header length",
+             path, file_size);
   unsigned char prefix[8];
   pread_all(fd_, prefix, 8, 0, path, "the header length");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(prefix[i]) << (8 * i);
-  PB_DAMAGED(n <= kMaxHeader, "{}: header length {} is larger than the limit of {} bytes", path,
-             n, kMaxHeader);
+  PB_DAMAGED(n <= kMaxHeader, "{}: header length {} is larger than the limit of {} bytes", path, n,
+             kMaxHeader);
   PB_DAMAGED(n <= file_size - 8, "{}: header length {} runs past the end of the file ({} bytes)",
              path, n, file_size);
   std::string text(n, '\0');
@@ -403,34 +405,32 @@ void SafetensorsFile::open(const std::string& path) {
     for (auto m = header["__metadata__"].begin(); m != header["__metadata__"].end(); ++m)
       if (is_checksum_key(m.key()) && m.value().is_string())
         sums[m.key()] = m.value().get<std::string>();
-  has_checksums_ = !sums.empty() ||
-                   text.find("\"" + kChecksumPrefix + kHeaderName + "\"") != std::string::npos;
+  has_checksums_ =
+      !sums.empty() || text.find("\"" + kChecksumPrefix + kHeaderName + "\"") != std::string::npos;
   if (has_checksums_) {
     auto algo = sums.find(kChecksumKey);
     PB_DAMAGED(algo != sums.end() && algo->second == kStChecksumAlgorithm,
                "{}: header: checksum algorithm {} (expected \"{}\"): the header is damaged or "
-               "written by an unknown writer", path,
-               algo == sums.end() ? std::string("missing") : "\"" + algo->second + "\"",
+               "written by an unknown writer",
+               path, algo == sums.end() ? std::string("missing") : "\"" + algo->second + "\"",
                kStChecksumAlgorithm);
     auto own = sums.find(kChecksumPrefix + kHeaderName);
     uint64_t stored = 0;
     const size_t at = header_digits_at(text);
-    PB_DAMAGED(own != sums.end() && parse_hex64(own->second, &stored) &&
-                   at != std::string::npos && text.compare(at, kHexDigits, own->second) == 0,
+    PB_DAMAGED(own != sums.end() && parse_hex64(own->second, &stored) && at != std::string::npos &&
+                   text.compare(at, kHexDigits, own->second) == 0,
                "{}: header is damaged: its checksum ({}{}) is missing or malformed", path,
                kChecksumPrefix, kHeaderName);
     const uint64_t got = header_hash(prefix, text, at);
-    PB_DAMAGED(got == stored,
-               "{}: header is damaged: its checksum is {}, the header says {} ({})", path,
-               hex64(got), own->second, kStChecksumAlgorithm);
+    PB_DAMAGED(got == stored, "{}: header is damaged: its checksum is {}, the header says {} ({})",
+               path, hex64(got), own->second, kStChecksumAlgorithm);
     sums.erase(algo);
     sums.erase(own);
   }
   PB_DAMAGED(metadata_ok, "{}: __metadata__ is not an object", path);
   if (header.contains("__metadata__"))
     for (auto m = header["__metadata__"].begin(); m != header["__metadata__"].end(); ++m) {
-      PB_DAMAGED(m.value().is_string(), "{}: __metadata__ key '{}' is not a string", path,
-                 m.key());
+      PB_DAMAGED(m.value().is_string(), "{}: __metadata__ key '{}' is not a string", path, m.key());
       if (!is_checksum_key(m.key())) metadata_[m.key()] = m.value().get<std::string>();
     }
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -443,8 +443,8 @@ void SafetensorsFile::open(const std::string& path) {
     PB_DAMAGED(v.contains("dtype") && v["dtype"].is_string(), "{}: tensor '{}': no dtype", path,
                name);
     const std::string dtype = v["dtype"].get<std::string>();
-    PB_DAMAGED(st_parse_dtype(dtype, &t.dtype), "{}: tensor '{}': unknown dtype '{}'", path,
-               name, dtype);
+    PB_DAMAGED(st_parse_dtype(dtype, &t.dtype), "{}: tensor '{}': unknown dtype '{}'", path, name,
+               dtype);
     PB_DAMAGED(v.contains("shape") && v["shape"].is_array(), "{}: tensor '{}': no shape", path,
                name);
     for (const auto& d : v["shape"]) {
@@ -467,8 +467,7 @@ void SafetensorsFile::open(const std::string& path) {
     const uint64_t bytes = numel * st_dtype_size(t.dtype);
     PB_DAMAGED(bytes == t.end - t.begin,
                "{}: tensor '{}': shape {} of {} is {} bytes but data_offsets [{}, {}] hold {}",
-               path, name, st_shape_str(t.shape), dtype, bytes, t.begin, t.end,
-               t.end - t.begin);
+               path, name, st_shape_str(t.shape), dtype, bytes, t.begin, t.end, t.end - t.begin);
     PB_DAMAGED(t.end <= data_size,
                "{}: tensor '{}': data_offsets [{}, {}] run past the end of the data section "
                "({} bytes; file truncated?)",
@@ -485,9 +484,10 @@ void SafetensorsFile::open(const std::string& path) {
   }
   PB_DAMAGED(sums.empty(), "{}: header: checksum '{}' names no tensor", path,
              sums.empty() ? std::string() : sums.begin()->first);
-  std::stable_sort(tensors_.begin(), tensors_.end(), [](const StTensorInfo& a, const StTensorInfo& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  std::stable_sort(tensors_.begin(), tensors_.end(),
+                   [](const StTensorInfo& a, const StTensorInfo& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
   uint64_t pos = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const StTensorInfo& t = tensors_[i];
@@ -498,8 +498,8 @@ void SafetensorsFile::open(const std::string& path) {
     pos = t.end;
     index_[t.name] = i;
   }
-  PB_DAMAGED(pos == data_size, "{}: the data section has {} bytes but the tensors cover {}",
-             path, data_size, pos);
+  PB_DAMAGED(pos == data_size, "{}: the data section has {} bytes but the tensors cover {}", path,
+             data_size, pos);
 }
 
 std::vector<std::string> SafetensorsFile::names() const {

@@ -138,8 +138,8 @@ SampleRules sample_rules(const TrainConfig& c, const BertConfig& model) {
   if (!c.data.vocab.empty()) {
     const Vocab v = Vocab::load(c.data.vocab);
     PB_REQUIRE(v.size() <= model.real_vocab_size,
-               "data.vocab: {} has {} tokens, more than the model's vocabulary ({})",
-               c.data.vocab, v.size(), model.real_vocab_size);
+               "data.vocab: {} has {} tokens, more than the model's vocabulary ({})", c.data.vocab,
+               v.size(), model.real_vocab_size);
     rules = vocab_sample_rules(v, c.train.max_seq_len);
   }
   return rules;

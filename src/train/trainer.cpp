@@ -101,18 +101,23 @@ Trainer::Trainer(MPI_Comm comm, const TrainerOptions& options)
   reduce.cuda_device = options_.cuda_device;
   const auto [world, rank] = world_of(comm);
   reduce.shard_bounds = DistributedLamb::shard_bounds(n, world);
-  reducer_ = std::make_unique<GradReducer>(comm, backend, replica_.grads(), grad_spans(table),
-                                           reduce);
+  reducer_ =
+      std::make_unique<GradReducer>(comm, backend, replica_.grads(), grad_spans(table), reduce);
   metric_sums_ = std::make_unique<MetricSums>(comm);
   Bert& bert = replica_.bert();
   bert.set_data_parallel(world, rank);  // FP8: the amaxes' maximum is over every rank
-  if (options_.reserve.rows > 0)  // after the FP8 state is made for the world
-    bert.reserve_training(BertReserve{options_.reserve, options_.layout, options_.deferred_forwards});
-  OptimizedBuffers buffers{replica_.params(), replica_.grads(), bert.weights().lowp(),
-                           bert.weights().fp32_ranges(), bert.weights().forward_groups(), replica_.fp32_weights()};
-  optimizer_ = std::make_unique<DistributedLamb>(backend, lamb_params(table), *reducer_,
-                                                 std::move(buffers), LrSchedule(options_.lr),
-                                                 options_.lamb, options_.sharded);
+  if (options_.reserve.rows > 0)        // after the FP8 state is made for the world
+    bert.reserve_training(
+        BertReserve{options_.reserve, options_.layout, options_.deferred_forwards});
+  OptimizedBuffers buffers{replica_.params(),
+                           replica_.grads(),
+                           bert.weights().lowp(),
+                           bert.weights().fp32_ranges(),
+                           bert.weights().forward_groups(),
+                           replica_.fp32_weights()};
+  optimizer_ =
+      std::make_unique<DistributedLamb>(backend, lamb_params(table), *reducer_, std::move(buffers),
+                                        LrSchedule(options_.lr), options_.lamb, options_.sharded);
   // A sharded step's weights arrive layer by layer: each layer of the next forward (or of an
   // evaluation) waits for its own.
   DistributedLamb* optimizer = optimizer_.get();
@@ -156,16 +161,15 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   // This rank's counts (the host knows them), summed over the ranks after the gradients with
   // the losses read (sum_metrics): a blocking collective must not run inside the round.
   std::vector<double> local(kCounts, 0.0);
-  for (size_t m = 0; m < batch.micro_batches.size(); ++m)
-    micro_step(batch, m, loss_scale, local);
+  for (size_t m = 0; m < batch.micro_batches.size(); ++m) micro_step(batch, m, loss_scale, local);
 
   StepMetrics out;
   out.step = batch.step;
   out.allreduce = reducer_->finish();  // grads now hold the sum over ranks: the global gradient
   if (inspect_grads) inspect(inspect_grads);
   out.read = reads_for(read_back);
-  unread_.push_back({batch.step, batch.micro_batches.size(), batch.global_masked_tokens,
-                     batch.global_samples});
+  unread_.push_back(
+      {batch.step, batch.micro_batches.size(), batch.global_masked_tokens, batch.global_samples});
   std::vector<uint8_t> loss_bytes;
   const LambStepInfo info = update(loss_scale, out.read, loss_bytes);
   out.lr = info.lr;
@@ -178,8 +182,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   // The metrics of the global batch: the counts every step, the losses when read.
   std::vector<ForwardResult> results;
   if (out.read.losses)
-    results = replica_.bert().take_deferred_results(loss_bytes.empty() ? nullptr
-                                                                       : loss_bytes.data());
+    results =
+        replica_.bert().take_deferred_results(loss_bytes.empty() ? nullptr : loss_bytes.data());
   set_losses(out, sum_metrics(local, out.read.losses ? &results : nullptr));
   PB_REQUIRE(static_cast<int64_t>(local[kMasked]) == batch.global_masked_tokens &&
                  static_cast<int64_t>(local[kSequences]) == batch.global_samples,
@@ -228,9 +232,9 @@ void Trainer::micro_step(const StepBatch& batch, size_t m, float loss_scale,
   fwd.loss_scale = loss_scale;
   fwd.defer_metrics = true;  // read in the optimizer's wait (update), when the step reads
   Bert& bert = replica_.bert();
-  const ForwardResult r = bert.forward(b, batch.global_masked_tokens, batch.global_samples,
-                                       static_cast<uint32_t>(batch.step), options_.dropout_seed,
-                                       fwd);
+  const ForwardResult r =
+      bert.forward(b, batch.global_masked_tokens, batch.global_samples,
+                   static_cast<uint32_t>(batch.step), options_.dropout_seed, fwd);
   if (m + 1 == batch.micro_batches.size()) {
     reducer_->begin(optimizer_->collective());
     bert.backward_and_reduce(round_);

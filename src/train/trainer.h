@@ -85,13 +85,13 @@ std::vector<LambParam> lamb_params(const ParamTable& table);
 
 // The losses of one optimizer step, over the whole global batch.
 struct StepLosses {
-  int64_t step = 0;            // StepBatch::step
-  double loss = 0;             // MLM mean + NSP mean
-  double mlm_loss = 0;         // mean MLM token loss
+  int64_t step = 0;     // StepBatch::step
+  double loss = 0;      // MLM mean + NSP mean
+  double mlm_loss = 0;  // mean MLM token loss
   double nsp_loss = 0;
   double mlm_accuracy = 0;
   double nsp_accuracy = 0;
-  int64_t masked_tokens = 0;   // what the means are over
+  int64_t masked_tokens = 0;  // what the means are over
   int64_t samples = 0;
 };
 
@@ -104,27 +104,27 @@ struct StepReads {
 
 // What one optimizer step did, over the whole global batch (all ranks, all micro-steps).
 struct StepMetrics {
-  int64_t step = 0;            // StepBatch::step
+  int64_t step = 0;                                      // StepBatch::step
   StepReads read{/*losses=*/true, /*optimizer=*/false};  // what it read back (Trainer::step)
   // The losses, when read.losses (NaN otherwise): this step's; earlier_losses those of the
   // unread steps since the previous read, in step order.
-  double loss = 0;             // the step loss: MLM mean + NSP mean over the global batch
-  double mlm_loss = 0;         // mean MLM token loss
-  double nsp_loss = 0;         // mean NSP loss
-  double mlm_accuracy = 0;     // masked tokens whose argmax is the label, fraction
+  double loss = 0;          // the step loss: MLM mean + NSP mean over the global batch
+  double mlm_loss = 0;      // mean MLM token loss
+  double nsp_loss = 0;      // mean NSP loss
+  double mlm_accuracy = 0;  // masked tokens whose argmax is the label, fraction
   double nsp_accuracy = 0;
   std::vector<StepLosses> earlier_losses;
-  int64_t samples = 0;         // sequences trained
+  int64_t samples = 0;  // sequences trained
   int64_t masked_tokens = 0;
-  double lr = 0;               // the rate of this update
+  double lr = 0;  // the rate of this update
   // The optimizer's scalars, when read.optimizer: LambStepInfo.
-  float grad_norm = -1.f;      // global gradient norm before clipping; -1 when not read
-  bool skipped = false;        // non-finite gradient: no update (LambOptions::skip_nonfinite)
-  int64_t unread_skips = 0;    // steps the device skipped since the previous read
+  float grad_norm = -1.f;    // global gradient norm before clipping; -1 when not read
+  bool skipped = false;      // non-finite gradient: no update (LambOptions::skip_nonfinite)
+  int64_t unread_skips = 0;  // steps the device skipped since the previous read
   int64_t longest_skipped_run = 0;
-  float loss_scale = 1.f;      // fp16: the scale this step ran with (1 for fp32 / bf16)
-  int64_t tokens = 0;          // real tokens of the global batch
-  int64_t rows = 0;            // rows the model computed over, padding included (all ranks)
+  float loss_scale = 1.f;     // fp16: the scale this step ran with (1 for fp32 / bf16)
+  int64_t tokens = 0;         // real tokens of the global batch
+  int64_t rows = 0;           // rows the model computed over, padding included (all ranks)
   GradReduceStats allreduce;  // the gradient reduction's round
 };
 
@@ -203,12 +203,12 @@ class Trainer {
   // The backend, the fp32 master weights, the gradient (accumulated over micro-steps, zeroed by
   // Lamb::step) and the model.
   ModelReplica replica_;
-  std::vector<float> host_grads_;  // for ReducedGradHook only
-  std::vector<float> gathered_params_;  // params() of a sharded mixed-precision run
-  std::unique_ptr<LossScaler> scaler_;  // fp16 only
-  std::unique_ptr<GradReducer> reducer_;    // the gradient's rounds
+  std::vector<float> host_grads_;               // for ReducedGradHook only
+  std::vector<float> gathered_params_;          // params() of a sharded mixed-precision run
+  std::unique_ptr<LossScaler> scaler_;          // fp16 only
+  std::unique_ptr<GradReducer> reducer_;        // the gradient's rounds
   std::unique_ptr<DistributedLamb> optimizer_;  // LAMB, replicated or sharded
-  std::unique_ptr<MetricSums> metric_sums_;  // the step's loss sums and counts
+  std::unique_ptr<MetricSums> metric_sums_;     // the step's loss sums and counts
   GradientRound round_;  // the gradient round the last micro-step's backward holds
   // The steps whose losses are still on the device (Bert::deferred_results holds their
   // micro-steps' sums, in order): each one's micro-step count and global counts.

@@ -44,7 +44,8 @@ std::vector<GradSpan> bert_base_table(double scale, int64_t& n) {
   std::vector<GradSpan> spans;
   n = 0;
   for (int64_t s : sizes) {
-    const int64_t scaled = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(s) * scale));
+    const int64_t scaled =
+        std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(s) * scale));
     spans.push_back({n, scaled});
     n += scaled;
   }
@@ -69,9 +70,12 @@ int run(int argc, char** argv, int rank, int size) {
   std::vector<double> buckets_mb = {1, 4, 16, 64};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--iters") iters = std::atoi(v.c_str());
-    else if (k == "--compute-passes") passes = std::atoi(v.c_str());
-    else if (k == "--scale") scale = std::atof(v.c_str());
+    if (k == "--iters")
+      iters = std::atoi(v.c_str());
+    else if (k == "--compute-passes")
+      passes = std::atoi(v.c_str());
+    else if (k == "--scale")
+      scale = std::atof(v.c_str());
     else if (k == "--buckets-mb") {
       buckets_mb.clear();
       std::stringstream ss(v);
@@ -102,7 +106,11 @@ int run(int argc, char** argv, int rank, int size) {
       std::cout << fmt::format("| one MPI_Allreduce | 1 | {:.1f} | {:.2f} | {:.2f} |\n", 1e3 * t,
                                bytes / t / 1e9, bus * bytes / t / 1e9);
   }
-  struct Row { double mb; int buckets; double comm, step, compute, completed_early; };
+  struct Row {
+    double mb;
+    int buckets;
+    double comm, step, compute, completed_early;
+  };
   std::vector<Row> rows;
   for (double mb : buckets_mb) {
     const auto backend = make_cpu_backend();

@@ -53,8 +53,8 @@ constexpr int64_t kMaxPredictions = 76;
 
 // One step's candidates: lengths from the histogram, ~15 % of tokens masked (at most 76, as in
 // the MLPerf data), ids unique across steps.
-std::vector<Candidate> draw_step(std::mt19937_64& rng, std::discrete_distribution<int>& draw,
-                                 int n, int64_t first_id) {
+std::vector<Candidate> draw_step(std::mt19937_64& rng, std::discrete_distribution<int>& draw, int n,
+                                 int64_t first_id) {
   std::vector<Candidate> c(n);
   for (int i = 0; i < n; ++i) {
     const int len = draw(rng);
@@ -65,8 +65,7 @@ std::vector<Candidate> draw_step(std::mt19937_64& rng, std::discrete_distributio
 }
 
 double micros_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-      .count();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // The largest micro-batch seen: samples, masked tokens, tokens, and the cells beyond the bound.
@@ -102,9 +101,10 @@ double cell_imbalance(const StepPlan& p) {
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1000;
-  const std::string path = argc > 2 && argv[2][0] != '\0' ? argv[2]
-                                    : std::string(PACKBERT_REPO_DATA) +
-                                          "/../tests/data/wikipedia-seqlen-histogram-512.txt";
+  const std::string path =
+      argc > 2 && argv[2][0] != '\0'
+          ? argv[2]
+          : std::string(PACKBERT_REPO_DATA) + "/../tests/data/wikipedia-seqlen-histogram-512.txt";
   const LengthHistogram h = load_histogram(path);
   const int64_t budget = argc > 3 ? std::atoll(argv[3]) : PlannerConfig{}.search_budget;
   std::discrete_distribution<int> draw(h.counts.begin(), h.counts.end());
@@ -136,13 +136,12 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> largest_rows;
   std::printf("%-22s %-12s %14s %14s %14s %10s %10s %8s %8s\n", "configuration", "method",
-              "mean max/mean", "worst max/mean", "cells max/mean", "mean us", "median us",
-              "moves", "probes");
+              "mean max/mean", "worst max/mean", "cells max/mean", "mean us", "median us", "moves",
+              "probes");
   for (const Config& cfg : configs) {
     const int n = cfg.ranks * cfg.per_rank;
     char name[64];
-    std::snprintf(name, sizeof name, "%d x %d, %d micro", cfg.ranks, cfg.per_rank,
-                  cfg.micro_steps);
+    std::snprintf(name, sizeof name, "%d x %d, %d micro", cfg.ranks, cfg.per_rank, cfg.micro_steps);
     for (BalanceMethod m : methods) {
       // Same steps for every method: reseed per method.
       std::mt19937_64 rng(seed + static_cast<uint64_t>(n) * 7919 + cfg.micro_steps);
@@ -195,8 +194,8 @@ int main(int argc, char** argv) {
                   static_cast<long long>(r.bound.tokens));
     std::snprintf(beyond, sizeof beyond, "%lld of %lld", static_cast<long long>(r.largest.over),
                   static_cast<long long>(r.largest.cells));
-    std::printf("%-22s %-12s %16s %18s %20s %16s\n", r.name.c_str(),
-                balance_method_name(r.method), samples, masked, tokens, beyond);
+    std::printf("%-22s %-12s %16s %18s %20s %16s\n", r.name.c_str(), balance_method_name(r.method),
+                samples, masked, tokens, beyond);
   }
   std::printf("* the count at max_seq_len, not a bound (lpt / lpt-search)\n");
 
@@ -228,8 +227,7 @@ int main(int argc, char** argv) {
       }
     }
     char name[64];
-    std::snprintf(name, sizeof name, "%d x %d, %d micro", cfg.ranks, cfg.per_rank,
-                  cfg.micro_steps);
+    std::snprintf(name, sizeof name, "%d x %d, %d micro", cfg.ranks, cfg.per_rank, cfg.micro_steps);
     std::printf("%-22s %16.1f\n", name, us / packed);
   }
   return 0;

@@ -56,9 +56,12 @@ int main(int argc, char** argv) {
   int repeat = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--preset") preset = argv[i + 1];
-    else if (a == "--dir") dir_arg = argv[i + 1];
-    else if (a == "--repeat") repeat = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--preset")
+      preset = argv[i + 1];
+    else if (a == "--dir")
+      dir_arg = argv[i + 1];
+    else if (a == "--repeat")
+      repeat = std::max(1, std::atoi(argv[i + 1]));
     else {
       std::fprintf(stderr, "usage: bench_checkpoint [--preset large] [--dir DIR] [--repeat N]\n");
       return 2;
@@ -78,9 +81,10 @@ int main(int argc, char** argv) {
   }
   const double bytes = 3.0 * static_cast<double>(n) * sizeof(float);
   const double gb = bytes / 1e9;
-  std::printf("bench_checkpoint: preset %s, %.1fM parameters, model + optimizer %.2f GB, "
-              "files under %s, best of %d\n",
-              preset.c_str(), static_cast<double>(n) / 1e6, gb, root.c_str(), repeat);
+  std::printf(
+      "bench_checkpoint: preset %s, %.1fM parameters, model + optimizer %.2f GB, "
+      "files under %s, best of %d\n",
+      preset.c_str(), static_cast<double>(n) / 1e6, gb, root.c_str(), repeat);
 
   // Throughput over the same bytes the checkpoint holds, tensor by tensor as the writer does.
   auto over_tensors = [&](const std::function<void(const void*, size_t)>& f) {
@@ -125,12 +129,10 @@ int main(int argc, char** argv) {
     without_dir = write_checkpoint(without_root, w, 1);
   });
   // Read back into the same buffers (the values are no longer needed).
-  const double t_read_with = best_of(repeat, [&] {
-    read_checkpoint(with_dir, table, params.data(), m.data(), v.data());
-  });
-  const double t_read_without = best_of(repeat, [&] {
-    read_checkpoint(without_dir, table, params.data(), m.data(), v.data());
-  });
+  const double t_read_with =
+      best_of(repeat, [&] { read_checkpoint(with_dir, table, params.data(), m.data(), v.data()); });
+  const double t_read_without = best_of(
+      repeat, [&] { read_checkpoint(without_dir, table, params.data(), m.data(), v.data()); });
   std::error_code ec;
   if (dir_arg.empty()) std::filesystem::remove_all(root, ec);
 

@@ -181,7 +181,14 @@ void time_case(Backend& be, std::mt19937_64& rng, const std::string& name, DType
   const auto fwd = [&] { be.attention_forward(l, qkv, kHeads, d, out, lse); };
   const auto bwd = [&] { be.attention_backward(l, qkv, out, lse, dout, kHeads, d, dqkv); };
   rows.push_back({"fwd " + name, median_ms(fwd, reps), fwd_flops});
-  rows.push_back({"fwd+bwd " + name, median_ms([&] { fwd(); bwd(); }, reps), 3.5 * fwd_flops});
+  rows.push_back({"fwd+bwd " + name,
+                  median_ms(
+                      [&] {
+                        fwd();
+                        bwd();
+                      },
+                      reps),
+                  3.5 * fwd_flops});
 }
 
 }  // namespace
@@ -222,8 +229,8 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> fixed(static_cast<size_t>(batch), kMaxLen);
   const std::string shape = "B" + std::to_string(batch) + " H16 d64";
   const std::string fixed_name = "L512 " + shape;
-  const std::string var_name = "wiki " + std::to_string(var.size()) + " seqs " +
-                               std::to_string(tokens) + " tok H16 d64";
+  const std::string var_name =
+      "wiki " + std::to_string(var.size()) + " seqs " + std::to_string(tokens) + " tok H16 d64";
 
   std::vector<Row> rows;
   time_case(*be, rng, fixed_name, DType::bf16, fixed, p, reps, rows);
@@ -232,9 +239,10 @@ int main(int argc, char** argv) {
   time_case(*be, rng, fixed_name, DType::f32, fixed, p, std::max(3, reps / 4), f32_rows);
   time_case(*be, rng, var_name, DType::f32, var, p, std::max(3, reps / 4), f32_rows);
 
-  std::printf("\nattention, dropout p = %.2f, median of %d (TFLOP/s: real work only, fwd = "
-              "4 d heads sum len^2, fwd+bwd = 3.5 x fwd)\n",
-              static_cast<double>(p), reps);
+  std::printf(
+      "\nattention, dropout p = %.2f, median of %d (TFLOP/s: real work only, fwd = "
+      "4 d heads sum len^2, fwd+bwd = 3.5 x fwd)\n",
+      static_cast<double>(p), reps);
   std::printf("%-8s %-48s %10s %10s\n", "dtype", "case", "ms", "TFLOP/s");
   for (const Row& r : rows)
     std::printf("%-8s %-48s %10.3f %10.1f\n", "bf16", r.name.c_str(), r.ms,
@@ -242,9 +250,10 @@ int main(int argc, char** argv) {
   for (const Row& r : f32_rows)
     std::printf("%-8s %-48s %10.3f %10.1f\n", "fp32", r.name.c_str(), r.ms,
                 r.flops / (r.ms * 1e-3) / 1e12);
-  std::printf("\nbf16 / fp16 kernels, per block (compiled registers and blocks per SM: "
-              "scripts/kernel_report.py)\n%-8s %8s %12s %16s\n",
-              "kernel", "threads", "smem bytes", "live frag regs");
+  std::printf(
+      "\nbf16 / fp16 kernels, per block (compiled registers and blocks per SM: "
+      "scripts/kernel_report.py)\n%-8s %8s %12s %16s\n",
+      "kernel", "threads", "smem bytes", "live frag regs");
   for (const cuda::FmhaKernelBudget& b : cuda::fmha_kernel_budget())
     std::printf("%-8s %8d %12d %16d\n", b.kernel, b.threads, b.smem_bytes, b.live_regs);
   return 0;

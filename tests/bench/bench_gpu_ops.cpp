@@ -149,7 +149,9 @@ int main(int argc, char** argv) {
   {
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     g_random_block.resize(size_t{1} << 22);
-    for (auto& x : g_random_block) do x = u(rng); while (x == 0.f);
+    for (auto& x : g_random_block) do
+        x = u(rng);
+      while (x == 0.f);
   }
   std::vector<Row> rows;
 
@@ -158,15 +160,18 @@ int main(int argc, char** argv) {
   {
     const int64_t n = 8192;
     const Tensor a = random_f32({n, n}), w = random_f32({n, n}), c = empty_f32({n, n});
-    const double ms = median_ms([&] { be->linear_forward(a, w, Tensor(), Epilogue::none, c, Tensor()); },
-                                std::max(3, reps / 2), nullptr);
+    const double ms =
+        median_ms([&] { be->linear_forward(a, w, Tensor(), Epilogue::none, c, Tensor()); },
+                  std::max(3, reps / 2), nullptr);
     peak_flops = 2.0 * n * n * n / (ms * 1e-3);
     rows.push_back({"peak: fp32 GEMM (cuBLASLt)", "8192^3", ms, 2.0 * n * n * n, 0});
     const size_t bytes = size_t{1} << 30;
     Dev src(bytes), dst(bytes);
     check(cudaMemset(src.p, 1, bytes), "memset");
     const double cms = median_ms(
-        [&] { check(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, nullptr), "copy"); },
+        [&] {
+          check(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, nullptr), "copy");
+        },
         reps, nullptr);
     peak_bw = 2.0 * bytes / (cms * 1e-3);
     rows.push_back({"peak: D2D copy (r+w)", "1 GiB", cms, 0, 2.0 * bytes});
@@ -182,25 +187,26 @@ int main(int argc, char** argv) {
                       int64_t m) {
     const Tensor xb = filled(DType::bf16, {n, k}, 0x3F), wb = filled(DType::bf16, {m, k}, 0x3F);
     const Tensor ob = filled(DType::bf16, {n, m}, 0);
-    rows.push_back({"GEMM bf16 " + what, shape,
-                    median_ms([&] { be->linear_forward(xb, wb, Tensor(), Epilogue::none, ob, Tensor()); },
-                              reps, nullptr),
-                    2.0 * n * k * m, 0});
+    rows.push_back(
+        {"GEMM bf16 " + what, shape,
+         median_ms([&] { be->linear_forward(xb, wb, Tensor(), Epilogue::none, ob, Tensor()); },
+                   reps, nullptr),
+         2.0 * n * k * m, 0});
     if (!no_fp8.empty()) return;
     const Tensor x8 = filled(DType::e4m3, {n, k}, 0x38), w8 = filled(DType::e4m3, {m, k}, 0x38);
     Fp8GemmOptions fast;
     fast.fast_accum = true;
-    rows.push_back({"GEMM fp8 e4m3 fast-accum " + what, shape,
-                    median_ms([&] { be->fp8_gemm(x8, unit_scale, w8, unit_scale, ob, fast); }, reps,
-                              nullptr),
-                    2.0 * n * k * m, 0});
+    rows.push_back(
+        {"GEMM fp8 e4m3 fast-accum " + what, shape,
+         median_ms([&] { be->fp8_gemm(x8, unit_scale, w8, unit_scale, ob, fast); }, reps, nullptr),
+         2.0 * n * k * m, 0});
     const Tensor g8 = filled(DType::e5m2, {n, k}, 0x3C), of = filled(DType::f32, {n, m}, 0);
     Fp8GemmOptions acc;
     acc.accumulate = true;
-    rows.push_back({"GEMM fp8 e5m2xe4m3 fp32+= " + what, shape,
-                    median_ms([&] { be->fp8_gemm(g8, unit_scale, w8, unit_scale, of, acc); }, reps,
-                              nullptr),
-                    2.0 * n * k * m, 0});
+    rows.push_back(
+        {"GEMM fp8 e5m2xe4m3 fp32+= " + what, shape,
+         median_ms([&] { be->fp8_gemm(g8, unit_scale, w8, unit_scale, of, acc); }, reps, nullptr),
+         2.0 * n * k * m, 0});
   };
   fp8_rows("peak", "8192^3", 8192, 8192, 8192);
   for (const int64_t want_tokens : token_counts) {
@@ -220,7 +226,8 @@ int main(int argc, char** argv) {
     for (int64_t s = 0; s < seqs; ++s) {
       start[s] = static_cast<int32_t>(s * kSeqLen);
       sample[s] = static_cast<int64_t>(rng() >> 20);
-      for (int p = 0; p < kSeqLen; ++p) tseq[s * kSeqLen + p] = static_cast<int32_t>(s), tpos[s * kSeqLen + p] = p;
+      for (int p = 0; p < kSeqLen; ++p)
+        tseq[s * kSeqLen + p] = static_cast<int32_t>(s), tpos[s * kSeqLen + p] = p;
     }
     SeqLayout l;
     l.rows = t;
@@ -242,105 +249,135 @@ int main(int argc, char** argv) {
     const double tf = static_cast<double>(t);
 
     // Linear layers.
-    const Tensor x = random_f32({t, h}), wqkv = random_f32({3 * h, h}, 0.03f), bqkv = random_f32({3 * h});
+    const Tensor x = random_f32({t, h}), wqkv = random_f32({3 * h, h}, 0.03f),
+                 bqkv = random_f32({3 * h});
     const Tensor qkv = empty_f32({t, 3 * h});
-    rows.push_back({"linear_forward qkv +bias", shape,
-                    median_ms([&] { be->linear_forward(x, wqkv, bqkv, Epilogue::bias, qkv, Tensor()); }, reps, nullptr),
-                    2 * tf * h * 3 * h, 0});
-    const Tensor w1 = random_f32({kFfn, h}, 0.03f), b1 = random_f32({kFfn}), f = empty_f32({t, kFfn}),
-                 pre = empty_f32({t, kFfn});
+    rows.push_back(
+        {"linear_forward qkv +bias", shape,
+         median_ms([&] { be->linear_forward(x, wqkv, bqkv, Epilogue::bias, qkv, Tensor()); }, reps,
+                   nullptr),
+         2 * tf * h * 3 * h, 0});
+    const Tensor w1 = random_f32({kFfn, h}, 0.03f), b1 = random_f32({kFfn}),
+                 f = empty_f32({t, kFfn}), pre = empty_f32({t, kFfn});
     rows.push_back({"linear_forward ffn1 +bias_gelu", shape,
-                    median_ms([&] { be->linear_forward(x, w1, b1, Epilogue::bias_gelu, f, pre); }, reps, nullptr),
+                    median_ms([&] { be->linear_forward(x, w1, b1, Epilogue::bias_gelu, f, pre); },
+                              reps, nullptr),
                     2 * tf * h * kFfn, 0});
     const Tensor w2 = random_f32({h, kFfn}, 0.03f), o = empty_f32({t, h});
-    rows.push_back({"linear_forward ffn2", shape,
-                    median_ms([&] { be->linear_forward(f, w2, Tensor(), Epilogue::none, o, Tensor()); }, reps, nullptr),
-                    2 * tf * h * kFfn, 0});
+    rows.push_back(
+        {"linear_forward ffn2", shape,
+         median_ms([&] { be->linear_forward(f, w2, Tensor(), Epilogue::none, o, Tensor()); }, reps,
+                   nullptr),
+         2 * tf * h * kFfn, 0});
     const Tensor dout = random_f32({t, h}), dfx = empty_f32({t, kFfn}), dw2 = random_f32({h, kFfn}),
                  db2 = random_f32({h});
     LinearBackwardOptions ffn2_opt;
     ffn2_opt.x_gelu_pre = pre;
     rows.push_back({"linear_backward ffn2 dx(dgelu) dw db", shape,
-                    median_ms([&] { be->linear_backward(f, w2, dout, dfx, dw2, db2, ffn2_opt); }, reps, nullptr),
+                    median_ms([&] { be->linear_backward(f, w2, dout, dfx, dw2, db2, ffn2_opt); },
+                              reps, nullptr),
                     4 * tf * h * kFfn, 0});
     const Tensor dx1 = random_f32({t, h}), dw1 = random_f32({kFfn, h}), db1 = random_f32({kFfn});
     LinearBackwardOptions ffn1_opt;
     ffn1_opt.dx_accumulate = true;
     rows.push_back({"linear_backward ffn1 dx+= dw db", shape,
-                    median_ms([&] { be->linear_backward(x, w1, dfx, dx1, dw1, db1, ffn1_opt); }, reps, nullptr),
+                    median_ms([&] { be->linear_backward(x, w1, dfx, dx1, dw1, db1, ffn1_opt); },
+                              reps, nullptr),
                     4 * tf * h * kFfn, 0});
 
     // Attention.
-    const Tensor ctx = empty_f32({t, h}), lse = empty_f32({t, kHeads}), dqkv = empty_f32({t, 3 * h});
+    const Tensor ctx = empty_f32({t, h}), lse = empty_f32({t, kHeads}),
+                 dqkv = empty_f32({t, 3 * h});
     const double attn_flops = 4.0 * tf * kSeqLen * h;  // QK^T and PV
     rows.push_back({"attention_forward p=0.1", shape,
-                    median_ms([&] { be->attention_forward(l, qkv, kHeads, attn_drop, ctx, lse); }, reps, nullptr),
-                    attn_flops, 0});
-    rows.push_back({"attention_backward p=0.1", shape,
-                    median_ms([&] { be->attention_backward(l, qkv, ctx, lse, dout, kHeads, attn_drop, dqkv); },
+                    median_ms([&] { be->attention_forward(l, qkv, kHeads, attn_drop, ctx, lse); },
                               reps, nullptr),
-                    2.5 * attn_flops, 0});
+                    attn_flops, 0});
+    rows.push_back(
+        {"attention_backward p=0.1", shape,
+         median_ms([&] { be->attention_backward(l, qkv, ctx, lse, dout, kHeads, attn_drop, dqkv); },
+                   reps, nullptr),
+         2.5 * attn_flops, 0});
 
     // LayerNorm family (bytes: each [t, h] tensor read or written once).
     const Tensor bias = random_f32({h}), gamma = random_f32({h}), beta = random_f32({h});
-    const Tensor y = empty_f32({t, h}), ln_in = empty_f32({t, h}), mean = empty_f32({t}), rstd = empty_f32({t});
+    const Tensor y = empty_f32({t, h}), ln_in = empty_f32({t, h}), mean = empty_f32({t}),
+                 rstd = empty_f32({t});
     rows.push_back({"residual_layernorm_forward", shape,
-                    median_ms([&] {
-                      be->residual_layernorm_forward(l, o, bias, x, {gamma, beta}, drop, y, ln_in, mean, rstd);
-                    }, reps, nullptr),
+                    median_ms(
+                        [&] {
+                          be->residual_layernorm_forward(l, o, bias, x, {gamma, beta}, drop, y,
+                                                         ln_in, mean, rstd);
+                        },
+                        reps, nullptr),
                     0, 4.0 * tf * h * 4});
-    const Tensor dx = empty_f32({t, h}), dres = empty_f32({t, h}), dg = random_f32({h}), dbeta = random_f32({h}),
-                 dbias = random_f32({h});
+    const Tensor dx = empty_f32({t, h}), dres = empty_f32({t, h}), dg = random_f32({h}),
+                 dbeta = random_f32({h}), dbias = random_f32({h});
     rows.push_back({"residual_layernorm_backward", shape,
-                    median_ms([&] {
-                      be->residual_layernorm_backward(l, dout, ln_in, mean, rstd, {gamma, beta}, drop, dx, dres,
-                                                      dbias, {dg, dbeta});
-                    }, reps, nullptr),
+                    median_ms(
+                        [&] {
+                          be->residual_layernorm_backward(l, dout, ln_in, mean, rstd, {gamma, beta},
+                                                          drop, dx, dres, dbias, {dg, dbeta});
+                        },
+                        reps, nullptr),
                     0, 6.0 * tf * h * 4});
 
     // Embeddings.
     std::vector<int32_t> ids(t), segs(t);
-    for (int64_t i = 0; i < t; ++i) ids[i] = static_cast<int32_t>(rng() % kVocab), segs[i] = static_cast<int32_t>(rng() & 1);
+    for (int64_t i = 0; i < t; ++i)
+      ids[i] = static_cast<int32_t>(rng() % kVocab), segs[i] = static_cast<int32_t>(rng() & 1);
     const Tensor dids = upload(ids, {t}), dsegs = upload(segs, {t});
-    EmbeddingParams ep{random_f32({kVocab, h}), random_f32({kMaxPos, h}), random_f32({2, h}), gamma, beta};
-    EmbeddingParams eg{random_f32({kVocab, h}), random_f32({kMaxPos, h}), random_f32({2, h}), random_f32({h}),
-                       random_f32({h})};
+    EmbeddingParams ep{random_f32({kVocab, h}), random_f32({kMaxPos, h}), random_f32({2, h}), gamma,
+                       beta};
+    EmbeddingParams eg{random_f32({kVocab, h}), random_f32({kMaxPos, h}), random_f32({2, h}),
+                       random_f32({h}), random_f32({h})};
     Dropout emb_drop = drop;
     emb_drop.site = DropoutSite::embedding;
-    rows.push_back({"embedding_forward", shape,
-                    median_ms([&] { be->embedding_forward(l, dids, dsegs, ep, emb_drop, y, mean, rstd); }, reps,
-                              nullptr),
-                    0, 4.0 * tf * h * 4});
+    rows.push_back(
+        {"embedding_forward", shape,
+         median_ms([&] { be->embedding_forward(l, dids, dsegs, ep, emb_drop, y, mean, rstd); },
+                   reps, nullptr),
+         0, 4.0 * tf * h * 4});
     const Tensor dscratch = random_f32({t, h});
     rows.push_back({"embedding_backward", shape,
-                    median_ms([&] {
-                      be->embedding_backward(l, dids, dsegs, ep, emb_drop, mean, rstd, dscratch, eg);
-                    }, reps, nullptr),
+                    median_ms(
+                        [&] {
+                          be->embedding_backward(l, dids, dsegs, ep, emb_drop, mean, rstd, dscratch,
+                                                 eg);
+                        },
+                        reps, nullptr),
                     0, 8.0 * tf * h * 4});
 
     // Heads: 15% masked.
     const int64_t m = std::max<int64_t>(1, t * 15 / 100);
     std::vector<int32_t> masked(m), labels(m);
-    for (int64_t i = 0; i < m; ++i) masked[i] = static_cast<int32_t>(i * t / m), labels[i] = static_cast<int32_t>(rng() % kVocab);
+    for (int64_t i = 0; i < m; ++i)
+      masked[i] = static_cast<int32_t>(i * t / m), labels[i] = static_cast<int32_t>(rng() % kVocab);
     const Tensor dmasked = upload(masked, {m}), dlabels = upload(labels, {m});
     const Tensor mx = empty_f32({m, h});
     rows.push_back({"gather_rows (15%)", shape,
-                    median_ms([&] { be->gather_rows(y, dmasked, mx); }, reps, nullptr), 0, 2.0 * m * h * 4});
+                    median_ms([&] { be->gather_rows(y, dmasked, mx); }, reps, nullptr), 0,
+                    2.0 * m * h * 4});
     rows.push_back({"gather_rows_backward", shape,
                     median_ms([&] { be->gather_rows_backward(mx, dmasked, dx); }, reps, nullptr), 0,
                     (2.0 * m + tf) * h * 4});
-    const Tensor logits = empty_f32({m, kVocab}), loss = random_f32({1}), correct = upload(std::vector<int32_t>{0}, {1});
+    const Tensor logits = empty_f32({m, kVocab}), loss = random_f32({1}),
+                 correct = upload(std::vector<int32_t>{0}, {1});
     const Tensor dmx = empty_f32({m, h}), mlm_bias = random_f32({kVocab});
     rows.push_back({"mlm_loss fwd+bwd (decoder)", shape,
-                    median_ms([&] {
-                      be->mlm_loss(mx, ep.word, mlm_bias, dlabels, 1.f / m, logits, loss, correct,
-                                   dmx, eg.word, Tensor());
-                    }, reps, nullptr),
+                    median_ms(
+                        [&] {
+                          be->mlm_loss(mx, ep.word, mlm_bias, dlabels, 1.f / m, logits, loss,
+                                       correct, dmx, eg.word, Tensor());
+                        },
+                        reps, nullptr),
                     6.0 * m * h * kVocab, 0});
-    rows.push_back({"softmax_cross_entropy in place", shape,
-                    median_ms([&] { be->softmax_cross_entropy(logits, dlabels, 1.f / m, loss, correct, logits); },
-                              reps, nullptr),
-                    0, 2.0 * m * kVocab * 4});
+    rows.push_back(
+        {"softmax_cross_entropy in place", shape,
+         median_ms(
+             [&] { be->softmax_cross_entropy(logits, dlabels, 1.f / m, loss, correct, logits); },
+             reps, nullptr),
+         0, 2.0 * m * kVocab * 4});
   }
 
   // Optimizer over a BERT-Large-sized flat buffer (~335M parameters).
@@ -371,20 +408,25 @@ int main(int argc, char** argv) {
                  vv = random_f32({n}, 0.01f, /*positive=*/true);
     const Tensor norms = empty_f32({2 * nt}), gn = random_f32({1}), out = empty_f32({1});
     const std::string shape = std::to_string(n / 1000000) + "M params";
-    rows.push_back({"l2_norm", shape, median_ms([&] { be->l2_norm(g, out); }, reps, nullptr), 0, 4.0 * n});
+    rows.push_back(
+        {"l2_norm", shape, median_ms([&] { be->l2_norm(g, out); }, reps, nullptr), 0, 4.0 * n});
     LambConfig cfg;
     cfg.lr = 1e-9f;  // keep the parameters finite over the repetitions
-    rows.push_back({"lamb_step", shape,
-                    median_ms([&] { be->lamb_step(dtable, cfg, gn, p, g, mm, vv, norms); }, reps, nullptr), 0,
-                    4.0 * n * 7});  // read w g m v (twice w), write g m v w
+    rows.push_back(
+        {"lamb_step", shape,
+         median_ms([&] { be->lamb_step(dtable, cfg, gn, p, g, mm, vv, norms); }, reps, nullptr), 0,
+         4.0 * n * 7});  // read w g m v (twice w), write g m v w
   }
   cuda_synchronize(*be);
 
-  std::printf("\n%-38s %-14s %10s %10s %10s %8s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "% peak");
+  std::printf("\n%-38s %-14s %10s %10s %10s %8s\n", "op", "shape", "ms", "TFLOP/s", "GB/s",
+              "% peak");
   for (const Row& r : rows) {
     const double s = r.ms * 1e-3;
-    const double tfl = r.flops > 0 ? r.flops / s / 1e12 : 0, gbs = r.bytes > 0 ? r.bytes / s / 1e9 : 0;
-    const double pct = r.flops > 0 ? 100.0 * r.flops / s / peak_flops : 100.0 * r.bytes / s / peak_bw;
+    const double tfl = r.flops > 0 ? r.flops / s / 1e12 : 0,
+                 gbs = r.bytes > 0 ? r.bytes / s / 1e9 : 0;
+    const double pct =
+        r.flops > 0 ? 100.0 * r.flops / s / peak_flops : 100.0 * r.bytes / s / peak_bw;
     std::printf("%-38s %-14s %10.3f %10s %10s %7.1f%%\n", r.op.c_str(), r.shape.c_str(), r.ms,
                 r.flops > 0 ? std::to_string(tfl).substr(0, 6).c_str() : "-",
                 r.bytes > 0 ? std::to_string(gbs).substr(0, 7).c_str() : "-", pct);

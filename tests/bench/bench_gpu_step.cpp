@@ -172,7 +172,8 @@ int run(int argc, char** argv) {
   cuda_be->zero(dev_tensor(lamb_m, DType::f32, {np}));
   cuda_be->zero(dev_tensor(lamb_v, DType::f32, {np}));
   std::vector<LambTensor> rows;
-  for (const ParamTensor& t : table.tensors()) rows.push_back({t.offset, t.size, t.no_decay ? 0 : 1});
+  for (const ParamTensor& t : table.tensors())
+    rows.push_back({t.offset, t.size, t.no_decay ? 0 : 1});
   std::sort(rows.begin(), rows.end(),
             [](const LambTensor& a, const LambTensor& b) { return a.offset < b.offset; });
   const auto nt = static_cast<int64_t>(rows.size());
@@ -181,9 +182,8 @@ int run(int argc, char** argv) {
   // The batch: as many samples as fit (the unpadded arena from the formula), or --batch.
   const LengthHistogram hist = load_histogram(hist_path);
   std::mt19937_64 rng(7);
-  const std::vector<Sample> pool =
-      bench::draw_samples(rng, hist, max_len, 0, batch_given > 0 ? batch_given : 4096,
-                          config.real_vocab_size);
+  const std::vector<Sample> pool = bench::draw_samples(
+      rng, hist, max_len, 0, batch_given > 0 ? batch_given : 4096, config.real_vocab_size);
   BertOptions bo;
   bo.precision = precision;
   Bert sizing(config, *cuda_be, pv, gv, bo);
@@ -191,8 +191,8 @@ int run(int argc, char** argv) {
   cudaMemGetInfo(&free_b, &total_b);
   auto fits = [&](int64_t n) {
     std::vector<Sample> s(pool.begin(), pool.begin() + n);
-    return static_cast<double>(sizing.activation_bytes(
-               make_batch(s, BatchLayout::unpadded, max_len).shape())) <=
+    return static_cast<double>(
+               sizing.activation_bytes(make_batch(s, BatchLayout::unpadded, max_len).shape())) <=
            memory_fraction * static_cast<double>(free_b);
   };
   int64_t n = batch_given > 0 ? batch_given : 1;
@@ -200,7 +200,10 @@ int run(int argc, char** argv) {
     int64_t lo = 1, hi = static_cast<int64_t>(pool.size());
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
-      if (fits(mid)) lo = mid; else hi = mid - 1;
+      if (fits(mid))
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     n = lo;
   }
@@ -217,15 +220,17 @@ int run(int argc, char** argv) {
   std::printf("BERT-%s (%s), %lld parameters, %s, GPU: %s\n", model.c_str(),
               describe(config).c_str(), static_cast<long long>(np), precision_name(precision),
               describe_devices().c_str());
-  std::printf("batch: %lld samples, %lld real tokens (%.1f%% of %lld padded), %lld masked; "
-              "lengths: %s\n", static_cast<long long>(n), static_cast<long long>(tokens),
-              100.0 * static_cast<double>(tokens) / static_cast<double>(n * max_len),
-              static_cast<long long>(n * max_len), static_cast<long long>(masked),
-              hist_path.c_str());
-  std::printf("model FLOPs per step (real tokens): %.2f TFLOP (GEMMs %.2f, attention %.2f, heads "
-              "%.2f); %s GEMM peak measured here (cuBLASLt 8192x4096x4096): %.0f TFLOP/s\n\n",
-              flops.total / 1e12, flops.gemm / 1e12, flops.attention / 1e12, flops.heads / 1e12,
-              dtype_name(act), gemm_peak / 1e12);
+  std::printf(
+      "batch: %lld samples, %lld real tokens (%.1f%% of %lld padded), %lld masked; "
+      "lengths: %s\n",
+      static_cast<long long>(n), static_cast<long long>(tokens),
+      100.0 * static_cast<double>(tokens) / static_cast<double>(n * max_len),
+      static_cast<long long>(n * max_len), static_cast<long long>(masked), hist_path.c_str());
+  std::printf(
+      "model FLOPs per step (real tokens): %.2f TFLOP (GEMMs %.2f, attention %.2f, heads "
+      "%.2f); %s GEMM peak measured here (cuBLASLt 8192x4096x4096): %.0f TFLOP/s\n\n",
+      flops.total / 1e12, flops.gemm / 1e12, flops.attention / 1e12, flops.heads / 1e12,
+      dtype_name(act), gemm_peak / 1e12);
 
   // LAMB alone: global norm + update over every parameter.
   LambConfig lc;
@@ -233,8 +238,7 @@ int run(int argc, char** argv) {
   auto lamb = [&](Backend& be, const Tensor& lowp) {
     be.l2_norm(gv, dev_tensor(grad_norm, DType::f32, {1}));
     ++lc.step;
-    be.lamb_step(lamb_table(rows.data(), nt), lc,
-                 dev_tensor(grad_norm, DType::f32, {1}), pv, gv,
+    be.lamb_step(lamb_table(rows.data(), nt), lc, dev_tensor(grad_norm, DType::f32, {1}), pv, gv,
                  dev_tensor(lamb_m, DType::f32, {np}), dev_tensor(lamb_v, DType::f32, {np}),
                  dev_tensor(norms, DType::f32, {2 * nt}), lowp);
     be.zero(gv);
@@ -250,67 +254,68 @@ int run(int argc, char** argv) {
   std::vector<Split> splits;
   double lamb_ms = 0;
   for (const std::string& lname : bench::split_commas(layouts_arg))
-  for (const std::string& gname : bench::split_commas(graphs_arg)) {
-    const BatchLayout layout = parse_batch_layout(lname);
-    const CudaGraphs graphs = parse_cuda_graphs(gname);
-    const Batch batch =
-        make_batch(samples, layout, max_len, packbert::test::pack_samples(samples, max_len));
-    // Graphs on the backend itself: the timing wrapper records none.
-    Backend& be = graphs == CudaGraphs::off ? static_cast<Backend&>(timed) : *cuda_be;
-    BertOptions gbo = bo;
-    gbo.cuda_graphs = graphs;
-    std::unique_ptr<Bert> bert;
-    try {
-      bert = std::make_unique<Bert>(config, be, pv, gv, gbo);
-      bert->grow_for(batch.shape());
-    } catch (const std::exception& e) {
-      std::printf("%-9s %-9s %8lld  does not fit: %s\n", lname.c_str(), gname.c_str(),
-                  static_cast<long long>(batch.rows), e.what());
-      continue;
-    }
-    uint32_t step_no = 1;
-    auto step = [&] {
-      bert->forward(batch, masked, n, step_no++, 1);
-      bert->backward();
-      lamb(be, bert->weights().lowp());
-      if (bert->fp8()) bert->fp8_end_step({});  // fp8: scales updated, weights cast again
-    };
-    const int warm = graphs == CudaGraphs::off ? warmup : std::max(warmup, 4);
-    for (int w = 0; w < warm; ++w) step();
-    cuda_synchronize(*cuda_be);
-    double best = 1e30;
-    for (int k = 0; k < steps; ++k) {
+    for (const std::string& gname : bench::split_commas(graphs_arg)) {
+      const BatchLayout layout = parse_batch_layout(lname);
+      const CudaGraphs graphs = parse_cuda_graphs(gname);
+      const Batch batch =
+          make_batch(samples, layout, max_len, packbert::test::pack_samples(samples, max_len));
+      // Graphs on the backend itself: the timing wrapper records none.
+      Backend& be = graphs == CudaGraphs::off ? static_cast<Backend&>(timed) : *cuda_be;
+      BertOptions gbo = bo;
+      gbo.cuda_graphs = graphs;
+      std::unique_ptr<Bert> bert;
+      try {
+        bert = std::make_unique<Bert>(config, be, pv, gv, gbo);
+        bert->grow_for(batch.shape());
+      } catch (const std::exception& e) {
+        std::printf("%-9s %-9s %8lld  does not fit: %s\n", lname.c_str(), gname.c_str(),
+                    static_cast<long long>(batch.rows), e.what());
+        continue;
+      }
+      uint32_t step_no = 1;
+      auto step = [&] {
+        bert->forward(batch, masked, n, step_no++, 1);
+        bert->backward();
+        lamb(be, bert->weights().lowp());
+        if (bert->fp8()) bert->fp8_end_step({});  // fp8: scales updated, weights cast again
+      };
+      const int warm = graphs == CudaGraphs::off ? warmup : std::max(warmup, 4);
+      for (int w = 0; w < warm; ++w) step();
+      cuda_synchronize(*cuda_be);
+      double best = 1e30;
+      for (int k = 0; k < steps; ++k) {
+        const auto t0 = Clock::now();
+        step();
+        cuda_synchronize(*cuda_be);
+        best = std::min(best, seconds_since(t0));
+      }
+      const double rate = flops.total / best;
+      std::printf("%-9s %-9s %8lld %9.1f %10.0f %12.0f %9.1f %8.1f%% %7.1f%% %10.2f\n",
+                  lname.c_str(), gname.c_str(), static_cast<long long>(batch.rows), best * 1e3,
+                  static_cast<double>(n) / best, static_cast<double>(tokens) / best, rate / 1e12,
+                  100.0 * rate / gemm_peak, 100.0 * rate / kH200DenseBf16,
+                  static_cast<double>(bert->activation_report().peak_bytes) / (1 << 30));
+      std::fflush(stdout);
+      if (graphs != CudaGraphs::off) continue;  // the split and LAMB alone: op by op only
+      timed.set_enabled(true);
+      timed.reset();
       const auto t0 = Clock::now();
       step();
       cuda_synchronize(*cuda_be);
-      best = std::min(best, seconds_since(t0));
+      splits.push_back({lname, timed.seconds(), seconds_since(t0)});
+      timed.set_enabled(false);
+      if (lamb_ms == 0) {
+        const int reps = 10;
+        cuda_synchronize(*cuda_be);
+        const auto l0 = Clock::now();
+        for (int k = 0; k < reps; ++k) lamb(*cuda_be, bert->weights().lowp());
+        cuda_synchronize(*cuda_be);
+        lamb_ms = seconds_since(l0) * 1e3 / reps;
+      }
     }
-    const double rate = flops.total / best;
-    std::printf("%-9s %-9s %8lld %9.1f %10.0f %12.0f %9.1f %8.1f%% %7.1f%% %10.2f\n",
-                lname.c_str(), gname.c_str(), static_cast<long long>(batch.rows), best * 1e3,
-                static_cast<double>(n) / best, static_cast<double>(tokens) / best, rate / 1e12,
-                100.0 * rate / gemm_peak, 100.0 * rate / kH200DenseBf16,
-                static_cast<double>(bert->activation_report().peak_bytes) / (1 << 30));
-    std::fflush(stdout);
-    if (graphs != CudaGraphs::off) continue;  // the split and LAMB alone: op by op only
-    timed.set_enabled(true);
-    timed.reset();
-    const auto t0 = Clock::now();
-    step();
-    cuda_synchronize(*cuda_be);
-    splits.push_back({lname, timed.seconds(), seconds_since(t0)});
-    timed.set_enabled(false);
-    if (lamb_ms == 0) {
-      const int reps = 10;
-      cuda_synchronize(*cuda_be);
-      const auto l0 = Clock::now();
-      for (int k = 0; k < reps; ++k) lamb(*cuda_be, bert->weights().lowp());
-      cuda_synchronize(*cuda_be);
-      lamb_ms = seconds_since(l0) * 1e3 / reps;
-    }
-  }
 
-  std::printf("\nstep split, ms (one step with a synchronisation around every op):\n%-9s", "layout");
+  std::printf("\nstep split, ms (one step with a synchronisation around every op):\n%-9s",
+              "layout");
   for (size_t k = 0; k < static_cast<size_t>(bench::OpKind::count); ++k)
     std::printf(" %17s", bench::op_kind_name(static_cast<bench::OpKind>(k)));
   std::printf(" %10s %12s\n", "other", "comm exposed");
@@ -324,8 +329,8 @@ int run(int argc, char** argv) {
     std::printf(" %10.2f %12s\n", (sp.serial - sum) * 1e3, "0 (1 GPU)");
   }
   std::printf("\nLAMB step over all %lld parameters (norm + update%s): %.2f ms (target <= 3 ms)\n",
-              static_cast<long long>(np), precision == Precision::fp32 ? "" : " + low-precision copy",
-              lamb_ms);
+              static_cast<long long>(np),
+              precision == Precision::fp32 ? "" : " + low-precision copy", lamb_ms);
   return 0;
 }
 

@@ -58,7 +58,7 @@ std::discrete_distribution<int> wikipedia_lengths() {
   while (std::getline(f, line))
     if (!line.empty() && line[0] != '#') w.push_back(std::stod(line));
   if (w.size() != kMaxLen) w.assign(kMaxLen, 1.0);  // uniform if the file is missing
-  for (int len = 0; len < 5; ++len) w[len] = 0;      // random_sample needs >= 5
+  for (int len = 0; len < 5; ++len) w[len] = 0;     // random_sample needs >= 5
   return std::discrete_distribution<int>(w.begin(), w.end());
 }
 
@@ -133,7 +133,8 @@ int main(int argc, char** argv) {
   auto num = [&](const char* k, int64_t def) { return a.count(k) ? std::stoll(a[k]) : def; };
   const int shards = static_cast<int>(num("shards", 8));
   const int64_t per_shard = num("samples-per-shard", 25000);
-  const int warmup = static_cast<int>(num("warmup", 10)), steps = static_cast<int>(num("steps", 60));
+  const int warmup = static_cast<int>(num("warmup", 10)),
+            steps = static_cast<int>(num("steps", 60));
   const ShardFormat format = parse_shard_format(a.count("format") ? a["format"] : "fixed");
   std::vector<int> compute_ms;
   {
@@ -162,19 +163,20 @@ int main(int argc, char** argv) {
   write_shards(dir, rank, size, shards, per_shard, format);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0)
-    std::printf("data loader throughput: %d ranks, %d %s shards x %lld samples (L = %d, Wikipedia "
-                "lengths), written in %.1f s\nglobal batch %lld, %d micro-steps, prefetch %d, "
-                "shuffle blocks %lld x %lld; %d warm-up + %d measured steps\n\n",
-                size, shards, to_string(format), static_cast<long long>(per_shard), kMaxLen,
-                std::chrono::duration<double>(Clock::now() - tw).count(),
-                static_cast<long long>(o.global_batch_size), o.micro_steps, o.prefetch_steps,
-                static_cast<long long>(o.shuffle_window_blocks),
-                static_cast<long long>(o.shuffle_block_rows), warmup, steps);
+    std::printf(
+        "data loader throughput: %d ranks, %d %s shards x %lld samples (L = %d, Wikipedia "
+        "lengths), written in %.1f s\nglobal batch %lld, %d micro-steps, prefetch %d, "
+        "shuffle blocks %lld x %lld; %d warm-up + %d measured steps\n\n",
+        size, shards, to_string(format), static_cast<long long>(per_shard), kMaxLen,
+        std::chrono::duration<double>(Clock::now() - tw).count(),
+        static_cast<long long>(o.global_batch_size), o.micro_steps, o.prefetch_steps,
+        static_cast<long long>(o.shuffle_window_blocks),
+        static_cast<long long>(o.shuffle_block_rows), warmup, steps);
 
   if (rank == 0)
-    std::printf("%7s %4s %10s %7s %9s %9s %8s %11s | loader ms/step: %5s %6s %5s %8s\n",
-                "compute", "rank", "samples/s", "vs 50k", "wait mean", "wait max", "cpu us",
-                "per core/s", "read", "gather", "plan", "exchange");
+    std::printf("%7s %4s %10s %7s %9s %9s %8s %11s | loader ms/step: %5s %6s %5s %8s\n", "compute",
+                "rank", "samples/s", "vs 50k", "wait mean", "wait max", "cpu us", "per core/s",
+                "read", "gather", "plan", "exchange");
   for (const int c : compute_ms) {
     const RankStats st = run(dir, o, warmup, steps, c);
     std::vector<RankStats> all(static_cast<size_t>(size));
@@ -182,22 +184,24 @@ int main(int argc, char** argv) {
     if (rank != 0) continue;
     for (int r = 0; r < size; ++r) {
       const RankStats& s = all[r];
-      std::printf("%5d ms %4d %10.0f %6.2fx %6.2f ms %6.1f ms %8.2f %11.0f | %20.2f %6.2f %5.2f "
-                  "%8.2f\n",
-                  c, r, s.samples_per_s, s.samples_per_s / kTargetPerRank, s.wait_mean_ms,
-                  s.wait_max_ms, s.cpu_us_per_sample, 1e6 / s.cpu_us_per_sample, s.read_ms,
-                  s.gather_ms, s.plan_ms, s.exchange_ms);
+      std::printf(
+          "%5d ms %4d %10.0f %6.2fx %6.2f ms %6.1f ms %8.2f %11.0f | %20.2f %6.2f %5.2f "
+          "%8.2f\n",
+          c, r, s.samples_per_s, s.samples_per_s / kTargetPerRank, s.wait_mean_ms, s.wait_max_ms,
+          s.cpu_us_per_sample, 1e6 / s.cpu_us_per_sample, s.read_ms, s.gather_ms, s.plan_ms,
+          s.exchange_ms);
     }
     std::fflush(stdout);
   }
   if (rank == 0)
-    std::printf("\ntarget: %.0f samples/s per rank with compute 0 (vs 50k >= 1.00x meets it); "
-                "with compute, samples/s is bounded by the simulated step and the wait shows "
-                "what the loader does not hide.\ncpu us: CPU time of the rank's process (all "
-                "threads) per sample it trained; per core/s = 1e6 / cpu us, the rate one "
-                "dedicated core per rank would sustain (ranks sharing cores show less "
-                "samples/s)\n",
-                kTargetPerRank);
+    std::printf(
+        "\ntarget: %.0f samples/s per rank with compute 0 (vs 50k >= 1.00x meets it); "
+        "with compute, samples/s is bounded by the simulated step and the wait shows "
+        "what the loader does not hide.\ncpu us: CPU time of the rank's process (all "
+        "threads) per sample it trained; per core/s = 1e6 / cpu us, the rate one "
+        "dedicated core per rank would sustain (ranks sharing cores show less "
+        "samples/s)\n",
+        kTargetPerRank);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(dir);
   MPI_Finalize();

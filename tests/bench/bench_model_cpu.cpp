@@ -129,11 +129,11 @@ int main(int argc, char** argv) {
         be->zero(gv);
       };
       if (!print_lengths) {
-        std::printf("BERT-%s (%s), %lld parameters, %d threads, ~%lld real tokens per batch, "
-                    "best of %d, step = forward + backward%s\n",
-                    model.c_str(), describe(config).c_str(),
-                    static_cast<long long>(table.total()), cpu::num_threads(),
-                    static_cast<long long>(tokens), reps, with_lamb ? " + LAMB" : "");
+        std::printf(
+            "BERT-%s (%s), %lld parameters, %d threads, ~%lld real tokens per batch, "
+            "best of %d, step = forward + backward%s\n",
+            model.c_str(), describe(config).c_str(), static_cast<long long>(table.total()),
+            cpu::num_threads(), static_cast<long long>(tokens), reps, with_lamb ? " + LAMB" : "");
         std::printf("lengths: %s\n\n", hist_path.c_str());
         std::printf("%7s  %-8s  %7s  %6s  %7s  %7s  %9s  %10s  %9s  %8s  %7s  %8s\n", "max_len",
                     "layout", "samples", "rows", "tokens", "masked", "step ms", "tokens/s",
@@ -157,8 +157,7 @@ int main(int argc, char** argv) {
         for (BatchLayout layout : layouts)
           batches.push_back(make_batch(samples, layout, max_len, packs));
         std::unique_ptr<Bert> berts[3];
-        double best[3] = {1e30, 1e30, 1e30}, best_cpu[3] = {1e30, 1e30, 1e30},
-               arena[3] = {0, 0, 0};
+        double best[3] = {1e30, 1e30, 1e30}, best_cpu[3] = {1e30, 1e30, 1e30}, arena[3] = {0, 0, 0};
         bench::TimedBackend::Seconds split[3] = {};  // of each layout's fastest step
         uint32_t step_no = 0;
         auto step = [&](int i) {
@@ -202,10 +201,10 @@ int main(int argc, char** argv) {
           rate[i] = static_cast<double>(b.num_tokens()) / best[i];
           std::printf(
               "%7d  %-8s  %7lld  %6lld  %7lld  %7lld  %9.1f  %10.0f  %9.1f  %7.2fx  %7s  %8.0f\n",
-                      max_len, batch_layout_name(layouts[i]), static_cast<long long>(b.num_seqs()),
-                      static_cast<long long>(b.rows), static_cast<long long>(b.num_tokens()),
-                      static_cast<long long>(b.num_masked()), best[i] * 1e3, rate[i], arena[i],
-                      rate[i] / rate[0], together ? "interl." : "blocks", best_cpu[i] * 1e3);
+              max_len, batch_layout_name(layouts[i]), static_cast<long long>(b.num_seqs()),
+              static_cast<long long>(b.rows), static_cast<long long>(b.num_tokens()),
+              static_cast<long long>(b.num_masked()), best[i] * 1e3, rate[i], arena[i],
+              rate[i] / rate[0], together ? "interl." : "blocks", best_cpu[i] * 1e3);
         }
         // Where the fastest step of each layout spent its time. Attention runs over the real
         // lengths in every layout, and the MLM decoder, NSP and LAMB do not see the layout: only
@@ -226,10 +225,11 @@ int main(int argc, char** argv) {
         const double ratio = rate[2] / rate[0];
         const double ideal =
             static_cast<double>(batches[0].rows) / static_cast<double>(batches[2].rows);
-        std::printf("%7d  unpadded / padded %.2fx  (target >= 1.8x at 512%s; ideal %.2fx = "
-                    "padded rows / unpadded rows, %.0f%% of it)\n\n",
-                    max_len, ratio, max_len == 512 ? (ratio >= 1.8 ? ": met" : ": NOT met") : "",
-                    ideal, 100.0 * ratio / ideal);
+        std::printf(
+            "%7d  unpadded / padded %.2fx  (target >= 1.8x at 512%s; ideal %.2fx = "
+            "padded rows / unpadded rows, %.0f%% of it)\n\n",
+            max_len, ratio, max_len == 512 ? (ratio >= 1.8 ? ": met" : ": NOT met") : "", ideal,
+            100.0 * ratio / ideal);
         std::fflush(stdout);
       }
       if (print_lengths) break;  // the lengths do not depend on the model

@@ -85,9 +85,7 @@ Sample make_sample(std::mt19937_64& rng, int64_t id, int len, int masked, int64_
 
 double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
 
-size_t kind(const ActivationBytes& k, ActivationKind which) {
-  return k[static_cast<int>(which)];
-}
+size_t kind(const ActivationBytes& k, ActivationKind which) { return k[static_cast<int>(which)]; }
 
 struct Row {
   int64_t chunks;
@@ -168,15 +166,17 @@ int main(int argc, char** argv) {
     be = make_cpu_backend();
   }
   if (memory_gib <= 0) memory_gib = 139.8;  // an H200
-  std::printf("MST / recompute on the %s backend: BERT-Large width (H %lld, I %lld, %lld heads, "
-              "V %lld), %lld layers timed, %d warm-up + %d timed step(s) per row, %d threads\n",
-              be->name(), static_cast<long long>(config.hidden),
-              static_cast<long long>(config.intermediate), static_cast<long long>(config.heads),
-              static_cast<long long>(config.vocab_size), static_cast<long long>(layers), warmup,
-              reps, cpu::num_threads());
-  std::printf("Memory: MiB of the activation arena (measured high-water, by kind); 'L24' = the "
-              "24-layer peak from the formula.\nTime: seconds per forward + backward (the "
-              "fastest timed step).\n");
+  std::printf(
+      "MST / recompute on the %s backend: BERT-Large width (H %lld, I %lld, %lld heads, "
+      "V %lld), %lld layers timed, %d warm-up + %d timed step(s) per row, %d threads\n",
+      be->name(), static_cast<long long>(config.hidden),
+      static_cast<long long>(config.intermediate), static_cast<long long>(config.heads),
+      static_cast<long long>(config.vocab_size), static_cast<long long>(layers), warmup, reps,
+      cpu::num_threads());
+  std::printf(
+      "Memory: MiB of the activation arena (measured high-water, by kind); 'L24' = the "
+      "24-layer peak from the formula.\nTime: seconds per forward + backward (the "
+      "fastest timed step).\n");
 
   std::mt19937_64 rng(7);
   bool all_ok = true;
@@ -189,8 +189,8 @@ int main(int argc, char** argv) {
     std::printf("\n== sequence length %lld (one sequence, %d masked tokens) ==\n",
                 static_cast<long long>(len), masked);
     std::printf("%4s %-9s | %9s | %8s %8s %8s %8s %8s %8s %8s %6s | %9s | %8s %6s | %9s\n", "M",
-                "recompute", "peak MiB", "hidden", "attn", "ln", "mlp", "logits", "heads",
-                "grad", "batch", "mlp+mlm", "step s", "xM=1", "L24 MiB");
+                "recompute", "peak MiB", "hidden", "attn", "ln", "mlp", "logits", "heads", "grad",
+                "batch", "mlp+mlm", "step s", "xM=1", "L24 MiB");
     std::vector<Row> rows;
     for (int64_t m : chunk_list)
       for (Recompute r : {Recompute::none, Recompute::mlp, Recompute::layer}) {
@@ -223,22 +223,22 @@ int main(int argc, char** argv) {
             test::predicted_activation_bytes(config, batch.rows, 1, masked, m, r, mlm_chunk_rows);
         row.formula_ok = want == rep.peak_by_kind && test::total_bytes(want) == rep.peak_bytes;
         all_ok = all_ok && row.formula_ok;
-        const size_t l24 = test::total_bytes(test::predicted_activation_bytes(
-            large24, batch.rows, 1, masked, m, r, mlm_chunk_rows));
+        const size_t l24 = test::total_bytes(
+            test::predicted_activation_bytes(large24, batch.rows, 1, masked, m, r, mlm_chunk_rows));
         const double base = rows.empty() ? row.seconds : rows.front().seconds;
-        std::printf("%4lld %-9s | %9.1f | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %6.2f | %9.1f "
-                    "| %8.2f %6.2f | %9.1f%s\n",
-                    static_cast<long long>(m), recompute_name(r), mib(row.peak),
-                    mib(kind(row.bytes, ActivationKind::hidden)),
-                    mib(kind(row.bytes, ActivationKind::attention)),
-                    mib(kind(row.bytes, ActivationKind::layernorm)),
-                    mib(kind(row.bytes, ActivationKind::mlp)),
-                    mib(kind(row.bytes, ActivationKind::mlm_logits)),
-                    mib(kind(row.bytes, ActivationKind::heads)),
-                    mib(kind(row.bytes, ActivationKind::grad_scratch)),
-                    mib(rep.batch_buffer_bytes),
-                    mib(test::intermediate_bytes(row.bytes)), row.seconds, row.seconds / base,
-                    mib(l24), row.formula_ok ? "" : "  FORMULA MISMATCH");
+        std::printf(
+            "%4lld %-9s | %9.1f | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %6.2f | %9.1f "
+            "| %8.2f %6.2f | %9.1f%s\n",
+            static_cast<long long>(m), recompute_name(r), mib(row.peak),
+            mib(kind(row.bytes, ActivationKind::hidden)),
+            mib(kind(row.bytes, ActivationKind::attention)),
+            mib(kind(row.bytes, ActivationKind::layernorm)),
+            mib(kind(row.bytes, ActivationKind::mlp)),
+            mib(kind(row.bytes, ActivationKind::mlm_logits)),
+            mib(kind(row.bytes, ActivationKind::heads)),
+            mib(kind(row.bytes, ActivationKind::grad_scratch)), mib(rep.batch_buffer_bytes),
+            mib(test::intermediate_bytes(row.bytes)), row.seconds, row.seconds / base, mib(l24),
+            row.formula_ok ? "" : "  FORMULA MISMATCH");
         std::fflush(stdout);
         rows.push_back(row);
       }
@@ -260,26 +260,28 @@ int main(int argc, char** argv) {
         std::printf("  same, both recomputing (M=1 recompute=mlp vs M=8): %.1fx lower\n",
                     static_cast<double>(test::intermediate_bytes(m1_mlp->bytes)) /
                         static_cast<double>(test::intermediate_bytes(m8->bytes)));
-      std::printf("whole arena at M=8 vs M=1: %.2fx lower (%lld layers); 24 layers (formula): "
-                  "%.2fx\n",
-                  static_cast<double>(m1->peak) / static_cast<double>(m8->peak),
-                  static_cast<long long>(layers),
-                  static_cast<double>(test::total_bytes(test::predicted_activation_bytes(
-                      large24, batch.rows, 1, masked, 1, Recompute::none))) /
-                      static_cast<double>(test::total_bytes(test::predicted_activation_bytes(
-                          large24, batch.rows, 1, masked, 8, Recompute::mlp))));
+      std::printf(
+          "whole arena at M=8 vs M=1: %.2fx lower (%lld layers); 24 layers (formula): "
+          "%.2fx\n",
+          static_cast<double>(m1->peak) / static_cast<double>(m8->peak),
+          static_cast<long long>(layers),
+          static_cast<double>(test::total_bytes(test::predicted_activation_bytes(
+              large24, batch.rows, 1, masked, 1, Recompute::none))) /
+              static_cast<double>(test::total_bytes(test::predicted_activation_bytes(
+                  large24, batch.rows, 1, masked, 8, Recompute::mlp))));
       std::printf("step time M=8 / M=1: %.3f (GPU target <= 1.05; CPU ratio for information)\n",
                   m8->seconds / m1->seconds);
     }
     if (m1 && m8_layer)
-      std::printf("M=8 recompute=layer vs M=1 none: arena %.2fx lower (24 layers, formula: "
-                  "%.2fx), step time %.3fx\n",
-                  static_cast<double>(m1->peak) / static_cast<double>(m8_layer->peak),
-                  static_cast<double>(test::total_bytes(test::predicted_activation_bytes(
-                      large24, batch.rows, 1, masked, 1, Recompute::none))) /
-                      static_cast<double>(test::total_bytes(test::predicted_activation_bytes(
-                          large24, batch.rows, 1, masked, 8, Recompute::layer))),
-                  m8_layer->seconds / m1->seconds);
+      std::printf(
+          "M=8 recompute=layer vs M=1 none: arena %.2fx lower (24 layers, formula: "
+          "%.2fx), step time %.3fx\n",
+          static_cast<double>(m1->peak) / static_cast<double>(m8_layer->peak),
+          static_cast<double>(test::total_bytes(test::predicted_activation_bytes(
+              large24, batch.rows, 1, masked, 1, Recompute::none))) /
+              static_cast<double>(test::total_bytes(test::predicted_activation_bytes(
+                  large24, batch.rows, 1, masked, 8, Recompute::layer))),
+          m8_layer->seconds / m1->seconds);
   }
 
   if (check24) {
@@ -307,10 +309,11 @@ int main(int argc, char** argv) {
       const ActivationBytes want = test::predicted_activation_bytes(c24, 512, 1, 76, m, r);
       const bool ok = want == rep.peak_by_kind && test::total_bytes(want) == rep.peak_bytes;
       all_ok = all_ok && ok;
-      std::printf("M=%lld recompute=%-5s: measured %.1f MiB, formula %.1f MiB %s "
-                  "(forward %.1f s)\n",
-                  static_cast<long long>(m), recompute_name(r), mib(rep.peak_bytes),
-                  mib(test::total_bytes(want)), ok ? "[equal]" : "[MISMATCH]", fwd);
+      std::printf(
+          "M=%lld recompute=%-5s: measured %.1f MiB, formula %.1f MiB %s "
+          "(forward %.1f s)\n",
+          static_cast<long long>(m), recompute_name(r), mib(rep.peak_bytes),
+          mib(test::total_bytes(want)), ok ? "[equal]" : "[MISMATCH]", fwd);
       std::fflush(stdout);
     }
   }
@@ -321,9 +324,9 @@ int main(int argc, char** argv) {
   // the dropout key's position range (kernels/common/philox.h).
   {
     const ParamTable t24(large24);
-    const double fixed = 4.0 * sizeof(float) *
-                         static_cast<double>(t24.total() - large24.max_position_embeddings *
-                                                               large24.hidden);
+    const double fixed =
+        4.0 * sizeof(float) *
+        static_cast<double>(t24.total() - large24.max_position_embeddings * large24.hidden);
     const double budget = memory_gib * double(1 << 30);
     auto longest = [&](int64_t m, Recompute r) {
       int64_t lo = 0, hi = kDropoutMaxPosition;
@@ -331,9 +334,12 @@ int main(int argc, char** argv) {
         const int64_t mid = (lo + hi + 1) / 2;
         const int64_t masked = std::max<int64_t>(1, (mid * 15 + 50) / 100);
         const double positions = 4.0 * sizeof(float) * static_cast<double>(mid * large24.hidden);
-        const double act = static_cast<double>(test::total_bytes(
-            test::predicted_activation_bytes(large24, mid, 1, masked, m, r)));
-        if (fixed + positions + act <= budget) lo = mid; else hi = mid - 1;
+        const double act = static_cast<double>(
+            test::total_bytes(test::predicted_activation_bytes(large24, mid, 1, masked, m, r)));
+        if (fixed + positions + act <= budget)
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       return lo;
     };
@@ -341,16 +347,15 @@ int main(int argc, char** argv) {
     auto capped = [](int64_t n) {
       return n >= static_cast<int64_t>(kDropoutMaxPosition) ? " (the key's limit)" : "";
     };
-    std::printf("\nlongest 24-layer BERT-Large sequence in %.1f GiB (formula; weights, gradients "
-                "and moments %.1f GiB without the position table): M=1 none %lld tokens, "
-                "M=8 mlp %lld, M=8 layer %lld%s: %.1fx longer with MST + recomputation "
-                "(target >= 4x, %s)\n",
-                memory_gib, fixed / double(1 << 30), static_cast<long long>(base),
-                static_cast<long long>(longest(8, Recompute::mlp)),
-                static_cast<long long>(best), capped(best),
-                static_cast<double>(best) / static_cast<double>(std::max<int64_t>(base, 1)),
-                device == "cuda" ? "predicted for this GPU, not run at that length"
-                                 : "predicted, not run");
+    std::printf(
+        "\nlongest 24-layer BERT-Large sequence in %.1f GiB (formula; weights, gradients "
+        "and moments %.1f GiB without the position table): M=1 none %lld tokens, "
+        "M=8 mlp %lld, M=8 layer %lld%s: %.1fx longer with MST + recomputation "
+        "(target >= 4x, %s)\n",
+        memory_gib, fixed / double(1 << 30), static_cast<long long>(base),
+        static_cast<long long>(longest(8, Recompute::mlp)), static_cast<long long>(best),
+        capped(best), static_cast<double>(best) / static_cast<double>(std::max<int64_t>(base, 1)),
+        device == "cuda" ? "predicted for this GPU, not run at that length" : "predicted, not run");
   }
   std::printf("\nformula vs measured arena: %s\n", all_ok ? "equal in every row" : "MISMATCH");
   return all_ok ? 0 : 1;

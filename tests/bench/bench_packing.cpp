@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
     const char* algorithm;
     int k;
   };
-  const Case cases[] = {{"spfhp", 3},  {"lpfhp", 3},  {"nnlshp", 3},    {"exact-fit", 3},
-                        {"spfhp", 12}, {"lpfhp", 12}, {"exact-fit", 12}, {"spfhp", 0},
+  const Case cases[] = {{"spfhp", 3},  {"lpfhp", 3},    {"nnlshp", 3},     {"exact-fit", 3},
+                        {"spfhp", 12}, {"lpfhp", 12},   {"exact-fit", 12}, {"spfhp", 0},
                         {"lpfhp", 0},  {"exact-fit", 0}};
   for (const Case& c : cases) {
     const PackingLimits limits{L, c.k};
@@ -84,8 +84,7 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       packs += static_cast<int64_t>(pack_online(samples, {L, 3}).size());
       us.push_back(
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-              .count());
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
     std::printf("%8d %12.2f %14.2f %14.1f\n", batch, double(packs) / steps,
                 100.0 * tokens / (double(packs) * L), median(us));

@@ -21,9 +21,10 @@ int main(int argc, char** argv) {
   const std::string data = PACKBERT_REPO_DATA;
   constexpr double kTargetSeconds = 20;
 
-  std::printf("prepare: data/kjv-bible-docs.txt.gz, dupe factor 5, max_seq_len 128, "
-              "max_predictions 20, 1 shard (%u hardware threads)\n",
-              std::thread::hardware_concurrency());
+  std::printf(
+      "prepare: data/kjv-bible-docs.txt.gz, dupe factor 5, max_seq_len 128, "
+      "max_predictions 20, 1 shard (%u hardware threads)\n",
+      std::thread::hardware_concurrency());
   std::printf("target: the whole demo corpus at dupe factor 5 in under %.0f s on 2 cores\n\n",
               kTargetSeconds);
   std::printf("%-10s %7s %10s %9s %10s %12s %9s  %s\n", "format", "threads", "text MB", "seconds",

@@ -25,8 +25,8 @@ using namespace packbert;
 constexpr double kTargetSamplesPerSecond = 100000;
 
 // Lengths drawn like real pretraining data: at 512 from the MLPerf Wikipedia histogram
-// (a wide spread, mean ~ 256: half of a 512 row is padding); at 128 mostly full rows, with Google's short_seq_prob = 0.1
-// share of shorter ones.
+// (a wide spread, mean ~ 256: half of a 512 row is padding); at 128 mostly full rows, with Google's
+// short_seq_prob = 0.1 share of shorter ones.
 class LengthDistribution {
  public:
   explicit LengthDistribution(int max_len) : max_len_(max_len) {
@@ -87,10 +87,11 @@ int main(int argc, char** argv) {
   }
   test::TempDir dir;
   std::mt19937_64 rng(test::test_seed());
-  std::printf("shard reader throughput: 1 reader thread, every sample validated, "
-              "second of two reads (page cache warm)\n\n");
-  std::printf("%-10s %5s %9s %10s %8s %12s %8s %10s  %s\n", "format", "L", "samples",
-              "mean len", "seconds", "samples/s", "MB/s", "vs target", "lengths");
+  std::printf(
+      "shard reader throughput: 1 reader thread, every sample validated, "
+      "second of two reads (page cache warm)\n\n");
+  std::printf("%-10s %5s %9s %10s %8s %12s %8s %10s  %s\n", "format", "L", "samples", "mean len",
+              "seconds", "samples/s", "MB/s", "vs target", "lengths");
   for (const int max_len : {128, 512}) {
     const int max_predictions = max_len == 128 ? 20 : 76;  // MLPerf's values
     LengthDistribution lengths(max_len);

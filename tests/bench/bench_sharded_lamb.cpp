@@ -106,12 +106,19 @@ Args parse(int argc, char** argv) {
     }
     PB_REQUIRE(i + 1 < argc, "argument '{}' needs a value", k);
     const std::string v = argv[++i];
-    if (k == "--model") a.model = v;
-    else if (k == "--precision") a.precision = parse_precision(v);
-    else if (k == "--iters") a.iters = std::max(1, std::atoi(v.c_str()));
-    else if (k == "--device") a.device = v == "cuda" ? Device::cuda : Device::cpu;
-    else PB_THROW("unknown argument '{}' (--model large|base|tiny, --precision fp32|bf16, "
-                  "--iters N, --device cpu|cuda, --skip-replicated, --balance)", k);
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--precision")
+      a.precision = parse_precision(v);
+    else if (k == "--iters")
+      a.iters = std::max(1, std::atoi(v.c_str()));
+    else if (k == "--device")
+      a.device = v == "cuda" ? Device::cuda : Device::cpu;
+    else
+      PB_THROW(
+          "unknown argument '{}' (--model large|base|tiny, --precision fp32|bf16, "
+          "--iters N, --device cpu|cuda, --skip-replicated, --balance)",
+          k);
   }
   PB_REQUIRE(a.precision != Precision::fp16,
              "--precision fp16: the optimizer's figures are bf16's; use fp32 or bf16");
@@ -137,14 +144,14 @@ double gib(double bytes) { return bytes / (1 << 30); }
 // ---- balance mode -------------------------------------------------------------------------
 
 void balance_table(const OptimizerLayout& layout, const char* precision) {
-  std::cout << fmt::format("\n{} ({}):\n\n", precision,
-                           layout.lowp_bytes > 0
-                               ? fmt::format("fp32 master weights whole on every rank, 16-bit "
-                                             "copy gathered whole, {:.2f}M fp32 elements "
-                                             "gathered (biases, LayerNorm)",
-                                             static_cast<double>(range_elems(layout.fp32_ranges)) /
-                                                 1e6)
-                               : std::string("the fp32 weights gathered whole"));
+  std::cout << fmt::format(
+      "\n{} ({}):\n\n", precision,
+      layout.lowp_bytes > 0
+          ? fmt::format("fp32 master weights whole on every rank, 16-bit "
+                        "copy gathered whole, {:.2f}M fp32 elements "
+                        "gathered (biases, LayerNorm)",
+                        static_cast<double>(range_elems(layout.fp32_ranges)) / 1e6)
+          : std::string("the fp32 weights gathered whole"));
   std::cout << "| ranks | balance (max/mean) | state sharded MiB | state replicated MiB | "
                "state ratio | sent sharded MB | sent replicated MB | sent ratio |\n"
                "|---|---|---|---|---|---|---|---|\n";
@@ -338,11 +345,11 @@ int run_timed(const Args& args, int rank, int size) {
   // The copy bandwidth over this rank's range (all ranks at once, as the step runs): read +
   // write bytes per second.
   const int64_t bw_len = std::max<int64_t>(own_end - own_begin, 1);
-  const double bandwidth_s = bench::slowest_rank_time(args.iters, [&] {
-                               backend->copy(slice(g.tensor(), own_begin, bw_len),
-                                             slice(w.tensor(), own_begin, bw_len));
-                               backend->synchronize();
-                             }).wall;
+  const double bandwidth_s =
+      bench::slowest_rank_time(args.iters, [&] {
+        backend->copy(slice(g.tensor(), own_begin, bw_len), slice(w.tensor(), own_begin, bw_len));
+        backend->synchronize();
+      }).wall;
   const double bandwidth = 2.0 * static_cast<double>(bw_len) * 4 / bandwidth_s;
 
   GradReducerOptions ro;
@@ -369,8 +376,9 @@ int run_timed(const Args& args, int rank, int size) {
     if (!sharded && !args.replicated) continue;
     // The masters whole (w): the timed step as before they were sharded (Tensor(): no
     // compact fp32 buffer).
-    OptimizedBuffers buffers{w.tensor(), g.tensor(), bert.weights().lowp(), fp32_ranges,
-                             bert.weights().forward_groups(), Tensor()};
+    OptimizedBuffers buffers{
+        w.tensor(), g.tensor(), bert.weights().lowp(), fp32_ranges, bert.weights().forward_groups(),
+        Tensor()};
     const int64_t begin = sharded ? own_begin : 0, end = sharded ? own_end : n;
     OptimizerLayout layout;
     layout.num_elems = n;
@@ -384,9 +392,10 @@ int run_timed(const Args& args, int rank, int size) {
         (mixed ? 4.0 * static_cast<double>(n) : 0.0);
     reset_peak_rss();
     if (host_memory && !fits(lamb_state, node, &need, &available)) {
-      row = fmt::format("| {} | {} | skipped: LAMB's state needs {:.1f} GiB more on the host "
-                        "(its ranks summed), {:.1f} GiB available |",
-                        size, name, gib(need), gib(available));
+      row = fmt::format(
+          "| {} | {} | skipped: LAMB's state needs {:.1f} GiB more on the host "
+          "(its ranks summed), {:.1f} GiB available |",
+          size, name, gib(need), gib(available));
       for (int c = 0; c < 9; ++c) row += " - |";  // the row's other columns
       row += "\n";
       continue;
@@ -395,8 +404,7 @@ int run_timed(const Args& args, int rank, int size) {
     // the first round: up to twice the gradient per rank with every bucket in flight at once).
     // It is timed where the host takes that much more.
     const double round_temp = size > 1 ? 2.0 * 4.0 * static_cast<double>(n) : 0.0;
-    const bool time_round =
-        !host_memory || fits(lamb_state + round_temp, node, &need, &available);
+    const bool time_round = !host_memory || fits(lamb_state + round_temp, node, &need, &available);
     if (!time_round)
       notes.push_back(fmt::format(
           "{}: the gradient's round not timed: with its MPI temporaries (est. {:.1f} GiB per "
@@ -410,13 +418,13 @@ int run_timed(const Args& args, int rank, int size) {
       sent = static_cast<double>(optimizer.largest_bytes_sent());
       for (int it = 0; it < args.iters; ++it) {
         const double rss_before = peak_rss();
-        const bench::RankTime r = !time_round ? bench::RankTime{}
-                                              : bench::slowest_rank_time(1, [&] {
-          reducer.begin(optimizer.collective());
-          for (int i = static_cast<int>(spans.size()) - 1; i >= 0; --i) reducer.ready_tensor(i);
-          reducer.finish();
-          backend->synchronize();
-        });
+        const bench::RankTime r =
+            !time_round ? bench::RankTime{} : bench::slowest_rank_time(1, [&] {
+              reducer.begin(optimizer.collective());
+              for (int i = static_cast<int>(spans.size()) - 1; i >= 0; --i) reducer.ready_tensor(i);
+              reducer.finish();
+              backend->synchronize();
+            });
         if (it == 0 && time_round) round_rss = max_over_ranks(peak_rss() - rss_before);
         const bench::RankTime s = bench::slowest_rank_time(1, [&] {
           optimizer.step(1.0f, /*read_back=*/false);
@@ -452,10 +460,10 @@ int run_timed(const Args& args, int rank, int size) {
     if (sharded) {
       const double rest = static_cast<double>(n) - owned;
       step_bytes += 4.0 * rest;
-      step_bytes += mixed ? 2.0 * rest + 4.0 * static_cast<double>(
-                                                 range_elems(fp32_ranges) -
-                                                 overlap(fp32_ranges, own_begin, own_end))
-                          : 4.0 * rest;
+      step_bytes +=
+          mixed ? 2.0 * rest + 4.0 * static_cast<double>(range_elems(fp32_ranges) -
+                                                         overlap(fp32_ranges, own_begin, own_end))
+                : 4.0 * rest;
     }
     const double lamb_bytes_max = max_over_ranks(lamb_bytes);
     const double step_bytes_max = max_over_ranks(step_bytes);
@@ -465,14 +473,16 @@ int run_timed(const Args& args, int rank, int size) {
         "{:.1f} ({:.0f}%) | {:.2f} |\n",
         size, name, mib(state), sent / 1e6,
         size > 1 ? fmt::format("{:.3f}", sent / allreduce_bytes) : std::string("-"),
-        time_round ? fmt::format("{:.1f}", 1e3 * round.wall) : std::string("-"), 1e3 * step.wall, 1e3 * step_bytes_max / bandwidth, 1e3 * lamb_t.wall,
+        time_round ? fmt::format("{:.1f}", 1e3 * round.wall) : std::string("-"), 1e3 * step.wall,
+        1e3 * step_bytes_max / bandwidth, 1e3 * lamb_t.wall,
         host_memory ? fmt::format("{:.1f}", 1e3 * lamb_t.cpu) : std::string("-"),
         lamb_bytes_max / lamb_t.wall / 1e9, 100.0 * lamb_bytes_max / lamb_t.wall / bandwidth,
         gib(rss));
     if (time_round && size > 1)
-      notes.push_back(fmt::format("{}: the gradient's first round raised the resident peak by "
-                                  "{:.2f} GiB (the largest rank; MPI's temporaries)",
-                                  name, gib(round_rss)));
+      notes.push_back(
+          fmt::format("{}: the gradient's first round raised the resident peak by "
+                      "{:.2f} GiB (the largest rank; MPI's temporaries)",
+                      name, gib(round_rss)));
   }
   if (rank == 0) {
     std::cout << fmt::format(
@@ -488,15 +498,16 @@ int run_timed(const Args& args, int rank, int size) {
     for (const std::string& r : rows) std::cout << r;
     if (!notes.empty()) std::cout << "\n";
     for (const std::string& note : notes) std::cout << note << "\n";
-    std::cout << "\nstate, sent, bytes and peak RSS: the largest rank's; times: the slowest "
-                 "rank's. sent: the step's collectives with the gradient's round, by the ring "
-                 "count; all-reduce: 2 (N - 1) / N x 4 B per parameter. grad round: all-reduce "
-                 "(replicated) or reduce-scatter (sharded). step: LAMB, the sums over ranks, the "
-                 "gathers (sharded) and the gradient's zeroing. step floor: the step's bytes "
-                 "through this rank's memory at the measured copy bandwidth (the bytes MPI "
-                 "copies besides not counted). LAMB CPU ms: the process CPU time of the slowest "
-                 "rank (oversubscribed ranks wait for cores: wall > CPU). peak RSS: the row's resident "
-                 "high-water mark (VmHWM, reset at the row's start).\n";
+    std::cout
+        << "\nstate, sent, bytes and peak RSS: the largest rank's; times: the slowest "
+           "rank's. sent: the step's collectives with the gradient's round, by the ring "
+           "count; all-reduce: 2 (N - 1) / N x 4 B per parameter. grad round: all-reduce "
+           "(replicated) or reduce-scatter (sharded). step: LAMB, the sums over ranks, the "
+           "gathers (sharded) and the gradient's zeroing. step floor: the step's bytes "
+           "through this rank's memory at the measured copy bandwidth (the bytes MPI "
+           "copies besides not counted). LAMB CPU ms: the process CPU time of the slowest "
+           "rank (oversubscribed ranks wait for cores: wall > CPU). peak RSS: the row's resident "
+           "high-water mark (VmHWM, reset at the row's start).\n";
     if (host_memory)
       std::cout << fmt::format(
           "memory: every rank holds the gradient whole ({:.2f} GiB: the sharded step zeroes the "

@@ -46,8 +46,8 @@ void bench(const char* name, const packbert::BertTokenizer& tok,
     tokens = 0;
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto& l : lines) tokens += tok.encode(l).size();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                              .count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::printf("%-22s %10.2f %10zu %10.3f %10.1f %12.2f\n", name, bytes / 1e6, tokens, best,
               bytes / best / 1e6, tokens / best / 1e6);

@@ -60,14 +60,14 @@ inline std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-inline std::vector<Sample> draw_samples(std::mt19937_64& rng, const LengthHistogram& h,
-                                        int max_len, int64_t tokens, int64_t count,
-                                        int64_t vocab) {
+inline std::vector<Sample> draw_samples(std::mt19937_64& rng, const LengthHistogram& h, int max_len,
+                                        int64_t tokens, int64_t count, int64_t vocab) {
   std::discrete_distribution<int> length(h.counts.begin(), h.counts.end());
   std::vector<Sample> out;
   int64_t total = 0;
   const int max_predictions = max_predictions_for(max_len);
-  while ((tokens > 0 && total < tokens) || (count > 0 && static_cast<int64_t>(out.size()) < count)) {
+  while ((tokens > 0 && total < tokens) ||
+         (count > 0 && static_cast<int64_t>(out.size()) < count)) {
     const int len = std::clamp(length(rng), 2, max_len);
     out.push_back(make_sample(rng, static_cast<int64_t>(out.size()), len, max_predictions, vocab));
     total += len;

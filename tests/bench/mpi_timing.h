@@ -13,8 +13,7 @@
 namespace packbert::bench {
 
 inline double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 inline double cpu_seconds() {  // this process, all its threads

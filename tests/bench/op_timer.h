@@ -42,17 +42,16 @@ inline const char* op_kind_name(OpKind k) {
 // a GEMM). A new op takes its family's kind without a line here.
 constexpr OpKind op_kind(std::string_view op, OpKind family) {
   return op == "gather_rows" || op == "gather_rows_backward" || op == "fp8_cast" ? OpKind::memory
-         : op == "nsp_loss"                                                    ? OpKind::nsp
-         : op == "fp8_gemm"                                                    ? OpKind::gemm
-                                                                               : family;
+         : op == "nsp_loss"                                                      ? OpKind::nsp
+         : op == "fp8_gemm"                                                      ? OpKind::gemm
+                                                                                 : family;
 }
 
 class TimedBackend final : public Backend {
  public:
   using Seconds = std::array<double, static_cast<size_t>(OpKind::count)>;
 
-  TimedBackend(Backend& inner, std::function<void()> sync)
-      : inner_(inner), sync_(std::move(sync)) {
+  TimedBackend(Backend& inner, std::function<void()> sync) : inner_(inner), sync_(std::move(sync)) {
     reset();
   }
 
@@ -83,22 +82,20 @@ class TimedBackend final : public Backend {
   }
   // Every op (kernels/backend.h, PACKBERT_BACKEND_OPS), family by family, each timed to its
   // kind: its family's (the macro's) unless op_kind names another.
-#define PACKBERT_TIMED_OP(family, name, params, args)                                   \
-  void name params override {                                                           \
-    constexpr OpKind kKind = op_kind(#name, family);                                    \
-    timed(kKind, [&] { inner_.name args; });                                            \
+#define PACKBERT_TIMED_OP(family, name, params, args)                                              \
+  void name params override {                                                                      \
+    constexpr OpKind kKind = op_kind(#name, family);                                               \
+    timed(kKind, [&] { inner_.name args; });                                                       \
   }
-#define PACKBERT_TIMED_MEMORY(name, params, args) \
+#define PACKBERT_TIMED_MEMORY(name, params, args)                                                  \
   PACKBERT_TIMED_OP(OpKind::memory, name, params, args)
-#define PACKBERT_TIMED_FUSED(name, params, args) \
+#define PACKBERT_TIMED_FUSED(name, params, args)                                                   \
   PACKBERT_TIMED_OP(OpKind::fused, name, params, args)
-#define PACKBERT_TIMED_GEMM(name, params, args) \
-  PACKBERT_TIMED_OP(OpKind::gemm, name, params, args)
-#define PACKBERT_TIMED_ATTENTION(name, params, args) \
+#define PACKBERT_TIMED_GEMM(name, params, args) PACKBERT_TIMED_OP(OpKind::gemm, name, params, args)
+#define PACKBERT_TIMED_ATTENTION(name, params, args)                                               \
   PACKBERT_TIMED_OP(OpKind::attention, name, params, args)
-#define PACKBERT_TIMED_MLM(name, params, args) \
-  PACKBERT_TIMED_OP(OpKind::mlm, name, params, args)
-#define PACKBERT_TIMED_OPTIMIZER(name, params, args) \
+#define PACKBERT_TIMED_MLM(name, params, args) PACKBERT_TIMED_OP(OpKind::mlm, name, params, args)
+#define PACKBERT_TIMED_OPTIMIZER(name, params, args)                                               \
   PACKBERT_TIMED_OP(OpKind::optimizer, name, params, args)
   PACKBERT_MEMORY_OPS(PACKBERT_TIMED_MEMORY)
   PACKBERT_EMBEDDING_OPS(PACKBERT_TIMED_FUSED)

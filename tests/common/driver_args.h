@@ -56,9 +56,12 @@ inline int run_driver(int argc, char** argv, const std::string& usage,
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   try {
     const DriverArgs a = parse_driver_args(argc, argv, usage, flags);
-    if (a.mode == "write") write(a);
-    else if (a.mode == "run") run(a, rank, size);
-    else PB_THROW("unknown mode '{}' (write | run)", a.mode);
+    if (a.mode == "write")
+      write(a);
+    else if (a.mode == "run")
+      run(a, rank, size);
+    else
+      PB_THROW("unknown mode '{}' (write | run)", a.mode);
   } catch (const std::exception& e) {
     std::cerr << "[rank " << rank << "] error: " << e.what() << std::endl;
     if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);

@@ -17,8 +17,7 @@ namespace packbert::test {
 
 // Runs the current test in np ranks; expects mpirun to exit 0 and each rank to pass the one
 // test, none skipped. Returns the ranks' output (printed too).
-inline std::string run_test_in_ranks(int np, const char* child_var,
-                                     const std::string& extra = "") {
+inline std::string run_test_in_ranks(int np, const char* child_var, const std::string& extra = "") {
   const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::string out;

@@ -99,5 +99,4 @@ inline Outcome read_in_child(const std::string& path, std::string* message) {
   }
 }
 
-
 }  // namespace packbert::test

@@ -44,9 +44,9 @@ struct RawDataset {
   std::string name;
   hid_t file_type = H5T_STD_I16LE;  // for vlen: the base type
   bool vlen = false;
-  std::vector<hsize_t> dims;                 // fixed only
-  std::vector<int64_t> values;               // fixed only, row-major
-  std::vector<std::vector<int64_t>> rows;    // vlen only
+  std::vector<hsize_t> dims;               // fixed only
+  std::vector<int64_t> values;             // fixed only, row-major
+  std::vector<std::vector<int64_t>> rows;  // vlen only
 };
 
 inline RawDataset& find_dataset(std::vector<RawDataset>& ds, const std::string& name) {
@@ -74,13 +74,12 @@ inline void write_raw_h5(const std::string& path, const std::vector<RawDataset>&
   };
   const hid_t fcpl = check(H5Pcreate(H5P_FILE_CREATE), "H5Pcreate");
   if (user_block > 0) check(H5Pset_userblock(fcpl, user_block), "H5Pset_userblock");
-  const hid_t file = check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT),
-                           "H5Fcreate");
+  const hid_t file = check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT), "H5Fcreate");
   H5Pclose(fcpl);
   for (const RawDataset& d : datasets) {
     if (!d.vlen) {
-      const hid_t space = check(
-          H5Screate_simple(static_cast<int>(d.dims.size()), d.dims.data(), nullptr), d.name);
+      const hid_t space =
+          check(H5Screate_simple(static_cast<int>(d.dims.size()), d.dims.data(), nullptr), d.name);
       const hid_t ds = check(H5Dcreate2(file, d.name.c_str(), d.file_type, space, H5P_DEFAULT,
                                         H5P_DEFAULT, H5P_DEFAULT),
                              d.name);
@@ -124,9 +123,9 @@ inline std::vector<RawDataset> raw_fixed(const std::vector<Sample>& samples, int
     d.values.assign(n * (width > 0 ? width : 1), 0);
     return d;
   };
-  RawDataset ids = make("input_ids", l), mask = make("input_mask", l),
-             seg = make("segment_ids", l), pos = make("masked_lm_positions", p),
-             mids = make("masked_lm_ids", p), labels = make("next_sentence_labels", 0);
+  RawDataset ids = make("input_ids", l), mask = make("input_mask", l), seg = make("segment_ids", l),
+             pos = make("masked_lm_positions", p), mids = make("masked_lm_ids", p),
+             labels = make("next_sentence_labels", 0);
   for (size_t r = 0; r < n; ++r) {
     const Sample& s = samples[r];
     for (int i = 0; i < s.length(); ++i) {
@@ -152,8 +151,8 @@ inline std::vector<RawDataset> raw_varlength(const std::vector<Sample>& samples,
     d.vlen = true;
     return d;
   };
-  RawDataset ids = make("input_ids"), seg = make("segment_ids"),
-             pos = make("masked_lm_positions"), mids = make("masked_lm_ids");
+  RawDataset ids = make("input_ids"), seg = make("segment_ids"), pos = make("masked_lm_positions"),
+             mids = make("masked_lm_ids");
   RawDataset labels;
   labels.name = "next_sentence_labels";
   labels.file_type = int_type;

@@ -74,8 +74,8 @@ Sample random_sample(std::mt19937_64& rng, int min_len, int max_len, int max_pre
   return s;
 }
 
-std::vector<std::vector<int32_t>> pack_samples(const std::vector<Sample>& samples,
-                                               int max_seq_len, int max_seqs_per_pack) {
+std::vector<std::vector<int32_t>> pack_samples(const std::vector<Sample>& samples, int max_seq_len,
+                                               int max_seqs_per_pack) {
   std::vector<SeqRef> refs;
   for (size_t i = 0; i < samples.size(); ++i)
     refs.push_back({static_cast<int64_t>(i), samples[i].length()});
@@ -85,8 +85,8 @@ std::vector<std::vector<int32_t>> pack_samples(const std::vector<Sample>& sample
   return packs;
 }
 
-StepBatch random_step_batch(std::mt19937_64& rng, int n, int micro_steps, int min_len,
-                            int max_len, int max_predictions) {
+StepBatch random_step_batch(std::mt19937_64& rng, int n, int micro_steps, int min_len, int max_len,
+                            int max_predictions) {
   StepBatch b;
   b.micro_batches.resize(static_cast<size_t>(micro_steps));
   for (int i = 0; i < n; ++i) {

@@ -38,14 +38,14 @@ Sample random_sample(std::mt19937_64& rng, int min_len, int max_len, int max_pre
 
 // The packs a loader hands with these samples (LoaderMicroBatch::packs: indices into samples,
 // by pack_online under (max_seq_len, max_seqs_per_pack)), for make_batch's packed layout.
-std::vector<std::vector<int32_t>> pack_samples(const std::vector<Sample>& samples,
-                                               int max_seq_len, int max_seqs_per_pack = 3);
+std::vector<std::vector<int32_t>> pack_samples(const std::vector<Sample>& samples, int max_seq_len,
+                                               int max_seqs_per_pack = 3);
 
 // One rank's whole optimizer step without a loader: n random samples (ids 0..n-1, as
 // random_sample draws them) dealt round-robin into micro_steps micro-batches, with the global
 // counts set (step 0) and each micro-batch's packs (pack_samples under max_len).
-StepBatch random_step_batch(std::mt19937_64& rng, int n, int micro_steps, int min_len,
-                            int max_len, int max_predictions);
+StepBatch random_step_batch(std::mt19937_64& rng, int n, int micro_steps, int min_len, int max_len,
+                            int max_predictions);
 
 // Runs a shell command, returns its exit status; its stdout+stderr go to *output if given.
 int run_command(const std::string& cmd, std::string* output = nullptr);

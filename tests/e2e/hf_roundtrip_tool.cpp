@@ -102,7 +102,8 @@ std::vector<Sample> read_batch(const std::string& path) {
     Sample s;
     s.id = js["id"].get<int64_t>();
     s.input_ids = js["input_ids"].get<std::vector<int32_t>>();
-    for (int v : js["segment_ids"].get<std::vector<int>>()) s.segment_ids.push_back(static_cast<int8_t>(v));
+    for (int v : js["segment_ids"].get<std::vector<int>>())
+      s.segment_ids.push_back(static_cast<int8_t>(v));
     s.masked_lm_positions = js["masked_positions"].get<std::vector<int32_t>>();
     s.masked_lm_ids = js["masked_labels"].get<std::vector<int32_t>>();
     s.next_sentence_label = static_cast<int8_t>(js["nsp_label"].get<int>());

@@ -44,8 +44,7 @@ class CheckpointCli : public ::testing::Test {
     write_train_config(dir, seed_);
   }
   static std::string train_cmd(const std::string& dir, const std::string& args) {
-    return kBin + " train --config " + dir + "/config.toml " + args + " > " + dir +
-           "/log.txt 2>&1";
+    return kBin + " train --config " + dir + "/config.toml " + args + " > " + dir + "/log.txt 2>&1";
   }
   static std::string ref_ckpt(int64_t step) {
     return fmt::format("{}/ref/ckpt/step_{:08d}", data_->path(), step);
@@ -150,10 +149,10 @@ const std::vector<Damage>& damages() {
 TEST_F(CheckpointCli, InspectVerifiesEveryCheckpointOfARoot) {
   std::string out;
   ASSERT_EQ(run_command(kBin + " inspect " + data_->file("ref/ckpt") + " 2>&1", &out), 0) << out;
-  for (const char* want : {"step_00000003", "step_00000012", "step 6, samples 48, tokens",
-                           "config: L=", "model.safetensors", "optimizer.safetensors",
-                           "trainer_state.json", "tensors", "verdict: ok",
-                           "4 checkpoint(s), 4 ok, 0 damaged"})
+  for (const char* want :
+       {"step_00000003", "step_00000012", "step 6, samples 48, tokens",
+        "config: L=", "model.safetensors", "optimizer.safetensors", "trainer_state.json", "tensors",
+        "verdict: ok", "4 checkpoint(s), 4 ok, 0 damaged"})
     EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
   // One damaged among them: exit 1, the damaged one named with the tensor.
   const std::string dir = run_dir("root", {3, 6});
@@ -162,7 +161,8 @@ TEST_F(CheckpointCli, InspectVerifiesEveryCheckpointOfARoot) {
   EXPECT_EQ(run_command(kBin + " inspect " + dir + "/ckpt 2>&1", &out), 1) << out;
   EXPECT_NE(out.find("verdict: DAMAGED"), std::string::npos) << out;
   EXPECT_NE(out.find(dir + "/ckpt/step_00000006/model.safetensors: tensor " + tensor),
-            std::string::npos) << out;
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("2 checkpoint(s), 1 ok, 1 damaged"), std::string::npos) << out;
 }
 
@@ -186,10 +186,10 @@ TEST_F(CheckpointCli, EachDamageIsCaughtByInspectResumeAndEval) {
     EXPECT_TRUE(train_records(dir).empty()) << d.name;
     EXPECT_TRUE(fs::exists(ckpt)) << d.name;  // never moved aside when named
     if (d.file == "model.safetensors") {
-      EXPECT_NE(run_command(kBin + " eval --config " + dir + "/config.toml --checkpoint " + ckpt +
-                                " 2>&1",
-                            &out),
-                0)
+      EXPECT_NE(
+          run_command(
+              kBin + " eval --config " + dir + "/config.toml --checkpoint " + ckpt + " 2>&1", &out),
+          0)
           << d.name;
       EXPECT_NE(out.find(needle), std::string::npos) << d.name << "\n" << out;
     }
@@ -241,8 +241,8 @@ TEST_F(CheckpointCli, AutoResumeWithNoValidCheckpointFailsAndKeepsFailing) {
   damages()[3].apply(dir + "/ckpt/step_00000003", rng);
   EXPECT_NE(run_command(train_cmd(dir, kArgs + " --resume auto")), 0);
   std::string log = read_file(dir + "/log.txt");
-  EXPECT_NE(log.find("resume auto: no valid checkpoint under " + dir + "/ckpt"),
-            std::string::npos) << log;
+  EXPECT_NE(log.find("resume auto: no valid checkpoint under " + dir + "/ckpt"), std::string::npos)
+      << log;
   EXPECT_NE(log.find("step_00000003.corrupt"), std::string::npos) << log;
   EXPECT_TRUE(train_records(dir).empty());
   // The next try does not start fresh over them either.
@@ -283,18 +283,19 @@ TEST_F(CheckpointCli, CheckpointWithoutChecksumsLoadsWithOneWarning) {
   ASSERT_EQ(run_command(train_cmd(dir, kArgs + " --resume " + ckpt)), 0)
       << read_file(dir + "/log.txt");
   const std::string log = read_file(dir + "/log.txt");
-  const std::regex warning("no checksums for model.safetensors, config.json, "
-                           "optimizer.safetensors, trainer_state.json");
-  EXPECT_EQ(std::distance(std::sregex_iterator(log.begin(), log.end(), warning),
-                          std::sregex_iterator()),
-            1)
+  const std::regex warning(
+      "no checksums for model.safetensors, config.json, "
+      "optimizer.safetensors, trainer_state.json");
+  EXPECT_EQ(
+      std::distance(std::sregex_iterator(log.begin(), log.end(), warning), std::sregex_iterator()),
+      1)
       << log;
   expect_same_losses(train_records(dir), train_records(direct));
   std::string out;
-  EXPECT_EQ(run_command(kBin + " eval --config " + dir + "/config.toml --checkpoint " + ckpt +
-                            " 2>&1",
-                        &out),
-            0)
+  EXPECT_EQ(
+      run_command(kBin + " eval --config " + dir + "/config.toml --checkpoint " + ckpt + " 2>&1",
+                  &out),
+      0)
       << out;
   EXPECT_NE(out.find("no checksums for model.safetensors, config.json ("), std::string::npos)
       << out;
@@ -317,13 +318,14 @@ TEST_F(CheckpointCli, TwoRanksFallBackTogether) {
   const std::string log = read_file(dir + "/log.txt");
   for (int rank : {0, 1})
     EXPECT_TRUE(std::regex_search(
-        log, std::regex(fmt::format(R"(\[rank {}\][^\n]*loaded from {}/ckpt/step_00000006)",
-                                    rank, dir))))
-        << "rank " << rank << "\n" << log;
+        log, std::regex(
+                 fmt::format(R"(\[rank {}\][^\n]*loaded from {}/ckpt/step_00000006)", rank, dir))))
+        << "rank " << rank << "\n"
+        << log;
   const std::regex warning(R"(\[rank 0\][^\n]*step_00000009 is damaged)");
-  EXPECT_EQ(std::distance(std::sregex_iterator(log.begin(), log.end(), warning),
-                          std::sregex_iterator()),
-            1)
+  EXPECT_EQ(
+      std::distance(std::sregex_iterator(log.begin(), log.end(), warning), std::sregex_iterator()),
+      1)
       << log;
   EXPECT_NE(log.find(needle), std::string::npos) << log;
   EXPECT_TRUE(fs::exists(dir + "/ckpt/step_00000009.corrupt"));

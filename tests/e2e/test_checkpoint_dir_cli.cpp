@@ -37,7 +37,6 @@ class CheckpointDirCli : public TrainDataSuite {
            "-x OPENBLAS_NUM_THREADS=1 -np " +
            std::to_string(np) + " ";
   }
-
 };
 
 // Every file under root's checkpoints (step_* and set-aside directories) -> its bytes.
@@ -178,8 +177,8 @@ TEST_F(CheckpointDirCli, DamagedCheckpointsSetAsideCountAsCheckpoints) {
 // The pid a run's rank logs at its start ("packbert train: N rank(s), pid P").
 std::string logged_pid(const std::string& log, int rank) {
   std::smatch m;
-  const std::regex re(fmt::format(R"(\[rank {}\][^\n]*packbert train: \d+ rank\(s\), pid (\d+))",
-                                  rank));
+  const std::regex re(
+      fmt::format(R"(\[rank {}\][^\n]*packbert train: \d+ rank\(s\), pid (\d+))", rank));
   return std::regex_search(log, m, re) ? m[1].str() : std::string();
 }
 
@@ -226,7 +225,8 @@ void expect_one_of_two(const std::string& dir, const std::string& launcher, int 
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_TRUE(!a.running() || !b.running()) << "both still run after 120 s";
   ASSERT_FALSE(!a.running() && !b.running())
-      << "both ended\n" << read_file(dir + "/a.txt") << read_file(dir + "/b.txt");
+      << "both ended\n"
+      << read_file(dir + "/a.txt") << read_file(dir + "/b.txt");
   Background& winner = a.running() ? a : b;
   Background& loser = a.running() ? b : a;
   const std::string win_log = dir + (a.running() ? "/a.txt" : "/b.txt");
@@ -275,11 +275,11 @@ TEST_F(CheckpointDirCli, SigkilledRunNeverBlocksResumeAuto) {
     ASSERT_TRUE(fs::exists(dir + "/ckpt/.packbert.lock"));
     ASSERT_TRUE(fs::exists(dir + "/ckpt/step_00000003"));
     const int64_t last = read_records(dir + "/metrics.jsonl", "train").back().at("step");
-    ASSERT_EQ(run_command(launcher + train_cmd(
-                                         dir, fmt::format("--resume auto --train.max_steps={}",
-                                                          last + 1),
-                                         "resumed.txt")),
-              0)
+    ASSERT_EQ(
+        run_command(launcher +
+                    train_cmd(dir, fmt::format("--resume auto --train.max_steps={}", last + 1),
+                              "resumed.txt")),
+        0)
         << read_file(dir + "/resumed.txt");
     EXPECT_NE(read_file(dir + "/resumed.txt").find("loaded from " + dir + "/ckpt/step_"),
               std::string::npos);
@@ -291,24 +291,26 @@ TEST_F(CheckpointDirCli, ResumeListsEveryChangedKeyOnce) {
   const std::string dir = run_dir("changes");
   ASSERT_EQ(run_command(train_cmd(dir, "--train.max_steps=6 --checkpoint.every_steps=3")), 0);
   const std::string from = dir + "/ckpt/step_00000003";
-  ASSERT_EQ(run_command(train_cmd(dir, "--train.max_steps=6 --checkpoint.every_steps=3 --resume " +
-                                           from, "same.txt")),
-            0);
+  ASSERT_EQ(
+      run_command(train_cmd(dir, "--train.max_steps=6 --checkpoint.every_steps=3 --resume " + from,
+                            "same.txt")),
+      0);
   EXPECT_EQ(read_file(dir + "/same.txt").find("differ"), std::string::npos)
       << read_file(dir + "/same.txt");
   // write_train_config sets optim.lr = 2e-3 and the default precision, fp32.
   const double lr = 5e-4;
-  ASSERT_EQ(run_command(train_cmd(dir, fmt::format("--train.max_steps=6 --checkpoint.every_steps=3 "
-                                                   "--optim.lr={} --train.precision=bf16 "
-                                                   "--resume {}",
-                                                   lr, from),
+  ASSERT_EQ(run_command(train_cmd(dir,
+                                  fmt::format("--train.max_steps=6 --checkpoint.every_steps=3 "
+                                              "--optim.lr={} --train.precision=bf16 "
+                                              "--resume {}",
+                                              lr, from),
                                   "changed.txt")),
             0)
       << read_file(dir + "/changed.txt");
   const std::string out = read_file(dir + "/changed.txt");
   const std::regex warning(R"(\[warning\] resume: [^\n]*differ)");
-  const auto n = std::distance(std::sregex_iterator(out.begin(), out.end(), warning),
-                               std::sregex_iterator());
+  const auto n =
+      std::distance(std::sregex_iterator(out.begin(), out.end(), warning), std::sregex_iterator());
   EXPECT_EQ(n, 1) << out;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(\[warning\] resume: ([^\n]*))"))) << out;

@@ -22,11 +22,11 @@ TEST(Cli, HelpOnEverySubcommand) {
   EXPECT_NE(out.find("inspect"), std::string::npos) << out;
   EXPECT_NE(out.find("--log-level"), std::string::npos) << out;
   ASSERT_EQ(run_command(kBin + " prepare --help", &out), 0) << out;
-  for (const char* opt : {"--input", "--vocab", "--output", "--max-seq-len",
-                          "--max-predictions-per-seq", "--masked-lm-prob", "--dupe-factor",
-                          "--short-seq-prob", "--seed", "--num-shards", "--eval-samples",
-                          "--format", "--whole-word-masking", "--config", "--print-config",
-                          "--section.key=VALUE", "[prepare.max_seq_len]"})
+  for (const char* opt :
+       {"--input", "--vocab", "--output", "--max-seq-len", "--max-predictions-per-seq",
+        "--masked-lm-prob", "--dupe-factor", "--short-seq-prob", "--seed", "--num-shards",
+        "--eval-samples", "--format", "--whole-word-masking", "--config", "--print-config",
+        "--section.key=VALUE", "[prepare.max_seq_len]"})
     EXPECT_NE(out.find(opt), std::string::npos) << opt << " missing from prepare --help";
   for (const char* cmd : {"inspect", "pack", "train", "eval"}) {
     ASSERT_EQ(run_command(kBin + " " + cmd + " --help", &out), 0) << out;
@@ -81,16 +81,21 @@ TEST(Cli, TomlConfigSetsSubcommandOptions) {
   const std::string cfg = dir.file("inspect.toml");
   std::ofstream(cfg) << "[inspect]\nvocab_size = " << max_id << "\n";
   std::string out;
-  EXPECT_NE(run_command(kBin + " --log-level warn inspect --config " + cfg + " " + shard, &out),
-            0) << out;
+  EXPECT_NE(run_command(kBin + " --log-level warn inspect --config " + cfg + " " + shard, &out), 0)
+      << out;
   EXPECT_NE(out.find("outside the vocabulary"), std::string::npos) << out;
   EXPECT_NE(out.find(shard), std::string::npos) << out;
   // The command line wins over the file: an option, or the key as an override.
-  EXPECT_EQ(run_command(kBin + " inspect --config " + cfg + " " + shard +
-                            " --vocab-size " + std::to_string(max_id + 1), &out), 0) << out;
+  EXPECT_EQ(run_command(kBin + " inspect --config " + cfg + " " + shard + " --vocab-size " +
+                            std::to_string(max_id + 1),
+                        &out),
+            0)
+      << out;
   EXPECT_NE(out.find("20"), std::string::npos) << out;
   EXPECT_EQ(run_command(kBin + " inspect --config " + cfg + " " + shard +
-                            " --inspect.vocab_size=" + std::to_string(max_id + 1), &out), 0)
+                            " --inspect.vocab_size=" + std::to_string(max_id + 1),
+                        &out),
+            0)
       << out;
   // The path may come from the file too.
   std::ofstream(cfg) << "[inspect]\npath = \"" << shard << "\"\n";

@@ -43,8 +43,8 @@ const std::vector<Command>& commands() {
        "--input " + vocab + " --vocab " + vocab + " --output /nonexistent/out",
        "[prepare]\nmax_seq_len = 4\n",
        "prepare.max_seq_len (--max-seq-len) = 4: must be in [8, 65536]"},
-      {"inspect", "inspect", "max_seq_len", "prepare", "", vocab,
-       "[inspect]\nvocab_size = 0\n", "inspect.vocab_size (--vocab-size) = 0: must be >= 1"},
+      {"inspect", "inspect", "max_seq_len", "prepare", "", vocab, "[inspect]\nvocab_size = 0\n",
+       "inspect.vocab_size (--vocab-size) = 0: must be >= 1"},
       {"pack", "pack", "max_seqs_per_pack", "inspect", "",
        "--histogram " + data + "/wikipedia-seqlen-histogram-512.txt",
        "[pack]\nmax_seqs_per_pack = -1\n",
@@ -54,8 +54,7 @@ const std::vector<Command>& commands() {
        "[model]\nhidden = 100\nheads = 3\n",
        "model.hidden (100) must be divisible by model.heads (3)"},
       {"eval", "eval", "batch_size", "prepare", "--checkpoint /nonexistent",
-       "--data.eval_dir=" + data, "[eval]\nbatch_size = 0\n",
-       "eval.batch_size (0) must be >= 1"},
+       "--data.eval_dir=" + data, "[eval]\nbatch_size = 0\n", "eval.batch_size (0) must be >= 1"},
   };
   return c;
 }
@@ -80,8 +79,7 @@ class ConfigCli : public ::testing::TestWithParam<Command> {
     const Command& c = GetParam();
     std::string out;
     const int rc =
-        run_command(kBin + " " + c.name + " --config " + file() + " " + c.args + " " + extra,
-                    &out);
+        run_command(kBin + " " + c.name + " --config " + file() + " " + c.args + " " + extra, &out);
     EXPECT_NE(rc, 0) << out;
     EXPECT_NE(out.find("[rank 0] error: "), std::string::npos) << out;
     return out;
@@ -137,8 +135,8 @@ TEST_P(ConfigCli, PrintConfigRejectsWhatTheSubcommandRejects) {
 
 TEST_P(ConfigCli, UnknownKeyAndSectionAreErrors) {
   std::string out = fails_with("[" + GetParam().section + "]\n\nno_such_key = 1\n");
-  EXPECT_NE(out.find(file() + ":3:1: unknown key 'no_such_key' in section [" +
-                     GetParam().section + "] (known: "),
+  EXPECT_NE(out.find(file() + ":3:1: unknown key 'no_such_key' in section [" + GetParam().section +
+                     "] (known: "),
             std::string::npos)
       << out;
   EXPECT_NE(out.find(GetParam().key), std::string::npos) << "lists the known keys: " << out;
@@ -162,25 +160,23 @@ TEST_P(ConfigCli, SyntaxErrorNamesFileLineColumnAndKey) {
 
 // The old forms: a kebab-case key, a --config before the subcommand, a top-level log-level.
 TEST_P(ConfigCli, OldFormsSayTheNewForm) {
-  std::string out =
-      fails_with("[" + GetParam().section + "]\n" + kebab(GetParam().key) + " = 1\n");
+  std::string out = fails_with("[" + GetParam().section + "]\n" + kebab(GetParam().key) + " = 1\n");
   EXPECT_NE(out.find(file() + ":2:1: key '" + kebab(GetParam().key) +
                      "' is kebab-case; config keys are snake_case: " + key()),
             std::string::npos)
       << out;
   out = fails_with("log-level = \"info\"\n");
   EXPECT_NE(out.find(file() + ":1:1: 'log-level': the log level is not a config key; give "
-                                "--log-level LEVEL before the subcommand"),
+                              "--log-level LEVEL before the subcommand"),
             std::string::npos)
       << out;
 
   std::ofstream(file()) << "[" << GetParam().section << "]\n";
   const std::string cmd = GetParam().name;
-  EXPECT_NE(run_command(kBin + " --config " + file() + " " + cmd + " " + GetParam().args, &out),
-            0);
-  EXPECT_NE(out.find("--config goes after the subcommand now: packbert " + cmd + " --config " +
-                     file()),
-            std::string::npos)
+  EXPECT_NE(run_command(kBin + " --config " + file() + " " + cmd + " " + GetParam().args, &out), 0);
+  EXPECT_NE(
+      out.find("--config goes after the subcommand now: packbert " + cmd + " --config " + file()),
+      std::string::npos)
       << out;
 }
 
@@ -253,8 +249,8 @@ TEST(ConfigCliHelp, ListsEveryKeyOfItsSections) {
       const std::string line = "\n  " + k.name + "  " + k.type + ", default: " + def + "\n";
       EXPECT_NE(help.find(line), std::string::npos) << command << ": " << line << help;
     }
-    for (const char* section : {"[model]", "[train]", "[optim]", "[data]", "[checkpoint]",
-                                "[eval]", "[log]"})
+    for (const char* section :
+         {"[model]", "[train]", "[optim]", "[data]", "[checkpoint]", "[eval]", "[log]"})
       EXPECT_NE(help.find(std::string("\n") + section + "\n"), std::string::npos)
           << command << ": " << section;
   }
@@ -267,7 +263,8 @@ TEST(ConfigCliHelp, ListsEveryKeyOfItsSections) {
     ASSERT_EQ(run_command(kBin + " " + command + " --help", &help), 0) << help;
     for (const packbert::config::KeyDoc& k : keys) {
       EXPECT_NE(help.find(k.doc + " [" + k.name + "]"), std::string::npos)
-          << command << ": " << k.name << "\n" << help;
+          << command << ": " << k.name << "\n"
+          << help;
       const std::string option = packbert::option_of_key(k.name);
       EXPECT_NE(help.find(option == "PATH" ? "path" : option), std::string::npos)
           << command << ": " << option;

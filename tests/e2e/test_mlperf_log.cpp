@@ -48,7 +48,8 @@ void write_learnable_shards(const std::string& dir, uint64_t seed, int samples_c
   for (int i = 0; i < samples_count; ++i) {
     Sample s = random_sample(rng, 12, 32, 5);
     for (size_t k = 0; k < s.masked_lm_positions.size(); ++k)
-      if (keep(rng)) s.input_ids[static_cast<size_t>(s.masked_lm_positions[k])] = s.masked_lm_ids[k];
+      if (keep(rng))
+        s.input_ids[static_cast<size_t>(s.masked_lm_positions[k])] = s.masked_lm_ids[k];
     samples.push_back(std::move(s));
   }
   std::filesystem::create_directories(dir + "/train");
@@ -60,10 +61,14 @@ void write_learnable_shards(const std::string& dir, uint64_t seed, int samples_c
 // The checker's verdict on `log` under `ruleset` ("5.0.0"): SUCCESS expected.
 void expect_compliant(const std::string& dir, const std::string& log, const std::string& ruleset) {
   std::string out;
-  ASSERT_EQ(run_command("cd " + dir + " && " + std::string(PACKBERT_PYTHON3) + " -m "
-                        "mlperf_logging.compliance_checker --usage training --ruleset " + ruleset +
-                        " " + log + " 2>&1", &out), 0)
-      << out << "\nlog:\n" << read_file(log);
+  ASSERT_EQ(run_command("cd " + dir + " && " + std::string(PACKBERT_PYTHON3) +
+                            " -m "
+                            "mlperf_logging.compliance_checker --usage training --ruleset " +
+                            ruleset + " " + log + " 2>&1",
+                        &out),
+            0)
+      << out << "\nlog:\n"
+      << read_file(log);
   EXPECT_NE(out.find("SUCCESS"), std::string::npos) << out << "\nlog:\n" << read_file(log);
   std::printf("%s", out.c_str());
 }
@@ -83,11 +88,14 @@ TEST(MlperfLog, RealRunPassesTheComplianceChecker) {
       " --optim.lr=5e-3 --optim.warmup_steps=10 --eval.every_samples=320 --eval.max_samples=0"
       " --eval.target_accuracy=0.72 --checkpoint.dir= --checkpoint.every_steps=0"
       " --log.every_steps=20"
-      " --log.mllog_file=" + log + " --log.submission_org=packbert"
+      " --log.mllog_file=" +
+      log +
+      " --log.submission_org=packbert"
       " --log.submission_platform=cpu 2>&1";
   ASSERT_EQ(run_command(cmd, &out), 0) << out;
   ASSERT_NE(out.find("target mlm accuracy 0.72 reached"), std::string::npos)
-      << "the run did not reach the target, so the checker would (rightly) fail:\n" << out;
+      << "the run did not reach the target, so the checker would (rightly) fail:\n"
+      << out;
   expect_compliant(tmp.path(), log, "5.0.0");
 }
 
@@ -109,15 +117,21 @@ TEST(MlperfLog, Config448RunPassesTheComplianceChecker) {
       kBin + " train --config " + std::string(PACKBERT_SOURCE_DIR) +
       "/configs/bert_large_phase2_mlperf_448.toml --model.preset=tiny --train.device=cpu"
       " --train.precision=fp32 --train.max_seq_len=32 --train.max_predictions_per_seq=5"
-      " --train.seed=" + std::to_string(seed % 1000000) + " --optim.lr=5e-3" +
-      " --data.train_dir=" + tmp.path() + "/train --data.eval_dir=" + tmp.path() + "/eval"
-      " --data.vocab=" + kVocab + " --eval.every_samples=4480 --eval.max_samples=0"
-      " --eval.batch_size=64 --log.every_steps=10 --log.metrics_file=" + tmp.file("m.jsonl") +
-      " --log.mllog_file=" + log + " --log.submission_org=packbert"
+      " --train.seed=" +
+      std::to_string(seed % 1000000) + " --optim.lr=5e-3" + " --data.train_dir=" + tmp.path() +
+      "/train --data.eval_dir=" + tmp.path() +
+      "/eval"
+      " --data.vocab=" +
+      kVocab +
+      " --eval.every_samples=4480 --eval.max_samples=0"
+      " --eval.batch_size=64 --log.every_steps=10 --log.metrics_file=" +
+      tmp.file("m.jsonl") + " --log.mllog_file=" + log +
+      " --log.submission_org=packbert"
       " --log.submission_platform=cpu 2>&1";
   ASSERT_EQ(run_command(cmd, &out), 0) << out;
   ASSERT_NE(out.find("target mlm accuracy 0.72 reached"), std::string::npos)
-      << "the run did not reach the target, so the checker would (rightly) fail:\n" << out;
+      << "the run did not reach the target, so the checker would (rightly) fail:\n"
+      << out;
   const std::string text = read_file(log);
   for (const char* key : {"\"global_batch_size\", \"value\": 448",
                           "\"opt_learning_rate_training_steps\", \"value\": 6700",

@@ -32,8 +32,8 @@ std::vector<int64_t> read_histogram(const std::string& path) {
 std::string stdout_only(const std::string& cmd) { return "(" + cmd + " 2>/dev/null)"; }
 
 // Every strategy fits L and K; the strategies times repeats give back the histogram.
-void check_strategies(const nlohmann::json& result, const std::vector<int64_t>& histogram,
-                      int L, int K) {
+void check_strategies(const nlohmann::json& result, const std::vector<int64_t>& histogram, int L,
+                      int K) {
   std::vector<int64_t> packed(histogram.size(), 0);
   int64_t packs = 0;
   for (const auto& s : result.at("strategies")) {
@@ -60,7 +60,9 @@ void check_strategies(const nlohmann::json& result, const std::vector<int64_t>& 
 TEST(PackCli, TableListsEveryAlgorithm) {
   std::string out;
   ASSERT_EQ(run_command(kBin + " pack --histogram " + kWiki +
-                            " --max-seq-len 512 --max-seqs-per-pack 3 --algorithm all", &out), 0)
+                            " --max-seq-len 512 --max-seqs-per-pack 3 --algorithm all",
+                        &out),
+            0)
       << out;
   for (const char* name : {"spfhp", "lpfhp", "nnlshp", "exact-fit", "efficiency"})
     EXPECT_NE(out.find(name), std::string::npos) << name << " missing:\n" << out;
@@ -104,7 +106,10 @@ TEST(PackCli, DataDirectoryUsesSampleLengths) {
   std::string out;
   ASSERT_EQ(run_command(stdout_only(kBin + " pack --data " + dir.path() +
                                     " --max-seq-len 128 --max-seqs-per-pack 4 --algorithm all"
-                                    " --json"), &out), 0) << out;
+                                    " --json"),
+                        &out),
+            0)
+      << out;
   const auto j = nlohmann::json::parse(out);
   ASSERT_GE(j.at("results").size(), 3u);
   for (const auto& r : j.at("results")) check_strategies(r, histogram, 128, 4);

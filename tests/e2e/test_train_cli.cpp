@@ -60,8 +60,7 @@ class TrainCli : public TrainDataSuite {
   };
 
   static std::string train_cmd(const std::string& dir, const std::string& args = "") {
-    return kBin + " train --config " + dir + "/config.toml " + args + " > " + dir +
-           "/log.txt 2>&1";
+    return kBin + " train --config " + dir + "/config.toml " + args + " > " + dir + "/log.txt 2>&1";
   }
   // The prefix of an np-rank run: one thread per rank, shared memory between them.
   static std::string mpirun(int np) {
@@ -99,7 +98,8 @@ TEST_F(TrainCli, ConfigErrorsNameTheKeyBeforeAnyWork) {
         << c.args;
     EXPECT_NE(out.find(c.needle), std::string::npos) << c.args << "\n" << out;
     EXPECT_EQ(out.find("packbert train:"), std::string::npos)
-        << "work started despite a bad config: " << c.args << "\n" << out;
+        << "work started despite a bad config: " << c.args << "\n"
+        << out;
   }
   // A config before the subcommand (the old place of prepare's) is refused, not ignored.
   std::string misplaced;
@@ -110,15 +110,16 @@ TEST_F(TrainCli, ConfigErrorsNameTheKeyBeforeAnyWork) {
   // --help names the options and how overrides are written.
   std::string help;
   ASSERT_EQ(run_command(kBin + " train --help", &help), 0) << help;
-  for (const char* want : {"--config", "--resume", "--init-checkpoint", "--print-config",
-                           "--section.key=VALUE"})
+  for (const char* want :
+       {"--config", "--resume", "--init-checkpoint", "--print-config", "--section.key=VALUE"})
     EXPECT_NE(help.find(want), std::string::npos) << want << "\n" << help;
   ASSERT_EQ(run_command(kBin + " eval --help", &help), 0) << help;
   EXPECT_NE(help.find("--checkpoint"), std::string::npos) << help;
   // --print-config: every key, resolved, read back by the loader.
   std::string out;
-  ASSERT_EQ(run_command(kBin + " train --config " + dir + "/config.toml --print-config "
-                               "--train.max_steps=7 2>/dev/null",
+  ASSERT_EQ(run_command(kBin + " train --config " + dir +
+                            "/config.toml --print-config "
+                            "--train.max_steps=7 2>/dev/null",
                         &out),
             0)
       << out;
@@ -153,8 +154,8 @@ TEST_F(TrainCli, RunWritesMetricsEvalsCheckpointsAndEvalAgrees) {
   EXPECT_FALSE(fs::exists(dir + "/ckpt/step_00000006"));
   EXPECT_TRUE(fs::exists(dir + "/ckpt/step_00000009/model.safetensors"));
   const std::string last = dir + "/ckpt/step_00000012";
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json",
-                        "config.json"})
+  for (const char* f :
+       {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "config.json"})
     EXPECT_TRUE(fs::exists(last + "/" + f)) << f;
   const auto state = nlohmann::json::parse(read_file(last + "/trainer_state.json"));
   EXPECT_EQ(state.at("step").get<int64_t>(), 12);
@@ -201,8 +202,8 @@ void TrainCli::expect_bitwise_resume_after_sigkill(const std::string& name,
                                                    const std::string& more) {
   const std::string ref = run_dir(name + "_ref");
   ASSERT_EQ(run_command(launcher + train_cmd(ref, more + " --eval.at_end=false "
-                                                  "--eval.every_samples=0 "
-                                                  "--checkpoint.every_steps=0")),
+                                                         "--eval.every_samples=0 "
+                                                         "--checkpoint.every_steps=0")),
             0)
       << read_file(ref + "/log.txt");
   const auto want = read_records(ref + "/metrics.jsonl", "train");
@@ -245,8 +246,9 @@ void TrainCli::expect_bitwise_resume_after_sigkill(const std::string& name,
 }
 
 void TrainCli::expect_resume_from_step6(const std::string& name, const std::string& args,
-                              const std::string& ckpt, const std::vector<nlohmann::json>& want,
-                              std::initializer_list<const char*> keys) {
+                                        const std::string& ckpt,
+                                        const std::vector<nlohmann::json>& want,
+                                        std::initializer_list<const char*> keys) {
   const std::string dir = run_dir(name);
   ASSERT_EQ(run_command(train_cmd(dir, args + " --resume " + ckpt)), 0)
       << read_file(dir + "/log.txt");
@@ -314,8 +316,10 @@ TEST_F(TrainCli, Fp8ResumeIsBitwise) {
   // The FP8-trained checkpoint loads for bf16 training (its weights are the fp32 masters; the
   // FP8 state is left aside).
   const std::string bf16 = run_dir("fp8_to_bf16");
-  ASSERT_EQ(run_command(train_cmd(bf16, "--train.precision=bf16 --eval.at_end=false "
-                                        "--eval.every_samples=0 --resume " + ckpt)),
+  ASSERT_EQ(run_command(train_cmd(bf16,
+                                  "--train.precision=bf16 --eval.at_end=false "
+                                  "--eval.every_samples=0 --resume " +
+                                      ckpt)),
             0)
       << read_file(bf16 + "/log.txt");
   EXPECT_EQ(read_records(bf16 + "/metrics.jsonl", "train").size(), 6u);
@@ -324,8 +328,10 @@ TEST_F(TrainCli, Fp8ResumeIsBitwise) {
 TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
   const std::string dir = run_dir("term");
   const std::string end_file = dir + "/end.json";
-  const std::string args = "--train.max_steps=100000 --checkpoint.every_steps=0 "
-                           "--eval.every_samples=0 --log.end_file=" + end_file;
+  const std::string args =
+      "--train.max_steps=100000 --checkpoint.every_steps=0 "
+      "--eval.every_samples=0 --log.end_file=" +
+      end_file;
   {
     Background p(train_cmd(dir, args));
     ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 3)) << read_file(dir + "/log.txt");
@@ -344,8 +350,8 @@ TEST_F(TrainCli, SigtermFinishesTheStepCheckpointsAndExitsZero) {
   EXPECT_EQ(end.at("step"), last) << end;
   EXPECT_EQ(end.at("checkpoint"), fs::absolute(ckpt).string()) << end;
   // The preempted run continues from there.
-  ASSERT_EQ(run_command(train_cmd(dir, args + fmt::format(" --train.max_steps={} --resume auto",
-                                                          last + 2))),
+  ASSERT_EQ(run_command(train_cmd(
+                dir, args + fmt::format(" --train.max_steps={} --resume auto", last + 2))),
             0)
       << read_file(dir + "/log.txt");
   EXPECT_EQ(read_records(dir + "/metrics.jsonl", "train").back().at("step").get<int64_t>(),
@@ -372,8 +378,10 @@ TEST_F(TrainCli, InitCheckpointBesideAResumeCandidateIsNeverSilent) {
 
   // Phase 2 in phase 1's checkpoint directory: refused.
   std::string out;
-  EXPECT_NE(run_command(train_cmd(phase1, args + "--train.max_steps=4 --resume auto "
-                                                 "--init-checkpoint " + init),
+  EXPECT_NE(run_command(train_cmd(phase1, args +
+                                              "--train.max_steps=4 --resume auto "
+                                              "--init-checkpoint " +
+                                              init),
                         &out),
             0);
   out = read_file(phase1 + "/log.txt");
@@ -410,8 +418,9 @@ TEST_F(TrainCli, DivergenceIsSkippedThenAborts) {
   const std::string dir = run_dir("nan");
   std::string out;
   // A learning rate of 1e30 overflows the weights at once: every later step is non-finite.
-  EXPECT_NE(run_command(train_cmd(dir, "--optim.lr=1e30 --optim.warmup_steps=0 "
-                                       "--train.max_nonfinite_steps=2")),
+  EXPECT_NE(run_command(train_cmd(dir,
+                                  "--optim.lr=1e30 --optim.warmup_steps=0 "
+                                  "--train.max_nonfinite_steps=2")),
             0);
   out = read_file(dir + "/log.txt");
   EXPECT_NE(out.find("update was skipped"), std::string::npos) << out;
@@ -424,8 +433,9 @@ TEST_F(TrainCli, DivergenceIsSkippedThenAborts) {
 // and counted in the metrics.
 TEST_F(TrainCli, NonFiniteStepsCountAgainstMaxNonfiniteSteps) {
   // As above: the first step's update overflows the weights, every later step is non-finite.
-  const std::string diverge = "--optim.lr=1e30 --optim.warmup_steps=0 --eval.at_end=false "
-                              "--eval.every_samples=0 ";
+  const std::string diverge =
+      "--optim.lr=1e30 --optim.warmup_steps=0 --eval.at_end=false "
+      "--eval.every_samples=0 ";
   const std::string none = run_dir("nonfinite_none");
   EXPECT_NE(run_command(train_cmd(none, diverge + "--train.max_nonfinite_steps=0")), 0);
   std::string log = read_file(none + "/log.txt");
@@ -463,8 +473,8 @@ TEST_F(TrainCli, UnwritableCheckpointDirectoryFailsBeforeTraining) {
   const std::string dir = run_dir("unwritable");
   std::ofstream(dir + "/file") << "x";
   std::string out;
-  EXPECT_NE(run_command(kBin + " train --config " + dir + "/config.toml --checkpoint.dir=" +
-                            dir + "/file/ckpt",
+  EXPECT_NE(run_command(kBin + " train --config " + dir + "/config.toml --checkpoint.dir=" + dir +
+                            "/file/ckpt",
                         &out),
             0);
   EXPECT_NE(out.find(dir + "/file/ckpt"), std::string::npos) << out;
@@ -517,9 +527,10 @@ TEST_F(TrainCli, ShardedRunsFollowTheUnshardedOneAndResumeAcrossRankCounts) {
   const auto state = [](const nlohmann::json& r) {
     return static_cast<double>(r.at("optimizer_state_bytes").get<int64_t>());
   };
-  std::printf("optimizer state of the largest rank: np1 %.0f B, np2 %.0f B, np2 sharded %.0f B, "
-              "np4 sharded %.0f B\n",
-              state(one.back()), state(want.back()), state(got.back()), state(got4.back()));
+  std::printf(
+      "optimizer state of the largest rank: np1 %.0f B, np2 %.0f B, np2 sharded %.0f B, "
+      "np4 sharded %.0f B\n",
+      state(one.back()), state(want.back()), state(got.back()), state(got4.back()));
   EXPECT_EQ(state(want.back()), state(one.back()));  // replicated: every rank holds it all
   expect_measure("np4 sharded state over np1 unsharded", state(got4.back()) / state(one.back()),
                  0.3);
@@ -537,12 +548,13 @@ TEST_F(TrainCli, ShardedRunsFollowTheUnshardedOneAndResumeAcrossRankCounts) {
     const auto recs = read_records(train(name, 4, bf16 + more) + "/metrics.jsonl", "train");
     return recs.empty() ? int64_t{-1} : recs.back().at("bytes_sent_per_step").get<int64_t>();
   };
-  const int64_t replicated = sent("bf16_plain_np4", ""), split = sent("bf16_sharded_np4",
-                                                                        "--optim.sharded=true");
-  std::printf("bf16, 4 ranks: bytes sent per step by the rank that sends most: replicated %lld, "
-              "sharded %lld (%.2fx)\n",
-              static_cast<long long>(replicated), static_cast<long long>(split),
-              static_cast<double>(split) / static_cast<double>(replicated));
+  const int64_t replicated = sent("bf16_plain_np4", ""),
+                split = sent("bf16_sharded_np4", "--optim.sharded=true");
+  std::printf(
+      "bf16, 4 ranks: bytes sent per step by the rank that sends most: replicated %lld, "
+      "sharded %lld (%.2fx)\n",
+      static_cast<long long>(replicated), static_cast<long long>(split),
+      static_cast<double>(split) / static_cast<double>(replicated));
   EXPECT_GT(split, 0);
   EXPECT_LE(split, replicated);
 }
@@ -553,8 +565,9 @@ TEST_F(TrainCli, ShardedRunsFollowTheUnshardedOneAndResumeAcrossRankCounts) {
 // its checkpoint resumes replicated at 2 ranks on the replicated run's losses bit for bit, and
 // a replicated checkpoint resumes sharded at 4 ranks, following the replicated run within bf16's
 // bar across rank counts (1e-2 relative per loss: DESIGN.md's bar for low precision, which the
-// np 1 = 2 = 4 bf16 / fp8 checks of tests/CMakeLists.txt use); the largest rank's state at 2 ranks is at most 0.55x the replicated
-// one's (12 B / 2 per parameter and the fp32 biases and LayerNorm against 12 B).
+// np 1 = 2 = 4 bf16 / fp8 checks of tests/CMakeLists.txt use); the largest rank's state at 2 ranks
+// is at most 0.55x the replicated one's (12 B / 2 per parameter and the fp32 biases and LayerNorm
+// against 12 B).
 TEST_F(TrainCli, ShardedBf16MastersAreTheReplicatedRunsAndResumeAcrossRankCounts) {
   const std::string args = "--eval.at_end=false --eval.every_samples=0 --train.precision=bf16 ";
   auto train = [&](const std::string& name, int np, const std::string& more) {
@@ -585,8 +598,9 @@ TEST_F(TrainCli, ShardedBf16MastersAreTheReplicatedRunsAndResumeAcrossRankCounts
 
 TEST_F(TrainCli, KilledRankEndsTheJobWithinAMinute) {
   const std::string dir = run_dir("rankdeath");
-  Background p(mpirun(2) + train_cmd(dir, "--train.max_steps=100000 --checkpoint.every_steps=0 "
-                                          "--eval.every_samples=0"));
+  Background p(mpirun(2) + train_cmd(dir,
+                                     "--train.max_steps=100000 --checkpoint.every_steps=0 "
+                                     "--eval.every_samples=0"));
   ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 2)) << read_file(dir + "/log.txt");
   const std::string log = read_file(dir + "/log.txt");
   std::smatch m;
@@ -606,8 +620,9 @@ TEST_F(TrainCli, KilledRankEndsTheJobWithinAMinute) {
 // signal and the collective, without a checkpoint.
 TEST_F(TrainCli, StopSignalWithAStuckPeerEndsTheJobInSeconds) {
   const std::string dir = run_dir("stuckpeer");
-  Background p(mpirun(2) + train_cmd(dir, "--train.max_steps=100000 --checkpoint.every_steps=0 "
-                                          "--eval.every_samples=0"));
+  Background p(mpirun(2) + train_cmd(dir,
+                                     "--train.max_steps=100000 --checkpoint.every_steps=0 "
+                                     "--eval.every_samples=0"));
   ASSERT_TRUE(wait_for_step(p, dir + "/metrics.jsonl", 2)) << read_file(dir + "/log.txt");
   const std::string log = read_file(dir + "/log.txt");
   std::smatch m0, m1;
@@ -624,8 +639,7 @@ TEST_F(TrainCli, StopSignalWithAStuckPeerEndsTheJobInSeconds) {
   ASSERT_NE(rc, -1) << "still running 60 s after the signal\n" << out;
   EXPECT_NE(rc, 0) << out;
   EXPECT_LT(s, 20.0) << out;  // 5 s and the watchdog's tick; a loaded machine gets slack
-  EXPECT_NE(out.find("collective watchdog: rank 0 received signal 15 "), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("collective watchdog: rank 0 received signal 15 "), std::string::npos) << out;
   EXPECT_NE(out.find("another rank is dead or stuck"), std::string::npos) << out;
   for (const auto& e : fs::directory_iterator(dir + "/ckpt"))  // the lock file stays
     if (e.path().filename().string().rfind("step_", 0) == 0)

@@ -85,7 +85,8 @@ batch_size = 16
 every_steps = 1
 metrics_file = "{dir}/metrics.jsonl"
 )",
-                   fmt::arg("seed", seed & 0x7fffffffu), fmt::arg("dir", dir), fmt::arg("vocab", kVocab));
+                   fmt::arg("seed", seed & 0x7fffffffu), fmt::arg("dir", dir),
+                   fmt::arg("vocab", kVocab));
   f << extra;
   return path;
 }

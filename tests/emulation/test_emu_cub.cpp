@@ -75,19 +75,19 @@ void check_sort(const std::vector<Key>& keys, int begin_bit, int end_bit) {
   DeviceBuffer<Key> keys_in(keys), keys_out(n);
   DeviceBuffer<int32_t> values_in(values), values_out(n);
   size_t temp_bytes = 0;
-  ASSERT_EQ(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in.p, keys_out.p,
-                                            values_in.p, values_out.p, n, begin_bit, end_bit),
+  ASSERT_EQ(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in.p, keys_out.p, values_in.p,
+                                            values_out.p, n, begin_bit, end_bit),
             cudaSuccess);
   EXPECT_EQ(temp_bytes, n * (sizeof(Key) + sizeof(int32_t)) + 1024);
   ZeroedTemp temp(temp_bytes);
-  ASSERT_EQ(cub::DeviceRadixSort::SortPairs(temp.p, temp_bytes, keys_in.p, keys_out.p,
-                                            values_in.p, values_out.p, n, begin_bit, end_bit),
+  ASSERT_EQ(cub::DeviceRadixSort::SortPairs(temp.p, temp_bytes, keys_in.p, keys_out.p, values_in.p,
+                                            values_out.p, n, begin_bit, end_bit),
             cudaSuccess);
   const std::vector<Key> got_keys = keys_out.download();
   const std::vector<int32_t> got_values = values_out.download();
   for (size_t i = 0; i < n; ++i) {
-    ASSERT_EQ(got_values[i], order[i]) << "position " << i << ", bits [" << begin_bit << ", "
-                                       << end_bit << ")";
+    ASSERT_EQ(got_values[i], order[i])
+        << "position " << i << ", bits [" << begin_bit << ", " << end_bit << ")";
     ASSERT_EQ(got_keys[i], keys[order[i]]) << "position " << i;
   }
   EXPECT_EQ(keys_in.download(), keys);  // the inputs are left as they were
@@ -139,9 +139,9 @@ TEST(EmuCub, EncodeMatchesALoop) {
     ASSERT_EQ(num_runs.download()[0], static_cast<int32_t>(unique.size()));
     std::vector<uint32_t> got_unique = unique_out.download();
     std::vector<int32_t> got_counts = counts_out.download();
-    EXPECT_TRUE(std::all_of(got_counts.begin() + unique.size(), got_counts.end(),
-                            [](int32_t c) { return c == -7; }))
-        << "counts beyond the runs must be untouched";
+    EXPECT_TRUE(std::all_of(got_counts.begin() + unique.size(), got_counts.end(), [](int32_t c) {
+      return c == -7;
+    })) << "counts beyond the runs must be untouched";
     got_unique.resize(unique.size());
     got_counts.resize(unique.size());
     EXPECT_EQ(got_unique, unique);
@@ -181,8 +181,8 @@ TEST(EmuCub, NoItemsDoNothingButCountNoRuns) {
   EXPECT_EQ(cub::DeviceRadixSort::SortPairs(temp.p, temp_bytes, keys.p, keys_out.p, values.p,
                                             values_out.p, 0),
             cudaSuccess);
-  EXPECT_EQ(cub::DeviceRunLengthEncode::Encode(temp.p, temp_bytes, keys.p, keys_out.p,
-                                               values_out.p, num_runs.p, 0),
+  EXPECT_EQ(cub::DeviceRunLengthEncode::Encode(temp.p, temp_bytes, keys.p, keys_out.p, values_out.p,
+                                               num_runs.p, 0),
             cudaSuccess);
   EXPECT_EQ(cub::DeviceScan::ExclusiveSum(temp.p, temp_bytes, values.p, values_out.p, 0),
             cudaSuccess);
@@ -260,17 +260,17 @@ TEST(EmuCub, WorkRunsInStreamOrder) {
   DeviceBuffer<int32_t> values_in(n), values_out(n);
   DeviceBuffer<char> temp(n * 8 + 1024);
   size_t temp_bytes = n * 8 + 1024;
-  ASSERT_EQ(cudaMemcpyAsync(keys_in.p, source, n * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                            stream),
-            cudaSuccess);
-  ASSERT_EQ(cub::DeviceRadixSort::SortPairs(temp.p, temp_bytes, keys_in.p, keys_out.p,
-                                            values_in.p, values_out.p, n, 0, 32, stream),
+  ASSERT_EQ(
+      cudaMemcpyAsync(keys_in.p, source, n * sizeof(uint32_t), cudaMemcpyHostToDevice, stream),
+      cudaSuccess);
+  ASSERT_EQ(cub::DeviceRadixSort::SortPairs(temp.p, temp_bytes, keys_in.p, keys_out.p, values_in.p,
+                                            values_out.p, n, 0, 32, stream),
             cudaSuccess);
   std::fill(pinned, pinned + n, 0u);
   auto read_back = [&] {
-    EXPECT_EQ(cudaMemcpyAsync(pinned, keys_out.p, n * sizeof(uint32_t), cudaMemcpyDeviceToHost,
-                              other),
-              cudaSuccess);
+    EXPECT_EQ(
+        cudaMemcpyAsync(pinned, keys_out.p, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, other),
+        cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(other), cudaSuccess);
     return std::vector<uint32_t>(pinned, pinned + n);
   };

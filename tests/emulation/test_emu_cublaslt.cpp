@@ -53,8 +53,11 @@ struct Mat {
   int64_t rows = 0, cols = 0, ld = 1;
   std::vector<unsigned char> bytes;
   Mat(cudaDataType_t t, int64_t r, int64_t c, int64_t l)
-      : type(t), rows(r), cols(c), ld(l), bytes(size_of(t) * static_cast<size_t>(l * (c - 1) + r)) {
-  }
+      : type(t),
+        rows(r),
+        cols(c),
+        ld(l),
+        bytes(size_of(t) * static_cast<size_t>(l * (c - 1) + r)) {}
   size_t count() const { return bytes.size() / size_of(type); }
   double flat(size_t e) const {
     if (type == CUDA_R_32F) {
@@ -69,8 +72,10 @@ struct Mat {
   void set_flat(size_t e, double v) {  // rounded to the type
     const float f = static_cast<float>(v);
     const uint16_t b = type == CUDA_R_32F ? 0 : low_bits(type, v);
-    if (type == CUDA_R_32F) std::memcpy(&bytes[e * 4], &f, 4);
-    else std::memcpy(&bytes[e * 2], &b, 2);
+    if (type == CUDA_R_32F)
+      std::memcpy(&bytes[e * 4], &f, 4);
+    else
+      std::memcpy(&bytes[e * 2], &b, 2);
   }
   double at(int64_t i, int64_t j) const { return flat(static_cast<size_t>(i + j * ld)); }
   bool same_bytes(const Mat& o, int64_t i, int64_t j) const {
@@ -201,8 +206,10 @@ void run_case(const Spec& s, uint64_t seed) {
   Mat a(s.ab, ar, ac, ar + s.pad), b(s.ab, br, bc, br + s.pad), c(s.cd, s.m, s.n, s.m + s.pad);
   fill_random(a, rng, -1, 1);
   fill_random(b, rng, -1, 1);
-  if (s.beta == 0.f) fill_nan(c);  // must not be read
-  else fill_random(c, rng, -1, 1);
+  if (s.beta == 0.f)
+    fill_nan(c);  // must not be read
+  else
+    fill_random(c, rng, -1, 1);
   Mat d = c;
   if (!s.in_place) fill_nan(d);
   const auto bt = static_cast<cudaDataType_t>(s.bias_type == -1 ? s.cd : s.bias_type);
@@ -210,8 +217,10 @@ void run_case(const Spec& s, uint64_t seed) {
   Mat bias(bt, bias_len, 1, bias_len);
   fill_random(bias, rng, -1, 1);  // BGRADB overwrites it: an implementation adding to it fails
   Mat aux(s.cd, s.m, s.n, (s.m + s.pad + 7) / 8 * 8);
-  if (e == CUBLASLT_EPILOGUE_DGELU) fill_random(aux, rng, -3, 3);
-  else fill_nan(aux);
+  if (e == CUBLASLT_EPILOGUE_DGELU)
+    fill_random(aux, rng, -3, 3);
+  else
+    fill_nan(aux);
 
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -314,7 +323,11 @@ TEST(EmuCublasLt, LowPrecisionOperands) {
   for (cudaDataType_t t : {CUDA_R_16BF, CUDA_R_16F})
     for (cudaDataType_t out : {t, CUDA_R_32F})
       for (int tr = 0; tr < 4; ++tr)  // beta 1 into fp32: packbert's weight gradients
-        run_case(Spec().types(t, out).trans(tr & 1, tr & 2).dims(6, 5, 33).padded(tr == 3 ? 5 : 0)
+        run_case(Spec()
+                     .types(t, out)
+                     .trans(tr & 1, tr & 2)
+                     .dims(6, 5, 33)
+                     .padded(tr == 3 ? 5 : 0)
                      .scale(1.f, tr == 2 ? 1.f : 0.f),
                  seed++);
 }
@@ -323,7 +336,10 @@ TEST(EmuCublasLt, BiasEpilogue) {  // transa = T: packbert's forward, out^T = op
   run_case(Spec().trans(true, false).with(CUBLASLT_EPILOGUE_BIAS), 40);
   run_case(Spec().trans(true, false).with(CUBLASLT_EPILOGUE_BIAS).types(CUDA_R_16BF, CUDA_R_16BF),
            41);  // bf16 D, fp32 bias
-  run_case(Spec().trans(true, false).with(CUBLASLT_EPILOGUE_BIAS, -1).scale(1.f, 1.f)
+  run_case(Spec()
+               .trans(true, false)
+               .with(CUBLASLT_EPILOGUE_BIAS, -1)
+               .scale(1.f, 1.f)
                .types(CUDA_R_16F, CUDA_R_16F),
            42);  // the bias in D's type
 }
@@ -345,7 +361,10 @@ TEST(EmuCublasLt, BgradbEpilogueWritesColumnSumsOfOpB) {
   const Spec s = Spec().trans(false, true).dims(6, 5, 40).scale(1.f, 1.f);
   run_case(Spec(s).with(CUBLASLT_EPILOGUE_BGRADB), 70);
   run_case(Spec(s).with(CUBLASLT_EPILOGUE_BGRADB).types(CUDA_R_16BF, CUDA_R_32F), 71);
-  run_case(Spec(s).with(CUBLASLT_EPILOGUE_BGRADB, -1).types(CUDA_R_16F, CUDA_R_16F).trans(0, 0)
+  run_case(Spec(s)
+               .with(CUBLASLT_EPILOGUE_BGRADB, -1)
+               .types(CUDA_R_16F, CUDA_R_16F)
+               .trans(0, 0)
                .scale(1.f, 0.f),
            72);  // the gradient in D's type
 }
@@ -386,7 +405,8 @@ TEST(EmuCublasLt, HeuristicRefusals) {
   refused[7].lda = 7;         // ld below rows
   for (size_t i = 0; i < refused.size(); ++i) {
     EXPECT_EQ(probe(refused[i], &found),
-              i < 6 ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_INVALID_VALUE) << i;
+              i < 6 ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_INVALID_VALUE)
+        << i;
     EXPECT_EQ(found, 0) << i;
   }
 }

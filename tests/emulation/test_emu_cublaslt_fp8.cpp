@@ -45,7 +45,7 @@ struct Call {
   bool scales = true, d_scale = false, amax_d = false;
   int8_t fast_accum = -1;  // -1: not set
   float beta = 0.f;
-  int64_t misalign = 0;    // bytes added to A's address
+  int64_t misalign = 0;  // bytes added to A's address
 };
 
 struct Buffers {
@@ -79,10 +79,10 @@ cublasStatus_t matmul(const Call& c, const Buffers& in, bool run, std::vector<un
   if (c.fast_accum >= 0) set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &c.fast_accum, 1);
 
   // Device memory: A, B, C/D, the bias, four scalars (A, B, D scale; D amax).
-  const size_t a_bytes = static_cast<size_t>(lda(c) * ((c.ta ? c.m : c.k) - 1) + (c.ta ? c.k : c.m)) *
-                         bytes_of(c.a);
-  const size_t b_bytes = static_cast<size_t>(ldb(c) * ((c.tb ? c.k : c.n) - 1) + (c.tb ? c.n : c.k)) *
-                         bytes_of(c.b);
+  const size_t a_bytes =
+      static_cast<size_t>(lda(c) * ((c.ta ? c.m : c.k) - 1) + (c.ta ? c.k : c.m)) * bytes_of(c.a);
+  const size_t b_bytes =
+      static_cast<size_t>(ldb(c) * ((c.tb ? c.k : c.n) - 1) + (c.tb ? c.n : c.k)) * bytes_of(c.b);
   const size_t c_bytes = static_cast<size_t>(ldc(c) * (c.n - 1) + c.m) * bytes_of(c.c);
   const size_t d_bytes = static_cast<size_t>(ldc(c) * (c.n - 1) + c.m) * bytes_of(c.d);
   unsigned char *da = nullptr, *db = nullptr, *dc = nullptr, *dd = nullptr, *dbias = nullptr;
@@ -91,7 +91,8 @@ cublasStatus_t matmul(const Call& c, const Buffers& in, bool run, std::vector<un
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&db), b_bytes), cudaSuccess);
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dc), c_bytes), cudaSuccess);
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dd), d_bytes), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dbias), 4 * static_cast<size_t>(c.m)), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dbias), 4 * static_cast<size_t>(c.m)),
+            cudaSuccess);
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&scalars), 4 * sizeof(float)), cudaSuccess);
   const float s[4] = {in.sa, in.sb, in.sd, -1.f};
   EXPECT_EQ(cudaMemcpy(scalars, s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
@@ -104,7 +105,8 @@ cublasStatus_t matmul(const Call& c, const Buffers& in, bool run, std::vector<un
   upload(db, in.b, b_bytes);
   upload(dc, in.c, c_bytes);
   EXPECT_EQ(cudaMemset(dbias, 0, 4 * static_cast<size_t>(c.m)), cudaSuccess);
-  if (c.epilogue != CUBLASLT_EPILOGUE_DEFAULT) set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof(dbias));
+  if (c.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof(dbias));
   float* sa = scalars;
   float* sb = scalars + 1;
   float* sd = scalars + 2;
@@ -135,8 +137,8 @@ cublasStatus_t matmul(const Call& c, const Buffers& in, bool run, std::vector<un
   }
   if (st == CUBLAS_STATUS_SUCCESS && run) {
     const float alpha = 1.f, beta = c.beta;
-    st = cublasLtMatmul(h, op, &alpha, da + c.misalign, la, db, lb, &beta, dc, lc, dd, ld,
-                        &r.algo, nullptr, 0, nullptr);
+    st = cublasLtMatmul(h, op, &alpha, da + c.misalign, la, db, lb, &beta, dc, lc, dd, ld, &r.algo,
+                        nullptr, 0, nullptr);
     if (st == CUBLAS_STATUS_SUCCESS) {
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       if (d_out) {
@@ -175,9 +177,9 @@ double widen(cudaDataType_t t, unsigned char q) {
 // rounded once to fp32 and then to D's type.
 TEST(EmuCublasLtFp8, TnProductWithScalesIntoBf16Fp32AndFp8) {
   std::mt19937_64 g(packbert::test::test_seed());
-  for (const auto& [ta_t, tb_t] : {std::pair{CUDA_R_8F_E4M3, CUDA_R_8F_E4M3},
-                                   std::pair{CUDA_R_8F_E5M2, CUDA_R_8F_E4M3},
-                                   std::pair{CUDA_R_8F_E4M3, CUDA_R_8F_E5M2}})
+  for (const auto& [ta_t, tb_t] :
+       {std::pair{CUDA_R_8F_E4M3, CUDA_R_8F_E4M3}, std::pair{CUDA_R_8F_E5M2, CUDA_R_8F_E4M3},
+        std::pair{CUDA_R_8F_E4M3, CUDA_R_8F_E5M2}})
     for (cudaDataType_t d_t : {CUDA_R_16BF, CUDA_R_32F, CUDA_R_8F_E4M3})
       for (int8_t fast : {int8_t{0}, int8_t{1}}) {
         Call c;
@@ -262,7 +264,8 @@ TEST(EmuCublasLtFp8, NoE5m2TimesE5m2AndNoMixedWidths) {
   Call mixed;
   mixed.b = CUDA_R_16BF;
   EXPECT_EQ(heuristic(mixed), CUBLAS_STATUS_NOT_SUPPORTED);
-  for (auto [a, b] : {std::pair{CUDA_R_8F_E4M3, CUDA_R_8F_E5M2}, {CUDA_R_8F_E5M2, CUDA_R_8F_E4M3}}) {
+  for (auto [a, b] :
+       {std::pair{CUDA_R_8F_E4M3, CUDA_R_8F_E5M2}, {CUDA_R_8F_E5M2, CUDA_R_8F_E4M3}}) {
     Call ok;
     ok.a = a, ok.b = b;
     EXPECT_EQ(heuristic(ok), CUBLAS_STATUS_SUCCESS);
@@ -303,8 +306,10 @@ TEST(EmuCublasLtFp8, LeadingDimensionsOf16BytesAndAlignedMatrices) {
   misaligned.misalign = 8;
   std::mt19937_64 g(packbert::test::test_seed() ^ 7);
   Buffers in;
-  in.a = random_fp8(g, misaligned.a, static_cast<size_t>(lda(misaligned) * (misaligned.m - 1) + misaligned.k));
-  in.b = random_fp8(g, misaligned.b, static_cast<size_t>(ldb(misaligned) * (misaligned.n - 1) + misaligned.k));
+  in.a = random_fp8(g, misaligned.a,
+                    static_cast<size_t>(lda(misaligned) * (misaligned.m - 1) + misaligned.k));
+  in.b = random_fp8(g, misaligned.b,
+                    static_cast<size_t>(ldb(misaligned) * (misaligned.n - 1) + misaligned.k));
   EXPECT_EQ(matmul(misaligned, in, true, nullptr, nullptr), CUBLAS_STATUS_NOT_SUPPORTED);
 }
 

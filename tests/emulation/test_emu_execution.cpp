@@ -347,9 +347,9 @@ __global__ void cp_async_mixed_groups(const uint32_t* src, uint32_t* seen) {
   packbert::cuda::cp_async_commit();  // A
   packbert::cuda::cp_async_commit();  // empty
   packbert::cuda::cp_async_16(sm[1][t], src + (32 + t) * 4, 16);
-  packbert::cuda::cp_async_commit();  // B
-  packbert::cuda::cp_async_commit();  // empty
-  packbert::cuda::cp_async_commit();  // empty
+  packbert::cuda::cp_async_commit();         // B
+  packbert::cuda::cp_async_commit();         // empty
+  packbert::cuda::cp_async_commit();         // empty
   packbert::cuda::cp_async_wait_group<4>();  // all but the newest 4 (B on): A
   s[0] = sm[0][t][0];
   s[1] = sm[1][t][0];
@@ -465,8 +465,7 @@ TEST(EmuExecution, StreamsRunInIssueOrderAndWaitForEvents) {
   ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
   PB_LAUNCH(1, 32, 0, a, add_one)(x.p);  // after the event: b must not see it
   ASSERT_EQ(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(pinned, x.p, 32 * sizeof(int), cudaMemcpyDeviceToHost, b),
-            cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, x.p, 32 * sizeof(int), cudaMemcpyDeviceToHost, b), cudaSuccess);
   EXPECT_EQ(pinned[0], -1) << "an asynchronous copy ran before the host waited for it";
   ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
   EXPECT_EQ(pinned[0], 2) << "b waits for the work before the event, and only for that";
@@ -503,8 +502,8 @@ TEST(EmuExecution, NotReadyIsNotTheLastError) {
   cudaEvent_t e;
   ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  ASSERT_EQ(packbert::emu::enqueue_async(s, "test item", [] {},
-                                         [finished] { return finished->load(); }),
+  ASSERT_EQ(packbert::emu::enqueue_async(
+                s, "test item", [] {}, [finished] { return finished->load(); }),
             cudaSuccess);
   ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
   EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);
@@ -546,8 +545,10 @@ __global__ void shuffle_with_exited_lane(int* x) {
   x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, static_cast<int>(threadIdx.x), 1);
 }
 __global__ void shuffle_against_barrier(int* x) {
-  if (threadIdx.x < 16) x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
-  else __syncthreads();
+  if (threadIdx.x < 16)
+    x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+  else
+    __syncthreads();
 }
 __global__ void mma_with_missing_lane(float* d) {
   uint32_t a[4] = {0, 0, 0, 0};
@@ -584,8 +585,9 @@ TEST(EmuExecutionDeathTest, UndefinedSynchronisationIsAnErrorNamingTheThreads) {
                 Dev<int> x(32);
                 PB_LAUNCH(1, 32, 0, nullptr, shuffle_with_exited_lane)(x.p);
               }),
-              testing::ExitedWithCode(0), "thread \\(7,0,0\\) \\(lane 7\\) exited while lanes "
-                                          "0-6 wait in __shfl_xor_sync");
+              testing::ExitedWithCode(0),
+              "thread \\(7,0,0\\) \\(lane 7\\) exited while lanes "
+              "0-6 wait in __shfl_xor_sync");
   EXPECT_EXIT(fault_in_child([] {
                 Dev<int> x(32);
                 PB_LAUNCH(1, 32, 0, nullptr, shuffle_against_barrier)(x.p);

@@ -407,7 +407,7 @@ TEST(EmuGraphs, LaunchesOfOneGraphOnTwoStreamsRunInOrder) {
   Stream capture, a, b;
   Graph g;
   ASSERT_EQ(cudaStreamBeginCapture(capture, cudaStreamCaptureModeGlobal), cudaSuccess);
-  PB_LAUNCH(blocks_for(n), 128, 0, capture, times)(x.p, y.p, m, n);  // y = x * m
+  PB_LAUNCH(blocks_for(n), 128, 0, capture, times)(x.p, y.p, m, n);   // y = x * m
   PB_LAUNCH(blocks_for(n), 128, 0, capture, times)(y.p, x.p, 1u, n);  // x = y
   g.end(capture);
   ASSERT_EQ(cudaGraphLaunch(g.exec, a), cudaSuccess);
@@ -447,9 +447,9 @@ TEST(EmuGraphs, CapturedCollectivesRunAtEachLaunch) {
       x.set(in);
       ASSERT_EQ(cudaGraphLaunch(g.exec, s), cudaSuccess);
       // An eager collective between launches keeps its place in the order of issue.
-      ASSERT_EQ(ncclAllReduce(recv.p, recv.p, static_cast<size_t>(n), ncclFloat32, ncclSum, comm,
-                              s),
-                ncclSuccess);
+      ASSERT_EQ(
+          ncclAllReduce(recv.p, recv.p, static_cast<size_t>(n), ncclFloat32, ncclSum, comm, s),
+          ncclSuccess);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       EXPECT_EQ(y.get(), want) << "launch " << r;
     }
@@ -474,7 +474,7 @@ TEST(EmuGraphs, ForkJoinCaptureReplays) {
   ASSERT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
   EXPECT_EQ(capture_status(side), cudaStreamCaptureStatusActive) << "the wait joins the capture";
   EXPECT_EQ(capture_status(other), cudaStreamCaptureStatusNone);
-  PB_LAUNCH(blocks_for(n), 128, 0, side, times)(x.p, q.p, mq, n);   // side: q = x * mq
+  PB_LAUNCH(blocks_for(n), 128, 0, side, times)(x.p, q.p, mq, n);  // side: q = x * mq
   ASSERT_EQ(cudaMemcpyAsync(p.p, x.p, un * 4, cudaMemcpyDeviceToDevice, origin), cudaSuccess);
   PB_LAUNCH(blocks_for(n), 128, 0, origin, add_const)(p.p, cp, n);  // origin: p = x + cp
   ASSERT_EQ(cudaEventRecord(join, side), cudaSuccess);
@@ -581,8 +581,8 @@ struct Forbidden {
   cudaError_t want;
   // s: the capturing stream; captured: an event recorded in the capture; eager: one recorded
   // before it; dev, pinned: memory allocated before it.
-  std::function<cudaError_t(cudaStream_t s, cudaEvent_t captured, cudaEvent_t eager,
-                            uint32_t* dev, uint32_t* pinned)>
+  std::function<cudaError_t(cudaStream_t s, cudaEvent_t captured, cudaEvent_t eager, uint32_t* dev,
+                            uint32_t* pinned)>
       call;
 };
 
@@ -649,9 +649,7 @@ std::vector<Forbidden> forbidden_calls() {
          return e;
        }},
       {"cudaFree", global, nonblocking, cudaErrorStreamCaptureUnsupported,
-       [](cudaStream_t, cudaEvent_t, cudaEvent_t, uint32_t* d, uint32_t*) {
-         return cudaFree(d);
-       }},
+       [](cudaStream_t, cudaEvent_t, cudaEvent_t, uint32_t* d, uint32_t*) { return cudaFree(d); }},
       {"cudaMallocHost", global, nonblocking, cudaErrorStreamCaptureUnsupported,
        [](cudaStream_t, cudaEvent_t, cudaEvent_t, uint32_t*, uint32_t*) {
          void* p = nullptr;
@@ -694,8 +692,7 @@ std::vector<Forbidden> forbidden_calls() {
        [](cudaStream_t s, cudaEvent_t, cudaEvent_t, uint32_t*, uint32_t*) {
          return cudaStreamDestroy(s);
        }},
-      {"cudaGraphLaunch_into_the_capture", relaxed, nonblocking,
-       cudaErrorStreamCaptureUnsupported,
+      {"cudaGraphLaunch_into_the_capture", relaxed, nonblocking, cudaErrorStreamCaptureUnsupported,
        [](cudaStream_t s, cudaEvent_t, cudaEvent_t, uint32_t*, uint32_t*) {
          cudaStream_t other = nullptr;
          cudaGraph_t g = nullptr;

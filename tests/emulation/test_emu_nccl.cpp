@@ -236,11 +236,10 @@ struct Case {
       switch (kind) {
         case Kind::all_reduce:
         case Kind::reduce: ref_sum(type, all, i, o); break;
-        case Kind::reduce_scatter: ref_sum(type, all, static_cast<size_t>(rank) * count + i, o);
+        case Kind::reduce_scatter:
+          ref_sum(type, all, static_cast<size_t>(rank) * count + i, o);
           break;
-        case Kind::all_gather:
-          std::memcpy(o, all[i / count].data() + (i % count) * es, es);
-          break;
+        case Kind::all_gather: std::memcpy(o, all[i / count].data() + (i % count) * es, es); break;
         case Kind::broadcast:
           std::memcpy(o, all[static_cast<size_t>(root)].data() + i * es, es);
           break;
@@ -301,8 +300,8 @@ cudaStream_t make_stream() {
 void every_collective(ncclComm_t comm, cudaStream_t s, uint64_t seed, int rank, int np) {
   uint64_t salt = 1;
   std::vector<Case> cases;
-  for (Kind k : {Kind::all_reduce, Kind::reduce_scatter, Kind::all_gather, Kind::reduce,
-                 Kind::broadcast})
+  for (Kind k :
+       {Kind::all_reduce, Kind::reduce_scatter, Kind::all_gather, Kind::reduce, Kind::broadcast})
     for (ncclDataType_t t : {ncclFloat32, ncclBfloat16, ncclFloat16, ncclFloat64})
       for (size_t count : {size_t{0}, size_t{1}, size_t{1001}})
         for (bool in_place : {false, true}) {
@@ -441,8 +440,8 @@ void captured_collectives(ncclComm_t comm, uint64_t seed, int rank, int np) {
     // New contributions, written before the launch: the launch sends them.
     for (Case* c : cases) {
       for (int q = 0; q < np; ++q)
-        c->all[static_cast<size_t>(q)] = values(c->type, seed, c->salt + 100 * launch, q,
-                                                c->send_elems);
+        c->all[static_cast<size_t>(q)] =
+            values(c->type, seed, c->salt + 100 * launch, q, c->send_elems);
       const std::vector<char>& mine = c->all[static_cast<size_t>(rank)];
       CUDA_OK(cudaMemcpy(c->send, mine.data(), mine.size(), cudaMemcpyHostToDevice));
     }
@@ -501,9 +500,10 @@ void not_ready_until_every_rank_calls(ncclComm_t comm, uint64_t seed, int rank, 
     EXPECT_EQ(cudaStreamQuery(s), cudaSuccess);
     EXPECT_GE(at, kLate * 0.9) << "complete before rank 1 called";
     EXPECT_GT(not_ready, 10);
-    std::printf("[emu-nccl] rank %d: %d queries answered cudaErrorNotReady, complete after "
-                "%.3f s (rank 1 called after %.1f s)\n",
-                rank, not_ready, at, kLate);
+    std::printf(
+        "[emu-nccl] rank %d: %d queries answered cudaErrorNotReady, complete after "
+        "%.3f s (rank 1 called after %.1f s)\n",
+        rank, not_ready, at, kLate);
   }
   c.verify("after the late rank's call");
   free_case(c);
@@ -537,9 +537,10 @@ void abort_ends_the_wait(uint64_t seed, int rank, int np) {
     ncclResult_t async = ncclSuccess;
     EXPECT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
     EXPECT_NE(async, ncclSuccess) << "an aborted communicator reports an error";
-    std::printf("[emu-nccl] rank 0: the synchronisation ended %.3f s after the call, by "
-                "ncclCommAbort after %.1f s\n",
-                waited, kAbortAfter);
+    std::printf(
+        "[emu-nccl] rank 0: the synchronisation ended %.3f s after the call, by "
+        "ncclCommAbort after %.1f s\n",
+        waited, kAbortAfter);
     MPI_Barrier(MPI_COMM_WORLD);
     // The others have called and completed: the left-behind worker has sent its buffer.
     MPI_Barrier(MPI_COMM_WORLD);
@@ -679,8 +680,8 @@ TEST_P(EmuNcclRanks, CollectivesStreamOrderQueriesAbort) {
   const std::string out = run_ranks(np, "");
   // The two mismatches' diagnostics, from every rank.
   size_t lines = 0;
-  for (size_t at = out.find("ranks disagree on the order of their calls");
-       at != std::string::npos; at = out.find("ranks disagree on the order of their calls", at + 1))
+  for (size_t at = out.find("ranks disagree on the order of their calls"); at != std::string::npos;
+       at = out.find("ranks disagree on the order of their calls", at + 1))
     ++lines;
   EXPECT_EQ(lines, 2 * static_cast<size_t>(np)) << "each mismatch's diagnostic, once per rank";
   EXPECT_NE(out.find("ncclAllReduce of 5 elements"), std::string::npos);

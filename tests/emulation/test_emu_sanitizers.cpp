@@ -49,13 +49,9 @@ void run(Kernel launch) {
 TEST(EmuSanitizerDeathTest, AddressSanitizerSeesSharedAndDeviceOverruns) {
   if (!kAsan) GTEST_SKIP() << "not an AddressSanitizer build";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(run([](float* out) {
-                 PB_LAUNCH(1, 128, 0, nullptr, shared_past_the_end)(out, 1);
-               }),
+  EXPECT_DEATH(run([](float* out) { PB_LAUNCH(1, 128, 0, nullptr, shared_past_the_end)(out, 1); }),
                "global-buffer-overflow.*WRITE of size 4.*global variable 'tile'");
-  EXPECT_DEATH(run([](float* out) {
-                 PB_LAUNCH(1, 128, 0, nullptr, global_past_the_end)(out, 1);
-               }),
+  EXPECT_DEATH(run([](float* out) { PB_LAUNCH(1, 128, 0, nullptr, global_past_the_end)(out, 1); }),
                "heap-buffer-overflow.*0 bytes to the right of 512-byte region");
   EXPECT_EXIT(run([](float* out) { PB_LAUNCH(1, 128, 0, nullptr, global_past_the_end)(out, 0); }),
               testing::ExitedWithCode(0), "");

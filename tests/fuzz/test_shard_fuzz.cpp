@@ -3,7 +3,8 @@
 // or throw packbert::Error. Each read runs in a forked child, so a crash (or hang) inside
 // libhdf5 becomes a test failure naming the mutation instead of killing the test binary.
 // The libhdf5 crash classes this found, and the reader's guards against them, are listed in
-// src/data/shards/shard_guard.h; tests/unit/test_shard_damage.cpp has one regression test per class.
+// src/data/shards/shard_guard.h; tests/unit/test_shard_damage.cpp has one regression test per
+// class.
 //
 // PACKBERT_FUZZ_ITERATIONS=<n> sets the mutations per format (default 300);
 // PACKBERT_TEST_SEED=<seed> reproduces a run; PACKBERT_FUZZ_KEEP=<dir> keeps a copy of every
@@ -93,8 +94,8 @@ std::string region_of(const std::vector<Region>& regions, uint64_t offset) {
 
 struct Mutation {
   enum class Kind { byte_flip, byte_run, truncation } kind = Kind::byte_flip;
-  uint64_t offset = 0;        // first byte changed, or the new size for a truncation
-  std::string bytes;          // the new bytes
+  uint64_t offset = 0;  // first byte changed, or the new size for a truncation
+  std::string bytes;    // the new bytes
   std::string describe() const {
     if (kind == Kind::truncation) return fmt::format("truncate to {} bytes", offset);
     std::string hex;
@@ -131,8 +132,8 @@ Mutation random_mutation(std::mt19937_64& rng, const std::string& file) {
     m.offset = std::uniform_int_distribution<uint64_t>(first, last - 1)(rng);
     const auto old = static_cast<unsigned char>(file[m.offset]);
     // Half single-bit flips (the subtle damage), half arbitrary different bytes.
-    const unsigned char v = rng() & 1 ? old ^ (1u << (rng() % 8))
-                                      : static_cast<unsigned char>(old ^ (1 + rng() % 255));
+    const unsigned char v =
+        rng() & 1 ? old ^ (1u << (rng() % 8)) : static_cast<unsigned char>(old ^ (1 + rng() % 255));
     m.bytes.assign(1, static_cast<char>(v));
   } else if (kind < 9) {
     m.kind = Mutation::Kind::byte_run;
@@ -185,8 +186,8 @@ void fuzz_format(ShardFormat format) {
     const Mutation m = random_mutation(rng, original);
     std::ofstream(damaged, std::ios::binary | std::ios::trunc) << apply(m, original);
     const Outcome outcome = read_in_child(damaged, &message);
-    const std::string region = m.kind == Mutation::Kind::truncation ? "truncation"
-                                                              : region_of(regions, m.offset);
+    const std::string region =
+        m.kind == Mutation::Kind::truncation ? "truncation" : region_of(regions, m.offset);
     ++by_region[region][to_string(outcome)];
     if (outcome == Outcome::valid || outcome == Outcome::rejected) continue;
     ++failures;

@@ -37,7 +37,7 @@ inline bool have_cuda_device() {
   return false;
 }
 
-#define PB_REQUIRE_CUDA_DEVICE() \
+#define PB_REQUIRE_CUDA_DEVICE()                                                                   \
   if (!::packbert::test::have_cuda_device()) GTEST_SKIP() << "skipped: no CUDA device"
 
 inline void cuda_ok(cudaError_t e, const char* what) {
@@ -47,14 +47,14 @@ inline void cuda_ok(cudaError_t e, const char* what) {
 // Device memory for the guarded buffers of ops_test_util.h (cudaMemcpy: the copies wait for
 // the backends' blocking streams, so a read sees every op issued so far).
 inline const Memory& cuda_memory() {
-  static const Memory m{
-      Device::cuda, [](size_t bytes) { return cuda_alloc(bytes); }, [](void* p) { cuda_free(p); },
-      [](void* d, const void* s, size_t b) {
-        cuda_ok(cudaMemcpy(d, s, b, cudaMemcpyHostToDevice), "upload");
-      },
-      [](void* d, const void* s, size_t b) {
-        cuda_ok(cudaMemcpy(d, s, b, cudaMemcpyDeviceToHost), "download");
-      }};
+  static const Memory m{Device::cuda, [](size_t bytes) { return cuda_alloc(bytes); },
+                        [](void* p) { cuda_free(p); },
+                        [](void* d, const void* s, size_t b) {
+                          cuda_ok(cudaMemcpy(d, s, b, cudaMemcpyHostToDevice), "upload");
+                        },
+                        [](void* d, const void* s, size_t b) {
+                          cuda_ok(cudaMemcpy(d, s, b, cudaMemcpyDeviceToHost), "download");
+                        }};
   return m;
 }
 
@@ -71,7 +71,8 @@ class DevBuf : public Guarded<T> {
 // set from 16-bit values. The 64 guard elements keep data() 16-byte aligned, as the tensor-core
 // kernels require.
 struct Dev16 : Guarded<uint16_t> {
-  Dev16(DType t, std::vector<int64_t> dims) : Guarded<uint16_t>(cuda_memory(), std::move(dims), t) {}
+  Dev16(DType t, std::vector<int64_t> dims)
+      : Guarded<uint16_t>(cuda_memory(), std::move(dims), t) {}
   Dev16(DType t, std::vector<int64_t> dims, const std::vector<uint16_t>& bits)
       : Guarded<uint16_t>(cuda_memory(), std::move(dims), bits, t) {}
   std::vector<uint16_t> bits() const { return values(); }

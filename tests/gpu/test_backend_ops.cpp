@@ -99,8 +99,8 @@ TEST(BackendOpsCuda, EpiloguesRefusedAtRunTime) {
     go.x_gelu_pre = dxpre.tensor();
     b.gpu->linear_forward(dxin.tensor(), dwin.tensor(), dbias.tensor(), Epilogue::bias_gelu_tanh,
                           dout.tensor(), dpre.tensor());
-    b.gpu->linear_backward(dxin.tensor(), dwin.tensor(), dg.tensor(), ddx.tensor(),
-                           ddw.tensor(), ddb.tensor(), go);
+    b.gpu->linear_backward(dxin.tensor(), dwin.tensor(), dg.tensor(), ddx.tensor(), ddw.tensor(),
+                           ddb.tensor(), go);
     const std::string what = fmt::format("refused epilogues, call {}", call);
     EXPECT_OUTPUT_OK(dout);
     EXPECT_OUTPUT_OK(ddx);
@@ -169,11 +169,10 @@ TEST(BackendOpsCuda, EmbeddingScatterOrderAtScale) {
   const size_t bytes = cuda::embedding_scatter_scratch_bytes(rows, h, vocab + positions + types);
   ASSERT_GT(bytes, 0u);
   void* scratch = cuda_alloc(bytes);
-  cuda_ok(cuda::embedding_scatter(layout, dtok.tensor().ptr<int32_t>(),
-                                  dseg.tensor().ptr<int32_t>(), h, dd.tensor().ptr<float>(),
-                                  dw.tensor().ptr<float>(), vocab, dp.tensor().ptr<float>(),
-                                  positions, dt.tensor().ptr<float>(), types, scratch, bytes,
-                                  nullptr),
+  cuda_ok(cuda::embedding_scatter(
+              layout, dtok.tensor().ptr<int32_t>(), dseg.tensor().ptr<int32_t>(), h,
+              dd.tensor().ptr<float>(), dw.tensor().ptr<float>(), vocab, dp.tensor().ptr<float>(),
+              positions, dt.tensor().ptr<float>(), types, scratch, bytes, nullptr),
           "embedding_scatter");
   cuda_ok(cudaDeviceSynchronize(), "embedding_scatter");
   std::printf("[ops-error] embedding_scatter: %lld rows, word %lld hit %lld times\n",
@@ -199,11 +198,11 @@ TEST(BackendOpsCuda, EmbeddingScatterOrderAtScale) {
   // Only the word table given: the others stay as they were.
   dw.set(w0);
   dp.set(p0);
-  cuda_ok(cuda::embedding_scatter(layout, dtok.tensor().ptr<int32_t>(),
-                                  dseg.tensor().ptr<int32_t>(), h, dd.tensor().ptr<float>(),
-                                  dw.tensor().ptr<float>(), vocab, nullptr, positions, nullptr,
-                                  types, scratch, bytes, nullptr),
-          "embedding_scatter");
+  cuda_ok(
+      cuda::embedding_scatter(layout, dtok.tensor().ptr<int32_t>(), dseg.tensor().ptr<int32_t>(), h,
+                              dd.tensor().ptr<float>(), dw.tensor().ptr<float>(), vocab, nullptr,
+                              positions, nullptr, types, scratch, bytes, nullptr),
+      "embedding_scatter");
   cuda_ok(cudaDeviceSynchronize(), "embedding_scatter");
   EXPECT_EQ(dp.values(), p0);
   expect_close("embedding_scatter word table alone", dw.doubles(), dbl(w), 1e-5);
@@ -300,10 +299,9 @@ TEST(BackendOpsCuda, NativeKernelsNeedNoStaging) {
                                       Tensor(), dbias.tensor(), {});
     warm->embedding_forward(sdl.view(), st.tensor(), ss.tensor(), ep, d, so.tensor(), sm.tensor(),
                             sr.tensor());
-    warm->nsp_loss(sdl.view(), sx.tensor(), np, Tensor(labels.data(), DType::i32, {1},
-                                                        Device::cuda),
-                   1.f, Tensor(nsp_ws.data(), DType::f32, {nsp_workspace_elems(1, h)},
-                               Device::cuda),
+    warm->nsp_loss(sdl.view(), sx.tensor(), np,
+                   Tensor(labels.data(), DType::i32, {1}, Device::cuda), 1.f,
+                   Tensor(nsp_ws.data(), DType::f32, {nsp_workspace_elems(1, h)}, Device::cuda),
                    loss.tensor(), correct.tensor(), sdx.tensor(), ng);
     cuda_synchronize(*warm);
   }
@@ -311,8 +309,8 @@ TEST(BackendOpsCuda, NativeKernelsNeedNoStaging) {
   cuda_synchronize(*gpu);
   double before = used();
   gpu->residual_layernorm_forward(dl.view(), x.tensor(), bias.tensor(), Tensor(),
-                                  {gamma.tensor(), beta.tensor()}, d, out.tensor(),
-                                  ln_in.tensor(), mean.tensor(), rstd.tensor());
+                                  {gamma.tensor(), beta.tensor()}, d, out.tensor(), ln_in.tensor(),
+                                  mean.tensor(), rstd.tensor());
   cuda_synchronize(*gpu);
   double grew = used() - before;
   std::printf("[lowp-error] residual_layernorm_forward staging %.1f MiB\n", grew / 1048576.0);
@@ -326,8 +324,8 @@ TEST(BackendOpsCuda, NativeKernelsNeedNoStaging) {
   std::printf("[lowp-error] residual_layernorm_backward staging %.1f MiB\n", grew / 1048576.0);
   EXPECT_LT(grew, 1.5 * copy) << "residual_layernorm_backward staged its bf16 tensors";
   before = used();
-  gpu->embedding_forward(dl.view(), tok.tensor(), seg.tensor(), ep, d, out.tensor(),
-                         mean.tensor(), rstd.tensor());
+  gpu->embedding_forward(dl.view(), tok.tensor(), seg.tensor(), ep, d, out.tensor(), mean.tensor(),
+                         rstd.tensor());
   cuda_synchronize(*gpu);
   grew = used() - before;
   std::printf("[lowp-error] embedding_forward staging %.1f MiB\n", grew / 1048576.0);
@@ -430,10 +428,8 @@ TEST(BackendOpsCuda, PrefetchOverlapsTheOpsBeforeIt) {
   EXPECT_EQ(c2.values(), a1) << "a prefetch overwrote a buffer before an earlier op read it";
   EXPECT_EQ(a.values(), a2);
   EXPECT_EQ(b.values(), b2);
-  EXPECT_TRUE(a.guards_intact() && b.guards_intact() && c.guards_intact() &&
-              c2.guards_intact());
+  EXPECT_TRUE(a.guards_intact() && b.guards_intact() && c.guards_intact() && c2.guards_intact());
 }
-
 
 // ---- CUDA graphs ------------------------------------------------------------------------------
 // Random values of scale `scale` into an f32, bf16 or f16 buffer (16-bit ones rounded).
@@ -535,21 +531,20 @@ TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
     auto dbias = f32({h}), dgamma = f32({h}), dbeta = f32({h}), dwqkv = f32({3 * h, h});
     auto dbqkv = f32({3 * h}), dw1 = f32({inter, h}), db1 = f32({inter});
     const std::vector<GuardedBytes*> written = {
-        qkv.get(), ctx.get(), lse.get(), ln_in.get(), mean.get(), rstd.get(), y.get(),
-        pre.get(), gel.get(), dln_out.get(), dres.get(), dctx.get(), dqkv.get(), dx.get(),
-        dgel.get(), dbias.get(), dgamma.get(), dbeta.get(), dwqkv.get(), dbqkv.get(),
-        dw1.get(), db1.get()};
+        qkv.get(),   ctx.get(),   lse.get(),  ln_in.get(),   mean.get(),   rstd.get(),
+        y.get(),     pre.get(),   gel.get(),  dln_out.get(), dres.get(),   dctx.get(),
+        dqkv.get(),  dx.get(),    dgel.get(), dbias.get(),   dgamma.get(), dbeta.get(),
+        dwqkv.get(), dbqkv.get(), dw1.get(),  db1.get()};
     const LayerNormParams ln{gamma->tensor(), beta->tensor()};
     auto layer = [&] {
-      for (GuardedBytes* g : {dbias.get(), dgamma.get(), dbeta.get(), dwqkv.get(), dbqkv.get(),
-                              dw1.get(), db1.get()})
+      for (GuardedBytes* g :
+           {dbias.get(), dgamma.get(), dbeta.get(), dwqkv.get(), dbqkv.get(), dw1.get(), db1.get()})
         be->zero(g->tensor());  // the gradients accumulate
-      be->linear_forward(x->tensor(), wqkv->tensor(), bqkv->tensor(), Epilogue::bias,
-                         qkv->tensor(), Tensor());
+      be->linear_forward(x->tensor(), wqkv->tensor(), bqkv->tensor(), Epilogue::bias, qkv->tensor(),
+                         Tensor());
       be->attention_forward(l, qkv->tensor(), heads, att, ctx->tensor(), lse->tensor());
-      be->residual_layernorm_forward(l, ctx->tensor(), Tensor(), x->tensor(), ln, res,
-                                     y->tensor(), ln_in->tensor(), mean->tensor(),
-                                     rstd->tensor());
+      be->residual_layernorm_forward(l, ctx->tensor(), Tensor(), x->tensor(), ln, res, y->tensor(),
+                                     ln_in->tensor(), mean->tensor(), rstd->tensor());
       be->linear_forward(y->tensor(), w1->tensor(), b1->tensor(), Epilogue::bias_gelu,
                          gel->tensor(), pre->tensor());
       // Backward: a GELU MLP's first GEMM (dgel is the gradient wrt gel, made from dy), the
@@ -562,8 +557,8 @@ TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
       be->residual_layernorm_backward(l, dln_out->tensor(), ln_in->tensor(), mean->tensor(),
                                       rstd->tensor(), ln, res, dctx->tensor(), dres->tensor(),
                                       dbias->tensor(), {dgamma->tensor(), dbeta->tensor()});
-      be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(),
-                             heads, att, dqkv->tensor());
+      be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(), heads,
+                             att, dqkv->tensor());
       be->linear_backward(x->tensor(), wqkv->tensor(), dqkv->tensor(), dx->tensor(),
                           dwqkv->tensor(), dbqkv->tensor());
     };
@@ -589,7 +584,6 @@ TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
     }
   }
 }
-
 
 // SeqLayout::fixed_launch: attention in one grid sized by the bound, from num_seqs and max_len
 // alone. Bit for bit the length-bucketed launch's results, and a graph captured over one batch
@@ -628,8 +622,8 @@ TEST(BackendOpsCuda, FixedLaunchAttentionReplaysOverNewBatches) {
     const std::vector<GuardedBytes*> written = {out.get(), lse.get(), dqkv.get()};
     auto attention = [&](const SeqLayout& l) {
       be->attention_forward(l, qkv->tensor(), heads, d, out->tensor(), lse->tensor());
-      be->attention_backward(l, qkv->tensor(), out->tensor(), lse->tensor(), dy->tensor(),
-                             heads, d, dqkv->tensor());
+      be->attention_backward(l, qkv->tensor(), out->tensor(), lse->tensor(), dy->tensor(), heads, d,
+                             dqkv->tensor());
     };
     auto results = [&] {
       be->synchronize();
@@ -673,7 +667,6 @@ TEST(BackendOpsCuda, FixedLaunchAttentionReplaysOverNewBatches) {
   }
 }
 
-
 // Dropout::device_step: the ops that draw masks (embedding, residual LayerNorm, attention;
 // forward and backward) read the step from device memory when they run. A graph captured while
 // that memory holds one step and replayed after it was set to another writes the bits of an
@@ -704,16 +697,18 @@ TEST(BackendOpsCuda, DropoutStepIsReadWhenTheOpsRun) {
     auto word = tab({vocab, h}), pos = tab({positions, h}), type = tab({2, h});
     auto gamma = f32({h}), beta = f32({h});
     auto qkv = dev_random(rng, t, {rows, 3 * h}, 2.f), dy = dev_random(rng, t, {rows, h}, 1.f);
-    auto emb = tab({rows, h}), emb_mean = f32({rows}), emb_rstd = f32({rows}), demb = tab({rows, h});
+    auto emb = tab({rows, h}), emb_mean = f32({rows}), emb_rstd = f32({rows}),
+         demb = tab({rows, h});
     auto ctx = tab({rows, h}), lse = f32({rows, heads}), dqkv = tab({rows, 3 * h});
     auto y = tab({rows, h}), ln_in = tab({rows, h}), mean = f32({rows}), rstd = f32({rows});
     auto dctx = tab({rows, h}), dres = tab({rows, h});
     auto gword = f32({vocab, h}), gpos = f32({positions, h}), gtype = f32({2, h});
     auto ggamma = f32({h}), gbeta = f32({h}), dbias = f32({h}), dlg = f32({h}), dlb = f32({h});
     const std::vector<GuardedBytes*> written = {
-        emb.get(), emb_mean.get(), emb_rstd.get(), ctx.get(), lse.get(), y.get(), ln_in.get(),
-        mean.get(), rstd.get(), dctx.get(), dres.get(), dqkv.get(), demb.get(), gword.get(),
-        gpos.get(), gtype.get(), ggamma.get(), gbeta.get(), dbias.get(), dlg.get(), dlb.get()};
+        emb.get(),   emb_mean.get(), emb_rstd.get(), ctx.get(),   lse.get(),    y.get(),
+        ln_in.get(), mean.get(),     rstd.get(),     dctx.get(),  dres.get(),   dqkv.get(),
+        demb.get(),  gword.get(),    gpos.get(),     gtype.get(), ggamma.get(), gbeta.get(),
+        dbias.get(), dlg.get(),      dlb.get()};
     const EmbeddingParams ep{word->tensor(), pos->tensor(), type->tensor(), gamma->tensor(),
                              beta->tensor()};
     const EmbeddingParams eg{gword->tensor(), gpos->tensor(), gtype->tensor(), ggamma->tensor(),
@@ -738,13 +733,12 @@ TEST(BackendOpsCuda, DropoutStepIsReadWhenTheOpsRun) {
                             emb_mean->tensor(), emb_rstd->tensor());
       be->attention_forward(l, qkv->tensor(), heads, da, ctx->tensor(), lse->tensor());
       be->residual_layernorm_forward(l, ctx->tensor(), beta->tensor(), emb->tensor(), ln, dr,
-                                     y->tensor(), ln_in->tensor(), mean->tensor(),
-                                     rstd->tensor());
+                                     y->tensor(), ln_in->tensor(), mean->tensor(), rstd->tensor());
       be->residual_layernorm_backward(l, dy->tensor(), ln_in->tensor(), mean->tensor(),
                                       rstd->tensor(), ln, dr, dctx->tensor(), dres->tensor(),
                                       dbias->tensor(), {dlg->tensor(), dlb->tensor()});
-      be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(),
-                             heads, da, dqkv->tensor());
+      be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(), heads,
+                             da, dqkv->tensor());
       be->copy(demb->tensor(), dres->tensor());
       be->embedding_backward(l, ids.tensor(), seg.tensor(), ep, de, emb_mean->tensor(),
                              emb_rstd->tensor(), demb->tensor(), eg);

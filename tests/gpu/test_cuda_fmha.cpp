@@ -121,8 +121,7 @@ TEST(CudaFmha, DtypeDispatch) {
   DevLayout dl(l);
   const int64_t rows = l.rows;
   const Dropout d = fmha_dropout(0.f, 1);
-  const std::vector<uint16_t> qkv16 =
-      round16(DType::bf16, random_floats(rng, rows * 3 * 128, 1.f));
+  const std::vector<uint16_t> qkv16 = round16(DType::bf16, random_floats(rng, rows * 3 * 128, 1.f));
   Dev16 dq(DType::bf16, {rows, 384}, qkv16);
   DevBuf<float> lse({rows, 2});
   // A mix the contract allows (qkv bf16, out f32) goes through the adapter: same result as the
@@ -136,13 +135,13 @@ TEST(CudaFmha, DtypeDispatch) {
   expect_close("fmha dispatch bf16 qkv, f32 out", out32.doubles(), dbl(ref_out), kTol);
   // lse is never low precision; a mismatched shape is an error naming the argument.
   Dev16 out16(DType::bf16, {rows, 128}), lse16(DType::bf16, {rows, 2});
-  EXPECT_THROW(b.gpu->attention_forward(dl.view(), dq.tensor(), 2, d, out16.tensor(),
-                                        lse16.tensor()),
-               Error);
+  EXPECT_THROW(
+      b.gpu->attention_forward(dl.view(), dq.tensor(), 2, d, out16.tensor(), lse16.tensor()),
+      Error);
   Dev16 short_out(DType::bf16, {rows, 64});
-  EXPECT_THROW(b.gpu->attention_forward(dl.view(), dq.tensor(), 2, d, short_out.tensor(),
-                                        lse.tensor()),
-               Error);
+  EXPECT_THROW(
+      b.gpu->attention_forward(dl.view(), dq.tensor(), 2, d, short_out.tensor(), lse.tensor()),
+      Error);
   // A view that is not 16-byte aligned runs too, through the adapter (the result is the
   // widened op's, rounded once: bf16's out tolerance).
   Dev16 big(DType::bf16, {rows * 384 + 8});

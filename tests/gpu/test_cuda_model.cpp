@@ -1,7 +1,7 @@
 // gpu label: the whole model (src/model/bert.h) on the CUDA backend, with its arena in the
-// backend's memory (Backend::alloc), against the CPU backend on the tiny config: one forward + backward
-// with dropout on, in the unpadded and padded layouts; the loss and every parameter gradient;
-// with either GELU; and the segmented CUDA graphs against the ops run one by one.
+// backend's memory (Backend::alloc), against the CPU backend on the tiny config: one forward +
+// backward with dropout on, in the unpadded and padded layouts; the loss and every parameter
+// gradient; with either GELU; and the segmented CUDA graphs against the ops run one by one.
 //
 // Tolerance: rel L2 <= 1e-4 per tensor (DESIGN.md, Testing). Both sides are fp32; the GPU sums
 // in other orders (cuBLASLt tiles, tree reductions, online softmax), and the errors of ~1e-6
@@ -93,11 +93,10 @@ TEST(CudaModel, TinyBertTanhGeluMatchesCpu) {
   check_tiny_bert(Gelu::tanh, 5e-3);
 }
 
-
-// The tiny model twice over the same weights: op by op and with graphs (segmented unless said), each with a
-// gradient of its own, on one backend as the trainer's (no index validation, which waits for
-// the device), both sized for the largest batch up front as the trainer does (an arena that grew
-// for a batch with more masked tokens would move, and the layers' graphs with it).
+// The tiny model twice over the same weights: op by op and with graphs (segmented unless said),
+// each with a gradient of its own, on one backend as the trainer's (no index validation, which
+// waits for the device), both sized for the largest batch up front as the trainer does (an arena
+// that grew for a batch with more masked tokens would move, and the layers' graphs with it).
 struct GraphedPair {
   GraphedPair(std::mt19937_64& rng, Precision precision, const BatchShape& largest,
               CudaGraphs graphs = CudaGraphs::segmented)
@@ -239,10 +238,11 @@ TEST(CudaModel, SegmentedGraphsGiveTheOpsBits) {
     EXPECT_EQ(pair.gpu->counters().graph_launches - eval_before.graph_launches,
               4 * (pair.config.layers + 1));
     EXPECT_LT(launches_on, launches_off);
-    std::printf("[graphs] %s: launches per step %lld op by op, %lld with segmented graphs (+%lld "
-                "graph launches)\n",
-                precision_name(precision), static_cast<long long>(launches_off / 2),
-                static_cast<long long>(launches_on / 2), static_cast<long long>(graphs_on / 2));
+    std::printf(
+        "[graphs] %s: launches per step %lld op by op, %lld with segmented graphs (+%lld "
+        "graph launches)\n",
+        precision_name(precision), static_cast<long long>(launches_off / 2),
+        static_cast<long long>(launches_on / 2), static_cast<long long>(graphs_on / 2));
     EXPECT_TRUE(pair.grads_on.guards_intact() && pair.grads_off.guards_intact() &&
                 pair.params.guards_intact());
   }
@@ -313,8 +313,9 @@ TEST(CudaModel, SegmentedGraphsReplayUnpaddedBatchesInTheirCapacity) {
 // counts, and in fp16 the loss scale, change every step, which the heads read from device
 // memory. Every step gives the bits of the same batch run op by op without any padding, in fp32,
 // bf16 and fp16; from the second step a step is two graph launches, from the third not one kernel
-// launch; evaluation's forwards replay a graph of their own. (In fp16 the MLM decoder's range scaling is
-// the power of two of its factor, a key of the graph: there the factor changes within one.)
+// launch; evaluation's forwards replay a graph of their own. (In fp16 the MLM decoder's range
+// scaling is the power of two of its factor, a key of the graph: there the factor changes within
+// one.)
 TEST(CudaModel, FullGraphsGiveTheOpsBitsInTwoLaunches) {
   PB_REQUIRE_CUDA_DEVICE();
   for (Precision precision : {Precision::fp32, Precision::bf16, Precision::fp16}) {

@@ -59,14 +59,16 @@ TEST(CudaPrecision, LambWritesTheRoundedCopy) {
   cfg.step = 2;
   DevBuf<float> dw({n}, w), dg({n}, g), dm({n}, m), dv({n}, v), dn({6}), dgn({1}, {gn});
   uint16_t* low = static_cast<uint16_t*>(cuda_alloc(n * 2));
-  gpu->lamb_step(lamb_table(rows.data(), 3), cfg, dgn.tensor(), dw.tensor(), dg.tensor(), dm.tensor(),
-                 dv.tensor(), dn.tensor(), Tensor(low, DType::bf16, {n}, Device::cuda));
+  gpu->lamb_step(lamb_table(rows.data(), 3), cfg, dgn.tensor(), dw.tensor(), dg.tensor(),
+                 dm.tensor(), dv.tensor(), dn.tensor(),
+                 Tensor(low, DType::bf16, {n}, Device::cuda));
   cuda_synchronize(*gpu);
   const std::vector<float> gw = dw.values();
   const std::vector<uint16_t> gl = read16(low, n);
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(gl[static_cast<size_t>(i)], lowp::float_to_bf16(gw[static_cast<size_t>(i)])) << i;
-  // The master weights are the CPU's fp32 step's to LAMB's GPU tolerance (the op table, tests/ops/op_cases.cpp).
+  // The master weights are the CPU's fp32 step's to LAMB's GPU tolerance (the op table,
+  // tests/ops/op_cases.cpp).
   std::vector<float> norms(6);
   float gnc = gn;
   cpu->lamb_step(lamb_table(rows.data(), 3), cfg, view(&gnc, {1}), view(w.data(), {n}),
@@ -136,8 +138,8 @@ TEST(CudaPrecision, TinyBertBf16MatchesCpuEmulation) {
       expect_grads_close(m.table, got.grads, fp32.grads, kGradTol, "cuda bf16 vs cpu fp32",
                          with_nsp_floor(gs, 2 * kGradTol));
     } else {
-      const double e = std::abs(got.result.loss - unpadded_gpu.result.loss) /
-                       std::abs(unpadded_gpu.result.loss);
+      const double e =
+          std::abs(got.result.loss - unpadded_gpu.result.loss) / std::abs(unpadded_gpu.result.loss);
       expect_measure("cuda bf16 padded vs unpadded: loss", e, kLossTol);
       expect_grads_close(m.table, got.grads, unpadded_gpu.grads, kGradTol,
                          "cuda bf16 padded vs unpadded", with_nsp_floor(gs, 2 * kGradTol));

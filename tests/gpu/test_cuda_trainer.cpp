@@ -74,9 +74,10 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
       }
     }
     const double err = std::abs(b.loss - a.loss) / std::abs(a.loss);
-    std::printf("[trainer-error] step %lld: loss cpu %.6f cuda %.6f (rel %.2e), grad norm %.5f "
-                "vs %.5f\n",
-                static_cast<long long>(s), a.loss, b.loss, err, a.grad_norm, b.grad_norm);
+    std::printf(
+        "[trainer-error] step %lld: loss cpu %.6f cuda %.6f (rel %.2e), grad norm %.5f "
+        "vs %.5f\n",
+        static_cast<long long>(s), a.loss, b.loss, err, a.grad_norm, b.grad_norm);
     ASSERT_TRUE(std::isfinite(b.loss));
     expect_measure("step " + std::to_string(s) + ": loss cuda vs cpu (rel)", err, 1e-4);
     EXPECT_EQ(b.skipped, false);
@@ -117,12 +118,12 @@ TEST(CudaTrainer, ThreeLambStepsMatchTheCpuTrainer) {
 // PACKBERT_SHARDED_TEST_CHILD set): three steps with the gradient travelling through the host
 // (MPI: two ranks can share one GPU, and NCCL cannot) give the unsharded run's weights, moments
 // and gradient norms bit for bit, in fp32 and in bf16 (where each sharded rank keeps only its
-// range of the fp32 master weights, model/replica.h shard_masters). The cut lies inside a tensor: its norms are the sums of its
-// two pieces' double sums of squares, added in another order than the whole tensor's, and
-// equal after the rounding to f32 unless the two double sums (a few 1e-16 apart, relative)
-// straddle a rounding boundary of f32 (2^-24 relative apart): about 1e-8 per norm, 1e-7 for
-// the test. Both ranks see the same samples (a global batch of twice them), which is all the
-// comparison needs.
+// range of the fp32 master weights, model/replica.h shard_masters). The cut lies inside a tensor:
+// its norms are the sums of its two pieces' double sums of squares, added in another order than the
+// whole tensor's, and equal after the rounding to f32 unless the two double sums (a few 1e-16
+// apart, relative) straddle a rounding boundary of f32 (2^-24 relative apart): about 1e-8 per norm,
+// 1e-7 for the test. Both ranks see the same samples (a global batch of twice them), which is all
+// the comparison needs.
 void sharded_rank() {
   int initialized = 0, provided = 0;
   MPI_Initialized(&initialized);
@@ -210,8 +211,10 @@ TEST(CudaTrainer, NvtxRangesNestThePhasesAndTheOps) {
     ASSERT_EQ(e.thread, std::this_thread::get_id());
     if (e.push) {
       ASSERT_EQ(e.depth, static_cast<int>(open.size())) << e.name;
-      if (open.empty()) ++top[e.name];
-      else inside.emplace(open.back(), e.name);
+      if (open.empty())
+        ++top[e.name];
+      else
+        inside.emplace(open.back(), e.name);
       open.push_back(e.name);
     } else {
       ASSERT_FALSE(open.empty()) << "a pop without a range";
@@ -226,17 +229,23 @@ TEST(CudaTrainer, NvtxRangesNestThePhasesAndTheOps) {
   EXPECT_EQ(top["lamb"], 1);
   for (const char* op : {"embedding_forward", "linear_forward", "attention_forward",
                          "residual_layernorm_forward", "mlm_loss", "nsp_loss", "linear_backward",
-                         "attention_backward", "embedding_backward", "lamb_update",
-                         "lamb_apply"})
+                         "attention_backward", "embedding_backward", "lamb_update", "lamb_apply"})
     EXPECT_EQ(top.count(op), 0u) << op << " outside every phase";
-  const std::pair<std::string, std::string> edges[] = {
-      {"forward", "embedding_forward"}, {"forward", "linear_forward"},
-      {"forward", "attention_forward"}, {"forward", "residual_layernorm_forward"},
-      {"forward", "heads"}, {"heads", "mlm_loss"}, {"heads", "nsp_loss"},
-      {"nsp_loss", "linear_forward"}, {"backward", "linear_backward"},
-      {"backward", "attention_backward"}, {"backward", "residual_layernorm_backward"},
-      {"backward", "embedding_backward"}, {"backward", "grad_bucket"}, {"lamb", "lamb_update"},
-      {"lamb", "lamb_apply"}};
+  const std::pair<std::string, std::string> edges[] = {{"forward", "embedding_forward"},
+                                                       {"forward", "linear_forward"},
+                                                       {"forward", "attention_forward"},
+                                                       {"forward", "residual_layernorm_forward"},
+                                                       {"forward", "heads"},
+                                                       {"heads", "mlm_loss"},
+                                                       {"heads", "nsp_loss"},
+                                                       {"nsp_loss", "linear_forward"},
+                                                       {"backward", "linear_backward"},
+                                                       {"backward", "attention_backward"},
+                                                       {"backward", "residual_layernorm_backward"},
+                                                       {"backward", "embedding_backward"},
+                                                       {"backward", "grad_bucket"},
+                                                       {"lamb", "lamb_update"},
+                                                       {"lamb", "lamb_apply"}};
   for (const auto& edge : edges)
     EXPECT_EQ(inside.count(edge), 1u) << edge.second << " never inside " << edge.first;
 #endif
@@ -252,8 +261,8 @@ TEST(CudaTrainerSharded, TwoRanksMatchTheUnshardedRunBitForBit) {
   std::string out;
   const int rc = run_command(
       std::string(PACKBERT_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 " +
-          "-x PACKBERT_SHARDED_TEST_CHILD=1 -x PACKBERT_TEST_SEED=" +
-          std::to_string(test_seed()) + " -x OMP_NUM_THREADS=1 " + self +
+          "-x PACKBERT_SHARDED_TEST_CHILD=1 -x PACKBERT_TEST_SEED=" + std::to_string(test_seed()) +
+          " -x OMP_NUM_THREADS=1 " + self +
           " --gtest_color=no"
           " --gtest_filter=CudaTrainerSharded.TwoRanksMatchTheUnshardedRunBitForBit 2>&1",
       &out);
@@ -356,12 +365,12 @@ TEST(CudaTrainer, HostWorkCountsAreTheRuntimes) {
         const cuda::HostWork d = delta(before, cuda::host_work());
         expect_same(d, delta(rt_before, runtime()),
                     std::string(precision_name(p)) + " step " + std::to_string(s));
-        std::printf("[host-work] %s step %lld (%s): %lld host syncs, %lld launches, %lld graph "
-                    "launches, %lld pageable copies\n",
-                    precision_name(p), static_cast<long long>(s),
-                    read ? "read" : "not read", static_cast<long long>(d.host_syncs),
-                    static_cast<long long>(d.launches), static_cast<long long>(d.graph_launches),
-                    static_cast<long long>(d.pageable_copies));
+        std::printf(
+            "[host-work] %s step %lld (%s): %lld host syncs, %lld launches, %lld graph "
+            "launches, %lld pageable copies\n",
+            precision_name(p), static_cast<long long>(s), read ? "read" : "not read",
+            static_cast<long long>(d.host_syncs), static_cast<long long>(d.launches),
+            static_cast<long long>(d.graph_launches), static_cast<long long>(d.pageable_copies));
         EXPECT_GT(d.launches, 0);
         if (s > 0) {
           EXPECT_EQ(d.host_syncs, read ? 1 : 0) << precision_name(p) << " step " << s;
@@ -378,12 +387,12 @@ TEST(CudaTrainer, HostWorkCountsAreTheRuntimes) {
 // train.cuda_graphs = full through the trainer: the same batch of two micro-steps every step,
 // six steps, fp32 and bf16. The capacities are fixed by the reserve (GraphCapacity), so each
 // micro-step's graphs are run at step 0 and recorded at step 1 (both at step 0 when the two
-// micro-batches share a capacity), and every graph replays from step 2. Against the same steps with graphs off: the losses of the steps read and the final weights
-// bit for bit; from step 2 a step waits for the device only on a step that reads (once) and
-// copies nothing from or to pageable memory, and from step 3 launches at least 10x fewer
-// times (kernels and graphs counted alike); the gradient round is inside the last backward's
-// graph (whose key is final from step 0: run at step 0, recorded at 1, replayed from 2).
-// Prints the counts.
+// micro-batches share a capacity), and every graph replays from step 2. Against the same steps with
+// graphs off: the losses of the steps read and the final weights bit for bit; from step 2 a step
+// waits for the device only on a step that reads (once) and copies nothing from or to pageable
+// memory, and from step 3 launches at least 10x fewer times (kernels and graphs counted alike); the
+// gradient round is inside the last backward's graph (whose key is final from step 0: run at step
+// 0, recorded at 1, replayed from 2). Prints the counts.
 TEST(CudaTrainer, FullGraphsLaunchTenTimesFewerForTheSameBits) {
   PB_REQUIRE_CUDA_DEVICE();
   std::mt19937_64 rng(test_seed());
@@ -403,7 +412,7 @@ TEST(CudaTrainer, FullGraphsLaunchTenTimesFewerForTheSameBits) {
     struct Run {
       std::vector<double> losses;
       std::vector<float> params;
-      int64_t launches = 0;            // over steps 3 .. 5
+      int64_t launches = 0;             // over steps 3 .. 5
       int64_t syncs = 0, pageable = 0;  // over steps 2 .. 5
     };
     auto train = [&](CudaGraphs graphs) {
@@ -429,8 +438,8 @@ TEST(CudaTrainer, FullGraphsLaunchTenTimesFewerForTheSameBits) {
                     static_cast<long long>(after.launches - before.launches),
                     static_cast<long long>(after.graph_launches - before.graph_launches));
         if (s >= 3)
-          r.launches += (after.launches - before.launches) +
-                        (after.graph_launches - before.graph_launches);
+          r.launches +=
+              (after.launches - before.launches) + (after.graph_launches - before.graph_launches);
         // Once everything replays, a full step is its graphs (each micro-step's forward and
         // backward, the optimizer's: norm, update, zeroing) and one launch outside them, the
         // write of the optimizer's step scalars (Lamb::step).
@@ -457,11 +466,11 @@ TEST(CudaTrainer, FullGraphsLaunchTenTimesFewerForTheSameBits) {
     EXPECT_GE(off.launches, 10 * full.launches)
         << off.launches / 3.0 << " launches per step op by op, " << full.launches / 3.0
         << " with full graphs";
-    std::printf("[graphs] %s: launches per step (kernels and graphs) %.2f op by op, %.2f with "
-                "full graphs (%.1fx fewer); host syncs per step %.2f\n",
-                precision_name(p), off.launches / 3.0, full.launches / 3.0,
-                static_cast<double>(off.launches) / static_cast<double>(full.launches),
-                full.syncs / 4.0);
+    std::printf(
+        "[graphs] %s: launches per step (kernels and graphs) %.2f op by op, %.2f with "
+        "full graphs (%.1fx fewer); host syncs per step %.2f\n",
+        precision_name(p), off.launches / 3.0, full.launches / 3.0,
+        static_cast<double>(off.launches) / static_cast<double>(full.launches), full.syncs / 4.0);
   }
 }
 

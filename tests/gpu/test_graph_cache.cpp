@@ -43,8 +43,12 @@ TEST(GraphCacheKeys, EqualityAndWordsFollowTheFieldList) {
   k.seed = 0x8000000000000001ull;
   k.side = Side::right;
   k.inner = {42, true};
-  const std::vector<int64_t> want = {-5, static_cast<int64_t>(reinterpret_cast<intptr_t>(&x)),
-                                     static_cast<int64_t>(0x8000000000000001ull), 7, 42, 1};
+  const std::vector<int64_t> want = {-5,
+                                     static_cast<int64_t>(reinterpret_cast<intptr_t>(&x)),
+                                     static_cast<int64_t>(0x8000000000000001ull),
+                                     7,
+                                     42,
+                                     1};
   EXPECT_EQ(key_words(k), want);
   // Each field alone makes two keys differ.
   Key o = k;
@@ -146,9 +150,9 @@ TEST(GraphCache, EvictsTheUnrecordedFirstThenTheOldestDownToHalf) {
   {
     Cache cache(*gpu, 4);
     cache.run(key(1), c.ops());
-    cache.run(key(1), c.ops());  // recorded
+    cache.run(key(1), c.ops());                                // recorded
     for (int64_t id : {2, 3, 4}) cache.run(key(id), c.ops());  // seen once: 4 of 4
-    EXPECT_EQ(cache.run(key(5), c.ops()), Cache::Use::ran);  // 2, 3, 4 go; 1 stays
+    EXPECT_EQ(cache.run(key(5), c.ops()), Cache::Use::ran);    // 2, 3, 4 go; 1 stays
     EXPECT_EQ(cache.size(), 2u);
     EXPECT_EQ(cache.run(key(1), c.ops()), Cache::Use::replayed);
     EXPECT_EQ(cache.run(key(2), c.ops()), Cache::Use::ran);  // forgotten: runs again

@@ -19,8 +19,8 @@
 //     whatever the readiness order and timing and on every rank; ShardExchange::all_gather of
 //     f32, bf16 and f16 bit for bit (and the same bits from both transports), also in groups
 //     each read right after its own wait (start_gathers / wait_gather); ShardExchange::sum
-//     of an f64 device tensor. The test starts mpirun on its own binary; the ranks find PACKBERT_NCCL_TEST_CHILD
-//     set and run the body.
+//     of an f64 device tensor. The test starts mpirun on its own binary; the ranks find
+//     PACKBERT_NCCL_TEST_CHILD set and run the body.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,7 +53,7 @@
 namespace packbert::test {
 namespace {
 
-constexpr float kStale = 1e30f;  // what a tensor holds before the backward writes it
+constexpr float kStale = 1e30f;                 // what a tensor holds before the backward writes it
 constexpr uint32_t kOutsideBits = 0x7FC0BEEFu;  // elements outside the tensors' span
 
 struct Table {
@@ -235,10 +235,10 @@ TEST(NcclAllreduceOneRank, CommunicatorOfOneRunsThePath) {
       EXPECT_EQ(s.buckets, static_cast<int>(ar.buckets().size()));
       const std::vector<float> got = read_back(stream.s, grads.data(), static_cast<size_t>(t.n));
       ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "round " << round;
-      std::printf("[nccl-1] bucket %zu bytes, round %d: %d buckets, %d started / %d complete "
-                  "before finish\n",
-                  bucket_bytes, round, s.buckets, s.started_before_finish,
-                  s.completed_before_finish);
+      std::printf(
+          "[nccl-1] bucket %zu bytes, round %d: %d buckets, %d started / %d complete "
+          "before finish\n",
+          bucket_bytes, round, s.buckets, s.started_before_finish, s.completed_before_finish);
     }
     // Reduce-scatter (one grouped ncclReduce per owner: here the one rank owns everything) and
     // all_gather (grouped ncclBroadcast) of the f32 buffer and of a bf16 one: nothing changes.
@@ -302,10 +302,11 @@ TEST(CudaTrainerAllreduce, NcclAndHostPathsAgreeOnOneRank) {
     const StepMetrics a = host.step(batch, [&](const float* g, int64_t n) { gh.assign(g, g + n); });
     const StepMetrics b = nccl.step(batch, [&](const float* g, int64_t n) { gn.assign(g, g + n); });
     const double err = rel_l2(gn, gh);
-    std::printf("[nccl-trainer] step %lld: loss %.6f vs %.6f, gradient rel L2 %.2e (%s), %d "
-                "buckets\n",
-                static_cast<long long>(s), a.loss, b.loss, err,
-                gn == gh ? "bitwise" : "not bitwise", b.allreduce.buckets);
+    std::printf(
+        "[nccl-trainer] step %lld: loss %.6f vs %.6f, gradient rel L2 %.2e (%s), %d "
+        "buckets\n",
+        static_cast<long long>(s), a.loss, b.loss, err, gn == gh ? "bitwise" : "not bitwise",
+        b.allreduce.buckets);
     expect_measure("step " + std::to_string(s) + ": gradient nccl vs host", err, 1e-6);
     expect_measure("step " + std::to_string(s) + ": loss nccl vs host (rel)",
                    std::abs(a.loss - b.loss) / std::abs(a.loss), 1e-6);
@@ -428,9 +429,8 @@ struct TransportResult {
 
 // One rank's part under mpirun: the reducer with the given transport against the double sum of
 // every rank's values, on the shared table.
-TransportResult run_transport(GradTransport transport, int rank, int np, int device,
-                              uint64_t seed, const Table& t, const std::vector<int64_t>& bounds,
-                              Stream& stream) {
+TransportResult run_transport(GradTransport transport, int rank, int np, int device, uint64_t seed,
+                              const Table& t, const std::vector<int64_t>& bounds, Stream& stream) {
   TransportResult result;
   const char* tname = transport == GradTransport::nccl ? "nccl" : "mpi";
   const std::string tag = std::string(tname) + " np" + std::to_string(np);
@@ -491,8 +491,7 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
     // All-reduce: a lagging backward in reverse order, then each rank its own order.
     std::vector<uint64_t> hashes;
     for (int round = 0; round < 2; ++round) {
-      cuda_ok(cudaMemcpyAsync(grads.data(), start.p, start.n * 4, cudaMemcpyHostToDevice,
-                              stream.s),
+      cuda_ok(cudaMemcpyAsync(grads.data(), start.p, start.n * 4, cudaMemcpyHostToDevice, stream.s),
               "fill");
       std::vector<int> order = reverse_order(t.spans.size());
       if (round == 1) std::shuffle(order.begin(), order.end(), own);
@@ -516,9 +515,9 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
     if (ar.capturable()) {
       BackendGraph graph;
       for (int round = 0; round < 3; ++round) {
-        cuda_ok(cudaMemcpyAsync(grads.data(), start.p, start.n * 4, cudaMemcpyHostToDevice,
-                                stream.s),
-                "fill");
+        cuda_ok(
+            cudaMemcpyAsync(grads.data(), start.p, start.n * 4, cudaMemcpyHostToDevice, stream.s),
+            "fill");
         ar.begin();
         if (round == 0) {
           graph = stream.backend->record_and_replay([&] {
@@ -541,8 +540,7 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
     // Reduce-scatter: this rank's parts hold the sum, then all_gather brings every part to
     // every rank.
     for (int round = 0; round < 2; ++round) {
-      cuda_ok(cudaMemcpyAsync(grads.data(), start.p, start.n * 4, cudaMemcpyHostToDevice,
-                              stream.s),
+      cuda_ok(cudaMemcpyAsync(grads.data(), start.p, start.n * 4, cudaMemcpyHostToDevice, stream.s),
               "fill");
       std::vector<int> order = reverse_order(t.spans.size());
       if (round == 1) std::shuffle(order.begin(), order.end(), own);
@@ -623,8 +621,8 @@ TransportResult run_transport(GradTransport transport, int rank, int np, int dev
       write_device(stream.s, half, h_mine);
       ShardExchange(ar).all_gather(Tensor(half, dt, {t.n}, Device::cuda));
       const std::vector<uint16_t> got = read_device<uint16_t>(stream.s, half, n);
-      EXPECT_EQ(std::memcmp(got.data(), h_want.data(), n * 2), 0) << dtype_name(dt)
-                                                                  << " all_gather";
+      EXPECT_EQ(std::memcmp(got.data(), h_want.data(), n * 2), 0)
+          << dtype_name(dt) << " all_gather";
       if (bucket_bytes == 4012) result.gathered.push_back(hash_of(got));
     }
     cuda_free(half);
@@ -682,10 +680,10 @@ void run_rank(int np) {
     std::printf("\n");
   }
   Stream stream(device);
-  const TransportResult nccl = run_transport(GradTransport::nccl, rank, np, device, seed, t,
-                                             bounds, stream);
-  const TransportResult mpi = run_transport(GradTransport::mpi, rank, np, device, seed, t,
-                                            bounds, stream);
+  const TransportResult nccl =
+      run_transport(GradTransport::nccl, rank, np, device, seed, t, bounds, stream);
+  const TransportResult mpi =
+      run_transport(GradTransport::mpi, rank, np, device, seed, t, bounds, stream);
   // Gathers move bits: the two transports agree exactly. Sums agree to rounding (each checked
   // against the exact sum above); whether bitwise is printed, not required (MPI's order is its
   // own).

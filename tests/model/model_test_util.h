@@ -90,8 +90,8 @@ inline std::vector<Sample> model_samples_masked(std::mt19937_64& rng,
     const int64_t n = masked_count(samples);
     if (n >= lo && n <= hi) return samples;
   }
-  throw std::runtime_error("model_samples_masked: these lengths do not give " +
-                           std::to_string(lo) + " .. " + std::to_string(hi) + " masked tokens");
+  throw std::runtime_error("model_samples_masked: these lengths do not give " + std::to_string(lo) +
+                           " .. " + std::to_string(hi) + " masked tokens");
 }
 
 // Host parameters initialised as the model would be.
@@ -113,8 +113,7 @@ struct StepOutput {
 };
 
 // The options of a precision, an MST chunk count and a recomputation mode.
-inline BertOptions precision_options(Precision p, int64_t mst = 1,
-                                     Recompute r = Recompute::none) {
+inline BertOptions precision_options(Precision p, int64_t mst = 1, Recompute r = Recompute::none) {
   BertOptions o;
   o.precision = p;
   o.mst_chunks = mst;
@@ -262,8 +261,8 @@ inline double grad_error(const ParamTable& table, const ParamTensor& t,
 // an "[model-error]" line naming the tensor. Returns the worst error and its tensor.
 inline std::pair<double, std::string> expect_grads_close(const ParamTable& table,
                                                          const std::vector<float>& got,
-                                                         const std::vector<float>& want,
-                                                         double tol, const std::string& what,
+                                                         const std::vector<float>& want, double tol,
+                                                         const std::string& what,
                                                          const GradCompare& c = {}) {
   std::pair<double, std::string> worst{0.0, ""}, worst_cancelling{0.0, ""};
   for (const ParamTensor& t : table.tensors()) {

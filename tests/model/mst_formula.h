@@ -75,8 +75,7 @@ inline size_t total_bytes(const ActivationBytes& k) {
 
 // The MST target's measure: the MLP intermediate plus the MLM logits.
 inline size_t intermediate_bytes(const ActivationBytes& k) {
-  return k[static_cast<int>(ActivationKind::mlp)] +
-         k[static_cast<int>(ActivationKind::mlm_logits)];
+  return k[static_cast<int>(ActivationKind::mlp)] + k[static_cast<int>(ActivationKind::mlm_logits)];
 }
 
 }  // namespace packbert::test

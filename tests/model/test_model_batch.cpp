@@ -108,8 +108,8 @@ TEST(ModelBatch, LoaderPacksArePlacedAsGiven) {
   const Batch b = make_batch(samples, BatchLayout::packed, 32, {{3, 1}, {2}, {0}});
   EXPECT_EQ(b.rows, 3 * 32);
   EXPECT_EQ(b.seq_start, (std::vector<int32_t>{0, 7, 32, 64}));
-  EXPECT_EQ(b.sample_id, (std::vector<int64_t>{samples[3].id, samples[1].id, samples[2].id,
-                                               samples[0].id}));
+  EXPECT_EQ(b.sample_id,
+            (std::vector<int64_t>{samples[3].id, samples[1].id, samples[2].id, samples[0].id}));
 }
 
 TEST(ModelBatch, EmptyBatch) {
@@ -319,9 +319,9 @@ TEST(ModelBatch, CapacityAddsPaddingRowsAndEmptySlotsOnly) {
   const std::vector<float> plain = attend(b), padded = attend(c);
   EXPECT_TRUE(std::equal(plain.begin(), plain.end(), padded.begin()))
       << "the real rows' attention changed";
-  EXPECT_TRUE(std::all_of(padded.begin() + b.rows * h, padded.end(),
-                          [](float v) { return v == 0.f; }))
-      << "a padding row's output is not 0";
+  EXPECT_TRUE(std::all_of(padded.begin() + b.rows * h, padded.end(), [](float v) {
+    return v == 0.f;
+  })) << "a padding row's output is not 0";
 
   auto draw = [&](size_t n) {
     std::vector<float> v(n);
@@ -331,8 +331,8 @@ TEST(ModelBatch, CapacityAddsPaddingRowsAndEmptySlotsOnly) {
   std::vector<float> x = draw(static_cast<size_t>(rows * h)), w = draw(static_cast<size_t>(h * h)),
                      bias = draw(static_cast<size_t>(h)), cw = draw(static_cast<size_t>(2 * h)),
                      cb = draw(2);
-  const PoolerParams p{view(w.data(), {h, h}), view(bias.data(), {h}),
-                       view(cw.data(), {2, h}), view(cb.data(), {2})};
+  const PoolerParams p{view(w.data(), {h, h}), view(bias.data(), {h}), view(cw.data(), {2, h}),
+                       view(cb.data(), {2})};
   auto nsp = [&](const Batch& batch, int32_t& correct) {
     const int64_t s = batch.num_seqs();
     std::vector<float> ws(static_cast<size_t>(nsp_workspace_elems(s, h)));

@@ -79,7 +79,8 @@ TEST(ModelForward, LogitsHooksReproduceTheLosses) {
     rows_seen += n;
   };
   eval.nsp_logits = [&](const std::vector<float>& z, int64_t s) {
-    for (int64_t i = 0; i < s; ++i) nsp_sum += ce(z.data() + 2 * i, 2, b.nsp_labels[static_cast<size_t>(i)], &nsp_ok);
+    for (int64_t i = 0; i < s; ++i)
+      nsp_sum += ce(z.data() + 2 * i, 2, b.nsp_labels[static_cast<size_t>(i)], &nsp_ok);
     seqs_seen += s;
   };
   const ForwardResult r = bert.forward(b, b.num_masked(), b.num_seqs(), 0, 0, eval);
@@ -201,8 +202,8 @@ TEST(ModelForward, BackwardAnnouncesEachTensorOnceWhenItsGradientIsFinal) {
     EXPECT_EQ(tensors[order.front()].name.rfind("cls.", 0), 0u) << tensors[order.front()].name;
     EXPECT_EQ(tensors[order.back()].name, "bert.embeddings.word_embeddings.weight");
     for (size_t i = 0; i < tensors.size(); ++i)
-      EXPECT_TRUE(std::equal(at_ready[i].begin(), at_ready[i].end(),
-                             grads.begin() + tensors[i].offset))
+      EXPECT_TRUE(
+          std::equal(at_ready[i].begin(), at_ready[i].end(), grads.begin() + tensors[i].offset))
           << tensors[i].name << " changed after it was announced";
   }
 }

@@ -52,15 +52,15 @@ struct Case {
     for (Sample& x : samples) x.next_sentence_label = 1;  // see test_model_precision.cpp
   }
   Batch batch(BatchLayout l, size_t first = 0, size_t count = 0) const {
-    const std::vector<Sample> part(samples.begin() + static_cast<int64_t>(first),
-                                   count ? samples.begin() + static_cast<int64_t>(first + count)
-                                         : samples.end());
+    const std::vector<Sample> part(
+        samples.begin() + static_cast<int64_t>(first),
+        count ? samples.begin() + static_cast<int64_t>(first + count) : samples.end());
     return make_batch(part, l, kMaxSeqLen, pack_samples(part, kMaxSeqLen));
   }
   // A step of `micro` batches on a model whose FP8 scales were warmed by `warm` steps of the
   // same micro-batches (each ending in fp8_end_step). The gradients of the last step only.
-  StepOutput run(Backend& be, const std::vector<Batch>& micro, const BertOptions& o,
-                 int warm = 1, std::vector<float>* scales = nullptr) {
+  StepOutput run(Backend& be, const std::vector<Batch>& micro, const BertOptions& o, int warm = 1,
+                 std::vector<float>* scales = nullptr) {
     StepOutput out;
     out.grads.assign(model.params.size(), 0.f);
     Bert bert(model.config, be, model.params_view(), view(out.grads.data(), {model.table.total()}),
@@ -144,7 +144,8 @@ TEST(ModelFp8, LayoutsAgree) {
   auto rng = model_rng(63);
   auto be = make_cpu_backend();
   Case c(rng, 10);
-  const StepOutput want = c.run(*be, {c.batch(BatchLayout::unpadded)}, precision_options(Precision::fp8));
+  const StepOutput want =
+      c.run(*be, {c.batch(BatchLayout::unpadded)}, precision_options(Precision::fp8));
   for (BatchLayout l : {BatchLayout::packed, BatchLayout::padded}) {
     const StepOutput got = c.run(*be, {c.batch(l)}, precision_options(Precision::fp8));
     const std::string what = std::string("fp8 ") + batch_layout_name(l) + " vs unpadded";
@@ -164,8 +165,8 @@ TEST(ModelFp8, MstChunksAndRecomputationAgree) {
       {2, Recompute::mlp}, {4, Recompute::mlp}, {3, Recompute::layer}, {1, Recompute::layer}};
   for (const auto& [m, r] : variants) {
     const StepOutput got = c.run(*be, b, precision_options(Precision::fp8, m, r));
-    const std::string what = "fp8 M=" + std::to_string(m) + " recompute " + recompute_name(r) +
-                             " vs M=1";
+    const std::string what =
+        "fp8 M=" + std::to_string(m) + " recompute " + recompute_name(r) + " vs M=1";
     expect_loss_close(got, want, kFp8LossTol, what);
     expect_grads_close(c.model.table, got.grads, want.grads, kFp8GradTol, what,
                        with_nsp_floor(c.gs, kFp8CancellingTol));
@@ -179,10 +180,11 @@ TEST(ModelFp8, TwoMicroStepsAgreeWithOne) {
   auto be = make_cpu_backend();
   Case c(rng, 10);
   std::vector<float> s1, s2;
-  const StepOutput want = c.run(*be, {c.batch(BatchLayout::unpadded)}, precision_options(Precision::fp8), 1, &s1);
-  const StepOutput got = c.run(*be, {c.batch(BatchLayout::unpadded, 0, 4),
-                                     c.batch(BatchLayout::unpadded, 4, 6)},
-                               precision_options(Precision::fp8), 1, &s2);
+  const StepOutput want =
+      c.run(*be, {c.batch(BatchLayout::unpadded)}, precision_options(Precision::fp8), 1, &s1);
+  const StepOutput got =
+      c.run(*be, {c.batch(BatchLayout::unpadded, 0, 4), c.batch(BatchLayout::unpadded, 4, 6)},
+            precision_options(Precision::fp8), 1, &s2);
   expect_loss_close(got, want, kFp8LossTol, "fp8 2 micro-steps vs 1");
   expect_grads_close(c.model.table, got.grads, want.grads, kFp8GradTol, "fp8 2 micro-steps vs 1",
                      with_nsp_floor(c.gs, kFp8CancellingTol));

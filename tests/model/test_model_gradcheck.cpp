@@ -181,8 +181,7 @@ void check_every_tensor(Gelu form) {
         double p;
         fd = half_difference(t.offset + k, {h}, &p) / h;
       }
-      const double err =
-          std::abs(fd - g[k]) / (2e-3 * gmax + 1e-2 * std::abs(g[k]) + noise(h));
+      const double err = std::abs(fd - g[k]) / (2e-3 * gmax + 1e-2 * std::abs(g[k]) + noise(h));
       if (err > worst_coord) worst_coord = err, worst_coord_name = t.name;
       EXPECT_LE(err, 1.0) << t.name << "[" << k << "]: fd " << fd << " analytic " << g[k];
     }

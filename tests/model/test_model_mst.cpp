@@ -108,8 +108,7 @@ TEST(ModelMst, EveryLayoutMatchesItsUnchunkedRun) {
     const StepOutput want = run_step(*be, m, {b}, gm, gs, step, seed);
     for (Recompute r : {Recompute::none, Recompute::mlp, Recompute::layer}) {
       const StepOutput got = run_step(*be, m, {b}, gm, gs, step, seed, mst(3, r));
-      expect_same(m, got, want, gs,
-                  std::string(batch_layout_name(layout)) + " " + name_of(3, r));
+      expect_same(m, got, want, gs, std::string(batch_layout_name(layout)) + " " + name_of(3, r));
     }
   }
 }
@@ -215,8 +214,8 @@ TEST(ModelMst, AutoChunksFitTheBudget) {
   const Batch b = make_batch(samples, BatchLayout::unpadded, kMaxSeqLen);
   std::vector<float> grads(m.params.size());
   const Tensor g = view(grads.data(), {m.table.total()});
-  const size_t at4 = Bert(m.config, *be, m.params_view(), g, mst(4, Recompute::none))
-                         .activation_bytes(b.shape());
+  const size_t at4 =
+      Bert(m.config, *be, m.params_view(), g, mst(4, Recompute::none)).activation_bytes(b.shape());
   BertOptions o = mst(0, Recompute::none);
   o.activation_budget_bytes = at4;  // M = 2 does not fit, 4 does
   Bert bert(m.config, *be, m.params_view(), g, o);

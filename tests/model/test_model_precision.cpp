@@ -37,10 +37,10 @@ constexpr int kMaxSeqLen = 64;
 // Those sums (cancels_at_init: attention's query and key gradients, a softmax gradient
 // P (dP - rowsum(P dP)) of a nearly uniform P, and the NSP head's) are small remainders of their
 // terms, whose rounding does not cancel: they reached 1.7e-2 (bf16, a query bias) and 2.1e-3
-// (f16) in two sweeps of 100 seeds, and are held to twice the bar (margins 3.5 and 4.8). A real bug (a wrong rounding, a dtype read as another, a
-// lost accumulation) gives errors of order 1e-1 and above. The loss is a sum over many tokens
-// whose roundings average out: measured worst 3.1e-5 (bf16) and 5.2e-6 (f16) against
-// DESIGN.md's 1e-2.
+// (f16) in two sweeps of 100 seeds, and are held to twice the bar (margins 3.5 and 4.8). A real bug
+// (a wrong rounding, a dtype read as another, a lost accumulation) gives errors of order 1e-1 and
+// above. The loss is a sum over many tokens whose roundings average out: measured worst 3.1e-5
+// (bf16) and 5.2e-6 (f16) against DESIGN.md's 1e-2.
 constexpr double kLossTol = 1e-2;
 double grad_tol(Precision p) { return p == Precision::bf16 ? 3e-2 : 5e-3; }
 // Inside one precision, layouts and MST chunkings compute every stored activation by the same
@@ -135,11 +135,12 @@ TEST_P(PrecisionVsFp32, LayoutsAgreeWithinThePrecision) {
   auto rng = model_rng(21 + static_cast<uint64_t>(p));
   auto be = make_cpu_backend();
   Case c(rng, 10);
-  const StepOutput want = c.run_scaled(*be, c.batch(BatchLayout::unpadded), precision_options(p), scale_for(p));
+  const StepOutput want =
+      c.run_scaled(*be, c.batch(BatchLayout::unpadded), precision_options(p), scale_for(p));
   for (BatchLayout l : {BatchLayout::packed, BatchLayout::padded}) {
     const StepOutput got = c.run_scaled(*be, c.batch(l), precision_options(p), scale_for(p));
-    const std::string what = std::string(precision_name(p)) + " " + batch_layout_name(l) +
-                             " vs unpadded";
+    const std::string what =
+        std::string(precision_name(p)) + " " + batch_layout_name(l) + " vs unpadded";
     expect_loss_close(got, want, kSamePrecisionLossTol, what);
     expect_grads_close(c.model.table, got.grads, want.grads, grad_tol(p), what,
                        with_nsp_floor(c.gs, 2 * grad_tol(p)));
@@ -165,7 +166,8 @@ TEST_P(PrecisionVsFp32, MstChunksAndRecomputationAgreeWithinThePrecision) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Model, PrecisionVsFp32, ::testing::Values(Precision::bf16, Precision::fp16),
+INSTANTIATE_TEST_SUITE_P(Model, PrecisionVsFp32,
+                         ::testing::Values(Precision::bf16, Precision::fp16),
                          [](const auto& info) { return std::string(precision_name(info.param)); });
 
 TEST(ModelPrecision, ArenaHoldsActivationsInSixteenBits) {
@@ -174,7 +176,8 @@ TEST(ModelPrecision, ArenaHoldsActivationsInSixteenBits) {
   Case c(rng, 6);
   const BatchShape shape = c.batch(BatchLayout::unpadded).shape();
   std::vector<float> grads(c.model.params.size());
-  Bert fp32(c.model.config, *be, c.model.params_view(), view(grads.data(), {c.model.table.total()}));
+  Bert fp32(c.model.config, *be, c.model.params_view(),
+            view(grads.data(), {c.model.table.total()}));
   Bert bf16(c.model.config, *be, c.model.params_view(), view(grads.data(), {c.model.table.total()}),
             precision_options(Precision::bf16));
   EXPECT_FALSE(fp32.weights().lowp().defined());
@@ -195,8 +198,8 @@ TEST(ModelPrecision, ArenaHoldsActivationsInSixteenBits) {
               static_cast<double>(r16.step_bytes) / static_cast<double>(r32.step_bytes));
   EXPECT_EQ(r16.step_bytes, bf16.activation_bytes(shape));
   EXPECT_LT(r16.step_bytes, r32.step_bytes);
-  for (ActivationKind k : {ActivationKind::hidden, ActivationKind::mlp,
-                           ActivationKind::grad_scratch}) {
+  for (ActivationKind k :
+       {ActivationKind::hidden, ActivationKind::mlp, ActivationKind::grad_scratch}) {
     const auto i = static_cast<size_t>(k);
     EXPECT_NEAR(static_cast<double>(r16.step_by_kind[i]),
                 static_cast<double>(r32.step_by_kind[i]) / 2, 256.0 * 32)
@@ -249,7 +252,8 @@ TEST(ModelPrecision, ScaledFp16StepEqualsTheUnscaledOne) {
   expect_loss_close(s1k, fp32, kLossTol, "fp16 scaled 2^10 vs fp32");
   const GradCompare nsp_floor = with_nsp_floor(c.gs, 2 * tol);
   const double e1k = expect_grads_close(c.model.table, s1k.grads, fp32.grads, tol,
-                                        "fp16 scaled 2^10 vs fp32", nsp_floor).first;
+                                        "fp16 scaled 2^10 vs fp32", nsp_floor)
+                         .first;
   expect_grads_close(c.model.table, s16k.grads, fp32.grads, tol, "fp16 scaled 2^14 vs fp32",
                      nsp_floor);
   expect_grads_close(c.model.table, s16k.grads, s1k.grads, tol, "fp16 scaled 2^14 vs 2^10",
@@ -257,8 +261,8 @@ TEST(ModelPrecision, ScaledFp16StepEqualsTheUnscaledOne) {
   double e_plain = 0;
   for (const ParamTensor& t : c.model.table.tensors())
     if (!is_key_bias(t.name) && t.name != "cls.seq_relationship.bias")
-      e_plain = std::max(e_plain, rel_l2(plain.grads.data() + t.offset,
-                                         fp32.grads.data() + t.offset, t.size));
+      e_plain = std::max(
+          e_plain, rel_l2(plain.grads.data() + t.offset, fp32.grads.data() + t.offset, t.size));
   std::printf("[model-error] fp16 unscaled vs fp32: worst %.2e (scaled: %.2e)\n", e_plain, e1k);
   expect_measure("fp16 vs fp32, worst tensor: scaled 2^10 / unscaled", e1k / e_plain, 1.0);
 }
@@ -396,9 +400,10 @@ TEST(PrecisionLamb, LowPrecisionCopyIsRoundedMaster) {
       ASSERT_EQ(0, std::memcmp(a.w.data(), b.w.data(), a.w.size() * 4));
       std::vector<bool> in_row(a.w.size(), false);
       for (const LambTensor& r : a.rows)
-        for (int64_t i = r.offset; i < r.offset + r.size; ++i) in_row[static_cast<size_t>(i)] = true;
+        for (int64_t i = r.offset; i < r.offset + r.size; ++i)
+          in_row[static_cast<size_t>(i)] = true;
       for (size_t i = 0; i < low.size(); ++i) {
-        const uint16_t want = !in_row[i]              ? uint16_t{0x7777}
+        const uint16_t want = !in_row[i]         ? uint16_t{0x7777}
                               : t == DType::bf16 ? lowp::float_to_bf16(a.w[i])
                                                  : lowp::float_to_f16(a.w[i]);
         ASSERT_EQ(low[i], want) << dtype_name(t) << " element " << i << " step " << s;

@@ -72,7 +72,9 @@ Args parse(int argc, char** argv) {
 
 #define CHECK_OR_FAIL(cond, ...) PB_REQUIRE(cond, "check failed: " __VA_ARGS__)
 
-uint64_t mix(uint64_t a, uint64_t b) { return (a ^ (b + 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull; }
+uint64_t mix(uint64_t a, uint64_t b) {
+  return (a ^ (b + 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+}
 
 // FNV-1a over the bytes: equal hashes = equal bits (for the purpose of this test).
 uint64_t hash_floats(const std::vector<float>& v) {
@@ -107,8 +109,7 @@ Layout make_layout(uint64_t seed) {
   l.span_hi = l.spans.back().offset + l.spans.back().size;
   l.n = l.span_hi + 53;
   l.covered.assign(static_cast<size_t>(l.n), 0);
-  for (const GradSpan& s : l.spans)
-    std::fill_n(l.covered.begin() + s.offset, s.size, 1);
+  for (const GradSpan& s : l.spans) std::fill_n(l.covered.begin() + s.offset, s.size, 1);
   return l;
 }
 
@@ -239,13 +240,13 @@ void check_reduce_scatter(Backend& backend, uint64_t seed, int rank, int size, b
     shard_total += s.size;
     for (int64_t i = s.offset; i < s.offset + s.size; ++i) {
       const auto j = static_cast<size_t>(i);
-      CHECK_OR_FAIL(near(grads[j], j), "rank {}: reduce-scatter element {} is {}, the sum {}",
-                    rank, i, grads[j], sum[j]);
+      CHECK_OR_FAIL(near(grads[j], j), "rank {}: reduce-scatter element {} is {}, the sum {}", rank,
+                    i, grads[j], sum[j]);
       mine[j] = 1;
     }
   }
-  CHECK_OR_FAIL(shard_total == own_hi - own_lo, "rank {}: shards hold {} of its {} elements",
-                rank, shard_total, own_hi - own_lo);
+  CHECK_OR_FAIL(shard_total == own_hi - own_lo, "rank {}: shards hold {} of its {} elements", rank,
+                shard_total, own_hi - own_lo);
   // Whatever is outside this rank's shards is overwritten by the gather: poison it.
   for (size_t i = 0; i < grads.size(); ++i)
     if (!mine[i]) grads[i] = std::nanf("");
@@ -271,7 +272,8 @@ int run(const Args& args, int rank, int size) {
     seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
     MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   }
-  if (rank == 0) std::cout << fmt::format("np {} seed {} (rerun with --seed {})\n", size, seed, seed);
+  if (rank == 0)
+    std::cout << fmt::format("np {} seed {} (rerun with --seed {})\n", size, seed, seed);
   check_mpi_errors_become_errors();
 
   const Layout l = make_layout(seed);
@@ -313,8 +315,10 @@ int run(const Args& args, int rank, int size) {
         if (round < 2) {  // compute between the tensors: random, different on every rank
           std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
         }
-        if (round == 1) ar.ready(l.spans[i].offset, l.spans[i].size);
-        else ar.ready_tensor(i);
+        if (round == 1)
+          ar.ready(l.spans[i].offset, l.spans[i].size);
+        else
+          ar.ready_tensor(i);
       }
       if (round == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // more compute
       const GradReduceStats st = ar.finish();
@@ -341,7 +345,9 @@ int run(const Args& args, int rank, int size) {
             "bucket {:>10} B, {:>3} buckets, round {} ({}): started before finish {:5.1f}, "
             "completed before finish {:5.1f} (mean over ranks), finish wait max {:.2f} ms\n",
             bytes, st.buckets, round,
-            round == 0 ? "reverse + pauses" : round == 1 ? "own order" : "at once",
+            round == 0   ? "reverse + pauses"
+            : round == 1 ? "own order"
+                         : "at once",
             static_cast<double>(sums[0]) / size, static_cast<double>(sums[1]) / size,
             1e3 * max_wait);
       }

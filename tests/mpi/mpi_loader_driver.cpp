@@ -50,8 +50,9 @@ using Args = test::DriverArgs;
 
 // The sample at (shard, row): a function of the seed alone.
 Sample make_sample(uint64_t seed, int64_t shard, int64_t row, int max_len) {
-  std::mt19937_64 rng(OrderRng(seed, 0x73616d706c65, static_cast<uint64_t>(shard),
-                               static_cast<uint64_t>(row)).next());
+  std::mt19937_64 rng(
+      OrderRng(seed, 0x73616d706c65, static_cast<uint64_t>(shard), static_cast<uint64_t>(row))
+          .next());
   return test::random_sample(rng, 5, max_len, kMaxPredictions);
 }
 
@@ -61,7 +62,8 @@ std::string shard_path(const std::string& dir, int64_t i) {
 
 void write_mode(const Args& a) {
   const uint64_t seed = test::test_seed();
-  const int64_t shards = a.num("shards", 7), lo = a.num("min-rows", 40), hi = a.num("max-rows", 260);
+  const int64_t shards = a.num("shards", 7), lo = a.num("min-rows", 40),
+                hi = a.num("max-rows", 260);
   const int max_len = static_cast<int>(a.num("max-len", 64));
   std::filesystem::remove_all(a.dir);
   std::filesystem::create_directories(a.dir);
@@ -149,8 +151,8 @@ void run_mode(const Args& a, int rank, int size) {
     resume = loader_position_from_json(ss.str());
   }
   DataLoader loader(MPI_COMM_WORLD, {a.dir}, o, resume);
-  const int64_t last = a.has("steps") ? a.num("steps", 0)
-                                      : a.num("epochs", 2) * loader.steps_per_epoch();
+  const int64_t last =
+      a.has("steps") ? a.num("steps", 0) : a.num("epochs", 2) * loader.steps_per_epoch();
   std::ofstream out(fmt::format("{}.rank{}.txt", a.str("out", "loader"), rank));
   out << "# np " << size << " rank " << rank << " seed " << seed << "\n";
   std::mt19937 jitter(static_cast<unsigned>(rank + 1));
@@ -167,8 +169,8 @@ void run_mode(const Args& a, int rank, int size) {
     for (const LoaderMicroBatch& mb : b.micro_batches) local[1] += mb.masked_tokens;
     MPI_Allreduce(local, global, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     PB_REQUIRE(global[0] == b.global_samples && global[1] == b.global_masked_tokens,
-               "step {}: ranks hold {} samples / {} masked, the plan says {} / {}", step,
-               global[0], global[1], b.global_samples, b.global_masked_tokens);
+               "step {}: ranks hold {} samples / {} masked, the plan says {} / {}", step, global[0],
+               global[1], b.global_samples, b.global_masked_tokens);
     out << "step " << b.step << " epoch " << b.epoch << " begin " << b.epoch_begin << " end "
         << b.epoch_end << " global " << b.global_samples << "\n";
     for (size_t m = 0; m < b.micro_batches.size(); ++m) {
@@ -178,8 +180,7 @@ void run_mode(const Args& a, int rank, int size) {
     }
     waited += b.wait_seconds;
     samples += b.num_samples();
-    if (a.has("jitter"))
-      std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 4000));
+    if (a.has("jitter")) std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 4000));
   }
   if (a.has("save") && rank == 0) {
     std::ofstream(a.str("save", "")) << loader_position_to_json(loader.position()) << "\n";

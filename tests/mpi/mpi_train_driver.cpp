@@ -3,8 +3,8 @@
 //
 //   mpi_train_driver write DIR [--shards S] [--rows N] [--max-len L] [--min-len K]
 //     Writes S shards of N random valid samples (lengths K..L, K = 5 by default, up to 12 masked
-//     tokens, BERT's 30522 ids) and DIR/manifest.txt. The seed is PACKBERT_TEST_SEED or fresh, written to the
-//     manifest; every run of the test reads the same shards, so runs are comparable.
+//     tokens, BERT's 30522 ids) and DIR/manifest.txt. The seed is PACKBERT_TEST_SEED or fresh,
+//     written to the manifest; every run of the test reads the same shards, so runs are comparable.
 //
 //   mpi_train_driver run DIR --out OUTDIR [--steps N] [--batch B] [--micro M]
 //                            [--layout unpadded|packed|padded] [--lr X] [--no-dropout]
@@ -57,8 +57,8 @@ void write_mode(const Args& a) {
   const int64_t shards = a.num("shards", 2), rows = a.num("rows", 200);
   const int max_len = static_cast<int>(a.num("max-len", 64));
   const int min_len = static_cast<int>(a.num("min-len", 5));
-  PB_REQUIRE(min_len >= 5 && min_len <= max_len, "--min-len {}: from 5 to --max-len ({})",
-             min_len, max_len);
+  PB_REQUIRE(min_len >= 5 && min_len <= max_len, "--min-len {}: from 5 to --max-len ({})", min_len,
+             max_len);
   std::filesystem::remove_all(a.dir);
   std::filesystem::create_directories(a.dir);
   std::mt19937_64 rng(seed);
@@ -175,15 +175,15 @@ void run_mode(const Args& a, int rank, int size) {
     });
     if (rank == 0) {
       loss_file << fmt::format("{} {:.9e} {:.9e} {:.9e} {:.6f} {:.6f} {:.9e}\n", m.step, m.loss,
-                               m.mlm_loss, m.nsp_loss, m.mlm_accuracy, m.nsp_accuracy,
-                               m.grad_norm);
+                               m.mlm_loss, m.nsp_loss, m.mlm_accuracy, m.nsp_accuracy, m.grad_norm);
       std::cout << fmt::format(
           "step {:3d} loss {:.6f} mlm {:.4f} nsp {:.4f} acc {:.3f} |g| {:.4f} lr {:.2e} "
           "buckets {} (overlapped {}{})\n",
           m.step, m.loss, m.mlm_loss, m.nsp_loss, m.mlm_accuracy, m.grad_norm, m.lr,
           m.allreduce.buckets, m.allreduce.started_before_finish,
-          m.allreduce.graph == 0 ? "" : m.allreduce.graph == 1 ? ", recorded in a graph"
-                                                               : ", replayed in a graph");
+          m.allreduce.graph == 0   ? ""
+          : m.allreduce.graph == 1 ? ", recorded in a graph"
+                                   : ", replayed in a graph");
     }
     rounds_in_graph[m.allreduce.graph] += 1;
   }

@@ -86,7 +86,8 @@ struct HostT {
   DType t;
   std::vector<int64_t> dims;
   std::vector<uint8_t> b;
-  HostT(DType type, std::vector<int64_t> d, const std::vector<float>& v) : t(type), dims(std::move(d)) {
+  HostT(DType type, std::vector<int64_t> d, const std::vector<float>& v)
+      : t(type), dims(std::move(d)) {
     if (is_lowp(t)) {
       const std::vector<uint16_t> r = round16(t, v);
       b.resize(r.size() * 2);
@@ -122,7 +123,6 @@ struct HostT {
   }
 };
 
-
 // The low-precision linear ops' bar (linear_forward / linear_backward / gather_rows_backward with
 // repeats): CUDA and the CPU's emulation differ by one 16-bit rounding per element, not by
 // summation order alone: CUDA applies GELU and its derivative to the stored 16-bit
@@ -150,9 +150,9 @@ std::string ep_name(Epilogue e) {
 }
 
 // A bound on |loss - loss'| of two fp32 evaluations of the NSP loss in any summation order, from
-// its fp32 inputs (a 16-bit input widened is exact in fp32) in double. With u = 2^-24 and g(n) = n u / (1 - n u)
-// (a sum of n fp32 terms in any order is off by at most g(n) times the sum of their magnitudes),
-// for sequence s, logit j, pooled unit k, each value is off by at most:
+// its fp32 inputs (a 16-bit input widened is exact in fp32) in double. With u = 2^-24 and g(n) = n
+// u / (1 - n u) (a sum of n fp32 terms in any order is off by at most g(n) times the sum of their
+// magnitudes), for sequence s, logit j, pooled unit k, each value is off by at most:
 //   pre_sk    = bp_k + sum_i wp_ki x_si       g(h+1) P_sk, with P_sk = |bp_k| + sum_i |wp_ki x_si|
 //   pooled_sk = tanh(pre_sk)                  g(h+1) P_sk + 4u |pooled_sk|
 //                                             (|tanh'| <= 1; tanhf within 2 ulp)
@@ -163,10 +163,9 @@ std::string ep_name(Epilogue e) {
 //   loss      = init + scale sum_s ce_s       scale sum_s dce_s + g(s+1) (|init| + scale sum|ce|)
 // Each side is within that of the exact value, so the two are within twice it.
 double nsp_loss_bound(const HostLayout& l, const std::vector<float>& x,
-                             const std::vector<float>& wp, const std::vector<float>& bp,
-                             const std::vector<float>& wc, const std::vector<float>& bc,
-                             const std::vector<int32_t>& labels, double init, double scale,
-                             int64_t h) {
+                      const std::vector<float>& wp, const std::vector<float>& bp,
+                      const std::vector<float>& wc, const std::vector<float>& bc,
+                      const std::vector<int32_t>& labels, double init, double scale, int64_t h) {
   constexpr double u = 1.0 / (1 << 24);
   auto g = [](double n) { return n * u / (1 - n * u); };
   auto at = [](const std::vector<float>& v, int64_t i) {
@@ -254,8 +253,8 @@ Tensor OpRun::in(const std::string& name, std::vector<int64_t> dims,
                  const std::vector<int64_t>& values, Check check) {
   return add(name, DType::i64, std::move(dims), values.data(), check, false);
 }
-Tensor OpRun::in_bits(const std::string& name, DType t, std::vector<int64_t> dims,
-                      const void* bits, Check check) {
+Tensor OpRun::in_bits(const std::string& name, DType t, std::vector<int64_t> dims, const void* bits,
+                      Check check) {
   return add(name, t, std::move(dims), bits, check, false);
 }
 Tensor OpRun::out(const std::string& name, DType t, std::vector<int64_t> dims, Check check) {
@@ -344,11 +343,8 @@ void compare_runs(const std::string& what, const OpRun& want, const OpRun& got) 
     const GuardedBytes& ref = want.buf(e.name);
     switch (e.check.kind) {
       case Check::none:
-      case Check::unchanged:
-        break;
-      case Check::close:
-        expect_close(w, e.buf->doubles(), ref.doubles(), e.check.tol);
-        break;
+      case Check::unchanged: break;
+      case Check::close: expect_close(w, e.buf->doubles(), ref.doubles(), e.check.tol); break;
       case Check::increments: {
         const std::vector<double> init = widen_bytes(e.buf->dtype(), e.initial, e.buf->size());
         std::vector<double> a = e.buf->doubles(), b = ref.doubles();
@@ -417,10 +413,11 @@ bool register_op_tests(const char* suite, bool emulated,
   for (const OpTable& t : op_tables()) {
     const OpCases cases = t.cases(emulated);
     if (std::none_of(cases.begin(), cases.end(), wanted)) continue;
-    testing::RegisterTest(suite, t.op.c_str(), nullptr, nullptr, __FILE__, __LINE__,
-                          [t, emulated, body]() -> testing::Test* {
-                            return new OpTableTest([t, emulated, body] { body(t.cases(emulated)); });
-                          });
+    testing::RegisterTest(
+        suite, t.op.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+        [t, emulated, body]() -> testing::Test* {
+          return new OpTableTest([t, emulated, body] { body(t.cases(emulated)); });
+        });
   }
   return true;
 }
@@ -450,7 +447,10 @@ static OpCases linear_forward_cases() {
   // ws: the scale of the weights. The GPU's shapes draw them at 1 (pre-activations of order 1 to
   // 6: the GELU epilogues' tanh over its whole range); the reference's at 0.2, as its tolerance
   // was swept with.
-  struct Shape { int64_t n, k, m; float ws = 1.f; };
+  struct Shape {
+    int64_t n, k, m;
+    float ws = 1.f;
+  };
   auto add = [&cases](DType t, Shape s, Epilogue ep) {
     const bool lowp = is_lowp(t), gelu = has_gelu(ep), with_bias = ep != Epilogue::none;
     const int64_t n = s.n, k = s.k, m = s.m;
@@ -476,8 +476,9 @@ static OpCases linear_forward_cases() {
     if (!lowp)
       c.reference = [=](const std::string& what, const OpRun& cpu) {
         Vec want_pre;
-        const Vec want = linear_ref(cpu.doubles("x"), cpu.doubles("w"),
-                                    with_bias ? cpu.doubles("bias") : Vec(), ep, n, k, m, &want_pre);
+        const Vec want =
+            linear_ref(cpu.doubles("x"), cpu.doubles("w"), with_bias ? cpu.doubles("bias") : Vec(),
+                       ep, n, k, m, &want_pre);
         expect_close(what + " out", cpu.doubles("out"), want, kTol);
         if (gelu) expect_close(what + " pre", cpu.doubles("pre"), want_pre, kTol);
       };
@@ -500,7 +501,9 @@ static OpCases linear_forward_cases() {
 // GELU for both, 128 x not given (dx only).
 static OpCases linear_backward_cases() {
   OpCases cases;
-  struct Shape { int64_t n, k, m; };
+  struct Shape {
+    int64_t n, k, m;
+  };
   auto add = [&cases](DType t, Shape s, int var) {
     const bool lowp = is_lowp(t);
     const int64_t n = s.n, k = s.k, m = s.m;
@@ -511,8 +514,9 @@ static OpCases linear_backward_cases() {
     const bool epilogue_dgelu = (var & 64) && x_gelu && k % 8 == 0;  // DGELU
     OpCase c;
     c.dtype = t;
-    c.name = fmt::format("linear_backward {}n{} k{} m{} var{}{}", lowp ? std::string(dtype_name(t)) + " " : "",
-                         n, k, m, var, epilogue_dgelu ? " DGELU" : "");
+    c.name = fmt::format("linear_backward {}n{} k{} m{} var{}{}",
+                         lowp ? std::string(dtype_name(t)) + " " : "", n, k, m, var,
+                         epilogue_dgelu ? " DGELU" : "");
     const double tol = lowp ? lowp_linear_tol(t) : kTol;
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
@@ -558,7 +562,7 @@ static OpCases linear_backward_cases() {
       // dout becomes d(pre) in place with out_gelu_pre; otherwise it is left alone.
       const Tensor tdout = r.acc("dout", t, {n, m}, dout, out_gelu ? close_to(tol) : unchanged());
       const double dx_tol = epilogue_dgelu && !lowp ? kGeluEpilogueTol : tol;
-      const Tensor tdx = !want_dx      ? Tensor()
+      const Tensor tdx = !want_dx     ? Tensor()
                          : accumulate ? r.acc("dx", t, {n, k}, dx0, close_to(dx_tol))
                                       : r.out("dx", t, {n, k}, close_to(dx_tol));
       const Check gcheck = lowp ? increments_to(tol) : close_to(kTol);
@@ -573,7 +577,7 @@ static OpCases linear_backward_cases() {
     // seeds, margin 2); the backend runner holds those shapes to the CPU backend.
     if (!lowp && n > 1 && n * k * m <= 15000)
       c.reference = [=](const std::string& what, const OpRun& cpu) {
-        const Epilogue ep = out_gelu ? bias_gelu_epilogue(form)
+        const Epilogue ep = out_gelu    ? bias_gelu_epilogue(form)
                             : with_bias ? Epilogue::bias
                                         : Epilogue::none;
         const Vec rd = cpu.initial("dout");  // before an out_gelu_pre backward made it d(pre)
@@ -610,9 +614,17 @@ static OpCases linear_backward_cases() {
     cases.push_back(std::move(c));
   };
   // fp32: the GPU's variants on four shapes.
-  const int variants[] = {1,          1 | 8,          2 | 4,      4,
-                          2,          1 | 2 | 4,      1 | 16,     1 | 2 | 4 | 32,
-                          1 | 16 | 2 | 4, 1 | 16 | 64, 1 | 2 | 4 | 32 | 64};
+  const int variants[] = {1,
+                          1 | 8,
+                          2 | 4,
+                          4,
+                          2,
+                          1 | 2 | 4,
+                          1 | 16,
+                          1 | 2 | 4 | 32,
+                          1 | 16 | 2 | 4,
+                          1 | 16 | 64,
+                          1 | 2 | 4 | 32 | 64};
   for (const Shape s : {Shape{37, 24, 40}, Shape{1, 8, 3}, Shape{130, 64, 96}, Shape{300, 16, 5}})
     for (int var : variants) add(DType::f32, s, var);
   // fp32: the reference's configurations (every gradient; the epilogue's GELU out, through x,
@@ -722,9 +734,9 @@ void add_embedding_reference(OpCases& cases, bool backward, int64_t h, float p) 
     const HostLayout& l = cpu.host_layout(0);
     const std::vector<int32_t> tok = ints_of(cpu.doubles("tokens")),
                                seg = ints_of(cpu.doubles("segments"));
-    ref::EmbeddingInputs in{cpu.doubles("word"), cpu.doubles("position"),
-                            cpu.doubles("token_type"), cpu.doubles("gamma"), cpu.doubles("beta"),
-                            h};
+    ref::EmbeddingInputs in{cpu.doubles("word"),       cpu.doubles("position"),
+                            cpu.doubles("token_type"), cpu.doubles("gamma"),
+                            cpu.doubles("beta"),       h};
     const DropoutStream ds = stream_of(cpu.dropout());
     if (!backward) {
       Vec want_mean, want_rstd;
@@ -743,8 +755,9 @@ void add_embedding_reference(OpCases& cases, bool backward, int64_t h, float p) 
       if (l.token_seq[i] < 0)
         for (int64_t k = 0; k < h; ++k) rd[i * h + k] = 0.0;
     auto check = [&](const char* name, Vec& param, const std::string& grad) {
-      const Vec fd = fd_gradient([&](const Vec&) { return dot_d(rd, ref::embedding(in, tok, seg, l, ds)); },
-                                 param, all_coords(param.size()));
+      const Vec fd =
+          fd_gradient([&](const Vec&) { return dot_d(rd, ref::embedding(in, tok, seg, l, ds)); },
+                      param, all_coords(param.size()));
       expect_close(fmt::format("{} d{} (FD)", what, name), increments(cpu, grad), fd, kTol);
     };
     check("word", in.word, "dword");
@@ -783,8 +796,8 @@ static OpCases embedding_cases() {
       const int32_t max_seq = lowp ? 64 : 40;
       const HostLayout l = unpad ? unpadded(lens, ids) : padded(lens, ids, max_seq);
       const int64_t rows = l.rows;
-      const Dropout d = make_dropout(drop ? 0.1f : 0.f, g(), DropoutSite::embedding, 0,
-                                     lowp ? 4321 : 1234);
+      const Dropout d =
+          make_dropout(drop ? 0.1f : 0.f, g(), DropoutSite::embedding, 0, lowp ? 4321 : 1234);
       // Tables: values exactly representable in t, so both table dtypes see the same values.
       auto table = [&](int64_t n) {
         std::vector<float> v = random_floats(g, n);
@@ -797,11 +810,10 @@ static OpCases embedding_cases() {
       const auto tok = random_ints(g, rows, 0, vocab - 1), seg = random_ints(g, rows, 0, types - 1);
       const SeqLayout sl = r.layout(l);
       const Tensor ttok = r.in("tokens", {rows}, tok), tseg = r.in("segments", {rows}, seg);
-      const EmbeddingParams p{r.in("word", tt, {vocab, h}, word),
-                              r.in("position", tt, {positions, h}, pos),
-                              r.in("token_type", tt, {types, h}, type),
-                              r.in("gamma", DType::f32, {h}, gamma),
-                              r.in("beta", DType::f32, {h}, beta)};
+      const EmbeddingParams p{
+          r.in("word", tt, {vocab, h}, word), r.in("position", tt, {positions, h}, pos),
+          r.in("token_type", tt, {types, h}, type), r.in("gamma", DType::f32, {h}, gamma),
+          r.in("beta", DType::f32, {h}, beta)};
       r.backend().embedding_forward(sl, ttok, tseg, p, d, r.out("out", t, {rows, h}, out_check),
                                     r.out("mean", DType::f32, {rows}, f32_check),
                                     r.out("rstd", DType::f32, {rows}, f32_check));
@@ -883,8 +895,8 @@ void add_residual_layernorm_reference(OpCases& cases, bool bias, bool residual, 
     const Tensor mean = r.out("mean", DType::f32, {rows}, Check{});
     const Tensor rstd = r.out("rstd", DType::f32, {rows}, close_to(kTol));
     r.backend().residual_layernorm_forward(sl, tx, tb, tres, ln, d,
-                                           r.out("out", DType::f32, {rows, h}, close_to(kTol)),
-                                           hin, mean, rstd);
+                                           r.out("out", DType::f32, {rows, h}, close_to(kTol)), hin,
+                                           mean, rstd);
     const Tensor tdy =
         r.acc("dout", DType::f32, {rows, h}, dy, alias && residual ? close_to(kTol) : unchanged());
     const Tensor tdres = !residual ? Tensor()
@@ -951,12 +963,13 @@ static OpCases residual_layernorm_cases() {
           lowp ? std::vector<int32_t>{1, 33, 12, 64, 7} : std::vector<int32_t>{1, 33, 12, 64};
       const HostLayout l = padded(lens, random_sample_ids(g, lens.size()), 64);
       const int64_t rows = l.rows;
-      const Dropout d = lowp ? make_dropout(drop ? 0.1f : 0.f, g(), DropoutSite::attention_output,
-                                            3, 4321)
-                             : make_dropout(drop ? 0.15f : 0.f, g(), DropoutSite::ffn_output, 5);
+      const Dropout d =
+          lowp ? make_dropout(drop ? 0.1f : 0.f, g(), DropoutSite::attention_output, 3, 4321)
+               : make_dropout(drop ? 0.15f : 0.f, g(), DropoutSite::ffn_output, 5);
       const float scale = lowp ? 2.f : 1.f;
       const auto x = random_floats(g, rows * h, scale), res = random_floats(g, rows * h, scale);
-      const auto bias = random_floats(g, h), gamma = random_floats(g, h), beta = random_floats(g, h);
+      const auto bias = random_floats(g, h), gamma = random_floats(g, h),
+                 beta = random_floats(g, h);
       const SeqLayout sl = empty_layout ? SeqLayout{} : r.layout(l);
       const Tensor tx = r.in("x", t, {rows, h}, x, alias_in ? out_check : Check{});
       const Tensor tbias = var & 1 ? r.in("bias", DType::f32, {h}, bias) : Tensor();
@@ -983,7 +996,9 @@ static OpCases residual_layernorm_cases() {
       // dout is read-only unless dresidual aliases it.
       const Tensor tdy = r.acc("dout", t, {rows, h}, dy, alias_res ? out_check : unchanged());
       const Tensor tsaved = r.in_bits("saved ln_in", t, {rows, h}, saved.b.data(), unchanged());
-      const Tensor tdres = no_res ? Tensor() : alias_res ? tdy : r.out("dresidual", t, {rows, h}, out_check);
+      const Tensor tdres = no_res      ? Tensor()
+                           : alias_res ? tdy
+                                       : r.out("dresidual", t, {rows, h}, out_check);
       r.backend().residual_layernorm_backward(
           sl, tdy, tsaved, r.in_bits("saved mean", DType::f32, {rows}, hmean.b.data()),
           r.in_bits("saved rstd", DType::f32, {rows}, hrstd.b.data()), {ln.gamma, Tensor()}, d,
@@ -997,8 +1012,8 @@ static OpCases residual_layernorm_cases() {
   for (int var : {0, 1 | 2 | 4 | 32, 1 | 2 | 32, 2 | 4 | 8 | 16, 1 | 4 | 16 | 32, 8})
     add(DType::f32, var, var & 8 ? 96 : 130);
   for (DType t : {DType::bf16, DType::f16})
-    for (int var : {1 | 2 | 4 | 32, 1 | 2 | 8 | 16 | 32, 2 | 4 | 8, 1 | 4 | 64 | 32, 1 | 2 | 4 | 16, 0,
-                    128 | 8 | 32 | 64})
+    for (int var : {1 | 2 | 4 | 32, 1 | 2 | 8 | 16 | 32, 2 | 4 | 8, 1 | 4 | 64 | 32, 1 | 2 | 4 | 16,
+                    0, 128 | 8 | 32 | 64})
       for (int64_t h : {int64_t{130}, int64_t{768}}) add(t, var, h);
   add_residual_layernorm_reference(cases, true, true, 0.1f, 24);
   add_residual_layernorm_reference(cases, true, true, 0.f, 13);
@@ -1032,11 +1047,11 @@ namespace {
 void add_attention_reference(OpCases& cases, bool backward, std::vector<int32_t> lens,
                              int64_t hidden, int heads, float p, size_t coords) {
   OpCase c;
-  c.name = backward ? fmt::format("attention_backward dqkv ({}) H={} heads={} p={} (FD)",
-                                  lens.empty() ? "mixed lengths 1..200" : "5 short seqs", hidden,
-                                  heads, p)
-                    : fmt::format("attention_forward lens 1..200 H={} heads={} p={}", hidden,
-                                  heads, p);
+  c.name =
+      backward
+          ? fmt::format("attention_backward dqkv ({}) H={} heads={} p={} (FD)",
+                        lens.empty() ? "mixed lengths 1..200" : "5 short seqs", hidden, heads, p)
+          : fmt::format("attention_forward lens 1..200 H={} heads={} p={}", hidden, heads, p);
   c.run = [=](OpRun& r) {
     auto& g = r.rng();
     const std::vector<int32_t> ls = lens.empty() ? mixed_lengths(g, backward ? 2 : 6) : lens;
@@ -1091,7 +1106,8 @@ void add_attention_reference(OpCases& cases, bool backward, std::vector<int32_t>
         const Vec o = ref::attention_seq(q, l, static_cast<size_t>(s), heads, hidden, ds);
         double sum = 0;
         for (int32_t t = 0; t < l.seq_len[s]; ++t)
-          for (int64_t k = 0; k < hidden; ++k) sum += rd[l.row(s, t) * hidden + k] * o[t * hidden + k];
+          for (int64_t k = 0; k < hidden; ++k)
+            sum += rd[l.row(s, t) * hidden + k] * o[t * hidden + k];
         return sum;
       };
       fd.push_back(fd_gradient(loss, qd, {i})[0]);
@@ -1171,8 +1187,8 @@ void expect_close_floor(const std::string& what, const Vec& got, const Vec& want
     diff[i] = got[i] - want[i];
   }
   const double den = std::max(norm2(want), floor);
-  const double e = nan ? std::numeric_limits<double>::infinity()
-                       : (den > 0 ? norm2(diff) / den : norm2(diff));
+  const double e =
+      nan ? std::numeric_limits<double>::infinity() : (den > 0 ? norm2(diff) / den : norm2(diff));
   expect_measure(what, e, tol);
 }
 
@@ -1204,7 +1220,8 @@ void check_lowp_attention(const std::string& what, const OpRun& r, DType t, int 
   const double tol = lowp_attention_tol(t);
   EXPECT_EQ(nonzero_padding(r.buf("out").bytes(), 2, l, hidden), 0u) << what << " out padding";
   EXPECT_EQ(nonzero_padding(r.buf("lse").bytes(), 4, l, heads), 0u) << what << " lse padding";
-  EXPECT_EQ(nonzero_padding(r.buf("dqkv").bytes(), 2, l, 3 * hidden), 0u) << what << " dqkv padding";
+  EXPECT_EQ(nonzero_padding(r.buf("dqkv").bytes(), 2, l, 3 * hidden), 0u)
+      << what << " dqkv padding";
   expect_close(what + " out", seq_cols(r.doubles("out"), l, hidden, 0, hidden),
                seq_cols(to_double(out), l, hidden, 0, hidden), tol);
   const Vec lse_want = seq_cols(to_double(lse), l, heads, 0, heads);
@@ -1222,9 +1239,8 @@ void check_lowp_attention(const std::string& what, const OpRun& r, DType t, int 
 }
 
 // layout: 0 unpadded, 1 padded to max_len, 2 packed into rows of max_len.
-void add_attention_lowp(OpCases& cases, DType t, const std::string& name,
-                        std::vector<int32_t> lens, int layout, int32_t max_len, int heads,
-                        float p) {
+void add_attention_lowp(OpCases& cases, DType t, const std::string& name, std::vector<int32_t> lens,
+                        int layout, int32_t max_len, int heads, float p) {
   OpCase c;
   c.dtype = t;
   c.name = fmt::format("attention {} {} heads{} p{}", dtype_name(t), name, heads, p);
@@ -1310,7 +1326,7 @@ static OpCases attention_cases(bool emulated) {
                : std::vector<int32_t>{1,   2,   3,   17,  63,  64,  65,  127, 128, 129, 200,
                                       255, 256, 257, 301, 383, 384, 385, 450, 511, 512};
   for (float p : {0.f, 0.1f}) {
-    add("bucket bounds", bounds, 0, 128, 2, p);         // head dim 64
+    add("bucket bounds", bounds, 0, 128, 2, p);      // head dim 64
     add("bucket bounds", bounds, 1, 96, 3, p, 512);  // head dim 32, padded to 512
   }
   for (DType t : {DType::bf16, DType::f16}) {
@@ -1320,8 +1336,8 @@ static OpCases attention_cases(bool emulated) {
     const int32_t max_len = emulated ? 256 : 512;
     add_attention_lowp(cases, t, "padded", mixed, 1, max_len, 3, 0.1f);
     add_attention_lowp(cases, t, "packed", mixed, 2, max_len, 4, 0.f);
-    const std::vector<int32_t> big = emulated ? std::vector<int32_t>{130, 96, 1, 45}
-                                              : std::vector<int32_t>{512, 384, 96, 1, 45};
+    const std::vector<int32_t> big =
+        emulated ? std::vector<int32_t>{130, 96, 1, 45} : std::vector<int32_t>{512, 384, 96, 1, 45};
     add_attention_lowp(cases, t, "BERT-Large heads", big, 0, 0, 16, 0.1f);
     add_attention_lowp(cases, t, "BERT-Base heads", big, 0, 0, 12, 0.5f);
     // Without dropout: dq and dk of a lone one-token sequence are 0 in exact arithmetic; with
@@ -1364,7 +1380,9 @@ static OpCases gather_rows_cases() {
     c.dtype = t;
     c.name = fmt::format("gather_rows {}rows {} h {} m {} {}{}",
                          lowp ? std::string(dtype_name(t)) + " " : "", rows, h, m,
-                         repeats == 0 ? "distinct" : repeats == 1 ? "one repeat" : "repeated",
+                         repeats == 0   ? "distinct"
+                         : repeats == 1 ? "one repeat"
+                                        : "repeated",
                          unused ? fmt::format(", {} unused", unused) : std::string());
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
@@ -1418,7 +1436,8 @@ static OpCases gather_rows_cases() {
     if (!lowp)
       c.reference = [=](const std::string& what, const OpRun& cpu) {
         const bool forward = cpu.has("x");  // the masked-token scale runs the backward alone
-        const Vec x = forward ? cpu.doubles("x") : Vec(), out = forward ? cpu.doubles("out") : Vec();
+        const Vec x = forward ? cpu.doubles("x") : Vec(),
+                  out = forward ? cpu.doubles("out") : Vec();
         const Vec dy = cpu.doubles("dout");
         const std::vector<double> idx = cpu.doubles("index");
         Vec want(static_cast<size_t>(rows * h), 0.0);
@@ -1449,7 +1468,9 @@ static OpCases gather_rows_cases() {
 // place; the loss and correct count accumulate onto given values.
 static OpCases softmax_cross_entropy_cases() {
   OpCases cases;
-  struct Shape { int64_t m, v; };
+  struct Shape {
+    int64_t m, v;
+  };
   for (const Shape s : {Shape{37, 1000}, Shape{1, 1}, Shape{5, 30528}, Shape{64, 2},
                         Shape{37, 1001}, Shape{6, 30522}})
     // 0 no dlogits, 1 separate, 2 in place; 3 separate, with rows left out (label -1: the
@@ -1471,26 +1492,26 @@ static OpCases softmax_cross_entropy_cases() {
         if (mode == 3)
           for (int64_t i = 0; i < m; ++i)
             if (i == 0 || i == m - 1 || i % 5 == 0) labels[i] = -1;
-        const Tensor tz = r.acc("logits", DType::f32, {m, v}, z,
-                                mode == 2 ? close_to(kTol) : unchanged());
+        const Tensor tz =
+            r.acc("logits", DType::f32, {m, v}, z, mode == 2 ? close_to(kTol) : unchanged());
         const Tensor tl = r.in("labels", {m}, labels);
         const Tensor dz = mode == 0   ? Tensor()
                           : mode != 2 ? r.out("dlogits", DType::f32, {m, v}, close_to(kTol))
                                       : tz;
         if (mode == 3) {
           const GradScale device(0.5f, r.in("grad scale", DType::f32, {1}, {0.125f}));
-          r.backend().softmax_cross_entropy(
-              tz, tl, device, r.acc("loss", DType::f32, {1}, {0.75f}, close_to(1e-6)),
-              r.acc("correct", {1}, {3}, bits()), dz);
+          r.backend().softmax_cross_entropy(tz, tl, device,
+                                            r.acc("loss", DType::f32, {1}, {0.75f}, close_to(1e-6)),
+                                            r.acc("correct", {1}, {3}, bits()), dz);
           return;
         }
         if (mode == 2) {
           // In place gives the bits the separate output gets, on every backend: first the
           // separate call on the same logits (its loss and count into buffers of their own).
           const Tensor sep = r.out("dlogits separate", DType::f32, {m, v}, close_to(kTol));
-          r.backend().softmax_cross_entropy(tz, tl, 0.125f,
-                                            r.acc("loss separate", DType::f32, {1}, {0.75f}, Check{}),
-                                            r.acc("correct separate", {1}, {3}, Check{}), sep);
+          r.backend().softmax_cross_entropy(
+              tz, tl, 0.125f, r.acc("loss separate", DType::f32, {1}, {0.75f}, Check{}),
+              r.acc("correct separate", {1}, {3}, Check{}), sep);
         }
         r.backend().softmax_cross_entropy(tz, tl, 0.125f,
                                           r.acc("loss", DType::f32, {1}, {0.75f}, close_to(1e-6)),
@@ -1509,7 +1530,8 @@ static OpCases softmax_cross_entropy_cases() {
         const double loss = ref::softmax_xent(z, labels, m, v, 0.125, &correct, &dz);
         expect_close(what + " loss", {cpu.doubles("loss")[0] - 0.75}, {loss}, kTol);
         EXPECT_EQ(cpu.doubles("correct")[0], 3 + correct) << what;
-        if (mode == 1 || mode == 3) expect_close(what + " dlogits", cpu.doubles("dlogits"), dz, kTol);
+        if (mode == 1 || mode == 3)
+          expect_close(what + " dlogits", cpu.doubles("dlogits"), dz, kTol);
         if (mode == 3) {  // the rows left out: exactly 0
           const Vec d = cpu.doubles("dlogits");
           for (int64_t i = 0; i < m; ++i) {
@@ -1557,9 +1579,8 @@ void add_mlm_loss_reference(OpCases& cases, bool unused) {
         unused ? GradScale(4 * scale, r.in("grad scale", DType::f32, {1}, {scale})) : scale;
     r.backend().mlm_loss(r.in("x", DType::f32, {m, h}, x, unchanged()),
                          r.in("w", DType::f32, {v, h}, w, unchanged()),
-                         r.in("bias", DType::f32, {v}, b, unchanged()),
-                         r.in("labels", {m}, labels), factor,
-                         r.out("logits_ws", DType::f32, {m, v}, Check{}),
+                         r.in("bias", DType::f32, {v}, b, unchanged()), r.in("labels", {m}, labels),
+                         factor, r.out("logits_ws", DType::f32, {m, v}, Check{}),
                          r.acc("loss", DType::f32, {1}, {0.f}, close_to(1e-6)),
                          r.acc("correct", {1}, {0}, bits()),
                          r.out("dx", DType::f32, {m, h}, close_to(kTol)),
@@ -1597,11 +1618,11 @@ static OpCases mlm_loss_cases() {
     const bool lowp = is_lowp(t);
     OpCase c;
     c.dtype = t;
-    c.name = (lowp ? fmt::format("mlm_loss {} m{} h{} v{}{}{} {}", dtype_name(t), m, h, v,
-                                 dw ? " dw" : "", db ? " db" : "",
-                                 backward ? "backward" : "forward")
-                   : fmt::format("mlm_loss m{} h{} v{} grads {}", m, h, v, backward)) +
-             (unused ? ", 2 rows left out" : "");
+    c.name =
+        (lowp ? fmt::format("mlm_loss {} m{} h{} v{}{}{} {}", dtype_name(t), m, h, v,
+                            dw ? " dw" : "", db ? " db" : "", backward ? "backward" : "forward")
+              : fmt::format("mlm_loss m{} h{} v{} grads {}", m, h, v, backward)) +
+        (unused ? ", 2 rows left out" : "");
     const bool want_dw = backward && dw, want_db = backward && db;
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
@@ -1633,10 +1654,9 @@ static OpCases mlm_loss_cases() {
   };
   for (bool grads : {false, true}) add(DType::f32, 29, 48, 301, grads, true, true);
   for (DType t : {DType::bf16, DType::f16})
-    for (const auto& s : {std::array<int64_t, 5>{37, 64, 96, 1, 1},
-                          std::array<int64_t, 5>{19, 128, 1000, 1, 0},
-                          std::array<int64_t, 5>{64, 64, 512, 0, 1},
-                          std::array<int64_t, 5>{2300, 64, 30528, 1, 1}})
+    for (const auto& s :
+         {std::array<int64_t, 5>{37, 64, 96, 1, 1}, std::array<int64_t, 5>{19, 128, 1000, 1, 0},
+          std::array<int64_t, 5>{64, 64, 512, 0, 1}, std::array<int64_t, 5>{2300, 64, 30528, 1, 1}})
       for (bool backward : {false, true}) add(t, s[0], s[1], s[2], backward, s[3], s[4]);
   for (DType t : {DType::f32, DType::bf16, DType::f16}) add(t, 37, 64, 96, true, true, true, true);
   for (bool unused : {false, true}) add_mlm_loss_reference(cases, unused);
@@ -1683,7 +1703,8 @@ void add_nsp_loss_reference(OpCases& cases, int empty) {
   const int64_t h = 12;
   const float scale = 1.f / 9.f;
   OpCase c;
-  c.name = empty ? fmt::format("nsp_loss h12 packed, {} empty slots", empty) : "nsp_loss h12 packed";
+  c.name =
+      empty ? fmt::format("nsp_loss h12 packed, {} empty slots", empty) : "nsp_loss h12 packed";
   c.run = [=](OpRun& r) {
     auto& g = r.rng();
     const std::vector<int32_t> lens = {5, 1, 9, 3, 7};
@@ -1698,8 +1719,8 @@ void add_nsp_loss_reference(OpCases& cases, int empty) {
                dbc0 = random_floats(g, 2, 0.01f);
     const SeqLayout sl = r.layout(l);
     const PoolerParams p{r.in("dense_w", DType::f32, {h, h}, wp),
-                         r.in("dense_b", DType::f32, {h}, bp), r.in("cls_w", DType::f32, {2, h}, wc),
-                         r.in("cls_b", DType::f32, {2}, bc)};
+                         r.in("dense_b", DType::f32, {h}, bp),
+                         r.in("cls_w", DType::f32, {2, h}, wc), r.in("cls_b", DType::f32, {2}, bc)};
     r.backend().nsp_loss(
         sl, r.in("x", DType::f32, {rows, h}, x, unchanged()), p, r.in("labels", {s}, labels),
         empty ? GradScale(4 * scale, r.in("grad scale", DType::f32, {1}, {scale})) : scale,
@@ -1719,9 +1740,9 @@ void add_nsp_loss_reference(OpCases& cases, int empty) {
       return std::vector<float>(d.begin(), d.end());
     };
     // The op accumulates the unscaled sum of the cross-entropies: the bound's scale is 1.
-    const double bound = nsp_loss_bound(l, floats("x"), floats("dense_w"), floats("dense_b"),
-                                        floats("cls_w"), floats("cls_b"),
-                                        ints_of(want.doubles("labels")), 0.0, 1.0, h);
+    const double bound =
+        nsp_loss_bound(l, floats("x"), floats("dense_w"), floats("dense_b"), floats("cls_w"),
+                       floats("cls_b"), ints_of(want.doubles("labels")), 0.0, 1.0, h);
     expect_bound(what + " loss / its rounding bound",
                  std::abs(got.doubles("loss")[0] - want.doubles("loss")[0]) / bound, 1.0);
     const Vec gb = got.doubles("d cls_b"), wb = want.doubles("d cls_b");
@@ -1741,8 +1762,8 @@ void add_nsp_loss_reference(OpCases& cases, int empty) {
     expect_close(what + " loss", {cpu.doubles("loss")[0]}, {want}, kTol);
     EXPECT_EQ(cpu.doubles("correct")[0], want_correct) << what;
     auto f = [&](const Vec&) { return scale * ref::nsp(xd, l, h, wpd, bpd, wcd, bcd, labels); };
-    expect_close(what + " dx (FD)", increments(cpu, "dx"), fd_gradient(f, xd, all_coords(xd.size())),
-                 kTol);
+    expect_close(what + " dx (FD)", increments(cpu, "dx"),
+                 fd_gradient(f, xd, all_coords(xd.size())), kTol);
     expect_close(what + " d dense_w (FD)", increments(cpu, "d dense_w"),
                  fd_gradient(f, wpd, all_coords(wpd.size())), kTol);
     expect_close(what + " d dense_b (FD)", increments(cpu, "d dense_b"),
@@ -1751,7 +1772,8 @@ void add_nsp_loss_reference(OpCases& cases, int empty) {
                  fd_gradient(f, wcd, all_coords(wcd.size())), kTol);
     const Vec got = increments(cpu, "d cls_b"), fd = fd_gradient(f, bcd, all_coords(bcd.size()));
     double d2 = 0, n2 = 0;
-    for (size_t i = 0; i < got.size(); ++i) d2 += (got[i] - fd[i]) * (got[i] - fd[i]), n2 += fd[i] * fd[i];
+    for (size_t i = 0; i < got.size(); ++i)
+      d2 += (got[i] - fd[i]) * (got[i] - fd[i]), n2 += fd[i] * fd[i];
     const double floor = 0.5 * scale * std::sqrt(2.0 * static_cast<double>(s));
     expect_measure(what + " d cls_b (FD) / max(|d cls_b|, its noise floor)",
                    std::sqrt(d2) / std::max(std::sqrt(n2), floor), kTol);
@@ -1779,7 +1801,9 @@ static OpCases nsp_loss_cases() {
       HostLayout l = padded(lens, random_sample_ids(g, lens.size()), 24);
       if (empty) l = with_empty_slots(l, 3, 2);
       const int64_t rows = l.rows, s = static_cast<int64_t>(l.seq_len.size());
-      auto draw = [&](size_t n, float sc) { return lowp ? randn(g, n, sc) : random_floats(g, n, sc); };
+      auto draw = [&](size_t n, float sc) {
+        return lowp ? randn(g, n, sc) : random_floats(g, n, sc);
+      };
       const auto x = draw(rows * h, 1.f), wp = draw(h * h, 0.3f), bp = draw(h, 1.f),
                  wc = draw(2 * h, 1.f), bc = draw(2, 1.f);
       const auto labels = random_ints(g, s, 0, 1);
@@ -1790,19 +1814,20 @@ static OpCases nsp_loss_cases() {
                            r.in("cls_w", t, {2, h}, wc), r.in("cls_b", DType::f32, {2}, bc)};
       const Check grad = grads ? close_to(kTol) : unchanged();
       const Tensor dx = r.acc("dx", t, {rows, h}, dx0,
-                              !grads ? unchanged() : lowp ? Check{} : close_to(kTol));
+                              !grads ? unchanged()
+                              : lowp ? Check{}
+                                     : close_to(kTol));
       const PoolerParams gr{r.acc("d dense_w", DType::f32, {h, h}, gwp0, grad),
                             r.acc("d dense_b", DType::f32, {h}, gbp0, grad),
                             r.acc("d cls_w", DType::f32, {2, h}, gwc0, grad),
                             r.acc("d cls_b", DType::f32, {2}, gbc0, grads ? Check{} : unchanged())};
-      r.backend().nsp_loss(sl, r.in("x", t, {rows, h}, x), p, r.in("labels", {s}, labels), scale,
-                           // Without gradients only the logits are written (compared below).
-                           r.acc("workspace", DType::f32, {nsp_workspace_elems(s, h)},
-                                 std::vector<float>(static_cast<size_t>(nsp_workspace_elems(s, h))),
-                                 Check{}),
-                           r.acc("loss", DType::f32, {1}, {0.25f}, Check{}),
-                           r.acc("correct", {1}, {1}, bits()), grads ? dx : Tensor(),
-                           grads ? gr : PoolerParams{});
+      r.backend().nsp_loss(
+          sl, r.in("x", t, {rows, h}, x), p, r.in("labels", {s}, labels), scale,
+          // Without gradients only the logits are written (compared below).
+          r.acc("workspace", DType::f32, {nsp_workspace_elems(s, h)},
+                std::vector<float>(static_cast<size_t>(nsp_workspace_elems(s, h))), Check{}),
+          r.acc("loss", DType::f32, {1}, {0.25f}, Check{}), r.acc("correct", {1}, {1}, bits()),
+          grads ? dx : Tensor(), grads ? gr : PoolerParams{});
     };
     c.compare = [=](const std::string& what, const OpRun& want, const OpRun& got) {
       const HostLayout& l = want.host_layout(0);
@@ -1919,7 +1944,8 @@ static OpCases l2_norm_cases() {
         expect_measure(what + " vs a naive double sum (rel)", std::abs(got - naive) / naive, 1e-12);
         if (n < 3) return;
         const double a = cpu.doubles("sum of a piece")[0], b = cpu.doubles("sum of the rest")[0];
-        expect_measure(what + ": two pieces vs the whole (rel)", std::abs(a + b - got) / got, 1e-13);
+        expect_measure(what + ": two pieces vs the whole (rel)", std::abs(a + b - got) / got,
+                       1e-13);
       };
     cases.push_back(std::move(c));
   }
@@ -1947,7 +1973,7 @@ LambInputs lamb_inputs(std::mt19937_64& g, int64_t n) {
 
 static OpCases lamb_step_cases() {
   OpCases cases;
-  static const std::vector<LambTensor> first = {{0, 1000, 1},  {1000, 64, 0},   {1100, 20000, 1},
+  static const std::vector<LambTensor> first = {{0, 1000, 1},  {1000, 64, 0},    {1100, 20000, 1},
                                                 {21100, 1, 0}, {21105, 8192, 1}, {29297, 0, 1}};
   static const std::vector<LambTensor> flipped = [] {
     std::vector<LambTensor> f = first;
@@ -2058,8 +2084,8 @@ static OpCases lamb_step_cases() {
         std::vector<int64_t> global;  // the row of `first` each row clips
         Tensor sums;
       };
-      std::vector<Piece> pieces = {{0, cut1, {}, {}, {}}, {cut1, cut2, {}, {}, {}},
-                                   {cut2, n, {}, {}, {}}};
+      std::vector<Piece> pieces = {
+          {0, cut1, {}, {}, {}}, {cut1, cut2, {}, {}, {}}, {cut2, n, {}, {}, {}}};
       std::vector<double> total(static_cast<size_t>(2 * t), 0.0);
       for (size_t k = 0; k < pieces.size(); ++k) {
         Piece& p = pieces[k];
@@ -2073,9 +2099,9 @@ static OpCases lamb_step_cases() {
         const auto rows = static_cast<int64_t>(p.rows.size());
         const int64_t len = p.end - p.begin;
         p.sums = r.out(fmt::format("sums of piece {}", k), DType::f64, {rows, 2}, Check{});
-        r.backend().lamb_update(table_of(p.rows), cfg, gnorm,
-                                slice(sw, p.begin, len), slice(su, p.begin, len),
-                                slice(sm, p.begin, len), slice(sv, p.begin, len), p.sums);
+        r.backend().lamb_update(table_of(p.rows), cfg, gnorm, slice(sw, p.begin, len),
+                                slice(su, p.begin, len), slice(sm, p.begin, len),
+                                slice(sv, p.begin, len), p.sums);
         const std::vector<double> got = r.doubles(fmt::format("sums of piece {}", k));
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t j = 0; j < 2; ++j)
@@ -2091,8 +2117,8 @@ static OpCases lamb_step_cases() {
         if (rows > 0)
           r.backend().copy(p.sums, Tensor(mine.data(), DType::f64, {rows, 2}, Device::cpu));
         const int64_t len = p.end - p.begin;
-        r.backend().lamb_apply(table_of(p.rows), cfg, gnorm, p.sums,
-                               slice(sw, p.begin, len), slice(su, p.begin, len));
+        r.backend().lamb_apply(table_of(p.rows), cfg, gnorm, p.sums, slice(sw, p.begin, len),
+                               slice(su, p.begin, len));
       }
       const std::string what = fmt::format("{} (cuts {}, {})", r.backend().name(), cut1, cut2);
       EXPECT_EQ(r.doubles("update (pieces)"), r.doubles("update")) << what;
@@ -2112,9 +2138,9 @@ static OpCases lamb_step_cases() {
         const double bar = std::ldexp(std::abs(whole[i]) + std::abs(w[i] - whole[i]), -21);
         worst = std::max(worst, std::abs(split[i] - whole[i]) / std::max(bar, 1e-30));
       }
-      expect_measure(std::string(r.backend().name()) +
-                         ": pieces vs whole, weights (of the derived bar)",
-                     worst, 1.0);
+      expect_measure(
+          std::string(r.backend().name()) + ": pieces vs whole, weights (of the derived bar)",
+          worst, 1.0);
     };
     // On the CPU (where run() above also compares the pieces with the whole): each row's
     // ||w|| against a naive double sum of the initial weights, to f32 rounding (2^-24 relative).
@@ -2124,8 +2150,7 @@ static OpCases lamb_step_cases() {
         double s2 = 0;
         for (int64_t k = first[i].offset; k < first[i].offset + first[i].size; ++k)
           s2 += w0[static_cast<size_t>(k)] * w0[static_cast<size_t>(k)];
-        EXPECT_LE(std::abs(norms[static_cast<size_t>(i)] - std::sqrt(s2)),
-                  1e-7 * std::sqrt(s2))
+        EXPECT_LE(std::abs(norms[static_cast<size_t>(i)] - std::sqrt(s2)), 1e-7 * std::sqrt(s2))
             << what << ": row " << i;
       }
     };
@@ -2143,21 +2168,22 @@ static OpCases lamb_step_cases() {
     const Tensor tw = r.acc("params", DType::f32, {n}, w, close_to(kTol));
     const Tensor tm = r.acc("m", DType::f32, {n}, m, close_to(kTol));
     const Tensor tv = r.acc("v", DType::f32, {n}, v, close_to(kTol));
-    const Tensor norms = r.acc("norms", DType::f32, {2 * t}, std::vector<float>(2 * t, 0.f), Check{});
+    const Tensor norms =
+        r.acc("norms", DType::f32, {2 * t}, std::vector<float>(2 * t, 0.f), Check{});
     const Tensor record = r.acc("record", {3}, {0, 0, 0}, bits());
-    r.backend().lamb_step(lamb_table(first.data(), t), cfg,
-                          r.in("NaN norm", DType::f32, {1}, {std::numeric_limits<float>::quiet_NaN()}),
-                          tw, r.acc("update 1", DType::f32, {n}, gr, Check{}), tm, tv, norms,
-                          Tensor(), record);
+    r.backend().lamb_step(
+        lamb_table(first.data(), t), cfg,
+        r.in("NaN norm", DType::f32, {1}, {std::numeric_limits<float>::quiet_NaN()}), tw,
+        r.acc("update 1", DType::f32, {n}, gr, Check{}), tm, tv, norms, Tensor(), record);
     const std::string what = r.backend().name();
-    EXPECT_EQ(r.buf("params").bytes(), r.entries()[0].initial) << what << ": skipped, yet params changed";
+    EXPECT_EQ(r.buf("params").bytes(), r.entries()[0].initial)
+        << what << ": skipped, yet params changed";
     EXPECT_EQ(r.doubles("m"), r.initial("m")) << what;
     EXPECT_EQ(r.doubles("v"), r.initial("v")) << what;
     EXPECT_EQ(r.doubles("record"), (std::vector<double>{1, 1, 1})) << what;
-    r.backend().lamb_step(lamb_table(first.data(), t), cfg,
-                          r.in("finite norm", DType::f32, {1}, {1.5f}), tw,
-                          r.acc("update 2", DType::f32, {n}, gr, Check{}), tm, tv, norms, Tensor(),
-                          record);
+    r.backend().lamb_step(
+        lamb_table(first.data(), t), cfg, r.in("finite norm", DType::f32, {1}, {1.5f}), tw,
+        r.acc("update 2", DType::f32, {n}, gr, Check{}), tm, tv, norms, Tensor(), record);
     EXPECT_EQ(r.doubles("record"), (std::vector<double>{1, 0, 1})) << what;
   };
   cases.push_back(std::move(c));
@@ -2172,7 +2198,6 @@ const FloatFormat& format16(DType t) {
   static const FloatFormat bf16 = bf16_format(), f16 = f16_format();
   return t == DType::bf16 ? bf16 : f16;
 }
-
 
 std::vector<uint16_t> patterns16(const OpRun& r, const std::string& name) {
   const std::vector<uint8_t> b = r.buf(name).bytes();
@@ -2192,7 +2217,7 @@ std::vector<float> narrowing_inputs(std::mt19937_64& g, DType t) {
   for (int i = 0; i < 20000; ++i) v.push_back(from_bits(static_cast<uint32_t>(g())));
   const uint32_t max = f.max_finite();
   for (int i = 0; i < 4000; ++i) {
-    const auto p = static_cast<uint32_t>(g() % max);  // p and p + 1 finite
+    const auto p = static_cast<uint32_t>(g() % max);                           // p and p + 1 finite
     const auto mid = static_cast<float>((f.values[p] + f.values[p + 1]) / 2);  // exact
     const float s = (g() & 1) ? -1.f : 1.f;
     v.push_back(s * mid);
@@ -2200,8 +2225,7 @@ std::vector<float> narrowing_inputs(std::mt19937_64& g, DType t) {
     v.push_back(s * std::nextafter(mid, std::numeric_limits<float>::infinity()));
   }
   const double top = f.values[max], bound = (top + f.values[max + 1]) / 2;
-  for (double x : {0.0, -0.0, top, -top, bound, -bound})
-    v.push_back(static_cast<float>(x));
+  for (double x : {0.0, -0.0, top, -top, bound, -bound}) v.push_back(static_cast<float>(x));
   v.push_back(std::nextafter(static_cast<float>(bound), 0.f));
   v.push_back(std::numeric_limits<float>::infinity());
   v.push_back(-std::numeric_limits<float>::infinity());
@@ -2215,9 +2239,10 @@ std::vector<float> narrowing_inputs(std::mt19937_64& g, DType t) {
 
 // convert: every 16-bit pattern widened to fp32 and narrowed back, and fp32 values of every kind
 // narrowed; between the same dtypes a copy. Bit for bit the CPU backend on every backend; the
-// reference: tests/common/float_format.h's decoder and nearest-value search. Outputs that are finite start
-// as the NaN pattern and must all be written; the narrowed values whose result is an infinity
-// or a NaN go to a buffer of their own that starts at 0, so an element left unwritten shows.
+// reference: tests/common/float_format.h's decoder and nearest-value search. Outputs that are
+// finite start as the NaN pattern and must all be written; the narrowed values whose result is an
+// infinity or a NaN go to a buffer of their own that starts at 0, so an element left unwritten
+// shows.
 static OpCases convert_cases() {
   OpCases cases;
   for (DType t : {DType::bf16, DType::f16}) {
@@ -2254,15 +2279,16 @@ static OpCases convert_cases() {
 
     OpCase narrow_case;
     narrow_case.dtype = t;
-    narrow_case.name = fmt::format("convert f32 to {}: ties, subnormals, overflow, NaN",
-                                   dtype_name(t));
+    narrow_case.name =
+        fmt::format("convert f32 to {}: ties, subnormals, overflow, NaN", dtype_name(t));
     narrow_case.run = [t](OpRun& r) {
       std::vector<float> finite, special;
       for (float x : narrowing_inputs(r.rng(), t)) {
         const FloatFormat& f = format16(t);
         (std::isfinite(f.decode(f.reference(x))) ? finite : special).push_back(x);
       }
-      const auto nf = static_cast<int64_t>(finite.size()), ns = static_cast<int64_t>(special.size());
+      const auto nf = static_cast<int64_t>(finite.size()),
+                 ns = static_cast<int64_t>(special.size());
       r.backend().convert(r.out("finite results", t, {nf}, bits()),
                           r.in("finite", DType::f32, {nf}, finite, unchanged()));
       r.backend().convert(r.acc("special results", t, {ns}, std::vector<float>(ns, 0.f), bits()),
@@ -2284,7 +2310,6 @@ static OpCases convert_cases() {
       }
     };
     cases.push_back(std::move(narrow_case));
-
   }
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
     OpCase same;
@@ -2348,7 +2373,8 @@ static OpCases upload_cases() {
   };
   c.reference = [](const std::string& what, const OpRun& cpu) {
     for (const char* t : {"i32", "i64", "f32", "bf16"})
-      EXPECT_EQ(cpu.buf(t).bytes(), cpu.buf(std::string(t) + " source").bytes()) << what << " " << t;
+      EXPECT_EQ(cpu.buf(t).bytes(), cpu.buf(std::string(t) + " source").bytes())
+          << what << " " << t;
   };
   return {c};
 }

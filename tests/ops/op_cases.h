@@ -160,9 +160,9 @@ class OpRun {
     std::string name;
     std::unique_ptr<GuardedBytes> buf;
     Check check;
-    bool written = false;               // an output every element of which must be written
-    bool finite = true;                 // ... and be finite
-    std::vector<uint8_t> initial;       // the bytes it was given (inputs, accumulated outputs)
+    bool written = false;          // an output every element of which must be written
+    bool finite = true;            // ... and be finite
+    std::vector<uint8_t> initial;  // the bytes it was given (inputs, accumulated outputs)
   };
   const std::vector<Entry>& entries() const { return entries_; }
 

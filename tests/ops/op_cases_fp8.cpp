@@ -94,11 +94,11 @@ void expect_cast(const std::string& what, const OpRun& cpu, DType t, const CastS
 OpCases fp8_cast_cases() {
   OpCases cases;
   const CastShape shapes[] = {
-      {45, 40, 48, 48, true},   // rows padded to 16 both ways, a padding mask
-      {45, 40, 45, 0, false},   // out only
-      {70, 33, 0, 80, true},    // out_t only, odd widths (partial tiles)
-      {1, 16, 16, 16, false},   // one row padded to 16
-      {45, 40, 0, 0, true},     // the amax only
+      {45, 40, 48, 48, true},  // rows padded to 16 both ways, a padding mask
+      {45, 40, 45, 0, false},  // out only
+      {70, 33, 0, 80, true},   // out_t only, odd widths (partial tiles)
+      {1, 16, 16, 16, false},  // one row padded to 16
+      {45, 40, 0, 0, true},    // the amax only
   };
   for (DType src_t : {DType::f32, DType::bf16})
     for (DType t : {DType::e4m3, DType::e5m2})
@@ -137,8 +137,8 @@ OpCases fp8_cast_cases() {
     c.run = [=](OpRun& r) {
       std::vector<float> v = wide_values(r.rng(), 64, 4);
       const float inf = std::numeric_limits<float>::infinity();
-      v[3] = inf;                                        // row 0: infinity
-      v[16 + 5] = -inf;                                  // row 1
+      v[3] = inf;                                           // row 0: infinity
+      v[16 + 5] = -inf;                                     // row 1
       v[32 + 7] = std::numeric_limits<float>::quiet_NaN();  // row 2: padding, left out
       const std::vector<int32_t> rows = {0, 0, -1, 1};
       const Tensor src = r.in("src", DType::f32, {4, 16}, v, unchanged());
@@ -147,8 +147,8 @@ OpCases fp8_cast_cases() {
       const Tensor amax = r.acc("amax", DType::f32, {1}, {0.f}, bits());
       const std::vector<uint8_t> zeros(64, 0);
       const Tensor out = r.in_bits("out", t, {4, 16}, zeros.data(), bits());
-      const Tensor out_t = r.in_bits("out_t", t, {16, 16}, std::vector<uint8_t>(256, 0).data(),
-                                     bits());
+      const Tensor out_t =
+          r.in_bits("out_t", t, {16, 16}, std::vector<uint8_t>(256, 0).data(), bits());
       r.backend().fp8_cast(src, trows, scale, amax, out, out_t);
     };
     c.reference = [=](const std::string& what, const OpRun& cpu) {
@@ -180,7 +180,7 @@ struct GemmExpect {
 };
 
 double round_bound(DType t, double v) {
-  return t == DType::bf16 ? std::ldexp(std::abs(v), -8)
+  return t == DType::bf16  ? std::ldexp(std::abs(v), -8)
          : t == DType::f16 ? std::ldexp(std::abs(v), -11) + std::ldexp(1.0, -25)
                            : 0.0;
 }
@@ -211,9 +211,7 @@ GemmExpect fp8_gemm_expect(const OpRun& r, DType ta, DType tb, DType out_t, Epil
         abs_sum += std::abs(p);
       }
       const size_t at = static_cast<size_t>(i * m + j);
-      const double add = !bias.empty() ? bias[static_cast<size_t>(j)]
-                         : accumulate  ? init[at]
-                                       : 0.0;
+      const double add = !bias.empty() ? bias[static_cast<size_t>(j)] : accumulate ? init[at] : 0.0;
       const double x = s + add;
       const double ex = static_cast<double>(k + 2) * u * (abs_sum + std::abs(add));
       double y = x, ey = ex;
@@ -287,29 +285,29 @@ OpCases fp8_gemm_cases() {
   // The three GEMMs of an FP8 linear layer: forward X W^T (E4M3 x E4M3, bf16 out), input
   // gradient dY W (E5M2 x E4M3), weight gradient dY^T X (E5M2 x E4M3, fp32 accumulated); and
   // E4M3 x E5M2 into f16.
-  const Kind kinds[] = {{"forward", DType::e4m3, DType::e4m3, DType::bf16, false},
-                        {"dgrad", DType::e5m2, DType::e4m3, DType::bf16, false},
-                        {"wgrad", DType::e5m2, DType::e4m3, DType::f32, true},
-                        {"e4m3 x e5m2", DType::e4m3, DType::e5m2, DType::f16, false},
-                        // dx += (the residual's share first) and dx through the GELUs
-                        {"dgrad accumulate", DType::e5m2, DType::e4m3, DType::bf16, true},
-                        {"dgrad dgelu", DType::e5m2, DType::e4m3, DType::bf16, false, true},
-                        {"dgrad dgelu_tanh", DType::e5m2, DType::e4m3, DType::bf16, false, true,
-                         Gelu::tanh}};
+  const Kind kinds[] = {
+      {"forward", DType::e4m3, DType::e4m3, DType::bf16, false},
+      {"dgrad", DType::e5m2, DType::e4m3, DType::bf16, false},
+      {"wgrad", DType::e5m2, DType::e4m3, DType::f32, true},
+      {"e4m3 x e5m2", DType::e4m3, DType::e5m2, DType::f16, false},
+      // dx += (the residual's share first) and dx through the GELUs
+      {"dgrad accumulate", DType::e5m2, DType::e4m3, DType::bf16, true},
+      {"dgrad dgelu", DType::e5m2, DType::e4m3, DType::bf16, false, true},
+      {"dgrad dgelu_tanh", DType::e5m2, DType::e4m3, DType::bf16, false, true, Gelu::tanh}};
   // Multiples of 16 (the op's contract); 48 rows and 80 columns are partial 32-wide tiles.
   const GemmShape shapes[] = {{48, 64, 48}, {16, 16, 16}, {128, 96, 80}};
   for (const Kind& kind : kinds)
     for (const GemmShape& s : shapes)
-      for (Epilogue ep : {Epilogue::none, Epilogue::bias, Epilogue::bias_gelu,
-                          Epilogue::bias_gelu_tanh}) {
+      for (Epilogue ep :
+           {Epilogue::none, Epilogue::bias, Epilogue::bias_gelu, Epilogue::bias_gelu_tanh}) {
         if (ep != Epilogue::none && std::string(kind.what) != "forward") continue;
         for (bool fast : {false, true}) {
           if (fast && (ep != Epilogue::none || s.n != 48)) continue;
           OpCase c;
           c.dtype = kind.out;
           c.name = fmt::format("fp8_gemm {} {} x {} to {} n{} k{} m{} {}{}", kind.what,
-                               dtype_name(kind.ta), dtype_name(kind.tb), dtype_name(kind.out),
-                               s.n, s.k, s.m, ep_name(ep), fast ? " fast_accum" : "");
+                               dtype_name(kind.ta), dtype_name(kind.tb), dtype_name(kind.out), s.n,
+                               s.k, s.m, ep_name(ep), fast ? " fast_accum" : "");
           c.run = [=](OpRun& r) {
             auto& g = r.rng();
             const int ea = static_cast<int>(g() % 5) - 2, eb = static_cast<int>(g() % 5) - 1;
@@ -333,11 +331,10 @@ OpCases fp8_gemm_cases() {
             if (kind.dgelu)
               o.dgelu_pre = r.in("dgelu_pre", kind.out, {s.n, s.m},
                                  randn(g, static_cast<size_t>(s.n * s.m), 2.f), unchanged());
-            const Tensor out =
-                kind.accumulate
-                    ? r.acc("out", kind.out, {s.n, s.m},
-                            randn(g, static_cast<size_t>(s.n * s.m)), Check{})
-                    : r.out("out", kind.out, {s.n, s.m}, Check{});
+            const Tensor out = kind.accumulate
+                                   ? r.acc("out", kind.out, {s.n, s.m},
+                                           randn(g, static_cast<size_t>(s.n * s.m)), Check{})
+                                   : r.out("out", kind.out, {s.n, s.m}, Check{});
             if (has_gelu(ep)) o.pre = r.out("pre", kind.out, {s.n, s.m}, Check{});
             r.backend().fp8_gemm(a, sa, b, sb, out, o);
           };
@@ -346,14 +343,14 @@ OpCases fp8_gemm_cases() {
                 fp8_gemm_expect(cpu, kind.ta, kind.tb, kind.out, ep, kind.accumulate, kind.dgelu,
                                 kind.gelu, s.n, s.k, s.m);
             expect_within(what + " out", cpu.doubles("out"), e.out, e.out_bound, 1.0);
-            if (has_gelu(ep)) expect_within(what + " pre", cpu.doubles("pre"), e.pre, e.pre_bound, 1.0);
+            if (has_gelu(ep))
+              expect_within(what + " pre", cpu.doubles("pre"), e.pre, e.pre_bound, 1.0);
           };
           c.compare = [=](const std::string& what, const OpRun& want, const OpRun& got) {
             const GemmExpect e =
                 fp8_gemm_expect(want, kind.ta, kind.tb, kind.out, ep, kind.accumulate, kind.dgelu,
                                 kind.gelu, s.n, s.k, s.m);
-            expect_within(what + " out", got.doubles("out"), want.doubles("out"), e.out_bound,
-                          2.0);
+            expect_within(what + " out", got.doubles("out"), want.doubles("out"), e.out_bound, 2.0);
             if (has_gelu(ep))
               expect_within(what + " pre", got.doubles("pre"), want.doubles("pre"), e.pre_bound,
                             2.0);
@@ -408,8 +405,10 @@ OpCases fp8_scaling_cases() {
           scales[static_cast<size_t>(2 * i)] = std::ldexp(1.f, e);
           scales[static_cast<size_t>(2 * i + 1)] = std::ldexp(1.f, -e);
           for (int64_t j = 0; j < h; ++j)
-            hist[static_cast<size_t>(i * h + j)] = j == 0 && i % 5 == 0 ? 0.f : std::ldexp(
-                std::abs(randn(g, 1)[0]), static_cast<int>(g() % 9) - 4);
+            hist[static_cast<size_t>(i * h + j)] =
+                j == 0 && i % 5 == 0
+                    ? 0.f
+                    : std::ldexp(std::abs(randn(g, 1)[0]), static_cast<int>(g() % 9) - 4);
         }
         const Tensor tmax = r.in("fp8_max", DType::f32, {n}, fmax, unchanged());
         const Tensor th = r.acc("history", DType::f32, {n, h}, hist, bits());
@@ -427,7 +426,8 @@ OpCases fp8_scaling_cases() {
         }
         const Vec fmax = cpu.doubles("fp8_max"), h0 = cpu.initial("history"),
                   s0 = cpu.initial("scales");
-        const Vec h1 = cpu.doubles("history"), s1 = cpu.doubles("scales"), a1 = cpu.doubles("step amax");
+        const Vec h1 = cpu.doubles("history"), s1 = cpu.doubles("scales"),
+                  a1 = cpu.doubles("step amax");
         for (int64_t i = 0; i < n; ++i) {
           double a = 0;
           bool nan = false;

@@ -204,10 +204,14 @@ class GuardedBytes {
     const uint16_t half = 0x7FC1;
     for (size_t i = 0; i < n; ++i) {
       uint8_t* p = &v[i * esize_];
-      if (esize_ == 8) std::memcpy(p, &wide, 8);
-      else if (esize_ == 4) std::memcpy(p, &word, 4);
-      else if (esize_ == 2) std::memcpy(p, &half, 2);
-      else *p = is_fp8(dtype_) ? 0x7F : 0xDE;  // FP8: a NaN, so "unwritten" reads non-finite
+      if (esize_ == 8)
+        std::memcpy(p, &wide, 8);
+      else if (esize_ == 4)
+        std::memcpy(p, &word, 4);
+      else if (esize_ == 2)
+        std::memcpy(p, &half, 2);
+      else
+        *p = is_fp8(dtype_) ? 0x7F : 0xDE;  // FP8: a NaN, so "unwritten" reads non-finite
     }
     return v;
   }
@@ -251,8 +255,10 @@ class Guarded : public GuardedBytes {
 
  private:
   static constexpr DType default_dtype() {
-    if constexpr (std::is_same_v<T, uint16_t>) return DType::bf16;
-    else return DTypeOf<T>::value;
+    if constexpr (std::is_same_v<T, uint16_t>)
+      return DType::bf16;
+    else
+      return DTypeOf<T>::value;
   }
 };
 inline std::vector<double> GuardedBytes::doubles() const {
@@ -261,11 +267,27 @@ inline std::vector<double> GuardedBytes::doubles() const {
   for (size_t i = 0; i < n_; ++i) {
     const uint8_t* p = &b[i * esize_];
     switch (dtype_) {
-      case DType::f32: { float v; std::memcpy(&v, p, 4); d[i] = v; break; }
+      case DType::f32: {
+        float v;
+        std::memcpy(&v, p, 4);
+        d[i] = v;
+        break;
+      }
       case DType::f64: std::memcpy(&d[i], p, 8); break;
-      case DType::i32: { int32_t v; std::memcpy(&v, p, 4); d[i] = v; break; }
-      case DType::i64: { int64_t v; std::memcpy(&v, p, 8); d[i] = static_cast<double>(v); break; }
-      case DType::bf16: case DType::f16: {
+      case DType::i32: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        d[i] = v;
+        break;
+      }
+      case DType::i64: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        d[i] = static_cast<double>(v);
+        break;
+      }
+      case DType::bf16:
+      case DType::f16: {
         uint16_t v;
         std::memcpy(&v, p, 2);
         d[i] = dtype_ == DType::bf16 ? lowp::bf16_to_float(v) : lowp::f16_to_float(v);
@@ -280,10 +302,10 @@ inline std::vector<double> GuardedBytes::doubles() const {
 }
 
 // Asserts the guards are intact and (for written outputs) that nothing still holds NaN.
-#define EXPECT_OUTPUT_OK(buf)                                                        \
-  do {                                                                               \
-    EXPECT_TRUE((buf).guards_intact()) << #buf ": write outside the buffer";         \
-    EXPECT_EQ((buf).non_finite(), 0u) << #buf ": unwritten or non-finite elements";  \
+#define EXPECT_OUTPUT_OK(buf)                                                                      \
+  do {                                                                                             \
+    EXPECT_TRUE((buf).guards_intact()) << #buf ": write outside the buffer";                       \
+    EXPECT_EQ((buf).non_finite(), 0u) << #buf ": unwritten or non-finite elements";                \
   } while (0)
 
 // Central differences of f at x for the given coordinates (x is restored).
@@ -428,7 +450,8 @@ inline HostLayout packed(const std::vector<int32_t>& lens, const std::vector<int
                          int32_t max_seq_len) {
   std::vector<size_t> order(lens.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return lens[a] > lens[b]; });
   std::vector<int32_t> fill;  // used tokens per pack row
   std::vector<int32_t> starts(lens.size());
   for (size_t s : order) {

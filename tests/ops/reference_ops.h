@@ -69,13 +69,14 @@ struct EmbeddingInputs {
 };
 
 inline Vec embedding(const EmbeddingInputs& p, const std::vector<int32_t>& ids,
-                     const std::vector<int32_t>& segs, const HostLayout& l,
-                     const DropoutStream& ds, Vec* mean = nullptr, Vec* rstd = nullptr) {
+                     const std::vector<int32_t>& segs, const HostLayout& l, const DropoutStream& ds,
+                     Vec* mean = nullptr, Vec* rstd = nullptr) {
   const int64_t h = p.hidden;
   Vec sum(l.rows * h);
   for (int64_t r = 0; r < l.rows; ++r)
     for (int64_t c = 0; c < h; ++c)
-      sum[r * h + c] = p.word[ids[r] * h + c] + p.pos[l.token_pos[r] * h + c] + p.type[segs[r] * h + c];
+      sum[r * h + c] =
+          p.word[ids[r] * h + c] + p.pos[l.token_pos[r] * h + c] + p.type[segs[r] * h + c];
   Vec y = layernorm(sum, p.gamma, p.beta, l.rows, h, mean, rstd);
   for (int64_t r = 0; r < l.rows; ++r)
     for (int64_t c = 0; c < h; ++c) y[r * h + c] *= dropout_factor(ds, l, r, c);

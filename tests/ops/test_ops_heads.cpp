@@ -17,8 +17,13 @@ struct MlmCase {
   std::vector<int32_t> labels;
   float scale;
   MlmCase(std::mt19937_64& rng, int64_t m_, int64_t h_, int64_t v_)
-      : m(m_), h(h_), v(v_), x(random_floats(rng, m * h)), w(random_floats(rng, v * h)),
-        b(random_floats(rng, v)), labels(random_ints(rng, m, 0, static_cast<int32_t>(v - 1))),
+      : m(m_),
+        h(h_),
+        v(v_),
+        x(random_floats(rng, m * h)),
+        w(random_floats(rng, v * h)),
+        b(random_floats(rng, v)),
+        labels(random_ints(rng, m, 0, static_cast<int32_t>(v - 1))),
         scale(1.f / static_cast<float>(m + 5)) {}
 };
 

@@ -65,12 +65,13 @@ TEST(Lamb, MatchesApexFormulasOverSeveralSteps) {
   auto be = make_cpu_backend();
   // Varying sizes (one beyond the 8192-element reduction block), decay and no-decay tensors, and
   // gaps between entries that must stay untouched.
-  const std::vector<LambTensor> table = {
-      {0, 1, 1}, {3, 700, 1}, {703, 31, 0}, {740, 20000, 1}, {20745, 64, 0}, {20809, 5, 1}};
+  const std::vector<LambTensor> table = {{0, 1, 1},       {3, 700, 1},    {703, 31, 0},
+                                         {740, 20000, 1}, {20745, 64, 0}, {20809, 5, 1}};
   const int64_t n = 20820, num = static_cast<int64_t>(table.size());
   const std::vector<float> w_init = random_floats(rng, n);
   // Every buffer the op updates in place is guarded.
-  Guarded<float> w({n}, w_init), m({n}, std::vector<float>(n, 0.f)), v({n}, std::vector<float>(n, 0.f));
+  Guarded<float> w({n}, w_init), m({n}, std::vector<float>(n, 0.f)),
+      v({n}, std::vector<float>(n, 0.f));
   RefLamb ref{to_double(w_init), Vec(n, 0.0), Vec(n, 0.0), {}, {}};
   LambConfig cfg;
   cfg.lr = 4e-3f;
@@ -123,7 +124,8 @@ TEST(Lamb, ZeroWeightsTakeThePlainStep) {
   cfg.lr = 0.01f;
   cfg.step = 1;
   be->lamb_step(lamb_table(table.data(), 1), cfg, view(&gn, {1}), view(w.data(), {4}),
-                view(g.data(), {4}), view(m.data(), {4}), view(v.data(), {4}), view(norms.data(), {2}));
+                view(g.data(), {4}), view(m.data(), {4}), view(v.data(), {4}),
+                view(norms.data(), {2}));
   EXPECT_EQ(norms[0], 0.f);
   // Step 1 with bias correction: u = g / (|g| + eps) = sign(g) (to eps).
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(w[i], -0.01f * (g[i] > 0 ? 1.f : -1.f), 1e-6f) << i;
@@ -135,8 +137,8 @@ TEST(Lamb, ZeroWeightsTakeThePlainStep) {
 TEST(Lamb, NonFiniteNormSkipsInsideTheOpAndIsRecorded) {
   auto be = make_cpu_backend();
   const std::vector<LambTensor> table = {{0, 5, 1}, {5, 3, 0}};
-  std::vector<float> w = {0.5f, -1.f, 2.f, 0.25f, 1.f, 0.1f, -0.2f, 0.3f}, m(8, 0.01f),
-                     v(8, 0.02f), norms(4);
+  std::vector<float> w = {0.5f, -1.f, 2.f, 0.25f, 1.f, 0.1f, -0.2f, 0.3f}, m(8, 0.01f), v(8, 0.02f),
+                     norms(4);
   std::vector<uint16_t> low(8, 0x1234);
   std::vector<int32_t> record = {0, 0, 0};
   LambConfig cfg;
@@ -174,14 +176,14 @@ TEST(Lamb, RejectsBadTables) {
   std::vector<float> w(10, 1.f), g(10, 1.f), m(10), v(10), norms(4);
   const float gn = 1.f;
   auto call = [&](std::vector<LambTensor> t) {
-    be->lamb_step(lamb_table(t.data(), static_cast<int64_t>(t.size())), LambConfig{}, view(&gn, {1}),
-                  view(w.data(), {10}), view(g.data(), {10}), view(m.data(), {10}),
+    be->lamb_step(lamb_table(t.data(), static_cast<int64_t>(t.size())), LambConfig{},
+                  view(&gn, {1}), view(w.data(), {10}), view(g.data(), {10}), view(m.data(), {10}),
                   view(v.data(), {10}), view(norms.data(), {2 * static_cast<int64_t>(t.size())}));
   };
   EXPECT_NO_THROW(call({{0, 4, 1}, {4, 6, 0}}));
-  EXPECT_THROW(call({{0, 5, 1}, {4, 6, 0}}), Error);   // overlap
-  EXPECT_THROW(call({{0, 4, 1}, {4, 7, 0}}), Error);   // past the end
-  EXPECT_THROW(call({{0, 4, 2}, {4, 6, 0}}), Error);   // flag
+  EXPECT_THROW(call({{0, 5, 1}, {4, 6, 0}}), Error);  // overlap
+  EXPECT_THROW(call({{0, 4, 1}, {4, 7, 0}}), Error);  // past the end
+  EXPECT_THROW(call({{0, 4, 2}, {4, 6, 0}}), Error);  // flag
 }
 
 }  // namespace

@@ -16,9 +16,15 @@ struct Embedding {
   int64_t vocab, positions, types, hidden;
   std::vector<float> word, pos, type, gamma, beta;
   Embedding(std::mt19937_64& rng, int64_t v, int64_t p, int64_t t, int64_t h)
-      : vocab(v), positions(p), types(t), hidden(h), word(random_floats(rng, v * h)),
-        pos(random_floats(rng, p * h)), type(random_floats(rng, t * h)),
-        gamma(random_floats(rng, h)), beta(random_floats(rng, h)) {
+      : vocab(v),
+        positions(p),
+        types(t),
+        hidden(h),
+        word(random_floats(rng, v * h)),
+        pos(random_floats(rng, p * h)),
+        type(random_floats(rng, t * h)),
+        gamma(random_floats(rng, h)),
+        beta(random_floats(rng, h)) {
     for (auto& g : gamma) g += 1.5f;  // LayerNorm scales near 1, like trained BERT
   }
   EmbeddingParams params() const {
@@ -44,17 +50,20 @@ TEST(ResidualLayerNorm, LnInMayAliasX) {
   const HostLayout l = unpadded({3, 5}, random_sample_ids(rng, 2));
   const int64_t rows = l.rows, h = 20;
   const auto x = random_floats(rng, rows * h), bias = random_floats(rng, h),
-             res = random_floats(rng, rows * h), gamma = random_floats(rng, h), beta = random_floats(rng, h);
+             res = random_floats(rng, rows * h), gamma = random_floats(rng, h),
+             beta = random_floats(rng, h);
   const LayerNormParams ln{view(gamma.data(), {h}), view(beta.data(), {h})};
   const Dropout d = make_dropout(0.2f, rng(), DropoutSite::ffn_output, 2);
   std::vector<float> out1(rows * h), hin1(rows * h), out2(rows * h), m(rows), s(rows);
   be->residual_layernorm_forward(l.view(), view(x.data(), {rows, h}), view(bias.data(), {h}),
                                  view(res.data(), {rows, h}), ln, d, view(out1.data(), {rows, h}),
-                                 view(hin1.data(), {rows, h}), view(m.data(), {rows}), view(s.data(), {rows}));
+                                 view(hin1.data(), {rows, h}), view(m.data(), {rows}),
+                                 view(s.data(), {rows}));
   std::vector<float> x2 = x;
   be->residual_layernorm_forward(l.view(), view(x2.data(), {rows, h}), view(bias.data(), {h}),
                                  view(res.data(), {rows, h}), ln, d, view(out2.data(), {rows, h}),
-                                 view(x2.data(), {rows, h}), view(m.data(), {rows}), view(s.data(), {rows}));
+                                 view(x2.data(), {rows, h}), view(m.data(), {rows}),
+                                 view(s.data(), {rows}));
   EXPECT_EQ(out1, out2);
   EXPECT_EQ(hin1, x2);
 }
@@ -89,14 +98,15 @@ TEST(DropoutPlacement, TokenOpsIdenticalInEveryLayout) {
     o.emb.resize(l.rows * h), o.ln.resize(l.rows * h), o.dx.resize(l.rows * h);
     std::vector<float> m(l.rows), s(l.rows), hin(l.rows * h);
     be->embedding_forward(l.view(), view(i2.data(), {l.rows}), view(s2.data(), {l.rows}),
-                          e.params(), demb, view(o.emb.data(), {l.rows, h}), view(m.data(), {l.rows}),
-                          view(s.data(), {l.rows}));
+                          e.params(), demb, view(o.emb.data(), {l.rows, h}),
+                          view(m.data(), {l.rows}), view(s.data(), {l.rows}));
     be->residual_layernorm_forward(l.view(), view(x2.data(), {l.rows, h}), Tensor(),
                                    view(r2.data(), {l.rows, h}), ln, dres,
                                    view(o.ln.data(), {l.rows, h}), view(hin.data(), {l.rows, h}),
                                    view(m.data(), {l.rows}), view(s.data(), {l.rows}));
-    be->residual_layernorm_backward(l.view(), view(dy2.data(), {l.rows, h}), view(hin.data(), {l.rows, h}),
-                                    view(m.data(), {l.rows}), view(s.data(), {l.rows}), ln, dres,
+    be->residual_layernorm_backward(l.view(), view(dy2.data(), {l.rows, h}),
+                                    view(hin.data(), {l.rows, h}), view(m.data(), {l.rows}),
+                                    view(s.data(), {l.rows}), ln, dres,
                                     view(o.dx.data(), {l.rows, h}), Tensor(), Tensor(), {});
     // Back to the unpadded placement for comparison.
     return Result{relayout(o.emb, l, base, h, 0.f), relayout(o.ln, l, base, h, 0.f),
@@ -124,10 +134,12 @@ TEST(Embedding, RejectsOutOfRangeIds) {
   std::vector<float> out(12), m(3), s(3);
   try {
     be->embedding_forward(l.view(), view(ids.data(), {3}), view(segs.data(), {3}), e.params(),
-                          Dropout(), view(out.data(), {3, 4}), view(m.data(), {3}), view(s.data(), {3}));
+                          Dropout(), view(out.data(), {3, 4}), view(m.data(), {3}),
+                          view(s.data(), {3}));
     FAIL() << "no error";
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("embedding_forward: row 1 has token id 10"), std::string::npos)
+    EXPECT_NE(std::string(err.what()).find("embedding_forward: row 1 has token id 10"),
+              std::string::npos)
         << err.what();
   }
 }

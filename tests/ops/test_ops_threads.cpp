@@ -25,7 +25,8 @@ TEST(Threads, LinearBackwardBitsDoNotDependOnThreads) {
   auto rng = make_rng(81);
   auto be = make_cpu_backend();
   const int64_t n = 300, k = 96, m = 160;
-  const auto x = random_floats(rng, n * k), w = random_floats(rng, m * k), g = random_floats(rng, n * m);
+  const auto x = random_floats(rng, n * k), w = random_floats(rng, m * k),
+             g = random_floats(rng, n * m);
   const auto [a, b] = with_threads([&] {
     std::vector<float> dx(n * k), dw(m * k, 0.f), db(m, 0.f), y(n * m);
     be->linear_forward(view(x.data(), {n, k}), view(w.data(), {m, k}), Tensor(), Epilogue::none,
@@ -63,20 +64,21 @@ TEST(Threads, LayerNormOpsBitsDoNotDependOnThreads) {
                                    view(res.data(), {rows, h}), ln, d, view(out.data(), {rows, h}),
                                    view(hin.data(), {rows, h}), view(mean.data(), {rows}),
                                    view(rstd.data(), {rows}));
-    be->residual_layernorm_backward(l.view(), view(dy.data(), {rows, h}), view(hin.data(), {rows, h}),
-                                    view(mean.data(), {rows}), view(rstd.data(), {rows}), ln, d,
-                                    view(dx.data(), {rows, h}), view(dres.data(), {rows, h}),
-                                    view(dbias.data(), {h}),
+    be->residual_layernorm_backward(l.view(), view(dy.data(), {rows, h}),
+                                    view(hin.data(), {rows, h}), view(mean.data(), {rows}),
+                                    view(rstd.data(), {rows}), ln, d, view(dx.data(), {rows, h}),
+                                    view(dres.data(), {rows, h}), view(dbias.data(), {h}),
                                     LayerNormParams{view(dg.data(), {h}), view(dbeta.data(), {h})});
     be->embedding_forward(l.view(), view(ids.data(), {rows}), view(segs.data(), {rows}), emb, d,
-                          view(out.data(), {rows, h}), view(mean.data(), {rows}), view(rstd.data(), {rows}));
-    be->embedding_backward(l.view(), view(ids.data(), {rows}), view(segs.data(), {rows}), emb, d,
-                           view(mean.data(), {rows}), view(rstd.data(), {rows}),
-                           view(dcopy.data(), {rows, h}),
-                           EmbeddingParams{view(dword.data(), {vocab, h}), view(dpos.data(), {256, h}),
-                                           view(dtype.data(), {2, h}), view(eg.data(), {h}),
-                                           view(eb.data(), {h})});
-    return std::vector<std::vector<float>>{out, dx, dres, dbias, dg, dbeta, dword, dpos, dtype, eg, eb};
+                          view(out.data(), {rows, h}), view(mean.data(), {rows}),
+                          view(rstd.data(), {rows}));
+    be->embedding_backward(
+        l.view(), view(ids.data(), {rows}), view(segs.data(), {rows}), emb, d,
+        view(mean.data(), {rows}), view(rstd.data(), {rows}), view(dcopy.data(), {rows, h}),
+        EmbeddingParams{view(dword.data(), {vocab, h}), view(dpos.data(), {256, h}),
+                        view(dtype.data(), {2, h}), view(eg.data(), {h}), view(eb.data(), {h})});
+    return std::vector<std::vector<float>>{out,   dx,   dres,  dbias, dg, dbeta,
+                                           dword, dpos, dtype, eg,    eb};
   });
   EXPECT_EQ(a, b);
 }
@@ -90,15 +92,18 @@ TEST(Threads, LossAndOptimizerBitsDoNotDependOnThreads) {
   const auto w0 = random_floats(rng, n), g0 = random_floats(rng, n, 0.01f);
   const std::vector<LambTensor> table = {{0, 40000, 1}, {40000, 30001, 0}};
   const auto [a, b] = with_threads([&] {
-    std::vector<float> dz(m * v), loss(1, 0.f), norm(1), w = w0, g = g0, mm(n, 0.f), vv(n, 0.f), norms(4);
+    std::vector<float> dz(m * v), loss(1, 0.f), norm(1), w = w0, g = g0, mm(n, 0.f), vv(n, 0.f),
+                                                         norms(4);
     std::vector<int32_t> correct(1, 0);
     be->softmax_cross_entropy(view(z.data(), {m, v}), view(labels.data(), {m}), 0.1f,
-                              view(loss.data(), {1}), view(correct.data(), {1}), view(dz.data(), {m, v}));
+                              view(loss.data(), {1}), view(correct.data(), {1}),
+                              view(dz.data(), {m, v}));
     be->l2_norm(view(g.data(), {n}), view(norm.data(), {1}));
     LambConfig cfg;
     cfg.lr = 1e-3f;
     be->lamb_step(lamb_table(table.data(), 2), cfg, view(norm.data(), {1}), view(w.data(), {n}),
-                  view(g.data(), {n}), view(mm.data(), {n}), view(vv.data(), {n}), view(norms.data(), {4}));
+                  view(g.data(), {n}), view(mm.data(), {n}), view(vv.data(), {n}),
+                  view(norms.data(), {4}));
     return std::vector<std::vector<float>>{dz, loss, norm, w, g, mm, vv, norms};
   });
   EXPECT_EQ(a, b);

@@ -24,9 +24,13 @@ TEST(Philox, KnownAnswers) {
   };
   const Kat kats[] = {
       {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}}},
-      {{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu,
+      {{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}},
+       0xffffffffu,
+       0xffffffffu,
        {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}}},
-      {{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u,
+      {{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}},
+       0xa4093822u,
+       0x299f31d0u,
        {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}},
   };
   for (const Kat& k : kats) {
@@ -142,10 +146,10 @@ TEST(Dropout, CounterLayoutKeepsNarrowFieldsAndPlacesHighBits) {
 // Across the whole widened ranges, distinct (step, position, element word) never share a counter.
 TEST(Dropout, CountersDistinctAcrossWidenedRanges) {
   const std::vector<uint32_t> steps = {0, 1, 0xffff, 0x10000, kDropoutMaxStep - 1};
-  const std::vector<uint32_t> positions = {0, 1, 0xffff, 0x10000, 0x10001, 0x7ffff,
-                                           kDropoutMaxPosition - 1};
-  const std::vector<uint32_t> elements = {0, 4, 0x3fffc, 0x40000, 0x40004, 0x1ffffc,
-                                          kDropoutMaxElement - 4};
+  const std::vector<uint32_t> positions = {
+      0, 1, 0xffff, 0x10000, 0x10001, 0x7ffff, kDropoutMaxPosition - 1};
+  const std::vector<uint32_t> elements = {
+      0, 4, 0x3fffc, 0x40000, 0x40004, 0x1ffffc, kDropoutMaxElement - 4};
   std::set<std::array<uint32_t, 4>> seen;
   for (uint32_t st : steps)
     for (uint32_t pos : positions)
@@ -167,8 +171,8 @@ TEST(Dropout, SimdRowMatchesDefinitionForLongSequences) {
     cpu::dropout_row(s, 123456789, 7, pos, len, f.data());
     int64_t bad = 0;
     for (int64_t j = 0; j < len; ++j) {
-      const float want = dropout_keep(s, 123456789, 7, pos, static_cast<uint32_t>(j)) ? s.scale
-                                                                                      : 0.f;
+      const float want =
+          dropout_keep(s, 123456789, 7, pos, static_cast<uint32_t>(j)) ? s.scale : 0.f;
       bad += f[static_cast<size_t>(j)] != want;
     }
     EXPECT_EQ(bad, 0) << "position " << pos;
@@ -234,8 +238,8 @@ TEST(Math, GeluTanhAndSimdRowsMatchDouble) {
   // the O(1) derivative for the tanh form, whose second term multiplies tanh's error by up to
   // ~2.6 for |x| ~ 3 (the central difference itself is good to ~1e-9). Worst over 1000 seeds:
   // 1.04e-6 for mul_gelu_tanh_grad, so the derivatives' bar is 4e-6 (margin 3.8).
-  const char* what[6] = {"gelu_tanh", "gelu_tanh_grad", "gelu_tanh_to", "mul_gelu_tanh_grad",
-                         "gelu_to", "mul_gelu_grad"};
+  const char* what[6] = {"gelu_tanh",          "gelu_tanh_grad", "gelu_tanh_to",
+                         "mul_gelu_tanh_grad", "gelu_to",        "mul_gelu_grad"};
   const double bound[6] = {5e-7, 4e-6, 5e-7, 4e-6, 5e-7, 4e-6};
   for (int e = 0; e < 6; ++e) expect_measure(std::string(what[e]) + " worst", worst[e], bound[e]);
   // The two forms are different functions (up to ~1e-3 apart near |x| ~ 2): a test that mixed

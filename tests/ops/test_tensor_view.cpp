@@ -39,9 +39,13 @@ TEST(TensorView, ChecksNameOpAndArgument) {
   const Tensor t = view(buf.data(), {3, 4});
   EXPECT_NO_THROW(check_tensor("op", "x", t, DType::f32, {3, 4}));
   EXPECT_NO_THROW(check_tensor("op", "x", t, DType::f32, {kAnyDim, 4}));
-  EXPECT_EQ(error_of([&] { check_tensor("my_op", "x", t, DType::f32, {4, 3}); }),
+  EXPECT_EQ(error_of([&] {
+              check_tensor("my_op", "x", t, DType::f32, {4, 3});
+            }),
             "my_op: x is f32[3, 4] cpu, expected f32[4, 3]");
-  EXPECT_EQ(error_of([&] { check_tensor("my_op", "ids", t, DType::i32, {3, 4}); }),
+  EXPECT_EQ(error_of([&] {
+              check_tensor("my_op", "ids", t, DType::i32, {3, 4});
+            }),
             "my_op: ids is f32[3, 4] cpu, expected i32[3, 4]");
   EXPECT_EQ(error_of([&] { check_tensor("my_op", "x", t, DType::f32, {12}); }),
             "my_op: x is f32[3, 4] cpu, expected f32[12]");
@@ -104,9 +108,9 @@ TEST(BackendMemory, AllocatedBytesAndAnAllocationThatFails) {
   EXPECT_LE(m.free, m.total);
   const size_t huge = size_t{1} << 60;
   const std::string e = error_of([&] { (void)be->alloc(huge, "a huge test buffer"); });
-  EXPECT_NE(e.find("out of cpu memory: a huge test buffer asked " + std::to_string(huge) +
-                   " bytes"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("out of cpu memory: a huge test buffer asked " + std::to_string(huge) + " bytes"),
+      std::string::npos)
       << e;
   EXPECT_NE(e.find("MiB free of"), std::string::npos) << e;
   EXPECT_EQ(be->allocated_bytes(), before);

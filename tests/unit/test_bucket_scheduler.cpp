@@ -19,16 +19,16 @@ namespace {
 
 // Records the calls; test() reports `done` buckets complete (as many as have started at most).
 struct FakeTransport final : GradBucketTransport {
-  std::vector<int> starts;       // bucket indices, in call order (this round)
+  std::vector<int> starts;  // bucket indices, in call order (this round)
   std::vector<GradBucket> started_buckets;
   int rounds = 0;
   int tests = 0;
   int complete_calls = 0;
   int started_at_complete = -1;  // starts seen when complete_all() came
   int done = 0;
-  int throw_at_start = -1;       // start(k) of this k throws
+  int throw_at_start = -1;  // start(k) of this k throws
   int launched_calls = 0;
-  bool capturable = true;        // false: launched() is the base's (an Error)
+  bool capturable = true;  // false: launched() is the base's (an Error)
 
   GradCollective collective = GradCollective::allreduce;
 

@@ -34,8 +34,8 @@ namespace packbert {
 namespace {
 
 namespace fs = std::filesystem;
-using test::TempDir;
 using test::error_of;
+using test::TempDir;
 
 // A tiny model's state: random parameters and moments (every element distinct from zero).
 struct State {
@@ -44,10 +44,7 @@ struct State {
   std::string trainer_state;
 
   explicit State(uint64_t seed, const BertConfig& c = bert_preset("tiny"))
-      : table(c),
-        params(static_cast<size_t>(table.total())),
-        m(params.size()),
-        v(params.size()) {
+      : table(c), params(static_cast<size_t>(table.total())), m(params.size()), v(params.size()) {
     init_parameters(table, InitOptions{seed, 0.02f}, params.data());
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> nd(0.f, 1e-3f);
@@ -99,8 +96,8 @@ TEST(Checkpoint, RoundTripIsBitwise) {
   const std::string dir = write_checkpoint(root.path(), s.write(1234, 1200), 3);
   EXPECT_EQ(dir, root.file("step_00001234"));
   EXPECT_EQ(entries(root.path()), std::vector<std::string>{"step_00001234"});
-  for (const char* f : {"model.safetensors", "config.json", "optimizer.safetensors",
-                        "trainer_state.json"})
+  for (const char* f :
+       {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"})
     EXPECT_TRUE(fs::is_regular_file(dir + "/" + f)) << f;
   expect_reads_back(dir, s, 1234, 1200);
   EXPECT_EQ(latest_checkpoint(root.path()), dir);
@@ -227,8 +224,8 @@ TEST(Checkpoint, LatestIgnoresTemporaryAndIncompleteDirectories) {
   fs::copy(good, root.file("step_00000008"));
   fs::remove(root.file("step_00000008/trainer_state.json"));
   fs::create_directory(root.file("step_00000010"));
-  fs::copy(good, root.file("step_9"));            // too few digits
-  fs::copy(good, root.file("step_0000000x"));     // not a number
+  fs::copy(good, root.file("step_9"));         // too few digits
+  fs::copy(good, root.file("step_0000000x"));  // not a number
   std::ofstream(root.file("step_00000011")) << "a file";
   EXPECT_EQ(latest_checkpoint(root.path()), good);
   // Pruning never removes what latest_checkpoint does not count.
@@ -389,8 +386,8 @@ TEST(Checkpoint, DamageIsNamedAndSetApartFromMismatch) {
     EXPECT_NE(msg.find(c.needle), std::string::npos) << c.what << ": " << msg;
     const CheckpointCheck check = verify_checkpoint(dir);
     ASSERT_TRUE(check.damaged()) << c.what;
-    EXPECT_NE(check.damage[0].find(c.needle), std::string::npos) << c.what << ": "
-                                                                  << check.damage[0];
+    EXPECT_NE(check.damage[0].find(c.needle), std::string::npos)
+        << c.what << ": " << check.damage[0];
   }
   // The weights alone: a damaged weight or config.json is caught, the optimizer's is not read.
   for (size_t k : {size_t{0}, size_t{3}}) {
@@ -432,9 +429,9 @@ TEST(Checkpoint, WithoutChecksumsLoadsUnverified) {
   expect_reads_back(dir, s, 5, 5);
   const CheckpointCheck c = verify_checkpoint(dir);
   EXPECT_FALSE(c.damaged());
-  EXPECT_EQ(c.unverified, (std::vector<std::string>{"model.safetensors", "config.json",
-                                                    "optimizer.safetensors",
-                                                    "trainer_state.json"}));
+  EXPECT_EQ(c.unverified,
+            (std::vector<std::string>{"model.safetensors", "config.json", "optimizer.safetensors",
+                                      "trainer_state.json"}));
 }
 
 TEST(Checkpoint, DirsNewestFirstAndSetAside) {
@@ -450,8 +447,7 @@ TEST(Checkpoint, DirsNewestFirstAndSetAside) {
   EXPECT_EQ(set_checkpoint_aside(root.file("step_00000012")), root.file("step_00000012.corrupt"));
   EXPECT_EQ(set_checkpoint_aside(root.file("step_00000009")), root.file("step_00000009.corrupt"));
   write_checkpoint(root.path(), s.write(9, 9), 5);
-  EXPECT_EQ(set_checkpoint_aside(root.file("step_00000009")),
-            root.file("step_00000009.corrupt-2"));
+  EXPECT_EQ(set_checkpoint_aside(root.file("step_00000009")), root.file("step_00000009.corrupt-2"));
   EXPECT_EQ(set_aside_checkpoints(root.path()),
             (std::vector<std::string>{"step_00000009.corrupt", "step_00000009.corrupt-2",
                                       "step_00000012.corrupt"}));
@@ -473,7 +469,9 @@ int write_with_small_fsize(const State& s, const std::string& root, int64_t step
   if (pid == 0) {
     ::close(fds[0]);
     signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl {1 << 20, 1 << 20};
+    struct rlimit rl {
+      1 << 20, 1 << 20
+    };
     setrlimit(RLIMIT_FSIZE, &rl);
     int code = 1;  // no error
     std::string msg;
@@ -615,15 +613,18 @@ TEST(Checkpoint, TrainerStateErrorsNameTheFileAndField) {
       {"missing skipped_steps", [](nlohmann::json& j) { j.erase("skipped_steps"); },
        "'skipped_steps' is missing"},
       {"missing loader", [](nlohmann::json& j) { j.erase("loader"); }, "'loader' is missing"},
-      {"loader an array", [](nlohmann::json& j) { j["loader"] = {1, 2}; }, "'loader'"},
+      {"loader an array",
+       [](nlohmann::json& j) {
+         j["loader"] = {1, 2};
+       },
+       "'loader'"},
       {"loader without seed", [](nlohmann::json& j) { j["loader"].erase("seed"); }, "'loader'"},
       {"loss_scale a number", [](nlohmann::json& j) { j["loss_scale"] = 2; }, "'loss_scale'"},
       {"loss_scale without scale", [](nlohmann::json& j) { j["loss_scale"].erase("scale"); },
        "'loss_scale.scale' is missing"},
       {"clean_steps a string", [](nlohmann::json& j) { j["loss_scale"]["clean_steps"] = "1"; },
        "'loss_scale.clean_steps'"},
-      {"negative seed", [](nlohmann::json& j) { j["rng"]["train_seed"] = -1; },
-       "'rng.train_seed'"},
+      {"negative seed", [](nlohmann::json& j) { j["rng"]["train_seed"] = -1; }, "'rng.train_seed'"},
       {"world_size a string", [](nlohmann::json& j) { j["world_size"] = "8"; }, "'world_size'"},
       {"config a number", [](nlohmann::json& j) { j["config"] = 1; }, "'config'"},
   };

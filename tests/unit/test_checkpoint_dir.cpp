@@ -115,8 +115,8 @@ TEST(CheckpointDirLock, ExistingWritesNothingUntilRecord) {
   const std::string file = CheckpointDirLock::path(tmp.path());
   EXPECT_EQ(CheckpointDirLock::existing(tmp.path()), nullptr);
   EXPECT_FALSE(fs::exists(file));
-  const std::string earlier = fmt::format("host elsewhere, pid {}, started then\n",
-                                          1 + test::test_seed() % 100000);
+  const std::string earlier =
+      fmt::format("host elsewhere, pid {}, started then\n", 1 + test::test_seed() % 100000);
   std::ofstream(file) << earlier;
   {
     const std::unique_ptr<CheckpointDirLock> lock = CheckpointDirLock::existing(tmp.path());
@@ -133,8 +133,8 @@ TEST(CheckpointDirLock, ExistingWritesNothingUntilRecord) {
   LockHolder holder(tmp.path());
   ASSERT_TRUE(holder.held());
   const std::string err = error_of([&] { CheckpointDirLock::existing(tmp.path()); });
-  EXPECT_NE(err.find(fmt::format("is in use by another run: host {}, pid {}, started ",
-                                 hostname(), holder.pid())),
+  EXPECT_NE(err.find(fmt::format("is in use by another run: host {}, pid {}, started ", hostname(),
+                                 holder.pid())),
             std::string::npos)
       << err;
 }
@@ -153,12 +153,12 @@ TEST(CheckpointDir, CheckpointsInCountsEveryStepDirectoryAndDamagedOnes) {
   const int64_t a = 1 + static_cast<int64_t>(rng() % 1000), b = a + 1 + rng() % 1000,
                 c = b + 1 + rng() % 1000;
   auto name = [](int64_t s) { return fmt::format("step_{:08d}", s); };
-  fs::create_directories(d + "/" + name(c));                // complete or not: a checkpoint
+  fs::create_directories(d + "/" + name(c));  // complete or not: a checkpoint
   fs::create_directories(d + "/" + name(a));
-  fs::create_directories(d + "/" + name(b) + ".corrupt");   // set aside
+  fs::create_directories(d + "/" + name(b) + ".corrupt");  // set aside
   fs::create_directories(d + "/" + name(b) + ".corrupt-2");
   fs::create_directories(d + "/." + name(c + 1) + ".tmp-123");  // a write's leftover
-  fs::create_directories(d + "/step_12");                   // too few digits
+  fs::create_directories(d + "/step_12");                       // too few digits
   fs::create_directories(d + "/notes");
   std::ofstream(d + "/" + name(c + 2)) << "a file, not a checkpoint";
   std::ofstream(d + "/.packbert.lock") << "x";
@@ -192,8 +192,7 @@ TEST(CheckpointDir, ContinuesOnlyAutoOrACheckpointUnderTheDir) {
 }
 
 // The line `name = VALUE` of section [section] in a config's TOML: VALUE as written.
-std::string value_in(const std::string& toml, const std::string& section,
-                     const std::string& name) {
+std::string value_in(const std::string& toml, const std::string& section, const std::string& name) {
   const size_t s = toml.find("[" + section + "]\n");
   const size_t at = toml.find("\n" + name + " = ", s);
   const size_t b = at + name.size() + 4, e = toml.find('\n', b);
@@ -220,8 +219,8 @@ TEST(ConfigChanges, NameEachChangedKeyWithBothValuesLeavingOutHowTheRunStarts) {
   EXPECT_EQ(got[1].key, "optim.lr");
   EXPECT_EQ(got[1].before, value_in(tb, "optim", "lr"));
   EXPECT_EQ(got[1].after, value_in(ta, "optim", "lr"));
-  EXPECT_EQ(describe(got), fmt::format("train.precision {} -> {}; optim.lr {} -> {}",
-                                       got[0].before, got[0].after, got[1].before, got[1].after));
+  EXPECT_EQ(describe(got), fmt::format("train.precision {} -> {}; optim.lr {} -> {}", got[0].before,
+                                       got[0].after, got[1].before, got[1].after));
   EXPECT_TRUE(config_changes(tb, tb).empty());
 }
 

@@ -97,8 +97,7 @@ TEST(CommandConfig, ErrorsNameFileLineColumnAndKey) {
             std::string::npos)
       << e;
   e = error_for("[prepare]\nthreads = 5000000000\n");
-  EXPECT_NE(e.find(path + ":2:1: prepare.threads: 5000000000 is out of range"),
-            std::string::npos)
+  EXPECT_NE(e.find(path + ":2:1: prepare.threads: 5000000000 is out of range"), std::string::npos)
       << e;
   e = error_of([] { load(pack_config_schema(), "", {"pack.algorithm=best"}); });
   EXPECT_NE(e.find("override 'pack.algorithm=best': pack.algorithm: unknown value 'best'"),
@@ -113,17 +112,18 @@ TEST(CommandConfig, ValidationNamesKeyAndOption) {
   p.prepare.output_dir = "out";
   validate_prepare_config(p);
   p.prepare.max_seq_len = 4;
-  EXPECT_NE(error_of([&] { validate_prepare_config(p); })
-                .find("prepare.max_seq_len (--max-seq-len) = 4: must be in [8, 65536]"),
+  EXPECT_NE(error_of([&] {
+              validate_prepare_config(p);
+            }).find("prepare.max_seq_len (--max-seq-len) = 4: must be in [8, 65536]"),
             std::string::npos);
   p.prepare.max_seq_len = 128;
   p.prepare.inputs = {"/nonexistent/text.txt"};
   EXPECT_NE(error_of([&] { validate_prepare_config(p); }).find("/nonexistent/text.txt"),
             std::string::npos);
   p.prepare.inputs.clear();
-  EXPECT_NE(error_of([&] { validate_prepare_config(p); })
-                .find("prepare.input is not set: give --input"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { validate_prepare_config(p); }).find("prepare.input is not set: give --input"),
+      std::string::npos);
 
   InspectConfig i;
   EXPECT_NE(error_of([&] { validate_inspect_config(i); }).find("inspect.path is not set"),

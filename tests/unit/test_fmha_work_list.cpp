@@ -1,6 +1,6 @@
-// The attention work list (kernels/common/fmha_work_list.h) that the CUDA backend launches as one grid
-// per length bucket: every sequence in exactly one bucket, buckets ascending and non-empty, each
-// bucket's members inside its bound and sorted longest first, max_len its longest member, the
+// The attention work list (kernels/common/fmha_work_list.h) that the CUDA backend launches as one
+// grid per length bucket: every sequence in exactly one bucket, buckets ascending and non-empty,
+// each bucket's members inside its bound and sorted longest first, max_len its longest member, the
 // totals, determinism, and edge cases (no sequences, one, every bound exactly, longer than 512);
 // and the fixed launch's single grid.
 // Plain host C++: runs in CI although the kernels it feeds do not.

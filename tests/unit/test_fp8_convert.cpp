@@ -68,13 +68,14 @@ void check_rounding_everywhere(const Fp8& f) {
     const double mid = (f.values[p] + f.values[p + 1]) / 2;
     const auto m = static_cast<float>(mid);
     ASSERT_EQ(static_cast<double>(m), mid);  // exact: at most 5 significant bits
-    for (float x : {m, std::nextafter(m, 0.f), std::nextafter(m, 1e30f),
-                    static_cast<float>(f.values[p])}) {
+    for (float x :
+         {m, std::nextafter(m, 0.f), std::nextafter(m, 1e30f), static_cast<float>(f.values[p])}) {
       check_rounding(f, x);
       check_rounding(f, -x);
     }
   }
-  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 997) check_rounding(f, from_bits(static_cast<uint32_t>(u)));
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 997)
+    check_rounding(f, from_bits(static_cast<uint32_t>(u)));
   std::mt19937_64 rng(test_seed());
   for (int i = 0; i < 1000000; ++i) check_rounding(f, from_bits(static_cast<uint32_t>(rng())));
   // Values of the FP8 range's scale, where training's scaled casts land.
@@ -135,10 +136,16 @@ float scale_by_search(float amax, float fp8_max, int margin) {
 TEST(Fp8Scale, MatchesItsDefinition) {
   std::mt19937_64 rng(test_seed());
   for (float fmax : {fp8::kE4M3Max, fp8::kE5M2Max}) {
-    std::vector<float> amaxes = {fmax, std::nextafter(fmax, 0.f), std::nextafter(fmax, 1e30f),
-                                 1.f, 0.5f, std::numeric_limits<float>::min(),
+    std::vector<float> amaxes = {fmax,
+                                 std::nextafter(fmax, 0.f),
+                                 std::nextafter(fmax, 1e30f),
+                                 1.f,
+                                 0.5f,
+                                 std::numeric_limits<float>::min(),
                                  std::numeric_limits<float>::denorm_min(),
-                                 std::numeric_limits<float>::max(), fmax / 1024, fmax * 3};
+                                 std::numeric_limits<float>::max(),
+                                 fmax / 1024,
+                                 fmax * 3};
     for (int i = 0; i < 20000; ++i) {
       const float a = std::fabs(from_bits(static_cast<uint32_t>(rng())));
       if (std::isfinite(a) && a > 0) amaxes.push_back(a);
@@ -146,15 +153,15 @@ TEST(Fp8Scale, MatchesItsDefinition) {
     for (float a : amaxes)
       for (int margin : {0, 1, 3}) {
         const float s = fp8::fp8_scale(a, fmax, margin, 7.f);
-        ASSERT_EQ(s, scale_by_search(a, fmax, margin)) << "amax " << std::hexfloat << a
-                                                       << " max " << fmax << " margin " << margin;
+        ASSERT_EQ(s, scale_by_search(a, fmax, margin))
+            << "amax " << std::hexfloat << a << " max " << fmax << " margin " << margin;
         int e = 0;
         ASSERT_EQ(std::frexp(s, &e), 0.5f) << "not a power of two: " << s;
       }
   }
   // No usable amax: the previous scale stays.
-  for (float a : {0.f, -0.f, std::numeric_limits<float>::infinity(),
-                  std::numeric_limits<float>::quiet_NaN()})
+  for (float a :
+       {0.f, -0.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
     EXPECT_EQ(fp8::fp8_scale(a, fp8::kE4M3Max, 0, 0.25f), 0.25f) << a;
   // With margin 0 the scaled amax uses the top binade: in (fp8_max / 2, fp8_max].
   const float s = fp8::fp8_scale(3.7f, fp8::kE4M3Max, 0, 1.f);

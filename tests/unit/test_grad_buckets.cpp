@@ -71,8 +71,8 @@ TEST(GradBuckets, PlanCoversTheSpanFromTheEnd) {
     int64_t n = 0;
     const auto spans = random_spans(rng, 1 + trial * 3, n);
     if (spans.back().offset + spans.back().size == spans.front().offset) continue;  // all empty
-    for (size_t bytes : {size_t{1}, size_t{4}, size_t{100}, size_t{1024}, size_t{4096 + 12},
-                         size_t{1} << 20})
+    for (size_t bytes :
+         {size_t{1}, size_t{4}, size_t{100}, size_t{1024}, size_t{4096 + 12}, size_t{1} << 20})
       check_plan(spans, n, bytes);
   }
 }
@@ -97,7 +97,7 @@ TEST(GradBuckets, BoundariesInsideTensorsAndGapOnlyBuckets) {
 }
 
 TEST(GradBuckets, RejectsBadTables) {
-  EXPECT_THROW(plan_grad_buckets({{0, 10}, {5, 10}}, 100, 64), Error);  // overlap
+  EXPECT_THROW(plan_grad_buckets({{0, 10}, {5, 10}}, 100, 64), Error);   // overlap
   EXPECT_THROW(plan_grad_buckets({{0, 10}, {95, 10}}, 100, 64), Error);  // past the end
   EXPECT_THROW(plan_grad_buckets({{-1, 10}}, 100, 64), Error);
   EXPECT_TRUE(plan_grad_buckets({}, 100, 64).empty());
@@ -126,9 +126,9 @@ TEST(GradReducerOneRank, NoOpWithFullBookkeeping) {
   ar.ready_tensor(0);
   ar.ready(120, 380);
   ar.ready(800, 0);
-  EXPECT_THROW(ar.ready_tensor(0), Error);   // twice
-  EXPECT_THROW(ar.ready(121, 380), Error);   // names no tensor
-  EXPECT_THROW(ar.ready_tensor(4), Error);   // out of range
+  EXPECT_THROW(ar.ready_tensor(0), Error);  // twice
+  EXPECT_THROW(ar.ready(121, 380), Error);  // names no tensor
+  EXPECT_THROW(ar.ready_tensor(4), Error);  // out of range
   try {
     ar.finish();
     FAIL() << "finish() with tensor 1 not ready";
@@ -179,7 +179,8 @@ TEST(GradReducerOneRank, NoOpWithFullBookkeeping) {
   ShardExchange exchange(ar);
   exchange.all_gather(view(grads.data(), {1000}));
   EXPECT_EQ(grads, before);
-  EXPECT_THROW(exchange.all_gather(view(grads.data(), {999})), Error);  // not laid out as the gradient
+  EXPECT_THROW(exchange.all_gather(view(grads.data(), {999})),
+               Error);  // not laid out as the gradient
   ar.begin();
   EXPECT_THROW(exchange.all_gather(view(grads.data(), {1000})), Error);  // inside a round
   for (int i = 0; i < 4; ++i) ar.ready_tensor(i);
@@ -190,8 +191,7 @@ TEST(GradReducerOneRank, RejectsABufferThatIsNotAFlatF32Gradient) {
   auto backend = make_cpu_backend();
   std::vector<float> grads(64);
   EXPECT_THROW(GradReducer(MPI_COMM_WORLD, *backend, Tensor(), {{0, 64}}), Error);
-  EXPECT_THROW(GradReducer(MPI_COMM_WORLD, *backend, view(grads.data(), {8, 8}), {{0, 64}}),
-               Error);
+  EXPECT_THROW(GradReducer(MPI_COMM_WORLD, *backend, view(grads.data(), {8, 8}), {{0, 64}}), Error);
   EXPECT_THROW(GradReducer(MPI_COMM_WORLD, *backend,
                            Tensor(grads.data(), DType::f32, {64}, Device::cuda), {{0, 64}}),
                Error);  // memory of another device than the backend's

@@ -158,7 +158,8 @@ TEST(Inspect, SkipBadSamplesCountsAndReportsThem) {
   ASSERT_EQ(r.bad_examples.size(), std::min<size_t>(5, bad_rows.size()));
   for (size_t i = 0; i < r.bad_examples.size(); ++i) {
     EXPECT_NE(r.bad_examples[i].find("sample " + std::to_string(bad_rows[i]) + ":"),
-              std::string::npos) << r.bad_examples[i];
+              std::string::npos)
+        << r.bad_examples[i];
   }
   if (!valid.empty()) expect_report(r, expected_of(valid, 32), 32, 1);
   std::ostringstream os;

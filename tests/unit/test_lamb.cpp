@@ -102,7 +102,8 @@ struct RefLamb {
       }
       wn = std::sqrt(wn), un = std::sqrt(un);
       const double ratio = !p.no_decay && wd != 0 && wn > 0 && un > 0 ? wn / un : 1.0;
-      for (int64_t i = 0; i < p.size; ++i) w[static_cast<size_t>(p.offset + i)] -= lr * ratio * u[i];
+      for (int64_t i = 0; i < p.size; ++i)
+        w[static_cast<size_t>(p.offset + i)] -= lr * ratio * u[i];
     }
   }
 };
@@ -231,7 +232,8 @@ TEST(Lamb, NonFiniteGradientNormIsAnErrorAndTouchesNothing) {
   const std::vector<float> w1 = w;
   std::vector<float> m1(static_cast<size_t>(t.n)), v1(static_cast<size_t>(t.n));
   lamb.save_moments(m1.data(), v1.data());
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     g = micro_grads(rng, t.n, 2);
     g[static_cast<size_t>(t.params[0].offset)] = bad;
     try {
@@ -258,7 +260,8 @@ TEST(Lamb, SkipNonFiniteLeavesStateAndZeroesGradients) {
   LambOptions opt;
   opt.skip_nonfinite = true;
   Lamb lamb(*be, t.params, t.n, test_schedule(), opt);
-  std::vector<float> w = random_floats(rng, static_cast<size_t>(t.n), 1.f), g = micro_grads(rng, t.n, 1);
+  std::vector<float> w = random_floats(rng, static_cast<size_t>(t.n), 1.f),
+                     g = micro_grads(rng, t.n, 1);
   lamb.step(view(w.data(), {t.n}), view(g.data(), {t.n}));
   const std::vector<float> w1 = w;
   std::vector<float> m1(static_cast<size_t>(t.n)), v1(static_cast<size_t>(t.n));
@@ -354,13 +357,13 @@ TEST(Lamb, UnreadStepsSkipOnTheDeviceAndTheNextReadReportsThem) {
 
 TEST(Lamb, MlperfNoDecayRule) {
   for (const char* name : {"bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias",
-                           "bert.encoder.layer.3.attention.self.query.bias",
-                           "cls.predictions.bias", "cls.predictions.transform.LayerNorm.weight",
+                           "bert.encoder.layer.3.attention.self.query.bias", "cls.predictions.bias",
+                           "cls.predictions.transform.LayerNorm.weight",
                            "bert.encoder.layer.0.output.LayerNorm.gamma"})
     EXPECT_TRUE(mlperf_no_decay(name)) << name;
-  for (const char* name : {"bert.embeddings.word_embeddings.weight",
-                           "bert.encoder.layer.11.intermediate.dense.weight",
-                           "bert.pooler.dense.weight", "cls.seq_relationship.weight"})
+  for (const char* name :
+       {"bert.embeddings.word_embeddings.weight", "bert.encoder.layer.11.intermediate.dense.weight",
+        "bert.pooler.dense.weight", "cls.seq_relationship.weight"})
     EXPECT_FALSE(mlperf_no_decay(name)) << name;
 }
 

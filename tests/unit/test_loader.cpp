@@ -151,8 +151,9 @@ TEST(DataLoader, DropPolicyKeepsEveryStepFull) {
     EXPECT_EQ(seen.size(), 128u);
   }
   o.global_batch_size = 152;
-  EXPECT_NE(test::error_of([&] { DataLoader(MPI_COMM_WORLD, {d->dir.path()}, o); })
-                .find("fewer than one global batch"),
+  EXPECT_NE(test::error_of([&] {
+              DataLoader(MPI_COMM_WORLD, {d->dir.path()}, o);
+            }).find("fewer than one global batch"),
             std::string::npos);
 }
 
@@ -200,7 +201,8 @@ TEST(DataLoader, ResumeWithAnotherBatchSizeStillTrainsTheEpochOnce) {
   LoaderPosition p;
   {
     DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o);
-    for (const auto& ids : run_steps(loader, 3, *d, o)) seen.insert(seen.end(), ids.begin(), ids.end());
+    for (const auto& ids : run_steps(loader, 3, *d, o))
+      seen.insert(seen.end(), ids.begin(), ids.end());
     p = loader.position();
   }
   o.global_batch_size = 17;
@@ -268,17 +270,18 @@ TEST(DataLoader, ResumeRefusesAnotherOrderOrDataset) {
   }
   LoaderOptions other = o;
   other.seed = o.seed + 1;
-  EXPECT_NE(test::error_of([&] { DataLoader(MPI_COMM_WORLD, {d->dir.path()}, other, p); })
-                .find("seed"),
-            std::string::npos);
+  EXPECT_NE(
+      test::error_of([&] { DataLoader(MPI_COMM_WORLD, {d->dir.path()}, other, p); }).find("seed"),
+      std::string::npos);
   other = o;
   other.shuffle_window_blocks = 5;
-  EXPECT_NE(test::error_of([&] { DataLoader(MPI_COMM_WORLD, {d->dir.path()}, other, p); })
-                .find("shuffle_window_blocks"),
+  EXPECT_NE(test::error_of([&] {
+              DataLoader(MPI_COMM_WORLD, {d->dir.path()}, other, p);
+            }).find("shuffle_window_blocks"),
             std::string::npos);
-  EXPECT_NE(test::error_of([&] { DataLoader(MPI_COMM_WORLD, {d->file(0)}, o, p); })
-                .find("num_shards"),
-            std::string::npos);
+  EXPECT_NE(
+      test::error_of([&] { DataLoader(MPI_COMM_WORLD, {d->file(0)}, o, p); }).find("num_shards"),
+      std::string::npos);
   EXPECT_NE(test::error_of([] { loader_position_from_json("{\"epoch\": 1}"); }), "");
 }
 
@@ -346,8 +349,9 @@ TEST(DataLoader, StopsCleanlyWhateverItsState) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // queue full, thread waiting
   }
   o.global_batch_size = 0;
-  EXPECT_NE(test::error_of([&] { DataLoader(MPI_COMM_WORLD, {d->dir.path()}, o); })
-                .find("global_batch_size"),
+  EXPECT_NE(test::error_of([&] {
+              DataLoader(MPI_COMM_WORLD, {d->dir.path()}, o);
+            }).find("global_batch_size"),
             std::string::npos);
 }
 

@@ -63,9 +63,9 @@ void check_round_trip(const Format& fmt) {
       continue;
     }
     // Widening is exact: the value the format defines.
-    const double expect = (p & 0x8000u ? -1.0 : 1.0) *
-                          (mag == fmt.inf_pattern() ? std::numeric_limits<double>::infinity()
-                                                    : fmt.values[mag]);
+    const double expect =
+        (p & 0x8000u ? -1.0 : 1.0) *
+        (mag == fmt.inf_pattern() ? std::numeric_limits<double>::infinity() : fmt.values[mag]);
     ASSERT_EQ(static_cast<double>(f), expect) << fmt.name << " pattern " << std::hex << p;
     ASSERT_EQ(fmt.narrow(f), h) << fmt.name << " pattern " << std::hex << p;
   }
@@ -110,9 +110,7 @@ void check_rounding_everywhere(const Format& fmt) {
 TEST(LowpConvert, Bf16RoundTripsEveryPattern) { check_round_trip(bf16()); }
 TEST(LowpConvert, F16RoundTripsEveryPattern) { check_round_trip(f16()); }
 TEST(LowpConvert, Bf16RoundsToNearestEven) { check_rounding_everywhere(bf16()); }
-TEST(LowpConvert, F16RoundsToNearestEvenWithSubnormals) {
-  check_rounding_everywhere(f16());
-}
+TEST(LowpConvert, F16RoundsToNearestEvenWithSubnormals) { check_rounding_everywhere(f16()); }
 
 TEST(LowpConvert, KnownValues) {
   // bf16: 1 + 2^-8 is the midpoint of 1 and 1 + 2^-7: ties to even (1); a bit above rounds up.
@@ -125,10 +123,10 @@ TEST(LowpConvert, KnownValues) {
   EXPECT_EQ(float_to_f16(65519.f), 0x7bff);
   EXPECT_EQ(float_to_f16(65520.f), 0x7c00);
   EXPECT_EQ(float_to_f16(0x1p-24f), 0x0001);
-  EXPECT_EQ(float_to_f16(0x1p-25f), 0x0000);            // tie with 0: even
+  EXPECT_EQ(float_to_f16(0x1p-25f), 0x0000);  // tie with 0: even
   EXPECT_EQ(float_to_f16(0x1p-25f * 1.0001f), 0x0001);
-  EXPECT_EQ(float_to_f16(3 * 0x1p-25f), 0x0002);        // tie between 1 and 2 ulps: even
-  EXPECT_EQ(float_to_f16(-0x1p-14f), 0x8400);           // smallest normal
+  EXPECT_EQ(float_to_f16(3 * 0x1p-25f), 0x0002);         // tie between 1 and 2 ulps: even
+  EXPECT_EQ(float_to_f16(-0x1p-14f), 0x8400);            // smallest normal
   EXPECT_EQ(float_to_f16(0x1p-14f - 0x1p-25f), 0x0400);  // rounds up into the normals
   EXPECT_EQ(f16_to_float(0x3c00), 1.0f);
   EXPECT_EQ(f16_to_float(0x0001), 0x1p-24f);
@@ -146,7 +144,8 @@ struct Lowp {
   DType t;
   std::vector<uint16_t> bits;
   std::vector<int64_t> dims;
-  Lowp(DType type, const std::vector<float>& v, std::vector<int64_t> d) : t(type), dims(std::move(d)) {
+  Lowp(DType type, const std::vector<float>& v, std::vector<int64_t> d)
+      : t(type), dims(std::move(d)) {
     for (float x : v) bits.push_back(narrow(x));
   }
   uint16_t narrow(float x) const { return t == DType::bf16 ? float_to_bf16(x) : float_to_f16(x); }
@@ -203,8 +202,8 @@ TEST_P(LowpAdapter, LinearIsTheFp32OpOnWidenedInputsRounded) {
   LinearBackwardOptions o;
   o.out_gelu_pre = pre.tensor();
   o.dx_accumulate = true;
-  be->linear_backward(x.tensor(), w.tensor(), dout.tensor(), dx.tensor(),
-                      view(dw.data(), {m, k}), view(db.data(), {m}), o);
+  be->linear_backward(x.tensor(), w.tensor(), dout.tensor(), dx.tensor(), view(dw.data(), {m, k}),
+                      view(db.data(), {m}), o);
   std::vector<float> pw = pre.wide();
   LinearBackwardOptions of32 = o;
   of32.out_gelu_pre = view(pw.data(), {n, m});
@@ -268,7 +267,8 @@ TEST_P(LowpAdapter, ConvertAndContractErrors) {
   be->convert(view(back.data(), {static_cast<int64_t>(f.size())}), l.tensor());
   EXPECT_EQ(back, l.wide());
   // LayerNorm statistics stay fp32: a low-precision mean is an error naming it.
-  Lowp x(t, std::vector<float>(8), {2, 4}), o(t, std::vector<float>(8), {2, 4}), mean(t, {0.f, 0.f}, {2});
+  Lowp x(t, std::vector<float>(8), {2, 4}), o(t, std::vector<float>(8), {2, 4}),
+      mean(t, {0.f, 0.f}, {2});
   std::vector<float> g(4, 1.f), b(4, 0.f), rstd(2);
   const std::string e = error_of([&] {
     be->residual_layernorm_forward(SeqLayout{}, x.tensor(), Tensor(), Tensor(),

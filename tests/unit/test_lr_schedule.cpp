@@ -42,13 +42,13 @@ LrScheduleConfig config(double lr, int64_t max_steps, int64_t warmup, int64_t st
 
 TEST(LrSchedule, MatchesTheReferenceAtEveryStep) {
   std::vector<LrScheduleConfig> configs = {
-      config(4e-3, 1141, 100),            // an MLPerf-sized run
+      config(4e-3, 1141, 100),             // an MLPerf-sized run
       config(1.7e-3, 7038, 0, 0, 0.2843),  // NVIDIA phase 1 style, warmup from a proportion
-      config(2e-3, 600, 50, -25),         // negative start: the ramp starts half-way up
-      config(2e-3, 600, 50, -50),         // start exactly -warmup: no warmup left
-      config(2e-3, 600, 50, -80),         // further back than the warmup: pure decay
-      config(5e-4, 300, 0),               // no warmup at all
-      config(1e-3, 40, 60),               // warmup longer than the run
+      config(2e-3, 600, 50, -25),          // negative start: the ramp starts half-way up
+      config(2e-3, 600, 50, -50),          // start exactly -warmup: no warmup left
+      config(2e-3, 600, 50, -80),          // further back than the warmup: pure decay
+      config(5e-4, 300, 0),                // no warmup at all
+      config(1e-3, 40, 60),                // warmup longer than the run
   };
   LrScheduleConfig poly = config(3e-3, 500, 40, -7);
   poly.poly_power = 2.0;
@@ -60,8 +60,8 @@ TEST(LrSchedule, MatchesTheReferenceAtEveryStep) {
   const int64_t warmup = std::uniform_int_distribution<int64_t>(0, max_steps)(rng);
   const int64_t start =
       warmup > 0 ? std::uniform_int_distribution<int64_t>(-warmup - 5, 0)(rng) : 0;
-  configs.push_back(config(std::uniform_real_distribution<double>(1e-5, 1e-2)(rng), max_steps,
-                           warmup, start));
+  configs.push_back(
+      config(std::uniform_real_distribution<double>(1e-5, 1e-2)(rng), max_steps, warmup, start));
 
   for (const LrScheduleConfig& c : configs) {
     const LrSchedule s(c);
@@ -81,7 +81,7 @@ TEST(LrSchedule, MatchesTheReferenceAtEveryStep) {
 
 TEST(LrSchedule, HandComputedValues) {
   const LrSchedule s(config(1.0, 100, 10));
-  EXPECT_DOUBLE_EQ(s.lr(1), 0.1);   // the first update already moves (PyTorch reference)
+  EXPECT_DOUBLE_EQ(s.lr(1), 0.1);  // the first update already moves (PyTorch reference)
   EXPECT_DOUBLE_EQ(s.lr(9), 0.9);
   EXPECT_DOUBLE_EQ(s.lr(10), 0.9);  // decay from here: 1 - 10/100
   EXPECT_DOUBLE_EQ(s.lr(50), 0.5);
@@ -130,13 +130,13 @@ TEST(LrSchedule, PositiveStartIsZeroUntilTheWarmupStarts) {
 }
 
 TEST(LrSchedule, RejectsBadConfigs) {
-  EXPECT_THROW(LrSchedule(config(1.0, 0, 0)), Error);             // max_steps
-  EXPECT_THROW(LrSchedule(config(-1.0, 10, 0)), Error);           // negative rate
+  EXPECT_THROW(LrSchedule(config(1.0, 0, 0)), Error);    // max_steps
+  EXPECT_THROW(LrSchedule(config(-1.0, 10, 0)), Error);  // negative rate
   EXPECT_THROW(LrSchedule(config(NAN, 10, 0)), Error);
-  EXPECT_THROW(LrSchedule(config(1.0, 10, -1)), Error);           // negative warmup
-  EXPECT_THROW(LrSchedule(config(1.0, 10, 5, 0, 0.1)), Error);    // both warmup keys
-  EXPECT_THROW(LrSchedule(config(1.0, 10, 0, -3, 0.1)), Error);   // start without warmup_steps
-  EXPECT_THROW(LrSchedule(config(1.0, 10, 0, 0, 1.5)), Error);    // proportion > 1
+  EXPECT_THROW(LrSchedule(config(1.0, 10, -1)), Error);          // negative warmup
+  EXPECT_THROW(LrSchedule(config(1.0, 10, 5, 0, 0.1)), Error);   // both warmup keys
+  EXPECT_THROW(LrSchedule(config(1.0, 10, 0, -3, 0.1)), Error);  // start without warmup_steps
+  EXPECT_THROW(LrSchedule(config(1.0, 10, 0, 0, 1.5)), Error);   // proportion > 1
   LrScheduleConfig c = config(1.0, 10, 0);
   c.poly_power = 0;
   EXPECT_THROW(LrSchedule{c}, Error);

@@ -86,8 +86,7 @@ TEST(MemoryPlan, KnobsSayWhatTheySave) {
     ASSERT_EQ(k.fits.size(), 1u);
     EXPECT_EQ(k.fits[0], k.total <= own) << k.key;
     // Each knob is the plan of the config with that key set (its own largest rank).
-    std::vector<std::string> keys = k.key == "optim.sharded" ? std::vector<std::string>{}
-                                                              : base;
+    std::vector<std::string> keys = k.key == "optim.sharded" ? std::vector<std::string>{} : base;
     keys.push_back(k.key + "=" + k.setting);
     EXPECT_EQ(k.total, plan_memory(tiny_config(keys), 4, {}, false).total()) << k.key;
     // What cannot cost memory saves some.

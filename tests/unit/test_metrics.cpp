@@ -174,10 +174,10 @@ TEST(Metrics, OptimizerStateBytesInJsonAndProgressLine) {
 TEST(Metrics, ProgressLine) {
   const ProgressRecord r = sample_record();
   const std::string s = format_progress_line(r, 1000);
-  for (const char* want : {"step 120/1000", "30720 samples", "loss 6.8123 (mlm 6.1000, nsp 0.7100)", "mlm acc 0.1523",
-                           "lr 3.50e-04", "812.3 samples/s", "103.9k tok/s", "pad 12.5%",
-                           "imb 1.02", "wait 0.001s", "rss 1.29 GiB", "skipped 2", "eta 18m05s",
-                           "gnorm 1.250"})
+  for (const char* want :
+       {"step 120/1000", "30720 samples", "loss 6.8123 (mlm 6.1000, nsp 0.7100)", "mlm acc 0.1523",
+        "lr 3.50e-04", "812.3 samples/s", "103.9k tok/s", "pad 12.5%", "imb 1.02", "wait 0.001s",
+        "rss 1.29 GiB", "skipped 2", "eta 18m05s", "gnorm 1.250"})
     EXPECT_NE(s.find(want), std::string::npos) << "missing '" << want << "' in: " << s;
   EXPECT_EQ(s.find('\n'), std::string::npos);
   ProgressRecord q = r;
@@ -216,7 +216,10 @@ TEST(Metrics, WriterCreatesDirectoriesAndAppends) {
     w.write(to_json(sample_record()));
     // Flushed at once: readable while the writer is still open.
     EXPECT_EQ(read_lines(path).size(), 1u);
-    w.write(json{{"event", "eval"}, {"step", 150}, {"samples", 38400}, {"eval_accuracy", 0.41},
+    w.write(json{{"event", "eval"},
+                 {"step", 150},
+                 {"samples", 38400},
+                 {"eval_accuracy", 0.41},
                  {"eval_loss", 3.2}});
   }
   {
@@ -269,11 +272,12 @@ TEST(Metrics, EndFileIsReplacedWholeAndRemoved) {
   write_end_file(path.string(), e);
   const auto lines = read_lines(path);
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(json::parse(lines[0]),
-            (json{{"reason", "finished"}, {"signal", 0}, {"step", 400}, {"samples", 12800},
-                  {"checkpoint", nullptr}}));
-  EXPECT_EQ(std::distance(fs::directory_iterator(path.parent_path()), fs::directory_iterator()),
-            1);
+  EXPECT_EQ(json::parse(lines[0]), (json{{"reason", "finished"},
+                                         {"signal", 0},
+                                         {"step", 400},
+                                         {"samples", 12800},
+                                         {"checkpoint", nullptr}}));
+  EXPECT_EQ(std::distance(fs::directory_iterator(path.parent_path()), fs::directory_iterator()), 1);
   const json j = to_json(RunEnd{"signal", 10, 3, 24, "ckpt/step_00000003"});
   EXPECT_EQ(j.at("checkpoint"), fs::absolute("ckpt/step_00000003").string());
   EXPECT_EQ(j.at("signal"), 10);

@@ -82,7 +82,8 @@ TEST(MlLog, LineFormatIsMllogs) {
 
 // The same line as mlperf_logging's own encoder produces for the same fields.
 TEST(MlLog, MatchesPythonEncoder) {
-  if (!python_has("mlperf_logging.mllog")) GTEST_SKIP() << "mlperf_logging not installed for " << kPython;
+  if (!python_has("mlperf_logging.mllog"))
+    GTEST_SKIP() << "mlperf_logging not installed for " << kPython;
   const json value = {{"x", 1e-06}, {"y", "text"}, {"z", json::array({0.9, 0.999, 13700})}};
   const json metadata = {{"epoch_num", 150000}, {"status", "success"}};
   const std::string ours = MlLogger::format_line(1700000000123, "INTERVAL_END", "run_stop", value,
@@ -90,9 +91,11 @@ TEST(MlLog, MatchesPythonEncoder) {
   const TempDir tmp;
   const fs::path dir = tmp.path();
   std::ofstream(dir / "v.json") << value.dump();
-  std::ofstream(dir / "m.json") << json{{"file", "src/a.cpp"}, {"lineno", 7}, {"epoch_num", 150000},
-                                        {"status", "success"}}
-                                       .dump();
+  std::ofstream(dir / "m.json") << json{
+      {"file", "src/a.cpp"},
+      {"lineno", 7},
+      {"epoch_num", 150000},
+      {"status", "success"}}.dump();
   const std::string script =
       "import json,sys\n"
       "from mlperf_logging.mllog import mllog\n"
@@ -191,11 +194,11 @@ TEST(MlLog, SyntheticRunPassesComplianceChecker) {
   const TempDir tmp;
   const fs::path dir = tmp.path();
   const fs::path path = dir / "result_0.txt";
-  TrainConfig c = load_train_config("", {"model.preset=large", "train.global_batch_size=256",
-                                         "train.max_steps=13700", "optim.lr=3.5e-4",
-                                         "train.max_seq_len=512", "train.max_predictions_per_seq=76",
-                                         "log.submission_org=packbert", "eval.every_samples=150000",
-                                         "eval.target_accuracy=0.72"});
+  TrainConfig c =
+      load_train_config("", {"model.preset=large", "train.global_batch_size=256",
+                             "train.max_steps=13700", "optim.lr=3.5e-4", "train.max_seq_len=512",
+                             "train.max_predictions_per_seq=76", "log.submission_org=packbert",
+                             "eval.every_samples=150000", "eval.target_accuracy=0.72"});
   {
     MlLogger log(path.string(), true);
     log.event("cache_clear", true);
@@ -217,8 +220,9 @@ TEST(MlLog, SyntheticRunPassesComplianceChecker) {
     log.end("run_stop", nullptr, json{{"status", "success"}});
   }
   // (cd: the checker writes compliance_checker.log into its working directory)
-  const std::string checker = "cd '" + dir.string() + "' && " + kPython +
-                              " -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 ";
+  const std::string checker =
+      "cd '" + dir.string() + "' && " + kPython +
+      " -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 ";
   auto [rc, out] = run(checker + path.string());
   EXPECT_NE(out.find("SUCCESS"), std::string::npos) << "rc " << rc << "\n" << out;
   EXPECT_EQ(rc, 0) << out;
@@ -230,7 +234,8 @@ TEST(MlLog, SyntheticRunPassesComplianceChecker) {
     std::ofstream o(bad);
     std::string line;
     while (std::getline(in, line))
-      if (line.find("\"key\": \"eval_accuracy\", \"value\": 0.7205") == std::string::npos) o << line << "\n";
+      if (line.find("\"key\": \"eval_accuracy\", \"value\": 0.7205") == std::string::npos)
+        o << line << "\n";
   }
   auto [rc2, out2] = run(checker + bad.string());
   EXPECT_EQ(out2.find("SUCCESS"), std::string::npos) << out2;

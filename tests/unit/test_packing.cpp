@@ -384,13 +384,13 @@ TEST(Nnls, MatchesBruteForceOnSmallProblems) {
     EXPECT_LE(res.residual_norm, best + 1e-8 * (1 + best));
     EXPECT_NEAR(residual_norm(a, m, n, res.x, b), res.residual_norm, 1e-9 * (1 + best));
     worst_residual = std::max(worst_residual, (res.residual_norm - best) / (1 + best));
-    worst_consistency = std::max(
-        worst_consistency,
-        std::abs(residual_norm(a, m, n, res.x, b) - res.residual_norm) / (1 + best));
+    worst_consistency =
+        std::max(worst_consistency,
+                 std::abs(residual_norm(a, m, n, res.x, b) - res.residual_norm) / (1 + best));
     worst_kkt = std::max(worst_kkt, expect_kkt(a, m, n, res.x, b, 1e-8 * (1 + best) * 10));
   }
-  test::print_measure("300 small problems: (residual - brute force's) / (1 + best)",
-                      worst_residual, 1e-8);
+  test::print_measure("300 small problems: (residual - brute force's) / (1 + best)", worst_residual,
+                      1e-8);
   test::print_measure("300 small problems: |recomputed - reported residual| / (1 + best)",
                       worst_consistency, 1e-9);
   test::print_measure("300 small problems: KKT violation / (1e-7 (1 + best))", worst_kkt, 1.0);
@@ -417,8 +417,8 @@ TEST(Nnls, KktOnLargerSparseProblems) {
 TEST(Nnls, ExactNonNegativeSolutionIsFound) {
   // b = A x* with x* >= 0 and A of full column rank: the residual is 0 and x = x*.
   const int m = 6, n = 4;
-  const std::vector<double> a = {1, 0, 0, 0, 1, 0,  0, 1, 0, 0, 0, 2,
-                                 0, 0, 1, 1, 0, 0,  1, 1, 1, 0, 0, 0};
+  const std::vector<double> a = {1, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 2,
+                                 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0};
   const std::vector<double> want = {2, 0, 3.5, 1};
   std::vector<double> b(m, 0.0);
   for (int j = 0; j < n; ++j)
@@ -481,8 +481,8 @@ TEST(PackAssign, RejectsStrategiesThatDoNotMatchTheSamples) {
   const std::vector<SeqRef> samples = {{1, 5}, {2, 3}, {3, 3}};
   const PackingLimits lim{8, 2};
   EXPECT_NO_THROW(assign_packs({{{5, 3}, 1}, {{3}, 1}}, samples, lim));
-  EXPECT_THROW(assign_packs({{{5, 3}, 1}}, samples, lim), Error);             // one left out
-  EXPECT_THROW(assign_packs({{{5, 3}, 2}}, samples, lim), Error);             // 5 used twice
+  EXPECT_THROW(assign_packs({{{5, 3}, 1}}, samples, lim), Error);               // one left out
+  EXPECT_THROW(assign_packs({{{5, 3}, 2}}, samples, lim), Error);               // 5 used twice
   EXPECT_THROW(assign_packs({{{5, 3}, 1}, {{3}, 1}}, samples, {7, 2}), Error);  // over L
   EXPECT_THROW(assign_packs({{{3, 3}, 1}, {{5}, 1}}, samples, {8, 1}), Error);  // over K
   EXPECT_THROW(assign_packs({}, {{1, 9}}, lim), Error);

@@ -33,8 +33,7 @@ int masked_for(int len) { return std::min(76, std::max(1, (len * 15 + 50) / 100)
 
 // Lengths from the Wikipedia histogram, unique ids (sparse and not in length order).
 std::vector<Candidate> wikipedia_step(std::mt19937_64& rng, int n) {
-  static std::discrete_distribution<int> draw(wikipedia().counts.begin(),
-                                              wikipedia().counts.end());
+  static std::discrete_distribution<int> draw(wikipedia().counts.begin(), wikipedia().counts.end());
   std::vector<Candidate> c(n);
   const int64_t base = static_cast<int64_t>(rng() % 1000000) * 1000;
   for (int i = 0; i < n; ++i) {
@@ -194,8 +193,7 @@ TEST(Planner, EveryCandidateExactlyOnceOnRandomInputs) {
                    " L=" + std::to_string(max_len));
       PlannerConfig pc = config_for(ranks, m, micro, max_len);
       pc.packing.max_seqs_per_pack = std::uniform_int_distribution<int>(0, 4)(rng);
-      pc.pack_rank = trial % 3 == 0 ? kPackAllRanks
-                                    : (trial % 3 == 1 ? kPackNoRanks : ranks - 1);
+      pc.pack_rank = trial % 3 == 0 ? kPackAllRanks : (trial % 3 == 1 ? kPackNoRanks : ranks - 1);
       expect_valid(cand, pc, plan_step(cand, pc));
     }
   }
@@ -259,8 +257,8 @@ TEST(Planner, PlanDoesNotDependOnCandidateOrder) {
     const auto cand = wikipedia_step(rng, ranks == 8 ? 8 * 56 : 64 * 8);
     auto shuffled = cand;
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
-    for (BalanceMethod m : {BalanceMethod::sorted_round_robin, BalanceMethod::lpt,
-                            BalanceMethod::lpt_search}) {
+    for (BalanceMethod m :
+         {BalanceMethod::sorted_round_robin, BalanceMethod::lpt, BalanceMethod::lpt_search}) {
       SCOPED_TRACE(balance_method_name(m));
       const PlannerConfig pc = config_for(ranks, m, 1 + trial % 3);
       expect_same(plan_step(cand, pc), plan_step(shuffled, pc));
@@ -525,13 +523,13 @@ TEST(Planner, BadInputIsAnError) {
   EXPECT_THROW(plan_step({{1, 10, -1}}, pc), Error);
   using Mutate = void (*)(PlannerConfig&);
   for (Mutate bad : std::initializer_list<Mutate>{
-           [](PlannerConfig& c) { c.num_ranks = 0; },
-                   [](PlannerConfig& c) { c.micro_steps = 0; },
-                   [](PlannerConfig& c) { c.pack_rank = 2; },
-                   [](PlannerConfig& c) { c.pack_rank = -3; },
-                   [](PlannerConfig& c) { c.search_budget = -1; },
-                   [](PlannerConfig& c) { c.cost.per_token = -1; },
-                   [](PlannerConfig& c) { c.cost = {0, 0, 0}; }}) {
+           [](PlannerConfig& c) { c.num_ranks = 0; }, [](PlannerConfig& c) { c.micro_steps = 0; },
+           [](PlannerConfig& c) { c.pack_rank = 2; }, [](PlannerConfig& c) { c.pack_rank = -3; },
+           [](PlannerConfig& c) { c.search_budget = -1; },
+           [](PlannerConfig& c) { c.cost.per_token = -1; },
+           [](PlannerConfig& c) {
+             c.cost = {0, 0, 0};
+           }}) {
     PlannerConfig c = pc;
     bad(c);
     EXPECT_THROW(plan_step(ok, c), Error);

@@ -119,7 +119,8 @@ Parts split(const Sample& s, int max_seq_len) {
     }
   }
   p.original = s.input_ids;
-  for (int k = 0; k < s.num_masked(); ++k) p.original[s.masked_lm_positions[k]] = s.masked_lm_ids[k];
+  for (int k = 0; k < s.num_masked(); ++k)
+    p.original[s.masked_lm_positions[k]] = s.masked_lm_ids[k];
   p.a.assign(p.original.begin() + 1, p.original.begin() + 1 + len_a);
   p.b.assign(p.original.begin() + 2 + len_a, p.original.end() - 1);
   return p;
@@ -153,7 +154,8 @@ std::vector<std::string> single_token_words(std::mt19937_64& rng) {
     std::vector<std::string> w;
     for (int32_t id = 0; id < vocab().size(); ++id) {
       const std::string& t = vocab().token(id);
-      if (t.size() < 2 || !std::all_of(t.begin(), t.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
+      if (t.size() < 2 ||
+          !std::all_of(t.begin(), t.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
         continue;
       if (tokenizer().encode(t) == std::vector<int32_t>{id}) w.push_back(t);
     }
@@ -167,8 +169,9 @@ std::vector<std::string> single_token_words(std::mt19937_64& rng) {
 // docs_per_file[f] documents in file f, each with sentences in [min_s, max_s] of words in
 // [min_w, max_w]. Separators vary (several blank lines, whitespace-only lines, lines that give
 // no token) to check that only blank lines end documents and that nothing makes empty ones.
-Corpus make_corpus(const test::TempDir& dir, std::mt19937_64& rng, const std::vector<int>& docs_per_file,
-                   int min_s, int max_s, int min_w, int max_w, bool gzip_second = true) {
+Corpus make_corpus(const test::TempDir& dir, std::mt19937_64& rng,
+                   const std::vector<int>& docs_per_file, int min_s, int max_s, int min_w,
+                   int max_w, bool gzip_second = true) {
   Corpus c;
   const std::vector<std::string> words = single_token_words(rng);
   size_t next_word = 0;
@@ -193,8 +196,12 @@ Corpus make_corpus(const test::TempDir& dir, std::mt19937_64& rng, const std::ve
       }
       text += pick(0, 2) == 0 ? "\n\t \n\n" : "\n";
     }
-    const std::string path = dir.file("corpus" + std::to_string(f) + (f == 1 && gzip_second ? ".txt.gz" : ".txt"));
-    if (f == 1 && gzip_second) write_gz(path, text); else write_text(path, text);
+    const std::string path =
+        dir.file("corpus" + std::to_string(f) + (f == 1 && gzip_second ? ".txt.gz" : ".txt"));
+    if (f == 1 && gzip_second)
+      write_gz(path, text);
+    else
+      write_text(path, text);
     c.files.push_back(path);
   }
   return c;
@@ -241,7 +248,8 @@ std::set<int> check_controlled(const Sample& s, const Corpus& c, const PrepareOp
   // Without truncation (total below max_num_tokens) segments start and end on sentences.
   const bool untruncated = static_cast<int>(p.a.size() + p.b.size()) < o.max_seq_len - 3;
   if (untruncated) {
-    EXPECT_TRUE(a0->sentence_start && a_last.sentence_end && b0->sentence_start && b_last.sentence_end);
+    EXPECT_TRUE(a0->sentence_start && a_last.sentence_end && b0->sentence_start &&
+                b_last.sentence_end);
   }
   t.front_cuts += !a0->sentence_start + !b0->sentence_start;
   t.one_sentence_a += a0->doc == a_last.doc && a0->sentence == a_last.sentence;
@@ -259,9 +267,12 @@ std::set<int> check_controlled(const Sample& s, const Corpus& c, const PrepareOp
   EXPECT_EQ(s.num_masked(), num_to_predict(s.length(), o));
   for (int k = 0; k < s.num_masked(); ++k) {
     const int32_t in = s.input_ids[s.masked_lm_positions[k]];
-    if (in == vocab().mask_id()) ++t.as_mask;
-    else if (in == s.masked_lm_ids[k]) ++t.as_original;
-    else ++t.as_other;
+    if (in == vocab().mask_id())
+      ++t.as_mask;
+    else if (in == s.masked_lm_ids[k])
+      ++t.as_original;
+    else
+      ++t.as_other;
   }
   ++t.samples;
   t.random_next += s.next_sentence_label;
@@ -360,7 +371,8 @@ TEST(Prepare, OutputIndependentOfThreadsAndDependentOnSeed) {
   const PrepareStats st = run_prepare(o);
   std::vector<Sample> other = read_train(st, o.max_seq_len);
   size_t same = 0;
-  for (size_t i = 0; i < std::min(other.size(), runs[0].size()); ++i) same += other[i] == runs[0][i];
+  for (size_t i = 0; i < std::min(other.size(), runs[0].size()); ++i)
+    same += other[i] == runs[0][i];
   // another seed gives other samples
   test::expect_measure("share of samples equal under another seed",
                        static_cast<double>(same) / static_cast<double>(runs[0].size()), 0.1);
@@ -506,7 +518,8 @@ TEST(Prepare, DemoCorpusSamplesAreTextRunsAndWholeWordsMaskTogether) {
       }
       masked += s.num_masked();
       tokens += s.length();
-      for (int k = 0; k < s.num_masked(); ++k) as_mask += s.input_ids[s.masked_lm_positions[k]] == vocab().mask_id();
+      for (int k = 0; k < s.num_masked(); ++k)
+        as_mask += s.input_ids[s.masked_lm_positions[k]] == vocab().mask_id();
       // masked_lm_ids are the original text: A and B (masking undone) occur in the corpus.
       if (i < 200) {
         for (const auto* seg : {&p.a, &p.b}) {
@@ -522,13 +535,14 @@ TEST(Prepare, DemoCorpusSamplesAreTextRunsAndWholeWordsMaskTogether) {
       auto segment_of = [&](int i2) { return i2 <= len_a + 1 ? 0 : 1; };
       for (int j = 2; j < s.length() - 1; ++j) {
         if (j == len_a + 1 || j == len_a + 2) continue;  // [SEP] and the first token of B
-        if (is_piece(p.original[j]) && segment_of(j) == segment_of(j - 1) && is_masked[j] != is_masked[j - 1])
+        if (is_piece(p.original[j]) && segment_of(j) == segment_of(j - 1) &&
+            is_masked[j] != is_masked[j - 1])
           ++partial_words[wwm];
       }
     }
     test::expect_measure(std::string(wwm ? "whole-word" : "per-piece") +
-                         " masking: masked fraction of tokens - masked_lm_prob",
-                   std::abs(static_cast<double>(masked) / tokens - o.masked_lm_prob), 0.02);
+                             " masking: masked fraction of tokens - masked_lm_prob",
+                         std::abs(static_cast<double>(masked) / tokens - o.masked_lm_prob), 0.02);
     expect_fraction(as_mask, masked, 0.8, 0, wwm ? "whole-word [MASK]" : "per-piece [MASK]");
   }
   EXPECT_EQ(partial_words[1], 0) << "whole-word masking split a word";
@@ -634,12 +648,16 @@ TEST(Prepare, ErrorsNameTheFileOrOption) {
   write_text(truncated, gz_bytes.substr(0, gz_bytes.size() / 2));
   expect_has(err([&](PrepareOptions& o) { o.inputs = {c.files[0], truncated}; }), truncated);
   std::string flipped = gz_bytes;
-  for (size_t i = 20; i < flipped.size() - 10; i += 7) flipped[i] = static_cast<char>(flipped[i] ^ 0x5a);
+  for (size_t i = 20; i < flipped.size() - 10; i += 7)
+    flipped[i] = static_cast<char>(flipped[i] ^ 0x5a);
   const std::string corrupt = dir.file("corrupt.txt.gz");
   write_text(corrupt, flipped);
   expect_has(err([&](PrepareOptions& o) { o.inputs = {corrupt}; }), corrupt);
   // Failing while other files are in flight: the first error is the one reported.
-  expect_has(err([&](PrepareOptions& o) { o.inputs = {kDemo, corrupt, kDemo, c.files[0]}; }), corrupt);
+  expect_has(err([&](PrepareOptions& o) {
+               o.inputs = {kDemo, corrupt, kDemo, c.files[0]};
+             }),
+             corrupt);
   const std::string not_gz = dir.file("plain.txt.gz");
   write_text(not_gz, text);
   expect_has(err([&](PrepareOptions& o) { o.inputs = {not_gz}; }), not_gz);
@@ -676,12 +694,15 @@ TEST(Prepare, BinaryPreparesShardsThatInspectAccepts) {
   const std::string out = dir.file("out");
   std::string log;
   const std::string prepare = kBin + " prepare --input " + slice + " --vocab " + kVocab +
-                              " --output " + out + " --max-seq-len 128 --dupe-factor 2 "
+                              " --output " + out +
+                              " --max-seq-len 128 --dupe-factor 2 "
                               "--num-shards 2 --eval-samples 25 --format varlength --threads 2";
   ASSERT_EQ(test::run_command(prepare, &log), 0) << log;
   EXPECT_NE(log.find("40 documents"), std::string::npos) << log;
-  ASSERT_EQ(test::run_command(kBin + " inspect " + out + "/train --vocab " + kVocab, &log), 0) << log;
-  ASSERT_EQ(test::run_command(kBin + " inspect " + out + "/eval --vocab " + kVocab, &log), 0) << log;
+  ASSERT_EQ(test::run_command(kBin + " inspect " + out + "/train --vocab " + kVocab, &log), 0)
+      << log;
+  ASSERT_EQ(test::run_command(kBin + " inspect " + out + "/eval --vocab " + kVocab, &log), 0)
+      << log;
   EXPECT_NE(log.find("25"), std::string::npos) << log;
   // A second run into the same directory is refused with a non-zero exit status.
   EXPECT_NE(test::run_command(prepare, &log), 0);

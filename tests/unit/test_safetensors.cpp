@@ -20,8 +20,8 @@
 namespace packbert {
 namespace {
 
-using test::TempDir;
 using test::error_of;
+using test::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -40,10 +40,11 @@ std::string handmade(const std::string& header, size_t data_bytes, uint64_t n_ov
 
 TEST(Safetensors, RoundTripEveryDtypeAndShape) {
   std::mt19937_64 rng(test::test_seed());
-  const std::vector<StDType> dtypes = {StDType::f64, StDType::f32, StDType::f16, StDType::bf16,
-                                       StDType::i64, StDType::i32, StDType::i16, StDType::i8,
+  const std::vector<StDType> dtypes = {StDType::f64, StDType::f32,    StDType::f16, StDType::bf16,
+                                       StDType::i64, StDType::i32,    StDType::i16, StDType::i8,
                                        StDType::u8,  StDType::boolean};
-  const std::vector<std::vector<int64_t>> shapes = {{}, {0}, {1}, {7}, {3, 5}, {2, 0, 4}, {2, 3, 1, 5}};
+  const std::vector<std::vector<int64_t>> shapes = {{},     {0},       {1},         {7},
+                                                    {3, 5}, {2, 0, 4}, {2, 3, 1, 5}};
   std::vector<StTensor> tensors;
   std::vector<std::vector<unsigned char>> data;
   for (StDType dt : dtypes)
@@ -70,7 +71,8 @@ TEST(Safetensors, RoundTripEveryDtypeAndShape) {
   // The layout: 8-byte length, a header padded with spaces to a multiple of 8.
   const std::string raw = test::read_file(path);
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(raw[static_cast<size_t>(i)])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(raw[static_cast<size_t>(i)])) << (8 * i);
   EXPECT_EQ(n % 8, 0u);
   EXPECT_EQ(raw[8], '{');
   const auto header = nlohmann::json::parse(raw.substr(8, n));
@@ -121,7 +123,7 @@ TEST(Safetensors, WrongExpectationsNameTheTensor) {
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   // Refused on writing: duplicate names, the reserved name, a null pointer with data.
   EXPECT_THROW(write_safetensors(dir.file("d"), {{"a", StDType::f32, {1}, a.data()},
-                                                  {"a", StDType::f32, {1}, a.data()}}),
+                                                 {"a", StDType::f32, {1}, a.data()}}),
                Error);
   EXPECT_THROW(write_safetensors(dir.file("d"), {{"__metadata__", StDType::f32, {1}, a.data()}}),
                Error);
@@ -139,8 +141,9 @@ TEST(Safetensors, DamagedFilesNameTheFile) {
   // A good file to damage.
   const std::string good_path = dir.file("good.safetensors");
   std::vector<float> a(12, 2.f), b(5, 3.f);
-  write_safetensors(good_path, {{"alpha", StDType::f32, {3, 4}, a.data()},
-                                {"beta", StDType::f32, {5}, b.data()}}, {{"format", "pt"}});
+  write_safetensors(
+      good_path, {{"alpha", StDType::f32, {3, 4}, a.data()}, {"beta", StDType::f32, {5}, b.data()}},
+      {{"format", "pt"}});
   const std::string good = test::read_file(good_path);
   SafetensorsFile ok(good_path);
 
@@ -155,24 +158,26 @@ TEST(Safetensors, DamagedFilesNameTheFile) {
       {"not an object", handmade("[1, 2]", 0), "not a JSON object"},
       {"offsets out of range",
        handmade(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8), "'a'"},
-      {"offsets reversed",
-       handmade(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8), "'a'"},
+      {"offsets reversed", handmade(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8),
+       "'a'"},
       {"overlapping tensors",
        handmade(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                12),
        "overlaps"},
       {"gap between tensors",
        handmade(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16),
+                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                16),
        "'b'"},
       {"shape/size mismatch",
        handmade(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "'a'"},
       {"dtype/size mismatch",
        handmade(R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,8]}})", 8), "'a'"},
-      {"unknown dtype",
-       handmade(R"({"a":{"dtype":"F8_E9","shape":[2],"data_offsets":[0,2]}})", 2), "F8_E9"},
-      {"negative dim",
-       handmade(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "'a'"},
+      {"unknown dtype", handmade(R"({"a":{"dtype":"F8_E9","shape":[2],"data_offsets":[0,2]}})", 2),
+       "F8_E9"},
+      {"negative dim", handmade(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+       "'a'"},
       {"missing offsets", handmade(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "'a'"},
       {"metadata not strings", handmade(R"({"__metadata__":{"n":3}})", 0), "__metadata__"},
       {"overflowing shape",
@@ -204,13 +209,13 @@ TEST(Safetensors, ChecksumsCatchEveryFlippedBit) {
   for (float& x : a) x = std::uniform_real_distribution<float>(-1, 1)(rng);
   for (float& x : b) x = std::uniform_real_distribution<float>(-1, 1)(rng);
   const std::string path = dir.file("sum.safetensors");
-  write_safetensors(path, {{"alpha", StDType::f32, {2, 3}, a.data()},
-                           {"beta", StDType::f32, {3}, b.data()}},
-                    {{"format", "pt"}, {"steps_done", "12"}});
+  write_safetensors(
+      path, {{"alpha", StDType::f32, {2, 3}, a.data()}, {"beta", StDType::f32, {3}, b.data()}},
+      {{"format", "pt"}, {"steps_done", "12"}});
   SafetensorsFile good(path);
   EXPECT_TRUE(good.has_checksums());
-  EXPECT_EQ(good.metadata(), (std::map<std::string, std::string>{{"format", "pt"},
-                                                                 {"steps_done", "12"}}));
+  EXPECT_EQ(good.metadata(),
+            (std::map<std::string, std::string>{{"format", "pt"}, {"steps_done", "12"}}));
   const std::string bytes = test::read_file(path);
   const size_t data_start = bytes.size() - (a.size() + b.size()) * sizeof(float);
   const std::string damaged = dir.file("flipped.safetensors");
@@ -269,8 +274,9 @@ TEST(Safetensors, WriteFailuresNameThePath) {
   TempDir dir;
   std::vector<float> a(4, 1.f);
   const std::string path = dir.file("no/such/dir/x.safetensors");
-  const std::string msg =
-      error_of([&] { write_safetensors(path, {{"a", StDType::f32, {4}, a.data()}}); });
+  const std::string msg = error_of([&] {
+    write_safetensors(path, {{"a", StDType::f32, {4}, a.data()}});
+  });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::strerror(ENOENT)), std::string::npos) << msg;
 }

@@ -178,12 +178,10 @@ TEST(ShardReader, ReadsWiderAndForeignIntegerTypes) {
     hid_t type;
     bool vlen;
   };
-  for (const Case& c : {Case{"fixed_int32", H5T_STD_I32LE, false},
-                        Case{"fixed_int64", H5T_STD_I64LE, false},
-                        Case{"fixed_uint16_be", H5T_STD_U16BE, false},
-                        Case{"fixed_uint64", H5T_STD_U64LE, false},
-                        Case{"vlen_int32", H5T_STD_I32LE, true},
-                        Case{"vlen_int64_be", H5T_STD_I64BE, true}}) {
+  for (const Case& c :
+       {Case{"fixed_int32", H5T_STD_I32LE, false}, Case{"fixed_int64", H5T_STD_I64LE, false},
+        Case{"fixed_uint16_be", H5T_STD_U16BE, false}, Case{"fixed_uint64", H5T_STD_U64LE, false},
+        Case{"vlen_int32", H5T_STD_I32LE, true}, Case{"vlen_int64_be", H5T_STD_I64BE, true}}) {
     SCOPED_TRACE(c.name);
     const std::string path = dir.file(std::string(c.name) + ".h5");
     test::write_raw_h5(path, c.vlen ? test::raw_varlength(samples, c.type)
@@ -202,8 +200,9 @@ TEST(ShardReader, ReadsFilesWithAUserBlock) {
   const std::vector<Sample> samples = random_samples(rng, 70, 40, 6);
   for (bool vlen : {false, true}) {
     const std::string path = dir.file(vlen ? "vlen_ub.h5" : "fixed_ub.h5");
-    test::write_raw_h5(path, vlen ? test::raw_varlength(samples, H5T_STD_I16LE)
-                                  : test::raw_fixed(samples, 40, 6, H5T_STD_I16LE),
+    test::write_raw_h5(path,
+                       vlen ? test::raw_varlength(samples, H5T_STD_I16LE)
+                            : test::raw_fixed(samples, 40, 6, H5T_STD_I16LE),
                        1024);
     expect_same_samples(read_all(path, SampleRules{}, 16), samples);
   }
@@ -221,8 +220,10 @@ TEST(ShardReader, ReportsInt64ValuesBeyondInt32) {
                     : test::raw_fixed(samples, 40, 6, H5T_STD_I64LE);
     auto& ids = test::find_dataset(raw, "input_ids");
     const int64_t huge = (int64_t{1} << 32) + 7;  // wraps to 7 as int32: must not pass
-    if (vlen) ids.rows[bad][2] = huge;
-    else ids.values[bad * 40 + 2] = huge;
+    if (vlen)
+      ids.rows[bad][2] = huge;
+    else
+      ids.values[bad * 40 + 2] = huge;
     test::write_raw_h5(path, raw);
     ShardReader reader(path, SampleRules{}, 8);
     Sample s;
@@ -257,7 +258,8 @@ TEST(ShardBadFiles, TruncatedShard) {
   opts.chunk_samples = 16;
   write_shard(path, random_samples(rng, 100, 128, 20), opts);
   const auto size = std::filesystem::file_size(path);
-  std::filesystem::resize_file(path, std::uniform_int_distribution<uintmax_t>(size / 4, size - 1)(rng));
+  std::filesystem::resize_file(path,
+                               std::uniform_int_distribution<uintmax_t>(size / 4, size - 1)(rng));
   const std::string msg = error_of([&] { read_all(path); });
   expect_mentions(msg, {path});
   EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
@@ -357,12 +359,14 @@ TEST(ShardBadFiles, BinaryInspectReportsBadFiles) {
   write_shard(truncated, random_samples(rng, 50, 128, 20), ShardWriteOptions{});
   std::filesystem::resize_file(truncated, std::filesystem::file_size(truncated) / 2);
   test::TempDir empty_dir;
-  const std::pair<std::string, std::string> cases[] = {
-      {missing, "does not exist"}, {text, "not an HDF5 file"}, {truncated, "truncated"},
-      {empty_dir.path(), "no shard files"}};
+  const std::pair<std::string, std::string> cases[] = {{missing, "does not exist"},
+                                                       {text, "not an HDF5 file"},
+                                                       {truncated, "truncated"},
+                                                       {empty_dir.path(), "no shard files"}};
   for (const auto& [path, words] : cases) {
     std::string out;
-    const int rc = test::run_command(std::string(PACKBERT_BINARY) + " inspect '" + path + "'", &out);
+    const int rc =
+        test::run_command(std::string(PACKBERT_BINARY) + " inspect '" + path + "'", &out);
     EXPECT_NE(rc, 0) << path << ": " << out;
     EXPECT_NE(out.find(path), std::string::npos) << out;
     EXPECT_NE(out.find(words), std::string::npos) << "expected '" << words << "': " << out;

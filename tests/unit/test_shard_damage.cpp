@@ -2,7 +2,8 @@
 // tests/fuzz/test_shard_fuzz.cpp), one test per class: each must be a packbert::Error naming
 // the file and dataset. Each read runs in a forked child, so a regression is a reported
 // failure, not the end of this binary. The comment on each test says what libhdf5 does with
-// the file when the reader's guards (src/data/shards/shard_guard.h, src/data/shards/shard_vfd.h) are off.
+// the file when the reader's guards (src/data/shards/shard_guard.h, src/data/shards/shard_vfd.h)
+// are off.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
@@ -158,8 +159,9 @@ TEST_F(ShardHeapDamage, ObjectSizeBeyondTheCollection) {
   write_le(bytes_, header + 8, 8, uint64_t{1} << 40);
   // Collections are shared by the datasets' rows in write order, so the first row to reach
   // this one may belong to another dataset, in an earlier window.
-  expect_rejected({"damaged variable-length data", "has size 1099511627776, which does not fit "
-                                                   "the collection's"});
+  expect_rejected({"damaged variable-length data",
+                   "has size 1099511627776, which does not fit "
+                   "the collection's"});
 }
 
 // libhdf5: endless loop while parsing the collection (a free-space entry of size 0).

@@ -263,10 +263,9 @@ TEST_F(ShardValidation, SampleCountMismatch) {
     d.values.resize(d.values.size() - width);
     const std::string path = write_raw(raw);
     const std::string msg = open_error(path);
-    for (const std::string& part :
-         {path, std::string("dataset '") + name + "'",
-          "has " + std::to_string(kRows - 1) + " samples but 'input_ids' has " +
-              std::to_string(kRows)})
+    for (const std::string& part : {path, std::string("dataset '") + name + "'",
+                                    "has " + std::to_string(kRows - 1) +
+                                        " samples but 'input_ids' has " + std::to_string(kRows)})
       EXPECT_NE(msg.find(part), std::string::npos) << "lacks '" << part << "': " << msg;
   }
   auto raw = test::raw_varlength(samples_, H5T_STD_I16LE);

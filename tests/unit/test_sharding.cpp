@@ -104,9 +104,8 @@ TEST(OptimizerFigures, ShardedTrafficAndStateAgainstReplicated) {
                          0.3);
         if (ranks == 4 && !bf16)
           expect_measure(std::string(preset) + " fp32: state at 4 ranks over 1 rank's",
-                         static_cast<double>(state) /
-                             static_cast<double>(optimizer_state_bytes(l, {0, l.num_elems},
-                                                                       false, 0)),
+                         static_cast<double>(state) / static_cast<double>(optimizer_state_bytes(
+                                                          l, {0, l.num_elems}, false, 0)),
                          0.3);
       }
       print_measure(std::string(preset) + (bf16 ? " bf16" : " fp32") +

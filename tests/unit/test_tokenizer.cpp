@@ -128,7 +128,10 @@ class JsonParser {
         v.keys.push_back(string());
         expect(':');
         v.items.push_back(value());
-        if (peek() == ',') { ++i_; continue; }
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
         expect('}');
         return v;
       }
@@ -139,7 +142,10 @@ class JsonParser {
       if (peek() == ']') return ++i_, v;
       for (;;) {
         v.items.push_back(value());
-        if (peek() == ',') { ++i_; continue; }
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
         expect(']');
         return v;
       }
@@ -174,7 +180,10 @@ class JsonParser {
     std::string out;
     while (i_ < s_.size() && s_[i_] != '"') {
       char c = s_[i_++];
-      if (c != '\\') { out.push_back(c); continue; }
+      if (c != '\\') {
+        out.push_back(c);
+        continue;
+      }
       c = s_[i_++];
       switch (c) {
         case 'n': out.push_back('\n'); break;
@@ -248,8 +257,7 @@ TEST_F(TokenizerReference, WholeCorpusMatchesHuggingFace) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<int32_t>> got(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) got[i] = tok.encode(lines[i]);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::vector<int32_t> want = parse_ids(ref_lines[i]);
     tokens += want.size();
@@ -268,7 +276,10 @@ TEST_F(TokenizerReference, WholeCorpusMatchesHuggingFace) {
 TEST_F(TokenizerReference, EveryCodePointMatchesHuggingFace) {
   BertTokenizer tok(*vocab_);
   const std::string ref = read_gz(kRefDir + "/tokenizer_reference_codepoints.txt.gz");
-  struct Range { uint32_t first, last; std::vector<int32_t> ids; };
+  struct Range {
+    uint32_t first, last;
+    std::vector<int32_t> ids;
+  };
   std::vector<Range> ranges;
   std::vector<std::pair<uint32_t, uint32_t>> unassigned;
   for (std::string_view line : split_lines(ref)) {
@@ -283,7 +294,8 @@ TEST_F(TokenizerReference, EveryCodePointMatchesHuggingFace) {
     }
     in >> a >> b;
     Range r{static_cast<uint32_t>(std::stoul(a, nullptr, 16)),
-            static_cast<uint32_t>(std::stoul(b, nullptr, 16)), {}};
+            static_cast<uint32_t>(std::stoul(b, nullptr, 16)),
+            {}};
     int32_t v;
     while (in >> v) r.ids.push_back(v);
     ranges.push_back(std::move(r));
@@ -306,12 +318,14 @@ TEST_F(TokenizerReference, EveryCodePointMatchesHuggingFace) {
         continue;
       }
       if (++bad <= 10)
-        ADD_FAILURE() << "U+" << std::hex << cp << std::dec << ": want " << join(r.ids)
-                      << " got " << join(got);
+        ADD_FAILURE() << "U+" << std::hex << cp << std::dec << ": want " << join(r.ids) << " got "
+                      << join(got);
     }
   }
-  std::printf("code points: %zu checked, %zu differ, %zu assigned after Python's Unicode "
-              "version (tolerated)\n", checked, bad, version_diff);
+  std::printf(
+      "code points: %zu checked, %zu differ, %zu assigned after Python's Unicode "
+      "version (tolerated)\n",
+      checked, bad, version_diff);
   EXPECT_EQ(checked, 0x110000u - 0x800u);
   EXPECT_EQ(bad, 0u);
 }
@@ -322,9 +336,9 @@ class TinyVocab : public ::testing::Test {
  protected:
   void SetUp() override {
     // id = line number; specials first so they are easy to read in failures.
-    write({"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "una", "a",
-           "##a", "##aa", "##b", "b", "cafe", "!", "?", "-", ".", "中", "文", "ni", "##ho",
-           "##hon", "x"});
+    write({"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un",    "##aff", "##able", "una",
+           "a",     "##a",   "##aa",  "##b",   "b",      "cafe",  "!",     "?",      "-",
+           ".",     "中",    "文",    "ni",    "##ho",   "##hon", "x"});
     vocab_ = std::make_unique<Vocab>(Vocab::load(path_));
     tok_ = std::make_unique<BertTokenizer>(*vocab_);
   }
@@ -363,7 +377,7 @@ TEST_F(TinyVocab, GreedyLongestMatchFirst) {
   EXPECT_EQ(toks("aaaa"), (Strs{"a", "##aa", "##a"}));
   EXPECT_EQ(toks("ab"), (Strs{"a", "##b"}));
   EXPECT_EQ(toks("nihon"), (Strs{"ni", "##hon"}));  // ##hon beats ##ho
-  EXPECT_EQ(toks("nihox"), (Strs{"[UNK]"}));       // "##x" is not in the vocabulary
+  EXPECT_EQ(toks("nihox"), (Strs{"[UNK]"}));        // "##x" is not in the vocabulary
   EXPECT_EQ(toks("x a"), (Strs{"x", "a"}));
   std::vector<int32_t> ids;
   tok_->wordpiece("aab", ids);
@@ -389,7 +403,9 @@ TEST_F(TinyVocab, PunctuationSplits) {
   EXPECT_EQ(tok_->basic_tokenize("a!b?-c."), (Strs{"a", "!", "b", "?", "-", "c", "."}));
   EXPECT_EQ(tok_->basic_tokenize("!!"), (Strs{"!", "!"}));
   // Category P* outside ASCII (U+00BF inverted question mark, U+2014 em dash).
-  EXPECT_EQ(tok_->basic_tokenize("a\xC2\xBF" "b\xE2\x80\x94" "c"),
+  EXPECT_EQ(tok_->basic_tokenize("a\xC2\xBF"
+                                 "b\xE2\x80\x94"
+                                 "c"),
             (Strs{"a", "\xC2\xBF", "b", "\xE2\x80\x94", "c"}));
   // $ ^ ` are ASCII symbols, not category P, yet BERT treats them as punctuation.
   EXPECT_EQ(tok_->basic_tokenize("a$b^c`d"), (Strs{"a", "$", "b", "^", "c", "`", "d"}));
@@ -399,9 +415,9 @@ TEST_F(TinyVocab, LowerCaseAndAccentStripping) {
   EXPECT_EQ(toks("CAFÉ"), (Strs{"cafe"}));
   EXPECT_EQ(toks("Cafe\xCC\x81"), (Strs{"cafe"}));  // decomposed accent
   EXPECT_EQ(tok_->basic_tokenize("\xC3\x85ngstr\xC3\xB6m"), (Strs{"angstrom"}));
-  EXPECT_EQ(tok_->basic_tokenize("\xC4\xB0"), (Strs{"i"}));        // İ -> i + U+0307 -> i
+  EXPECT_EQ(tok_->basic_tokenize("\xC4\xB0"), (Strs{"i"}));             // İ -> i + U+0307 -> i
   EXPECT_EQ(tok_->basic_tokenize("\xE1\xBA\x9E"), (Strs{"\xC3\x9F"}));  // ẞ -> ß
-  EXPECT_EQ(tok_->basic_tokenize("\xCC\x81"), (Strs{}));           // a lone mark vanishes
+  EXPECT_EQ(tok_->basic_tokenize("\xCC\x81"), (Strs{}));                // a lone mark vanishes
 }
 
 TEST_F(TinyVocab, ChineseCharactersAreSplit) {
@@ -413,21 +429,39 @@ TEST_F(TinyVocab, ChineseCharactersAreSplit) {
 }
 
 TEST_F(TinyVocab, CleaningAndWhitespace) {
-  EXPECT_EQ(tok_->basic_tokenize(std::string("a\0b\x07" "c", 5)), (Strs{"abc"}));
-  EXPECT_EQ(tok_->basic_tokenize("a\tb\r\nc\xC2\xA0" "d\xE3\x80\x80" "e"),
+  EXPECT_EQ(tok_->basic_tokenize(std::string("a\0b\x07"
+                                             "c",
+                                             5)),
+            (Strs{"abc"}));
+  EXPECT_EQ(tok_->basic_tokenize("a\tb\r\nc\xC2\xA0"
+                                 "d\xE3\x80\x80"
+                                 "e"),
             (Strs{"a", "b", "c", "d", "e"}));
-  EXPECT_EQ(tok_->basic_tokenize("a\xE2\x80\x8B" "b\xEF\xBF\xBD" "c"), (Strs{"abc"}));
+  EXPECT_EQ(tok_->basic_tokenize("a\xE2\x80\x8B"
+                                 "b\xEF\xBF\xBD"
+                                 "c"),
+            (Strs{"abc"}));
   EXPECT_EQ(tok_->basic_tokenize(""), (Strs{}));
   EXPECT_EQ(tok_->basic_tokenize("  \t "), (Strs{}));
 }
 
 TEST_F(TinyVocab, InvalidUtf8NeverCrashesAndActsLikeReplacementChars) {
-  EXPECT_EQ(tok_->basic_tokenize("a\xFF" "b"), (Strs{"ab"}));
-  EXPECT_EQ(tok_->basic_tokenize("caf\xC3"), (Strs{"caf"}));          // truncated at the end
-  EXPECT_EQ(tok_->basic_tokenize("\xE4\xB8" "a"), (Strs{"a"}));        // truncated, then ASCII
-  EXPECT_EQ(tok_->basic_tokenize("\xED\xA0\x80" "x"), (Strs{"x"}));    // surrogate
-  EXPECT_EQ(tok_->basic_tokenize("\xC0\xAF" "x"), (Strs{"x"}));        // overlong '/'
-  EXPECT_EQ(tok_->basic_tokenize("\xF4\x90\x80\x80" "x"), (Strs{"x"}));  // > U+10FFFF
+  EXPECT_EQ(tok_->basic_tokenize("a\xFF"
+                                 "b"),
+            (Strs{"ab"}));
+  EXPECT_EQ(tok_->basic_tokenize("caf\xC3"), (Strs{"caf"}));  // truncated at the end
+  EXPECT_EQ(tok_->basic_tokenize("\xE4\xB8"
+                                 "a"),
+            (Strs{"a"}));  // truncated, then ASCII
+  EXPECT_EQ(tok_->basic_tokenize("\xED\xA0\x80"
+                                 "x"),
+            (Strs{"x"}));  // surrogate
+  EXPECT_EQ(tok_->basic_tokenize("\xC0\xAF"
+                                 "x"),
+            (Strs{"x"}));  // overlong '/'
+  EXPECT_EQ(tok_->basic_tokenize("\xF4\x90\x80\x80"
+                                 "x"),
+            (Strs{"x"}));  // > U+10FFFF
   // Random bytes: no crash, no exception, ids always inside the vocabulary.
   std::mt19937_64 rng(test::test_seed());
   for (int trial = 0; trial < 2000; ++trial) {

@@ -1,6 +1,6 @@
-// The trace ranges (kernels/base/trace.h): nothing reaches a profiler until hooks are installed, ranges
-// nest per scope, a range pops through the hooks that pushed it; and the model's phases on the
-// CPU backend (whose ops open no ranges of their own): forward holding heads, then backward.
+// The trace ranges (kernels/base/trace.h): nothing reaches a profiler until hooks are installed,
+// ranges nest per scope, a range pops through the hooks that pushed it; and the model's phases on
+// the CPU backend (whose ops open no ranges of their own): forward holding heads, then backward.
 // The CUDA backend's NVTX ranges are checked in the emulated build (test_cuda_trainer).
 #include <gtest/gtest.h>
 

@@ -128,7 +128,7 @@ train_dir = "a \"quoted\" dir # not a comment"
       path, {"--train.max_steps=200", "model.preset=mini", "data.vocab=some/vocab.txt",
              "data.eval_dir=\"q\"", "log.every_steps=3"});
   EXPECT_EQ(c.model.preset, "mini");
-  EXPECT_EQ(c.model.layers, 4);   // mini's (the override changed the preset)
+  EXPECT_EQ(c.model.layers, 4);    // mini's (the override changed the preset)
   EXPECT_EQ(c.model.hidden, 256);  // explicit key beats the preset
   EXPECT_EQ(c.model.heads, 4);
   EXPECT_EQ(c.model.intermediate, 1024);
@@ -249,8 +249,7 @@ TEST(TrainConfig, ParseErrorsNameFileLineAndKey) {
 
   // An integer out of a field's range names the range.
   e = load_text("[train]\nmax_seq_len = 3000000000\n");
-  EXPECT_NE(e.find(file + ":2:1: train.max_seq_len: 3000000000 is out of range"),
-            std::string::npos)
+  EXPECT_NE(e.find(file + ":2:1: train.max_seq_len: 3000000000 is out of range"), std::string::npos)
       << e;
 }
 
@@ -294,11 +293,9 @@ TEST(TrainConfig, OverrideErrorsNameTheOverrideAndKey) {
 }
 
 TEST(TrainConfig, ValidationNamesTheKey) {
-  auto check = [](const std::vector<std::string>& overrides, int world,
-                  const std::string& want) {
+  auto check = [](const std::vector<std::string>& overrides, int world, const std::string& want) {
     const TrainConfig c = load_train_config("", overrides);
-    std::string e =
-        error_of([&] { validate_train_config(c, world, ConfigPurpose::train, false); });
+    std::string e = error_of([&] { validate_train_config(c, world, ConfigPurpose::train, false); });
     EXPECT_NE(e.find(want), std::string::npos) << "got: " << e << "\nwant: " << want;
   };
   check({"model.hidden=100", "model.heads=3"}, 1,
@@ -443,28 +440,60 @@ TEST(TrainConfig, ValidationChecksPaths) {
 
 TEST(TrainConfig, TomlRoundTrip) {
   TempDir tmp;
-  const TrainConfig c = load_train_config(
-      "", {"model.preset=tiny", "model.hidden=192", "model.heads=3", "model.hidden_dropout=0.05",
-           "model.mlm_chunk_rows=4096", "model.mst_chunks=4", "model.recompute=mlp",
-           "model.activation_budget_mb=2048", "train.max_steps=7038", "train.global_batch_size=65536",
-           "train.gradient_accumulation_steps=64", "train.seed=12345", "train.layout=padded",
-           "train.max_seq_len=128", "train.max_seqs_per_pack=0",
-           "train.max_predictions_per_seq=20", "train.last_step=drop", "train.dropout=false",
-           "train.max_nonfinite_steps=0", "train.collective_timeout_s=90.5",
-           "optim.lr=6e-3", "optim.end_lr=1e-7",
-           "optim.warmup_proportion=0.2843", "optim.poly_power=0.5", "optim.beta1=0.85",
-           "optim.beta2=0.98", "optim.epsilon=1e-11", "optim.weight_decay=0.1",
-           "optim.max_grad_norm=0", "data.train_dir=/x/with \"quotes\" and \\back",
-           "data.eval_dir=eval dir", "data.vocab=v.txt", "data.prefetch_steps=4",
-           "data.shuffle_block_rows=128", "data.shuffle_window_blocks=3",
-           "data.read_ahead_windows=0", "checkpoint.dir=ck", "checkpoint.every_steps=100",
-           "checkpoint.keep=1", "checkpoint.resume=auto", "checkpoint.init_checkpoint=init.st",
-           "eval.every_samples=150000", "eval.max_samples=0", "eval.batch_size=7",
-           "eval.target_accuracy=0.72", "eval.at_end=false", "log.every_steps=1",
-           "log.metrics_file=m.jsonl", "log.mllog_file=ml.log", "log.end_file=end.json",
-           "log.submission_org=Org",
-           "log.submission_platform=2xH200", "log.submission_division=open",
-           "log.submission_status=research"});
+  const TrainConfig c = load_train_config("", {"model.preset=tiny",
+                                               "model.hidden=192",
+                                               "model.heads=3",
+                                               "model.hidden_dropout=0.05",
+                                               "model.mlm_chunk_rows=4096",
+                                               "model.mst_chunks=4",
+                                               "model.recompute=mlp",
+                                               "model.activation_budget_mb=2048",
+                                               "train.max_steps=7038",
+                                               "train.global_batch_size=65536",
+                                               "train.gradient_accumulation_steps=64",
+                                               "train.seed=12345",
+                                               "train.layout=padded",
+                                               "train.max_seq_len=128",
+                                               "train.max_seqs_per_pack=0",
+                                               "train.max_predictions_per_seq=20",
+                                               "train.last_step=drop",
+                                               "train.dropout=false",
+                                               "train.max_nonfinite_steps=0",
+                                               "train.collective_timeout_s=90.5",
+                                               "optim.lr=6e-3",
+                                               "optim.end_lr=1e-7",
+                                               "optim.warmup_proportion=0.2843",
+                                               "optim.poly_power=0.5",
+                                               "optim.beta1=0.85",
+                                               "optim.beta2=0.98",
+                                               "optim.epsilon=1e-11",
+                                               "optim.weight_decay=0.1",
+                                               "optim.max_grad_norm=0",
+                                               "data.train_dir=/x/with \"quotes\" and \\back",
+                                               "data.eval_dir=eval dir",
+                                               "data.vocab=v.txt",
+                                               "data.prefetch_steps=4",
+                                               "data.shuffle_block_rows=128",
+                                               "data.shuffle_window_blocks=3",
+                                               "data.read_ahead_windows=0",
+                                               "checkpoint.dir=ck",
+                                               "checkpoint.every_steps=100",
+                                               "checkpoint.keep=1",
+                                               "checkpoint.resume=auto",
+                                               "checkpoint.init_checkpoint=init.st",
+                                               "eval.every_samples=150000",
+                                               "eval.max_samples=0",
+                                               "eval.batch_size=7",
+                                               "eval.target_accuracy=0.72",
+                                               "eval.at_end=false",
+                                               "log.every_steps=1",
+                                               "log.metrics_file=m.jsonl",
+                                               "log.mllog_file=ml.log",
+                                               "log.end_file=end.json",
+                                               "log.submission_org=Org",
+                                               "log.submission_platform=2xH200",
+                                               "log.submission_division=open",
+                                               "log.submission_status=research"});
   ASSERT_NE(c, TrainConfig{});
   const std::string text = train_config_to_toml(c);
   const std::string p = tmp.write("rt.toml", text);
@@ -531,10 +560,14 @@ TEST(TrainConfig, EqualityAndWriterCoverEveryKey) {
   const TrainConfig base = load_train_config("", {});
   for (const config::KeyDoc& k : train_config_keys()) {
     std::string value;
-    if (k.type == "int") value = "7";
-    else if (k.type == "float") value = "0.25";
-    else if (k.type == "bool") value = k.default_value == "`true`" ? "false" : "true";
-    else if (k.type == "string") value = "x";
+    if (k.type == "int")
+      value = "7";
+    else if (k.type == "float")
+      value = "0.25";
+    else if (k.type == "bool")
+      value = k.default_value == "`true`" ? "false" : "true";
+    else if (k.type == "string")
+      value = "x";
     else {  // enum(a|b|..): a name other than the default
       std::stringstream names(k.type.substr(5, k.type.size() - 6));
       while (std::getline(names, value, '|') && "`\"" + value + "\"`" == k.default_value) {

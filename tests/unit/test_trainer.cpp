@@ -62,8 +62,7 @@ TEST(TrainStep, LossFallsOnAFixedBatch) {
   // loss down by at least 3.82 nats and the MLM accuracy to at least 0.958 (dropout on). A
   // broken step (wrong sign, lost micro-step, no update, update of the wrong tensors) stays near
   // 11 and near 0. Held: a drop of 1.2 nats and an accuracy of 0.8 (margins 3.2 and 4.8).
-  expect_measure("1.2 nats / the loss drop over 30 steps", 1.2 / (loss.front() - loss.back()),
-                 1.0);
+  expect_measure("1.2 nats / the loss drop over 30 steps", 1.2 / (loss.front() - loss.back()), 1.0);
   expect_measure("1 - MLM accuracy at step 30", 1 - last_mlm_accuracy, 0.2);
 }
 

@@ -116,7 +116,7 @@ TEST(CollectiveWatchdog, StepComesFromTheScopeOrTheWatchdog) {
   wd.configure(0.05, 1, fired.action());
   {
     WatchScope scope(wd, "MPI_Iallreduce (gradient all-reduce)");  // the watchdog's step
-    wd.set_step(42);  // read when the scope opened
+    wd.set_step(42);                                               // read when the scope opened
     ASSERT_EQ(fired.wait_for(1), 1u);
   }
   wd.set_step(0);
@@ -289,8 +289,7 @@ TEST(CollectiveWatchdog, AStopSignalBoundsTheWaitsOfTheStep) {
   const auto t0 = std::chrono::steady_clock::now();
   {
     WatchScope before(wd, "all-reduce (gradient reducer)");
-    WatchScope barrier(wd, "MPI_Barrier (checkpoint)", WatchScope::kCurrentStep,
-                       StopBound::kNone);
+    WatchScope barrier(wd, "MPI_Barrier (checkpoint)", WatchScope::kCurrentStep, StopBound::kNone);
     std::this_thread::sleep_for(200ms);
     EXPECT_EQ(fired.count(), 0u) << "no signal yet: the 60 s timeout holds";
     const auto signal_at = std::chrono::steady_clock::now();

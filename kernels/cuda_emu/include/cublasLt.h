@@ -126,12 +126,11 @@ const char* cublasLtGetStatusName(cublasStatus_t status);
 const char* cublasLtGetStatusString(cublasStatus_t status);
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc,
-                                        cublasComputeType_t computeType,
-                                        cudaDataType_t scaleType);
+                                        cublasComputeType_t computeType, cudaDataType_t scaleType);
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc);
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
-                                              cublasLtMatmulDescAttributes_t attr,
-                                              const void* buf, size_t sizeInBytes);
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t sizeInBytes);
 
 // Column-major: element (i, j) at i + j * ld.
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* matLayout, cudaDataType type,
@@ -145,11 +144,10 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     const void* buf, size_t sizeInBytes);
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
-    cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc,
-    cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc,
-    cublasLtMatrixLayout_t Ddesc, cublasLtMatmulPreference_t preference,
-    int requestedAlgoCount, cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
-    int* returnAlgoCount);
+    cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    cublasLtMatmulPreference_t preference, int requestedAlgoCount,
+    cublasLtMatmulHeuristicResult_t heuristicResultsArray[], int* returnAlgoCount);
 
 // alpha and beta are host pointers (CUBLASLT_POINTER_MODE_HOST, the only mode), read at the
 // call; A, B, C and the epilogue's buffers are read when the work runs on `stream`.

@@ -17,9 +17,9 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
 }
 
 // Stream tags: each use of randomness gets its own stream, so adding one never shifts another.
-constexpr uint64_t kTagBlocks = 0x626c6f636b73;   // "blocks"
-constexpr uint64_t kTagWindow = 0x77696e646f77;   // "window"
-constexpr uint64_t kTagOwners = 0x6f776e657273;   // "owners"
+constexpr uint64_t kTagBlocks = 0x626c6f636b73;  // "blocks"
+constexpr uint64_t kTagWindow = 0x77696e646f77;  // "window"
+constexpr uint64_t kTagOwners = 0x6f776e657273;  // "owners"
 constexpr size_t kWindowCache = 3;
 
 }  // namespace
@@ -88,8 +88,7 @@ EpochOrder::EpochOrder(const BlockLayout& layout, uint64_t seed, int64_t window_
 }
 
 int64_t EpochOrder::window_of_position(int64_t position) const {
-  PB_CHECK(position >= 0 && position < num_samples(), "position {} of {}", position,
-           num_samples());
+  PB_CHECK(position >= 0 && position < num_samples(), "position {} of {}", position, num_samples());
   // Empty shards give no blocks, so windows are never empty and the search is exact.
   const auto it = std::upper_bound(window_begin_.begin(), window_begin_.end(), position);
   return (it - window_begin_.begin()) - 1;
@@ -98,8 +97,8 @@ int64_t EpochOrder::window_of_position(int64_t position) const {
 std::vector<int64_t> EpochOrder::window_blocks(int64_t w) const {
   PB_CHECK(w >= 0 && w < num_windows(), "window {} of {}", w, num_windows());
   const auto first = block_order_.begin() + w * window_blocks_;
-  const auto last = block_order_.begin() +
-                    std::min<int64_t>((w + 1) * window_blocks_, block_order_.size());
+  const auto last =
+      block_order_.begin() + std::min<int64_t>((w + 1) * window_blocks_, block_order_.size());
   return std::vector<int64_t>(first, last);
 }
 
@@ -113,8 +112,7 @@ const std::vector<int64_t>& EpochOrder::window_ids(int64_t w) {
     for (int64_t row = blk.begin; row < blk.end; ++row)
       ids.push_back(make_sample_id(blk.shard, row));
   }
-  OrderRng(seed_, kTagWindow, static_cast<uint64_t>(epoch_), static_cast<uint64_t>(w))
-      .shuffle(ids);
+  OrderRng(seed_, kTagWindow, static_cast<uint64_t>(epoch_), static_cast<uint64_t>(w)).shuffle(ids);
   if (cache_.size() >= kWindowCache) cache_.erase(cache_.begin());
   cache_.emplace_back(w, std::move(ids));
   return cache_.back().second;

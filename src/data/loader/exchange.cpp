@@ -48,7 +48,8 @@ const char* thread_level_name(int level) {
 int to_count(int64_t n, const char* what) {
   PB_REQUIRE(n >= 0 && n <= INT_MAX,
              "data loader: {} of {} bytes exceeds MPI's int count in one step (lower "
-             "global_batch_size or use more ranks)", what, n);
+             "global_batch_size or use more ranks)",
+             what, n);
   return static_cast<int>(n);
 }
 
@@ -158,7 +159,7 @@ std::vector<LoaderComm::Contribution> LoaderComm::gather_status(const std::vecto
   gathered_.resize(static_cast<size_t>(total));
   sent_ = mine;
   PB_MPI_CHECK(MPI_Iallgatherv(sent_.data(), counts_a_[rank_], MPI_BYTE, gathered_.data(),
-                              counts_a_.data(), displs_a_.data(), MPI_BYTE, comm_, &req));
+                               counts_a_.data(), displs_a_.data(), MPI_BYTE, comm_, &req));
   wait(req, "MPI_Iallgatherv (data loader status)");
 
   std::vector<Contribution> out(static_cast<size_t>(size_));
@@ -186,14 +187,13 @@ void LoaderComm::alltoallv(const std::vector<char>& send, const std::vector<int6
     displs_b_[r] = to_count(received, "this rank's incoming payload");
     received += recv_counts[r];
   }
-  PB_CHECK(sent <= static_cast<int64_t>(send.size()) &&
-               received <= static_cast<int64_t>(recv.size()),
-           "alltoallv buffers: send {} of {}, recv {} of {}", sent, send.size(), received,
-           recv.size());
+  PB_CHECK(
+      sent <= static_cast<int64_t>(send.size()) && received <= static_cast<int64_t>(recv.size()),
+      "alltoallv buffers: send {} of {}, recv {} of {}", sent, send.size(), received, recv.size());
   MPI_Request req;
   PB_MPI_CHECK(MPI_Ialltoallv(send.data(), counts_a_.data(), displs_a_.data(), MPI_BYTE,
-                             recv.data(), counts_b_.data(), displs_b_.data(), MPI_BYTE, comm_,
-                             &req));
+                              recv.data(), counts_b_.data(), displs_b_.data(), MPI_BYTE, comm_,
+                              &req));
   // Every rank entered the exchange right after the same gather: poll briskly, since each
   // round of the non-blocking schedule moves on only when both sides test.
   wait(req, "MPI_Ialltoallv (data loader samples)", 20);

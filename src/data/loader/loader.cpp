@@ -128,7 +128,7 @@ struct DataLoader::Impl {
   std::condition_variable cv;
   std::deque<std::pair<StepBatch, LoaderPosition>> queue;  // batch, position after it
   bool stop_requested = false;
-  bool finished = false;       // the thread has ended
+  bool finished = false;        // the thread has ended
   bool error_is_local = false;  // the thread failed on this rank alone (peers do not know)
   std::exception_ptr error;
   LoaderPosition delivered;  // after the last batch next() returned
@@ -185,8 +185,8 @@ void DataLoader::Impl::count_samples(const std::vector<std::string>& paths) {
     bytes.resize(mine.size() * sizeof(int64_t));
     std::memcpy(bytes.data(), mine.data(), bytes.size());
   }
-  const std::vector<LoaderComm::Contribution> all = comm->gather_status(bytes, !failure.empty(),
-                                                                        false);
+  const std::vector<LoaderComm::Contribution> all =
+      comm->gather_status(bytes, !failure.empty(), false);
   std::string errors;
   for (int r = 0; r < R; ++r)
     if (all[r].failed)
@@ -200,27 +200,28 @@ void DataLoader::Impl::count_samples(const std::vector<std::string>& paths) {
     std::memcpy(theirs.data(), all[r].bytes.data(), theirs.size() * sizeof(int64_t));
     PB_REQUIRE(theirs.size() >= 2 && theirs[0] == mine[0] && theirs[1] == mine[1],
                "data loader: rank {} sees other shards than rank {} ({} vs {} files): every "
-               "rank must see the same shard list", r, me, theirs.size() >= 2 ? theirs[1] : -1,
-               shards.size());
+               "rank must see the same shard list",
+               r, me, theirs.size() >= 2 ? theirs[1] : -1, shards.size());
     for (size_t k = 2, i = static_cast<size_t>(r); k < theirs.size(); ++k, i += R)
       sizes[i] = theirs[k];
   }
   hash = shards_hash(shards, &sizes);
   layout = std::make_unique<BlockLayout>(std::move(sizes), opt.shuffle_block_rows);
-  PB_REQUIRE(layout->num_samples() > 0, "data loader: the {} shards hold no sample",
-             shards.size());
-  PB_REQUIRE(opt.last_step != LastStepPolicy::drop ||
-                 layout->num_samples() >= opt.global_batch_size,
-             "data loader: the dataset has {} samples, fewer than one global batch of {} (with "
-             "the drop policy no step would remain)", layout->num_samples(),
-             opt.global_batch_size);
+  PB_REQUIRE(layout->num_samples() > 0, "data loader: the {} shards hold no sample", shards.size());
+  PB_REQUIRE(
+      opt.last_step != LastStepPolicy::drop || layout->num_samples() >= opt.global_batch_size,
+      "data loader: the dataset has {} samples, fewer than one global batch of {} (with "
+      "the drop policy no step would remain)",
+      layout->num_samples(), opt.global_batch_size);
 }
 
 void DataLoader::Impl::check_resume(const LoaderPosition& p) const {
   const LoaderPosition here = make_position({});
   auto same = [](const char* what, auto saved, auto now) {
-    PB_REQUIRE(saved == now, "data loader: cannot resume: the saved position has {} = {}, this "
-               "run has {}", what, saved, now);
+    PB_REQUIRE(saved == now,
+               "data loader: cannot resume: the saved position has {} = {}, this "
+               "run has {}",
+               what, saved, now);
   };
   same("seed", p.seed, here.seed);
   same("shuffle_block_rows", p.shuffle_block_rows, here.shuffle_block_rows);
@@ -228,10 +229,10 @@ void DataLoader::Impl::check_resume(const LoaderPosition& p) const {
   same("num_shards", p.num_shards, here.num_shards);
   same("num_samples", p.num_samples, here.num_samples);
   same("shards_hash (shard names and sizes)", p.shards_hash, here.shards_hash);
-  PB_REQUIRE(p.epoch >= 0 && p.step >= 0 && p.epoch_cursor >= 0 &&
-                 p.epoch_cursor <= p.num_samples,
+  PB_REQUIRE(p.epoch >= 0 && p.step >= 0 && p.epoch_cursor >= 0 && p.epoch_cursor <= p.num_samples,
              "data loader: cannot resume from epoch {}, cursor {}, step {} (the epoch has {} "
-             "samples)", p.epoch, p.epoch_cursor, p.step, p.num_samples);
+             "samples)",
+             p.epoch, p.epoch_cursor, p.step, p.num_samples);
 }
 
 void DataLoader::Impl::run() {
@@ -353,8 +354,7 @@ StepBatch DataLoader::next() {
   m.queue.pop_front();
   lk.unlock();
   m.cv.notify_all();
-  batch.wait_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  batch.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return batch;
 }
 

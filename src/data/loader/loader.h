@@ -112,7 +112,7 @@ struct LoaderStepTimes {
 
 // This rank's part of one optimizer step.
 struct StepBatch {
-  int64_t step = 0;   // since training started (LoaderPosition::step)
+  int64_t step = 0;  // since training started (LoaderPosition::step)
   int64_t epoch = 0;
   int64_t epoch_begin = 0;  // the step trains positions [epoch_begin, epoch_end) of the epoch
   int64_t epoch_end = 0;
@@ -121,7 +121,7 @@ struct StepBatch {
   int64_t global_samples = 0;
   int64_t global_masked_tokens = 0;
   int64_t global_tokens = 0;
-  double imbalance = 1;  // planner: max rank cost / mean rank cost
+  double imbalance = 1;     // planner: max rank cost / mean rank cost
   double wait_seconds = 0;  // exposed wait: how long next() blocked for this batch
   LoaderStepTimes times;
 

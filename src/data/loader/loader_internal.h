@@ -93,7 +93,7 @@ class BlockPrefetcher {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<int64_t, std::unique_ptr<Window>> windows_;  // complete windows, by seq()
-  int64_t requested_ = 0;  // the newest seq() a step asked for
+  int64_t requested_ = 0;                               // the newest seq() a step asked for
   int64_t failed_seq_ = INT64_MAX;
   std::string error_;
   bool stop_ = false;
@@ -102,8 +102,8 @@ class BlockPrefetcher {
 
 class StepProducer {
  public:
-  StepProducer(LoaderComm& comm, const std::vector<std::string>& shards,
-               const BlockLayout& layout, const LoaderOptions& options, LoaderCursor start);
+  StepProducer(LoaderComm& comm, const std::vector<std::string>& shards, const BlockLayout& layout,
+               const LoaderOptions& options, LoaderCursor start);
 
   // The next step (collective on the loader communicator). With stop = true, tells the other
   // ranks this one stops and throws LoaderStopped. Throws LoaderStopped when another rank

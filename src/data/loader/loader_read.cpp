@@ -17,9 +17,9 @@ int64_t needed_end(int64_t num_samples, const LoaderOptions& o) {
 
 }  // namespace
 
-BlockPrefetcher::BlockPrefetcher(const std::vector<std::string>& shards,
-                                 const BlockLayout& layout, const LoaderOptions& options,
-                                 int rank, int num_ranks, LoaderCursor start)
+BlockPrefetcher::BlockPrefetcher(const std::vector<std::string>& shards, const BlockLayout& layout,
+                                 const LoaderOptions& options, int rank, int num_ranks,
+                                 LoaderCursor start)
     : shards_(shards),
       layout_(layout),
       opt_(options),
@@ -57,8 +57,7 @@ std::unique_ptr<BlockPrefetcher::Window> BlockPrefetcher::read_window(
       PB_REQUIRE(reader->info().num_samples == layout_.shard_sizes()[blk.shard],
                  "shard {}: holds {} samples now but {} when the data loader started (was it "
                  "rewritten during training?)",
-                 shards_[blk.shard], reader->info().num_samples,
-                 layout_.shard_sizes()[blk.shard]);
+                 shards_[blk.shard], reader->info().num_samples, layout_.shard_sizes()[blk.shard]);
     }
     LoadedBlock& lb = win->blocks[b];
     lb.begin = blk.begin;
@@ -72,8 +71,8 @@ std::unique_ptr<BlockPrefetcher::Window> BlockPrefetcher::read_window(
 void BlockPrefetcher::run(LoaderCursor start) {
   int64_t epoch = start.epoch;
   auto order = std::make_unique<EpochOrder>(layout_, opt_.seed, opt_.shuffle_window_blocks, epoch);
-  std::vector<int32_t> owner = assign_shard_owners(layout_.shard_sizes(), num_ranks_, opt_.seed,
-                                                   epoch);
+  std::vector<int32_t> owner =
+      assign_shard_owners(layout_.shard_sizes(), num_ranks_, opt_.seed, epoch);
   int64_t w = order->window_of_position(start.pos);
   int64_t last = order->window_of_position(needed_end(layout_.num_samples(), opt_) - 1);
   for (;;) {
@@ -105,8 +104,10 @@ void BlockPrefetcher::run(LoaderCursor start) {
       owner = assign_shard_owners(layout_.shard_sizes(), num_ranks_, opt_.seed, epoch);
       w = 0;
       for (auto it = readers_.begin(); it != readers_.end();) {
-        if (owner[it->first] != rank_) it = readers_.erase(it);  // no longer ours
-        else ++it;
+        if (owner[it->first] != rank_)
+          it = readers_.erase(it);  // no longer ours
+        else
+          ++it;
       }
     }
   }

@@ -66,8 +66,7 @@ Sample& StepProducer::loaded_sample(int64_t id) {
 }
 
 std::vector<Candidate> StepProducer::gather_candidates(const std::vector<int64_t>& ids,
-                                                       const std::string& read_error,
-                                                       bool stop) {
+                                                       const std::string& read_error, bool stop) {
   const int me = comm_.rank();
   const bool failed = !stop && !read_error.empty();
   std::vector<char> bytes;
@@ -134,8 +133,7 @@ void StepProducer::exchange(const StepPlan& plan, StepBatch& out) {
   int64_t send_total = 0;
   for (const int64_t n : send_counts) send_total += n;
   // The buffers only grow: resizing down and up again would zero-fill them every step.
-  if (send_.size() < static_cast<size_t>(send_total))
-    send_.resize(static_cast<size_t>(send_total));
+  if (send_.size() < static_cast<size_t>(send_total)) send_.resize(static_cast<size_t>(send_total));
   char* put = send_.data();
   for (int d = 0; d < R; ++d) {
     if (d == me) continue;
@@ -154,8 +152,7 @@ void StepProducer::exchange(const StepPlan& plan, StepBatch& out) {
   int64_t recv_total = 0;
   std::vector<const char*> from(R), from_end(R);
   for (int r = 0; r < R; ++r) recv_total += recv_counts[r];
-  if (recv_.size() < static_cast<size_t>(recv_total))
-    recv_.resize(static_cast<size_t>(recv_total));
+  if (recv_.size() < static_cast<size_t>(recv_total)) recv_.resize(static_cast<size_t>(recv_total));
   int64_t at = 0;
   for (int r = 0; r < R; at += recv_counts[r], ++r) {
     from[r] = recv_.data() + at;
@@ -173,8 +170,10 @@ void StepProducer::exchange(const StepPlan& plan, StepBatch& out) {
       const Candidate& c = mb.samples[i];
       Sample& s = lm.samples[i];
       const int o = owner_of(c);
-      if (o == me) s = std::move(loaded_sample(c.sample_id));
-      else from[o] = decode_sample(from[o], from_end[o], s);
+      if (o == me)
+        s = std::move(loaded_sample(c.sample_id));
+      else
+        from[o] = decode_sample(from[o], from_end[o], s);
       PB_CHECK(s.id == c.sample_id && s.length() == c.length && s.num_masked() == c.masked_count,
                "rank {} delivered sample {} (length {}, {} masked) for {} ({}, {})", o, s.id,
                s.length(), s.num_masked(), c.sample_id, c.length, c.masked_count);
@@ -184,12 +183,10 @@ void StepProducer::exchange(const StepPlan& plan, StepBatch& out) {
       std::vector<int32_t> idx;
       idx.reserve(pack.size());
       for (const int64_t id : pack) {
-        const auto it = std::lower_bound(mb.samples.begin(), mb.samples.end(), id,
-                                         [](const Candidate& c, int64_t v) {
-                                           return c.sample_id < v;
-                                         });
-        PB_CHECK(it != mb.samples.end() && it->sample_id == id, "pack sample {} not in batch",
-                 id);
+        const auto it =
+            std::lower_bound(mb.samples.begin(), mb.samples.end(), id,
+                             [](const Candidate& c, int64_t v) { return c.sample_id < v; });
+        PB_CHECK(it != mb.samples.end() && it->sample_id == id, "pack sample {} not in batch", id);
         idx.push_back(static_cast<int32_t>(it - mb.samples.begin()));
       }
       lm.packs.push_back(std::move(idx));
@@ -206,8 +203,8 @@ void StepProducer::exchange(const StepPlan& plan, StepBatch& out) {
 StepBatch StepProducer::produce(bool stop) {
   comm_.set_step(cursor_.step + 1);  // the watchdog's name for this step's collectives
   if (!order_ || cursor_.epoch != order_->epoch()) {
-    order_ = std::make_unique<EpochOrder>(layout_, opt_.seed, opt_.shuffle_window_blocks,
-                                          cursor_.epoch);
+    order_ =
+        std::make_unique<EpochOrder>(layout_, opt_.seed, opt_.shuffle_window_blocks, cursor_.epoch);
     owner_ = assign_shard_owners(layout_.shard_sizes(), comm_.size(), opt_.seed, cursor_.epoch);
   }
   if (stop) gather_candidates({}, "", true);  // throws LoaderStopped

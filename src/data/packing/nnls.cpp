@@ -25,8 +25,8 @@ void SparseColumns::add_column(const std::vector<std::pair<int, double>>& entrie
 }
 
 SparseColumns SparseColumns::from_dense(const std::vector<double>& a, int m, int n) {
-  PB_CHECK(static_cast<int64_t>(a.size()) == int64_t{m} * n, "dense size {} != {} x {}",
-           a.size(), m, n);
+  PB_CHECK(static_cast<int64_t>(a.size()) == int64_t{m} * n, "dense size {} != {} x {}", a.size(),
+           m, n);
   SparseColumns s;
   s.rows = m;
   for (int j = 0; j < n; ++j) {
@@ -156,8 +156,8 @@ NnlsResult solve_nnls(const SparseColumns& a, const std::vector<double>& b,
                       const NnlsOptions& options) {
   const int m = a.rows;
   const int64_t n = a.cols();
-  PB_REQUIRE(static_cast<int64_t>(b.size()) == m, "NNLS: b has {} entries, A has {} rows",
-             b.size(), m);
+  PB_REQUIRE(static_cast<int64_t>(b.size()) == m, "NNLS: b has {} entries, A has {} rows", b.size(),
+             m);
   NnlsResult res;
   res.x.assign(n, 0.0);
   const int64_t max_iter = options.max_iterations > 0 ? options.max_iterations : 3 * n + 100;
@@ -174,8 +174,8 @@ NnlsResult solve_nnls(const SparseColumns& a, const std::vector<double>& b,
                                std::max(bnorm, 1.0) / std::sqrt(std::max<double>(m, 1));
 
   UpdatedQr qr(m, b);
-  std::vector<int64_t> passive;           // column of each passive position
-  std::vector<char> state(n, 0);          // 0: Z, 1: P, 2: refused this outer iteration
+  std::vector<int64_t> passive;   // column of each passive position
+  std::vector<char> state(n, 0);  // 0: Z, 1: P, 2: refused this outer iteration
   std::vector<double> r(b), w(n), z;
 
   auto residual = [&] {

@@ -36,7 +36,7 @@ struct NnlsResult {
   std::vector<double> x;
   double residual_norm = 0;  // ||A x - b||
   int64_t iterations = 0;
-  bool converged = false;    // false: the iteration cap was hit first
+  bool converged = false;  // false: the iteration cap was hit first
 };
 
 NnlsResult solve_nnls(const SparseColumns& a, const std::vector<double>& b,

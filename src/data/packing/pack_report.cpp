@@ -26,9 +26,10 @@ void print_table(const PackCommandOptions& o, const std::string& source, const L
   const int64_t n = h.num_sequences();
   const int64_t t = h.num_tokens();
   out << fmt::format("histogram: {}\n", source);
-  out << fmt::format("sequences {}, tokens {}, mean length {:.2f}, max_seq_len {}, "
-                     "max_seqs_per_pack {}\n",
-                     n, t, n ? double(t) / n : 0.0, o.max_seq_len, k_text(o.max_seqs_per_pack));
+  out << fmt::format(
+      "sequences {}, tokens {}, mean length {:.2f}, max_seq_len {}, "
+      "max_seqs_per_pack {}\n",
+      n, t, n ? double(t) / n : 0.0, o.max_seq_len, k_text(o.max_seqs_per_pack));
   // The best any packer can do: every pack full, packs = tokens / L.
   out << fmt::format("speed-up limit over padding (all packs full): {:.4f}\n\n",
                      t ? double(n) * o.max_seq_len / t : 1.0);

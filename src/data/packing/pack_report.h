@@ -10,10 +10,10 @@
 namespace packbert {
 
 struct PackCommandOptions {
-  std::string histogram_file;   // --histogram FILE (format: see load_histogram)
-  std::string data_dir;         // --data DIR: lengths of the samples in the shards there
-  int max_seq_len = 512;        // --max-seq-len L
-  int max_seqs_per_pack = 3;    // --max-seqs-per-pack K; 0 = no limit
+  std::string histogram_file;     // --histogram FILE (format: see load_histogram)
+  std::string data_dir;           // --data DIR: lengths of the samples in the shards there
+  int max_seq_len = 512;          // --max-seq-len L
+  int max_seqs_per_pack = 3;      // --max-seqs-per-pack K; 0 = no limit
   std::string algorithm = "all";  // spfhp | lpfhp | nnlshp | exact-fit | all
   bool json = false;
 };

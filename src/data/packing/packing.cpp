@@ -55,8 +55,8 @@ LengthHistogram load_histogram(const std::string& path) {
     }
     if (line[b] == '#') continue;
     PB_REQUIRE(pending_blank == 0,
-               "{}:{}: empty line inside the counts (line i must hold the count of length i)",
-               path, first_blank);
+               "{}:{}: empty line inside the counts (line i must hold the count of length i)", path,
+               first_blank);
     const size_t e = line.find_last_not_of(" \t");
     const char* first = line.data() + b;
     const char* last = line.data() + e + 1;
@@ -90,8 +90,8 @@ LengthHistogram resize_histogram(const LengthHistogram& h, int new_max_len) {
   LengthHistogram out(new_max_len);
   for (int l = 1; l <= h.max_len; ++l) {
     if (h.counts[l] == 0) continue;
-    PB_REQUIRE(l <= new_max_len, "{} sequences of length {} do not fit max_seq_len {}",
-               h.counts[l], l, new_max_len);
+    PB_REQUIRE(l <= new_max_len, "{} sequences of length {} do not fit max_seq_len {}", h.counts[l],
+               l, new_max_len);
     out.counts[l] = h.counts[l];
   }
   return out;
@@ -119,8 +119,8 @@ void require_packable(const LengthHistogram& h, const PackingLimits& limits) {
   PB_REQUIRE(static_cast<int>(h.counts.size()) == h.max_len + 1,
              "histogram: {} counts for max length {}", h.counts.size(), h.max_len);
   const int longest = h.longest();
-  PB_REQUIRE(longest <= limits.max_seq_len,
-             "histogram has sequences of length {} > max_seq_len {}", longest, limits.max_seq_len);
+  PB_REQUIRE(longest <= limits.max_seq_len, "histogram has sequences of length {} > max_seq_len {}",
+             longest, limits.max_seq_len);
   for (int64_t c : h.counts) PB_REQUIRE(c >= 0, "histogram: negative count {}", c);
 }
 
@@ -355,8 +355,8 @@ std::vector<std::vector<int64_t>> assign_packs(const std::vector<PackStrategy>& 
   }
   for (int l = 1; l <= L; ++l)
     PB_REQUIRE(next[l] == by_length[l].size(),
-               "strategies pack {} of the {} sequences of length {}", next[l],
-               by_length[l].size(), l);
+               "strategies pack {} of the {} sequences of length {}", next[l], by_length[l].size(),
+               l);
   return packs;
 }
 

@@ -96,9 +96,9 @@ struct PackingMetrics {
   int64_t sequences = 0;
   int64_t tokens = 0;
   int64_t packs = 0;
-  int max_seqs_in_pack = 0;   // the largest strategy actually used
-  double efficiency = 0;      // tokens / (packs * L)
-  double speedup = 0;         // over padding every sequence to L: sequences / packs
+  int max_seqs_in_pack = 0;     // the largest strategy actually used
+  double efficiency = 0;        // tokens / (packs * L)
+  double speedup = 0;           // over padding every sequence to L: sequences / packs
   double padding_fraction = 0;  // 1 - efficiency: share of pack slots that are padding
   double runtime_ms = 0;
 };

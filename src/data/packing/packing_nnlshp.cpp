@@ -111,8 +111,7 @@ PackingResult pack_nnlshp(const LengthHistogram& h, const PackingLimits& limits)
   for (int l = 1; l <= std::min(L, h.max_len); ++l)
     b[l - 1] = weight[l - 1] * static_cast<double>(h.counts[l]);
   const NnlsResult solved = solve_nnls(a, b);
-  PB_REQUIRE(solved.converged, "nnlshp: NNLS did not converge in {} iterations",
-             solved.iterations);
+  PB_REQUIRE(solved.converged, "nnlshp: NNLS did not converge in {} iterations", solved.iterations);
 
   std::vector<int64_t> repeat(strategies.size());
   for (size_t s = 0; s < strategies.size(); ++s)

@@ -142,8 +142,15 @@ class LocalSearch {
  public:
   LocalSearch(const std::vector<int64_t>& cost, int bins, int bin_bits,
               std::vector<int32_t>& bin_of)
-      : cost_(cost), bin_of_(bin_of), bin_bits_(bin_bits), load_(bins, 0), first_(bins + 1, 0),
-        flat_(cost.size()), own_(bins), dirty_(bins, 0), order_(bins) {
+      : cost_(cost),
+        bin_of_(bin_of),
+        bin_bits_(bin_bits),
+        load_(bins, 0),
+        first_(bins + 1, 0),
+        flat_(cost.size()),
+        own_(bins),
+        dirty_(bins, 0),
+        order_(bins) {
     for (size_t i = 0; i < cost.size(); ++i) {
       load_[bin_of[i]] += cost[i];
       ++first_[bin_of[i] + 1];
@@ -161,8 +168,7 @@ class LocalSearch {
     const uint64_t mask = (uint64_t{1} << bin_bits_) - 1;
     while (bins > 1 && *probes < budget) {
       const int32_t m = static_cast<int32_t>(order_.back() & mask);
-      const int64_t enough =
-          std::max<int64_t>(1, load_[m] - load_[order_[bins - 2] & mask]);
+      const int64_t enough = std::max<int64_t>(1, load_[m] - load_[order_[bins - 2] & mask]);
       const List xs = items(m);
       Op best;
       for (int p = 0; p + 1 < bins; ++p) {
@@ -270,7 +276,7 @@ class LocalSearch {
   std::vector<int32_t>& bin_of_;
   const int bin_bits_;
   std::vector<int64_t> load_;
-  std::vector<int32_t> first_, flat_;     // initial lists: bin b's at flat_[first_[b]...]
+  std::vector<int32_t> first_, flat_;      // initial lists: bin b's at flat_[first_[b]...]
   std::vector<std::vector<int32_t>> own_;  // lists of the bins an operation changed
   std::vector<char> dirty_;
   std::vector<uint64_t> order_;  // keys load << bin_bits | bin, ascending
@@ -291,15 +297,9 @@ Assignment assign(const std::vector<int64_t>& cost, int bins, BalanceMethod meth
              "planner: total step cost {} is too large to balance over {} ranks",
              total / kCostScale, bins);
   switch (method) {
-    case BalanceMethod::none:
-      a.bin = contiguous(cost.size(), bins);
-      break;
-    case BalanceMethod::sorted_round_robin:
-      a.bin = round_robin(cost.size(), bins);
-      break;
-    case BalanceMethod::lpt:
-      a.bin = lpt(cost, bins, bin_bits);
-      break;
+    case BalanceMethod::none: a.bin = contiguous(cost.size(), bins); break;
+    case BalanceMethod::sorted_round_robin: a.bin = round_robin(cost.size(), bins); break;
+    case BalanceMethod::lpt: a.bin = lpt(cost, bins, bin_bits); break;
     case BalanceMethod::lpt_search:
       a.bin = lpt(cost, bins, bin_bits);
       if (cost.size() > 1)
@@ -315,8 +315,8 @@ Assignment assign(const std::vector<int64_t>& cost, int bins, BalanceMethod meth
 std::vector<int64_t> cost_table(const CostModel& m, int max_len) {
   for (double v : {m.per_token, m.per_token_pair, m.per_sequence})
     PB_REQUIRE(std::isfinite(v) && v >= 0,
-               "planner: cost coefficients must be finite and >= 0 (a={}, b={}, c={})",
-               m.per_token, m.per_token_pair, m.per_sequence);
+               "planner: cost coefficients must be finite and >= 0 (a={}, b={}, c={})", m.per_token,
+               m.per_token_pair, m.per_sequence);
   PB_REQUIRE(m(max_len) <= 1e9, "planner: cost({}) = {} is out of range", max_len, m(max_len));
   std::vector<int64_t> q(max_len + 1, 0);
   for (int l = 1; l <= max_len; ++l) q[l] = std::llround(m(l) * kCostScale);
@@ -540,8 +540,9 @@ MicroBatchBound micro_batch_bound(const PlannerConfig& c, int64_t global_batch_s
   const bool by_cost = c.method == BalanceMethod::lpt || c.method == BalanceMethod::lpt_search;
   if (by_cost && c.cost.per_token > 0) {
     const double cells = static_cast<double>(c.num_ranks) * c.micro_steps;
-    const double most = (static_cast<double>(global_batch_size) / cells +
-                         1.0 / c.micro_steps + 1.0) * c.cost(static_cast<int>(len));
+    const double most =
+        (static_cast<double>(global_batch_size) / cells + 1.0 / c.micro_steps + 1.0) *
+        c.cost(static_cast<int>(len));
     b.tokens = static_cast<int64_t>(std::ceil(most / c.cost.per_token));
     b.samples += 2;
     b.samples_bounded = false;

@@ -138,7 +138,7 @@ struct StepPlan {
   int64_t global_masked_tokens = 0;
   int64_t global_samples = 0;
   int64_t global_tokens = 0;
-  double max_cost = 0;   // the most loaded rank: what the step waits for
+  double max_cost = 0;  // the most loaded rank: what the step waits for
   double mean_cost = 0;
   int64_t search_moves = 0;   // improving moves/swaps the local search applied (all problems)
   int64_t search_probes = 0;  // local-search work spent (all problems)

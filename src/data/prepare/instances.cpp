@@ -91,7 +91,8 @@ size_t plan_document(const DocumentStore& docs, uint32_t doc, const uint32_t* po
           if (rd != doc) break;
         }
         const uint32_t r_first = docs.doc_begin[rd], r_last = docs.doc_begin[rd + 1];
-        const uint32_t b_begin = r_first + static_cast<uint32_t>(random_doc.below(r_last - r_first));
+        const uint32_t b_begin =
+            r_first + static_cast<uint32_t>(random_doc.below(r_last - r_first));
         uint32_t b_end = b_begin;
         int64_t len_b = 0;
         while (b_end < r_last) {
@@ -124,7 +125,10 @@ void materialize(const DocumentStore& docs, const InstancePlan& plan, const Inst
     const bool trim_a = (a1 - a0) > (b1 - b0);
     uint64_t& front = trim_a ? a0 : b0;
     uint64_t& back = trim_a ? a1 : b1;
-    if (rng.coin()) ++front; else --back;
+    if (rng.coin())
+      ++front;
+    else
+      --back;
   }
   const int len_a = static_cast<int>(a1 - a0), len_b = static_cast<int>(b1 - b0);
   PB_CHECK(len_a >= 1 && len_b >= 1, "empty segment after truncation (A {}, B {})", len_a, len_b);
@@ -160,8 +164,7 @@ void materialize(const DocumentStore& docs, const InstancePlan& plan, const Inst
 
   // Python's round() rounds half to even, as nearbyint does in the default rounding mode.
   const int num_to_predict = std::min(
-      cfg.max_predictions,
-      std::max(1, static_cast<int>(std::nearbyint(len * cfg.masked_lm_prob))));
+      cfg.max_predictions, std::max(1, static_cast<int>(std::nearbyint(len * cfg.masked_lm_prob))));
 
   // Google shuffles all groups, then takes them in order, skipping a group that would exceed
   // num_to_predict. A Fisher-Yates shuffle done lazily (stopping once enough are chosen) gives

@@ -28,8 +28,8 @@ class Rng {
     state_ += 0x9E3779B97F4A7C15ull;
     return mix(state_);
   }
-  uint64_t below(uint64_t n);                   // uniform in [0, n), n > 0 (unbiased)
-  int64_t between(int64_t lo, int64_t hi) {     // uniform in [lo, hi], like Python's randint
+  uint64_t below(uint64_t n);                // uniform in [0, n), n > 0 (unbiased)
+  int64_t between(int64_t lo, int64_t hi) {  // uniform in [lo, hi], like Python's randint
     return lo + static_cast<int64_t>(below(static_cast<uint64_t>(hi - lo) + 1));
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
@@ -76,9 +76,7 @@ struct DocumentStore {
 
   uint32_t num_docs() const { return static_cast<uint32_t>(doc_begin.size() - 1); }
   uint32_t num_sentences() const { return static_cast<uint32_t>(sentence_begin.size() - 1); }
-  uint64_t sentence_length(uint32_t s) const {
-    return sentence_begin[s + 1] - sentence_begin[s];
-  }
+  uint64_t sentence_length(uint32_t s) const { return sentence_begin[s + 1] - sentence_begin[s]; }
   // Appends a sentence to the current document (n > 0).
   void add_sentence(const uint16_t* ids, size_t n);
   // Closes the current document; nothing happens when it has no sentence yet.
@@ -116,10 +114,10 @@ size_t plan_document(const DocumentStore& docs, uint32_t doc, const uint32_t* po
 
 // Reusable buffers of materialize (no allocation per instance once warm, beyond the Sample).
 struct MaskScratch {
-  std::vector<int32_t> candidates;    // positions that may be masked
-  std::vector<int32_t> group_begin;   // candidates[group_begin[g] .. group_begin[g+1]) = group g
-  std::vector<int32_t> group_order;   // shuffled group indices
-  std::vector<int32_t> chosen;        // chosen positions
+  std::vector<int32_t> candidates;   // positions that may be masked
+  std::vector<int32_t> group_begin;  // candidates[group_begin[g] .. group_begin[g+1]) = group g
+  std::vector<int32_t> group_order;  // shuffled group indices
+  std::vector<int32_t> chosen;       // chosen positions
 };
 
 // Plans are shuffled, so materializing them reads the token array at random places: with a

@@ -157,8 +157,12 @@ std::vector<uint8_t> hold_out_eval(Context& ctx, FileJob& job) {
     std::vector<uint32_t> order(num_docs);
     std::iota(order.begin(), order.end(), 0u);
     shuffle_with(order, Rng(o.seed, {kRngDocShuffle, uint64_t(f)}));
-    auto structure = [&](uint32_t d) { return Rng(o.seed, {kRngStructure, uint64_t(f), kEvalRound, d}); };
-    auto random_doc = [&](uint32_t d) { return Rng(o.seed, {kRngRandomDoc, uint64_t(f), kEvalRound, d}); };
+    auto structure = [&](uint32_t d) {
+      return Rng(o.seed, {kRngStructure, uint64_t(f), kEvalRound, d});
+    };
+    auto random_doc = [&](uint32_t d) {
+      return Rng(o.seed, {kRngRandomDoc, uint64_t(f), kEvalRound, d});
+    };
     // Counting needs no pool, so documents are held out until their instances cover `need`.
     std::vector<uint32_t> reserved;
     int64_t available = 0;
@@ -179,8 +183,9 @@ std::vector<uint8_t> hold_out_eval(Context& ctx, FileJob& job) {
     job.eval_samples.resize(plans.size());
     MaskScratch scratch;
     for (size_t k = 0; k < plans.size(); ++k)
-      materialize(job.docs, plans[k], ctx.cfg, Rng(o.seed, {kRngMaterialize, uint64_t(f), kSplitEval, k}),
-                  job.eval_samples[k], scratch);
+      materialize(job.docs, plans[k], ctx.cfg,
+                  Rng(o.seed, {kRngMaterialize, uint64_t(f), kSplitEval, k}), job.eval_samples[k],
+                  scratch);
     job.eval_docs = static_cast<uint32_t>(reserved.size());
     taken = static_cast<int64_t>(plans.size());
   }
@@ -188,9 +193,10 @@ std::vector<uint8_t> hold_out_eval(Context& ctx, FileJob& job) {
   ctx.eval_left_after[f].store(std::max<int64_t>(need, 0) - taken);
   ctx.pool->notify();
   if (f == ctx.num_files - 1 && need - taken > 0)
-    PB_THROW("--eval-samples {}: the inputs cannot supply that many eval samples (holding out "
-             "all {} documents gives {}); lower --eval-samples or add text",
-             o.eval_samples, docs_total, o.eval_samples - (need - taken));
+    PB_THROW(
+        "--eval-samples {}: the inputs cannot supply that many eval samples (holding out "
+        "all {} documents gives {}); lower --eval-samples or add text",
+        o.eval_samples, docs_total, o.eval_samples - (need - taken));
   return held_out;
 }
 
@@ -252,9 +258,10 @@ InstanceConfig make_instance_config(const PrepareOptions& o, const Vocab& vocab)
 void validate(const PrepareOptions& o) {
   PB_REQUIRE(!o.inputs.empty(), "prepare: no --input file given");
   PB_REQUIRE(!o.output_dir.empty(), "prepare: --output is empty");
-  PB_REQUIRE(o.max_seq_len >= 5,
-             "--max-seq-len {}: too small, a sample needs at least 5 tokens ([CLS] A [SEP] B [SEP])",
-             o.max_seq_len);
+  PB_REQUIRE(
+      o.max_seq_len >= 5,
+      "--max-seq-len {}: too small, a sample needs at least 5 tokens ([CLS] A [SEP] B [SEP])",
+      o.max_seq_len);
   PB_REQUIRE(o.max_predictions_per_seq >= 1, "--max-predictions-per-seq {}: must be at least 1",
              o.max_predictions_per_seq);
   PB_REQUIRE(o.masked_lm_prob >= 0 && o.masked_lm_prob <= 1,
@@ -292,17 +299,20 @@ struct OutputDirs {
     for (const fs::path& p : {train, eval})
       PB_REQUIRE(!non_empty_dir(p),
                  "--output {}: {} already holds files from an earlier run; remove it or choose "
-                 "another --output directory", o.output_dir, p.string());
+                 "another --output directory",
+                 o.output_dir, p.string());
     std::error_code ec;
     fs::create_directories(root, ec);
     PB_REQUIRE(!ec && fs::is_directory(root), "--output {}: cannot create the directory: {}",
                o.output_dir, ec.message());
     for (const fs::path& p : {train_tmp, eval_tmp}) fs::remove_all(p, ec);  // a crashed run's
     fs::create_directories(train_tmp, ec);
-    PB_REQUIRE(!ec, "--output {}: cannot create {}: {}", o.output_dir, train_tmp.string(), ec.message());
+    PB_REQUIRE(!ec, "--output {}: cannot create {}: {}", o.output_dir, train_tmp.string(),
+               ec.message());
     if (has_eval) {
       fs::create_directories(eval_tmp, ec);
-      PB_REQUIRE(!ec, "--output {}: cannot create {}: {}", o.output_dir, eval_tmp.string(), ec.message());
+      PB_REQUIRE(!ec, "--output {}: cannot create {}: {}", o.output_dir, eval_tmp.string(),
+                 ec.message());
     }
   }
   void abandon() noexcept {
@@ -339,8 +349,8 @@ void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const Bert
   std::vector<std::unique_ptr<ShardWriter>> train;
   for (int i = 0; i < o.num_shards; ++i) {
     stats.train_shards.push_back((dirs.train / shard_name(i, o.num_shards)).string());
-    train.push_back(std::make_unique<ShardWriter>(
-        (dirs.train_tmp / shard_name(i, o.num_shards)).string(), wo));
+    train.push_back(
+        std::make_unique<ShardWriter>((dirs.train_tmp / shard_name(i, o.num_shards)).string(), wo));
   }
   std::unique_ptr<ShardWriter> eval;
   if (dirs.has_eval) {
@@ -355,7 +365,8 @@ void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const Bert
   ctx.pool = &pool;
   ctx.num_files = num_files;
   const int files_in_flight = std::min(threads, num_files);
-  ctx.chunks_in_flight = std::max<size_t>(2, (2 * threads + files_in_flight - 1) / files_in_flight + 1);
+  ctx.chunks_in_flight =
+      std::max<size_t>(2, (2 * threads + files_in_flight - 1) / files_in_flight + 1);
   ctx.eval_left_after = std::make_unique<std::atomic<int64_t>[]>(num_files);
   for (int f = 0; f < num_files; ++f) ctx.eval_left_after[f].store(-1);
 
@@ -364,7 +375,8 @@ void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const Bert
     FileJob* job = jobs[f].get();
     job->index = f;
     job->path = o.inputs[f];
-    pool.submit(job->group, [&ctx, job] { process_file(ctx, *job); }, /*background=*/true);
+    pool.submit(
+        job->group, [&ctx, job] { process_file(ctx, *job); }, /*background=*/true);
   };
 
   try {
@@ -435,10 +447,11 @@ void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const Bert
       stats.input_bytes += job.text_bytes;
       stats.documents += job.docs.num_docs();
       const double secs = seconds_since(job.start);
-      spdlog::info("{} [{}/{}]: {:.1f} MB, {} documents ({} held out for eval), {} training + "
-                   "{} eval samples, {:.1f} MB/s", job.path, f + 1, num_files,
-                   job.text_bytes / 1e6, job.docs.num_docs(), job.eval_docs, n,
-                   job.eval_samples.size(), job.text_bytes / 1e6 / std::max(secs, 1e-9));
+      spdlog::info(
+          "{} [{}/{}]: {:.1f} MB, {} documents ({} held out for eval), {} training + "
+          "{} eval samples, {:.1f} MB/s",
+          job.path, f + 1, num_files, job.text_bytes / 1e6, job.docs.num_docs(), job.eval_docs, n,
+          job.eval_samples.size(), job.text_bytes / 1e6 / std::max(secs, 1e-9));
       jobs[f].reset();  // frees the file's tokens and plans
       if (f + files_in_flight < num_files) start_file(f + files_in_flight);
     }
@@ -466,12 +479,14 @@ PrepareStats run_prepare(const PrepareOptions& opts) {
              opts.vocab, vocab.size());
   const BertTokenizer tokenizer(vocab);
   const InstanceConfig cfg = make_instance_config(opts, vocab);
-  const int threads = opts.threads > 0 ? opts.threads
-                                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  spdlog::info("prepare: {} input file(s), vocab {} ({} tokens), max_seq_len {}, dupe_factor {}, "
-               "{} {} shard(s), {} eval samples, seed {}, {} threads", opts.inputs.size(),
-               opts.vocab, vocab.size(), opts.max_seq_len, opts.dupe_factor, opts.num_shards,
-               to_string(opts.format), opts.eval_samples, opts.seed, threads);
+  const int threads = opts.threads > 0
+                          ? opts.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  spdlog::info(
+      "prepare: {} input file(s), vocab {} ({} tokens), max_seq_len {}, dupe_factor {}, "
+      "{} {} shard(s), {} eval samples, seed {}, {} threads",
+      opts.inputs.size(), opts.vocab, vocab.size(), opts.max_seq_len, opts.dupe_factor,
+      opts.num_shards, to_string(opts.format), opts.eval_samples, opts.seed, threads);
 
   OutputDirs dirs(opts);
   PrepareStats stats;

@@ -22,10 +22,10 @@ struct PrepareOptions {
   double short_seq_prob = 0.1;
   uint64_t seed = 12345;
   int num_shards = 1;
-  int64_t eval_samples = 0;         // samples written to the eval shard
+  int64_t eval_samples = 0;  // samples written to the eval shard
   ShardFormat format = ShardFormat::fixed;
   bool whole_word_masking = false;
-  int threads = 0;                  // 0: hardware concurrency; output does not depend on it
+  int threads = 0;  // 0: hardware concurrency; output does not depend on it
 };
 
 struct PrepareStats {

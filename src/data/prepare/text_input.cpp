@@ -18,7 +18,8 @@ namespace {
 gzFile as_gz(void* f) { return static_cast<gzFile>(f); }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // zlib prefixes its messages with the path, which our messages already start with.

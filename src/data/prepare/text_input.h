@@ -43,8 +43,8 @@ class TextReader {
 // line is a sentence, skipped when it gives no token (as Google's script does).
 struct TokenizedLines {
   static constexpr int32_t kBlankLine = -1;
-  std::vector<uint16_t> tokens;       // the ids of all sentences, concatenated
-  std::vector<int32_t> line_tokens;   // per line: its number of ids, or kBlankLine
+  std::vector<uint16_t> tokens;      // the ids of all sentences, concatenated
+  std::vector<int32_t> line_tokens;  // per line: its number of ids, or kBlankLine
 };
 
 // Requires vocab ids < 65536 (checked by the caller once for the vocabulary).

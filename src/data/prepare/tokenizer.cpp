@@ -228,9 +228,7 @@ class BasicScanner {
             if (!run_.empty()) flush_run();
             piece_.push_back(static_cast<char>(b + ('a' - 'A')));
             break;
-          case AsciiClass::space:
-            end_token();
-            break;
+          case AsciiClass::space: end_token(); break;
           case AsciiClass::punct:
             if (!run_.empty()) flush_run();
             emit_punct(b);
@@ -360,8 +358,9 @@ void wordpiece_ids(const Vocab& vocab, std::string_view word, bool ascii,
                    std::vector<int32_t>& out) {
   if (word.empty()) return;
   size_t chars = word.size();
-  if (!ascii) chars = static_cast<size_t>(std::count_if(
-                  word.begin(), word.end(), [](char c) { return !is_continuation(c); }));
+  if (!ascii)
+    chars = static_cast<size_t>(
+        std::count_if(word.begin(), word.end(), [](char c) { return !is_continuation(c); }));
   if (chars > static_cast<size_t>(kMaxWordChars)) {
     out.push_back(vocab.unk_id());
     return;
@@ -406,8 +405,7 @@ std::vector<std::string> BertTokenizer::basic_tokenize(std::string_view text) co
 }
 
 void BertTokenizer::wordpiece(std::string_view word, std::vector<int32_t>& out) const {
-  const bool ascii =
-      std::all_of(word.begin(), word.end(), [](char c) { return (c & 0x80) == 0; });
+  const bool ascii = std::all_of(word.begin(), word.end(), [](char c) { return (c & 0x80) == 0; });
   wordpiece_ids(vocab_, word, ascii, out);
 }
 

@@ -69,9 +69,8 @@ InspectReport inspect_shards(const std::string& path, const SampleRules& rules,
       grow_and_count(r.masked_histogram, static_cast<size_t>(s.num_masked()));
     }
   }
-  const int longest = r.length_histogram.empty()
-                          ? 0
-                          : static_cast<int>(r.length_histogram.size()) - 1;
+  const int longest =
+      r.length_histogram.empty() ? 0 : static_cast<int>(r.length_histogram.size()) - 1;
   r.file_max_len = std::max(fixed_len, longest);
   r.length_histogram.resize(static_cast<size_t>(r.file_max_len) + 1, 0);
   if (r.samples == 0) return r;
@@ -85,8 +84,8 @@ InspectReport inspect_shards(const std::string& path, const SampleRules& rules,
   const int upper = length_at_rank(h, r.samples / 2);
   r.median_len = 0.5 * (lower + upper);
   if (r.file_max_len > 0)
-    r.padding_fraction = 1.0 - static_cast<double>(r.tokens) /
-                                   (static_cast<double>(r.samples) * r.file_max_len);
+    r.padding_fraction =
+        1.0 - static_cast<double>(r.tokens) / (static_cast<double>(r.samples) * r.file_max_len);
   return r;
 }
 
@@ -107,21 +106,18 @@ void print_inspect_report(const InspectReport& r, std::ostream& os) {
   }
   if (r.samples == 0) return;
   line("tokens", with_commas(r.tokens));
-  line("sequence length", fmt::format("min {}, median {:g}, mean {:.1f}, max {} (rows of {})",
-                                      r.min_len, r.median_len, r.mean_len, r.max_len,
-                                      r.file_max_len));
-  line("padding", fmt::format("{:.1f}% of {} token slots at length {}",
-                              100.0 * r.padding_fraction,
+  line("sequence length",
+       fmt::format("min {}, median {:g}, mean {:.1f}, max {} (rows of {})", r.min_len, r.median_len,
+                   r.mean_len, r.max_len, r.file_max_len));
+  line("padding", fmt::format("{:.1f}% of {} token slots at length {}", 100.0 * r.padding_fraction,
                               with_commas(r.samples * r.file_max_len), r.file_max_len));
-  const int max_masked = r.masked_histogram.empty()
-                             ? 0
-                             : static_cast<int>(r.masked_histogram.size()) - 1;
-  line("masked tokens", fmt::format("{} (mean {:.2f}, max {} per sample)",
-                                    with_commas(r.masked_tokens),
-                                    static_cast<double>(r.masked_tokens) / r.samples,
-                                    max_masked));
-  line("NSP random next", fmt::format("{} ({:.1f}%)", with_commas(r.next_random),
-                                      percent(r.next_random, r.samples)));
+  const int max_masked =
+      r.masked_histogram.empty() ? 0 : static_cast<int>(r.masked_histogram.size()) - 1;
+  line("masked tokens",
+       fmt::format("{} (mean {:.2f}, max {} per sample)", with_commas(r.masked_tokens),
+                   static_cast<double>(r.masked_tokens) / r.samples, max_masked));
+  line("NSP random next",
+       fmt::format("{} ({:.1f}%)", with_commas(r.next_random), percent(r.next_random, r.samples)));
 
   // Up to 8 equal-width length buckets over 1 .. file_max_len, each with a bar scaled to the
   // fullest bucket.
@@ -138,8 +134,8 @@ void print_inspect_report(const InspectReport& r, std::ostream& os) {
     const int lo = b * width + 1;
     const int hi = b == buckets - 1 ? max_len : std::min(max_len, (b + 1) * width);
     if (lo > hi) break;
-    const int bar = fullest > 0 ? static_cast<int>((counts[b] * kBarWidth + fullest - 1) / fullest)
-                                : 0;
+    const int bar =
+        fullest > 0 ? static_cast<int>((counts[b] * kBarWidth + fullest - 1) / fullest) : 0;
     os << fmt::format("    {:>6} .. {:<6}{:>14} {:>6.1f}%  {}\n", lo, hi, with_commas(counts[b]),
                       percent(counts[b], r.samples), std::string(static_cast<size_t>(bar), '#'));
   }

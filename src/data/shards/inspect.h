@@ -15,11 +15,11 @@ struct InspectReport {
   int64_t samples = 0;
   int64_t tokens = 0;
   int64_t masked_tokens = 0;
-  int64_t next_random = 0;          // next_sentence_label == 1
+  int64_t next_random = 0;  // next_sentence_label == 1
   int min_len = 0, max_len = 0;
   double mean_len = 0, median_len = 0;
-  int file_max_len = 0;             // L of fixed shards, else the longest sample
-  double padding_fraction = 0;      // 1 - tokens / (samples * file_max_len)
+  int file_max_len = 0;                   // L of fixed shards, else the longest sample
+  double padding_fraction = 0;            // 1 - tokens / (samples * file_max_len)
   std::vector<int64_t> length_histogram;  // [file_max_len + 1]
   std::vector<int64_t> masked_histogram;  // count of samples by number of masked tokens
   int64_t bad_samples = 0;                // skipped (only with skip_bad_samples)

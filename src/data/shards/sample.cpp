@@ -15,7 +15,8 @@ std::string check_sample(const Sample& s, const SampleRules& r) {
   for (int64_t i = 0; i < len; ++i) {
     const int32_t t = s.input_ids[i];
     if (t < 0 || t >= r.vocab_size)
-      return fmt::format("input_ids[{}] = {} is outside the vocabulary [0, {})", i, t, r.vocab_size);
+      return fmt::format("input_ids[{}] = {} is outside the vocabulary [0, {})", i, t,
+                         r.vocab_size);
     if (s.segment_ids[i] != 0 && s.segment_ids[i] != 1)
       return fmt::format("segment_ids[{}] = {} is not 0 or 1", i, int(s.segment_ids[i]));
   }
@@ -28,8 +29,8 @@ std::string check_sample(const Sample& s, const SampleRules& r) {
       return fmt::format("masked_lm_positions[{}] = {} is outside the sequence (1 .. {})", j, p,
                          len - 1);
     if (j > 0 && p <= s.masked_lm_positions[j - 1])
-      return fmt::format("masked_lm_positions[{}] = {} is not above the previous position {}", j,
-                         p, s.masked_lm_positions[j - 1]);
+      return fmt::format("masked_lm_positions[{}] = {} is not above the previous position {}", j, p,
+                         s.masked_lm_positions[j - 1]);
     if (s.input_ids[p] == r.cls_id || s.input_ids[p] == r.sep_id)
       return fmt::format("masked_lm_positions[{}] = {} points at a [CLS]/[SEP] token", j, p);
     const int32_t m = s.masked_lm_ids[j];

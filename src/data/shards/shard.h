@@ -23,11 +23,11 @@ ShardFormat parse_shard_format(const std::string& s);  // "fixed" | "varlength";
 
 struct ShardWriteOptions {
   ShardFormat format = ShardFormat::fixed;
-  int max_seq_len = 128;      // L of the fixed format (samples longer than L are an error;
-                              //   varlength: the same limit, 0 for none)
-  int max_predictions = 20;   // P of the fixed format (more masked positions are an error;
-                              //   varlength: the same limit, 0 for none)
-  int chunk_samples = 4096;   // HDF5 chunk size along N
+  int max_seq_len = 128;     // L of the fixed format (samples longer than L are an error;
+                             //   varlength: the same limit, 0 for none)
+  int max_predictions = 20;  // P of the fixed format (more masked positions are an error;
+                             //   varlength: the same limit, 0 for none)
+  int chunk_samples = 4096;  // HDF5 chunk size along N
 };
 
 // Streams samples into a new shard file (created or truncated). Buffers chunk_samples rows,

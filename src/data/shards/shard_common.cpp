@@ -57,14 +57,13 @@ std::string error_stack_summary() {
   return out;
 }
 
-void throw_call_failed(const std::string& context, const char* call, const char* file,
-                       int line) {
+void throw_call_failed(const std::string& context, const char* call, const char* file, int line) {
   const std::string details = error_stack_summary();
   // Keep only the function name of the call: the arguments are noise for a user.
   std::string fn(call);
   if (const size_t paren = fn.find('('); paren != std::string::npos) fn.resize(paren);
-  throw Error(fmt::format("{}: HDF5 {} failed: {} [{}:{}]", context, fn, details,
-                          basename_of(file), line));
+  throw Error(
+      fmt::format("{}: HDF5 {} failed: {} [{}:{}]", context, fn, details, basename_of(file), line));
 }
 
 herr_t Handle::reset() {
@@ -139,8 +138,7 @@ std::vector<std::string> list_shards(const std::string& path) {
   const fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) PB_THROW("shard path '{}' does not exist", path);
   if (fs::is_regular_file(st)) return {path};
-  if (!fs::is_directory(st))
-    PB_THROW("shard path '{}' is neither a file nor a directory", path);
+  if (!fs::is_directory(st)) PB_THROW("shard path '{}' is neither a file nor a directory", path);
   std::vector<std::string> shards;
   for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
     std::error_code entry_ec;

@@ -28,8 +28,8 @@ void init_thread();
 // "truncated file: eof = 1000, sblock->base_addr = 0, stored_eof = 4096".
 std::string error_stack_summary();
 
-[[noreturn]] void throw_call_failed(const std::string& context, const char* call,
-                                    const char* file, int line);
+[[noreturn]] void throw_call_failed(const std::string& context, const char* call, const char* file,
+                                    int line);
 
 // Owns one HDF5 id (file, dataset, dataspace, datatype, property list) and closes it on every
 // path out of a scope. Never wrap predefined ids such as H5T_NATIVE_INT32.
@@ -75,6 +75,6 @@ std::string describe_type(hid_t type);
 }  // namespace packbert::h5
 
 // PB_H5(H5Dread(...), "shard {}: dataset '{}'", path, name): checks an HDF5 call.
-#define PB_H5(call, ...)                                               \
-  ::packbert::h5::checked((call), #call, __FILE__, __LINE__,           \
+#define PB_H5(call, ...)                                                                           \
+  ::packbert::h5::checked((call), #call, __FILE__, __LINE__,                                       \
                           [&]() { return ::fmt::format(__VA_ARGS__); })

@@ -85,8 +85,8 @@ constexpr uint64_t kMaxHeaderBlockBytes = 1 << 20;  // beyond: damaged, libhdf5 
 
 // What the object header says about the dataset, as far as the layout check needs it.
 struct HeaderFacts {
-  int space_rank = -1;          // from the dataspace message; -1: not seen
-  int type_class = -1;          // from an unshared datatype message; 0 is integer
+  int space_rank = -1;  // from the dataspace message; -1: not seen
+  int type_class = -1;  // from an unshared datatype message; 0 is integer
   uint64_t type_bytes = 0;
   std::vector<unsigned char> layout;  // body of the first layout message
   bool has_layout = false;
@@ -174,8 +174,7 @@ std::string layout_problem(const RawFile& raw, uint64_t header) {
 
 }  // namespace
 
-void check_chunk_layout(const RawFile& raw, const std::string& path, hid_t file,
-                        const char* name) {
+void check_chunk_layout(const RawFile& raw, const std::string& path, hid_t file, const char* name) {
   H5L_info_t link;
   // A failed lookup or a soft link: H5Dopen2 will report it.
   if (H5Lget_info(file, name, &link, H5P_DEFAULT) < 0 || link.type != H5L_TYPE_HARD) {
@@ -183,15 +182,14 @@ void check_chunk_layout(const RawFile& raw, const std::string& path, hid_t file,
     return;
   }
   const std::string problem = layout_problem(raw, link.u.address);
-  if (!problem.empty())
-    PB_THROW("shard {}: dataset '{}': {} (damaged file)", path, name, problem);
+  if (!problem.empty()) PB_THROW("shard {}: dataset '{}': {} (damaged file)", path, name, problem);
 }
 
 void check_storage(const std::string& path, hid_t dataset, hid_t file_space, const char* name,
                    uint64_t element_bytes) {
   Handle dcpl(PB_H5(H5Dget_create_plist(dataset), "shard {}: dataset '{}'", path, name));
-  const int rank = PB_H5(H5Sget_simple_extent_ndims(file_space), "shard {}: dataset '{}'",
-                         path, name);
+  const int rank =
+      PB_H5(H5Sget_simple_extent_ndims(file_space), "shard {}: dataset '{}'", path, name);
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 1))), max_dims(dims.size());
   PB_H5(H5Sget_simple_extent_dims(file_space, dims.data(), max_dims.data()),
         "shard {}: dataset '{}'", path, name);
@@ -202,19 +200,24 @@ void check_storage(const std::string& path, hid_t dataset, hid_t file_space, con
   if (layout == H5D_COMPACT && element_bytes > 0) {
     const uint64_t stored = H5Dget_storage_size(dataset);
     if (stored / element_bytes < elements)
-      PB_THROW("shard {}: dataset '{}': its compact storage holds {} bytes but its {} elements "
-               "of {} bytes need more (damaged file)", path, name, stored, elements,
-               element_bytes);
+      PB_THROW(
+          "shard {}: dataset '{}': its compact storage holds {} bytes but its {} elements "
+          "of {} bytes need more (damaged file)",
+          path, name, stored, elements, element_bytes);
   } else if (layout == H5D_CHUNKED) {
     std::vector<hsize_t> chunk(dims.size(), 0);
     if (H5Pget_chunk(dcpl.get(), rank, chunk.data()) != rank)
-      PB_THROW("shard {}: dataset '{}': its chunk shape does not match its rank {} (damaged "
-               "file)", path, name, rank);
+      PB_THROW(
+          "shard {}: dataset '{}': its chunk shape does not match its rank {} (damaged "
+          "file)",
+          path, name, rank);
     for (int i = 0; i < rank; ++i) {
       // libhdf5 refuses such shapes when a dataset is created; reading one it trusts.
       if (chunk[i] == 0 || (max_dims[i] != H5S_UNLIMITED && chunk[i] > max_dims[i]))
-        PB_THROW("shard {}: dataset '{}': chunk dimension {} is {}, outside 1 .. {} (damaged "
-                 "file)", path, name, i, chunk[i], max_dims[i]);
+        PB_THROW(
+            "shard {}: dataset '{}': chunk dimension {} is {}, outside 1 .. {} (damaged "
+            "file)",
+            path, name, i, chunk[i], max_dims[i]);
     }
   }
 }
@@ -232,8 +235,8 @@ constexpr size_t kMaxCachedCollections = 4096;
 
 // Conversion from any vlen file type to our tagged opaque type of the same size that does
 // nothing: libhdf5 has already put the references, as stored, into the conversion buffer.
-herr_t expose_references(hid_t src, hid_t dst, H5T_cdata_t* cdata, size_t, size_t, size_t,
-                         void*, void*, hid_t) {
+herr_t expose_references(hid_t src, hid_t dst, H5T_cdata_t* cdata, size_t, size_t, size_t, void*,
+                         void*, hid_t) {
   if (cdata->command != H5T_CONV_INIT) return 0;  // H5T_CONV_CONV / H5T_CONV_FREE: no work
   if (H5Tget_class(src) != H5T_VLEN || H5Tget_class(dst) != H5T_OPAQUE ||
       H5Tget_size(src) != H5Tget_size(dst))
@@ -252,10 +255,9 @@ void register_reference_conversion() {
   std::call_once(once, [] {
     Handle vlen(H5Tvlen_create(H5T_NATIVE_INT));
     Handle opaque(H5Tcreate(H5T_OPAQUE, 16));
-    registered = vlen.valid() && opaque.valid() &&
-                 H5Tset_tag(opaque.get(), kReferenceTag) >= 0 &&
-                 H5Tregister(H5T_PERS_SOFT, "packbert vlen references", vlen.get(),
-                             opaque.get(), expose_references) >= 0;
+    registered = vlen.valid() && opaque.valid() && H5Tset_tag(opaque.get(), kReferenceTag) >= 0 &&
+                 H5Tregister(H5T_PERS_SOFT, "packbert vlen references", vlen.get(), opaque.get(),
+                             expose_references) >= 0;
   });
   PB_CHECK(registered, "cannot register the vlen reference conversion with libhdf5: {}",
            error_stack_summary());
@@ -265,42 +267,44 @@ uint64_t align8(uint64_t v) { return (v + 7) & ~uint64_t{7}; }
 
 }  // namespace
 
-VlenHeapCheck::VlenHeapCheck(const std::string& path, const RawFile& raw)
-    : path_(path), raw_(raw) {
+VlenHeapCheck::VlenHeapCheck(const std::string& path, const RawFile& raw) : path_(path), raw_(raw) {
   register_reference_conversion();
-  reference_type_ =
-      Handle(PB_H5(H5Tcreate(H5T_OPAQUE, 8 + raw.address_size()), "shard {}", path));
+  reference_type_ = Handle(PB_H5(H5Tcreate(H5T_OPAQUE, 8 + raw.address_size()), "shard {}", path));
   PB_H5(H5Tset_tag(reference_type_.get(), kReferenceTag), "shard {}", path);
 }
 
 void VlenHeapCheck::fail(const char* name, int64_t row, const std::string& what) const {
-  PB_THROW("shard {}: dataset '{}', sample {}: damaged variable-length data: {}", path_, name,
-           row, what);
+  PB_THROW("shard {}: dataset '{}', sample {}: damaged variable-length data: {}", path_, name, row,
+           what);
 }
 
 // Parses the collection the way libhdf5 does, but refuses what would make libhdf5 read out of
 // bounds or loop: a size field beyond the file, an object beyond the collection, a free-space
 // entry of size 0.
-const VlenHeapCheck::Collection& VlenHeapCheck::collection_at(uint64_t address,
-                                                              const char* name, int64_t row) {
+const VlenHeapCheck::Collection& VlenHeapCheck::collection_at(uint64_t address, const char* name,
+                                                              int64_t row) {
   if (auto it = collections_.find(address); it != collections_.end()) return it->second;
   const unsigned length_size = raw_.length_size();
   const uint64_t header_bytes = align8(8 + length_size);         // signature .. size
   const uint64_t object_header_bytes = align8(8 + length_size);  // index .. size
   unsigned char header[32] = {};
   if (!raw_.read(address, header, header_bytes))
-    fail(name, row, fmt::format("heap collection address {} is beyond the end of the file "
-                                "({} bytes)", address, raw_.file_size()));
+    fail(name, row,
+         fmt::format("heap collection address {} is beyond the end of the file "
+                     "({} bytes)",
+                     address, raw_.file_size()));
   if (std::memcmp(header, "GCOL", 4) != 0)
     fail(name, row, fmt::format("no heap collection at address {} (bad signature)", address));
   if (header[4] != 1)
-    fail(name, row, fmt::format("heap collection at address {} has unknown version {}", address,
-                                int{header[4]}));
+    fail(name, row,
+         fmt::format("heap collection at address {} has unknown version {}", address,
+                     int{header[4]}));
   const uint64_t size = decode_le(header + 8, length_size);
-  if (size < kMinCollectionBytes || size > kMaxCollectionBytes ||
-      size > raw_.bytes_after(address))
-    fail(name, row, fmt::format("heap collection at address {} claims an impossible size of {} "
-                                "bytes", address, size));
+  if (size < kMinCollectionBytes || size > kMaxCollectionBytes || size > raw_.bytes_after(address))
+    fail(name, row,
+         fmt::format("heap collection at address {} claims an impossible size of {} "
+                     "bytes",
+                     address, size));
   collection_bytes_.resize(static_cast<size_t>(size));
   if (!raw_.read(address, collection_bytes_.data(), collection_bytes_.size()))
     fail(name, row, fmt::format("cannot read the heap collection at address {}", address));
@@ -317,9 +321,10 @@ const VlenHeapCheck::Collection& VlenHeapCheck::collection_at(uint64_t address,
         index > 0 ? (object_size > size ? size + 1 : object_header_bytes + align8(object_size))
                   : object_size;
     if (need == 0 || need > size - p)
-      fail(name, row, fmt::format("heap collection at address {}: object {} at offset {} has "
-                                  "size {}, which does not fit the collection's {} bytes",
-                                  address, index, p, object_size, size));
+      fail(name, row,
+           fmt::format("heap collection at address {}: object {} at offset {} has "
+                       "size {}, which does not fit the collection's {} bytes",
+                       address, index, p, object_size, size));
     if (index > 0) {
       if (objects.size() <= index) objects.resize(index + 1, -1);
       objects[index] = static_cast<int64_t>(object_size);
@@ -329,16 +334,15 @@ const VlenHeapCheck::Collection& VlenHeapCheck::collection_at(uint64_t address,
   return collections_.emplace(address, std::move(objects)).first->second;
 }
 
-void VlenHeapCheck::check_rows(hid_t dataset, hid_t file_space, hid_t mem_space,
-                               const char* name, size_t base_bytes, int64_t first_row,
-                               int64_t count) {
+void VlenHeapCheck::check_rows(hid_t dataset, hid_t file_space, hid_t mem_space, const char* name,
+                               size_t base_bytes, int64_t first_row, int64_t count) {
   const unsigned address_size = raw_.address_size();
   const size_t reference_bytes = 8 + address_size;
   references_.assign(static_cast<size_t>(count) * reference_bytes, 0);
   PB_H5(H5Dread(dataset, reference_type_.get(), mem_space, file_space, H5P_DEFAULT,
                 references_.data()),
-        "shard {}: dataset '{}', samples {} .. {}: reading the variable-length references",
-        path_, name, first_row, first_row + count - 1);
+        "shard {}: dataset '{}', samples {} .. {}: reading the variable-length references", path_,
+        name, first_row, first_row + count - 1);
   if (collections_.size() > kMaxCachedCollections) collections_.clear();
   const Collection* collection = nullptr;
   uint64_t collection_address = 0;
@@ -354,12 +358,14 @@ void VlenHeapCheck::check_rows(hid_t dataset, hid_t file_space, hid_t mem_space,
       collection_address = address;
     }
     if (index == 0 || index >= collection->size() || (*collection)[index] < 0)
-      fail(name, row, fmt::format("object {} is not in the heap collection at address {}", index,
-                                  address));
+      fail(name, row,
+           fmt::format("object {} is not in the heap collection at address {}", index, address));
     const uint64_t object_size = static_cast<uint64_t>((*collection)[index]);
     if (object_size != length * base_bytes)
-      fail(name, row, fmt::format("the row claims {} elements of {} bytes but its heap object "
-                                  "holds {} bytes", length, base_bytes, object_size));
+      fail(name, row,
+           fmt::format("the row claims {} elements of {} bytes but its heap object "
+                       "holds {} bytes",
+                       length, base_bytes, object_size));
   }
 }
 

@@ -48,7 +48,7 @@ class RawFile {
   uint64_t file_size() const { return file_size_; }
 
  private:
-  int fd_ = -1;  // our own descriptor: reading through libhdf5 is what we guard
+  int fd_ = -1;        // our own descriptor: reading through libhdf5 is what we guard
   uint64_t base_ = 0;  // file offset of address 0 (the user block size)
   uint64_t file_size_ = 0;
   unsigned address_size_ = 8, length_size_ = 8;
@@ -61,8 +61,7 @@ uint64_t decode_le(const unsigned char* p, unsigned bytes);
 // dataset `name` does not fit its dataspace and datatype messages: dimension count, a 0
 // dimension, element size. Call before H5Dopen2. Object headers other than version 1 (the
 // format every BERT shard tool writes) are left to libhdf5.
-void check_chunk_layout(const RawFile& raw, const std::string& path, hid_t file,
-                        const char* name);
+void check_chunk_layout(const RawFile& raw, const std::string& path, hid_t file, const char* name);
 
 // Throws packbert::Error when an open dataset's storage does not fit its extent in ways
 // libhdf5 1.10 does not check on read: compact storage smaller than the data (SIGSEGV in

@@ -55,7 +55,7 @@ struct InColumn {
   hsize_t rows = 0;
   hsize_t width = 0;  // second dimension of a 2-D dataset, else 1
 
-  std::vector<int32_t> values;  // fixed: [window rows, width]; vlen: rows back to back
+  std::vector<int32_t> values;   // fixed: [window rows, width]; vlen: rows back to back
   std::vector<int64_t> offsets;  // vlen: row r is values[offsets[r], offsets[r + 1])
   std::vector<int64_t> wide_values;
   std::vector<hvl_t> vlen_rows;
@@ -77,7 +77,7 @@ struct ShardReader::Impl {
   ShardInfo info;
   SampleRules rules;
   int64_t rows_per_window = 0;
-  Handle file;  // declared before the columns: they are closed first
+  Handle file;                       // declared before the columns: they are closed first
   std::unique_ptr<h5::RawFile> raw;  // the same file, for checks libhdf5 does not make
   InColumn input_ids, input_mask, segment_ids, masked_positions, masked_ids, labels;
   std::unique_ptr<h5::VlenHeapCheck> heap_check;  // varlength shards only
@@ -117,14 +117,15 @@ void ShardReader::Impl::open(int chunk_samples) {
   const fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) PB_THROW("shard {}: the file does not exist", path);
   if (fs::is_directory(st))
-    PB_THROW("shard {}: is a directory, not a shard file (pass a .h5 file, or use "
-             "list_shards for a directory)", path);
+    PB_THROW(
+        "shard {}: is a directory, not a shard file (pass a .h5 file, or use "
+        "list_shards for a directory)",
+        path);
   const auto bytes = fs::file_size(path, ec);
   if (ec) PB_THROW("shard {}: cannot read the file size: {}", path, ec.message());
   if (bytes == 0) PB_THROW("shard {}: the file is empty (0 bytes)", path);
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
-  if (is_hdf5 < 0)
-    PB_THROW("shard {}: cannot read the file: {}", path, h5::error_stack_summary());
+  if (is_hdf5 < 0) PB_THROW("shard {}: cannot read the file: {}", path, h5::error_stack_summary());
   if (is_hdf5 == 0)
     PB_THROW("shard {}: not an HDF5 file (no HDF5 signature in its {} bytes)", path, bytes);
   // Through the bounds-checked driver: without it, libhdf5 crashes on undefined addresses.
@@ -134,14 +135,13 @@ void ShardReader::Impl::open(int chunk_samples) {
   raw = std::make_unique<h5::RawFile>(path, file.get());
 
   // The format follows from input_ids: integer [N, L] is fixed, vlen [N] is varlength.
-  const htri_t has_ids = PB_H5(H5Lexists(file.get(), h5::kInputIds, H5P_DEFAULT), "{}",
-                               where(h5::kInputIds));
+  const htri_t has_ids =
+      PB_H5(H5Lexists(file.get(), h5::kInputIds, H5P_DEFAULT), "{}", where(h5::kInputIds));
   if (has_ids <= 0)
     PB_THROW("shard {}: dataset 'input_ids' is missing (not a BERT pretraining shard?)", path);
   {
     h5::check_chunk_layout(*raw, path, file.get(), h5::kInputIds);
-    Handle ds(PB_H5(H5Dopen2(file.get(), h5::kInputIds, H5P_DEFAULT), "{}",
-                    where(h5::kInputIds)));
+    Handle ds(PB_H5(H5Dopen2(file.get(), h5::kInputIds, H5P_DEFAULT), "{}", where(h5::kInputIds)));
     Handle type(PB_H5(H5Dget_type(ds.get()), "{}", where(h5::kInputIds)));
     const H5T_class_t cls = H5Tget_class(type.get());
     if (cls == H5T_VLEN) {
@@ -149,8 +149,10 @@ void ShardReader::Impl::open(int chunk_samples) {
     } else if (cls == H5T_INTEGER) {
       info.format = ShardFormat::fixed;
     } else {
-      PB_THROW("shard {}: dataset 'input_ids' has the wrong dtype {} (expected an integer type "
-               "[N, L] or vlen integers [N])", path, h5::describe_type(type.get()));
+      PB_THROW(
+          "shard {}: dataset 'input_ids' has the wrong dtype {} (expected an integer type "
+          "[N, L] or vlen integers [N])",
+          path, h5::describe_type(type.get()));
     }
   }
   const bool fixed = info.format == ShardFormat::fixed;
@@ -164,8 +166,8 @@ void ShardReader::Impl::open(int chunk_samples) {
   if (!fixed) heap_check = std::make_unique<h5::VlenHeapCheck>(path, *raw);
 
   const int64_t widest = fixed ? std::max<int64_t>(1, static_cast<int64_t>(input_ids.width)) : 1;
-  rows_per_window = std::max<int64_t>(1, std::min<int64_t>(chunk_samples,
-                                                           kMaxWindowValues / widest));
+  rows_per_window =
+      std::max<int64_t>(1, std::min<int64_t>(chunk_samples, kMaxWindowValues / widest));
 }
 
 void ShardReader::Impl::open_column(InColumn& c, const char* name, bool vlen, int rank) {
@@ -204,17 +206,15 @@ void ShardReader::Impl::open_column(InColumn& c, const char* name, bool vlen, in
   c.wide = !fits_int32(int_type);
   c.vlen_base_bytes = H5Tget_size(int_type);
   if (vlen)
-    c.vlen_mem_type = Handle(PB_H5(H5Tvlen_create(c.wide ? H5T_NATIVE_INT64 : H5T_NATIVE_INT32),
-                                   "{}", where(name)));
+    c.vlen_mem_type = Handle(
+        PB_H5(H5Tvlen_create(c.wide ? H5T_NATIVE_INT64 : H5T_NATIVE_INT32), "{}", where(name)));
 
   c.rank = PB_H5(H5Sget_simple_extent_ndims(c.file_space.get()), "{}", where(name));
   if (c.rank != rank)
-    PB_THROW("shard {}: dataset '{}' has the wrong rank {} (expected {} in a {} shard)", path,
-             name, c.rank, rank == 2 ? "2: [samples, width]" : "1: [samples]",
-             to_string(info.format));
+    PB_THROW("shard {}: dataset '{}' has the wrong rank {} (expected {} in a {} shard)", path, name,
+             c.rank, rank == 2 ? "2: [samples, width]" : "1: [samples]", to_string(info.format));
   std::array<hsize_t, 2> dims{0, 1};
-  PB_H5(H5Sget_simple_extent_dims(c.file_space.get(), dims.data(), nullptr), "{}",
-        where(name));
+  PB_H5(H5Sget_simple_extent_dims(c.file_space.get(), dims.data(), nullptr), "{}", where(name));
   c.rows = dims[0];
   c.width = rank == 2 ? dims[1] : 1;
   if (c.width > kMaxWidth)
@@ -228,8 +228,7 @@ void ShardReader::Impl::check_structure() {
   const std::string& path = info.path;
   const bool fixed = info.format == ShardFormat::fixed;
   const hsize_t n = input_ids.rows;
-  for (const InColumn* c :
-       {&input_mask, &segment_ids, &masked_positions, &masked_ids, &labels}) {
+  for (const InColumn* c : {&input_mask, &segment_ids, &masked_positions, &masked_ids, &labels}) {
     if (!c->dataset.valid()) continue;  // input_mask of a varlength shard
     if (c->rows != n)
       PB_THROW("shard {}: dataset '{}' has {} samples but 'input_ids' has {}", path, c->name,
@@ -243,8 +242,10 @@ void ShardReader::Impl::check_structure() {
                c->name, c->width, input_ids.width);
   }
   if (masked_ids.width != masked_positions.width)
-    PB_THROW("shard {}: dataset 'masked_lm_ids' has {} prediction slots but "
-             "'masked_lm_positions' has {}", path, masked_ids.width, masked_positions.width);
+    PB_THROW(
+        "shard {}: dataset 'masked_lm_ids' has {} prediction slots but "
+        "'masked_lm_positions' has {}",
+        path, masked_ids.width, masked_positions.width);
   info.max_seq_len = static_cast<int>(input_ids.width);
   info.max_predictions = static_cast<int>(masked_positions.width);
 }
@@ -256,8 +257,8 @@ void ShardReader::Impl::read_fixed(InColumn& c, int64_t begin, int64_t count) {
   c.overflows.clear();
   c.values.resize(n);
   if (n == 0) return;  // a [N, 0] dataset (no prediction slots) has nothing to read
-  PB_H5(H5Sselect_hyperslab(c.file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
-                            shape.data(), nullptr),
+  PB_H5(H5Sselect_hyperslab(c.file_space.get(), H5S_SELECT_SET, start.data(), nullptr, shape.data(),
+                            nullptr),
         "{}", where(c.name));
   Handle mem_space(PB_H5(H5Screate_simple(c.rank, shape.data(), nullptr), "{}", where(c.name)));
   if (!c.wide) {
@@ -267,8 +268,8 @@ void ShardReader::Impl::read_fixed(InColumn& c, int64_t begin, int64_t count) {
     return;
   }
   c.wide_values.resize(n);
-  PB_H5(H5Dread(c.dataset.get(), H5T_NATIVE_INT64, mem_space.get(), c.file_space.get(),
-                H5P_DEFAULT, c.wide_values.data()),
+  PB_H5(H5Dread(c.dataset.get(), H5T_NATIVE_INT64, mem_space.get(), c.file_space.get(), H5P_DEFAULT,
+                c.wide_values.data()),
         "{}, samples {} .. {}", where(c.name), begin, begin + count - 1);
   for (size_t i = 0; i < n; ++i) {
     const int64_t v = c.wide_values[i];
@@ -288,17 +289,14 @@ void ShardReader::Impl::read_vlen(InColumn& c, int64_t begin, int64_t count) {
   // Zeroed so that a failed read leaves nothing for the reclaim below to free but what HDF5
   // actually allocated.
   c.vlen_rows.assign(static_cast<size_t>(count), hvl_t{0, nullptr});
-  PB_H5(H5Sselect_hyperslab(c.file_space.get(), H5S_SELECT_SET, &start, nullptr, &shape,
-                            nullptr),
+  PB_H5(H5Sselect_hyperslab(c.file_space.get(), H5S_SELECT_SET, &start, nullptr, &shape, nullptr),
         "{}", where(c.name));
   Handle mem_space(PB_H5(H5Screate_simple(1, &shape, nullptr), "{}", where(c.name)));
   // HDF5 mallocs every row; give it all back on every path out of here.
   struct Reclaim {
     InColumn& c;
     hid_t space;
-    ~Reclaim() {
-      H5Dvlen_reclaim(c.vlen_mem_type.get(), space, H5P_DEFAULT, c.vlen_rows.data());
-    }
+    ~Reclaim() { H5Dvlen_reclaim(c.vlen_mem_type.get(), space, H5P_DEFAULT, c.vlen_rows.data()); }
   } reclaim{c, mem_space.get()};
   // libhdf5 1.10 crashes or hangs on damaged references instead of failing: check them first.
   heap_check->check_rows(c.dataset.get(), c.file_space.get(), mem_space.get(), c.name,
@@ -338,8 +336,10 @@ void ShardReader::Impl::load_window(int64_t begin) {
   const bool fixed = info.format == ShardFormat::fixed;
   for (InColumn* c : {&input_ids, &input_mask, &segment_ids, &masked_positions, &masked_ids}) {
     if (!c->dataset.valid()) continue;
-    if (fixed) read_fixed(*c, begin, end - begin);
-    else read_vlen(*c, begin, end - begin);
+    if (fixed)
+      read_fixed(*c, begin, end - begin);
+    else
+      read_vlen(*c, begin, end - begin);
   }
   read_fixed(labels, begin, end - begin);
   window_begin = begin;
@@ -354,8 +354,8 @@ void ShardReader::Impl::check_overflow(const InColumn& c, int64_t from, int64_t 
   if (it == c.overflows.end() || it->first >= to) return;
   if (c.rank == 1 && !c.vlen)
     fail_sample(c.name, row, fmt::format("{} = {} is out of range", c.name, it->second));
-  fail_sample(c.name, row, fmt::format("{}[{}] = {} is out of range", c.name, it->first - from,
-                                       it->second));
+  fail_sample(c.name, row,
+              fmt::format("{}[{}] = {} is out of range", c.name, it->first - from, it->second));
 }
 
 void ShardReader::Impl::decode_fixed(int64_t row, int64_t r, Sample& out) {
@@ -379,19 +379,21 @@ void ShardReader::Impl::decode_fixed(int64_t row, int64_t r, Sample& out) {
     if (mask[i] == 1)
       fail_sample(h5::kInputMask, row,
                   fmt::format("input_mask[{}] = 1 after padding began at {} (the mask must be "
-                              "1...1 0...0)", i, len));
-    fail_sample(h5::kInputMask, row, fmt::format("input_mask[{}] = {} is not 0 or 1", i,
-                                                 mask[i]));
+                              "1...1 0...0)",
+                              i, len));
+    fail_sample(h5::kInputMask, row, fmt::format("input_mask[{}] = {} is not 0 or 1", i, mask[i]));
   }
   for (int64_t i = len; i < L; ++i) {
     if (ids[i] != 0)
       fail_sample(h5::kInputIds, row,
                   fmt::format("input_ids[{}] = {} is in the padding (input_mask is 0 from {}) "
-                              "but not 0", i, ids[i], len));
+                              "but not 0",
+                              i, ids[i], len));
     if (seg[i] != 0)
       fail_sample(h5::kSegmentIds, row,
                   fmt::format("segment_ids[{}] = {} is in the padding (input_mask is 0 from "
-                              "{}) but not 0", i, seg[i], len));
+                              "{}) but not 0",
+                              i, seg[i], len));
   }
   out.input_ids.assign(ids, ids + len);
   out.segment_ids.resize(static_cast<size_t>(len));
@@ -413,11 +415,13 @@ void ShardReader::Impl::decode_fixed(int64_t row, int64_t r, Sample& out) {
     if (pos[j] != 0)
       fail_sample(h5::kMaskedPositions, row,
                   fmt::format("masked_lm_positions[{}] = {} follows the unused slot {} "
-                              "(position 0); unused slots must be 0", j, pos[j], np));
+                              "(position 0); unused slots must be 0",
+                              j, pos[j], np));
     if (mids[j] != 0)
       fail_sample(h5::kMaskedIds, row,
                   fmt::format("masked_lm_ids[{}] = {} is in an unused slot "
-                              "(masked_lm_positions[{}] = 0) but not 0", j, mids[j], j));
+                              "(masked_lm_positions[{}] = 0) but not 0",
+                              j, mids[j], j));
   }
   out.masked_lm_positions.assign(pos, pos + np);
   out.masked_lm_ids.assign(mids, mids + np);
@@ -446,8 +450,10 @@ void ShardReader::Impl::decode_varlength(int64_t row, int64_t r, Sample& out) {
 
 void ShardReader::Impl::decode(int64_t row, Sample& out) {
   const int64_t r = row - window_begin;
-  if (info.format == ShardFormat::fixed) decode_fixed(row, r, out);
-  else decode_varlength(row, r, out);
+  if (info.format == ShardFormat::fixed)
+    decode_fixed(row, r, out);
+  else
+    decode_varlength(row, r, out);
   if (!labels.overflows.empty()) check_overflow(labels, r, r + 1, row);
   const int32_t label = labels.values[r];
   if (label != 0 && label != 1)
@@ -484,16 +490,16 @@ bool ShardReader::next(Sample& out) {
 
 void ShardReader::seek(int64_t row) {
   PB_REQUIRE(row >= 0 && row <= impl_->info.num_samples,
-             "shard {}: cannot seek to sample {} (the shard has {} samples)", impl_->info.path,
-             row, impl_->info.num_samples);
+             "shard {}: cannot seek to sample {} (the shard has {} samples)", impl_->info.path, row,
+             impl_->info.num_samples);
   impl_->cursor = row;
 }
 
 void ShardReader::read_range(int64_t begin, int64_t end, std::vector<Sample>& out) {
   const int64_t n = impl_->info.num_samples;
   PB_REQUIRE(0 <= begin && begin <= end && end <= n,
-             "shard {}: cannot read samples [{}, {}) (the shard has {} samples)",
-             impl_->info.path, begin, end, n);
+             "shard {}: cannot read samples [{}, {}) (the shard has {} samples)", impl_->info.path,
+             begin, end, n);
   seek(begin);
   out.reserve(out.size() + static_cast<size_t>(end - begin));
   for (int64_t row = begin; row < end; ++row) {

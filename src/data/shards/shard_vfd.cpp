@@ -32,8 +32,7 @@ const CheckedFile* as_checked(const H5FD_t* f) { return reinterpret_cast<const C
 // Puts a message on libhdf5's error stack, so that the reader's error names the cause.
 template <typename... Args>
 herr_t driver_error(const char* function, hid_t minor, const char* format, Args... args) {
-  H5Epush2(H5E_DEFAULT, __FILE__, function, __LINE__, H5E_ERR_CLS, H5E_VFL, minor, format,
-           args...);
+  H5Epush2(H5E_DEFAULT, __FILE__, function, __LINE__, H5E_ERR_CLS, H5E_VFL, minor, format, args...);
   return -1;
 }
 
@@ -59,8 +58,7 @@ H5FD_t* checked_open(const char* name, unsigned flags, hid_t /*fapl*/, haddr_t m
   if (fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    driver_error("checked_open", H5E_CANTOPENFILE, "cannot stat %s: %s", name,
-                 std::strerror(err));
+    driver_error("checked_open", H5E_CANTOPENFILE, "cannot stat %s: %s", name, std::strerror(err));
     return nullptr;
   }
   auto* f = new CheckedFile();
@@ -130,8 +128,7 @@ herr_t checked_read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, 
     const ssize_t got = ::pread(f->fd, out, size, static_cast<off_t>(addr));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0)
-      return driver_error("checked_read", H5E_READERROR, "pread failed: %s",
-                          std::strerror(errno));
+      return driver_error("checked_read", H5E_READERROR, "pread failed: %s", std::strerror(errno));
     if (got == 0) {
       std::memset(out, 0, size);
       break;

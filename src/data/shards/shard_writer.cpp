@@ -58,8 +58,8 @@ struct ShardWriter::Impl {
   }
 
   void create();
-  void add_column(const char* name, Buffer buffer, hid_t file_type, hid_t mem_type,
-                  hsize_t width, bool vlen);
+  void add_column(const char* name, Buffer buffer, hid_t file_type, hid_t mem_type, hsize_t width,
+                  bool vlen);
   void check_sample(const Sample& s, int64_t index) const;
   void append(const Sample& s);
   void flush();
@@ -69,8 +69,8 @@ struct ShardWriter::Impl {
   void close();
 };
 
-void ShardWriter::Impl::add_column(const char* name, Buffer buffer, hid_t file_type,
-                                   hid_t mem_type, hsize_t width, bool vlen) {
+void ShardWriter::Impl::add_column(const char* name, Buffer buffer, hid_t file_type, hid_t mem_type,
+                                   hsize_t width, bool vlen) {
   OutColumn c;
   c.name = name;
   c.buffer = buffer;
@@ -91,9 +91,9 @@ void ShardWriter::Impl::add_column(const char* name, Buffer buffer, hid_t file_t
     vlen_file_type = Handle(PB_H5(H5Tvlen_create(file_type), "{}", where(name)));
     type = vlen_file_type.get();
   }
-  c.dataset = Handle(PB_H5(H5Dcreate2(file.get(), name, type, space.get(), H5P_DEFAULT,
-                                      dcpl.get(), H5P_DEFAULT),
-                           "{}", where(name)));
+  c.dataset = Handle(
+      PB_H5(H5Dcreate2(file.get(), name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+            "{}", where(name)));
   columns.push_back(std::move(c));
 }
 
@@ -105,7 +105,8 @@ void ShardWriter::Impl::create() {
   if (fixed) {
     PB_REQUIRE(opts.max_seq_len >= 2 && opts.max_predictions >= 1,
                "shard {}: the fixed format needs max_seq_len >= 2 and max_predictions >= 1 "
-               "(got {} and {})", path, opts.max_seq_len, opts.max_predictions);
+               "(got {} and {})",
+               path, opts.max_seq_len, opts.max_predictions);
   } else {
     PB_REQUIRE(opts.max_seq_len >= 0 && opts.max_predictions >= 0,
                "shard {}: max_seq_len and max_predictions must not be negative", path);
@@ -118,8 +119,8 @@ void ShardWriter::Impl::create() {
     add_column(h5::kInputIds, Buffer::input_ids, H5T_STD_I16LE, H5T_NATIVE_INT16, L, false);
     add_column(h5::kInputMask, Buffer::input_mask, H5T_STD_I8LE, H5T_NATIVE_INT8, L, false);
     add_column(h5::kSegmentIds, Buffer::segment_ids, H5T_STD_I8LE, H5T_NATIVE_INT8, L, false);
-    add_column(h5::kMaskedPositions, Buffer::masked_positions, H5T_STD_I16LE, H5T_NATIVE_INT16,
-               P, false);
+    add_column(h5::kMaskedPositions, Buffer::masked_positions, H5T_STD_I16LE, H5T_NATIVE_INT16, P,
+               false);
     add_column(h5::kMaskedIds, Buffer::masked_ids, H5T_STD_I16LE, H5T_NATIVE_INT16, P, false);
     const size_t rows = static_cast<size_t>(opts.chunk_samples);
     input_ids.assign(rows * L, 0);
@@ -152,20 +153,20 @@ void ShardWriter::Impl::check_sample(const Sample& s, int64_t index) const {
   if (opts.max_seq_len > 0 && len > opts.max_seq_len)
     fail(h5::kInputIds, fmt::format("length {} exceeds max_seq_len {}", len, opts.max_seq_len));
   if (s.segment_ids.size() != s.input_ids.size())
-    fail(h5::kSegmentIds, fmt::format("length {} differs from input_ids length {}",
-                                      s.segment_ids.size(), len));
+    fail(h5::kSegmentIds,
+         fmt::format("length {} differs from input_ids length {}", s.segment_ids.size(), len));
   const int np = s.num_masked();
   if (opts.max_predictions > 0 && np > opts.max_predictions)
-    fail(h5::kMaskedPositions, fmt::format("{} masked positions exceed max_predictions {}", np,
-                                           opts.max_predictions));
+    fail(h5::kMaskedPositions,
+         fmt::format("{} masked positions exceed max_predictions {}", np, opts.max_predictions));
   if (s.masked_lm_ids.size() != s.masked_lm_positions.size())
-    fail(h5::kMaskedIds, fmt::format("{} entries but masked_lm_positions has {}",
-                                     s.masked_lm_ids.size(), np));
+    fail(h5::kMaskedIds,
+         fmt::format("{} entries but masked_lm_positions has {}", s.masked_lm_ids.size(), np));
   constexpr int32_t kMax16 = std::numeric_limits<int16_t>::max();
   for (int i = 0; i < len; ++i) {
     if (s.input_ids[i] < 0 || s.input_ids[i] > kMax16)
-      fail(h5::kInputIds, fmt::format("input_ids[{}] = {} does not fit the int16 dataset", i,
-                                      s.input_ids[i]));
+      fail(h5::kInputIds,
+           fmt::format("input_ids[{}] = {} does not fit the int16 dataset", i, s.input_ids[i]));
   }
   for (int j = 0; j < np; ++j) {
     // Position 0 would read back as an unused slot in the fixed format, so it is refused in
@@ -175,8 +176,8 @@ void ShardWriter::Impl::check_sample(const Sample& s, int64_t index) const {
            fmt::format("masked_lm_positions[{}] = {} cannot be stored (must be 1 .. {})", j,
                        s.masked_lm_positions[j], kMax16));
     if (s.masked_lm_ids[j] < 0 || s.masked_lm_ids[j] > kMax16)
-      fail(h5::kMaskedIds, fmt::format("masked_lm_ids[{}] = {} does not fit the int16 dataset",
-                                       j, s.masked_lm_ids[j]));
+      fail(h5::kMaskedIds, fmt::format("masked_lm_ids[{}] = {} does not fit the int16 dataset", j,
+                                       s.masked_lm_ids[j]));
   }
 }
 
@@ -225,12 +226,11 @@ void ShardWriter::Impl::write_column(OutColumn& c, const void* rows) {
   const std::array<hsize_t, 2> count{static_cast<hsize_t>(buffered), c.width};
   PB_H5(H5Dset_extent(c.dataset.get(), new_dims.data()), "{}", where(c.name));
   Handle file_space(PB_H5(H5Dget_space(c.dataset.get()), "{}", where(c.name)));
-  PB_H5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
-                            count.data(), nullptr),
+  PB_H5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                            nullptr),
         "{}", where(c.name));
   Handle mem_space(PB_H5(H5Screate_simple(rank, count.data(), nullptr), "{}", where(c.name)));
-  PB_H5(H5Dwrite(c.dataset.get(), c.mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT,
-                 rows),
+  PB_H5(H5Dwrite(c.dataset.get(), c.mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT, rows),
         "{}", where(c.name));
 }
 
@@ -252,27 +252,33 @@ void ShardWriter::Impl::flush() {
   for (OutColumn& c : columns) {
     switch (c.buffer) {
       case Buffer::input_ids:
-        if (fixed) write_column(c, input_ids.data());
-        else write_vlen_column(c, input_ids.data(), sizeof(int16_t), token_offsets);
+        if (fixed)
+          write_column(c, input_ids.data());
+        else
+          write_vlen_column(c, input_ids.data(), sizeof(int16_t), token_offsets);
         break;
       case Buffer::input_mask:  // fixed only
         write_column(c, input_mask.data());
         break;
       case Buffer::segment_ids:
-        if (fixed) write_column(c, segment_ids.data());
-        else write_vlen_column(c, segment_ids.data(), sizeof(int8_t), token_offsets);
+        if (fixed)
+          write_column(c, segment_ids.data());
+        else
+          write_vlen_column(c, segment_ids.data(), sizeof(int8_t), token_offsets);
         break;
       case Buffer::masked_positions:
-        if (fixed) write_column(c, masked_positions.data());
-        else write_vlen_column(c, masked_positions.data(), sizeof(int16_t), masked_offsets);
+        if (fixed)
+          write_column(c, masked_positions.data());
+        else
+          write_vlen_column(c, masked_positions.data(), sizeof(int16_t), masked_offsets);
         break;
       case Buffer::masked_ids:
-        if (fixed) write_column(c, masked_ids.data());
-        else write_vlen_column(c, masked_ids.data(), sizeof(int16_t), masked_offsets);
+        if (fixed)
+          write_column(c, masked_ids.data());
+        else
+          write_vlen_column(c, masked_ids.data(), sizeof(int16_t), masked_offsets);
         break;
-      case Buffer::labels:
-        write_column(c, labels.data());
-        break;
+      case Buffer::labels: write_column(c, labels.data()); break;
     }
   }
   written += buffered;
@@ -298,8 +304,7 @@ void ShardWriter::Impl::close() {
   if (closed) return;
   closed = true;  // even if the flush fails: a second close() must not write again
   flush();
-  for (OutColumn& c : columns)
-    PB_H5(c.dataset.reset(), "{}", where(c.name));
+  for (OutColumn& c : columns) PB_H5(c.dataset.reset(), "{}", where(c.name));
   vlen_int16_mem.reset();
   vlen_int8_mem.reset();
   PB_H5(file.reset(), "shard {}: closing the file", path);
