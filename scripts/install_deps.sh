@@ -56,6 +56,7 @@ TEST_APT_PACKAGES=(
   python3-xxhash                      # checkpoint checksums in scripts/convert_hf_checkpoint.py
   slurmctld slurmd slurm-client munge # the Slurm script under a real Slurm (tests/slurm)
   libpmix-dev                         # libpmix.so, which Slurm's pmix plugin (srun --mpi=pmix) loads
+  clang-format                        # clang-format 14: the sources' format (scripts/check_format.sh)
 )
 # With --tests, from PyPI into .venv:
 # - transformers 4.44.2 (4.57 disables its models with torch < 2, Debian has 1.13; 5.x dropped
