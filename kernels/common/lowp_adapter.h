@@ -142,6 +142,7 @@ inline void embedding_forward(Backend& be, Staging& st, const SeqLayout& layout,
   q.token_type = c.in("token_type", p.token_type);
   q.ln_gamma = c.f32("ln_gamma", p.ln_gamma);
   q.ln_beta = c.f32("ln_beta", p.ln_beta);
+  q.ln_eps = p.ln_eps;
   const Tensor o = c.out("out", out);
   c.widen();
   be.embedding_forward(layout, input_ids, segment_ids, q, dropout, o, c.f32("ln_mean", ln_mean),
@@ -161,6 +162,7 @@ inline void embedding_backward(Backend& be, Staging& st, const SeqLayout& layout
   q.token_type = c.in("token_type", p.token_type);
   q.ln_gamma = c.f32("ln_gamma", p.ln_gamma);
   q.ln_beta = c.f32("ln_beta", p.ln_beta);
+  q.ln_eps = p.ln_eps;
   // dout is the op's scratch (overwritten): its low-precision original is simply left alone.
   const Tensor d = c.in("dout", dout);
   c.f32("grads.word", grads.word);
@@ -220,14 +222,17 @@ inline void residual_layernorm_backward(Backend& be, Staging& st, const SeqLayou
                                         const Tensor& ln_mean, const Tensor& ln_rstd,
                                         const LayerNormParams& ln, const Dropout& dropout,
                                         const Tensor& dx, const Tensor& dresidual,
-                                        const Tensor& dbias, const LayerNormParams& dln) {
+                                        bool dresidual_in, const Tensor& dbias,
+                                        const LayerNormParams& dln) {
   Call c("residual_layernorm_backward", st);
   const Tensor ds = c.in("dout", dout), ls = c.in("ln_in", ln_in);
-  const Tensor dxs = c.out("dx", dx), drs = c.out("dresidual", dresidual);  // may alias dout
+  // dresidual may alias dout; with dresidual_in it is read too.
+  const Tensor dxs = c.out("dx", dx);
+  const Tensor drs = dresidual_in ? c.inout("dresidual", dresidual) : c.out("dresidual", dresidual);
   c.widen();
   be.residual_layernorm_backward(layout, ds, ls, c.f32("ln_mean", ln_mean),
                                  c.f32("ln_rstd", ln_rstd), c.f32("ln", ln), dropout, dxs, drs,
-                                 c.f32("dbias", dbias), c.f32("dln", dln));
+                                 dresidual_in, c.f32("dbias", dbias), c.f32("dln", dln));
   c.narrow();
 }
 

@@ -55,7 +55,8 @@ void add_layernorm_param_grads(int64_t rows, int64_t h, const float* dy, Input i
 }
 
 // The embedding sum of one row before LayerNorm, element c (one expression, so forward and the
-// backward's recomputation agree to the bit).
+// backward's recomputation agree to the bit). A table the model does not have adds 0, as the
+// CUDA kernel's sum does.
 struct EmbeddingRows {
   const float* word;
   const float* pos;
@@ -64,15 +65,24 @@ struct EmbeddingRows {
   const int32_t* segs;
   const int32_t* positions;
   int64_t hidden;
-  const float* word_row(int64_t r) const { return word + ids[r] * hidden; }
-  const float* pos_row(int64_t r) const {
-    return pos + static_cast<int64_t>(positions[r]) * hidden;
-  }
-  const float* type_row(int64_t r) const { return type + segs[r] * hidden; }
   float sum(int64_t r, int64_t c) const {
-    return (word_row(r)[c] + pos_row(r)[c]) + type_row(r)[c];
+    const float p = pos ? pos[static_cast<int64_t>(positions[r]) * hidden + c] : 0.f;
+    const float t = type ? type[static_cast<int64_t>(segs[r]) * hidden + c] : 0.f;
+    return (word[ids[r] * hidden + c] + p) + t;
   }
 };
+
+EmbeddingRows embedding_rows(const SeqLayout& layout, const Tensor& input_ids,
+                             const Tensor& segment_ids, const EmbeddingParams& p, int64_t h) {
+  auto ptr = [](const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
+  return EmbeddingRows{p.word.ptr<float>(),
+                       ptr(p.position),
+                       ptr(p.token_type),
+                       input_ids.ptr<int32_t>(),
+                       p.token_type.defined() ? segment_ids.ptr<int32_t>() : nullptr,
+                       layout.token_pos.ptr<int32_t>(),
+                       h};
+}
 
 }  // namespace
 
@@ -91,23 +101,19 @@ void CpuBackend::embedding_forward(const SeqLayout& layout, const Tensor& input_
   cpu::check_layout(op, layout, rows);
   const DropoutStream ds = cpu::dropout_stream(op, dropout, h, 1, layout.max_len);
 
-  const EmbeddingRows e{p.word.ptr<float>(),
-                        p.position.ptr<float>(),
-                        p.token_type.ptr<float>(),
-                        input_ids.ptr<int32_t>(),
-                        segment_ids.ptr<int32_t>(),
-                        layout.token_pos.ptr<int32_t>(),
-                        h};
+  const EmbeddingRows e = embedding_rows(layout, input_ids, segment_ids, p, h);
+  const int64_t types = p.token_type.defined() ? p.token_type.dim(0) : 0;
+  const int64_t positions = p.position.defined() ? p.position.dim(0) : 0;
   for (int64_t r = 0; r < rows; ++r) {
-    PB_REQUIRE(e.ids[r] >= 0 && e.ids[r] < vocab && e.segs[r] >= 0 &&
-                   e.segs[r] < p.token_type.dim(0) && e.positions[r] < p.position.dim(0),
+    const int32_t seg = e.segs ? e.segs[r] : 0;
+    PB_REQUIRE(e.ids[r] >= 0 && e.ids[r] < vocab && (!e.type || (seg >= 0 && seg < types)) &&
+                   (!e.pos || e.positions[r] < positions),
                "{}: row {} has token id {} (vocab {}), segment {} (types {}), position {} "
                "(positions {})",
-               op, r, e.ids[r], vocab, e.segs[r], p.token_type.dim(0), e.positions[r],
-               p.position.dim(0));
+               op, r, e.ids[r], vocab, seg, types, e.positions[r], positions);
   }
   const float* gamma = p.ln_gamma.ptr<float>();
-  const float* beta = p.ln_beta.ptr<float>();
+  const float* beta = p.ln_beta.defined() ? p.ln_beta.ptr<float>() : nullptr;
   float* y = out.ptr<float>();
   float* mean = ln_mean.ptr<float>();
   float* rstd = ln_rstd.ptr<float>();
@@ -122,9 +128,9 @@ void CpuBackend::embedding_forward(const SeqLayout& layout, const Tensor& input_
       yr[c] = e.sum(r, c);
       welford_push(w, yr[c]);
     }
-    const float rs = layernorm_rstd(w, kLayerNormEps);
+    const float rs = layernorm_rstd(w, p.ln_eps);
     for (int64_t c = 0; c < h; ++c)
-      yr[c] = ((yr[c] - w.mean) * rs * gamma[c] + beta[c]) * factors[c];
+      yr[c] = ((yr[c] - w.mean) * rs * gamma[c] + (beta ? beta[c] : 0.f)) * factors[c];
     mean[r] = w.mean;
     rstd[r] = rs;
   }
@@ -148,13 +154,7 @@ void CpuBackend::embedding_backward(const SeqLayout& layout, const Tensor& input
   const DropoutStream ds = cpu::dropout_stream(op, dropout, h, 1, layout.max_len);
   // Ids were validated by the forward; backward trusts them (same buffers, same step).
 
-  const EmbeddingRows e{p.word.ptr<float>(),
-                        p.position.ptr<float>(),
-                        p.token_type.ptr<float>(),
-                        input_ids.ptr<int32_t>(),
-                        segment_ids.ptr<int32_t>(),
-                        layout.token_pos.ptr<int32_t>(),
-                        h};
+  const EmbeddingRows e = embedding_rows(layout, input_ids, segment_ids, p, h);
   const int32_t* tseq = layout.token_seq.ptr<int32_t>();
   const float* gamma = p.ln_gamma.ptr<float>();
   const float* mean = ln_mean.ptr<float>();
@@ -213,7 +213,7 @@ void CpuBackend::embedding_backward(const SeqLayout& layout, const Tensor& input
       if (tseq[r] < 0) continue;
       const float* dr = d + r * h;
       const int64_t wo = e.ids[r] * h, po = static_cast<int64_t>(e.positions[r]) * h,
-                    to = e.segs[r] * h;
+                    to = e.segs ? e.segs[r] * h : 0;
       for (int64_t c = c0; c < c1; ++c) {
         if (dword) dword[wo + c] += dr[c];
         if (dpos) dpos[po + c] += dr[c];
@@ -242,7 +242,7 @@ void CpuBackend::residual_layernorm_forward(const SeqLayout& layout, const Tenso
   const float* b = bias.defined() ? bias.ptr<float>() : nullptr;
   const float* res = residual.defined() ? residual.ptr<float>() : nullptr;
   const float* gamma = ln.gamma.ptr<float>();
-  const float* beta = ln.beta.ptr<float>();
+  const float* beta = ln.beta.defined() ? ln.beta.ptr<float>() : nullptr;
   float* y = out.ptr<float>();
   float* hin = ln_in.ptr<float>();
   float* mean = ln_mean.ptr<float>();
@@ -262,8 +262,9 @@ void CpuBackend::residual_layernorm_forward(const SeqLayout& layout, const Tenso
       hin[o + c] = v;  // after reading x[o + c]: ln_in may alias x
       welford_push(w, v);
     }
-    const float rs = layernorm_rstd(w, kLayerNormEps);
-    for (int64_t c = 0; c < h; ++c) y[o + c] = (hin[o + c] - w.mean) * rs * gamma[c] + beta[c];
+    const float rs = layernorm_rstd(w, ln.eps);
+    for (int64_t c = 0; c < h; ++c)
+      y[o + c] = (hin[o + c] - w.mean) * rs * gamma[c] + (beta ? beta[c] : 0.f);
     mean[r] = w.mean;
     rstd[r] = rs;
   }
@@ -273,16 +274,16 @@ void CpuBackend::residual_layernorm_backward(const SeqLayout& layout, const Tens
                                              const Tensor& ln_in, const Tensor& ln_mean,
                                              const Tensor& ln_rstd, const LayerNormParams& ln,
                                              const Dropout& dropout, const Tensor& dx,
-                                             const Tensor& dresidual, const Tensor& dbias,
-                                             const LayerNormParams& dln) {
+                                             const Tensor& dresidual, bool dresidual_in,
+                                             const Tensor& dbias, const LayerNormParams& dln) {
   if (lowp::any({&dout, &ln_in, &ln_mean, &ln_rstd, &ln.gamma, &ln.beta, &dx, &dresidual, &dbias,
                  &dln.gamma, &dln.beta}))
     return lowp::residual_layernorm_backward(*this, lowp_, layout, dout, ln_in, ln_mean, ln_rstd,
-                                             ln, dropout, dx, dresidual, dbias, dln);
+                                             ln, dropout, dx, dresidual, dresidual_in, dbias, dln);
   const char* op = "residual_layernorm_backward";
   const checks::OpArgs args(op, Device::cpu);
   const auto [rows, h] = checks::residual_layernorm_backward_args(
-      args, dout, ln_in, ln_mean, ln_rstd, ln, dx, dresidual, dbias, dln);
+      args, dout, ln_in, ln_mean, ln_rstd, ln, dx, dresidual, dresidual_in, dbias, dln);
   const DropoutStream ds = cpu::dropout_stream(op, dropout, h, 1, layout.max_len);
   if (dropout_enabled(ds)) cpu::check_layout(op, layout, rows);
 
@@ -298,7 +299,8 @@ void CpuBackend::residual_layernorm_backward(const SeqLayout& layout, const Tens
       [](int64_t) { return true; }, dln.gamma.defined() ? dln.gamma.ptr<float>() : nullptr,
       dln.beta.defined() ? dln.beta.ptr<float>() : nullptr);
 
-  // Pass 2 (rows): dh = LayerNorm backward; dresidual = dh; dx = dh * dropout factor.
+  // Pass 2 (rows): dh = LayerNorm backward (+ dresidual's entry); dresidual = dh;
+  // dx = dh * dropout factor.
   float* dxp = dx.ptr<float>();
   float* dres = dresidual.defined() ? dresidual.ptr<float>() : nullptr;
   reserve_thread_scratch(static_cast<size_t>(h));
@@ -316,7 +318,8 @@ void CpuBackend::residual_layernorm_backward(const SeqLayout& layout, const Tens
     const auto mean_g = static_cast<float>(sum_g / h), mean_gx = static_cast<float>(sum_gx / h);
     for (int64_t c = 0; c < h; ++c) {
       const float xhat = (hin[o + c] - mean[r]) * rstd[r];
-      const float dh = layernorm_dx(dy[o + c] * gamma[c], xhat, mean_g, mean_gx, rstd[r]);
+      float dh = layernorm_dx(dy[o + c] * gamma[c], xhat, mean_g, mean_gx, rstd[r]);
+      if (dresidual_in) dh += dres[o + c];
       if (dres) dres[o + c] = dh;  // after reading dy[o + c]: dresidual may alias dout
       dxp[o + c] = dh * factors[c];
     }

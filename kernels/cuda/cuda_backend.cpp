@@ -20,7 +20,6 @@
 
 namespace packbert {
 
-static_assert(cuda::kDeviceLayerNormEps == kLayerNormEps, "the kernels' LayerNorm epsilon");
 static_assert(sizeof(LambTensor) == 3 * sizeof(int64_t), "LambTensor is a row of i64 [T, 3]");
 
 namespace {

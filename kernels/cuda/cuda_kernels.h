@@ -180,9 +180,7 @@ cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTe
                        float* norms_ws, cudaStream_t s);
 
 // ---- LayerNorm family (embedding_kernels.cu, layernorm_kernels.cu) -------------------------
-// kLayerNormEps of kernels/ops/layernorm.h (the .cu files do not include the op headers;
-// cuda_backend.cpp static_asserts that the two agree).
-constexpr float kDeviceLayerNormEps = 1e-12f;
+// position, token_type, beta (and then segment_ids) may be null: nothing is added for them.
 struct EmbeddingPtrs {
   const float* word;
   const float* position;
@@ -191,6 +189,7 @@ struct EmbeddingPtrs {
   const float* beta;
   const int32_t* input_ids;
   const int32_t* segment_ids;
+  float eps;  // the LayerNorm's
 };
 cudaError_t embedding_forward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,
                               const DropoutStream& ds, float* out, float* mean, float* rstd,
@@ -214,19 +213,21 @@ cudaError_t embedding_scatter(const DeviceLayout& l, const int32_t* input_ids,
                               int64_t vocab, float* dpos, int64_t positions, float* dtype,
                               int64_t types, void* scratch, size_t scratch_bytes,
                               cudaStream_t stream);
-// h = dropout(x + bias) + residual; out = LN(h) * gamma + beta. bias / residual may be null;
-// ln_in may alias x. l is only read when dropout is enabled.
+// h = dropout(x + bias) + residual; out = LN(h) * gamma + beta, LN with eps. bias / residual /
+// beta may be null; ln_in may alias x. l is only read when dropout is enabled.
 cudaError_t residual_layernorm_forward(const DeviceLayout& l, const float* x, const float* bias,
                                        const float* residual, const float* gamma, const float* beta,
-                                       const DropoutStream& ds, int64_t rows, int64_t h, float* out,
-                                       float* ln_in, float* mean, float* rstd, cudaStream_t s);
-// dresidual may alias dout or be null; dbias / dgamma / dbeta may be null (+=).
-// partial: doubles, at least 2 * column_sum_partials(rows, h).
+                                       float eps, const DropoutStream& ds, int64_t rows, int64_t h,
+                                       float* out, float* ln_in, float* mean, float* rstd,
+                                       cudaStream_t s);
+// dresidual may alias dout (unless dresidual_in: then dh adds what it holds) or be null;
+// dbias / dgamma / dbeta may be null (+=). partial: doubles, at least
+// 2 * column_sum_partials(rows, h).
 cudaError_t residual_layernorm_backward(const DeviceLayout& l, const float* dout,
                                         const float* ln_in, const float* mean, const float* rstd,
                                         const float* gamma, const DropoutStream& ds, int64_t rows,
-                                        int64_t h, float* dx, float* dresidual, float* dbias,
-                                        float* dgamma, float* dbeta, double* partial,
+                                        int64_t h, float* dx, float* dresidual, bool dresidual_in,
+                                        float* dbias, float* dgamma, float* dbeta, double* partial,
                                         cudaStream_t s);
 
 // The same four ops with bf16 / f16 storage (their "lowp:" tensors), in one pass: load,
@@ -243,6 +244,7 @@ struct EmbeddingLowpPtrs {
   const float* beta;
   const int32_t* input_ids;
   const int32_t* segment_ids;
+  float eps;
 };
 cudaError_t embedding_forward_lowp(const DeviceLayout& l, const EmbeddingLowpPtrs& p, int64_t h,
                                    const DropoutStream& ds, void* out, FloatFormat out_format,
@@ -259,7 +261,7 @@ cudaError_t embedding_backward_lowp(const DeviceLayout& l, const EmbeddingLowpPt
 constexpr int64_t kLowpLayerNormMaxHidden = 12160;
 cudaError_t residual_layernorm_forward_lowp(const DeviceLayout& l, FloatFormat f, const void* x,
                                             const float* bias, const void* residual,
-                                            const float* gamma, const float* beta,
+                                            const float* gamma, const float* beta, float eps,
                                             const DropoutStream& ds, int64_t rows, int64_t h,
                                             void* out, void* ln_in, float* mean, float* rstd,
                                             cudaStream_t s);
@@ -269,9 +271,9 @@ cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat 
                                              const void* ln_in, const float* mean,
                                              const float* rstd, const float* gamma,
                                              const DropoutStream& ds, int64_t rows, int64_t h,
-                                             void* dx, void* dresidual, float* dx32, float* dbias,
-                                             float* dgamma, float* dbeta, double* partial,
-                                             cudaStream_t s);
+                                             void* dx, void* dresidual, bool dresidual_in,
+                                             float* dx32, float* dbias, float* dgamma, float* dbeta,
+                                             double* partial, cudaStream_t s);
 
 // ---- attention (attention_kernels.cu) ------------------------------------------------------
 constexpr int kAttentionMaxHeadDim = 64;  // the fp32 kernels' shared-memory row width

@@ -9,6 +9,19 @@
 namespace packbert {
 
 namespace {
+// A table's or bias's device pointer, null when the model has none.
+const float* ptr_or_null(const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; }
+const void* data_or_null(const Tensor& t) { return t.defined() ? t.data : nullptr; }
+// segment_ids are read only with a token_type table.
+const int32_t* segment_ids_or_null(const Tensor& segment_ids, const EmbeddingParams& p) {
+  return p.token_type.defined() ? segment_ids.ptr<int32_t>() : nullptr;
+}
+// position and token_type are none or of the word table's dtype.
+bool tables_of(DType tab, const EmbeddingParams& p) {
+  return (!p.position.defined() || p.position.dtype == tab) &&
+         (!p.token_type.defined() || p.token_type.dtype == tab);
+}
+
 void require_grid(const char* op, int64_t blocks) {
   PB_REQUIRE(blocks <= 0x7fffffff, "{}: {} blocks exceed the CUDA grid", op, blocks);
 }
@@ -42,8 +55,7 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
   const DType lp =
       fp32 ? DType::f32 : native_lowp_dtype({&out}, {&p.ln_gamma, &p.ln_beta, &ln_mean, &ln_rstd});
   const DType tab = p.word.dtype;
-  const bool native = lp != DType::f32 && (tab == DType::f32 || tab == lp) &&
-                      p.position.dtype == tab && p.token_type.dtype == tab;
+  const bool native = lp != DType::f32 && (tab == DType::f32 || tab == lp) && tables_of(tab, p);
   if (!fp32 && !native)
     return lowp::embedding_forward(*this, lowp_, layout, input_ids, segment_ids, p, dropout, out,
                                    ln_mean, ln_rstd);
@@ -56,12 +68,13 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
   } else {
     args("word", p.word, tab, {kAnyDim, kAnyDim});
     vocab = p.word.dim(0), h = p.word.dim(1);
-    args("position", p.position, tab, {kAnyDim, h});
-    args("token_type", p.token_type, tab, {kAnyDim, h});
+    args.optional("position", p.position, tab, {kAnyDim, h});
+    args.optional("token_type", p.token_type, tab, {kAnyDim, h});
     args("ln_gamma", p.ln_gamma, DType::f32, {h});
-    args("ln_beta", p.ln_beta, DType::f32, {h});
+    args.optional("ln_beta", p.ln_beta, DType::f32, {h});
+    checks::layernorm_eps(op, p.ln_eps);
     args("input_ids", input_ids, DType::i32, {rows});
-    args("segment_ids", segment_ids, DType::i32, {rows});
+    if (p.token_type.defined()) args("segment_ids", segment_ids, DType::i32, {rows});
     args("out", out, lp, {rows, h});
     args("ln_mean", ln_mean, DType::f32, {rows});
     args("ln_rstd", ln_rstd, DType::f32, {rows});
@@ -71,35 +84,43 @@ void CudaBackend::embedding_forward(const SeqLayout& layout, const Tensor& input
   const cuda::DeviceLayout dl = device_layout(op, layout, rows);
   const DropoutStream ds = dropout_stream(op, dropout, h, 1, layout.max_len);
   if (options_.validate_indices && rows > 0) {
+    const int64_t types = p.token_type.defined() ? p.token_type.dim(0) : 0;
+    const int64_t positions = p.position.defined() ? p.position.dim(0) : 0;
     const auto ids = to_host<int32_t>(op, input_ids);
-    const auto segs = to_host<int32_t>(op, segment_ids);
+    const auto segs = types > 0 ? to_host<int32_t>(op, segment_ids) : std::vector<int32_t>(rows);
     const auto pos = to_host<int32_t>(op, layout.token_pos);
     for (int64_t r = 0; r < rows; ++r)
-      PB_REQUIRE(ids[r] >= 0 && ids[r] < vocab && segs[r] >= 0 && segs[r] < p.token_type.dim(0) &&
-                     pos[r] < p.position.dim(0),
+      PB_REQUIRE(ids[r] >= 0 && ids[r] < vocab &&
+                     (types == 0 || (segs[r] >= 0 && segs[r] < types)) &&
+                     (positions == 0 || pos[r] < positions),
                  "{}: row {} has token id {} (vocab {}), segment {} (types {}), position {} "
                  "(positions {})",
-                 op, r, ids[r], vocab, segs[r], p.token_type.dim(0), pos[r], p.position.dim(0));
+                 op, r, ids[r], vocab, segs[r], types, pos[r], positions);
   }
   if (rows == 0 || h == 0) return end(op);
   if (native) {
     const cuda::EmbeddingLowpPtrs ep{p.word.data,
-                                     p.position.data,
-                                     p.token_type.data,
+                                     data_or_null(p.position),
+                                     data_or_null(p.token_type),
                                      float_format(op, "word", p.word),
                                      p.ln_gamma.ptr<float>(),
-                                     p.ln_beta.ptr<float>(),
+                                     ptr_or_null(p.ln_beta),
                                      input_ids.ptr<int32_t>(),
-                                     segment_ids.ptr<int32_t>()};
+                                     segment_ids_or_null(segment_ids, p),
+                                     p.ln_eps};
     launched(op, "embedding_forward_lowp",
              cuda::embedding_forward_lowp(dl, ep, h, ds, out.data, float_format(op, "out", out),
                                           ln_mean.ptr<float>(), ln_rstd.ptr<float>(), stream_));
     return end(op);
   }
-  const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),       p.position.ptr<float>(),
-                               p.token_type.ptr<float>(), p.ln_gamma.ptr<float>(),
-                               p.ln_beta.ptr<float>(),    input_ids.ptr<int32_t>(),
-                               segment_ids.ptr<int32_t>()};
+  const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),
+                               ptr_or_null(p.position),
+                               ptr_or_null(p.token_type),
+                               p.ln_gamma.ptr<float>(),
+                               ptr_or_null(p.ln_beta),
+                               input_ids.ptr<int32_t>(),
+                               segment_ids_or_null(segment_ids, p),
+                               p.ln_eps};
   launched(op, "embedding_forward",
            cuda::embedding_forward(dl, ep, h, ds, out.ptr<float>(), ln_mean.ptr<float>(),
                                    ln_rstd.ptr<float>(), stream_));
@@ -124,8 +145,7 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
                  {&dout}, {&p.ln_gamma, &p.ln_beta, &ln_mean, &ln_rstd, &grads.word,
                            &grads.position, &grads.token_type, &grads.ln_gamma, &grads.ln_beta});
   const DType tab = p.word.dtype;
-  const bool native = lp != DType::f32 && (tab == DType::f32 || tab == lp) &&
-                      p.position.dtype == tab && p.token_type.dtype == tab;
+  const bool native = lp != DType::f32 && (tab == DType::f32 || tab == lp) && tables_of(tab, p);
   if (!fp32 && !native)
     return lowp::embedding_backward(*this, lowp_, layout, input_ids, segment_ids, p, dropout,
                                     ln_mean, ln_rstd, dout, grads);
@@ -138,17 +158,22 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
   } else {
     args("word", p.word, tab, {kAnyDim, kAnyDim});
     h = p.word.dim(1);
-    args("position", p.position, tab, {kAnyDim, h});
-    args("token_type", p.token_type, tab, {kAnyDim, h});
+    args.optional("position", p.position, tab, {kAnyDim, h});
+    args.optional("token_type", p.token_type, tab, {kAnyDim, h});
     args("ln_gamma", p.ln_gamma, DType::f32, {h});
     args("input_ids", input_ids, DType::i32, {rows});
-    args("segment_ids", segment_ids, DType::i32, {rows});
+    if (p.token_type.defined()) args("segment_ids", segment_ids, DType::i32, {rows});
     args("ln_mean", ln_mean, DType::f32, {rows});
     args("ln_rstd", ln_rstd, DType::f32, {rows});
     args("dout", dout, lp, {rows, h});
     args.optional("grads.word", grads.word, DType::f32, {p.word.dim(0), h});
-    args.optional("grads.position", grads.position, DType::f32, {p.position.dim(0), h});
-    args.optional("grads.token_type", grads.token_type, DType::f32, {p.token_type.dim(0), h});
+    PB_REQUIRE((p.position.defined() || !grads.position.defined()) &&
+                   (p.token_type.defined() || !grads.token_type.defined()),
+               "{}: a gradient is given for a table the model does not have", op);
+    if (grads.position.defined())
+      args("grads.position", grads.position, DType::f32, {p.position.dim(0), h});
+    if (grads.token_type.defined())
+      args("grads.token_type", grads.token_type, DType::f32, {p.token_type.dim(0), h});
     args.optional("grads.ln_gamma", grads.ln_gamma, DType::f32, {h});
     args.optional("grads.ln_beta", grads.ln_beta, DType::f32, {h});
   }
@@ -166,27 +191,30 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
   // Then the tables' gradients from d, the gradient wrt the embedding sum (cuda_kernels.h).
   auto scatter = [&](const float* d) {
     if (!grads.word.defined() && !grads.position.defined() && !grads.token_type.defined()) return;
-    const int64_t vocab = p.word.dim(0), positions = p.position.dim(0), types = p.token_type.dim(0);
+    const int64_t vocab = p.word.dim(0);
+    const int64_t positions = p.position.defined() ? p.position.dim(0) : 0;
+    const int64_t types = p.token_type.defined() ? p.token_type.dim(0) : 0;
     const size_t bytes = cuda::embedding_scatter_scratch_bytes(rows, h, vocab + positions + types);
     PB_REQUIRE(bytes > 0, "{}: sizing the table scatter of {} rows failed", op, rows);
     launched(op, "embedding_scatter",
-             cuda::embedding_scatter(dl, input_ids.ptr<int32_t>(), segment_ids.ptr<int32_t>(), h, d,
-                                     ptr(grads.word), vocab, ptr(grads.position), positions,
-                                     ptr(grads.token_type), types, scratch_bytes(op, bytes), bytes,
-                                     stream_));
+             cuda::embedding_scatter(dl, input_ids.ptr<int32_t>(),
+                                     segment_ids_or_null(segment_ids, p), h, d, ptr(grads.word),
+                                     vocab, ptr(grads.position), positions, ptr(grads.token_type),
+                                     types, scratch_bytes(op, bytes), bytes, stream_));
   };
   if (native) {
     // The gradient wrt the embedding sum is formed in fp32 scratch (the emulation's too): a
     // low-precision dout cannot hold it unrounded, and the op may leave dout alone.
     float* d = scratch_floats(op, static_cast<size_t>(rows * h));
     const cuda::EmbeddingLowpPtrs ep{p.word.data,
-                                     p.position.data,
-                                     p.token_type.data,
+                                     data_or_null(p.position),
+                                     data_or_null(p.token_type),
                                      float_format(op, "word", p.word),
                                      p.ln_gamma.ptr<float>(),
                                      nullptr,
                                      input_ids.ptr<int32_t>(),
-                                     segment_ids.ptr<int32_t>()};
+                                     segment_ids_or_null(segment_ids, p),
+                                     p.ln_eps};
     launched(
         op, "embedding_backward_lowp",
         cuda::embedding_backward_lowp(dl, ep, h, ds, ln_mean.ptr<float>(), ln_rstd.ptr<float>(),
@@ -196,12 +224,13 @@ void CudaBackend::embedding_backward(const SeqLayout& layout, const Tensor& inpu
     return end(op);
   }
   const cuda::EmbeddingPtrs ep{p.word.ptr<float>(),
-                               p.position.ptr<float>(),
-                               p.token_type.ptr<float>(),
+                               ptr_or_null(p.position),
+                               ptr_or_null(p.token_type),
                                p.ln_gamma.ptr<float>(),
                                nullptr,
                                input_ids.ptr<int32_t>(),
-                               segment_ids.ptr<int32_t>()};
+                               segment_ids_or_null(segment_ids, p),
+                               p.ln_eps};
   launched(op, "embedding_backward",
            cuda::embedding_backward(dl, ep, h, ds, ln_mean.ptr<float>(), ln_rstd.ptr<float>(),
                                     dout.ptr<float>(), ptr(grads.ln_gamma), ptr(grads.ln_beta),
@@ -240,7 +269,8 @@ void CudaBackend::residual_layernorm_forward(const SeqLayout& layout, const Tens
     args.optional("bias", bias, DType::f32, {h});
     args.optional("residual", residual, lp, {rows, h});
     args("ln.gamma", ln.gamma, DType::f32, {h});
-    args("ln.beta", ln.beta, DType::f32, {h});
+    args.optional("ln.beta", ln.beta, DType::f32, {h});
+    checks::layernorm_eps(op, ln.eps);
     args("out", out, lp, {rows, h});
     args("ln_in", ln_in, lp, {rows, h});
     args("ln_mean", ln_mean, DType::f32, {rows});
@@ -260,15 +290,15 @@ void CudaBackend::residual_layernorm_forward(const SeqLayout& layout, const Tens
              cuda::residual_layernorm_forward_lowp(
                  dl, float_format(op, "x", x), x.data, bias.defined() ? bias.ptr<float>() : nullptr,
                  residual.defined() ? residual.data : nullptr, ln.gamma.ptr<float>(),
-                 ln.beta.ptr<float>(), ds, rows, h, out.data, ln_in.data, ln_mean.ptr<float>(),
-                 ln_rstd.ptr<float>(), stream_));
+                 ptr_or_null(ln.beta), ln.eps, ds, rows, h, out.data, ln_in.data,
+                 ln_mean.ptr<float>(), ln_rstd.ptr<float>(), stream_));
     return end(op);
   }
   launched(op, "residual_layernorm_forward",
            cuda::residual_layernorm_forward(
                dl, x.ptr<float>(), bias.defined() ? bias.ptr<float>() : nullptr,
                residual.defined() ? residual.ptr<float>() : nullptr, ln.gamma.ptr<float>(),
-               ln.beta.ptr<float>(), ds, rows, h, out.ptr<float>(), ln_in.ptr<float>(),
+               ptr_or_null(ln.beta), ln.eps, ds, rows, h, out.ptr<float>(), ln_in.ptr<float>(),
                ln_mean.ptr<float>(), ln_rstd.ptr<float>(), stream_));
   end(op);
 }
@@ -277,8 +307,8 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
                                               const Tensor& ln_in, const Tensor& ln_mean,
                                               const Tensor& ln_rstd, const LayerNormParams& ln,
                                               const Dropout& dropout, const Tensor& dx,
-                                              const Tensor& dresidual, const Tensor& dbias,
-                                              const LayerNormParams& dln) {
+                                              const Tensor& dresidual, bool dresidual_in,
+                                              const Tensor& dbias, const LayerNormParams& dln) {
   const trace::Range range("residual_layernorm_backward");
   const char* op = "residual_layernorm_backward";
   // Native low precision: dout, ln_in, dx and dresidual (if given) in one of bf16 / f16, the rest
@@ -292,12 +322,12 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
   const bool native = lp != DType::f32;
   if (!fp32 && !native)
     return lowp::residual_layernorm_backward(*this, lowp_, layout, dout, ln_in, ln_mean, ln_rstd,
-                                             ln, dropout, dx, dresidual, dbias, dln);
+                                             ln, dropout, dx, dresidual, dresidual_in, dbias, dln);
   const checks::OpArgs args(op, Device::cuda, pointer_check());
   int64_t rows = 0, h = 0;
   if (fp32) {
     const checks::RowDims d = checks::residual_layernorm_backward_args(
-        args, dout, ln_in, ln_mean, ln_rstd, ln, dx, dresidual, dbias, dln);
+        args, dout, ln_in, ln_mean, ln_rstd, ln, dx, dresidual, dresidual_in, dbias, dln);
     rows = d.rows, h = d.h;
   } else {
     args("dout", dout, lp, {kAnyDim, kAnyDim});
@@ -312,6 +342,8 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
     args.optional("dln.gamma", dln.gamma, DType::f32, {h});
     args.optional("dln.beta", dln.beta, DType::f32, {h});
     PB_REQUIRE(dx.data != dout.data, "{}: dx may not alias dout (dresidual may)", op);
+    PB_REQUIRE(!dresidual_in || (dresidual.defined() && dresidual.data != dout.data),
+               "{}: dresidual_in needs a dresidual that does not alias dout", op);
   }
   require_grid(op, rows);
   PB_REQUIRE((rows + cuda::kColumnChunk - 1) / cuda::kColumnChunk <= 65535,
@@ -332,15 +364,16 @@ void CudaBackend::residual_layernorm_backward(const SeqLayout& layout, const Ten
              cuda::residual_layernorm_backward_lowp(
                  dl, float_format(op, "dout", dout), dout.data, ln_in.data, ln_mean.ptr<float>(),
                  ln_rstd.ptr<float>(), ln.gamma.ptr<float>(), ds, rows, h, dx.data,
-                 dresidual.defined() ? dresidual.data : nullptr, dx32, ptr(dbias), ptr(dln.gamma),
-                 ptr(dln.beta), partial, stream_));
+                 dresidual.defined() ? dresidual.data : nullptr, dresidual_in, dx32, ptr(dbias),
+                 ptr(dln.gamma), ptr(dln.beta), partial, stream_));
     return end(op);
   }
   launched(op, "residual_layernorm_backward",
-           cuda::residual_layernorm_backward(
-               dl, dout.ptr<float>(), ln_in.ptr<float>(), ln_mean.ptr<float>(),
-               ln_rstd.ptr<float>(), ln.gamma.ptr<float>(), ds, rows, h, dx.ptr<float>(),
-               ptr(dresidual), ptr(dbias), ptr(dln.gamma), ptr(dln.beta), partial, stream_));
+           cuda::residual_layernorm_backward(dl, dout.ptr<float>(), ln_in.ptr<float>(),
+                                             ln_mean.ptr<float>(), ln_rstd.ptr<float>(),
+                                             ln.gamma.ptr<float>(), ds, rows, h, dx.ptr<float>(),
+                                             ptr(dresidual), dresidual_in, ptr(dbias),
+                                             ptr(dln.gamma), ptr(dln.beta), partial, stream_));
   end(op);
 }
 

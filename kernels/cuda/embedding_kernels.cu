@@ -12,7 +12,7 @@ namespace packbert::cuda {
 namespace {
 
 // The embedding sum of row r, element c (the same expression as the CPU's EmbeddingRows::sum),
-// from tables stored as Tab.
+// from tables stored as Tab; a null position or token_type table adds 0.
 template <typename Tab>
 struct EmbeddingSum {
   const Tab* word;
@@ -23,9 +23,10 @@ struct EmbeddingSum {
   const int32_t* positions;
   int64_t h;
   __device__ __forceinline__ float operator()(int64_t r, int64_t c) const {
-    return (load(word, static_cast<int64_t>(input_ids[r]) * h + c) +
-            load(position, static_cast<int64_t>(positions[r]) * h + c)) +
-           load(token_type, static_cast<int64_t>(segment_ids[r]) * h + c);
+    const float p = position ? load(position, static_cast<int64_t>(positions[r]) * h + c) : 0.f;
+    const float t =
+        token_type ? load(token_type, static_cast<int64_t>(segment_ids[r]) * h + c) : 0.f;
+    return (load(word, static_cast<int64_t>(input_ids[r]) * h + c) + p) + t;
   }
 };
 
@@ -47,8 +48,8 @@ EmbeddingSum<Tab> embedding_sum(const DeviceLayout& l, const void* word, const v
 // (the same expression, the same bits).
 template <typename Tab, typename Out>
 __global__ void embedding_forward_kernel(DeviceLayout l, EmbeddingSum<Tab> sum, const float* gamma,
-                                         const float* beta, int64_t h, DropoutStream ds, Out* out,
-                                         float* mean, float* rstd) {
+                                         const float* beta, float eps, int64_t h, DropoutStream ds,
+                                         Out* out, float* mean, float* rstd) {
   ds = dropout_now(ds);  // the step of this run
   __shared__ float scratch[96];
   const int64_t row = blockIdx.x;
@@ -62,7 +63,7 @@ __global__ void embedding_forward_kernel(DeviceLayout l, EmbeddingSum<Tab> sum, 
       welford_push(w, v);
     }
   const Welford t = block_welford(w, scratch);
-  const float rs = layernorm_rstd(t, kDeviceLayerNormEps);
+  const float rs = layernorm_rstd(t, eps);
   const RowKey key = row_key(l, ds, row);
   for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
     Philox4x32 bits{};
@@ -74,7 +75,8 @@ __global__ void embedding_forward_kernel(DeviceLayout l, EmbeddingSum<Tab> sum, 
         v = y[c];
       else
         v = sum(row, c);
-      store(y, c, ((v - t.mean) * rs * gamma[c] + beta[c]) * group_factor(ds, key.drop, bits, e));
+      const float b = beta ? beta[c] : 0.f;
+      store(y, c, ((v - t.mean) * rs * gamma[c] + b) * group_factor(ds, key.drop, bits, e));
     }
   }
   if (threadIdx.x == 0) {
@@ -131,12 +133,12 @@ __global__ void embedding_ln_dx_kernel(DeviceLayout l, Input input, const float*
 // ---- typed launches ---------------------------------------------------------------------------
 template <typename Tab, typename Out>
 cudaError_t embedding_forward_typed(const DeviceLayout& l, const EmbeddingSum<Tab>& sum,
-                                    const float* gamma, const float* beta, int64_t h,
+                                    const float* gamma, const float* beta, float eps, int64_t h,
                                     const DropoutStream& ds, void* out, float* mean, float* rstd,
                                     cudaStream_t s) {
   if (l.rows == 0) return cudaSuccess;
   PB_LAUNCH(static_cast<unsigned>(l.rows), kRowThreads, 0, s, embedding_forward_kernel<Tab, Out>)(
-      l, sum, gamma, beta, h, ds, static_cast<Out*>(out), mean, rstd);
+      l, sum, gamma, beta, eps, h, ds, static_cast<Out*>(out), mean, rstd);
   return launched();
 }
 
@@ -165,10 +167,10 @@ cudaError_t embedding_forward_lowp_as(const DeviceLayout& l, const EmbeddingLowp
   if (p.tables == FloatFormat::f32)
     return embedding_forward_typed<float, Out>(
         l, embedding_sum<float>(l, p.word, p.position, p.token_type, p.input_ids, p.segment_ids, h),
-        p.gamma, p.beta, h, ds, out, mean, rstd, s);
+        p.gamma, p.beta, p.eps, h, ds, out, mean, rstd, s);
   return embedding_forward_typed<Out, Out>(
       l, embedding_sum<Out>(l, p.word, p.position, p.token_type, p.input_ids, p.segment_ids, h),
-      p.gamma, p.beta, h, ds, out, mean, rstd, s);
+      p.gamma, p.beta, p.eps, h, ds, out, mean, rstd, s);
 }
 
 template <typename D>
@@ -198,7 +200,7 @@ cudaError_t embedding_forward(const DeviceLayout& l, const EmbeddingPtrs& p, int
                               cudaStream_t s) {
   return embedding_forward_typed<float, float>(
       l, embedding_sum<float>(l, p.word, p.position, p.token_type, p.input_ids, p.segment_ids, h),
-      p.gamma, p.beta, h, ds, out, mean, rstd, s);
+      p.gamma, p.beta, p.eps, h, ds, out, mean, rstd, s);
 }
 
 cudaError_t embedding_backward(const DeviceLayout& l, const EmbeddingPtrs& p, int64_t h,

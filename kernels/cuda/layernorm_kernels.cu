@@ -26,7 +26,7 @@ struct SavedInput {
 template <typename T>
 __global__ void residual_ln_forward_kernel(DeviceLayout l, const T* x, const float* bias,
                                            const T* residual, const float* gamma, const float* beta,
-                                           DropoutStream ds, int64_t h, T* out, T* ln_in,
+                                           float eps, DropoutStream ds, int64_t h, T* out, T* ln_in,
                                            float* mean, float* rstd) {
   ds = dropout_now(ds);  // the step of this run
   __shared__ float scratch[96];
@@ -50,7 +50,7 @@ __global__ void residual_ln_forward_kernel(DeviceLayout l, const T* x, const flo
     }
   }
   const Welford t = block_welford(w, scratch);
-  const float rs = layernorm_rstd(t, kDeviceLayerNormEps);
+  const float rs = layernorm_rstd(t, eps);
   for (int64_t g = threadIdx.x; g < groups; g += blockDim.x)
     for (int e = 0; e < 4 && 4 * g + e < h; ++e) {
       const int64_t c = 4 * g + e;  // the same thread stored element c above
@@ -59,7 +59,7 @@ __global__ void residual_ln_forward_kernel(DeviceLayout l, const T* x, const flo
         v = ln_in[o + c];
       else
         v = staged[c];
-      store(out, o + c, (v - t.mean) * rs * gamma[c] + beta[c]);
+      store(out, o + c, (v - t.mean) * rs * gamma[c] + (beta ? beta[c] : 0.f));
     }
   if (threadIdx.x == 0) {
     mean[row] = t.mean;
@@ -68,12 +68,13 @@ __global__ void residual_ln_forward_kernel(DeviceLayout l, const T* x, const flo
 }
 
 // T: the storage of dout, ln_in, dx and dresidual. dx32 (optional): dx in fp32 as well, for
-// dbias: the bias gradient sums the unrounded dx, as the CPU's emulation does.
+// dbias: the bias gradient sums the unrounded dx, as the CPU's emulation does. dresidual_in:
+// dh adds what dresidual holds (the residual stream's gradient of a pre-norm model).
 template <typename T>
 __global__ void residual_ln_backward_kernel(DeviceLayout l, const T* dout, const T* ln_in,
                                             const float* mean, const float* rstd,
                                             const float* gamma, DropoutStream ds, int64_t h, T* dx,
-                                            T* dresidual, float* dx32) {
+                                            T* dresidual, bool dresidual_in, float* dx32) {
   ds = dropout_now(ds);  // the step of this run
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x, o = row * h;
@@ -95,7 +96,8 @@ __global__ void residual_ln_backward_kernel(DeviceLayout l, const T* dout, const
     for (int e = 0; e < 4 && 4 * g + e < h; ++e) {
       const int64_t c = 4 * g + e;
       const float xhat = (load(ln_in, o + c) - mu) * rs;
-      const float dh = layernorm_dx(load(dout, o + c) * gamma[c], xhat, mean_g, mean_gx, rs);
+      float dh = layernorm_dx(load(dout, o + c) * gamma[c], xhat, mean_g, mean_gx, rs);
+      if (dresidual_in) dh += load(dresidual, o + c);  // read, then written by this thread
       if (dresidual) store(dresidual, o + c, dh);  // may alias dout: this thread read dout[o + c]
       const float v = dh * group_factor(ds, key.drop, bits, e);
       store(dx, o + c, v);
@@ -108,14 +110,14 @@ __global__ void residual_ln_backward_kernel(DeviceLayout l, const T* dout, const
 template <typename T>
 cudaError_t residual_layernorm_forward_typed(const DeviceLayout& l, const void* x,
                                              const float* bias, const void* residual,
-                                             const float* gamma, const float* beta,
+                                             const float* gamma, const float* beta, float eps,
                                              const DropoutStream& ds, int64_t rows, int64_t h,
                                              void* out, void* ln_in, float* mean, float* rstd,
                                              cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   const size_t shared = kIsF32<T> ? 0 : static_cast<size_t>(h) * sizeof(float);
   PB_LAUNCH(static_cast<unsigned>(rows), kRowThreads, shared, s, residual_ln_forward_kernel<T>)(
-      l, static_cast<const T*>(x), bias, static_cast<const T*>(residual), gamma, beta, ds, h,
+      l, static_cast<const T*>(x), bias, static_cast<const T*>(residual), gamma, beta, eps, ds, h,
       static_cast<T*>(out), static_cast<T*>(ln_in), mean, rstd);
   return launched();
 }
@@ -125,9 +127,9 @@ cudaError_t residual_layernorm_backward_typed(const DeviceLayout& l, const void*
                                               const void* ln_in, const float* mean,
                                               const float* rstd, const float* gamma,
                                               const DropoutStream& ds, int64_t rows, int64_t h,
-                                              void* dx, void* dresidual, float* dx32, float* dbias,
-                                              float* dgamma, float* dbeta, double* partial,
-                                              cudaStream_t s) {
+                                              void* dx, void* dresidual, bool dresidual_in,
+                                              float* dx32, float* dbias, float* dgamma,
+                                              float* dbeta, double* partial, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   const auto* dy = static_cast<const T*>(dout);
   // Parameter gradients first: dresidual may overwrite dout.
@@ -138,7 +140,7 @@ cudaError_t residual_layernorm_backward_typed(const DeviceLayout& l, const void*
   float* sums = kIsF32<T> ? static_cast<float*>(dx) : dx32;
   PB_LAUNCH(static_cast<unsigned>(rows), kRowThreads, 0, s, residual_ln_backward_kernel<T>)(
       l, dy, static_cast<const T*>(ln_in), mean, rstd, gamma, ds, h, static_cast<T*>(dx),
-      static_cast<T*>(dresidual), !kIsF32<T> && dbias ? dx32 : nullptr);
+      static_cast<T*>(dresidual), dresidual_in, !kIsF32<T> && dbias ? dx32 : nullptr);
   if ((e = launched()) != cudaSuccess) return e;
   if (dbias) return add_column_sums(sums, rows, h, h, partial, dbias, s);
   return cudaSuccess;
@@ -148,52 +150,52 @@ cudaError_t residual_layernorm_backward_typed(const DeviceLayout& l, const void*
 
 cudaError_t residual_layernorm_forward(const DeviceLayout& l, const float* x, const float* bias,
                                        const float* residual, const float* gamma, const float* beta,
-                                       const DropoutStream& ds, int64_t rows, int64_t h, float* out,
-                                       float* ln_in, float* mean, float* rstd, cudaStream_t s) {
-  return residual_layernorm_forward_typed<float>(l, x, bias, residual, gamma, beta, ds, rows, h,
-                                                 out, ln_in, mean, rstd, s);
+                                       float eps, const DropoutStream& ds, int64_t rows, int64_t h,
+                                       float* out, float* ln_in, float* mean, float* rstd,
+                                       cudaStream_t s) {
+  return residual_layernorm_forward_typed<float>(l, x, bias, residual, gamma, beta, eps, ds, rows,
+                                                 h, out, ln_in, mean, rstd, s);
 }
 
 cudaError_t residual_layernorm_backward(const DeviceLayout& l, const float* dout,
                                         const float* ln_in, const float* mean, const float* rstd,
                                         const float* gamma, const DropoutStream& ds, int64_t rows,
-                                        int64_t h, float* dx, float* dresidual, float* dbias,
-                                        float* dgamma, float* dbeta, double* partial,
+                                        int64_t h, float* dx, float* dresidual, bool dresidual_in,
+                                        float* dbias, float* dgamma, float* dbeta, double* partial,
                                         cudaStream_t s) {
   return residual_layernorm_backward_typed<float>(l, dout, ln_in, mean, rstd, gamma, ds, rows, h,
-                                                  dx, dresidual, nullptr, dbias, dgamma, dbeta,
-                                                  partial, s);
+                                                  dx, dresidual, dresidual_in, nullptr, dbias,
+                                                  dgamma, dbeta, partial, s);
 }
 
 cudaError_t residual_layernorm_forward_lowp(const DeviceLayout& l, FloatFormat f, const void* x,
                                             const float* bias, const void* residual,
-                                            const float* gamma, const float* beta,
+                                            const float* gamma, const float* beta, float eps,
                                             const DropoutStream& ds, int64_t rows, int64_t h,
                                             void* out, void* ln_in, float* mean, float* rstd,
                                             cudaStream_t s) {
   if (f == FloatFormat::f32 || h > kLowpLayerNormMaxHidden) return cudaErrorInvalidValue;
   return f == FloatFormat::bf16
              ? residual_layernorm_forward_typed<__nv_bfloat16>(
-                   l, x, bias, residual, gamma, beta, ds, rows, h, out, ln_in, mean, rstd, s)
-             : residual_layernorm_forward_typed<__half>(l, x, bias, residual, gamma, beta, ds, rows,
-                                                        h, out, ln_in, mean, rstd, s);
+                   l, x, bias, residual, gamma, beta, eps, ds, rows, h, out, ln_in, mean, rstd, s)
+             : residual_layernorm_forward_typed<__half>(l, x, bias, residual, gamma, beta, eps, ds,
+                                                        rows, h, out, ln_in, mean, rstd, s);
 }
 
 cudaError_t residual_layernorm_backward_lowp(const DeviceLayout& l, FloatFormat f, const void* dout,
                                              const void* ln_in, const float* mean,
                                              const float* rstd, const float* gamma,
                                              const DropoutStream& ds, int64_t rows, int64_t h,
-                                             void* dx, void* dresidual, float* dx32, float* dbias,
-                                             float* dgamma, float* dbeta, double* partial,
-                                             cudaStream_t s) {
+                                             void* dx, void* dresidual, bool dresidual_in,
+                                             float* dx32, float* dbias, float* dgamma, float* dbeta,
+                                             double* partial, cudaStream_t s) {
   if (f == FloatFormat::f32 || (dbias && !dx32)) return cudaErrorInvalidValue;
-  return f == FloatFormat::bf16
-             ? residual_layernorm_backward_typed<__nv_bfloat16>(l, dout, ln_in, mean, rstd, gamma,
-                                                                ds, rows, h, dx, dresidual, dx32,
-                                                                dbias, dgamma, dbeta, partial, s)
-             : residual_layernorm_backward_typed<__half>(l, dout, ln_in, mean, rstd, gamma, ds,
-                                                         rows, h, dx, dresidual, dx32, dbias,
-                                                         dgamma, dbeta, partial, s);
+  return f == FloatFormat::bf16 ? residual_layernorm_backward_typed<__nv_bfloat16>(
+                                      l, dout, ln_in, mean, rstd, gamma, ds, rows, h, dx, dresidual,
+                                      dresidual_in, dx32, dbias, dgamma, dbeta, partial, s)
+                                : residual_layernorm_backward_typed<__half>(
+                                      l, dout, ln_in, mean, rstd, gamma, ds, rows, h, dx, dresidual,
+                                      dresidual_in, dx32, dbias, dgamma, dbeta, partial, s);
 }
 
 }  // namespace packbert::cuda

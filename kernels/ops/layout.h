@@ -9,6 +9,10 @@
 
 namespace packbert {
 
+// BERT's LayerNorm epsilon: the default of every LayerNorm's (LayerNormParams::eps,
+// EmbeddingParams::ln_eps); ModernBERT's norms use 1e-5.
+constexpr float kLayerNormEps = 1e-12f;
+
 // Where the tokens of one micro-batch sit in the token-wise buffers. Every tensor lives on the
 // backend's device. A row that belongs to no sequence is padding: token_seq = -1.
 struct SeqLayout {

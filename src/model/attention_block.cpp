@@ -31,7 +31,7 @@ void AttentionBlock::backward(int64_t l, const Tensor& dh1, const Tensor& dx) {
   // dh1 -> d(attention out) in dtmp, the residual share into dx.
   m_.backend.residual_layernorm_backward(a.layout, dh1, s.ln_in, s.ln_mean, s.ln_rstd, w.attn_ln,
                                          m_.dropout(DropoutSite::attention_output, l), t.dtmp, dx,
-                                         g.attn_out_b, g.attn_ln);
+                                         false, g.attn_out_b, g.attn_ln);
   m_.linears.backward(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, t.dtmp, t.dctx, g.attn_out_w,
                       Tensor(), {});
   m_.backend.attention_backward(a.layout, s.qkv, s.ctx, s.lse, t.dctx,

@@ -39,7 +39,7 @@ void MlmHead::forward(float scale, const HeadSums& sums, const MlmLogitsHook& ho
   if (!grad) return;
   m_.backend.residual_layernorm_backward(SeqLayout{}, t.mlm_dout, t.mlm_act, t.mlm_ln_mean,
                                          t.mlm_ln_rstd, w.mlm_ln, Dropout{}, t.mlm_dact, Tensor(),
-                                         Tensor(), m_.grads.mlm_ln);
+                                         false, Tensor(), m_.grads.mlm_ln);
   LinearBackwardOptions gelu;
   gelu.gelu = m_.config.hidden_act;
   gelu.out_gelu_pre = t.mlm_pre;  // mlm_dact becomes d(pre) in place

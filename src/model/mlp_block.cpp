@@ -24,7 +24,7 @@ void MlpBlock::backward(int64_t l, const Tensor& dy) {
   // dy -> d(FFN out) in dtmp, and dL/dh1's residual share into dy itself.
   m_.backend.residual_layernorm_backward(a.layout, dy, s.ln_in, s.ln_mean, s.ln_rstd, w.ffn_ln,
                                          m_.dropout(DropoutSite::ffn_output, l), a.scratch.dtmp, dy,
-                                         g.ffn_out_b, g.ffn_ln);
+                                         false, g.ffn_out_b, g.ffn_ln);
   dense_backward(l, a.scratch.dtmp, dy);
 }
 

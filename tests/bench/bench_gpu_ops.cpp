@@ -317,7 +317,8 @@ int main(int argc, char** argv) {
                     median_ms(
                         [&] {
                           be->residual_layernorm_backward(l, dout, ln_in, mean, rstd, {gamma, beta},
-                                                          drop, dx, dres, dbias, {dg, dbeta});
+                                                          drop, dx, dres, false, dbias,
+                                                          {dg, dbeta});
                         },
                         reps, nullptr),
                     0, 6.0 * tf * h * 4});

@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   });
   run("residual_layernorm_backward", tok + " x " + sh, 0, f4 * th * 6, [&] {
     be->residual_layernorm_backward(l, T(dy, {t, h}), T(hin, {t, h}), T(mean, {t}), T(rstd, {t}),
-                                    ln, drop, T(dx, {t, h}), T(dres, {t, h}), T(dbias, {h}),
+                                    ln, drop, T(dx, {t, h}), T(dres, {t, h}), false, T(dbias, {h}),
                                     LayerNormParams{T(dgamma, {h}), T(dbeta, {h})});
   });
   LinearBackwardOptions fused;

@@ -296,7 +296,7 @@ TEST(BackendOpsCuda, NativeKernelsNeedNoStaging) {
                                      sm.tensor(), sr.tensor());
     warm->residual_layernorm_backward(sdl.view(), so.tensor(), sln.tensor(), sm.tensor(),
                                       sr.tensor(), {gamma.tensor(), Tensor()}, d, sdx.tensor(),
-                                      Tensor(), dbias.tensor(), {});
+                                      Tensor(), false, dbias.tensor(), {});
     warm->embedding_forward(sdl.view(), st.tensor(), ss.tensor(), ep, d, so.tensor(), sm.tensor(),
                             sr.tensor());
     warm->nsp_loss(sdl.view(), sx.tensor(), np,
@@ -318,7 +318,7 @@ TEST(BackendOpsCuda, NativeKernelsNeedNoStaging) {
   before = used();
   gpu->residual_layernorm_backward(dl.view(), out.tensor(), ln_in.tensor(), mean.tensor(),
                                    rstd.tensor(), {gamma.tensor(), Tensor()}, d, dx.tensor(),
-                                   Tensor(), dbias.tensor(), {});
+                                   Tensor(), false, dbias.tensor(), {});
   cuda_synchronize(*gpu);
   grew = used() - before;
   std::printf("[lowp-error] residual_layernorm_backward staging %.1f MiB\n", grew / 1048576.0);
@@ -556,7 +556,7 @@ TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
                           dw1->tensor(), db1->tensor(), lo);
       be->residual_layernorm_backward(l, dln_out->tensor(), ln_in->tensor(), mean->tensor(),
                                       rstd->tensor(), ln, res, dctx->tensor(), dres->tensor(),
-                                      dbias->tensor(), {dgamma->tensor(), dbeta->tensor()});
+                                      false, dbias->tensor(), {dgamma->tensor(), dbeta->tensor()});
       be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(), heads,
                              att, dqkv->tensor());
       be->linear_backward(x->tensor(), wqkv->tensor(), dqkv->tensor(), dx->tensor(),
@@ -735,7 +735,7 @@ TEST(BackendOpsCuda, DropoutStepIsReadWhenTheOpsRun) {
       be->residual_layernorm_forward(l, ctx->tensor(), beta->tensor(), emb->tensor(), ln, dr,
                                      y->tensor(), ln_in->tensor(), mean->tensor(), rstd->tensor());
       be->residual_layernorm_backward(l, dy->tensor(), ln_in->tensor(), mean->tensor(),
-                                      rstd->tensor(), ln, dr, dctx->tensor(), dres->tensor(),
+                                      rstd->tensor(), ln, dr, dctx->tensor(), dres->tensor(), false,
                                       dbias->tensor(), {dlg->tensor(), dlb->tensor()});
       be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(), heads,
                              da, dqkv->tensor());

@@ -80,49 +80,6 @@ std::vector<double> widen_bytes(DType t, const std::vector<uint8_t>& b, size_t n
   return tmp.doubles();
 }
 
-// A host tensor of dtype t made from float values (rounded when 16-bit), for inputs prepared
-// by the host CPU backend.
-struct HostT {
-  DType t;
-  std::vector<int64_t> dims;
-  std::vector<uint8_t> b;
-  HostT(DType type, std::vector<int64_t> d, const std::vector<float>& v)
-      : t(type), dims(std::move(d)) {
-    if (is_lowp(t)) {
-      const std::vector<uint16_t> r = round16(t, v);
-      b.resize(r.size() * 2);
-      if (!r.empty()) std::memcpy(b.data(), r.data(), b.size());
-    } else {
-      b.resize(v.size() * 4);
-      if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
-    }
-  }
-  HostT(DType type, std::vector<int64_t> d) : t(type), dims(std::move(d)) {
-    int64_t n = 1;
-    for (int64_t x : dims) n *= x;
-    b.assign(static_cast<size_t>(n) * dtype_size(t), 0);
-  }
-  Tensor tensor() {
-    Tensor v(b.data(), t, {}, Device::cpu);
-    v.ndim = static_cast<int>(dims.size());
-    for (size_t i = 0; i < dims.size(); ++i) v.shape[i] = dims[i];
-    return v;
-  }
-  std::vector<float> floats() const {
-    std::vector<float> f(b.size() / dtype_size(t));
-    for (size_t i = 0; i < f.size(); ++i) {
-      if (is_lowp(t)) {
-        uint16_t h;
-        std::memcpy(&h, &b[2 * i], 2);
-        f[i] = widen16(t, h);
-      } else {
-        std::memcpy(&f[i], &b[4 * i], 4);
-      }
-    }
-    return f;
-  }
-};
-
 // The low-precision linear ops' bar (linear_forward / linear_backward / gather_rows_backward with
 // repeats): CUDA and the CPU's emulation differ by one 16-bit rounding per element, not by
 // summation order alone: CUDA applies GELU and its derivative to the stored 16-bit
@@ -653,20 +610,6 @@ static OpCases linear_backward_cases() {
 // backward is compared.
 namespace {
 
-DropoutStream stream_of(const Dropout& d) {
-  return make_dropout_stream(d.p, d.seed, d.step, d.layer, static_cast<uint32_t>(d.site));
-}
-
-std::vector<int32_t> ints_of(const Vec& v) { return std::vector<int32_t>(v.begin(), v.end()); }
-
-// Increments of an accumulated output: its value less what it was given.
-Vec increments(const OpRun& r, const std::string& name) {
-  Vec a = r.doubles(name);
-  const Vec i = r.initial(name);
-  for (size_t j = 0; j < a.size() && j < i.size(); ++j) a[j] -= i[j];
-  return a;
-}
-
 // The reference's embedding cases (fp32; tables 97 x 64 x 2, gamma near 1 as in trained BERT,
 // token ids 0 in padding rows): the forward at H 37 and 768 with and without dropout against the
 // double loop (out and rstd rel L2 kTol; the row means are near 0, so their error is measured
@@ -905,7 +848,7 @@ void add_residual_layernorm_reference(OpCases& cases, bool bias, bool residual, 
     const auto b0 = random_floats(g, h), g0 = random_floats(g, h), be0 = random_floats(g, h);
     r.backend().residual_layernorm_backward(
         sl, tdy, hin, mean, rstd, ln, d, r.out("dx", DType::f32, {rows, h}, close_to(kTol)), tdres,
-        bias ? r.acc("dbias", DType::f32, {h}, b0, close_to(kTol)) : Tensor(),
+        false, bias ? r.acc("dbias", DType::f32, {h}, b0, close_to(kTol)) : Tensor(),
         LayerNormParams{r.acc("dgamma", DType::f32, {h}, g0, close_to(kTol)),
                         r.acc("dbeta", DType::f32, {h}, be0, close_to(kTol))});
   };
@@ -1002,7 +945,7 @@ static OpCases residual_layernorm_cases() {
       r.backend().residual_layernorm_backward(
           sl, tdy, tsaved, r.in_bits("saved mean", DType::f32, {rows}, hmean.b.data()),
           r.in_bits("saved rstd", DType::f32, {rows}, hrstd.b.data()), {ln.gamma, Tensor()}, d,
-          r.out("dx", t, {rows, h}, out_check), tdres,
+          r.out("dx", t, {rows, h}, out_check), tdres, false,
           pg ? r.acc("dbias", DType::f32, {h}, gbias0, f32_check) : Tensor(),
           {pg ? r.acc("dgamma", DType::f32, {h}, gg0, f32_check) : Tensor(),
            pg ? r.acc("dbeta", DType::f32, {h}, gb0, f32_check) : Tensor()});
@@ -2387,6 +2330,8 @@ const std::vector<OpTable>& op_tables() {
       {"LinearBackward", any(linear_backward_cases)},
       {"Embedding", any(embedding_cases)},
       {"ResidualLayerNorm", any(residual_layernorm_cases)},
+      {"EmbeddingOptions", any(norm_option_cases_embedding)},
+      {"ResidualLayerNormOptions", any(norm_option_cases_residual)},
       {"Attention", attention_cases},
       {"GatherRows", any(gather_rows_cases)},
       {"SoftmaxCrossEntropy", any(softmax_cross_entropy_cases)},

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/common/philox.h"
 #include "ops_test_util.h"
 
 namespace packbert::test {
@@ -195,6 +197,66 @@ struct OpCase {
 };
 using OpCases = std::vector<OpCase>;
 
+// ---- what references share --------------------------------------------------------------
+inline DropoutStream stream_of(const Dropout& d) {
+  return make_dropout_stream(d.p, d.seed, d.step, d.layer, static_cast<uint32_t>(d.site));
+}
+
+inline std::vector<int32_t> ints_of(const std::vector<double>& v) {
+  return std::vector<int32_t>(v.begin(), v.end());
+}
+
+// Increments of an accumulated output: its value less what it was given.
+inline std::vector<double> increments(const OpRun& r, const std::string& name) {
+  std::vector<double> a = r.doubles(name);
+  const std::vector<double> i = r.initial(name);
+  for (size_t j = 0; j < a.size() && j < i.size(); ++j) a[j] -= i[j];
+  return a;
+}
+
+// A host tensor of dtype t made from float values (rounded when 16-bit), for inputs prepared
+// by the host CPU backend.
+struct HostT {
+  DType t;
+  std::vector<int64_t> dims;
+  std::vector<uint8_t> b;
+  HostT(DType type, std::vector<int64_t> d, const std::vector<float>& v)
+      : t(type), dims(std::move(d)) {
+    if (is_lowp(t)) {
+      const std::vector<uint16_t> r = round16(t, v);
+      b.resize(r.size() * 2);
+      if (!r.empty()) std::memcpy(b.data(), r.data(), b.size());
+    } else {
+      b.resize(v.size() * 4);
+      if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+    }
+  }
+  HostT(DType type, std::vector<int64_t> d) : t(type), dims(std::move(d)) {
+    int64_t n = 1;
+    for (int64_t x : dims) n *= x;
+    b.assign(static_cast<size_t>(n) * dtype_size(t), 0);
+  }
+  Tensor tensor() {
+    Tensor v(b.data(), t, {}, Device::cpu);
+    v.ndim = static_cast<int>(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) v.shape[i] = dims[i];
+    return v;
+  }
+  std::vector<float> floats() const {
+    std::vector<float> f(b.size() / dtype_size(t));
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (is_lowp(t)) {
+        uint16_t h;
+        std::memcpy(&h, &b[2 * i], 2);
+        f[i] = widen16(t, h);
+      } else {
+        std::memcpy(&f[i], &b[4 * i], 4);
+      }
+    }
+    return f;
+  }
+};
+
 // ---- the registry -----------------------------------------------------------------------
 // Every op's cases, one entry per op, listed in op_tables() at the end of op_cases.cpp: adding an
 // op is its cases function and its line there, nothing else. The runners register one test per
@@ -212,6 +274,9 @@ const std::vector<OpTable>& op_tables();
 OpCases fp8_op_cases_cast();
 OpCases fp8_op_cases_gemm();
 OpCases fp8_op_cases_scaling();
+// The norm options' cases (op_cases_norm_options.cpp), listed in op_tables().
+OpCases norm_option_cases_residual();
+OpCases norm_option_cases_embedding();
 // The f32 values of a buffer's bytes (OpRun::buf(...).bytes()).
 std::vector<float> floats_of(const std::vector<uint8_t>& bytes);
 // The name of an epilogue in case names ("none", "bias", "bias_gelu", "bias_gelu_tanh").

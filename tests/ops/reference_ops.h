@@ -42,9 +42,9 @@ inline Vec linear(const Vec& x, const Vec& w, const Vec* b, int64_t n, int64_t k
   return y;
 }
 
-// LayerNorm of each row of h [rows, width], eps 1e-12; optionally returns mean and rstd.
+// LayerNorm of each row of h [rows, width] (beta empty: none); optionally returns mean and rstd.
 inline Vec layernorm(const Vec& h, const Vec& gamma, const Vec& beta, int64_t rows, int64_t width,
-                     Vec* mean = nullptr, Vec* rstd = nullptr) {
+                     Vec* mean = nullptr, Vec* rstd = nullptr, double eps = 1e-12) {
   Vec y(h.size());
   if (mean) mean->assign(rows, 0.0);
   if (rstd) rstd->assign(rows, 0.0);
@@ -54,18 +54,20 @@ inline Vec layernorm(const Vec& h, const Vec& gamma, const Vec& beta, int64_t ro
     mu /= width;
     for (int64_t c = 0; c < width; ++c) var += (h[r * width + c] - mu) * (h[r * width + c] - mu);
     var /= width;
-    const double rs = 1.0 / std::sqrt(var + 1e-12);
+    const double rs = 1.0 / std::sqrt(var + eps);
     for (int64_t c = 0; c < width; ++c)
-      y[r * width + c] = (h[r * width + c] - mu) * rs * gamma[c] + beta[c];
+      y[r * width + c] = (h[r * width + c] - mu) * rs * gamma[c] + (beta.empty() ? 0.0 : beta[c]);
     if (mean) (*mean)[r] = mu;
     if (rstd) (*rstd)[r] = rs;
   }
   return y;
 }
 
+// pos, type, beta empty: the model has none.
 struct EmbeddingInputs {
   Vec word, pos, type, gamma, beta;
   int64_t hidden;
+  double eps = 1e-12;
 };
 
 inline Vec embedding(const EmbeddingInputs& p, const std::vector<int32_t>& ids,
@@ -75,19 +77,20 @@ inline Vec embedding(const EmbeddingInputs& p, const std::vector<int32_t>& ids,
   Vec sum(l.rows * h);
   for (int64_t r = 0; r < l.rows; ++r)
     for (int64_t c = 0; c < h; ++c)
-      sum[r * h + c] =
-          p.word[ids[r] * h + c] + p.pos[l.token_pos[r] * h + c] + p.type[segs[r] * h + c];
-  Vec y = layernorm(sum, p.gamma, p.beta, l.rows, h, mean, rstd);
+      sum[r * h + c] = p.word[ids[r] * h + c] +
+                       (p.pos.empty() ? 0.0 : p.pos[l.token_pos[r] * h + c]) +
+                       (p.type.empty() ? 0.0 : p.type[segs[r] * h + c]);
+  Vec y = layernorm(sum, p.gamma, p.beta, l.rows, h, mean, rstd, p.eps);
   for (int64_t r = 0; r < l.rows; ++r)
     for (int64_t c = 0; c < h; ++c) y[r * h + c] *= dropout_factor(ds, l, r, c);
   return y;
 }
 
-// out = LayerNorm(dropout(x + bias) + residual); bias / residual may be empty.
+// out = LayerNorm(dropout(x + bias) + residual); bias / residual / beta may be empty.
 inline Vec residual_layernorm(const Vec& x, const Vec& bias, const Vec& residual, const Vec& gamma,
                               const Vec& beta, int64_t rows, int64_t h, const HostLayout* l,
                               const DropoutStream& ds, Vec* hin = nullptr, Vec* mean = nullptr,
-                              Vec* rstd = nullptr) {
+                              Vec* rstd = nullptr, double eps = 1e-12) {
   Vec hv(rows * h);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < h; ++c) {
@@ -96,7 +99,7 @@ inline Vec residual_layernorm(const Vec& x, const Vec& bias, const Vec& residual
       hv[r * h + c] = v + (residual.empty() ? 0.0 : residual[r * h + c]);
     }
   if (hin) *hin = hv;
-  return layernorm(hv, gamma, beta, rows, h, mean, rstd);
+  return layernorm(hv, gamma, beta, rows, h, mean, rstd, eps);
 }
 
 // Attention of one sequence s: returns its rows of out [len, H] and optionally lse [len, heads].

@@ -96,7 +96,7 @@ LayerResult run_layer(Backend& be, const HostLayout& hl, Params& w, const std::v
   res.dx = buf(t * kH);
   // dh1 is the residual gradient, written in place over d_y.
   be.residual_layernorm_backward(l, T(d_y, {t, kH}), T(o, {t, kH}), T(m2, {t}), T(r2, {t}), ln2p,
-                                 df, T(d_o, {t, kH}), T(d_y, {t, kH}), G("b2", {kH}),
+                                 df, T(d_o, {t, kH}), T(d_y, {t, kH}), false, G("b2", {kH}),
                                  LayerNormParams{G("g2", {kH}), G("be2", {kH})});
   LinearBackwardOptions fused;
   fused.x_gelu_pre = T(pre, {t, kF});
@@ -107,7 +107,7 @@ LayerResult run_layer(Backend& be, const HostLayout& hl, Params& w, const std::v
   be.linear_backward(T(h1, {t, kH}), w.t("w1", {kF, kH}), T(d_pre, {t, kF}), T(d_y, {t, kH}),
                      G("w1", {kF, kH}), G("b1", {kF}), acc);
   be.residual_layernorm_backward(l, T(d_y, {t, kH}), T(ln1, {t, kH}), T(m1, {t}), T(r1, {t}), ln1p,
-                                 da, T(d_a, {t, kH}), T(res.dx, {t, kH}), G("bo", {kH}),
+                                 da, T(d_a, {t, kH}), T(res.dx, {t, kH}), false, G("bo", {kH}),
                                  LayerNormParams{G("g1", {kH}), G("be1", {kH})});
   be.linear_backward(T(ctx, {t, kH}), w.t("wo", {kH, kH}), T(d_a, {t, kH}), T(d_ctx, {t, kH}),
                      G("wo", {kH, kH}), Tensor(), {});

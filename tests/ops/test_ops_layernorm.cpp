@@ -107,7 +107,7 @@ TEST(DropoutPlacement, TokenOpsIdenticalInEveryLayout) {
     be->residual_layernorm_backward(l.view(), view(dy2.data(), {l.rows, h}),
                                     view(hin.data(), {l.rows, h}), view(m.data(), {l.rows}),
                                     view(s.data(), {l.rows}), ln, dres,
-                                    view(o.dx.data(), {l.rows, h}), Tensor(), Tensor(), {});
+                                    view(o.dx.data(), {l.rows, h}), Tensor(), false, Tensor(), {});
     // Back to the unpadded placement for comparison.
     return Result{relayout(o.emb, l, base, h, 0.f), relayout(o.ln, l, base, h, 0.f),
                   relayout(o.dx, l, base, h, 0.f)};

@@ -67,7 +67,7 @@ TEST(Threads, LayerNormOpsBitsDoNotDependOnThreads) {
     be->residual_layernorm_backward(l.view(), view(dy.data(), {rows, h}),
                                     view(hin.data(), {rows, h}), view(mean.data(), {rows}),
                                     view(rstd.data(), {rows}), ln, d, view(dx.data(), {rows, h}),
-                                    view(dres.data(), {rows, h}), view(dbias.data(), {h}),
+                                    view(dres.data(), {rows, h}), false, view(dbias.data(), {h}),
                                     LayerNormParams{view(dg.data(), {h}), view(dbeta.data(), {h})});
     be->embedding_forward(l.view(), view(ids.data(), {rows}), view(segs.data(), {rows}), emb, d,
                           view(out.data(), {rows, h}), view(mean.data(), {rows}),
