@@ -153,13 +153,14 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
   const bool with_gelu = has_gelu(epilogue);
   const bool tanh_form = gelu_of(epilogue) == Gelu::tanh;
   float* c = with_gelu ? pre.ptr<float>() : out.ptr<float>();
-  const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
+  const float* b = bias.defined() ? bias.ptr<float>() : nullptr;
   float* y = out.ptr<float>();
   auto finish = [&](const GemmTiles::Block& q) {  // bias (+ GELU) on one tile
-    if (!b) return;
+    if (!b && !with_gelu) return;
     for (int64_t r = q.r0; r < q.r1; ++r) {
       float* cr = c + r * m;
-      for (int64_t j = q.c0; j < q.c1; ++j) cr[j] += b[j];
+      if (b)
+        for (int64_t j = q.c0; j < q.c1; ++j) cr[j] += b[j];
       if (with_gelu) apply_gelu(tanh_form, cr + q.c0, y + r * m + q.c0, q.c1 - q.c0);
     }
   };

@@ -23,13 +23,13 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   begin(op);
   // With GELU the GEMM writes the pre-activation buffer, which backward needs anyway.
   float* c = has_gelu(epilogue) ? pre.ptr<float>() : out.ptr<float>();
-  const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
+  const float* b = bias.defined() ? bias.ptr<float>() : nullptr;
   bool bias_done = false;
   if (k == 0) {
     PB_CUDA_OP(op, cuda::memset_async(c, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
   } else {
     GemmCall g = forward_gemm_call(x.data, w.data, c, n, k, m, CUDA_R_32F);
-    if (epilogue == Epilogue::bias_gelu_tanh && gelu_aux_gemm(op, g, out.data, b)) {
+    if (epilogue == Epilogue::bias_gelu_tanh && b && gelu_aux_gemm(op, g, out.data, b)) {
       end(op);
       return;
     }
@@ -123,7 +123,7 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
   begin(op);
   const cuda::FloatFormat f = float_format(op, "out", out);
   void* c = has_gelu(epilogue) ? pre.data : out.data;
-  const float* b = epilogue == Epilogue::none ? nullptr : bias.ptr<float>();
+  const float* b = bias.defined() ? bias.ptr<float>() : nullptr;
   if (k == 0) {
     PB_CUDA_OP(op, cuda::memset_async(c, 0, static_cast<size_t>(n * m) * dtype_size(t), stream_));
     if (b) {  // bias only: through fp32 scratch
@@ -135,7 +135,7 @@ bool CudaBackend::linear_forward_lowp(const Tensor& x, const Tensor& w, const Te
     }
   } else {
     GemmCall g = forward_gemm_call(x.data, w.data, c, n, k, m, cuda_type(t));
-    if (epilogue == Epilogue::bias_gelu_tanh && gelu_aux_gemm(op, g, out.data, b)) {
+    if (epilogue == Epilogue::bias_gelu_tanh && b && gelu_aux_gemm(op, g, out.data, b)) {
       end(op);
       return true;
     }

@@ -137,8 +137,10 @@ inline GemmDims fp8_gemm_args(const OpArgs& a, const Tensor& x, const Tensor& x_
   a("out", out, out.dtype, {n, m});
   if (o.epilogue == Epilogue::none) {
     PB_REQUIRE(!o.bias.defined(), "{}: bias given with Epilogue::none", a.op);
-  } else {
+  } else if (o.epilogue == Epilogue::bias) {
     a("bias", o.bias, DType::f32, {m});
+  } else {
+    a.optional("bias", o.bias, DType::f32, {m});  // as linear_forward: GELU without a bias
   }
   if (has_gelu(o.epilogue)) {
     a("pre", o.pre, out.dtype, {n, m});

@@ -46,7 +46,8 @@ struct LinearBackwardOptions {
 #define PACKBERT_LINEAR_OPS(OP)                                                                    \
   /* out = x * w^T (+ bias) (then gelu), PyTorch nn.Linear: x [N, K], w [M, K] (out_features x     \
      in_features), bias [M], out [N, M], all row-major; fp32 accumulation. For bias_gelu and       \
-     bias_gelu_tanh, pre [N, M] keeps x * w^T + bias for backward.                                 \
+     bias_gelu_tanh, pre [N, M] keeps x * w^T + bias for backward, and bias may be none (a layer   \
+     without a bias: pre = x * w^T).                                                               \
      lowp: x, w, out, pre; bias is f32. pre = round(x w^T + bias), out = round(gelu(.)) of the     \
      fp32 pre-activation on the CPU, of the rounded one on CUDA (a difference of one rounding of   \
      the argument, inside the precision's tolerance). */                                           \
@@ -82,8 +83,10 @@ inline GemmDims linear_forward_args(const OpArgs& a, const Tensor& x, const Tens
   a("out", out, DType::f32, {n, m});
   if (epilogue == Epilogue::none) {
     PB_REQUIRE(!bias.defined(), "{}: bias given with Epilogue::none", a.op);
-  } else {
+  } else if (epilogue == Epilogue::bias) {
     a("bias", bias, DType::f32, {m});
+  } else {
+    a.optional("bias", bias, DType::f32, {m});  // the GELU epilogues without a bias: gelu(x w^T)
   }
   if (has_gelu(epilogue)) {
     a("pre", pre, DType::f32, {n, m});

@@ -48,6 +48,19 @@ struct TrainConfig {
     int64_t activation_budget_mb = 0;  // MiB of activation arena for mst_chunks = 0
     Recompute recompute = Recompute::none;  // none | mlp | layer (BertOptions::recompute)
     Gelu hidden_act = Gelu::erf;            // gelu (erf) | gelu_tanh (BertConfig::hidden_act)
+    // The architecture options (BertConfig): the preset's unless given.
+    NormPlacement norm = NormPlacement::post;
+    Positions position = Positions::learned;
+    double rope_theta = 10000.0;
+    double local_rope_theta = 10000.0;
+    MlpKind mlp = MlpKind::gelu;
+    bool bias = true;
+    bool norm_bias = true;
+    bool token_types = true;
+    int64_t local_window = 0;
+    int64_t global_every = 1;
+    bool nsp_head = true;
+    double layer_norm_eps = 1e-12;
   } model;
 
   struct Train {
@@ -172,6 +185,9 @@ std::string train_config_to_toml(const TrainConfig& c);
 // key table's one table per enum.
 const char* config_name(Recompute v);
 const char* config_name(Gelu v);
+const char* config_name(NormPlacement v);
+const char* config_name(Positions v);
+const char* config_name(MlpKind v);
 const char* config_name(Device v);
 const char* config_name(Precision v);
 const char* config_name(CudaGraphs v);

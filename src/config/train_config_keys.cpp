@@ -58,6 +58,21 @@ const EnumTable<Gelu>& gelu_table() {
   static const EnumTable<Gelu> t = {{Gelu::erf, "gelu"}, {Gelu::tanh, "gelu_tanh"}};
   return t;
 }
+const EnumTable<NormPlacement>& norm_table() {
+  static const EnumTable<NormPlacement> t = {{NormPlacement::post, "post"},
+                                             {NormPlacement::pre, "pre"}};
+  return t;
+}
+const EnumTable<Positions>& position_table() {
+  static const EnumTable<Positions> t = {{Positions::learned, "learned"},
+                                         {Positions::rope, "rope"}};
+  return t;
+}
+const EnumTable<MlpKind>& mlp_table() {
+  static const EnumTable<MlpKind> t = {
+      {MlpKind::gelu, "gelu"}, {MlpKind::geglu, "geglu"}, {MlpKind::swiglu, "swiglu"}};
+  return t;
+}
 const EnumTable<GpuAllreduce>& gpu_allreduce_table() {
   static const EnumTable<GpuAllreduce> t = {{GpuAllreduce::nccl, "nccl"},
                                             {GpuAllreduce::host, "host"}};
@@ -96,8 +111,9 @@ std::vector<Key> make_keys() {
   // [model]
   k.push_back(
       config::choice_key("model.preset", &C::model, &M::preset, bert_preset_names(),
-                         "model shape: tiny (L2 H128), mini (L4 H256), base (L12 H768), large "
-                         "(L24 H1024); the keys below override single values"));
+                         "model: BERT's tiny (L2 H128), mini (L4 H256), base (L12 H768), large "
+                         "(L24 H1024), or ModernBERT's modernbert-tiny (L4 H128), -base (L22 "
+                         "H768), -large (L28 H1024); the keys below override single values"));
   k.push_back(preset_key(key("model.layers", &C::model, &M::layers, "encoder layers")));
   k.push_back(preset_key(key("model.hidden", &C::model, &M::hidden, "hidden size")));
   k.push_back(
@@ -116,6 +132,35 @@ std::vector<Key> make_keys() {
                   "\"gelu\") or gelu_tanh (the tanh approximation of Google's BERT and "
                   "NVIDIA's MLPerf BERT; Hugging Face \"gelu_new\"; fused into cuBLASLt's "
                   "GELU epilogues on CUDA)"));
+  // The architecture options (docs/architectures.md).
+  k.push_back(preset_key(key("model.norm", &C::model, &M::norm, norm_table(),
+                             "where the norms sit: post (after each residual sum, BERT) or pre "
+                             "(before each block, with a final norm; ModernBERT)")));
+  k.push_back(preset_key(key("model.position", &C::model, &M::position, position_table(),
+                             "positions: learned (a table added to the embeddings) or rope "
+                             "(rotary embeddings on queries and keys, per sequence)")));
+  k.push_back(preset_key(key("model.rope_theta", &C::model, &M::rope_theta,
+                             "RoPE base of the global layers (ModernBERT: 160000)")));
+  k.push_back(preset_key(key("model.local_rope_theta", &C::model, &M::local_rope_theta,
+                             "RoPE base of the local layers (ModernBERT: 10000)")));
+  k.push_back(preset_key(key("model.mlp", &C::model, &M::mlp, mlp_table(),
+                             "MLP: gelu (dense-GELU-dense), geglu or swiglu (gated: Wi gives 2 x "
+                             "intermediate, act(first half) * second half)")));
+  k.push_back(preset_key(key("model.bias", &C::model, &M::bias,
+                             "biases of the encoder's and the MLM transform's linear layers (the "
+                             "decoder keeps its bias)")));
+  k.push_back(preset_key(key("model.norm_bias", &C::model, &M::norm_bias, "the norms' biases")));
+  k.push_back(preset_key(
+      key("model.token_types", &C::model, &M::token_types, "token-type (segment) embeddings")));
+  k.push_back(preset_key(key("model.local_window", &C::model, &M::local_window,
+                             "local attention window w: a local layer's query i sees the keys j "
+                             "of its sequence with |i - j| <= w / 2; 0 = every layer global")));
+  k.push_back(preset_key(key("model.global_every", &C::model, &M::global_every,
+                             "layer l is global when l % global_every == 0 (ModernBERT: 3)")));
+  k.push_back(preset_key(key("model.nsp_head", &C::model, &M::nsp_head,
+                             "the pooler and the NSP classifier (and the NSP loss)")));
+  k.push_back(preset_key(key("model.layer_norm_eps", &C::model, &M::layer_norm_eps,
+                             "every norm's epsilon (BERT 1e-12, ModernBERT 1e-5)")));
   k.push_back(key("model.mlm_chunk_rows", &C::model, &M::mlm_chunk_rows,
                   "masked tokens per MLM-head chunk (mini-sequence, saves memory); 0 = all at "
                   "once"));
@@ -308,6 +353,9 @@ const std::vector<config::KeyDoc>& train_config_keys() {
 
 const char* config_name(Recompute v) { return config::enum_name(recompute_table(), v); }
 const char* config_name(Gelu v) { return config::enum_name(gelu_table(), v); }
+const char* config_name(NormPlacement v) { return config::enum_name(norm_table(), v); }
+const char* config_name(Positions v) { return config::enum_name(position_table(), v); }
+const char* config_name(MlpKind v) { return config::enum_name(mlp_table(), v); }
 const char* config_name(Device v) { return config::enum_name(device_table(), v); }
 const char* config_name(Precision v) { return config::enum_name(precision_table(), v); }
 const char* config_name(CudaGraphs v) { return config::enum_name(cuda_graphs_table(), v); }

@@ -12,6 +12,18 @@ BertConfig model_config(const TrainConfig& c) {
   b.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
   b.attention_dropout = static_cast<float>(c.model.attention_dropout);
   b.hidden_act = c.model.hidden_act;
+  b.norm = c.model.norm;
+  b.position = c.model.position;
+  b.rope_theta = static_cast<float>(c.model.rope_theta);
+  b.local_rope_theta = static_cast<float>(c.model.local_rope_theta);
+  b.mlp = c.model.mlp;
+  b.bias = c.model.bias;
+  b.norm_bias = c.model.norm_bias;
+  b.token_types = c.model.token_types;
+  b.local_window = c.model.local_window;
+  b.global_every = c.model.global_every;
+  b.nsp_head = c.model.nsp_head;
+  b.layer_norm_eps = static_cast<float>(c.model.layer_norm_eps);
   return b;
 }
 

@@ -30,6 +30,18 @@ void apply_preset(TrainConfig& c) {
   auto decimal = [](float f) { return std::stod(fmt::format("{}", f)); };
   c.model.hidden_dropout = decimal(p.hidden_dropout);
   c.model.attention_dropout = decimal(p.attention_dropout);
+  c.model.norm = p.norm;
+  c.model.position = p.position;
+  c.model.rope_theta = decimal(p.rope_theta);
+  c.model.local_rope_theta = decimal(p.local_rope_theta);
+  c.model.mlp = p.mlp;
+  c.model.bias = p.bias;
+  c.model.norm_bias = p.norm_bias;
+  c.model.token_types = p.token_types;
+  c.model.local_window = p.local_window;
+  c.model.global_every = p.global_every;
+  c.model.nsp_head = p.nsp_head;
+  c.model.layer_norm_eps = decimal(p.layer_norm_eps);
 }
 
 }  // namespace

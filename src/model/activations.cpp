@@ -83,7 +83,13 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
       if (!plan.layer_recompute) a.layers.push_back(carve_layer());
       a.hidden.push_back(hidden());
     }
-    if (plan.layer_recompute) a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
+    if (plan.layer_recompute) {
+      a.layers.assign(static_cast<size_t>(config.layers), carve_layer());
+      // Pre-norm: the stream after each layer (its MLP's sum) is the next layer's residual, so
+      // it is kept per layer like the layer inputs; a recomputed layer rewrites the same values.
+      if (config.norm == NormPlacement::pre)
+        for (LayerActivations& la : a.layers) la.mlp.ln_in = hidden();
+    }
   }
   MlpBlock::carve_scratch(c, config, shape, plan, a.mlp);
   // The encoder's backward buffers (rows only) before the heads' (masked tokens, sequences), so
@@ -101,10 +107,11 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
     t.dctx = c.take(K::grad_scratch, plan.act, {rows, h});
     if (mlp_chunk > 0) {
       t.dwide = c.take(K::grad_scratch, plan.act, {rows, 3 * h});
-      a.mlp.dpre = c.take(K::mlp, plan.act, {mlp_chunk, config.intermediate});
+      a.mlp.dpre = c.take(K::mlp, plan.act, {mlp_chunk, config.mlp_in_width()});
     } else {
-      t.dwide = c.take(K::grad_scratch, plan.act, {rows, std::max(config.intermediate, 3 * h)});
+      t.dwide = c.take(K::grad_scratch, plan.act, {rows, std::max(config.mlp_in_width(), 3 * h)});
     }
+    if (config.norm == NormPlacement::pre) t.dstream = c.take(K::grad_scratch, plan.act, {rows, h});
   }
   carve_heads(c, config, shape, plan, a.heads);
 }

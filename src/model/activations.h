@@ -42,7 +42,8 @@ struct AttentionSaved {
   Tensor qkv;      // [rows, 3H]
   Tensor ctx;      // [rows, H] attention output, heads concatenated
   Tensor lse;      // [rows, heads] softmax log-sum-exp per query row
-  Tensor ln_in;    // [rows, H] ctx Wo^T, overwritten in place by dropout(. + bo) + x
+  Tensor ln_in;    // [rows, H] ctx Wo^T, overwritten in place by dropout(. + bo) + x (pre-norm:
+                   // + the residual stream; ln_in is then the stream after the attention)
   Tensor ln_mean;  // [rows]
   Tensor ln_rstd;  // [rows]
   Tensor h1;       // [rows, H] the block's output
@@ -50,9 +51,11 @@ struct AttentionSaved {
 
 // What an MLP block's backward reads.
 struct MlpSaved {
-  Tensor pre;      // [rows, I] h1 W1^T + b1 (none when the MLP is chunked)
-  Tensor act;      // [rows, I] gelu(pre) (none when chunked)
-  Tensor ln_in;    // [rows, H] act W2^T, then dropout(. + b2) + h1
+  Tensor pre;      // [rows, I'] h1 W1^T + b1, I' = I or 2I (gated) (none when chunked)
+  Tensor act;      // [rows, I] gelu(pre), or the gated act(first half) * second half (none
+                   // when chunked)
+  Tensor ln_in;    // [rows, H] act W2^T, then dropout(. + b2) + the residual (h1 or, pre-norm,
+                   // the residual stream: attention.ln_in)
   Tensor ln_mean;  // [rows]
   Tensor ln_rstd;  // [rows]
 };
@@ -64,8 +67,8 @@ struct LayerActivations {
 
 // One MLP chunk's buffers (ActivationPlan::mlp_chunk_rows > 0), shared by every layer.
 struct MlpScratch {
-  Tensor pre, act;  // [chunk, I]
-  Tensor dpre;      // [chunk, I] d(pre) of one chunk (with gradients)
+  Tensor pre, act;  // [chunk, I'] and [chunk, I]
+  Tensor dpre;      // [chunk, I'] d(pre) of one chunk (with gradients)
 };
 
 // The encoder's backward scratch, shared by the layers (with gradients only).
@@ -73,8 +76,10 @@ struct EncoderScratch {
   Tensor dhidden[2];  // [rows, H] gradient wrt a layer's output / input, in turn
   Tensor dtmp;        // [rows, H] d(FFN out), then d(attention out)
   Tensor dctx;        // [rows, H]
-  Tensor dwide;       // [rows, max(I, 3H)] d(FFN pre), then d(qkv); [rows, 3H] when the MLP
-                      // is chunked
+  Tensor dwide;       // [rows, max(I', 3H)] d(FFN pre) (I' = Wi's width), then d(qkv);
+                      // [rows, 3H] when the MLP is chunked
+  Tensor dstream;     // [rows, H] pre-norm only: the residual stream's gradient, from the last
+                      // layer down to the embeddings
 };
 
 // The heads' buffers: the MLM transform over the masked rows, the decoder's logits chunk, the

@@ -1,7 +1,9 @@
 // The attention block of an encoder layer, post-LN (BERT's):
 //   h1 = LN(x + dropout(attention(x Wqkv^T + bqkv) Wo^T + bo))
-// with x = hidden[l]. Attention runs over each sequence's own rows (SeqLayout): it never
-// crosses a sequence boundary, whatever the layout.
+// with x = hidden[l]; or pre-LN (ModernBERT's), with the stream s (s_0 = hidden[0]):
+//   s' = s + dropout(attention(x Wqkv^T + bqkv) Wo^T + bo),  h1 = LN_mlp(s')
+// with x = hidden[l] = LN_attn(s) (layer 0: x = s). Attention runs over each sequence's own
+// rows (SeqLayout): it never crosses a sequence boundary, whatever the layout.
 #pragma once
 
 #include <cstdint>
@@ -15,17 +17,20 @@ class AttentionBlock {
  public:
   explicit AttentionBlock(const ModelRefs& m) : m_(m) {}
 
-  // hidden[l] -> layers[l].attention.h1.
+  // hidden[l] -> layers[l].attention.h1 (pre-norm: and .ln_in, the stream).
   void forward(int64_t l);
   // dh1 = dL/dh1 -> dx = dL/d(hidden[l]): the residual share written (=), the projection's
   // added (+=); the block's parameter gradients +=. Uses the encoder scratch's dtmp, dctx and
-  // dwide.
+  // dwide. Pre-norm: the residual share goes into scratch.dstream (+=, the stream's gradient),
+  // dx gets the projection's (=), and layer 0 adds it to dstream instead (its input is the
+  // stream).
   void backward(int64_t l, const Tensor& dh1, const Tensor& dx);
 
   static void carve(Carver& carver, const BertConfig& config, const BatchShape& shape,
                     const ActivationPlan& plan, AttentionSaved& saved);
 
  private:
+  const Tensor& residual(int64_t l) const;
   ModelRefs m_;
 };
 

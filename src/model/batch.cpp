@@ -105,7 +105,8 @@ void check_model_batch(const Batch& b, const BertConfig& config, int64_t global_
   // padded rows of the embedding exist only for the GEMM's shape.
   for (size_t r = 0; r < rows; ++r)
     PB_REQUIRE(b.input_ids[r] >= 0 && b.input_ids[r] < config.real_vocab_size &&
-                   b.segment_ids[r] >= 0 && b.segment_ids[r] < config.type_vocab_size,
+                   (!config.token_types ||
+                    (b.segment_ids[r] >= 0 && b.segment_ids[r] < config.type_vocab_size)),
                "model: row {} (sample id {}) has token id {} (vocab {}) / segment {} (types {})", r,
                b.token_seq[r] >= 0 ? b.sample_id[b.token_seq[r]] : -1, b.input_ids[r],
                config.real_vocab_size, b.segment_ids[r], config.type_vocab_size);

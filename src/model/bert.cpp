@@ -168,9 +168,10 @@ void Bert::heads(float mlm_scale, float nsp_scale, const ForwardOptions& options
   mlm_head_.forward(
       mlm_scale, {MetricSlots::word(sums, 0, DType::f32), MetricSlots::word(sums, 2, DType::i32)},
       options.mlm_logits);
-  nsp_head_.forward(
-      nsp_scale, {MetricSlots::word(sums, 1, DType::f32), MetricSlots::word(sums, 3, DType::i32)},
-      options.nsp_logits);
+  if (config_.nsp_head)
+    nsp_head_.forward(
+        nsp_scale, {MetricSlots::word(sums, 1, DType::f32), MetricSlots::word(sums, 3, DType::i32)},
+        options.nsp_logits);
 }
 
 Tensor Bert::deferred_sums() const { return metrics_.deferred_sums(); }
@@ -237,7 +238,9 @@ void Bert::backward_ops(const GradientReady& ready, bool announce_inside) {
     cur = 1 - cur;
     announce(hear, static_cast<size_t>(layers - l));
   }
-  embeddings_.backward(a.scratch.dhidden[cur]);  // scratch to the op from here on
+  // Pre-norm: the embeddings' output is the stream, whose gradient layer 0 completed.
+  const bool pre = config_.norm == NormPlacement::pre;
+  embeddings_.backward(pre ? a.scratch.dstream : a.scratch.dhidden[cur]);  // scratch to the op
   announce(hear, weights_.backward_groups().size() - 1);
 }
 

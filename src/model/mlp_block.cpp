@@ -10,10 +10,12 @@ void MlpBlock::forward(int64_t l) {
   StepActivations& a = m_.act;
   const LayerWeights& w = m_.weights.layers[l];
   const MlpSaved& s = a.layers[l].mlp;
+  const AttentionSaved& att = a.layers[l].attention;
   dense_forward(l);
-  m_.backend.residual_layernorm_forward(a.layout, s.ln_in, w.ffn_out_b, a.layers[l].attention.h1,
-                                        w.ffn_ln, m_.dropout(DropoutSite::ffn_output, l),
-                                        a.hidden[l + 1], s.ln_in, s.ln_mean, s.ln_rstd);
+  // The residual: h1 (post-norm), or the stream after the attention (pre-norm).
+  m_.backend.residual_layernorm_forward(
+      a.layout, s.ln_in, w.ffn_out_b, m_.pre_norm() ? att.ln_in : att.h1, w.ffn_ln,
+      m_.dropout(DropoutSite::ffn_output, l), a.hidden[l + 1], s.ln_in, s.ln_mean, s.ln_rstd);
 }
 
 void MlpBlock::backward(int64_t l, const Tensor& dy) {
@@ -21,11 +23,15 @@ void MlpBlock::backward(int64_t l, const Tensor& dy) {
   const LayerWeights& w = m_.weights.layers[l];
   LayerWeights& g = m_.grads.layers[l];
   const MlpSaved& s = a.layers[l].mlp;
-  // dy -> d(FFN out) in dtmp, and dL/dh1's residual share into dy itself.
+  // dy -> d(FFN out) in dtmp, and dL/dh1's residual share into dy itself. Pre-norm: the share
+  // goes into the stream's gradient (which the later layers' shares reach first, except after
+  // the last layer), and dy then takes the MLP's gradient wrt its normed input h1.
+  const bool pre = m_.pre_norm();
   m_.backend.residual_layernorm_backward(a.layout, dy, s.ln_in, s.ln_mean, s.ln_rstd, w.ffn_ln,
-                                         m_.dropout(DropoutSite::ffn_output, l), a.scratch.dtmp, dy,
-                                         false, g.ffn_out_b, g.ffn_ln);
-  dense_backward(l, a.scratch.dtmp, dy);
+                                         m_.dropout(DropoutSite::ffn_output, l), a.scratch.dtmp,
+                                         pre ? a.scratch.dstream : dy,
+                                         pre && l + 1 < m_.config.layers, g.ffn_out_b, g.ffn_ln);
+  dense_backward(l, a.scratch.dtmp, dy, !pre);
 }
 
 void MlpBlock::dense_forward(int64_t l) {
@@ -51,7 +57,7 @@ void MlpBlock::dense_forward(int64_t l) {
   }
 }
 
-void MlpBlock::dense_backward(int64_t l, const Tensor& dout, const Tensor& dh1) {
+void MlpBlock::dense_backward(int64_t l, const Tensor& dout, const Tensor& dh1, bool add) {
   StepActivations& a = m_.act;
   const LayerWeights& w = m_.weights.layers[l];
   LayerWeights& g = m_.grads.layers[l];
@@ -59,7 +65,7 @@ void MlpBlock::dense_backward(int64_t l, const Tensor& dout, const Tensor& dh1) 
   const Tensor& h1_all = a.layers[l].attention.h1;
   const int64_t rows = a.shape.rows, chunk = a.plan.mlp_chunk_rows;
   LinearBackwardOptions accumulate;
-  accumulate.dx_accumulate = true;  // dL/dh1 = residual share + FFN share
+  accumulate.dx_accumulate = add;  // post-norm: dL/dh1 = residual share + FFN share
   LinearBackwardOptions through_gelu;
   through_gelu.gelu = m_.config.hidden_act;  // dx of W2 is written as d(FFN pre)
   if (chunk == 0) {

@@ -1,6 +1,8 @@
 // The MLP block of an encoder layer, post-LN (BERT's):
 //   y = LN(h1 + dropout(gelu(h1 W1^T + b1) W2^T + b2))
-// with h1 the attention block's output and y = hidden[l + 1]. Under mini-sequences
+// with h1 the attention block's output and y = hidden[l + 1]; pre-LN (ModernBERT's), with s'
+// the stream after the attention: s'' = s' + dropout(mlp(h1)), y = LN_next(s''), LN_next the
+// next layer's attention norm or the final norm. Under mini-sequences
 // (ActivationPlan::mlp_chunk_rows > 0, docs/mst_memory.md) the dense-GELU-dense runs over
 // chunks of rows through one chunk's buffers (MlpScratch), keeping nothing of the [rows, I]
 // intermediate; the backward recomputes each chunk (the same ops on the same rows, so the same
@@ -35,8 +37,8 @@ class MlpBlock {
  private:
   // gelu(h1 W1^T + b1) W2^T into saved.ln_in, at once or chunk by chunk.
   void dense_forward(int64_t l);
-  // dout = d(FFN out) -> dh1 +=; dW1, db1, dW2 +=.
-  void dense_backward(int64_t l, const Tensor& dout, const Tensor& dh1);
+  // dout = d(FFN out) -> dh1 += (add) or = ; dW1, db1, dW2 +=.
+  void dense_backward(int64_t l, const Tensor& dout, const Tensor& dh1, bool add);
   ModelRefs m_;
 };
 

@@ -1,12 +1,27 @@
-// The enums of how the model computes a step, with their names: what a train config's keys
-// hold (config/train_config.h) without the model itself. Each enum's meaning is with the code
-// that reads it: Recompute and Precision in model/options.h (BertOptions), CudaGraphs in
-// model/bert_graphs.h, BatchLayout in model/batch.h; the functions are defined beside them.
+// The enums of what the model is and how it computes a step, with their names: what a train
+// config's keys hold (config/train_config.h) without the model itself. Each enum's meaning is
+// with the code that reads it: the architecture's in model/config.h (BertConfig), Recompute and
+// Precision in model/options.h (BertOptions), CudaGraphs in model/bert_graphs.h, BatchLayout in
+// model/batch.h; the functions are defined beside them.
 #pragma once
 
 #include <string>
 
 namespace packbert {
+
+// Where a layer's norms sit: after each residual sum (BERT) or before each block, with a final
+// norm after the last layer (ModernBERT; layer 0 has no attention norm, the embeddings end in
+// one).
+enum class NormPlacement { post, pre };
+const char* norm_placement_name(NormPlacement n);  // "post", "pre"
+// Position information: a learned table added to the embeddings (BERT), or rotary embeddings on
+// each layer's queries and keys (RoPE, rotate-half form; positions restart in every sequence).
+enum class Positions { learned, rope };
+const char* positions_name(Positions p);  // "learned", "rope"
+// The MLP: dense-GELU-dense (BERT), or gated: Wi gives [rows, 2I], act(first half) * second
+// half goes into Wo (GeGLU with the GELU of hidden_act, SwiGLU with SiLU).
+enum class MlpKind { gelu, geglu, swiglu };
+const char* mlp_kind_name(MlpKind m);  // "gelu", "geglu", "swiglu"
 
 // Activation recomputation (BertOptions::recompute).
 enum class Recompute {

@@ -9,17 +9,22 @@
 
 #include "kernels/common/philox.h"
 #include "kernels/base/error.h"
+#include "model/param_names.h"
 
 namespace packbert {
 
-void ParamTable::add(const std::string& name, std::vector<int64_t> shape, bool no_decay) {
+void ParamTable::add(const std::string& name, std::vector<int64_t> shape, ParamKind kind,
+                     double init_scale) {
+  if (name.empty()) return;
   ParamTensor t;
   t.name = name;
   t.size = 1;
   for (int64_t d : shape) t.size *= d;
   t.shape = std::move(shape);
   t.offset = total_;
-  t.no_decay = no_decay;
+  t.no_decay = kind != ParamKind::weight;
+  t.kind = kind;
+  t.init_scale = init_scale;
   PB_CHECK(index_.emplace(name, tensors_.size()).second, "duplicate parameter {}", name);
   tensors_.push_back(std::move(t));
   total_ += tensors_.back().size;
@@ -27,40 +32,44 @@ void ParamTable::add(const std::string& name, std::vector<int64_t> shape, bool n
 
 ParamTable::ParamTable(const BertConfig& config) : config_(config) {
   validate(config);
+  const ModelNames n = model_names(config);
   const int64_t v = config.vocab_size, h = config.hidden, i = config.intermediate;
-  const bool decay = false, no_decay = true;
-  auto layer_norm = [&](const std::string& prefix) {
-    add(prefix + ".weight", {h}, no_decay);
-    add(prefix + ".bias", {h}, no_decay);
+  // ModernBERT's output projections start at std / sqrt(2 L) (param_names.h, init_parameters).
+  const double out_scale = config.norm == NormPlacement::pre
+                               ? 1.0 / std::sqrt(2.0 * static_cast<double>(config.layers))
+                               : 1.0;
+  auto norm = [&](const NormNames& names) {
+    add(names.weight, {h}, ParamKind::norm_weight);
+    add(names.bias, {h}, ParamKind::norm_bias);
   };
-  add("bert.embeddings.word_embeddings.weight", {v, h}, decay);
-  add("bert.embeddings.position_embeddings.weight", {config.max_position_embeddings, h}, decay);
-  add("bert.embeddings.token_type_embeddings.weight", {config.type_vocab_size, h}, decay);
-  layer_norm("bert.embeddings.LayerNorm");
-  for (int64_t l = 0; l < config.layers; ++l) {
-    const std::string p = fmt::format("bert.encoder.layer.{}.", l);
+  add(n.word, {v, h}, ParamKind::weight);
+  add(n.position, {config.max_position_embeddings, h}, ParamKind::weight);
+  add(n.token_type, {config.type_vocab_size, h}, ParamKind::weight);
+  norm(n.embedding_ln);
+  for (const LayerNames& l : n.layers) {
+    layer_first_.push_back(static_cast<int>(tensors_.size()));
     // Weights first, then biases: [3H, H] and [3H] for the fused QKV GEMM.
-    for (const char* qkv : {"query", "key", "value"})
-      add(p + "attention.self." + qkv + ".weight", {h, h}, decay);
-    for (const char* qkv : {"query", "key", "value"})
-      add(p + "attention.self." + qkv + ".bias", {h}, no_decay);
-    add(p + "attention.output.dense.weight", {h, h}, decay);
-    add(p + "attention.output.dense.bias", {h}, no_decay);
-    layer_norm(p + "attention.output.LayerNorm");
-    add(p + "intermediate.dense.weight", {i, h}, decay);
-    add(p + "intermediate.dense.bias", {i}, no_decay);
-    add(p + "output.dense.weight", {h, i}, decay);
-    add(p + "output.dense.bias", {h}, no_decay);
-    layer_norm(p + "output.LayerNorm");
+    const int64_t rows = 3 * h / static_cast<int64_t>(l.qkv_w.size());
+    for (const std::string& w : l.qkv_w) add(w, {rows, h}, ParamKind::weight);
+    for (const std::string& b : l.qkv_b) add(b, {rows}, ParamKind::bias);
+    add(l.attn_out_w, {h, h}, ParamKind::weight, out_scale);
+    add(l.attn_out_b, {h}, ParamKind::bias);
+    norm(l.attn_ln);
+    add(l.ffn_in_w, {config.mlp_in_width(), h}, ParamKind::weight);
+    add(l.ffn_in_b, {config.mlp_in_width()}, ParamKind::bias);
+    add(l.ffn_out_w, {h, i}, ParamKind::weight, out_scale);
+    add(l.ffn_out_b, {h}, ParamKind::bias);
+    norm(l.ffn_ln);
   }
-  add("bert.pooler.dense.weight", {h, h}, decay);
-  add("bert.pooler.dense.bias", {h}, no_decay);
-  add("cls.predictions.transform.dense.weight", {h, h}, decay);
-  add("cls.predictions.transform.dense.bias", {h}, no_decay);
-  layer_norm("cls.predictions.transform.LayerNorm");
-  add("cls.predictions.bias", {v}, no_decay);
-  add("cls.seq_relationship.weight", {2, h}, decay);
-  add("cls.seq_relationship.bias", {2}, no_decay);
+  heads_first_ = static_cast<int>(tensors_.size());
+  add(n.pooler_w, {h, h}, ParamKind::weight);
+  add(n.pooler_b, {h}, ParamKind::bias);
+  add(n.mlm_dense_w, {h, h}, ParamKind::weight, out_scale);
+  add(n.mlm_dense_b, {h}, ParamKind::bias);
+  norm(n.mlm_ln);
+  add(n.mlm_bias, {v}, ParamKind::bias);
+  add(n.nsp_w, {2, h}, ParamKind::weight);
+  add(n.nsp_b, {2}, ParamKind::bias);
 }
 
 const ParamTensor* ParamTable::find(const std::string& name) const {
@@ -107,54 +116,59 @@ namespace {
 // The views of every tensor the model uses, each made by at(offset in the flat table, shape).
 using ViewAt = std::function<Tensor(int64_t offset, const std::vector<int64_t>& shape)>;
 BertWeights bind_with(const ParamTable& table, const ViewAt& at) {
-  const int64_t h = table.config().hidden;
+  const BertConfig& c = table.config();
+  const int64_t h = c.hidden;
+  const ModelNames n = model_names(c);
+  // A tensor's view, none when the options leave it out.
   auto get = [&](const std::string& name) {
+    if (name.empty()) return Tensor();
     const ParamTensor& t = table.at(name);
     return at(t.offset, t.shape);
   };
-  // Query, key and value laid end to end: one [3H, ...] tensor for the fused QKV GEMM.
-  auto fused = [&](const std::string& prefix, const char* suffix,
-                   const std::vector<int64_t>& dims) {
-    const ParamTensor& q = table.at(prefix + "query" + suffix);
-    const ParamTensor& k = table.at(prefix + "key" + suffix);
-    const ParamTensor& v = table.at(prefix + "value" + suffix);
-    PB_CHECK(k.offset == q.offset + q.size && v.offset == k.offset + k.size,
-             "{}query/key/value{} are not adjacent", prefix, suffix);
-    return at(q.offset, dims);
+  // Tensors laid end to end as one (BERT's query, key and value: one [3H, ...] tensor for the
+  // fused QKV GEMM).
+  auto joined = [&](const std::vector<std::string>& names, const std::vector<int64_t>& dims) {
+    if (names.empty()) return Tensor();
+    for (size_t k = 1; k < names.size(); ++k) {
+      const ParamTensor& prev = table.at(names[k - 1]);
+      PB_CHECK(table.at(names[k]).offset == prev.offset + prev.size, "{} and {} are not adjacent",
+               names[k - 1], names[k]);
+    }
+    return at(table.at(names[0]).offset, dims);
   };
-  auto ln = [&](const std::string& prefix) {
-    return LayerNormParams{get(prefix + ".weight"), get(prefix + ".bias")};
+  auto ln = [&](const NormNames& names) {
+    return LayerNormParams{get(names.weight), get(names.bias), c.layer_norm_eps};
   };
   BertWeights w;
-  w.embeddings.word = get("bert.embeddings.word_embeddings.weight");
-  w.embeddings.position = get("bert.embeddings.position_embeddings.weight");
-  w.embeddings.token_type = get("bert.embeddings.token_type_embeddings.weight");
-  const LayerNormParams eln = ln("bert.embeddings.LayerNorm");
+  w.embeddings.word = get(n.word);
+  w.embeddings.position = get(n.position);
+  w.embeddings.token_type = get(n.token_type);
+  const LayerNormParams eln = ln(n.embedding_ln);
   w.embeddings.ln_gamma = eln.gamma;
   w.embeddings.ln_beta = eln.beta;
-  for (int64_t l = 0; l < table.config().layers; ++l) {
-    const std::string p = fmt::format("bert.encoder.layer.{}.", l);
+  w.embeddings.ln_eps = eln.eps;
+  for (const LayerNames& l : n.layers) {
     LayerWeights lw;
-    lw.qkv_w = fused(p + "attention.self.", ".weight", {3 * h, h});
-    lw.qkv_b = fused(p + "attention.self.", ".bias", {3 * h});
-    lw.attn_out_w = get(p + "attention.output.dense.weight");
-    lw.attn_out_b = get(p + "attention.output.dense.bias");
-    lw.attn_ln = ln(p + "attention.output.LayerNorm");
-    lw.ffn_in_w = get(p + "intermediate.dense.weight");
-    lw.ffn_in_b = get(p + "intermediate.dense.bias");
-    lw.ffn_out_w = get(p + "output.dense.weight");
-    lw.ffn_out_b = get(p + "output.dense.bias");
-    lw.ffn_ln = ln(p + "output.LayerNorm");
+    lw.qkv_w = joined(l.qkv_w, {3 * h, h});
+    lw.qkv_b = joined(l.qkv_b, {3 * h});
+    lw.attn_out_w = get(l.attn_out_w);
+    lw.attn_out_b = get(l.attn_out_b);
+    lw.attn_ln = ln(l.attn_ln);
+    lw.ffn_in_w = get(l.ffn_in_w);
+    lw.ffn_in_b = get(l.ffn_in_b);
+    lw.ffn_out_w = get(l.ffn_out_w);
+    lw.ffn_out_b = get(l.ffn_out_b);
+    lw.ffn_ln = ln(l.ffn_ln);
     w.layers.push_back(lw);
   }
-  w.pooler_nsp.dense_w = get("bert.pooler.dense.weight");
-  w.pooler_nsp.dense_b = get("bert.pooler.dense.bias");
-  w.pooler_nsp.cls_w = get("cls.seq_relationship.weight");
-  w.pooler_nsp.cls_b = get("cls.seq_relationship.bias");
-  w.mlm_dense_w = get("cls.predictions.transform.dense.weight");
-  w.mlm_dense_b = get("cls.predictions.transform.dense.bias");
-  w.mlm_ln = ln("cls.predictions.transform.LayerNorm");
-  w.mlm_bias = get("cls.predictions.bias");
+  w.pooler_nsp.dense_w = get(n.pooler_w);
+  w.pooler_nsp.dense_b = get(n.pooler_b);
+  w.pooler_nsp.cls_w = get(n.nsp_w);
+  w.pooler_nsp.cls_b = get(n.nsp_b);
+  w.mlm_dense_w = get(n.mlm_dense_w);
+  w.mlm_dense_b = get(n.mlm_dense_b);
+  w.mlm_ln = ln(n.mlm_ln);
+  w.mlm_bias = get(n.mlm_bias);
   return w;
 }
 
@@ -203,9 +217,54 @@ uint64_t name_hash(const std::string& s) {
   return h;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+// Two uniforms of one Philox word pair -> one standard normal (Box-Muller), u1 in (0, 1] so
+// log(u1) is finite, u2 in [0, 1); k picks cos (0) or sin (1).
+double box_muller(uint32_t w1, uint32_t w2, int k) {
+  const double u1 = (w1 + 1.0) / 4294967296.0;
+  const double u2 = w2 / 4294967296.0;
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  return k == 0 ? r * std::cos(2.0 * M_PI * u2) : r * std::sin(2.0 * M_PI * u2);
+}
+
+// BERT's normal(0, std): one Philox call gives 4 uniforms, i.e. 2 pairs, i.e. 4 normals.
+void fill_normal(const ParamTensor& t, uint64_t tag, uint32_t key0, uint32_t key1, double std,
+                 float* p) {
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < (t.size + 3) / 4; ++block) {
+    const Philox4x32 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                          static_cast<uint32_t>(tag), static_cast<uint32_t>(tag >> 32)}};
+    const Philox4x32 bits = philox4x32_10(ctr, key0, key1);
+    double z[4];
+    for (int k = 0; k < 2; ++k) {
+      z[2 * k] = box_muller(bits.v[2 * k], bits.v[2 * k + 1], 0);
+      z[2 * k + 1] = box_muller(bits.v[2 * k], bits.v[2 * k + 1], 1);
+    }
+    for (int64_t k = 0; k < 4 && 4 * block + k < t.size; ++k)
+      p[4 * block + k] = static_cast<float>(std * z[k]);
+  }
+}
+
+// ModernBERT's truncated normal(0, std) on [-2 std, 2 std], by rejection: element e draws
+// normals from Philox(e, attempt, tag) until one falls inside (95% do at the first attempt).
+void fill_truncated(const ParamTensor& t, uint64_t tag, uint32_t key0, uint32_t key1, double std,
+                    float* p) {
+  const auto tag0 = static_cast<uint32_t>(tag), tag1 = static_cast<uint32_t>(tag >> 32);
+#pragma omp parallel for schedule(static)
+  for (int64_t e = 0; e < t.size; ++e) {
+    double z = 0.0;
+    for (uint32_t attempt = 0;; ++attempt) {
+      // The element's 40 bits and the attempt in the counter's first two words.
+      const Philox4x32 ctr{{static_cast<uint32_t>(e),
+                            static_cast<uint32_t>(e >> 32) | (attempt << 12) | 0x80000000u, tag0,
+                            tag1}};
+      const Philox4x32 bits = philox4x32_10(ctr, key0, key1);
+      z = box_muller(bits.v[0], bits.v[1], 0);
+      if (std::fabs(z) <= 2.0) break;
+      z = box_muller(bits.v[0], bits.v[1], 1);
+      if (std::fabs(z) <= 2.0) break;
+    }
+    p[e] = static_cast<float>(std * z);
+  }
 }
 
 }  // namespace
@@ -214,37 +273,19 @@ void init_parameters(const ParamTable& table, const InitOptions& options, float*
   PB_REQUIRE(options.std > 0.f, "init: std {} must be > 0", options.std);
   const auto key0 = static_cast<uint32_t>(options.seed);
   const auto key1 = static_cast<uint32_t>(options.seed >> 32);
+  const bool modern = table.config().norm == NormPlacement::pre;
   for (const ParamTensor& t : table.tensors()) {
     float* p = host + t.offset;
-    const bool layer_norm = t.name.find("LayerNorm") != std::string::npos;
-    if (layer_norm) {  // weight (gamma) 1, bias (beta) 0
-      const float value = ends_with(t.name, ".weight") ? 1.f : 0.f;
+    if (t.kind != ParamKind::weight) {  // norm weights (gamma) 1; biases and norm biases 0
+      const float value = t.kind == ParamKind::norm_weight ? 1.f : 0.f;
       for (int64_t e = 0; e < t.size; ++e) p[e] = value;
       continue;
     }
-    if (ends_with(t.name, "bias")) {  // every bias, cls.predictions.bias included
-      for (int64_t e = 0; e < t.size; ++e) p[e] = 0.f;
-      continue;
-    }
-    // Box-Muller on Philox words: one call gives 4 uniforms, i.e. 2 pairs, i.e. 4 normals.
-    const uint64_t tag = name_hash(t.name);
-#pragma omp parallel for schedule(static)
-    for (int64_t block = 0; block < (t.size + 3) / 4; ++block) {
-      const Philox4x32 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                            static_cast<uint32_t>(tag), static_cast<uint32_t>(tag >> 32)}};
-      const Philox4x32 bits = philox4x32_10(ctr, key0, key1);
-      double z[4];
-      for (int k = 0; k < 2; ++k) {
-        // u1 in (0, 1] so log(u1) is finite; u2 in [0, 1).
-        const double u1 = (bits.v[2 * k] + 1.0) / 4294967296.0;
-        const double u2 = bits.v[2 * k + 1] / 4294967296.0;
-        const double r = std::sqrt(-2.0 * std::log(u1));
-        z[2 * k] = r * std::cos(2.0 * M_PI * u2);
-        z[2 * k + 1] = r * std::sin(2.0 * M_PI * u2);
-      }
-      for (int64_t k = 0; k < 4 && 4 * block + k < t.size; ++k)
-        p[4 * block + k] = static_cast<float>(options.std * z[k]);
-    }
+    const double std = options.std * t.init_scale;
+    if (modern)
+      fill_truncated(t, name_hash(t.name), key0, key1, std, p);
+    else
+      fill_normal(t, name_hash(t.name), key0, key1, std, p);
   }
 }
 
@@ -291,7 +332,8 @@ BertWeights mixed_weights(const ParamTable& table, const BertWeights& master, co
                           &w.embeddings.word, &w.embeddings.position, &w.embeddings.token_type})
     low16.push_back(t);
   int64_t low_elems = 0, fp32_elems = 0, all = 0;
-  for (const Tensor* t : low16) low_elems += t->numel();
+  for (const Tensor* t : low16)
+    if (t->defined()) low_elems += t->numel();
   for (const auto& [a, b] : fp32_read_ranges(table, true)) fp32_elems += b - a;
   for (const ParamTensor& t : table.tensors()) all += t.size;
   PB_REQUIRE(low_elems + fp32_elems == all,
@@ -301,20 +343,15 @@ BertWeights mixed_weights(const ParamTable& table, const BertWeights& master, co
 }
 
 std::vector<std::pair<int, int>> backward_groups(const ParamTable& table) {
-  // The table is embeddings | layer 0 | ... | layer L-1 | pooler and heads (above).
-  auto index = [&](const std::string& name) {
-    return static_cast<int>(&table.at(name) - table.tensors().data());
-  };
-  auto layer_first = [&](int64_t l) {
-    return index("bert.encoder.layer." + std::to_string(l) + ".attention.self.query.weight");
-  };
+  // The table is embeddings | layer 0 | ... | layer L-1 | pooler and heads (ParamTable).
   const int64_t layers = table.config().layers;
-  const int heads_first = index("bert.pooler.dense.weight");
+  const int heads_first = table.heads_first();
   std::vector<std::pair<int, int>> groups;
   groups.emplace_back(heads_first, static_cast<int>(table.tensors().size()));
   for (int64_t l = layers - 1; l >= 0; --l)
-    groups.emplace_back(layer_first(l), l + 1 < layers ? layer_first(l + 1) : heads_first);
-  groups.emplace_back(0, layer_first(0));
+    groups.emplace_back(table.layer_first(l),
+                        l + 1 < layers ? table.layer_first(l + 1) : heads_first);
+  groups.emplace_back(0, table.layer_first(0));
   return groups;
 }
 

@@ -21,6 +21,9 @@
 
 namespace packbert {
 
+// What a tensor is, for its initialisation (init_parameters).
+enum class ParamKind { weight, bias, norm_weight, norm_bias };
+
 struct ParamTensor {
   std::string name;            // Hugging Face name, e.g. bert.encoder.layer.3.output.dense.weight
   std::vector<int64_t> shape;  // PyTorch's shape: nn.Linear weights are [out, in]
@@ -29,6 +32,10 @@ struct ParamTensor {
   // Excluded from weight decay and from LAMB's trust ratio: every bias and every LayerNorm
   // weight, as MLPerf's reference (no_decay = bias, gamma, beta, LayerNorm).
   bool no_decay = false;
+  ParamKind kind = ParamKind::weight;
+  // A weight's initial std in units of InitOptions::std: 1, or 1 / sqrt(2 L) for the output
+  // projections of a ModernBERT-style (pre-norm) model.
+  double init_scale = 1.0;
 };
 
 class ParamTable {
@@ -42,17 +49,25 @@ class ParamTable {
   const ParamTensor& at(const std::string& name) const;    // Error when unknown
   // LAMB's view (backend.h LambTensor): one row per tensor, ascending offsets.
   std::vector<LambTensor> lamb_rows() const;
+  // Indices into tensors(): the first tensor of encoder layer l, and the first of the heads.
+  int layer_first(int64_t l) const { return layer_first_.at(static_cast<size_t>(l)); }
+  int heads_first() const { return heads_first_; }
 
  private:
-  void add(const std::string& name, std::vector<int64_t> shape, bool no_decay);
+  // A tensor named `name` (nothing when the name is empty: the options leave it out).
+  void add(const std::string& name, std::vector<int64_t> shape, ParamKind kind,
+           double init_scale = 1.0);
 
   BertConfig config_;
   std::vector<ParamTensor> tensors_;
   std::unordered_map<std::string, size_t> index_;
   int64_t total_ = 0;
+  std::vector<int> layer_first_;
+  int heads_first_ = 0;
 };
 
-// Views of one encoder layer's tensors.
+// Views of one encoder layer's tensors (none where the architecture options leave a tensor out;
+// model/param_names.h says which norm is which in a pre-norm model).
 struct LayerWeights {
   Tensor qkv_w;             // [3H, H] attention.self.{query,key,value}.weight
   Tensor qkv_b;             // [3H]
@@ -116,10 +131,13 @@ struct InitOptions {
   float std = 0.02f;  // Hugging Face's initializer_range
 };
 
-// BERT's initialisation into host memory of table.total() floats: weights (embeddings
-// included) ~ normal(0, std), biases 0, LayerNorm weights 1. Each element is a pure function of
-// (seed, tensor name, element index) -- a counter-based generator, not a stream -- so a
-// tensor's values do not depend on the other tensors, the table order or the thread count.
+// The initialisation into host memory of table.total() floats: biases 0, norm weights 1, and
+// weights (embeddings included) ~ normal(0, std) for BERT (post-norm models), or ModernBERT's
+// truncated normal(0, std * init_scale) cut at 2 of its stds for pre-norm models (std for the
+// embeddings, Wqkv and Wi, std / sqrt(2 L) for the attention's and the MLP's Wo and the head's
+// dense). Each element is a pure function of (seed, tensor name, element index) -- a
+// counter-based generator, not a stream -- so a tensor's values do not depend on the other
+// tensors, the table order or the thread count.
 void init_parameters(const ParamTable& table, const InitOptions& options, float* host);
 
 }  // namespace packbert

@@ -32,7 +32,13 @@ struct ModelRefs {
   Dropout dropout(DropoutSite site, int64_t layer) const {
     return dropout_of(act, config, site, static_cast<uint32_t>(layer));
   }
+  bool pre_norm() const { return config.norm == NormPlacement::pre; }
 };
+
+// The epilogue of a linear layer whose bias may be left out (BertConfig::bias).
+inline Epilogue bias_epilogue(const Tensor& bias) {
+  return bias.defined() ? Epilogue::bias : Epilogue::none;
+}
 
 // Rows [first, first + n) of a row-major tensor.
 inline Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {

@@ -20,6 +20,22 @@ namespace {
 // A float as JSON shows it: its shortest decimal form (0.1f -> 0.1, not 0.10000000149...).
 double json_float(float f) { return std::stod(fmt::format("{}", f)); }
 
+nlohmann::ordered_json architecture_json(const BertConfig& c) {
+  nlohmann::ordered_json a;
+  a["norm"] = norm_placement_name(c.norm);
+  a["position"] = positions_name(c.position);
+  a["rope_theta"] = json_float(c.rope_theta);
+  a["local_rope_theta"] = json_float(c.local_rope_theta);
+  a["mlp"] = mlp_kind_name(c.mlp);
+  a["bias"] = c.bias;
+  a["norm_bias"] = c.norm_bias;
+  a["token_types"] = c.token_types;
+  a["local_window"] = c.local_window;
+  a["global_every"] = c.global_every;
+  a["nsp_head"] = c.nsp_head;
+  return a;
+}
+
 nlohmann::ordered_json hf_config_json(const BertConfig& c) {
   nlohmann::ordered_json j;
   j["architectures"] = {"BertForPreTraining"};
@@ -40,6 +56,10 @@ nlohmann::ordered_json hf_config_json(const BertConfig& c) {
   j["position_embedding_type"] = "absolute";
   j["torch_dtype"] = "float32";
   j["packbert_real_vocab_size"] = c.real_vocab_size;
+  // The architecture options, when any differs from BERT's (a BERT checkpoint's config.json
+  // stays Hugging Face's BertConfig, byte for byte).
+  if (architecture_json(c) != architecture_json(BertConfig{}))
+    j["packbert_architecture"] = architecture_json(c);
   return j;
 }
 
@@ -67,6 +87,10 @@ std::vector<FieldDiff> config_diffs(const BertConfig& a, const BertConfig& b, bo
   i64("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings);
   i64("type_vocab_size", a.type_vocab_size, b.type_vocab_size);
   f32("layer_norm_eps", a.layer_norm_eps, b.layer_norm_eps);
+  const nlohmann::ordered_json arch_a = architecture_json(a), arch_b = architecture_json(b);
+  for (const auto& [key, value] : arch_a.items())
+    if (value != arch_b[key])
+      d.push_back({"packbert_architecture." + key, value.dump(), arch_b[key].dump()});
   if (dropout) {
     f32("hidden_dropout_prob", a.hidden_dropout, b.hidden_dropout);
     f32("attention_probs_dropout_prob", a.attention_dropout, b.attention_dropout);
@@ -77,6 +101,46 @@ std::vector<FieldDiff> config_diffs(const BertConfig& a, const BertConfig& b, bo
       d.push_back({"hidden_act", act(a.hidden_act), act(b.hidden_act)});
   }
   return d;
+}
+
+// The options of architecture_json into c (Error naming the field otherwise).
+void read_architecture(const std::string& path, const nlohmann::json& a, BertConfig& c) {
+  PB_REQUIRE(a.is_object(), "{}: packbert_architecture is not an object", path);
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    PB_REQUIRE(a.contains(key), "{}: packbert_architecture.{} is missing", path, key);
+    return a[key];
+  };
+  auto choice = [&](const char* key, auto value, std::initializer_list<decltype(value)> all,
+                    auto name) {
+    const nlohmann::json& v = field(key);
+    for (auto option : all)
+      if (v.is_string() && v.get<std::string>() == name(option)) return option;
+    PB_THROW("{}: packbert_architecture.{} = {} is not an option", path, key, v.dump());
+  };
+  auto flag = [&](const char* key) {
+    const nlohmann::json& v = field(key);
+    PB_REQUIRE(v.is_boolean(), "{}: packbert_architecture.{} = {} is not a boolean", path, key,
+               v.dump());
+    return v.get<bool>();
+  };
+  auto number = [&](const char* key) {
+    const nlohmann::json& v = field(key);
+    PB_REQUIRE(v.is_number(), "{}: packbert_architecture.{} = {} is not a number", path, key,
+               v.dump());
+    return v.get<double>();
+  };
+  c.norm = choice("norm", c.norm, {NormPlacement::post, NormPlacement::pre}, norm_placement_name);
+  c.position =
+      choice("position", c.position, {Positions::learned, Positions::rope}, positions_name);
+  c.rope_theta = static_cast<float>(number("rope_theta"));
+  c.local_rope_theta = static_cast<float>(number("local_rope_theta"));
+  c.mlp = choice("mlp", c.mlp, {MlpKind::gelu, MlpKind::geglu, MlpKind::swiglu}, mlp_kind_name);
+  c.bias = flag("bias");
+  c.norm_bias = flag("norm_bias");
+  c.token_types = flag("token_types");
+  c.local_window = static_cast<int64_t>(number("local_window"));
+  c.global_every = static_cast<int64_t>(number("global_every"));
+  c.nsp_head = flag("nsp_head");
 }
 
 }  // namespace
@@ -158,6 +222,7 @@ BertConfig detail::parse_hf_config(const std::string& path, const std::string& t
   c.hidden_dropout = float_field("hidden_dropout_prob", 0.1f);
   c.attention_dropout = float_field("attention_probs_dropout_prob", 0.1f);
   c.layer_norm_eps = float_field("layer_norm_eps", 1e-12f);
+  if (j.contains("packbert_architecture")) read_architecture(path, j["packbert_architecture"], c);
   try {
     validate(c);
   } catch (const Error& e) {

@@ -183,6 +183,17 @@ inline bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// BERT's tiny shape with ModernBERT's layer options that need no new op: pre-norm with a final
+// norm, no biases but the decoder's, norms without a bias, no token types, epsilon 1e-5, no NSP
+// head; dropout kept at 0.1 so that every dropout site runs.
+inline BertConfig prenorm_tiny() {
+  BertConfig c = bert_preset("tiny");
+  c.norm = NormPlacement::pre;
+  c.bias = c.norm_bias = c.token_types = c.nsp_head = false;
+  c.layer_norm_eps = 1e-5f;
+  return c;
+}
+
 inline bool is_key_bias(const std::string& name) {
   return ends_with(name, "attention.self.key.bias");
 }

@@ -26,10 +26,10 @@ constexpr double kLayoutTol = 1e-5;
 constexpr double kSplitTol = 2e-6;
 constexpr double kCancellingTol = 1e-5;
 
-TEST(ModelEquivalence, LayoutsGiveTheSameLossAndGradients) {
+void check_layouts(const BertConfig& config) {
   auto rng = model_rng(1);
   auto be = make_cpu_backend();
-  HostModel m(bert_preset("tiny"), rng());
+  HostModel m(config, rng());
   const auto samples = mixed_length_batch(rng, 12, m.config.real_vocab_size, kMaxSeqLen);
   const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
   const auto step = static_cast<uint32_t>(rng() % kDropoutMaxStep);
@@ -73,6 +73,10 @@ TEST(ModelEquivalence, LayoutsGiveTheSameLossAndGradients) {
                        std::string(name) + " vs unpadded", with_nsp_floor(gs));
   }
 }
+
+TEST(ModelEquivalence, LayoutsGiveTheSameLossAndGradients) { check_layouts(bert_preset("tiny")); }
+
+TEST(ModelEquivalence, PreNormLayoutsGiveTheSameLossAndGradients) { check_layouts(prenorm_tiny()); }
 
 TEST(ModelEquivalence, MicroStepsAndRanksAddUpToTheGlobalBatch) {
   auto rng = model_rng(2);

@@ -45,20 +45,20 @@ BertConfig micro_config() {
   return c;
 }
 
-void check_every_tensor(Gelu form) {
+// `config` is micro_config() with its options; `label` names it in the output.
+void check_every_tensor(const BertConfig& config, const char* label) {
+  const Gelu form = config.hidden_act;
   // ~1500 forwards of a model whose ops take microseconds: one thread, since an OpenMP barrier
   // per op would cost more than the op (and much more on a loaded machine).
   const int threads = cpu::num_threads();
   cpu::set_num_threads(1);
   auto rng = model_rng(41);
   auto be = make_cpu_backend();
-  BertConfig config = micro_config();
-  config.hidden_act = form;
   HostModel m(config, rng(), 0.25f);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (const ParamTensor& t : m.table.tensors()) {
     if (!t.no_decay) continue;
-    const bool gamma = t.name.find("LayerNorm.weight") != std::string::npos;
+    const bool gamma = t.kind == ParamKind::norm_weight;
     for (int64_t k = 0; k < t.size; ++k)
       m.params[t.offset + k] = gamma ? 1.f + 0.3f * u(rng) : 0.2f * u(rng);
   }
@@ -187,19 +187,44 @@ void check_every_tensor(Gelu form) {
     }
   }
   cpu::set_num_threads(threads);
-  std::printf("[model-error] %s GELU: worst directional %s, worst coordinate %s\n",
-              form == Gelu::tanh ? "tanh" : "erf", worst_dir_name.c_str(),
-              worst_coord_name.c_str());
+  std::printf("[model-error] %s: worst directional %s, worst coordinate %s\n", label,
+              worst_dir_name.c_str(), worst_coord_name.c_str());
   print_measure("key bias gradient / query bias gradient (worst layer)", worst_key_bias, 1e-5);
   print_measure("FD directional: |fd/analytic - 1| / (1e-3 + noise)", worst_dir, 1.0);
   print_measure("FD coordinates: |fd - g| / (2e-3 max|g| + 1e-2 |g| + noise)", worst_coord, 1.0);
 }
 
-TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) { check_every_tensor(Gelu::erf); }
+TEST(ModelGradcheck, EveryTensorMatchesFiniteDifferences) {
+  check_every_tensor(micro_config(), "erf GELU");
+}
+
+// ModernBERT's layer (pre-norm with a final norm, no biases but the decoder's, norms without a
+// bias, no token types, its epsilon, no NSP head) and the options one at a time on BERT's.
+TEST(ModelGradcheck, PreNormWithoutBiasesEveryTensorMatchesFiniteDifferences) {
+  BertConfig c = micro_config();
+  c.norm = NormPlacement::pre;
+  c.bias = c.norm_bias = c.token_types = c.nsp_head = false;
+  c.layer_norm_eps = 1e-5f;
+  check_every_tensor(c, "pre-norm, no biases");
+}
+
+TEST(ModelGradcheck, PreNormWithBiasesAndNspEveryTensorMatchesFiniteDifferences) {
+  BertConfig c = micro_config();
+  c.norm = NormPlacement::pre;
+  check_every_tensor(c, "pre-norm with biases and NSP");
+}
+
+TEST(ModelGradcheck, PostNormWithoutBiasesEveryTensorMatchesFiniteDifferences) {
+  BertConfig c = micro_config();
+  c.bias = c.norm_bias = c.token_types = false;
+  check_every_tensor(c, "post-norm, no biases");
+}
 
 // The tanh GELU (model.hidden_act = "gelu_tanh") through the MLP and the MLM transform.
 TEST(ModelGradcheck, TanhGeluEveryTensorMatchesFiniteDifferences) {
-  check_every_tensor(Gelu::tanh);
+  BertConfig c = micro_config();
+  c.hidden_act = Gelu::tanh;
+  check_every_tensor(c, "tanh GELU");
 }
 
 }  // namespace

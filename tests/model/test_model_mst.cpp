@@ -76,10 +76,10 @@ void expect_same(const HostModel& m, const StepOutput& got, const StepOutput& wa
   expect_grads_equal(m.table, got.grads, want.grads, gs, what);
 }
 
-TEST(ModelMst, ChunksAndRecomputeGiveTheSameLossAndGradients) {
+void check_chunks_and_recompute(const BertConfig& config) {
   auto rng = model_rng(11);
   auto be = make_cpu_backend();
-  HostModel m(bert_preset("tiny"), rng());
+  HostModel m(config, rng());
   const auto samples = batch_samples(rng, 10, m.config.real_vocab_size);
   const int64_t gm = masked_count(samples), gs = static_cast<int64_t>(samples.size());
   const auto step = static_cast<uint32_t>(rng() % kDropoutMaxStep);
@@ -93,6 +93,14 @@ TEST(ModelMst, ChunksAndRecomputeGiveTheSameLossAndGradients) {
       const StepOutput got = run_step(*be, m, {b}, gm, gs, step, seed, mst(chunks, r));
       expect_same(m, got, want, gs, name_of(chunks, r));
     }
+}
+
+TEST(ModelMst, ChunksAndRecomputeGiveTheSameLossAndGradients) {
+  check_chunks_and_recompute(bert_preset("tiny"));
+}
+
+TEST(ModelMst, PreNormChunksAndRecomputeGiveTheSameLossAndGradients) {
+  check_chunks_and_recompute(prenorm_tiny());
 }
 
 TEST(ModelMst, EveryLayoutMatchesItsUnchunkedRun) {

@@ -387,7 +387,7 @@ namespace {
 // The double forward of each epilogue: y = act(x w^T + b).
 Vec linear_ref(const Vec& x, const Vec& w, const Vec& b, Epilogue e, int64_t n, int64_t k,
                int64_t m, Vec* pre = nullptr) {
-  Vec y = ref::linear(x, w, e == Epilogue::none ? nullptr : &b, n, k, m);
+  Vec y = ref::linear(x, w, e == Epilogue::none || b.empty() ? nullptr : &b, n, k, m);
   if (pre) *pre = y;
   if (has_gelu(e))
     for (auto& v : y) v = ref::gelu(v, gelu_of(e));
@@ -408,17 +408,20 @@ static OpCases linear_forward_cases() {
     int64_t n, k, m;
     float ws = 1.f;
   };
-  auto add = [&cases](DType t, Shape s, Epilogue ep) {
-    const bool lowp = is_lowp(t), gelu = has_gelu(ep), with_bias = ep != Epilogue::none;
+  // no_bias: a GELU epilogue without a bias (a layer of a model without biases).
+  auto add = [&cases](DType t, Shape s, Epilogue ep, bool no_bias = false) {
+    const bool lowp = is_lowp(t), gelu = has_gelu(ep), with_bias = ep != Epilogue::none && !no_bias;
     const int64_t n = s.n, k = s.k, m = s.m;
     const bool epilogue_gelu = ep == Epilogue::bias_gelu_tanh && m % 8 == 0;
     OpCase c;
     c.dtype = t;
+    const char* bias_note = no_bias ? " without bias" : epilogue_gelu ? " GELU_AUX_BIAS" : "";
     c.name = lowp ? fmt::format("linear_forward {} n{} k{} m{} {}{}", dtype_name(t), n, k, m,
-                                ep_name(ep), epilogue_gelu ? " GELU_AUX_BIAS" : "")
-                  : fmt::format("linear_forward n{} k{} m{} {}{}", n, k, m, ep_name(ep),
-                                epilogue_gelu ? " GELU_AUX_BIAS" : "");
-    const double tol = lowp ? lowp_linear_tol(t) : epilogue_gelu ? kGeluEpilogueTol : kTol;
+                                ep_name(ep), bias_note)
+                  : fmt::format("linear_forward n{} k{} m{} {}{}", n, k, m, ep_name(ep), bias_note);
+    const double tol = lowp                        ? lowp_linear_tol(t)
+                       : epilogue_gelu && !no_bias ? kGeluEpilogueTol
+                                                   : kTol;
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
       const auto x = lowp ? randn(g, n * k) : random_floats(g, n * k);
@@ -450,6 +453,10 @@ static OpCases linear_forward_cases() {
   for (DType t : {DType::bf16, DType::f16})
     for (const Shape s : {Shape{37, 64, 48}, Shape{64, 24, 19}, Shape{5, 128, 512}})
       for (Epilogue ep : kEpilogues) add(t, s, ep);
+  // The GELU epilogues without a bias (the kernels' GELU, never GELU_AUX_BIAS).
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    for (const Shape s : {Shape{37, 29, 53, 0.2f}, Shape{64, 24, 48}})
+      for (Epilogue ep : {Epilogue::bias_gelu, Epilogue::bias_gelu_tanh}) add(t, s, ep, true);
   return cases;
 }
 
