@@ -23,9 +23,25 @@ const BertOptions& checked(const BertOptions& options) {
 }
 }  // namespace
 
+namespace {
+// The options the model's parts compute. Rotary positions, gated MLPs and local attention have
+// a parameter table, names and keys, but no part runs them: refused rather than ignored.
+const BertConfig& runnable(const BertConfig& c) {
+  PB_REQUIRE(c.position == Positions::learned,
+             "model: position = \"{}\" is not run by this model yet (only \"learned\")",
+             positions_name(c.position));
+  PB_REQUIRE(!c.gated(), "model: mlp = \"{}\" is not run by this model yet (only \"gelu\")",
+             mlp_kind_name(c.mlp));
+  PB_REQUIRE(c.local_window == 0,
+             "model: local_window = {} is not run by this model yet (only 0, every layer global)",
+             c.local_window);
+  return c;
+}
+}  // namespace
+
 Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
            const BertOptions& options, const Tensor& fp32_weights)
-    : config_(config),
+    : config_(runnable(config)),
       backend_(backend),
       options_(checked(options)),
       table_(config),
