@@ -34,6 +34,17 @@ int64_t hf_count(const BertConfig& c) {
                                         c.max_position_embeddings, c.type_vocab_size);
 }
 
+// Hugging Face ModernBertForMaskedLM's count for ModernBERT's options (modeling_modernbert.py,
+// every bias off but the decoder's, norms without a bias):
+//   embeddings  V*H (tok_embeddings) + H (norm)
+//   per layer   H (attn_norm, an Identity in layer 0) + 3H*H (Wqkv) + H*H (Wo) + H (mlp_norm)
+//               + 2I*H (Wi) + H*I (Wo)
+//   final norm  H;  head  H*H (dense) + H (norm);  decoder  V (bias; the weight is tied)
+int64_t hf_modernbert_for_masked_lm_params(int64_t v, int64_t h, int64_t layers, int64_t inter) {
+  const int64_t layer = h + 3 * h * h + h * h + h + 2 * inter * h + h * inter;
+  return v * h + h + layers * layer - h + h + h * h + h + v;
+}
+
 TEST(ModelParams, FormulaReproducesPublishedCounts) {
   // bert-base-uncased / bert-large-uncased BertForPreTraining (vocab 30522), as PyTorch's
   // sum(p.numel() for p in model.parameters()) reports them.
@@ -44,12 +55,17 @@ TEST(ModelParams, FormulaReproducesPublishedCounts) {
 TEST(ModelParams, CountsMatchHuggingFaceForEveryPreset) {
   for (const std::string& name : bert_preset_names()) {
     const BertConfig c = bert_preset(name);
-    EXPECT_EQ(c.vocab_size, 30528) << name;
-    EXPECT_EQ(c.real_vocab_size, 30522) << name;
+    const bool modern = name.rfind("modernbert", 0) == 0;
+    const bool bert_vocab = !modern || name == "modernbert-tiny";
+    EXPECT_EQ(c.vocab_size, bert_vocab ? 30528 : 50368) << name;
+    EXPECT_EQ(c.real_vocab_size, bert_vocab ? 30522 : 50368) << name;
     const ParamTable t(c);
     std::printf("%-6s %s: %lld parameters\n", name.c_str(), describe(c).c_str(),
                 static_cast<long long>(t.total()));
-    EXPECT_EQ(t.total(), hf_count(c)) << name;
+    EXPECT_EQ(t.total(), modern ? hf_modernbert_for_masked_lm_params(c.vocab_size, c.hidden,
+                                                                     c.layers, c.intermediate)
+                                : hf_count(c))
+        << name;
   }
   EXPECT_EQ(ParamTable(bert_preset("base")).total(), 110106428 + 6 * 768 + 6);
   EXPECT_EQ(ParamTable(bert_preset("large")).total(), 336226108 + 6 * 1024 + 6);
@@ -197,8 +213,21 @@ TEST(ModelConfig, PresetsValidateAndBadConfigsAreClearErrors) {
   c.hidden_dropout = 1.f;
   EXPECT_NE(message(c).find("hidden_dropout"), std::string::npos) << message(c);
   c = bert_preset("base");
-  c.layer_norm_eps = 1e-5f;
+  c.layer_norm_eps = 1e-5f;  // ModernBERT's: free
+  EXPECT_NO_THROW(validate(c));
+  c.layer_norm_eps = 0.f;
   EXPECT_NE(message(c).find("layer_norm_eps"), std::string::npos) << message(c);
+  c = bert_preset("base");
+  c.position = Positions::rope;
+  c.heads = 16;
+  c.hidden = 16 * 33;  // head_dim 33: odd
+  EXPECT_NE(message(c).find("even head_dim"), std::string::npos) << message(c);
+  c = bert_preset("base");
+  c.global_every = 0;
+  EXPECT_NE(message(c).find("global_every"), std::string::npos) << message(c);
+  c = bert_preset("base");
+  c.local_window = -1;
+  EXPECT_NE(message(c).find("local_window"), std::string::npos) << message(c);
   c = bert_preset("base");
   c.layers = 0;
   EXPECT_NE(message(c).find("layers = 0"), std::string::npos) << message(c);

@@ -564,13 +564,17 @@ TEST(TrainConfig, EqualityAndWriterCoverEveryKey) {
       value = "7";
     else if (k.type == "float")
       value = "0.25";
-    else if (k.type == "bool")
-      value = k.default_value == "`true`" ? "false" : "true";
+    else if (k.type == "bool")  // a preset's default is true in the base preset
+      value = k.default_value == "`false`" ? "true" : "false";
     else if (k.type == "string")
       value = "x";
-    else {  // enum(a|b|..): a name other than the default
+    else {  // enum(a|b|..): a name other than the default (a preset's: the last, which the
+            // base preset's BERT options never are)
       std::stringstream names(k.type.substr(5, k.type.size() - 6));
-      while (std::getline(names, value, '|') && "`\"" + value + "\"`" == k.default_value) {
+      const bool preset = k.default_value.rfind("`", 0) != 0;
+      for (std::string name; std::getline(names, name, '|');) {
+        value = name;
+        if (!preset && "`\"" + value + "\"`" != k.default_value) break;
       }
     }
     const TrainConfig changed = load_train_config("", {k.name + "=" + value});
