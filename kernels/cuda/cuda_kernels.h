@@ -63,6 +63,13 @@ cudaError_t fp8_scale_update(const double* shared, const float* fp8_max, int mar
                              float* scales, float* amax, int64_t n, int64_t ranks, int64_t h,
                              cudaStream_t s);
 
+// ---- rotary position embeddings (rotary_kernels.cu) ----------------------------------------
+// Backend::rotary_embedding on qkv [l.rows, 3 * hidden] in format f, in place: the pairs
+// (i, i + d/2) of every head (d = hidden / heads, even) of q and k rotated by
+// token_pos * theta^(-2i/d) (by its negative with inverse); rows with token_seq < 0 untouched.
+cudaError_t rotary_embedding(const DeviceLayout& l, void* qkv, FloatFormat f, int64_t hidden,
+                             int heads, float theta, bool inverse, cudaStream_t s);
+
 // ---- elementwise (elementwise_kernels.cu) --------------------------------------------------
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
 cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,

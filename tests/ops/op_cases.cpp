@@ -2400,6 +2400,7 @@ const std::vector<OpTable>& op_tables() {
       {"Fp8Cast", any(fp8_op_cases_cast)},
       {"Fp8Gemm", any(fp8_op_cases_gemm)},
       {"Fp8Scaling", any(fp8_op_cases_scaling)},
+      {"RotaryEmbedding", any(arch_op_cases_rotary)},
   };
   return tables;
 }
