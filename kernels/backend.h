@@ -2,9 +2,9 @@
 // against this interface; CpuBackend (kernels/cpu, fp32, the executable specification) and a
 // CUDA backend implement it. Each op is declared once, with its contract, in its family's header
 // under kernels/ops/ (embedding.h, linear.h, layernorm.h, attention.h, losses.h, lamb.h,
-// convert.h, fp8.h, rotary.h; the form of their op lists: kernels/ops/op_list.h). This header
-// includes them all and holds what is not an op's: the Backend class with its memory, ordering
-// and graphs, BackendBuffer, BackendGraph and BackendCounters.
+// convert.h, fp8.h, rotary.h, glu.h; the form of their op lists: kernels/ops/op_list.h). This
+// header includes them all and holds what is not an op's: the Backend class with its memory,
+// ordering and graphs, BackendBuffer, BackendGraph and BackendCounters.
 //
 // Conventions for every op:
 // - Buffers are row-major Tensor views; the caller owns every input, output and workspace (no
@@ -65,6 +65,7 @@
 #include "kernels/ops/convert.h"
 #include "kernels/ops/embedding.h"
 #include "kernels/ops/fp8.h"
+#include "kernels/ops/glu.h"
 #include "kernels/ops/lamb.h"
 #include "kernels/ops/layernorm.h"
 #include "kernels/ops/layout.h"
@@ -95,7 +96,8 @@ namespace packbert {
   PACKBERT_LAMB_OPS(OP)                                                                            \
   PACKBERT_CONVERT_OPS(OP)                                                                         \
   PACKBERT_FP8_OPS(OP)                                                                             \
-  PACKBERT_ROTARY_OPS(OP)
+  PACKBERT_ROTARY_OPS(OP)                                                                          \
+  PACKBERT_GLU_OPS(OP)
 
 class Backend;
 

@@ -1,7 +1,7 @@
 // Rows of f32 / bf16 / f16 buffers as fp32, for the CPU ops that take each tensor in its own
-// storage dtype (rotary_embedding): a row is widened into fp32 scratch (exactly), computed in
-// fp32, and rounded back to nearest even (common/lowp_convert.h, the functions the CUDA kernels
-// use), one rounding per element written.
+// storage dtype (rotary_embedding, glu_forward, glu_backward): a row is widened into fp32
+// scratch (exactly), computed in fp32, and rounded back to nearest even (common/lowp_convert.h,
+// the functions the CUDA kernels use), one rounding per element written.
 #pragma once
 
 #include <cstdint>
