@@ -2,9 +2,9 @@
 // against this interface; CpuBackend (kernels/cpu, fp32, the executable specification) and a
 // CUDA backend implement it. Each op is declared once, with its contract, in its family's header
 // under kernels/ops/ (embedding.h, linear.h, layernorm.h, attention.h, losses.h, lamb.h,
-// convert.h, fp8.h; the form of their op lists: kernels/ops/op_list.h). This header includes them
-// all and holds what is not an op's: the Backend class with its memory, ordering and graphs,
-// BackendBuffer, BackendGraph and BackendCounters.
+// convert.h, fp8.h, rotary.h, glu.h; the form of their op lists: kernels/ops/op_list.h). This
+// header includes them all and holds what is not an op's: the Backend class with its memory,
+// ordering and graphs, BackendBuffer, BackendGraph and BackendCounters.
 //
 // Conventions for every op:
 // - Buffers are row-major Tensor views; the caller owns every input, output and workspace (no
@@ -12,7 +12,8 @@
 // - Token-wise buffers are [rows, hidden]. SeqLayout says which rows belong to which sequence,
 //   so one op serves the three layouts: unpadded (sequences end to end), packed (rows of
 //   max_seq_len holding several sequences) and padded (one sequence per max_seq_len slot).
-//   Token-wise ops run on every row, padding rows included; only attention knows sequences.
+//   Token-wise ops run on every row, padding rows included (but rotary_embedding, which leaves
+//   them alone); only attention knows sequences.
 // - Activation gradients are written (=); parameter gradients are accumulated (+=), which lets
 //   the tied word embedding gather both of its gradients and lets micro-steps accumulate.
 // - "none" (a default Tensor) marks an optional argument that is not given.
@@ -64,12 +65,14 @@
 #include "kernels/ops/convert.h"
 #include "kernels/ops/embedding.h"
 #include "kernels/ops/fp8.h"
+#include "kernels/ops/glu.h"
 #include "kernels/ops/lamb.h"
 #include "kernels/ops/layernorm.h"
 #include "kernels/ops/layout.h"
 #include "kernels/ops/linear.h"
 #include "kernels/ops/losses.h"
 #include "kernels/ops/op_list.h"
+#include "kernels/ops/rotary.h"
 
 namespace packbert {
 
@@ -92,7 +95,9 @@ namespace packbert {
   PACKBERT_LOSS_OPS(OP)                                                                            \
   PACKBERT_LAMB_OPS(OP)                                                                            \
   PACKBERT_CONVERT_OPS(OP)                                                                         \
-  PACKBERT_FP8_OPS(OP)
+  PACKBERT_FP8_OPS(OP)                                                                             \
+  PACKBERT_ROTARY_OPS(OP)                                                                          \
+  PACKBERT_GLU_OPS(OP)
 
 class Backend;
 

@@ -31,7 +31,7 @@ class CpuBackend final : public Backend {
 
   // Every op (kernels/backend.h, PACKBERT_BACKEND_OPS), in a file per family: cpu_backend.cpp
   // (zero, copy, convert), cpu_layernorm.cpp (embeddings, LayerNorm), cpu_linear.cpp,
-  // cpu_attention.cpp, cpu_losses.cpp, cpu_lamb.cpp, cpu_fp8.cpp.
+  // cpu_attention.cpp, cpu_losses.cpp, cpu_lamb.cpp, cpu_fp8.cpp, cpu_rotary.cpp, cpu_glu.cpp.
   PACKBERT_BACKEND_OPS(PACKBERT_OP_OVERRIDE)
 
  private:

@@ -165,7 +165,8 @@ class CudaBackend final : public Backend {
 
   // Every op (kernels/backend.h, PACKBERT_BACKEND_OPS), in a file per family: cuda_copies.cpp
   // (zero, copy), cuda_backend.cpp (convert), cuda_layernorm.cpp (embeddings, LayerNorm),
-  // cuda_linear.cpp, cuda_attention.cpp, cuda_losses.cpp, cuda_lamb.cpp, cuda_fp8.cpp.
+  // cuda_linear.cpp, cuda_attention.cpp, cuda_losses.cpp, cuda_lamb.cpp, cuda_fp8.cpp,
+  // cuda_rotary.cpp, cuda_glu.cpp.
   PACKBERT_BACKEND_OPS(PACKBERT_OP_OVERRIDE)
 
  private:

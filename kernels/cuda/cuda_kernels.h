@@ -63,6 +63,22 @@ cudaError_t fp8_scale_update(const double* shared, const float* fp8_max, int mar
                              float* scales, float* amax, int64_t n, int64_t ranks, int64_t h,
                              cudaStream_t s);
 
+// ---- rotary position embeddings (rotary_kernels.cu) ----------------------------------------
+// Backend::rotary_embedding on qkv [l.rows, 3 * hidden] in format f, in place: the pairs
+// (i, i + d/2) of every head (d = hidden / heads, even) of q and k rotated by
+// token_pos * theta^(-2i/d) (by its negative with inverse); rows with token_seq < 0 untouched.
+cudaError_t rotary_embedding(const DeviceLayout& l, void* qkv, FloatFormat f, int64_t hidden,
+                             int heads, float theta, bool inverse, cudaStream_t s);
+
+// ---- gated MLP activations (glu_kernels.cu) ------------------------------------------------
+// act: GluAct's value (common/glu_math.h's kGlu*; another is cudaErrorInvalidValue). Each
+// tensor in its own format. glu_forward: out [n, i] = act(x[:, :i]) * x[:, i:], x [n, 2i].
+cudaError_t glu_forward(const void* x, FloatFormat xf, void* out, FloatFormat of, int act,
+                        int64_t n, int64_t i, cudaStream_t s);
+// glu_backward: dx [n, 2i] from x [n, 2i] and dout [n, i] (kernels/ops/glu.h).
+cudaError_t glu_backward(const void* x, FloatFormat xf, const void* dout, FloatFormat df, void* dx,
+                         FloatFormat gf, int act, int64_t n, int64_t i, cudaStream_t s);
+
 // ---- elementwise (elementwise_kernels.cu) --------------------------------------------------
 // gelu_forward / gelu_backward_inplace on bf16 / f16 buffers (format f for both), fp32 math.
 cudaError_t gelu_forward_lowp(const void* pre, void* out, FloatFormat f, int64_t n, bool tanh_form,

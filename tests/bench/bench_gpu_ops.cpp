@@ -299,6 +299,22 @@ int main(int argc, char** argv) {
                    reps, nullptr),
          2.5 * attn_flops, 0});
 
+    // ModernBERT-class ops: rotary position embeddings on q and k (bytes: 2h of each row read
+    // and written), and a gated MLP's activation of FFN1's 4h columns (GeGLU, I = 2h).
+    rows.push_back(
+        {"rotary_embedding (q, k in place)", shape,
+         median_ms([&] { be->rotary_embedding(l, qkv, kHeads, 10000.f, false); }, reps, nullptr), 0,
+         4.0 * tf * 2 * h * 2});
+    const int64_t gi = kFfn / 2;
+    const Tensor gout = empty_f32({t, gi}), dgout = random_f32({t, gi});
+    rows.push_back({"glu_forward gelu", shape,
+                    median_ms([&] { be->glu_forward(pre, GluAct::gelu, gout); }, reps, nullptr), 0,
+                    4.0 * tf * 3 * gi});
+    rows.push_back(
+        {"glu_backward gelu", shape,
+         median_ms([&] { be->glu_backward(pre, dgout, GluAct::gelu, dfx); }, reps, nullptr), 0,
+         4.0 * tf * 5 * gi});
+
     // LayerNorm family (bytes: each [t, h] tensor read or written once).
     const Tensor bias = random_f32({h}), gamma = random_f32({h}), beta = random_f32({h});
     const Tensor y = empty_f32({t, h}), ln_in = empty_f32({t, h}), mean = empty_f32({t}),

@@ -175,6 +175,10 @@ int main(int argc, char** argv) {
     be->attention_forward(l, T(qkv, {t, 3 * h}), kHeads, Dropout(), T(ctx, {t, h}),
                           T(lse, {t, kHeads}));
   });
+  run("rotary_embedding (q, k in place)",
+      tok + " x " + s3 + ", " + std::to_string(kHeads) + " heads", 0, f4 * th * 4, [&] {
+        be->rotary_embedding(l, T(qkv, {t, 3 * h}), kHeads, 10000.f, false);
+      });
   run("linear_forward attn out", tok + " x " + sh + " -> " + sh, 2.0 * t * h * h, 0, [&] {
     be->linear_forward(T(ctx, {t, h}), T(wo, {h, h}), Tensor(), Epilogue::none, T(proj, {t, h}),
                        Tensor());
@@ -186,6 +190,16 @@ int main(int argc, char** argv) {
   run("linear_forward ffn1 +bias+gelu", tok + " x " + sh + " -> " + sf, 2.0 * t * h * kFfn, 0, [&] {
     be->linear_forward(T(h1, {t, h}), T(w1, {kFfn, h}), T(b1, {kFfn}), Epilogue::bias_gelu,
                        T(act, {t, kFfn}), T(pre, {t, kFfn}));
+  });
+  // A gated MLP's activation of FFN1's columns (GeGLU, I = ffn / 2), forward and backward.
+  const int64_t gi = kFfn / 2;
+  auto gout = buf(t * gi), dgout = buf(t * gi), gdx = buf(t * kFfn);
+  run("glu_forward gelu", tok + " x " + sf + " -> " + std::to_string(gi), 0, f4 * t * 3.0 * gi,
+      [&] {
+        be->glu_forward(T(pre, {t, kFfn}), GluAct::gelu, T(gout, {t, gi}));
+      });
+  run("glu_backward gelu", tok + " x " + sf, 0, f4 * t * 5.0 * gi, [&] {
+    be->glu_backward(T(pre, {t, kFfn}), T(dgout, {t, gi}), GluAct::gelu, T(gdx, {t, kFfn}));
   });
   run("linear_forward ffn2", tok + " x " + sf + " -> " + sh, 2.0 * t * h * kFfn, 0, [&] {
     be->linear_forward(T(act, {t, kFfn}), T(w2, {h, kFfn}), Tensor(), Epilogue::none,

@@ -2352,6 +2352,9 @@ const std::vector<OpTable>& op_tables() {
       {"Fp8Cast", any(fp8_op_cases_cast)},
       {"Fp8Gemm", any(fp8_op_cases_gemm)},
       {"Fp8Scaling", any(fp8_op_cases_scaling)},
+      {"RotaryEmbedding", any(arch_op_cases_rotary)},
+      {"GluForward", any(arch_op_cases_glu_forward)},
+      {"GluBackward", any(arch_op_cases_glu_backward)},
   };
   return tables;
 }

@@ -277,6 +277,11 @@ OpCases fp8_op_cases_scaling();
 // The norm options' cases (op_cases_norm_options.cpp), listed in op_tables().
 OpCases norm_option_cases_residual();
 OpCases norm_option_cases_embedding();
+// The cases of the ops of ModernBERT-class encoders (op_cases_arch.cpp: rotary position
+// embeddings, gated MLP activations), listed in op_tables().
+OpCases arch_op_cases_rotary();
+OpCases arch_op_cases_glu_forward();
+OpCases arch_op_cases_glu_backward();
 // The f32 values of a buffer's bytes (OpRun::buf(...).bytes()).
 std::vector<float> floats_of(const std::vector<uint8_t>& bytes);
 // The name of an epilogue in case names ("none", "bias", "bias_gelu", "bias_gelu_tanh").
