@@ -105,11 +105,14 @@ void carve_activations(Carver& c, const BertConfig& config, const BatchShape& sh
     t.dhidden[1] = c.take(K::grad_scratch, plan.act, {rows, h});
     t.dtmp = c.take(K::grad_scratch, plan.act, {rows, h});
     t.dctx = c.take(K::grad_scratch, plan.act, {rows, h});
+    const int64_t gated_act = config.gated() ? config.intermediate : 0;  // d(act) of a gated MLP
     if (mlp_chunk > 0) {
       t.dwide = c.take(K::grad_scratch, plan.act, {rows, 3 * h});
       a.mlp.dpre = c.take(K::mlp, plan.act, {mlp_chunk, config.mlp_in_width()});
+      if (gated_act > 0) a.mlp.dact = c.take(K::mlp, plan.act, {mlp_chunk, gated_act});
     } else {
-      t.dwide = c.take(K::grad_scratch, plan.act, {rows, std::max(config.mlp_in_width(), 3 * h)});
+      t.dwide = c.take(K::grad_scratch, plan.act,
+                       {rows, std::max(config.mlp_in_width() + gated_act, 3 * h)});
     }
     if (config.norm == NormPlacement::pre) t.dstream = c.take(K::grad_scratch, plan.act, {rows, h});
   }

@@ -69,6 +69,7 @@ struct LayerActivations {
 struct MlpScratch {
   Tensor pre, act;  // [chunk, I'] and [chunk, I]
   Tensor dpre;      // [chunk, I'] d(pre) of one chunk (with gradients)
+  Tensor dact;      // [chunk, I] d(act) of one chunk (gated MLPs, with gradients)
 };
 
 // The encoder's backward scratch, shared by the layers (with gradients only).
@@ -76,8 +77,8 @@ struct EncoderScratch {
   Tensor dhidden[2];  // [rows, H] gradient wrt a layer's output / input, in turn
   Tensor dtmp;        // [rows, H] d(FFN out), then d(attention out)
   Tensor dctx;        // [rows, H]
-  Tensor dwide;       // [rows, max(I', 3H)] d(FFN pre) (I' = Wi's width), then d(qkv);
-                      // [rows, 3H] when the MLP is chunked
+  Tensor dwide;       // [rows, max(I' (+ I gated), 3H)] d(FFN pre) (I' = Wi's width; a gated
+                      // MLP's d(act) after it), then d(qkv); [rows, 3H] when the MLP is chunked
   Tensor dstream;     // [rows, H] pre-norm only: the residual stream's gradient, from the last
                       // layer down to the embeddings
 };

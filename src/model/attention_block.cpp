@@ -4,6 +4,8 @@
 
 namespace packbert {
 
+bool AttentionBlock::rotary() const { return m_.config.position == Positions::rope; }
+
 // What the attention's output is added to: the layer's input (post-norm), or the residual
 // stream (pre-norm: the embeddings' output for layer 0, else the previous MLP's sum).
 const Tensor& AttentionBlock::residual(int64_t l) const {
@@ -20,6 +22,10 @@ void AttentionBlock::forward(int64_t l) {
   const int heads = static_cast<int>(m_.config.heads);
   m_.linears.forward(l, Fp8State::qkv, 0, x, w.qkv_w, w.qkv_b, bias_epilogue(w.qkv_b), s.qkv,
                      Tensor());
+  // Rotary positions turn q and k in place: qkv then holds what the attention (and its
+  // backward) reads.
+  if (rotary())
+    m_.backend.rotary_embedding(a.layout, s.qkv, heads, m_.config.rope_theta_of(l), false);
   m_.backend.attention_forward(a.layout, s.qkv, heads, m_.dropout(DropoutSite::attention_probs, l),
                                s.ctx, s.lse);
   // The output projection's bias is added by the LayerNorm op (before its dropout).
@@ -48,6 +54,10 @@ void AttentionBlock::backward(int64_t l, const Tensor& dh1, const Tensor& dx) {
   m_.backend.attention_backward(a.layout, s.qkv, s.ctx, s.lse, t.dctx,
                                 static_cast<int>(m_.config.heads),
                                 m_.dropout(DropoutSite::attention_probs, l), dqkv);
+  // The rotation's backward is its inverse, on d(q) and d(k) in place.
+  if (rotary())
+    m_.backend.rotary_embedding(a.layout, dqkv, static_cast<int>(m_.config.heads),
+                                m_.config.rope_theta_of(l), true);
   // dL/dx = residual share + projection share. Pre-norm: the projection's share is the whole
   // gradient of the normed input hidden[l], except in layer 0, whose input is the stream itself.
   LinearBackwardOptions accumulate;

@@ -2,8 +2,9 @@
 //   h1 = LN(x + dropout(attention(x Wqkv^T + bqkv) Wo^T + bo))
 // with x = hidden[l]; or pre-LN (ModernBERT's), with the stream s (s_0 = hidden[0]):
 //   s' = s + dropout(attention(x Wqkv^T + bqkv) Wo^T + bo),  h1 = LN_mlp(s')
-// with x = hidden[l] = LN_attn(s) (layer 0: x = s). Attention runs over each sequence's own
-// rows (SeqLayout): it never crosses a sequence boundary, whatever the layout.
+// with x = hidden[l] = LN_attn(s) (layer 0: x = s). With rotary positions q and k are turned
+// by their position in their own sequence before the attention. Attention runs over each
+// sequence's own rows (SeqLayout): it never crosses a sequence boundary, whatever the layout.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,7 @@ class AttentionBlock {
 
  private:
   const Tensor& residual(int64_t l) const;
+  bool rotary() const;  // rotary positions (BertConfig::position)
   ModelRefs m_;
 };
 

@@ -24,14 +24,9 @@ const BertOptions& checked(const BertOptions& options) {
 }  // namespace
 
 namespace {
-// The options the model's parts compute. Rotary positions, gated MLPs and local attention have
-// a parameter table, names and keys, but no part runs them: refused rather than ignored.
+// The options the model's parts compute. Local attention has its keys and names, but no part
+// runs it: refused rather than ignored.
 const BertConfig& runnable(const BertConfig& c) {
-  PB_REQUIRE(c.position == Positions::learned,
-             "model: position = \"{}\" is not run by this model yet (only \"learned\")",
-             positions_name(c.position));
-  PB_REQUIRE(!c.gated(), "model: mlp = \"{}\" is not run by this model yet (only \"gelu\")",
-             mlp_kind_name(c.mlp));
   PB_REQUIRE(c.local_window == 0,
              "model: local_window = {} is not run by this model yet (only 0, every layer global)",
              c.local_window);

@@ -129,8 +129,8 @@ void Fp8State::carve(Carver& v, const BertConfig& config, const Fp8Recipe& recip
     s->w8_.clear();
     s->w8t_.clear();
   }
-  const int64_t h = config.hidden, inter = config.intermediate;
-  const int64_t out[kLinears] = {3 * h, h, inter, h}, in[kLinears] = {h, h, h, inter};
+  const int64_t h = config.hidden, inter = config.intermediate, wi = config.mlp_in_width();
+  const int64_t out[kLinears] = {3 * h, h, wi, h}, in[kLinears] = {h, h, h, inter};
   for (int64_t l = 0; l < config.layers; ++l)
     for (int j = 0; j < kLinears; ++j) {
       const Tensor w = v.take(DType::e4m3, {out[j], in[j]});
@@ -149,7 +149,7 @@ size_t Fp8State::state_bytes(const BertConfig& config, const Fp8Recipe& recipe, 
 }
 
 int64_t Fp8State::workspace_bytes_for(const BertConfig& config, int64_t rows) {
-  const int64_t wide = std::max(3 * config.hidden, config.intermediate);
+  const int64_t wide = std::max(3 * config.hidden, config.mlp_in_width());
   return rows * 3 * wide + 3 * 256;
 }
 

@@ -35,8 +35,17 @@ class MlpBlock {
   static int64_t chunk_rows(const BatchShape& shape, const ActivationPlan& plan);
 
  private:
-  // gelu(h1 W1^T + b1) W2^T into saved.ln_in, at once or chunk by chunk.
+  // gelu(h1 W1^T + b1) W2^T (or the gated act(.) W2^T) into saved.ln_in, at once or chunk by
+  // chunk.
   void dense_forward(int64_t l);
+  // act [n, I] and pre [n, I'] of the rows x [n, H] starting at row `first` (FP8's scaling
+  // state keys its rows by it).
+  void inner_forward(int64_t l, int64_t first, const Tensor& x, const Tensor& pre,
+                     const Tensor& act);
+  // dout [n, H] -> dpre [n, I'] through W2 and the activation; dW2 +=. dact [n, I]: the gated
+  // MLP's scratch for d(act) (none otherwise: the GELU's derivative is fused into W2's dx).
+  void outer_backward(int64_t l, int64_t first, const Tensor& act, const Tensor& pre,
+                      const Tensor& dout, const Tensor& dact, const Tensor& dpre);
   // dout = d(FFN out) -> dh1 += (add) or = ; dW1, db1, dW2 +=.
   void dense_backward(int64_t l, const Tensor& dout, const Tensor& dh1, bool add);
   ModelRefs m_;

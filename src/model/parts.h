@@ -48,6 +48,16 @@ inline Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
   return r;
 }
 
+// The elements of t from element `first` on, with a row-major shape (a second tensor in the same
+// scratch).
+inline Tensor after(const Tensor& t, int64_t first, std::initializer_list<int64_t> dims) {
+  Tensor r(static_cast<char*>(t.data) + first * static_cast<int64_t>(dtype_size(t.dtype)), t.dtype,
+           dims, t.device);
+  PB_CHECK(first + r.numel() <= t.numel(), "view of {} elements from {} of {}", r.numel(), first,
+           t.str());
+  return r;
+}
+
 // The same memory with another row-major shape (the backward's shared scratch).
 inline Tensor reshaped(const Tensor& t, std::initializer_list<int64_t> dims) {
   Tensor r(t.data, t.dtype, dims, t.device);

@@ -183,12 +183,16 @@ inline bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// BERT's tiny shape with ModernBERT's layer options that need no new op: pre-norm with a final
-// norm, no biases but the decoder's, norms without a bias, no token types, epsilon 1e-5, no NSP
-// head; dropout kept at 0.1 so that every dropout site runs.
-inline BertConfig prenorm_tiny() {
+// BERT's tiny shape with ModernBERT's layer options: pre-norm with a final norm, rotary
+// positions (local and global bases), GeGLU, no biases but the decoder's, norms without a bias,
+// no token types, epsilon 1e-5, no NSP head; dropout kept at 0.1 so that every dropout site runs.
+inline BertConfig modern_tiny() {
   BertConfig c = bert_preset("tiny");
   c.norm = NormPlacement::pre;
+  c.position = Positions::rope;
+  c.rope_theta = 160000.f;
+  c.mlp = MlpKind::geglu;
+  c.intermediate = 192;
   c.bias = c.norm_bias = c.token_types = c.nsp_head = false;
   c.layer_norm_eps = 1e-5f;
   return c;

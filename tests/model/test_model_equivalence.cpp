@@ -76,7 +76,7 @@ void check_layouts(const BertConfig& config) {
 
 TEST(ModelEquivalence, LayoutsGiveTheSameLossAndGradients) { check_layouts(bert_preset("tiny")); }
 
-TEST(ModelEquivalence, PreNormLayoutsGiveTheSameLossAndGradients) { check_layouts(prenorm_tiny()); }
+TEST(ModelEquivalence, ModernLayoutsGiveTheSameLossAndGradients) { check_layouts(modern_tiny()); }
 
 TEST(ModelEquivalence, MicroStepsAndRanksAddUpToTheGlobalBatch) {
   auto rng = model_rng(2);

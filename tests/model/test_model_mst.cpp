@@ -99,8 +99,8 @@ TEST(ModelMst, ChunksAndRecomputeGiveTheSameLossAndGradients) {
   check_chunks_and_recompute(bert_preset("tiny"));
 }
 
-TEST(ModelMst, PreNormChunksAndRecomputeGiveTheSameLossAndGradients) {
-  check_chunks_and_recompute(prenorm_tiny());
+TEST(ModelMst, ModernChunksAndRecomputeGiveTheSameLossAndGradients) {
+  check_chunks_and_recompute(modern_tiny());
 }
 
 TEST(ModelMst, EveryLayoutMatchesItsUnchunkedRun) {
