@@ -26,16 +26,16 @@ roundtrip (scripts/convert_hf_checkpoint.py both ways, and packbert's reading of
    and packbert models ModernBERT cannot express (a BERT checkpoint; a pre-norm model with
    learned positions and an ungated MLP).
 
-compare (the comparison that holds once packbert's model runs rotary positions, GeGLU and local
-attention): on a fixed batch (sequences longer than the window, of several lengths),
+compare: on a fixed batch (sequences longer than the window, of several lengths),
 - the harness itself, run now: a BERT checkpoint's `packbert eval` loss (the batch written as
   an eval shard) against transformers' BertForPreTraining MLM loss, 1e-5 relative;
 - packbert -> ModernBERT: a packbert checkpoint of a tiny ModernBERT config (write-model),
   exported; `packbert eval` against tests/reference/modernbert_reference.py, 1e-5 relative;
 - ModernBERT -> packbert: a random tiny ModernBertForMaskedLM converted; the same.
-While `packbert eval` refuses the options ("... is not run by this model yet"), the two
-ModernBERT comparisons print "skipped: ..." with the binary's message and the script exits 77
-(ctest: skipped), after everything before the evaluation has been checked.
+The two ModernBERT comparisons run with every layer global and with a local layer every second
+one. One that `packbert eval` refuses ("... is not run by this model yet") prints
+"skipped: ..." with the binary's message, and the script then exits 77 (ctest: skipped), after
+everything else has been checked.
 
 Exit 77 (ctest: skipped) too when this python lacks torch, h5py or transformers >= 4.48.
 """
@@ -391,6 +391,47 @@ def close(check, ours, ref, what):
                  f"{what}: packbert {ours!r}, reference {ref!r}, rel {rel:.2e} (tol {TOL})")
 
 
+def compare_modernbert(check, skips, tool, convert, packbert, work, seed, rng, label, window,
+                       every):
+    """packbert's eval against the reference both ways, for a tiny ModernBERT whose layers l with
+    l % every != 0 are local with this window (every 1: all global)."""
+    # packbert -> ModernBERT.
+    py = sys.executable
+    work = os.path.join(work, f"w{window}g{every}")
+    os.makedirs(work)
+    toml = os.path.join(work, "modernbert.toml")
+    with open(toml, "w") as f:
+        f.write('[model]\npreset = "modernbert-tiny"\nlayers = 3\nhidden = 64\nheads = 4\n'
+                f'intermediate = 96\nlocal_window = {window}\nglobal_every = {every}\n')
+    ckpt = run([tool, "write-model", os.path.join(work, "ours"), toml]).stdout.strip()
+    hf_dir = os.path.join(work, "ours_hf")
+    print(run([py, convert, "--to", "modernbert", ckpt, hf_dir]).stdout.strip())
+    model = load_exported(check, hf_dir, f"packbert -> ModernBERT ({label})")
+    samples = random_batch(rng, 30522)
+    ref, hf_loss, _ = modernbert_reference.mlm_reference(model, samples)
+    check(np.isfinite(ref) and abs(ref - hf_loss) <= 1e-6 * ref,
+          f"reference loss {ref!r} (transformers' own {hf_loss!r})")
+    got, why = packbert_eval(packbert, ckpt, work, samples, "ours")
+    if why:
+        skips.append(f"packbert -> ModernBERT ({label}): packbert eval refuses the model: {why}")
+    else:
+        close(check, got["eval_loss"], ref, f"packbert -> ModernBERT ({label}): MLM loss")
+
+    # ModernBERT -> packbert.
+    hf = tiny_modernbert(seed, vocab_size=30522, max_position_embeddings=1024, bos_token_id=CLS,
+                         eos_token_id=SEP, cls_token_id=CLS, sep_token_id=SEP,
+                         local_attention=max(window, 16), global_attn_every_n_layers=every)
+    hf_dir, ckpt = os.path.join(work, "theirs_hf"), os.path.join(work, "theirs")
+    hf.save_pretrained(hf_dir)
+    print(run([py, convert, hf_dir, ckpt]).stdout.strip())
+    ref, _, _ = modernbert_reference.mlm_reference(hf, samples)
+    got, why = packbert_eval(packbert, ckpt, work, samples, "theirs")
+    if why:
+        skips.append(f"ModernBERT -> packbert ({label}): packbert eval refuses the model: {why}")
+    else:
+        close(check, got["eval_loss"], ref, f"ModernBERT -> packbert ({label}): MLM loss")
+
+
 def compare(tool, convert, packbert, work, seed):
     check = Checks()
     py = sys.executable
@@ -421,37 +462,10 @@ def compare(tool, convert, packbert, work, seed):
         check(got["masked_tokens"] == len(rows), f"the harness: {got['masked_tokens']} masked "
               f"tokens evaluated of {len(rows)}")
 
-    # packbert -> ModernBERT.
-    toml = os.path.join(work, "modernbert.toml")
-    with open(toml, "w") as f:
-        f.write('[model]\npreset = "modernbert-tiny"\nlayers = 3\nhidden = 64\nheads = 4\n'
-                'intermediate = 96\nlocal_window = 16\nglobal_every = 2\n')
-    ckpt = run([tool, "write-model", os.path.join(work, "ours"), toml]).stdout.strip()
-    hf_dir = os.path.join(work, "ours_hf")
-    print(run([py, convert, "--to", "modernbert", ckpt, hf_dir]).stdout.strip())
-    model = load_exported(check, hf_dir, "packbert -> ModernBERT")
-    samples = random_batch(rng, 30522)
-    ref, hf_loss, _ = modernbert_reference.mlm_reference(model, samples)
-    check(np.isfinite(ref) and abs(ref - hf_loss) <= 1e-6 * ref,
-          f"reference loss {ref!r} (transformers' own {hf_loss!r})")
-    got, why = packbert_eval(packbert, ckpt, work, samples, "ours")
-    if why:
-        skips.append(f"packbert -> ModernBERT: packbert eval refuses the model: {why}")
-    else:
-        close(check, got["eval_loss"], ref, "packbert -> ModernBERT: MLM loss")
-
-    # ModernBERT -> packbert.
-    hf = tiny_modernbert(seed, vocab_size=30522, max_position_embeddings=1024, bos_token_id=CLS,
-                         eos_token_id=SEP, cls_token_id=CLS, sep_token_id=SEP)
-    hf_dir, ckpt = os.path.join(work, "theirs_hf"), os.path.join(work, "theirs")
-    hf.save_pretrained(hf_dir)
-    print(run([py, convert, hf_dir, ckpt]).stdout.strip())
-    ref, _, _ = modernbert_reference.mlm_reference(hf, samples)
-    got, why = packbert_eval(packbert, ckpt, work, samples, "theirs")
-    if why:
-        skips.append(f"ModernBERT -> packbert: packbert eval refuses the model: {why}")
-    else:
-        close(check, got["eval_loss"], ref, "ModernBERT -> packbert: MLM loss")
+    # Both directions, with every layer global and with a local layer every second one.
+    for label, window, every in (("all global", 0, 1), ("local every 2nd", 16, 2)):
+        compare_modernbert(check, skips, tool, convert, packbert, work, seed, rng, label,
+                           window, every)
     return check.failed, skips
 
 
