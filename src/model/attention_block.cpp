@@ -10,9 +10,10 @@ void AttentionBlock::forward(int64_t l) {
   AttentionSaved& s = a.layers[l].attention;
   const Tensor& x = a.hidden[l];
   const int heads = static_cast<int>(m_.config.heads);
+  const int64_t window = 0;  // global attention
   m_.linears.forward(l, Fp8State::qkv, 0, x, w.qkv_w, w.qkv_b, Epilogue::bias, s.qkv, Tensor());
-  m_.backend.attention_forward(a.layout, s.qkv, heads, m_.dropout(DropoutSite::attention_probs, l),
-                               s.ctx, s.lse);
+  m_.backend.attention_forward(a.layout, s.qkv, heads, window,
+                               m_.dropout(DropoutSite::attention_probs, l), s.ctx, s.lse);
   // The output projection's bias is added by the LayerNorm op (before its dropout).
   m_.linears.forward(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, Tensor(), Epilogue::none,
                      s.ln_in, Tensor());
@@ -34,8 +35,9 @@ void AttentionBlock::backward(int64_t l, const Tensor& dh1, const Tensor& dx) {
                                          g.attn_out_b, g.attn_ln);
   m_.linears.backward(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, t.dtmp, t.dctx, g.attn_out_w,
                       Tensor(), {});
+  const int64_t window = 0;  // global attention, as the forward
   m_.backend.attention_backward(a.layout, s.qkv, s.ctx, s.lse, t.dctx,
-                                static_cast<int>(m_.config.heads),
+                                static_cast<int>(m_.config.heads), window,
                                 m_.dropout(DropoutSite::attention_probs, l), dqkv);
   LinearBackwardOptions accumulate;
   accumulate.dx_accumulate = true;  // dL/dx = residual share + projection share

@@ -1064,12 +1064,12 @@ void add_attention_reference(OpCases& cases, bool backward, std::vector<int32_t>
     const Tensor tqkv = r.in("qkv", DType::f32, {rows, 3 * hidden}, qkv, unchanged());
     const Tensor out = r.out("out", DType::f32, {rows, hidden}, close_to(kTol));
     const Tensor lse = r.out("lse", DType::f32, {rows, heads}, close_to(kTol));
-    r.backend().attention_forward(sl, tqkv, heads, d, out, lse);
+    r.backend().attention_forward(sl, tqkv, heads, 0, d, out, lse);
     if (!backward) return;
     r.backend().attention_backward(
         sl, tqkv, out, lse,
         r.in("dout", DType::f32, {rows, hidden}, random_floats(g, rows * hidden), unchanged()),
-        heads, d, r.out("dqkv", DType::f32, {rows, 3 * hidden}, close_to(kAttnBwdTol)));
+        heads, 0, d, r.out("dqkv", DType::f32, {rows, 3 * hidden}, close_to(kAttnBwdTol)));
   };
   c.reference = [=](const std::string& what, const OpRun& cpu) {
     const HostLayout& l = cpu.host_layout(0);
@@ -1203,10 +1203,10 @@ AttentionReference fp32_attention(const OpRun& r, int heads) {
   AttentionReference a{std::vector<float>(rows * hidden), std::vector<float>(rows * heads),
                        std::vector<float>(rows * 3 * hidden)};
   Backend& cpu = OpRun::host();
-  cpu.attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, r.dropout(),
+  cpu.attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, 0, r.dropout(),
                         hv(a.out, {rows, hidden}), hv(a.lse, {rows, heads}));
   cpu.attention_backward(l.view(), hv(qkv, {rows, 3 * hidden}), hv(a.out, {rows, hidden}),
-                         hv(a.lse, {rows, heads}), hv(dy, {rows, hidden}), heads, r.dropout(),
+                         hv(a.lse, {rows, heads}), hv(dy, {rows, hidden}), heads, 0, r.dropout(),
                          hv(a.dqkv, {rows, 3 * hidden}));
   return a;
 }
@@ -1262,8 +1262,8 @@ void add_attention_lowp(OpCases& cases, DType t, const std::string& name, std::v
       const std::string a = again;
       const Tensor out = r.out("out" + a, t, {rows, hidden}, {});
       const Tensor lse = r.out("lse" + a, DType::f32, {rows, heads}, {});
-      r.backend().attention_forward(sl, qkv, heads, d, out, lse);
-      r.backend().attention_backward(sl, qkv, out, lse, dy, heads, d,
+      r.backend().attention_forward(sl, qkv, heads, 0, d, out, lse);
+      r.backend().attention_backward(sl, qkv, out, lse, dy, heads, 0, d,
                                      r.out("dqkv" + a, t, {rows, 3 * hidden}, {}));
     }
   };
@@ -1295,16 +1295,16 @@ static OpCases attention_cases(bool emulated) {
       auto qkv = random_floats(g, rows * 3 * hidden), dy = random_floats(g, rows * hidden);
       const SeqLayout sl = r.layout(l);
       const Tensor tqkv = r.in("qkv", DType::f32, {rows, 3 * hidden}, qkv, unchanged());
-      r.backend().attention_forward(sl, tqkv, heads, d,
+      r.backend().attention_forward(sl, tqkv, heads, 0, d,
                                     r.out("out", DType::f32, {rows, hidden}, close_to(kTol)),
                                     r.out("lse", DType::f32, {rows, heads}, close_to(kTol)));
       std::vector<float> out(rows * hidden), lse(rows * heads);
-      OpRun::host().attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, d,
+      OpRun::host().attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, 0, d,
                                       hv(out, {rows, hidden}), hv(lse, {rows, heads}));
       r.backend().attention_backward(
           sl, tqkv, r.in("saved out", DType::f32, {rows, hidden}, out),
           r.in("saved lse", DType::f32, {rows, heads}, lse),
-          r.in("dout", DType::f32, {rows, hidden}, dy, unchanged()), heads, d,
+          r.in("dout", DType::f32, {rows, hidden}, dy, unchanged()), heads, 0, d,
           r.out("dqkv", DType::f32, {rows, 3 * hidden}, close_to(kAttnBwdTol)));
     };
     cases.push_back(std::move(c));
