@@ -53,8 +53,9 @@ using cpu::expect;
 
 namespace {
 
-// Query rows per block: the score and gradient blocks (2 x 128 x 512 floats at most) stay in a
-// core's L2, and a 128-row GEMM is large enough for OpenBLAS's kernels.
+// Query rows per block: the score and gradient blocks (2 x 128 x 512 floats at 512 tokens, or
+// 2 x 128 x (128 + 2h) with a local window) stay in a core's L2, and a 128-row GEMM is large
+// enough for OpenBLAS's kernels. Longer global sequences outgrow L2 (8 MiB at 8192 tokens).
 constexpr int64_t kQueryBlock = 128;
 
 inline float dot(const float* a, const float* b, int64_t n) {
