@@ -26,7 +26,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 GPU_TESTS="test_device test_backend_ops test_cuda_fmha test_cuda_model test_cuda_precision test_cuda_trainer test_nccl_allreduce"
-GPU_TARGETS="$GPU_TESTS mpi_train_driver bench_gpu_ops bench_fmha_gpu bench_gpu_step bench_mst"
+GPU_TARGETS="$GPU_TESTS mpi_train_driver bench_gpu_ops bench_fmha_gpu bench_gpu_step bench_mst
+  bench_attention_window"
 
 # ---- packing (no GPU needed) ------------------------------------------------------------------
 if [ "${1:-}" = "--bundle" ]; then
@@ -238,6 +239,8 @@ bench bench_gpu_step_graphs8 120 "$BIN/bench_gpu_step" --precision bf16 --gelu t
 [ -s "$OUTDIR/lengths.txt" ] && bench bench_hf_gpu 150 "$PY" scripts/bench_hf_gpu.py "$OUTDIR/lengths.txt" --steps 3 --warmup 1
 # Our attention against PyTorch's flash SDPA, BERT-Large heads at fixed length 512.
 bench bench_fmha_gpu 60 "$BIN/bench_fmha_gpu"
+# Local (window 128) against global attention on one sequence of 8192 tokens, BERT-Base heads.
+bench bench_attention_window 60 "$BIN/bench_attention_window" --backends cuda
 bench bench_flash_sdpa 60 "$PY" scripts/bench_flash_sdpa.py
 bench bench_gpu_ops 60 "$BIN/bench_gpu_ops"
 # MST on the GPU: activation peak by kind and step time for M = 1..8 and each recompute mode at
@@ -266,7 +269,7 @@ echo "== largest op errors (all in $OUTDIR/errors.txt) =="
 awk '{print $NF, $0}' "$OUTDIR/errors.txt" | sort -g | tail -8 | cut -d' ' -f2-
 if [ -s "$OUTDIR/failures.txt" ]; then echo "== first failures =="; head -30 "$OUTDIR/failures.txt"; fi
 for b in bench_gpu_step bench_gpu_step_fp8 bench_gpu_step_graphs48 bench_gpu_step_graphs8 bench_hf_gpu bench_fmha_gpu \
-         bench_flash_sdpa bench_gpu_ops bench_mst; do
+         bench_attention_window bench_flash_sdpa bench_gpu_ops bench_mst; do
   [ -f "$OUTDIR/$b.txt" ] && { echo "== $b =="; tail -40 "$OUTDIR/$b.txt"; }
 done
 echo

@@ -237,23 +237,24 @@ inline void residual_layernorm_backward(Backend& be, Staging& st, const SeqLayou
 }
 
 inline void attention_forward(Backend& be, Staging& st, const SeqLayout& layout, const Tensor& qkv,
-                              int num_heads, const Dropout& dropout, const Tensor& out,
-                              const Tensor& lse) {
+                              int num_heads, int64_t window, const Dropout& dropout,
+                              const Tensor& out, const Tensor& lse) {
   Call c("attention_forward", st);
   const Tensor qs = c.in("qkv", qkv), os = c.out("out", out);
   c.widen();
-  be.attention_forward(layout, qs, num_heads, dropout, os, c.f32("lse", lse));
+  be.attention_forward(layout, qs, num_heads, window, dropout, os, c.f32("lse", lse));
   c.narrow();
 }
 
 inline void attention_backward(Backend& be, Staging& st, const SeqLayout& layout, const Tensor& qkv,
                                const Tensor& out, const Tensor& lse, const Tensor& dout,
-                               int num_heads, const Dropout& dropout, const Tensor& dqkv) {
+                               int num_heads, int64_t window, const Dropout& dropout,
+                               const Tensor& dqkv) {
   Call c("attention_backward", st);
   const Tensor qs = c.in("qkv", qkv), os = c.in("out", out), ds = c.in("dout", dout);
   const Tensor dq = c.out("dqkv", dqkv);
   c.widen();
-  be.attention_backward(layout, qs, os, c.f32("lse", lse), ds, num_heads, dropout, dq);
+  be.attention_backward(layout, qs, os, c.f32("lse", lse), ds, num_heads, window, dropout, dq);
   c.narrow();
 }
 

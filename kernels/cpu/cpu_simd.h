@@ -126,13 +126,14 @@ inline double exp_shifted_sum(const float* x, float shift, int64_t n, float* out
 }
 #endif
 
-// The dropout multipliers of `len` consecutive elements [0, len) of one (sample, head,
-// position) -- an attention row (position = query, element = key) or a token row (head 0,
-// element = hidden unit): the Philox words of kernels/common/philox.h, bit for bit. Each Philox
-// call gives 4 keys; the SSE2 path runs 4 calls (16 keys) side by side, one per lane -- on the
-// scalar path Philox costs about as much as the attention GEMMs. The ragged tail computes whole
-// groups and keeps the factors it needs (Philox is a pure function of the counter, so extra words
-// change nothing).
+// The dropout multipliers of `len` consecutive elements [first, first + len) of one (sample,
+// head, position), into factors[0 .. len), first a multiple of 16 (a group of 4 calls never
+// straddles a carry of the counter's element bits) -- an attention row (position = query,
+// element = key) or a token row (head 0, element = hidden unit): the Philox words of
+// kernels/common/philox.h, bit for bit. Each Philox call gives 4 keys; the SSE2 path runs 4
+// calls (16 keys) side by side, one per lane -- on the scalar path Philox costs about as much as
+// the attention GEMMs. The ragged tail computes whole groups and keeps the factors it needs
+// (Philox is a pure function of the counter, so extra words change nothing).
 #if defined(__SSE2__)
 // The high and low 32 bits of a * m for the 4 lanes of a (SSE2 multiplies lanes 0 and 2).
 inline void mulhilo4(__m128i a, __m128i m, __m128i& hi, __m128i& lo) {
@@ -144,7 +145,7 @@ inline void mulhilo4(__m128i a, __m128i m, __m128i& hi, __m128i& lo) {
 }
 
 inline void dropout_row(const DropoutStream& ds, uint64_t sample, uint32_t head, uint32_t qpos,
-                        int64_t len, float* factors) {
+                        int64_t len, float* factors, int64_t first = 0) {
   const __m128i m0 = _mm_set1_epi32(static_cast<int32_t>(philox_detail::kM0));
   const __m128i m1 = _mm_set1_epi32(static_cast<int32_t>(philox_detail::kM1));
   // Counter words 1 and 2 are the same for every key of the row, word 3 for every group of 16
@@ -157,7 +158,8 @@ inline void dropout_row(const DropoutStream& ds, uint64_t sample, uint32_t head,
   const __m128i thr = _mm_xor_si128(_mm_set1_epi32(static_cast<int32_t>(ds.threshold)), sign);
   const __m128 scale = _mm_set1_ps(ds.scale);
   for (int64_t j0 = 0; j0 < len; j0 += 16) {
-    const Philox4x32 ctr = dropout_counter(ds, sample, head, qpos, static_cast<uint32_t>(j0));
+    const Philox4x32 ctr =
+        dropout_counter(ds, sample, head, qpos, static_cast<uint32_t>(first + j0));
     const auto c0 = static_cast<int32_t>(ctr.v[0]);
     const auto ctr3 = static_cast<int32_t>(ctr.v[3]);
     __m128i v0 = _mm_add_epi32(_mm_set1_epi32(c0), _mm_set_epi32(3, 2, 1, 0));
@@ -196,9 +198,10 @@ inline void dropout_row(const DropoutStream& ds, uint64_t sample, uint32_t head,
 }
 #else
 inline void dropout_row(const DropoutStream& ds, uint64_t sample, uint32_t head, uint32_t qpos,
-                        int64_t len, float* factors) {
+                        int64_t len, float* factors, int64_t first = 0) {
   for (int64_t j0 = 0; j0 < len; j0 += 4) {
-    const Philox4x32 bits = dropout_bits4(ds, sample, head, qpos, static_cast<uint32_t>(j0));
+    const Philox4x32 bits =
+        dropout_bits4(ds, sample, head, qpos, static_cast<uint32_t>(first + j0));
     for (int64_t k = 0; k < 4 && j0 + k < len; ++k) factors[j0 + k] = dropout_factor(ds, bits.v[k]);
   }
 }

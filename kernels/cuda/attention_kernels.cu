@@ -16,6 +16,11 @@
 //             dS = P (dP - D) with D = dO . O, dQ = scale * dS K.
 //   dK, dV    block = 4 warps x 4 key rows; query tiles of 32 in shared memory; lane i owns
 //             query i of the tile: dV += (P*f)^T dO, dK = scale * dS^T Q.
+// Local windows (half-width h = a.half, kernels/ops/attention.h): a block walks only the tiles
+// from the one holding max(0, first row - h) to the one holding its last row + h (clipped to the
+// sequence), and inside a tile a row (a warp's) that has no key (query) of its window there is
+// skipped whole; only the pairs of the remaining rows with |i - j| > h are masked. Global
+// attention (h = max_len) walks every tile and masks nothing more, so it keeps its bits.
 // Every sum runs in a fixed order (fixed shuffle trees, tiles in order): results are the same
 // from run to run. Dropout: the mask of (query i, key j) is dropout_bits4(sample, head, i, j)
 // word j % 4 (common/philox.h), exactly the CPU's; one Philox call gives 4 keys, shared across
@@ -44,9 +49,29 @@ struct AttnArgs {
   int d;           // head dim (<= kD)
   int heads;
   int blocks_per_seq;  // ceil(work max_len / kBlockRows)
+  int half;            // the window's half-width (checks::attention_half_window)
   float scale;
   DropoutStream ds;
 };
+
+// The first tile (a multiple of kTile) and the end of the keys that rows [first, first + n)
+// attend, or of the queries that attend them (the window is symmetric), in a sequence of len.
+__device__ __forceinline__ int window_begin(int first, int half) {
+  const int lo = first > half ? first - half : 0;
+  return lo - lo % kTile;
+}
+__device__ __forceinline__ int window_end(int first, int n, int half, int len) {
+  const int64_t end = int64_t{first} + n + half;
+  return end < len ? static_cast<int>(end) : len;
+}
+// Whether row i has a partner (key or query) in the tile [t0, t0 + kTile).
+__device__ __forceinline__ bool tile_in_window(int i, int t0, int half) {
+  return t0 - i <= half && i - (t0 + kTile - 1) <= half;
+}
+// Whether the pair (i, j) of one sequence lies within the window.
+__device__ __forceinline__ bool in_window(int i, int j, int half) {
+  return j - i <= half && i - j <= half;
+}
 
 // Loads rows [first, first + n) of one head's q (which = 0), k (1) or v (2) slot into
 // dst[n][kS], zero outside the sequence and beyond d.
@@ -120,20 +145,23 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < kDims; ++t) acc[r][t] = 0.0f;
   }
-  for (int k0 = 0; k0 < len; k0 += kTile) {
+  const int kend = window_end(q0, kBlockRows, a.half, len);
+  for (int k0 = window_begin(q0, a.half); k0 < kend; k0 += kTile) {
     __syncthreads();  // the previous tile is consumed
     load_rows(a, start, len, 1, head, k0, kTile, Ks);
     load_rows(a, start, len, 2, head, k0, kTile, Vs);
     __syncthreads();
-    const bool kvalid = k0 + lane < len;
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int qr = warp * kRowsPerWarp + r, qi = q0 + qr;
-      if (qi >= len) continue;  // uniform over the warp
+      // Uniform over the warp: a row past the end, or with no key of its window in the tile.
+      if (qi >= len || !tile_in_window(qi, k0, a.half)) continue;
+      const bool kvalid = k0 + lane < len && in_window(qi, k0 + lane, a.half);
       float s = dot_rows(Qs + qr * kS, Ks + lane * kS, a.d) * a.scale;
       s = kvalid ? s : -INFINITY;
-      const float mnew = fmaxf(m[r], warp_max(s));  // finite: key k0 is always valid
-      const float alpha = expf(m[r] - mnew);        // 0 on the first tile (m = -inf)
+      // Finite: the tile holds a key of the row's window (which ends inside the sequence).
+      const float mnew = fmaxf(m[r], warp_max(s));
+      const float alpha = expf(m[r] - mnew);  // 0 on the first tile (m = -inf)
       const float p = kvalid ? expf(s - mnew) : 0.0f;
       lsum[r] = lsum[r] * alpha + warp_sum(p);
       const float f = drop ? key_dropout_factor(dstream, sample, head, qi, k0, lane) : 1.0f;
@@ -208,16 +236,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < kDims; ++t) dq[r][t] = 0.0f;
   }
-  for (int k0 = 0; k0 < len; k0 += kTile) {
+  const int kend = window_end(q0, kBlockRows, a.half, len);
+  for (int k0 = window_begin(q0, a.half); k0 < kend; k0 += kTile) {
     __syncthreads();
     load_rows(a, start, len, 1, head, k0, kTile, Ks);
     load_rows(a, start, len, 2, head, k0, kTile, Vs);
     __syncthreads();
-    const bool kvalid = k0 + lane < len;
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int qr = warp * kRowsPerWarp + r, qi = q0 + qr;
-      if (qi >= len) continue;  // uniform over the warp
+      if (qi >= len || !tile_in_window(qi, k0, a.half)) continue;  // uniform over the warp
+      const bool kvalid = k0 + lane < len && in_window(qi, k0 + lane, a.half);
       const float s = dot_rows(Qs + qr * kS, Ks + lane * kS, a.d) * a.scale;
       const float dp = dot_rows(dOs + qr * kS, Vs + lane * kS, a.d);
       const float p = kvalid ? expf(s - lse_r[r]) : 0.0f;
@@ -274,7 +303,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < kRowsPerWarp; ++r)
 #pragma unroll
     for (int t = 0; t < kDims; ++t) dk[r][t] = dv[r][t] = 0.0f;
-  for (int q0 = 0; q0 < len; q0 += kTile) {
+  const int qend = window_end(kb0, kBlockRows, a.half, len);
+  for (int q0 = window_begin(kb0, a.half); q0 < qend; q0 += kTile) {
     __syncthreads();
     load_rows(a, start, len, 0, head, q0, kTile, Qs);
     load_rows_h(a, dout, start, len, head, q0, kTile, dOs);
@@ -291,7 +321,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const int qi = q0 + lane;
-    const bool qvalid = qi < len;
     const float lse_i = lse_s[lane], delta_i = delta_s[lane];
     // One Philox call: this query's words for the warp's 4 keys (kbase is a multiple of 4).
     Philox4x32 bits{};
@@ -300,8 +329,9 @@ __global__ void __launch_bounds__(kThreads)
                            static_cast<uint32_t>(kbase));
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int kr = warp * kRowsPerWarp + r;
-      if (kbase + r >= len) continue;  // uniform over the warp
+      const int kr = warp * kRowsPerWarp + r, kj = kbase + r;
+      if (kj >= len || !tile_in_window(kj, q0, a.half)) continue;  // uniform over the warp
+      const bool qvalid = qi < len && in_window(qi, kj, a.half);
       const float s = dot_rows(Qs + lane * kS, Kb + kr * kS, a.d) * a.scale;
       const float dp = dot_rows(dOs + lane * kS, Vb + kr * kS, a.d);
       const float p = qvalid ? expf(s - lse_i) : 0.0f;
@@ -338,7 +368,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 AttnArgs make_args(const DeviceLayout& l, const AttnWork& w, const float* qkv, int64_t hidden,
-                   int heads, const DropoutStream& ds) {
+                   int heads, int half, const DropoutStream& ds) {
   AttnArgs a;
   a.l = l;
   a.seqs = w.seqs;
@@ -347,6 +377,7 @@ AttnArgs make_args(const DeviceLayout& l, const AttnWork& w, const float* qkv, i
   a.heads = heads;
   a.d = static_cast<int>(hidden / heads);
   a.blocks_per_seq = (w.max_len + kBlockRows - 1) / kBlockRows;
+  a.half = half;
   a.scale = static_cast<float>(1.0 / sqrt(static_cast<double>(a.d)));
   a.ds = ds;
   return a;
@@ -362,20 +393,20 @@ dim3 work_grid(const AttnWork& w, const AttnArgs& a) {
 static_assert(kAttentionF32Tile == kBlockRows, "fmha.h states the fp32 kernels' tile");
 
 cudaError_t attention_forward_work(const DeviceLayout& l, const AttnWork& w, const float* qkv,
-                                   int64_t hidden, int heads, const DropoutStream& ds, float* out,
-                                   float* lse, cudaStream_t s) {
+                                   int64_t hidden, int heads, int half, const DropoutStream& ds,
+                                   float* out, float* lse, cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
-  const AttnArgs a = make_args(l, w, qkv, hidden, heads, ds);
+  const AttnArgs a = make_args(l, w, qkv, hidden, heads, half, ds);
   PB_LAUNCH(work_grid(w, a), kThreads, 0, s, attention_forward_kernel)(a, out, lse);
   return launched();
 }
 
 cudaError_t attention_backward_work(const DeviceLayout& l, const AttnWork& w, const float* qkv,
                                     const float* out, const float* lse, const float* dout,
-                                    int64_t hidden, int heads, const DropoutStream& ds, float* dqkv,
-                                    cudaStream_t s) {
+                                    int64_t hidden, int heads, int half, const DropoutStream& ds,
+                                    float* dqkv, cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
-  const AttnArgs a = make_args(l, w, qkv, hidden, heads, ds);
+  const AttnArgs a = make_args(l, w, qkv, hidden, heads, half, ds);
   PB_LAUNCH(work_grid(w, a), kThreads, 0, s, attention_dq_kernel)(a, out, lse, dout, dqkv);
   const cudaError_t e = launched();
   if (e != cudaSuccess) return e;
@@ -383,15 +414,16 @@ cudaError_t attention_backward_work(const DeviceLayout& l, const AttnWork& w, co
   return launched();
 }
 
-// The whole layout as one work list on one stream (the interface of cuda_kernels.h).
+// The whole layout as one work list on one stream, global attention (the interface of
+// cuda_kernels.h).
 cudaError_t attention_forward(const DeviceLayout& l, const float* qkv, int64_t hidden, int heads,
                               const DropoutStream& ds, float* out, float* lse, cudaStream_t s) {
   if (l.rows == 0) return cudaSuccess;
   cudaError_t e = fmha_zero_padding_rows(l, out, hidden, 4, s);
   if (e != cudaSuccess) return e;
   if ((e = fmha_zero_padding_rows(l, lse, heads, 4, s)) != cudaSuccess) return e;
-  return attention_forward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, hidden, heads, ds,
-                                out, lse, s);
+  return attention_forward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, hidden, heads,
+                                l.max_len, ds, out, lse, s);
 }
 
 cudaError_t attention_backward(const DeviceLayout& l, const float* qkv, const float* out,
@@ -401,7 +433,7 @@ cudaError_t attention_backward(const DeviceLayout& l, const float* qkv, const fl
   const cudaError_t e = fmha_zero_padding_rows(l, dqkv, 3 * hidden, 4, s);
   if (e != cudaSuccess) return e;
   return attention_backward_work(l, AttnWork{nullptr, l.num_seqs, l.max_len}, qkv, out, lse, dout,
-                                 hidden, heads, ds, dqkv, s);
+                                 hidden, heads, l.max_len, ds, dqkv, s);
 }
 
 }  // namespace packbert::cuda

@@ -73,14 +73,18 @@ CudaBackend::AttnLaunch CudaBackend::attention_launch(const char* op, const SeqL
 //   unaligned view): widened through the low-precision adapter onto the fp32 kernels.
 // Both kernel families run through the grouped launch: the sequences sorted into length
 // buckets (common/fmha_work_list.h), one grid per bucket on fmha_'s streams, joined before return.
+// The window reaches the kernels as its half-width (checks::attention_half_window), with which
+// each block walks only the tiles its rows' windows touch; the grid stays the same.
 void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, int num_heads,
-                                    const Dropout& dropout, const Tensor& out, const Tensor& lse) {
+                                    int64_t window, const Dropout& dropout, const Tensor& out,
+                                    const Tensor& lse) {
   const trace::Range range("attention_forward");
   const char* op = "attention_forward";
+  const int half = checks::attention_half_window(op, window, layout.max_len);
   const bool fp32 = !lowp::any({&qkv, &out, &lse});
   const bool native = !fp32 && cuda::fmha_native(qkv, num_heads, {&out});
   if (!fp32 && !native)
-    return lowp::attention_forward(*this, lowp_, layout, qkv, num_heads, dropout, out, lse);
+    return lowp::attention_forward(*this, lowp_, layout, qkv, num_heads, window, dropout, out, lse);
   const AttnShape shape = attention_dims(op, layout, qkv, num_heads, fp32);
   const int64_t rows = shape.rows, hidden = shape.hidden, heads = shape.heads;
   expect(op, "qkv", qkv, qkv.dtype, {rows, 3 * hidden});
@@ -99,10 +103,10 @@ void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, 
   if (!plan.buckets.empty()) {
     const cuda::FmhaType type = cuda::fmha_type(qkv.dtype);
     fmha_->run(op, plan, stream_, [&](const cuda::AttnWork& w, cudaStream_t s) {
-      return native ? cuda::fmha_forward_work(type, dl, w, qkv.data, hidden, num_heads, ds,
+      return native ? cuda::fmha_forward_work(type, dl, w, qkv.data, hidden, num_heads, half, ds,
                                               out.data, lse.ptr<float>(), s)
-                    : cuda::attention_forward_work(dl, w, qkv.ptr<float>(), hidden, num_heads, ds,
-                                                   out.ptr<float>(), lse.ptr<float>(), s);
+                    : cuda::attention_forward_work(dl, w, qkv.ptr<float>(), hidden, num_heads, half,
+                                                   ds, out.ptr<float>(), lse.ptr<float>(), s);
     });
   }
   end(op);
@@ -110,14 +114,15 @@ void CudaBackend::attention_forward(const SeqLayout& layout, const Tensor& qkv, 
 
 void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv, const Tensor& out,
                                      const Tensor& lse, const Tensor& dout, int num_heads,
-                                     const Dropout& dropout, const Tensor& dqkv) {
+                                     int64_t window, const Dropout& dropout, const Tensor& dqkv) {
   const trace::Range range("attention_backward");
   const char* op = "attention_backward";
+  const int half = checks::attention_half_window(op, window, layout.max_len);
   const bool fp32 = !lowp::any({&qkv, &out, &lse, &dout, &dqkv});
   const bool native = !fp32 && cuda::fmha_native(qkv, num_heads, {&out, &dout, &dqkv});
   if (!fp32 && !native)
-    return lowp::attention_backward(*this, lowp_, layout, qkv, out, lse, dout, num_heads, dropout,
-                                    dqkv);
+    return lowp::attention_backward(*this, lowp_, layout, qkv, out, lse, dout, num_heads, window,
+                                    dropout, dqkv);
   const AttnShape shape = attention_dims(op, layout, qkv, num_heads, fp32);
   const int64_t rows = shape.rows, hidden = shape.hidden, heads = shape.heads;
   expect(op, "qkv", qkv, qkv.dtype, {rows, 3 * hidden});
@@ -138,12 +143,12 @@ void CudaBackend::attention_backward(const SeqLayout& layout, const Tensor& qkv,
     float* delta =
         native ? fmha_->workspace(op, static_cast<size_t>(rows * heads), stream_) : nullptr;
     fmha_->run(op, plan, stream_, [&](const cuda::AttnWork& w, cudaStream_t s) {
-      return native
-                 ? cuda::fmha_backward_work(type, dl, w, qkv.data, out.data, lse.ptr<float>(),
-                                            dout.data, hidden, num_heads, ds, delta, dqkv.data, s)
-                 : cuda::attention_backward_work(dl, w, qkv.ptr<float>(), out.ptr<float>(),
-                                                 lse.ptr<float>(), dout.ptr<float>(), hidden,
-                                                 num_heads, ds, dqkv.ptr<float>(), s);
+      return native ? cuda::fmha_backward_work(type, dl, w, qkv.data, out.data, lse.ptr<float>(),
+                                               dout.data, hidden, num_heads, half, ds, delta,
+                                               dqkv.data, s)
+                    : cuda::attention_backward_work(dl, w, qkv.ptr<float>(), out.ptr<float>(),
+                                                    lse.ptr<float>(), dout.ptr<float>(), hidden,
+                                                    num_heads, half, ds, dqkv.ptr<float>(), s);
     });
   }
   end(op);

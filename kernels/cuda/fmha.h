@@ -36,13 +36,14 @@ cudaError_t fmha_zero_padding_rows(const DeviceLayout& l, void* x, int64_t width
                                    cudaStream_t s);
 
 // ---- fp32 (attention_kernels.cu): head dim <= kAttentionMaxHeadDim ---------------------------
+// half: the window's half-width (checks::attention_half_window; max_len for global attention).
 cudaError_t attention_forward_work(const DeviceLayout& l, const AttnWork& w, const float* qkv,
-                                   int64_t hidden, int heads, const DropoutStream& ds, float* out,
-                                   float* lse, cudaStream_t s);
+                                   int64_t hidden, int heads, int half, const DropoutStream& ds,
+                                   float* out, float* lse, cudaStream_t s);
 cudaError_t attention_backward_work(const DeviceLayout& l, const AttnWork& w, const float* qkv,
                                     const float* out, const float* lse, const float* dout,
-                                    int64_t hidden, int heads, const DropoutStream& ds, float* dqkv,
-                                    cudaStream_t s);
+                                    int64_t hidden, int heads, int half, const DropoutStream& ds,
+                                    float* dqkv, cudaStream_t s);
 // Query (key) rows per block of the fp32 kernels: the grid's tile count per sequence.
 constexpr int kAttentionF32Tile = 16;
 
@@ -64,13 +65,14 @@ struct FmhaKernelBudget {
   int live_regs;
 };
 std::vector<FmhaKernelBudget> fmha_kernel_budget();
+// half as the fp32 kernels'.
 cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w, const void* qkv,
-                              int64_t hidden, int heads, const DropoutStream& ds, void* out,
-                              float* lse, cudaStream_t s);
+                              int64_t hidden, int heads, int half, const DropoutStream& ds,
+                              void* out, float* lse, cudaStream_t s);
 cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                                const void* qkv, const void* out, const float* lse, const void* dout,
-                               int64_t hidden, int heads, const DropoutStream& ds, float* delta,
-                               void* dqkv, cudaStream_t s);
+                               int64_t hidden, int heads, int half, const DropoutStream& ds,
+                               float* delta, void* dqkv, cudaStream_t s);
 
 // ---- grouped launch (fmha_host.cpp) ---------------------------------------------------------
 // The auxiliary streams and events of CudaBackend's attention, and the device copy of the

@@ -62,8 +62,9 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;
 
-  load_tile_async(kbase, ld, 0, len, Ks[0]);
-  load_tile_async(vbase, ld, 0, len, Vs[0]);
+  const int kbeg = window_begin(bw.row0, a.half), kend = window_end(bw.row0, a.half, len);
+  load_tile_async(kbase, ld, kbeg, len, Ks[0]);
+  load_tile_async(vbase, ld, kbeg, len, Vs[0]);
   cp_async_commit();
   uint32_t qf[kDChunks][4], dof[kDChunks][4];
   load_a_rows(qbase, ld, qa, len, t, qf);
@@ -82,10 +83,10 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
-  for (int k0 = 0, buf = 0; k0 < len; k0 += kTile, buf ^= 1) {
+  for (int k0 = kbeg, buf = 0; k0 < kend; k0 += kTile, buf ^= 1) {
     cp_async_wait_group<0>();
     __syncthreads();  // as in the forward
-    if (k0 + kTile < len) {
+    if (k0 + kTile < kend) {
       load_tile_async(kbase, ld, k0 + kTile, len, Ks[buf ^ 1]);
       load_tile_async(vbase, ld, k0 + kTile, len, Vs[buf ^ 1]);
       cp_async_commit();
@@ -109,6 +110,7 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
         Elem<T>::mma(dp[n], dof[kc], b[0], b[1]);
         Elem<T>::mma(dp[n], dof[kc + 1], b[2], b[3]);
       }
+    const bool edge = edge_tile(bw.row0, k0, a.half);
 #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
       float f[4] = {1.f, 1.f, 1.f, 1.f};
@@ -116,7 +118,8 @@ __global__ void __launch_bounds__(kThreads) fmha_dq_kernel(FmhaArgs a, uint16_t*
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + n * 8 + 2 * t + (e & 1);
-        const float p = key < len ? exp2f(s[n][e] * c - lse2[e >> 1]) : 0.f;
+        const bool in = key < len && (!edge || in_window((e >> 1) ? qb : qa, key, a.half));
+        const float p = in ? exp2f(s[n][e] * c - lse2[e >> 1]) : 0.f;
         s[n][e] = p * (f[e] * dp[n][e] - delta[e >> 1]);  // dS
       }
     }
@@ -179,10 +182,11 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
       delta_s[b][threadIdx.x] = qi < len ? a.delta[at] : 0.f;
     }
   };
-  load_tile_async(qbase, ld, 0, len, Qs[0]);
-  load_tile_async(dobase, a.hidden, 0, len, dOs[0]);
+  const int qbeg = window_begin(bw.row0, a.half), qend = window_end(bw.row0, a.half, len);
+  load_tile_async(qbase, ld, qbeg, len, Qs[0]);
+  load_tile_async(dobase, a.hidden, qbeg, len, dOs[0]);
   cp_async_commit();
-  load_rows(0, 0);
+  load_rows(qbeg, 0);
   uint32_t kf[kDChunks][4], vf[kDChunks][4];
   load_a_rows(kbase, ld, ka, len, t, kf);
   load_a_rows(vbase, ld, ka, len, t, vf);
@@ -193,10 +197,10 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
-  for (int q0 = 0, buf = 0; q0 < len; q0 += kTile, buf ^= 1) {
+  for (int q0 = qbeg, buf = 0; q0 < qend; q0 += kTile, buf ^= 1) {
     cp_async_wait_group<0>();
     __syncthreads();  // as in the forward
-    if (q0 + kTile < len) {
+    if (q0 + kTile < qend) {
       load_tile_async(qbase, ld, q0 + kTile, len, Qs[buf ^ 1]);
       load_tile_async(dobase, a.hidden, q0 + kTile, len, dOs[buf ^ 1]);
       cp_async_commit();
@@ -221,6 +225,7 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
         ldsm_b_cols(dO, n * 8, kc, lane, b);
         Elem<T>::mma(dpt[n], vf[kc], b[0], b[1]);
       }
+    const bool edge = edge_tile(bw.row0, q0, a.half);
 #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
       float f[4] = {1.f, 1.f, 1.f, 1.f};
@@ -228,7 +233,8 @@ __global__ void __launch_bounds__(kThreads) fmha_dkv_kernel(FmhaArgs a, uint16_t
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qt = n * 8 + 2 * t + (e & 1);
-        const float p = q0 + qt < len ? exp2f(st[n][e] * c - lse_t[qt]) : 0.f;
+        const bool in = q0 + qt < len && (!edge || in_window(q0 + qt, (e >> 1) ? kb : ka, a.half));
+        const float p = in ? exp2f(st[n][e] * c - lse_t[qt]) : 0.f;
         st[n][e] = p * f[e];                               // (P f)^T
         dpt[n][e] = p * (f[e] * dpt[n][e] - delta_t[qt]);  // dS^T
       }
@@ -279,10 +285,10 @@ cudaError_t backward_t(const FmhaArgs& a, const AttnWork& w, void* dqkv, cudaStr
 
 cudaError_t fmha_backward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w,
                                const void* qkv, const void* out, const float* lse, const void* dout,
-                               int64_t hidden, int heads, const DropoutStream& ds, float* delta,
-                               void* dqkv, cudaStream_t s) {
+                               int64_t hidden, int heads, int half, const DropoutStream& ds,
+                               float* delta, void* dqkv, cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
-  FmhaArgs a = make_args(l, w, qkv, hidden, heads, ds);
+  FmhaArgs a = make_args(l, w, qkv, hidden, heads, half, ds);
   a.out = static_cast<const uint16_t*>(out);
   a.dout = static_cast<const uint16_t*>(dout);
   a.lse = lse;

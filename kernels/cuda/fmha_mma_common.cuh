@@ -38,6 +38,14 @@
 //   dK, dV   (fmha_mma_backward.cu) key tile; K and V fragments in registers; per Q/dO tile
 //            (64 queries in shared memory with their lse and D): S^T = K Q^T, dP^T = V dO^T,
 //            dV += (P f)^T dO, dK += dS^T Q.
+// Local windows (half-width h = FmhaArgs::half, kernels/ops/attention.h): a block walks only the
+// tiles from the one holding max(0, row0 - h) to the one holding row0 + 63 + h (clipped to the
+// sequence; the window is symmetric, so the dK / dV kernel's query tiles are found the same
+// way), and masks the pairs with |i - j| > h only in an edge tile (one not wholly inside every
+// row's window). A row of an edge tile may have none of its keys there yet (its running max
+// still -inf): the forward then shifts by 0 instead of the max, so its probabilities and
+// rescale are 0, not NaN. Global attention (h = max_len) walks every tile, and its masked
+// scores are the same -inf or the same products, so it keeps its bits.
 // No atomics; every sum runs in a fixed order (tiles in order, fixed shuffle trees), so results
 // are the same from run to run. P and dS are rounded to the 16-bit type before their products,
 // as FlashAttention does.
@@ -152,9 +160,30 @@ struct FmhaArgs {
   int64_t hidden;
   int heads;
   int blocks_per_seq;  // ceil(work max_len / kTile)
+  int half;            // the window's half-width (checks::attention_half_window)
   float scale;         // 1 / sqrt(d)
   DropoutStream ds;
 };
+
+// The first tile (a multiple of kTile) and the end of the keys that rows [row0, row0 + kTile)
+// attend, or of the queries that attend them (the window is symmetric), in a sequence of len.
+__device__ __forceinline__ int window_begin(int row0, int half) {
+  const int lo = row0 > half ? row0 - half : 0;
+  return lo - lo % kTile;
+}
+__device__ __forceinline__ int window_end(int row0, int half, int len) {
+  const int64_t end = int64_t{row0} + kTile + half;
+  return end < len ? static_cast<int>(end) : len;
+}
+// Whether some pair of the rows [row0, row0 + kTile) and the tile [t0, t0 + kTile) lies outside
+// the window: the tile needs the window's mask.
+__device__ __forceinline__ bool edge_tile(int row0, int t0, int half) {
+  return t0 + (kTile - 1) - row0 > half || row0 + (kTile - 1) - t0 > half;
+}
+// Whether the pair (i, j) of one sequence lies within the window.
+__device__ __forceinline__ bool in_window(int i, int j, int half) {
+  return j - i <= half && i - j <= half;
+}
 
 // The (sequence, first row of the tile) of this block.
 struct BlockWork {
@@ -302,7 +331,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // The arguments of a work list's launch; the backward sets out, dout, lse and delta.
 inline FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* qkv, int64_t hidden,
-                          int heads, const DropoutStream& ds) {
+                          int heads, int half, const DropoutStream& ds) {
   FmhaArgs a;
   a.l = l;
   a.seqs = w.seqs;
@@ -314,6 +343,7 @@ inline FmhaArgs make_args(const DeviceLayout& l, const AttnWork& w, const void* 
   a.hidden = hidden;
   a.heads = heads;
   a.blocks_per_seq = (w.max_len + kTile - 1) / kTile;
+  a.half = half;
   a.scale = static_cast<float>(1.0 / sqrt(static_cast<double>(kD)));
   a.ds = ds;
   return a;

@@ -29,8 +29,9 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t sample = drop ? static_cast<uint64_t>(a.l.sample_id[bw.seq]) : 0;
   const int qa = bw.row0 + warp * 16 + g, qb = qa + 8;  // this thread's two query rows
 
-  load_tile_async(kbase, ld, 0, len, Ks[0]);  // the first K / V tile loads with Q
-  load_tile_async(vbase, ld, 0, len, Vs[0]);
+  const int kbeg = window_begin(bw.row0, a.half), kend = window_end(bw.row0, a.half, len);
+  load_tile_async(kbase, ld, kbeg, len, Ks[0]);  // the first K / V tile loads with Q
+  load_tile_async(vbase, ld, kbeg, len, Vs[0]);
   cp_async_commit();
   uint32_t qf[kDChunks][4];
   load_a_rows(qbase, ld, qa, len, t, qf);
@@ -40,12 +41,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  for (int k0 = 0, buf = 0; k0 < len; k0 += kTile, buf ^= 1) {
+  for (int k0 = kbeg, buf = 0; k0 < kend; k0 += kTile, buf ^= 1) {
     cp_async_wait_group<0>();  // this thread's copies of tile k0, the only ones in flight
     // Every thread's copies of tile k0 are visible, and every thread is done with the previous
     // tile, whose buffer the next tile's copies overwrite.
     if (!PB_MUTANT(Mutant::fmha_barrier)) __syncthreads();
-    if (k0 + kTile < len) {  // the next tile loads while this one computes
+    if (k0 + kTile < kend) {  // the next tile loads while this one computes
       load_tile_async(kbase, ld, k0 + kTile, len, Ks[buf ^ 1]);
       load_tile_async(vbase, ld, k0 + kTile, len, Vs[buf ^ 1]);
       cp_async_commit();
@@ -64,22 +65,26 @@ __global__ void __launch_bounds__(kThreads)
         Elem<T>::mma(s[n], qf[kc], b[0], b[1]);
         Elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
       }
-    // Scale and mask (keys past the end: -inf), then the running max of each row. Key k0 is
-    // always valid, so the new max is finite and exp2(-inf - max) = 0 masks.
+    // Scale and mask (keys past the end, and in an edge tile keys outside the row's window:
+    // -inf), then the running max of each row, and the shift: the max, or 0 for a row with no
+    // key yet (max -inf), so that exp2(-inf - shift) = 0 masks.
+    const bool edge = edge_tile(bw.row0, k0, a.half);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kRowTiles; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + n * 8 + 2 * t + (e & 1);
-        s[n][e] = key < len ? s[n][e] * c : -INFINITY;
+        const bool in = key < len && (!edge || in_window((e >> 1) ? qb : qa, key, a.half));
+        s[n][e] = in ? s[n][e] * c : -INFINITY;
         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
-    float alpha[2];
+    float alpha[2], shift[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float mnew = fmaxf(m[i], quad_max(mx[i]));
-      alpha[i] = exp2f(m[i] - mnew);  // 0 on the first tile (m = -inf)
+      shift[i] = mnew == -INFINITY ? 0.f : mnew;
+      alpha[i] = exp2f(m[i] - shift[i]);  // 0 while m = -inf (the first tile)
       m[i] = mnew;
     }
     float rs[2] = {0.f, 0.f};
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kRowTiles; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[n][e] - m[e >> 1]);
+        const float p = exp2f(s[n][e] - shift[e >> 1]);
         s[n][e] = p;
         rs[e >> 1] += p;  // the softmax sum: before dropout, as the fp32 kernel and the CPU
       }
@@ -159,10 +164,10 @@ std::vector<FmhaKernelBudget> fmha_kernel_budget() {
 }
 
 cudaError_t fmha_forward_work(FmhaType t, const DeviceLayout& l, const AttnWork& w, const void* qkv,
-                              int64_t hidden, int heads, const DropoutStream& ds, void* out,
-                              float* lse, cudaStream_t s) {
+                              int64_t hidden, int heads, int half, const DropoutStream& ds,
+                              void* out, float* lse, cudaStream_t s) {
   if (w.count == 0 || w.max_len <= 0) return cudaSuccess;
-  const FmhaArgs a = make_args(l, w, qkv, hidden, heads, ds);
+  const FmhaArgs a = make_args(l, w, qkv, hidden, heads, half, ds);
   return t == FmhaType::bf16 ? forward_t<__nv_bfloat16>(a, w, out, lse, s)
                              : forward_t<__half>(a, w, out, lse, s);
 }

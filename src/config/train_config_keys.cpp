@@ -138,16 +138,14 @@ std::vector<Key> make_keys() {
                              "(before each block, with a final norm; ModernBERT)")));
   k.push_back(preset_key(key("model.position", &C::model, &M::position, position_table(),
                              "positions: learned (a table added to the embeddings) or rope "
-                             "(rotary embeddings on queries and keys, per sequence; the model "
-                             "refuses it until its kernels are wired)")));
+                             "(rotary embeddings on queries and keys, per sequence)")));
   k.push_back(preset_key(key("model.rope_theta", &C::model, &M::rope_theta,
                              "RoPE base of the global layers (ModernBERT: 160000)")));
   k.push_back(preset_key(key("model.local_rope_theta", &C::model, &M::local_rope_theta,
                              "RoPE base of the local layers (ModernBERT: 10000)")));
   k.push_back(preset_key(key("model.mlp", &C::model, &M::mlp, mlp_table(),
                              "MLP: gelu (dense-GELU-dense), geglu or swiglu (gated: Wi gives 2 x "
-                             "intermediate, act(first half) * second half; the model refuses "
-                             "the gated ones until their kernels are wired)")));
+                             "intermediate, act(first half) * second half)")));
   k.push_back(preset_key(key("model.bias", &C::model, &M::bias,
                              "biases of the encoder's and the MLM transform's linear layers (the "
                              "decoder keeps its bias)")));
@@ -156,8 +154,7 @@ std::vector<Key> make_keys() {
       key("model.token_types", &C::model, &M::token_types, "token-type (segment) embeddings")));
   k.push_back(preset_key(key("model.local_window", &C::model, &M::local_window,
                              "local attention window w: a local layer's query i sees the keys j "
-                             "of its sequence with |i - j| <= w / 2; 0 = every layer global (the "
-                             "model refuses w > 0 until its kernels are wired)")));
+                             "of its sequence with |i - j| <= w / 2; 0 = every layer global")));
   k.push_back(preset_key(key("model.global_every", &C::model, &M::global_every,
                              "layer l is global when l % global_every == 0 (ModernBERT: 3)")));
   k.push_back(preset_key(key("model.nsp_head", &C::model, &M::nsp_head,

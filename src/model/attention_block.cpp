@@ -26,8 +26,9 @@ void AttentionBlock::forward(int64_t l) {
   // backward) reads.
   if (rotary())
     m_.backend.rotary_embedding(a.layout, s.qkv, heads, m_.config.rope_theta_of(l), false);
-  m_.backend.attention_forward(a.layout, s.qkv, heads, m_.dropout(DropoutSite::attention_probs, l),
-                               s.ctx, s.lse);
+  // A local layer's window (0: global); the backward passes the same one.
+  m_.backend.attention_forward(a.layout, s.qkv, heads, m_.config.window_of(l),
+                               m_.dropout(DropoutSite::attention_probs, l), s.ctx, s.lse);
   // The output projection's bias is added by the LayerNorm op (before its dropout).
   m_.linears.forward(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, Tensor(), Epilogue::none,
                      s.ln_in, Tensor());
@@ -52,7 +53,7 @@ void AttentionBlock::backward(int64_t l, const Tensor& dh1, const Tensor& dx) {
   m_.linears.backward(l, Fp8State::attn_out, 0, s.ctx, w.attn_out_w, t.dtmp, t.dctx, g.attn_out_w,
                       Tensor(), {});
   m_.backend.attention_backward(a.layout, s.qkv, s.ctx, s.lse, t.dctx,
-                                static_cast<int>(m_.config.heads),
+                                static_cast<int>(m_.config.heads), m_.config.window_of(l),
                                 m_.dropout(DropoutSite::attention_probs, l), dqkv);
   // The rotation's backward is its inverse, on d(q) and d(k) in place.
   if (rotary())

@@ -23,20 +23,9 @@ const BertOptions& checked(const BertOptions& options) {
 }
 }  // namespace
 
-namespace {
-// The options the model's parts compute. Local attention has its keys and names, but no part
-// runs it: refused rather than ignored.
-const BertConfig& runnable(const BertConfig& c) {
-  PB_REQUIRE(c.local_window == 0,
-             "model: local_window = {} is not run by this model yet (only 0, every layer global)",
-             c.local_window);
-  return c;
-}
-}  // namespace
-
 Bert::Bert(const BertConfig& config, Backend& backend, const Tensor& params, const Tensor& grads,
            const BertOptions& options, const Tensor& fp32_weights)
-    : config_(runnable(config)),
+    : config_(config),
       backend_(backend),
       options_(checked(options)),
       table_(config),

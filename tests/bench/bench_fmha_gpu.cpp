@@ -178,8 +178,8 @@ void time_case(Backend& be, std::mt19937_64& rng, const std::string& name, DType
   double sq = 0;
   for (int32_t len : lens) sq += static_cast<double>(len) * len;
   const double fwd_flops = 4.0 * kHeadDim * kHeads * sq;
-  const auto fwd = [&] { be.attention_forward(l, qkv, kHeads, d, out, lse); };
-  const auto bwd = [&] { be.attention_backward(l, qkv, out, lse, dout, kHeads, d, dqkv); };
+  const auto fwd = [&] { be.attention_forward(l, qkv, kHeads, 0, d, out, lse); };
+  const auto bwd = [&] { be.attention_backward(l, qkv, out, lse, dout, kHeads, 0, d, dqkv); };
   rows.push_back({"fwd " + name, median_ms(fwd, reps), fwd_flops});
   rows.push_back({"fwd+bwd " + name,
                   median_ms(

@@ -289,14 +289,16 @@ int main(int argc, char** argv) {
     const Tensor ctx = empty_f32({t, h}), lse = empty_f32({t, kHeads}),
                  dqkv = empty_f32({t, 3 * h});
     const double attn_flops = 4.0 * tf * kSeqLen * h;  // QK^T and PV
-    rows.push_back({"attention_forward p=0.1", shape,
-                    median_ms([&] { be->attention_forward(l, qkv, kHeads, attn_drop, ctx, lse); },
-                              reps, nullptr),
-                    attn_flops, 0});
+    rows.push_back(
+        {"attention_forward p=0.1", shape,
+         median_ms([&] { be->attention_forward(l, qkv, kHeads, 0, attn_drop, ctx, lse); }, reps,
+                   nullptr),
+         attn_flops, 0});
     rows.push_back(
         {"attention_backward p=0.1", shape,
-         median_ms([&] { be->attention_backward(l, qkv, ctx, lse, dout, kHeads, attn_drop, dqkv); },
-                   reps, nullptr),
+         median_ms(
+             [&] { be->attention_backward(l, qkv, ctx, lse, dout, kHeads, 0, attn_drop, dqkv); },
+             reps, nullptr),
          2.5 * attn_flops, 0});
 
     // ModernBERT-class ops: rotary position embeddings on q and k (bytes: 2h of each row read

@@ -168,11 +168,11 @@ int main(int argc, char** argv) {
   Dropout adrop = drop;
   adrop.site = DropoutSite::attention_probs;
   run("attention_forward p=0.1", std::to_string(s) + " seqs 64..512", 4.0 * sum_len2 * h, 0, [&] {
-    be->attention_forward(l, T(qkv, {t, 3 * h}), kHeads, adrop, T(ctx, {t, h}),
+    be->attention_forward(l, T(qkv, {t, 3 * h}), kHeads, 0, adrop, T(ctx, {t, h}),
                           T(lse, {t, kHeads}));
   });
   run("attention_forward p=0", std::to_string(s) + " seqs 64..512", 4.0 * sum_len2 * h, 0, [&] {
-    be->attention_forward(l, T(qkv, {t, 3 * h}), kHeads, Dropout(), T(ctx, {t, h}),
+    be->attention_forward(l, T(qkv, {t, 3 * h}), kHeads, 0, Dropout(), T(ctx, {t, h}),
                           T(lse, {t, kHeads}));
   });
   run("rotary_embedding (q, k in place)",
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
   });
   run("attention_backward p=0.1", std::to_string(s) + " seqs 64..512", 10.0 * sum_len2 * h, 0, [&] {
     be->attention_backward(l, T(qkv, {t, 3 * h}), T(ctx, {t, h}), T(lse, {t, kHeads}),
-                           T(dy, {t, h}), kHeads, adrop, T(dqkv, {t, 3 * h}));
+                           T(dy, {t, h}), kHeads, 0, adrop, T(dqkv, {t, 3 * h}));
   });
   run("linear_backward qkv (dx+=, dw, db)", tok + " x " + sh + " -> " + s3, 4.0 * t * h * 3 * h, 0,
       [&] {

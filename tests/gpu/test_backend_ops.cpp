@@ -542,7 +542,7 @@ TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
         be->zero(g->tensor());  // the gradients accumulate
       be->linear_forward(x->tensor(), wqkv->tensor(), bqkv->tensor(), Epilogue::bias, qkv->tensor(),
                          Tensor());
-      be->attention_forward(l, qkv->tensor(), heads, att, ctx->tensor(), lse->tensor());
+      be->attention_forward(l, qkv->tensor(), heads, 0, att, ctx->tensor(), lse->tensor());
       be->residual_layernorm_forward(l, ctx->tensor(), Tensor(), x->tensor(), ln, res, y->tensor(),
                                      ln_in->tensor(), mean->tensor(), rstd->tensor());
       be->linear_forward(y->tensor(), w1->tensor(), b1->tensor(), Epilogue::bias_gelu,
@@ -558,7 +558,7 @@ TEST(BackendOpsCuda, EncoderOpsCaptureIntoAGraph) {
                                       rstd->tensor(), ln, res, dctx->tensor(), dres->tensor(),
                                       false, dbias->tensor(), {dgamma->tensor(), dbeta->tensor()});
       be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(), heads,
-                             att, dqkv->tensor());
+                             0, att, dqkv->tensor());
       be->linear_backward(x->tensor(), wqkv->tensor(), dqkv->tensor(), dx->tensor(),
                           dwqkv->tensor(), dbqkv->tensor());
     };
@@ -621,9 +621,9 @@ TEST(BackendOpsCuda, FixedLaunchAttentionReplaysOverNewBatches) {
     auto lse = dev_random(rng, DType::f32, {rows, heads}, 1.f);
     const std::vector<GuardedBytes*> written = {out.get(), lse.get(), dqkv.get()};
     auto attention = [&](const SeqLayout& l) {
-      be->attention_forward(l, qkv->tensor(), heads, d, out->tensor(), lse->tensor());
-      be->attention_backward(l, qkv->tensor(), out->tensor(), lse->tensor(), dy->tensor(), heads, d,
-                             dqkv->tensor());
+      be->attention_forward(l, qkv->tensor(), heads, 0, d, out->tensor(), lse->tensor());
+      be->attention_backward(l, qkv->tensor(), out->tensor(), lse->tensor(), dy->tensor(), heads, 0,
+                             d, dqkv->tensor());
     };
     auto results = [&] {
       be->synchronize();
@@ -731,14 +731,14 @@ TEST(BackendOpsCuda, DropoutStepIsReadWhenTheOpsRun) {
         be->zero(g->tensor());
       be->embedding_forward(l, ids.tensor(), seg.tensor(), ep, de, emb->tensor(),
                             emb_mean->tensor(), emb_rstd->tensor());
-      be->attention_forward(l, qkv->tensor(), heads, da, ctx->tensor(), lse->tensor());
+      be->attention_forward(l, qkv->tensor(), heads, 0, da, ctx->tensor(), lse->tensor());
       be->residual_layernorm_forward(l, ctx->tensor(), beta->tensor(), emb->tensor(), ln, dr,
                                      y->tensor(), ln_in->tensor(), mean->tensor(), rstd->tensor());
       be->residual_layernorm_backward(l, dy->tensor(), ln_in->tensor(), mean->tensor(),
                                       rstd->tensor(), ln, dr, dctx->tensor(), dres->tensor(), false,
                                       dbias->tensor(), {dlg->tensor(), dlb->tensor()});
       be->attention_backward(l, qkv->tensor(), ctx->tensor(), lse->tensor(), dctx->tensor(), heads,
-                             da, dqkv->tensor());
+                             0, da, dqkv->tensor());
       be->copy(demb->tensor(), dres->tensor());
       be->embedding_backward(l, ids.tensor(), seg.tensor(), ep, de, emb_mean->tensor(),
                              emb_rstd->tensor(), demb->tensor(), eg);

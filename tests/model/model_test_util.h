@@ -184,13 +184,16 @@ inline bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // BERT's tiny shape with ModernBERT's layer options: pre-norm with a final norm, rotary
-// positions (local and global bases), GeGLU, no biases but the decoder's, norms without a bias,
-// no token types, epsilon 1e-5, no NSP head; dropout kept at 0.1 so that every dropout site runs.
+// positions (local and global bases), GeGLU, layer 1 local with a window of 16 (the tests'
+// sequences reach 64 tokens), no biases but the decoder's, norms without a bias, no token
+// types, epsilon 1e-5, no NSP head; dropout kept at 0.1 so that every dropout site runs.
 inline BertConfig modern_tiny() {
   BertConfig c = bert_preset("tiny");
   c.norm = NormPlacement::pre;
   c.position = Positions::rope;
   c.rope_theta = 160000.f;
+  c.local_window = 16;
+  c.global_every = 2;
   c.mlp = MlpKind::geglu;
   c.intermediate = 192;
   c.bias = c.norm_bias = c.token_types = c.nsp_head = false;

@@ -311,7 +311,7 @@ TEST(ModelBatch, CapacityAddsPaddingRowsAndEmptySlotsOnly) {
   auto attend = [&](const Batch& batch) {
     std::vector<float> out(static_cast<size_t>(batch.rows * h), -1.f);
     std::vector<float> lse(static_cast<size_t>(batch.rows * heads), -1.f);
-    be->attention_forward(batch.host_layout(), view(qkv.data(), {batch.rows, 3 * h}), heads,
+    be->attention_forward(batch.host_layout(), view(qkv.data(), {batch.rows, 3 * h}), heads, 0,
                           Dropout{}, view(out.data(), {batch.rows, h}),
                           view(lse.data(), {batch.rows, int64_t{heads}}));
     return out;

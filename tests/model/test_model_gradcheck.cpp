@@ -215,15 +215,19 @@ TEST(ModelGradcheck, PreNormWithBiasesAndNspEveryTensorMatchesFiniteDifferences)
   check_every_tensor(c, "pre-norm with biases and NSP");
 }
 
-// Rotary positions and the gated MLPs.
-TEST(ModelGradcheck, RotaryGegluEveryTensorMatchesFiniteDifferences) {
+// Rotary positions with two bases, local attention (layer 1: a window of 6 over sequences of
+// up to 20 tokens) and the gated MLPs.
+TEST(ModelGradcheck, RotaryGegluLocalEveryTensorMatchesFiniteDifferences) {
   BertConfig c = micro_config();
   c.norm = NormPlacement::pre;
   c.position = Positions::rope;
   c.rope_theta = 160000.f;
+  c.local_rope_theta = 10.f;
+  c.local_window = 6;
+  c.global_every = 2;
   c.mlp = MlpKind::geglu;
   c.bias = c.norm_bias = c.token_types = c.nsp_head = false;
-  check_every_tensor(c, "pre-norm, rope, geglu");
+  check_every_tensor(c, "pre-norm, rope, local, geglu");
 }
 
 TEST(ModelGradcheck, SwigluWithBiasesEveryTensorMatchesFiniteDifferences) {

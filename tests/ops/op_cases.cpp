@@ -1014,12 +1014,12 @@ void add_attention_reference(OpCases& cases, bool backward, std::vector<int32_t>
     const Tensor tqkv = r.in("qkv", DType::f32, {rows, 3 * hidden}, qkv, unchanged());
     const Tensor out = r.out("out", DType::f32, {rows, hidden}, close_to(kTol));
     const Tensor lse = r.out("lse", DType::f32, {rows, heads}, close_to(kTol));
-    r.backend().attention_forward(sl, tqkv, heads, d, out, lse);
+    r.backend().attention_forward(sl, tqkv, heads, 0, d, out, lse);
     if (!backward) return;
     r.backend().attention_backward(
         sl, tqkv, out, lse,
         r.in("dout", DType::f32, {rows, hidden}, random_floats(g, rows * hidden), unchanged()),
-        heads, d, r.out("dqkv", DType::f32, {rows, 3 * hidden}, close_to(kAttnBwdTol)));
+        heads, 0, d, r.out("dqkv", DType::f32, {rows, 3 * hidden}, close_to(kAttnBwdTol)));
   };
   c.reference = [=](const std::string& what, const OpRun& cpu) {
     const HostLayout& l = cpu.host_layout(0);
@@ -1146,18 +1146,18 @@ void expect_close_floor(const std::string& what, const Vec& got, const Vec& want
 struct AttentionReference {
   std::vector<float> out, lse, dqkv;
 };
-AttentionReference fp32_attention(const OpRun& r, int heads) {
+AttentionReference fp32_attention(const OpRun& r, int heads, int64_t window) {
   const HostLayout& l = r.host_layout(0);
   const int64_t rows = l.rows, hidden = int64_t{heads} * 64;
   std::vector<float> qkv = narrow(r.initial("qkv")), dy = narrow(r.initial("dout"));
   AttentionReference a{std::vector<float>(rows * hidden), std::vector<float>(rows * heads),
                        std::vector<float>(rows * 3 * hidden)};
   Backend& cpu = OpRun::host();
-  cpu.attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, r.dropout(),
+  cpu.attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, window, r.dropout(),
                         hv(a.out, {rows, hidden}), hv(a.lse, {rows, heads}));
   cpu.attention_backward(l.view(), hv(qkv, {rows, 3 * hidden}), hv(a.out, {rows, hidden}),
-                         hv(a.lse, {rows, heads}), hv(dy, {rows, hidden}), heads, r.dropout(),
-                         hv(a.dqkv, {rows, 3 * hidden}));
+                         hv(a.lse, {rows, heads}), hv(dy, {rows, hidden}), heads, window,
+                         r.dropout(), hv(a.dqkv, {rows, 3 * hidden}));
   return a;
 }
 
@@ -1188,12 +1188,14 @@ void check_lowp_attention(const std::string& what, const OpRun& r, DType t, int 
         << what << " " << b << " differs between two runs";
 }
 
-// layout: 0 unpadded, 1 padded to max_len, 2 packed into rows of max_len.
+}  // namespace
+
 void add_attention_lowp(OpCases& cases, DType t, const std::string& name, std::vector<int32_t> lens,
-                        int layout, int32_t max_len, int heads, float p) {
+                        int layout, int32_t max_len, int heads, float p, int64_t window) {
   OpCase c;
   c.dtype = t;
   c.name = fmt::format("attention {} {} heads{} p{}", dtype_name(t), name, heads, p);
+  if (window != 0) c.name += fmt::format(" window {}", window);
   c.run = [=](OpRun& r) {
     auto& g = r.rng();
     const auto ids = random_sample_ids(g, lens.size());
@@ -1212,20 +1214,18 @@ void add_attention_lowp(OpCases& cases, DType t, const std::string& name, std::v
       const std::string a = again;
       const Tensor out = r.out("out" + a, t, {rows, hidden}, {});
       const Tensor lse = r.out("lse" + a, DType::f32, {rows, heads}, {});
-      r.backend().attention_forward(sl, qkv, heads, d, out, lse);
-      r.backend().attention_backward(sl, qkv, out, lse, dy, heads, d,
+      r.backend().attention_forward(sl, qkv, heads, window, d, out, lse);
+      r.backend().attention_backward(sl, qkv, out, lse, dy, heads, window, d,
                                      r.out("dqkv" + a, t, {rows, 3 * hidden}, {}));
     }
   };
   c.compare = [=](const std::string& what, const OpRun& want, const OpRun& got) {
-    const AttentionReference ref = fp32_attention(want, heads);
+    const AttentionReference ref = fp32_attention(want, heads, window);
     check_lowp_attention(what + " (" + want.backend().name() + ")", want, t, heads, ref);
     check_lowp_attention(what, got, t, heads, ref);
   };
   cases.push_back(std::move(c));
 }
-
-}  // namespace
 
 static OpCases attention_cases(bool emulated) {
   OpCases cases;
@@ -1245,16 +1245,16 @@ static OpCases attention_cases(bool emulated) {
       auto qkv = random_floats(g, rows * 3 * hidden), dy = random_floats(g, rows * hidden);
       const SeqLayout sl = r.layout(l);
       const Tensor tqkv = r.in("qkv", DType::f32, {rows, 3 * hidden}, qkv, unchanged());
-      r.backend().attention_forward(sl, tqkv, heads, d,
+      r.backend().attention_forward(sl, tqkv, heads, 0, d,
                                     r.out("out", DType::f32, {rows, hidden}, close_to(kTol)),
                                     r.out("lse", DType::f32, {rows, heads}, close_to(kTol)));
       std::vector<float> out(rows * hidden), lse(rows * heads);
-      OpRun::host().attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, d,
+      OpRun::host().attention_forward(l.view(), hv(qkv, {rows, 3 * hidden}), heads, 0, d,
                                       hv(out, {rows, hidden}), hv(lse, {rows, heads}));
       r.backend().attention_backward(
           sl, tqkv, r.in("saved out", DType::f32, {rows, hidden}, out),
           r.in("saved lse", DType::f32, {rows, heads}, lse),
-          r.in("dout", DType::f32, {rows, hidden}, dy, unchanged()), heads, d,
+          r.in("dout", DType::f32, {rows, hidden}, dy, unchanged()), heads, 0, d,
           r.out("dqkv", DType::f32, {rows, 3 * hidden}, close_to(kAttnBwdTol)));
     };
     cases.push_back(std::move(c));
@@ -2340,6 +2340,7 @@ const std::vector<OpTable>& op_tables() {
       {"EmbeddingOptions", any(norm_option_cases_embedding)},
       {"ResidualLayerNormOptions", any(norm_option_cases_residual)},
       {"Attention", attention_cases},
+      {"AttentionWindow", attention_window_cases},
       {"GatherRows", any(gather_rows_cases)},
       {"SoftmaxCrossEntropy", any(softmax_cross_entropy_cases)},
       {"MlmLoss", any(mlm_loss_cases)},

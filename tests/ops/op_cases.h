@@ -270,6 +270,15 @@ struct OpTable {
 };
 const std::vector<OpTable>& op_tables();
 
+// The attention cases of the bf16 / f16 kernels (op_cases.cpp): forward and backward of sequences
+// `lens` in a layout (0 unpadded, 1 padded to max_len, 2 packed into rows of max_len) with a
+// window (kernels/ops/attention.h; 0 global) on each backend against the CPU backend's fp32
+// attention on the same inputs widened, within the tolerances derived there.
+void add_attention_lowp(OpCases& cases, DType t, const std::string& name, std::vector<int32_t> lens,
+                        int layout, int32_t max_len, int heads, float p, int64_t window = 0);
+// The local-window attention cases (op_cases_window.cpp), listed in op_tables().
+OpCases attention_window_cases(bool emulated);
+
 // The FP8 ops' cases (op_cases_fp8.cpp), listed in op_tables().
 OpCases fp8_op_cases_cast();
 OpCases fp8_op_cases_gemm();

@@ -102,9 +102,27 @@ inline Vec residual_layernorm(const Vec& x, const Vec& bias, const Vec& residual
   return layernorm(hv, gamma, beta, rows, h, mean, rstd, eps);
 }
 
+// Whether query i attends key j of its sequence under a window (kernels/ops/attention.h: 0 is
+// global; w > 0 keeps |i - j| <= w / 2).
+inline bool attends(int64_t i, int64_t j, int64_t window) {
+  return window == 0 || std::abs(i - j) <= window / 2;
+}
+
+// The dropout multiplier of (query i, key j) of sequence s and head hd.
+inline double attention_dropout(const DropoutStream& ds, const HostLayout& l, size_t s, int64_t hd,
+                                int64_t i, int64_t j) {
+  if (!dropout_enabled(ds)) return 1.0;
+  return dropout_keep(ds, static_cast<uint64_t>(l.sample_id[s]), static_cast<uint32_t>(hd),
+                      static_cast<uint32_t>(i), static_cast<uint32_t>(j))
+             ? static_cast<double>(ds.scale)
+             : 0.0;
+}
+
 // Attention of one sequence s: returns its rows of out [len, H] and optionally lse [len, heads].
+// Each query attends the keys of its window (attends).
 inline Vec attention_seq(const Vec& qkv, const HostLayout& l, size_t s, int64_t heads,
-                         int64_t hidden, const DropoutStream& ds, Vec* lse = nullptr) {
+                         int64_t hidden, const DropoutStream& ds, Vec* lse = nullptr,
+                         int64_t window = 0) {
   const int64_t d = hidden / heads, ld = 3 * hidden, len = l.seq_len[s];
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   Vec out(len * hidden, 0.0);
@@ -115,6 +133,7 @@ inline Vec attention_seq(const Vec& qkv, const HostLayout& l, size_t s, int64_t 
       const double* q = &qkv[l.row(s, static_cast<int32_t>(i)) * ld + hd * d];
       double mx = -1e300;
       for (int64_t j = 0; j < len; ++j) {
+        if (!attends(i, j, window)) continue;
         const double* k = &qkv[l.row(s, static_cast<int32_t>(j)) * ld + hidden + hd * d];
         double dotp = 0;
         for (int64_t c = 0; c < d; ++c) dotp += q[c] * k[c];
@@ -122,20 +141,74 @@ inline Vec attention_seq(const Vec& qkv, const HostLayout& l, size_t s, int64_t 
         mx = std::max(mx, sc[j]);
       }
       double sum = 0;
-      for (int64_t j = 0; j < len; ++j) sum += std::exp(sc[j] - mx);
+      for (int64_t j = 0; j < len; ++j)
+        if (attends(i, j, window)) sum += std::exp(sc[j] - mx);
       if (lse) (*lse)[i * heads + hd] = mx + std::log(sum);
       for (int64_t j = 0; j < len; ++j) {
-        double p = std::exp(sc[j] - mx) / sum;
-        if (dropout_enabled(ds))
-          p *= dropout_keep(ds, static_cast<uint64_t>(l.sample_id[s]), static_cast<uint32_t>(hd),
-                            static_cast<uint32_t>(i), static_cast<uint32_t>(j))
-                   ? static_cast<double>(ds.scale)
-                   : 0.0;
+        if (!attends(i, j, window)) continue;
+        const double p = std::exp(sc[j] - mx) / sum * attention_dropout(ds, l, s, hd, i, j);
         const double* v = &qkv[l.row(s, static_cast<int32_t>(j)) * ld + 2 * hidden + hd * d];
         for (int64_t c = 0; c < d; ++c) out[i * hidden + hd * d + c] += p * v[c];
       }
     }
   return out;
+}
+
+// The gradient of sum(dout * out) wrt the qkv rows of sequence s (attention_seq's out): returns
+// [len, 3H] from the formulas P = softmax(S) over the window, O = (P F) V, dP = F (dO V^T),
+// dS = P (dP - rowsum(P dP)), dQ = scale dS K, dK = scale dS^T Q, dV = (P F)^T dO, in double.
+inline Vec attention_seq_backward(const Vec& qkv, const Vec& dout, const HostLayout& l, size_t s,
+                                  int64_t heads, int64_t hidden, const DropoutStream& ds,
+                                  int64_t window = 0) {
+  const int64_t d = hidden / heads, ld = 3 * hidden, len = l.seq_len[s];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  Vec g(len * ld, 0.0), p(len), dp(len);
+  auto at = [&](int64_t i, int64_t part, int64_t hd) {
+    return &qkv[l.row(s, static_cast<int32_t>(i)) * ld + part * hidden + hd * d];
+  };
+  for (int64_t hd = 0; hd < heads; ++hd)
+    for (int64_t i = 0; i < len; ++i) {
+      const double* q = at(i, 0, hd);
+      const double* dy = &dout[l.row(s, static_cast<int32_t>(i)) * hidden + hd * d];
+      double mx = -1e300;
+      for (int64_t j = 0; j < len; ++j) {
+        p[j] = 0.0;
+        if (!attends(i, j, window)) continue;
+        const double* k = at(j, 1, hd);
+        double dotp = 0;
+        for (int64_t c = 0; c < d; ++c) dotp += q[c] * k[c];
+        p[j] = dotp * scale;
+        mx = std::max(mx, p[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < len; ++j) {
+        p[j] = attends(i, j, window) ? std::exp(p[j] - mx) : 0.0;
+        sum += p[j];
+      }
+      double rowsum = 0;  // sum_j P_ij dP_ij = dO_i . O_i
+      for (int64_t j = 0; j < len; ++j) {
+        p[j] /= sum;
+        dp[j] = 0.0;
+        if (!attends(i, j, window)) continue;
+        const double* v = at(j, 2, hd);
+        double dotp = 0;
+        for (int64_t c = 0; c < d; ++c) dotp += dy[c] * v[c];
+        dp[j] = attention_dropout(ds, l, s, hd, i, j) * dotp;
+        rowsum += p[j] * dp[j];
+      }
+      for (int64_t j = 0; j < len; ++j) {
+        if (!attends(i, j, window)) continue;
+        const double dsij = p[j] * (dp[j] - rowsum) * scale;
+        const double pf = p[j] * attention_dropout(ds, l, s, hd, i, j);
+        const double* k = at(j, 1, hd);
+        for (int64_t c = 0; c < d; ++c) {
+          g[i * ld + hd * d + c] += dsij * k[c];
+          g[j * ld + hidden + hd * d + c] += dsij * q[c];
+          g[j * ld + 2 * hidden + hd * d + c] += pf * dy[c];
+        }
+      }
+    }
+  return g;
 }
 
 // Per-row cross-entropy of logits [m, v]; returns the summed loss, counts first-argmax hits and

@@ -71,7 +71,7 @@ LayerResult run_layer(Backend& be, const HostLayout& hl, Params& w, const std::v
   res.y = buf(t * kH);
   be.linear_forward(T(xx, {t, kH}), w.t("wqkv", {3 * kH, kH}), w.t("bqkv", {3 * kH}),
                     Epilogue::bias, T(qkv, {t, 3 * kH}), Tensor());
-  be.attention_forward(l, T(qkv, {t, 3 * kH}), kHeads, dp, T(ctx, {t, kH}), T(lse, {t, kHeads}));
+  be.attention_forward(l, T(qkv, {t, 3 * kH}), kHeads, 0, dp, T(ctx, {t, kH}), T(lse, {t, kHeads}));
   be.linear_forward(T(ctx, {t, kH}), w.t("wo", {kH, kH}), Tensor(), Epilogue::none, T(a, {t, kH}),
                     Tensor());
   const LayerNormParams ln1p{w.t("g1", {kH}), w.t("be1", {kH})},
@@ -112,7 +112,7 @@ LayerResult run_layer(Backend& be, const HostLayout& hl, Params& w, const std::v
   be.linear_backward(T(ctx, {t, kH}), w.t("wo", {kH, kH}), T(d_a, {t, kH}), T(d_ctx, {t, kH}),
                      G("wo", {kH, kH}), Tensor(), {});
   be.attention_backward(l, T(qkv, {t, 3 * kH}), T(ctx, {t, kH}), T(lse, {t, kHeads}),
-                        T(d_ctx, {t, kH}), kHeads, dp, T(d_qkv, {t, 3 * kH}));
+                        T(d_ctx, {t, kH}), kHeads, 0, dp, T(d_qkv, {t, 3 * kH}));
   be.linear_backward(T(xx, {t, kH}), w.t("wqkv", {3 * kH, kH}), T(d_qkv, {t, 3 * kH}),
                      T(res.dx, {t, kH}), G("wqkv", {3 * kH, kH}), G("bqkv", {3 * kH}), acc);
   return res;
