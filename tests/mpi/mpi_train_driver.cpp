@@ -10,7 +10,9 @@
 //                            [--layout unpadded|packed|padded] [--lr X] [--no-dropout]
 //                            [--precision fp32|bf16|fp16|fp8] [--sharded] [--device cpu|cuda]
 //                            [--gpu-allreduce nccl|host] [--cuda-graphs off|segmented|full]
-//     Builds the data loader (global batch B samples in M micro-steps), the tiny BERT
+//                            [--preset NAME]
+//     Builds the data loader (global batch B samples in M micro-steps), the tiny BERT (or the
+//     model preset NAME, e.g. modernbert-tiny)
 //     (initialised from the manifest's seed: identical on every rank) and LAMB, and trains N
 //     steps, dropout on. Rank 0 writes to OUTDIR:
 //       loss.txt        one line per step: step loss mlm_loss nsp_loss mlm_acc nsp_acc grad_norm
@@ -121,7 +123,7 @@ void run_mode(const Args& a, int rank, int size) {
   DataLoader loader(MPI_COMM_WORLD, {a.dir}, lo);
 
   TrainerOptions to;
-  to.config = bert_preset("tiny");
+  to.config = bert_preset(a.str("preset", "tiny"));
   to.layout = parse_batch_layout(a.str("layout", "unpadded"));
   to.max_seq_len = max_len;
   to.init_seed = seed ^ 0x1417;
