@@ -129,15 +129,16 @@ GraphKey Bert::graph_key(const ActivationPlan& p, const Tensor& sums, float mlm_
 // The forward's parts, each as the graphs decided. weights_ready: before the part that reads a
 // group's weights; all of them before a whole step's graph. FP8: a layer's weight copies cast
 // again after an optimizer step, once its weights are there and outside any recorded part (a
-// graph replays without them).
+// graph replays without them). They are cast from the 16-bit copy the GEMMs read: a sharded
+// optimizer keeps that copy current on every rank, but only the rank's range of the fp32 masters.
 void Bert::forward_ops(Graphed graphed, float mlm_scale, float nsp_scale,
                        const ForwardOptions& options, const Tensor& sums) {
   const bool whole = graphed == Graphed::whole;
   const int64_t layers = config_.layers;
-  const LayerWeights* masters = weights_.masters().layers.data();
+  const LayerWeights* weights = weights_.read().layers.data();
   if (whole) {
     for (int64_t g = 0; g < layers + 2 && weights_ready_; ++g) weights_ready_(static_cast<int>(g));
-    for (int64_t l = 0; l < layers; ++l) linears_.cast_weights(l, masters[l]);
+    for (int64_t l = 0; l < layers; ++l) linears_.cast_weights(l, weights[l]);
   }
   auto weights_ready = [&](int64_t group) {
     if (weights_ready_ && !whole) weights_ready_(static_cast<int>(group));
@@ -147,7 +148,7 @@ void Bert::forward_ops(Graphed graphed, float mlm_scale, float nsp_scale,
     embeddings_.forward();
     for (int64_t l = 0; l < layers; ++l) {
       weights_ready(l + 1);
-      linears_.cast_weights(l, masters[l]);  // done already in a whole step's graph
+      linears_.cast_weights(l, weights[l]);  // done already in a whole step's graph
       graphs_.layer(false, l, [&] { layer_forward(l); });
     }
     weights_ready(layers + 1);

@@ -74,13 +74,13 @@ Fp8State::Operand Fp8State::weight(int64_t layer, Linear j) const {
 }
 
 void Fp8State::cast_weights(int64_t layer, const LayerWeights& w) {
-  const Tensor* masters[kLinears] = {&w.qkv_w, &w.attn_out_w, &w.ffn_in_w, &w.ffn_out_w};
+  const Tensor* weights[kLinears] = {&w.qkv_w, &w.attn_out_w, &w.ffn_in_w, &w.ffn_out_w};
   // The amaxes (from 0), the scales from them alone (history 1), then the casts.
   const int64_t first = index(layer, qkv);
   const Tensor amax = rows(w_amax_, first, kLinears);
   backend_.zero(amax);
   for (int j = 0; j < kLinears; ++j)
-    backend_.fp8_cast(*masters[j], Tensor(), Tensor(), weight(layer, Linear(j)).amax, Tensor(),
+    backend_.fp8_cast(*weights[j], Tensor(), Tensor(), weight(layer, Linear(j)).amax, Tensor(),
                       Tensor());
   const Tensor shared = Tensor(w_shared_.data, DType::f64, {1, n_w_}, w_shared_.device);
   const Tensor shared_rows(static_cast<double*>(shared.data) + first, DType::f64, {1, kLinears},
@@ -91,7 +91,7 @@ void Fp8State::cast_weights(int64_t layer, const LayerWeights& w) {
                             amax);
   for (int j = 0; j < kLinears; ++j) {
     const Linear lj = Linear(j);
-    backend_.fp8_cast(*masters[j], Tensor(), weight(layer, lj).scale, Tensor(), w8(layer, lj),
+    backend_.fp8_cast(*weights[j], Tensor(), weight(layer, lj).scale, Tensor(), w8(layer, lj),
                       w8t(layer, lj));
   }
 }

@@ -62,9 +62,10 @@ class Fp8State {
   bool warm() const { return updates_ > 0; }
   int64_t updates() const { return updates_; }
 
-  // Casts layer l's four weight matrices (fp32 masters) into their FP8 copies: the amax of
-  // each, its scale (margin applied, no history), then the cast and transposed cast.
-  void cast_weights(int64_t layer, const LayerWeights& masters);
+  // Casts layer l's four weight matrices (the bf16 copy the model reads) into their FP8
+  // copies: the amax of each, its scale (margin applied, no history), then the cast and
+  // transposed cast.
+  void cast_weights(int64_t layer, const LayerWeights& weights);
 
   // The end of a step: this rank's amaxes shared, summed over the ranks by `sum_over_ranks`
   // (an in-place sum of an f64 buffer in the backend's memory; none on one rank), and the

@@ -31,9 +31,9 @@ void EncoderLinears::end_step(const std::function<void(const Tensor&)>& sum_over
   weights_changed();
 }
 
-void EncoderLinears::cast_weights(int64_t l, const LayerWeights& masters) {
+void EncoderLinears::cast_weights(int64_t l, const LayerWeights& weights) {
   if (!fp8_ || !fp8_->warm() || !stale_[static_cast<size_t>(l)]) return;
-  fp8_->cast_weights(l, masters);
+  fp8_->cast_weights(l, weights);
   stale_[static_cast<size_t>(l)] = 0;
 }
 

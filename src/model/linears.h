@@ -32,9 +32,10 @@ class EncoderLinears {
   void weights_changed();
   // The end of an optimizer step: the scales updated from the step's amaxes (Fp8State::update).
   void end_step(const std::function<void(const Tensor&)>& sum_over_ranks);
-  // Before layer l's first op: its FP8 weight copies cast from `masters` when they are stale
-  // and the scales warm (outside any recorded graph: a replay would not cast them).
-  void cast_weights(int64_t l, const LayerWeights& masters);
+  // Before layer l's first op: its FP8 weight copies cast from `weights` (the bf16 copy the
+  // model reads) when they are stale and the scales warm (outside any recorded graph: a replay
+  // would not cast them).
+  void cast_weights(int64_t l, const LayerWeights& weights);
 
   // Linear j of encoder layer l, as Backend::linear_forward / linear_backward. `first`: the row
   // of x / dout within the batch (an MLP chunk's), for the padding mask.
