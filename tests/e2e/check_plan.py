@@ -37,6 +37,13 @@ CPU_CASES = [
                                                       "--optim.sharded=true",
                                                       "--model.recompute=layer"]),
     ("np2_unpadded_fp32_accum2", 2, ["--train.gradient_accumulation_steps=2"]),
+    # ModernBERT's options: Wi's 2I output, the gated MLP's scratch, no biases, the final norm.
+    ("np2_packed_modern_fp8_sharded_mst2", 2, ["--model.preset=modernbert-tiny",
+                                               "--train.layout=packed", "--train.precision=fp8",
+                                               "--optim.sharded=true", "--model.mst_chunks=2"]),
+    ("np1_unpadded_modern_bf16_recompute_layer", 1, ["--model.preset=modernbert-tiny",
+                                                     "--train.precision=bf16",
+                                                     "--model.recompute=layer"]),
 ]
 CUDA_CASES = [
     ("np1_unpadded_fp32", 1, []),
@@ -49,6 +56,11 @@ CUDA_CASES = [
                                                     "--train.precision=fp16",
                                                     "--optim.sharded=true",
                                                     "--model.recompute=layer"]),
+    ("np2_padded_modern_fp8_graphs_full_sharded", 2, ["--model.preset=modernbert-tiny",
+                                                      "--train.layout=padded",
+                                                      "--train.precision=fp8",
+                                                      "--train.cuda_graphs=full",
+                                                      "--optim.sharded=true"]),
 ]
 
 

@@ -274,6 +274,14 @@ TEST_F(TrainCli, SigkilledShardedRunResumesWithBitIdenticalLosses) {
   expect_bitwise_resume_after_sigkill("sharded", mpirun(2), "--optim.sharded=true");
 }
 
+// ModernBERT's options (pre-norm, rotary positions, GeGLU, local and global layers, no biases)
+// with the sharded optimizer in bf16: the same bitwise resume.
+TEST_F(TrainCli, SigkilledModernBertRunResumesWithBitIdenticalLosses) {
+  expect_bitwise_resume_after_sigkill(
+      "modern", mpirun(2),
+      "--model.preset=modernbert-tiny --optim.sharded=true --train.precision=bf16");
+}
+
 // fp16 on the CPU backend (emulated storage precision): the loss scale and its count of clean
 // steps are training state. With growth every 2 steps the scale changes all through the run, so
 // a resume that restarted the scaler would show a different scale (and different numbers).
