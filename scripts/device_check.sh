@@ -3,7 +3,7 @@
 # backend, the tensor-core attention, the whole tiny model in fp32 / bf16 / fp16, the trainer,
 # the NCCL path), with 2 or more GPUs NCCL training at np 2..N against the CPU, and the GPU
 # benchmarks (ops, attention against PyTorch's flash SDPA, the BERT-Large step against Hugging
-# Face and with CUDA graphs, segmented and full, at batch 48 and 8, MST), with a short summary
+# Face and with CUDA graphs, segmented and full, at batch 48 and 8, ModernBERT-base's step, MST), with a short summary
 # table at the end. Meant to finish in under 8 minutes on an H200: benchmarks that would start
 # after 7 minutes are skipped.
 #
@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 GPU_TESTS="test_device test_backend_ops test_cuda_fmha test_cuda_model test_cuda_precision test_cuda_trainer test_nccl_allreduce"
 GPU_TARGETS="$GPU_TESTS mpi_train_driver bench_gpu_ops bench_fmha_gpu bench_gpu_step bench_mst
-  bench_attention_window"
+  bench_attention_window bench_modern_step"
 
 # ---- packing (no GPU needed) ------------------------------------------------------------------
 if [ "${1:-}" = "--bundle" ]; then
@@ -237,6 +237,9 @@ bench bench_gpu_step_graphs48 120 "$BIN/bench_gpu_step" --precision bf16 --gelu 
 bench bench_gpu_step_graphs8 120 "$BIN/bench_gpu_step" --precision bf16 --gelu tanh --steps 3 \
   --warmup 1 --batch 8 --layouts padded --graphs off,segmented,full
 [ -s "$OUTDIR/lengths.txt" ] && bench bench_hf_gpu 150 "$PY" scripts/bench_hf_gpu.py "$OUTDIR/lengths.txt" --steps 3 --warmup 1
+# ModernBERT-base's step (bf16, forward + backward) at 1024 and 8192, its local and global layers
+# against every layer global, beside BERT-Large's above.
+bench bench_modern_step 150 "$BIN/bench_modern_step" --backends cuda --reps 2 --tokens 16384
 # Our attention against PyTorch's flash SDPA, BERT-Large heads at fixed length 512.
 bench bench_fmha_gpu 60 "$BIN/bench_fmha_gpu"
 # Local (window 128) against global attention on one sequence of 8192 tokens, BERT-Base heads.
@@ -256,6 +259,8 @@ lamb=$(sed -n 's/^LAMB step over .*: \([0-9.]*\) ms.*/\1/p' "$OUTDIR/bench_gpu_s
 [ -n "$lamb" ] && step "LAMB step" "$lamb ms (target <= 3 ms)"
 fp8=$(awk '$1 == "unpadded" && $2 == "off" && $5 ~ /^[0-9.]+$/ {print $5; exit}' "$OUTDIR/bench_gpu_step_fp8.txt" 2>/dev/null)
 [ -n "$fp8" ] && step "samples/s (fp8)" "$fp8$( [ -n "$ours" ] && awk -v a="$fp8" -v b="$ours" 'BEGIN{printf "  fp8/bf16 %.2fx", a/b}')"
+mb=$(awk '$1 == "cuda" && $4 == "8192" {printf "%s ms  ", $5}' "$OUTDIR/bench_modern_step.txt" 2>/dev/null)
+[ -n "$mb" ] && step "ModernBERT-base 8192" "step local+global, all global: $mb"
 g8=$(awk '/^GEMM fp8 e4m3 fast-accum peak/ {print $(NF-2); exit}' "$OUTDIR/bench_gpu_ops.txt" 2>/dev/null)
 gb=$(awk '/^GEMM bf16 peak/ {print $(NF-2); exit}' "$OUTDIR/bench_gpu_ops.txt" 2>/dev/null)
 [ -n "$g8" ] && step "GEMM TFLOP/s 8192^3" "fp8 $g8, bf16 $gb"
@@ -269,7 +274,7 @@ echo "== largest op errors (all in $OUTDIR/errors.txt) =="
 awk '{print $NF, $0}' "$OUTDIR/errors.txt" | sort -g | tail -8 | cut -d' ' -f2-
 if [ -s "$OUTDIR/failures.txt" ]; then echo "== first failures =="; head -30 "$OUTDIR/failures.txt"; fi
 for b in bench_gpu_step bench_gpu_step_fp8 bench_gpu_step_graphs48 bench_gpu_step_graphs8 bench_hf_gpu bench_fmha_gpu \
-         bench_attention_window bench_flash_sdpa bench_gpu_ops bench_mst; do
+         bench_modern_step bench_attention_window bench_flash_sdpa bench_gpu_ops bench_mst; do
   [ -f "$OUTDIR/$b.txt" ] && { echo "== $b =="; tail -40 "$OUTDIR/$b.txt"; }
 done
 echo
