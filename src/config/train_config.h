@@ -24,6 +24,7 @@
 #include "kernels/backend.h"      // Gelu
 #include "kernels/base/tensor.h"  // Device
 #include "model/option_enums.h"   // Recompute, Precision, CudaGraphs, BatchLayout
+#include "optim/lr_schedule.h"    // LrScheduleKind, DecayShape
 
 namespace packbert {
 
@@ -95,6 +96,10 @@ struct TrainConfig {
     double warmup_proportion = 0.0;
     int64_t start_warmup_step = 0;  // MLPerf start_warmup_step (may be negative)
     double poly_power = 1.0;
+    LrScheduleKind schedule = LrScheduleKind::poly;
+    int64_t decay_steps = 0;  // wsd: the decay's length; 0: decay_fraction decides
+    double decay_fraction = 0.0;
+    DecayShape decay_shape = DecayShape::linear;
     double beta1 = 0.9;
     double beta2 = 0.999;
     double epsilon = 1e-6;

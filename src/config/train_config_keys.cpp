@@ -58,6 +58,17 @@ const EnumTable<Gelu>& gelu_table() {
   static const EnumTable<Gelu> t = {{Gelu::erf, "gelu"}, {Gelu::tanh, "gelu_tanh"}};
   return t;
 }
+const EnumTable<LrScheduleKind>& schedule_table() {
+  static const auto t = named({LrScheduleKind::poly, LrScheduleKind::linear,
+                               LrScheduleKind::cosine, LrScheduleKind::wsd},
+                              lr_schedule_kind_name);
+  return t;
+}
+const EnumTable<DecayShape>& decay_shape_table() {
+  static const auto t = named({DecayShape::linear, DecayShape::one_minus_sqrt, DecayShape::cosine},
+                              decay_shape_name);
+  return t;
+}
 const EnumTable<NormPlacement>& norm_table() {
   static const EnumTable<NormPlacement> t = {{NormPlacement::post, "post"},
                                              {NormPlacement::pre, "pre"}};
@@ -257,7 +268,20 @@ std::vector<Key> make_keys() {
                   "MLPerf start_warmup_step: warmup offset (may be negative; needs "
                   "warmup_steps)"));
   k.push_back(key("optim.poly_power", &C::optim, &O::poly_power,
-                  "power of the polynomial decay after warmup"));
+                  "power of the polynomial decay after warmup (schedule = poly)"));
+  k.push_back(key("optim.schedule", &C::optim, &O::schedule, schedule_table(),
+                  "learning-rate schedule after the warmup: poly (MLPerf: (1 - step / max_steps)"
+                  "^poly_power), linear or cosine (from the warmup's end to end_lr at max_steps), "
+                  "wsd (constant, then the last decay_steps decay to end_lr); "
+                  "docs/training.md#learning-rate-schedules"));
+  k.push_back(key("optim.decay_steps", &C::optim, &O::decay_steps,
+                  "schedule = wsd: steps of the final decay; 0 = use decay_fraction"));
+  k.push_back(key("optim.decay_fraction", &C::optim, &O::decay_fraction,
+                  "schedule = wsd: the final decay as a fraction of max_steps (when decay_steps "
+                  "is 0), in [0, 1]"));
+  k.push_back(key("optim.decay_shape", &C::optim, &O::decay_shape, decay_shape_table(),
+                  "schedule = wsd: the final decay's shape, 1 - t, 1 - sqrt(t) or "
+                  "(1 + cos(pi t)) / 2 over its steps t in [0, 1]"));
   k.push_back(key("optim.beta1", &C::optim, &O::beta1, "LAMB first-moment decay"));
   k.push_back(key("optim.beta2", &C::optim, &O::beta2, "LAMB second-moment decay"));
   k.push_back(key("optim.epsilon", &C::optim, &O::epsilon, "LAMB epsilon"));

@@ -36,6 +36,10 @@ LrScheduleConfig lr_schedule_config(const TrainConfig& c) {
   s.start_warmup_step = c.optim.start_warmup_step;
   s.poly_power = c.optim.poly_power;
   s.end_lr = c.optim.end_lr;
+  s.kind = c.optim.schedule;
+  s.decay_steps = c.optim.decay_steps;
+  s.decay_fraction = c.optim.decay_fraction;
+  s.decay_shape = c.optim.decay_shape;
   return s;
 }
 

@@ -120,6 +120,24 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              "optim.start_warmup_step ({}) needs optim.warmup_steps > 0", o.start_warmup_step);
   PB_REQUIRE(finite_nonneg(o.poly_power), "optim.poly_power ({}) must be finite and >= 0",
              o.poly_power);
+  const char* schedule = lr_schedule_kind_name(o.schedule);
+  PB_REQUIRE(o.schedule == LrScheduleKind::poly || o.poly_power == 1.0,
+             "optim.poly_power ({}) applies to optim.schedule = \"poly\", not \"{}\"",
+             o.poly_power, schedule);
+  if (o.schedule == LrScheduleKind::wsd) {
+    PB_REQUIRE(o.decay_steps >= 0, "optim.decay_steps ({}) must be >= 0", o.decay_steps);
+    PB_REQUIRE(o.decay_fraction >= 0 && o.decay_fraction <= 1,
+               "optim.decay_fraction ({}) must be in [0, 1]", o.decay_fraction);
+    PB_REQUIRE((o.decay_steps > 0) != (o.decay_fraction > 0),
+               "optim.schedule = \"wsd\" needs one of optim.decay_steps ({}) and "
+               "optim.decay_fraction ({})",
+               o.decay_steps, o.decay_fraction);
+  } else {
+    PB_REQUIRE(o.decay_steps == 0 && o.decay_fraction == 0 && o.decay_shape == DecayShape::linear,
+               "optim.decay_steps, optim.decay_fraction and optim.decay_shape apply to "
+               "optim.schedule = \"wsd\", not \"{}\"",
+               schedule);
+  }
   PB_REQUIRE(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1 ({}) must be in [0, 1)", o.beta1);
   PB_REQUIRE(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2 ({}) must be in [0, 1)", o.beta2);
   PB_REQUIRE(std::isfinite(o.epsilon) && o.epsilon > 0, "optim.epsilon ({}) must be > 0",

@@ -9,6 +9,29 @@
 
 namespace packbert {
 
+namespace {
+constexpr double kPi = 3.14159265358979323846;
+}
+
+const char* lr_schedule_kind_name(LrScheduleKind k) {
+  switch (k) {
+    case LrScheduleKind::poly: return "poly";
+    case LrScheduleKind::linear: return "linear";
+    case LrScheduleKind::cosine: return "cosine";
+    case LrScheduleKind::wsd: return "wsd";
+  }
+  return "?";
+}
+
+const char* decay_shape_name(DecayShape s) {
+  switch (s) {
+    case DecayShape::linear: return "linear";
+    case DecayShape::one_minus_sqrt: return "1-sqrt";
+    case DecayShape::cosine: return "cosine";
+  }
+  return "?";
+}
+
 LrSchedule::LrSchedule(const LrScheduleConfig& c) : config_(c) {
   PB_REQUIRE(std::isfinite(c.base_lr) && c.base_lr >= 0,
              "lr schedule: learning_rate {} must be finite and >= 0", c.base_lr);
@@ -41,6 +64,44 @@ LrSchedule::LrSchedule(const LrScheduleConfig& c) : config_(c) {
     warmup_steps_ = static_cast<int64_t>(static_cast<double>(c.max_steps) * c.warmup_proportion);
     warmup_start_ = 0;
   }
+  const char* kind = lr_schedule_kind_name(c.kind);
+  PB_REQUIRE(c.kind == LrScheduleKind::poly || c.poly_power == 1.0,
+             "lr schedule: poly_power {} applies to the poly schedule, not to {}", c.poly_power,
+             kind);
+  const bool wsd = c.kind == LrScheduleKind::wsd;
+  PB_REQUIRE(wsd || (c.decay_steps == 0 && c.decay_fraction == 0 &&
+                     c.decay_shape == DecayShape::linear),
+             "lr schedule: decay_steps, decay_fraction and decay_shape apply to the wsd schedule, "
+             "not to {}",
+             kind);
+  if (!wsd) return;
+  PB_REQUIRE(c.decay_steps >= 0, "lr schedule: decay_steps {} must be >= 0", c.decay_steps);
+  PB_REQUIRE(std::isfinite(c.decay_fraction) && c.decay_fraction >= 0 && c.decay_fraction <= 1,
+             "lr schedule: decay_fraction {} must be in [0, 1]", c.decay_fraction);
+  PB_REQUIRE((c.decay_steps > 0) != (c.decay_fraction > 0),
+             "lr schedule: wsd needs one of decay_steps ({}) and decay_fraction ({})",
+             c.decay_steps, c.decay_fraction);
+  decay_steps_ = c.decay_steps > 0
+                     ? c.decay_steps
+                     : static_cast<int64_t>(static_cast<double>(c.max_steps) * c.decay_fraction);
+  PB_REQUIRE(decay_steps_ >= 1, "lr schedule: decay_fraction {} of {} steps is no step",
+             c.decay_fraction, c.max_steps);
+  PB_REQUIRE(c.max_steps - decay_steps_ >= warmup_start_ + warmup_steps_,
+             "lr schedule: the decay of {} steps starts at step {}, before the warmup ends at "
+             "step {}",
+             decay_steps_, c.max_steps - decay_steps_, warmup_start_ + warmup_steps_);
+}
+
+double LrSchedule::decay(double t) const {
+  const DecayShape shape = config_.kind == LrScheduleKind::wsd      ? config_.decay_shape
+                           : config_.kind == LrScheduleKind::cosine ? DecayShape::cosine
+                                                                    : DecayShape::linear;
+  switch (shape) {
+    case DecayShape::linear: return 1.0 - t;
+    case DecayShape::one_minus_sqrt: return 1.0 - std::sqrt(t);
+    case DecayShape::cosine: return 0.5 * (1.0 + std::cos(kPi * t));
+  }
+  return 0.0;
 }
 
 double LrSchedule::lr(int64_t k) const {
@@ -51,11 +112,31 @@ double LrSchedule::lr(int64_t k) const {
     return c.base_lr * static_cast<double>(std::max<int64_t>(into_warmup, 0)) /
            static_cast<double>(warmup_steps_);
   }
-  const double progress = std::min(static_cast<double>(k) / static_cast<double>(c.max_steps), 1.0);
-  return (c.base_lr - c.end_lr) * std::pow(1.0 - progress, c.poly_power) + c.end_lr;
+  if (c.kind == LrScheduleKind::poly) {
+    const double progress =
+        std::min(static_cast<double>(k) / static_cast<double>(c.max_steps), 1.0);
+    return (c.base_lr - c.end_lr) * std::pow(1.0 - progress, c.poly_power) + c.end_lr;
+  }
+  // The decay's first update and length: from the warmup's end, or the last decay_steps.
+  const int64_t from = c.kind == LrScheduleKind::wsd ? c.max_steps - decay_steps_
+                                                     : warmup_start_ + warmup_steps_;
+  if (k >= c.max_steps) return c.end_lr;
+  if (k <= from) return c.base_lr;
+  const double t = static_cast<double>(k - from) / static_cast<double>(c.max_steps - from);
+  return c.end_lr + (c.base_lr - c.end_lr) * decay(t);
 }
 
 std::string LrSchedule::describe() const {
+  if (config_.kind == LrScheduleKind::wsd)
+    return fmt::format(
+        "lr {:g}, warmup {} steps from step {}, stable to step {}, {} decay over {} steps to {:g} "
+        "at step {}",
+        config_.base_lr, warmup_steps_, warmup_start_, config_.max_steps - decay_steps_,
+        decay_shape_name(config_.decay_shape), decay_steps_, config_.end_lr, config_.max_steps);
+  if (config_.kind != LrScheduleKind::poly)
+    return fmt::format("lr {:g}, warmup {} steps from step {}, {} decay to {:g} at step {}",
+                       config_.base_lr, warmup_steps_, warmup_start_,
+                       lr_schedule_kind_name(config_.kind), config_.end_lr, config_.max_steps);
   return fmt::format("lr {:g}, warmup {} steps from step {}, poly {:g} decay to {:g} at step {}",
                      config_.base_lr, warmup_steps_, warmup_start_, config_.poly_power,
                      config_.end_lr, config_.max_steps);

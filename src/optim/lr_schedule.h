@@ -1,13 +1,13 @@
-// The learning-rate schedule of MLPerf BERT: linear warmup, then polynomial decay to end_lr at
-// max_steps. The semantics follow the MLPerf PyTorch reference (mlcommons/training
-// language_model/pytorch, LinearWarmupPolyDecayScheduler, from NVIDIA's run_pretraining.py), so
-// a configuration copied from an MLPerf BERT submission gives the same learning rates:
+// The learning-rate schedules: MLPerf BERT's (kind poly: linear warmup, then polynomial decay to
+// end_lr at max_steps) and, below, linear, cosine and warmup-stable-decay. Poly follows the MLPerf
+// PyTorch reference (mlcommons/training language_model/pytorch, LinearWarmupPolyDecayScheduler,
+// from NVIDIA's run_pretraining.py), so a configuration copied from an MLPerf BERT submission
+// gives the same learning rates:
 //
 //   k = 1-based index of the optimizer update (the first update is k = 1)
 //   warmup:  k - start_warmup_step <  W:  lr = base_lr * (k - start_warmup_step) / W
-//   decay:   otherwise                    lr = (base_lr - end_lr) * (1 - min(k / max_steps,
-//   1))^power
-//                                              + end_lr
+//   decay:   otherwise                    lr = (base_lr - end_lr) * (1 - min(k / max_steps, 1))^power
+//                                                  + end_lr
 //
 // where W = num_warmup_steps, or floor(max_steps * warmup_proportion) with start_warmup_step
 // taken as 0 when num_warmup_steps is 0 (as the reference picks between the two). A negative
@@ -22,6 +22,18 @@
 //   at once (the reference takes num_warmup_steps) are configuration errors.
 // The TensorFlow reference (language_model/tensorflow/bert) evaluates the same formulas at its
 // global_step, which is k - 1 for the k-th update: lr_tf(k) = lr(k - 1) here.
+//
+// The other kinds keep that warmup and replace the decay (docs/training.md, "Learning-rate
+// schedules"). With E = warmup_start + W the update where the warmup ends and
+// f(t) = 1 - t (linear), 1 - sqrt(t) (one_minus_sqrt) or (1 + cos(pi t)) / 2 (cosine):
+//   linear, cosine:  k >= E:  lr = end_lr + (base_lr - end_lr) f(t),  t = (k - E) / (max_steps - E)
+//                             (the decay of Hugging Face's get_{linear,cosine}_schedule_with_warmup,
+//                             from the warmup's end, not from step 0 as poly's)
+//   wsd:             k >= E:  lr = base_lr until D = max_steps - decay_steps, then
+//                             end_lr + (base_lr - end_lr) f(t),  t = (k - D) / decay_steps,
+//                             f the decay_shape (warmup-stable-decay; Hu et al. 2024, MiniCPM;
+//                             1-sqrt: Hägele et al. 2024)
+// t is clamped to [0, 1]: every kind reaches end_lr at max_steps and stays there.
 #pragma once
 
 #include <cstdint>
@@ -29,21 +41,34 @@
 
 namespace packbert {
 
+enum class LrScheduleKind { poly, linear, cosine, wsd };
+enum class DecayShape { linear, one_minus_sqrt, cosine };
+const char* lr_schedule_kind_name(LrScheduleKind k);  // "poly", "linear", "cosine", "wsd"
+const char* decay_shape_name(DecayShape s);           // "linear", "1-sqrt", "cosine"
+
 struct LrScheduleConfig {
+  LrScheduleKind kind = LrScheduleKind::poly;
   double base_lr = 0.0;          // peak rate (MLPerf opt_base_learning_rate)
   int64_t max_steps = 0;         // the rate reaches end_lr here (opt_learning_rate_training_steps)
   int64_t num_warmup_steps = 0;  // opt_learning_rate_warmup_steps; 0: use warmup_proportion
   double warmup_proportion = 0.0;  // in [0, 1]; used only when num_warmup_steps is 0
   int64_t start_warmup_step = 0;   // MLPerf start_warmup_step (may be negative); with
                                    // num_warmup_steps only, as in the reference
-  double poly_power = 1.0;         // opt_lamb_learning_rate_decay_poly_power
+  double poly_power = 1.0;         // opt_lamb_learning_rate_decay_poly_power (poly only)
   double end_lr = 0.0;
+  // wsd only: the decay's length, decay_steps or else floor(max_steps * decay_fraction), and
+  // its shape.
+  int64_t decay_steps = 0;
+  double decay_fraction = 0.0;
+  DecayShape decay_shape = DecayShape::linear;
 };
 
 class LrSchedule {
  public:
   // Throws Error naming the offending key (negative or non-finite values, max_steps < 1, both
-  // num_warmup_steps and warmup_proportion given).
+  // num_warmup_steps and warmup_proportion given; for wsd, both or neither of decay_steps and
+  // decay_fraction, or a decay that starts before the warmup ends; decay keys or a poly_power
+  // other than 1 given to a kind that does not read them).
   explicit LrSchedule(const LrScheduleConfig& config);
 
   // The rate of the k-th optimizer update, k >= 1 (throws Error otherwise). Beyond max_steps the
@@ -54,13 +79,17 @@ class LrSchedule {
   // The warmup actually used (after resolving warmup_proportion) and where it starts.
   int64_t warmup_steps() const { return warmup_steps_; }
   int64_t warmup_start() const { return warmup_start_; }
-  // One line for the log: "lr 4e-3, warmup 100 steps from step 0, poly 1 decay to 0 at 1141".
+  int64_t decay_steps() const { return decay_steps_; }  // wsd: the decay's length (resolved)
+  // One line for the log: "lr 4e-3, warmup 100 steps from step 0, poly 1 decay to 0 at step
+  // 1141" (the other kinds name theirs).
   std::string describe() const;
 
  private:
   LrScheduleConfig config_;
   int64_t warmup_steps_ = 0;
   int64_t warmup_start_ = 0;
+  int64_t decay_steps_ = 0;
+  double decay(double t) const;  // f(t) of the kind (linear, cosine) or of decay_shape (wsd)
 };
 
 }  // namespace packbert
