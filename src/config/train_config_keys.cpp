@@ -59,14 +59,14 @@ const EnumTable<Gelu>& gelu_table() {
   return t;
 }
 const EnumTable<LrScheduleKind>& schedule_table() {
-  static const auto t = named({LrScheduleKind::poly, LrScheduleKind::linear,
-                               LrScheduleKind::cosine, LrScheduleKind::wsd},
-                              lr_schedule_kind_name);
+  static const auto t = named(
+      {LrScheduleKind::poly, LrScheduleKind::linear, LrScheduleKind::cosine, LrScheduleKind::wsd},
+      lr_schedule_kind_name);
   return t;
 }
 const EnumTable<DecayShape>& decay_shape_table() {
-  static const auto t = named({DecayShape::linear, DecayShape::one_minus_sqrt, DecayShape::cosine},
-                              decay_shape_name);
+  static const auto t =
+      named({DecayShape::linear, DecayShape::one_minus_sqrt, DecayShape::cosine}, decay_shape_name);
   return t;
 }
 const EnumTable<NormPlacement>& norm_table() {

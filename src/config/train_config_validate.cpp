@@ -122,8 +122,8 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              o.poly_power);
   const char* schedule = lr_schedule_kind_name(o.schedule);
   PB_REQUIRE(o.schedule == LrScheduleKind::poly || o.poly_power == 1.0,
-             "optim.poly_power ({}) applies to optim.schedule = \"poly\", not \"{}\"",
-             o.poly_power, schedule);
+             "optim.poly_power ({}) applies to optim.schedule = \"poly\", not \"{}\"", o.poly_power,
+             schedule);
   if (o.schedule == LrScheduleKind::wsd) {
     PB_REQUIRE(o.decay_steps >= 0, "optim.decay_steps ({}) must be >= 0", o.decay_steps);
     PB_REQUIRE(o.decay_fraction >= 0 && o.decay_fraction <= 1,

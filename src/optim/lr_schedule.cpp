@@ -69,11 +69,11 @@ LrSchedule::LrSchedule(const LrScheduleConfig& c) : config_(c) {
              "lr schedule: poly_power {} applies to the poly schedule, not to {}", c.poly_power,
              kind);
   const bool wsd = c.kind == LrScheduleKind::wsd;
-  PB_REQUIRE(wsd || (c.decay_steps == 0 && c.decay_fraction == 0 &&
-                     c.decay_shape == DecayShape::linear),
-             "lr schedule: decay_steps, decay_fraction and decay_shape apply to the wsd schedule, "
-             "not to {}",
-             kind);
+  PB_REQUIRE(
+      wsd || (c.decay_steps == 0 && c.decay_fraction == 0 && c.decay_shape == DecayShape::linear),
+      "lr schedule: decay_steps, decay_fraction and decay_shape apply to the wsd schedule, "
+      "not to {}",
+      kind);
   if (!wsd) return;
   PB_REQUIRE(c.decay_steps >= 0, "lr schedule: decay_steps {} must be >= 0", c.decay_steps);
   PB_REQUIRE(std::isfinite(c.decay_fraction) && c.decay_fraction >= 0 && c.decay_fraction <= 1,
@@ -118,8 +118,8 @@ double LrSchedule::lr(int64_t k) const {
     return (c.base_lr - c.end_lr) * std::pow(1.0 - progress, c.poly_power) + c.end_lr;
   }
   // The decay's first update and length: from the warmup's end, or the last decay_steps.
-  const int64_t from = c.kind == LrScheduleKind::wsd ? c.max_steps - decay_steps_
-                                                     : warmup_start_ + warmup_steps_;
+  const int64_t from =
+      c.kind == LrScheduleKind::wsd ? c.max_steps - decay_steps_ : warmup_start_ + warmup_steps_;
   if (k >= c.max_steps) return c.end_lr;
   if (k <= from) return c.base_lr;
   const double t = static_cast<double>(k - from) / static_cast<double>(c.max_steps - from);

@@ -6,8 +6,8 @@
 //
 //   k = 1-based index of the optimizer update (the first update is k = 1)
 //   warmup:  k - start_warmup_step <  W:  lr = base_lr * (k - start_warmup_step) / W
-//   decay:   otherwise                    lr = (base_lr - end_lr) * (1 - min(k / max_steps, 1))^power
-//                                                  + end_lr
+//   decay:   otherwise                    lr = (base_lr - end_lr) * (1 - min(k / max_steps, 1))^p
+//                                                  + end_lr,   p = poly_power
 //
 // where W = num_warmup_steps, or floor(max_steps * warmup_proportion) with start_warmup_step
 // taken as 0 when num_warmup_steps is 0 (as the reference picks between the two). A negative
@@ -24,16 +24,13 @@
 // global_step, which is k - 1 for the k-th update: lr_tf(k) = lr(k - 1) here.
 //
 // The other kinds keep that warmup and replace the decay (docs/training.md, "Learning-rate
-// schedules"). With E = warmup_start + W the update where the warmup ends and
-// f(t) = 1 - t (linear), 1 - sqrt(t) (one_minus_sqrt) or (1 + cos(pi t)) / 2 (cosine):
-//   linear, cosine:  k >= E:  lr = end_lr + (base_lr - end_lr) f(t),  t = (k - E) / (max_steps - E)
-//                             (the decay of Hugging Face's get_{linear,cosine}_schedule_with_warmup,
-//                             from the warmup's end, not from step 0 as poly's)
-//   wsd:             k >= E:  lr = base_lr until D = max_steps - decay_steps, then
-//                             end_lr + (base_lr - end_lr) f(t),  t = (k - D) / decay_steps,
-//                             f the decay_shape (warmup-stable-decay; Hu et al. 2024, MiniCPM;
-//                             1-sqrt: Hägele et al. 2024)
-// t is clamped to [0, 1]: every kind reaches end_lr at max_steps and stays there.
+// schedules"). E = warmup_start + W is the update where the warmup ends; f(t) is 1 - t, 1 -
+// sqrt(t) or (1 + cos(pi t)) / 2; t is clamped to [0, 1], so every kind ends at end_lr:
+//   linear, cosine (f: 1 - t, cosine), Hugging Face's decay from the warmup's end:
+//     k >= E:  lr = end_lr + (base_lr - end_lr) f(t),  t = (k - E) / (max_steps - E)
+//   wsd (warmup-stable-decay; Hu et al. 2024; 1-sqrt: Hägele et al. 2024), f = decay_shape:
+//     k >= E:  lr = base_lr up to D = max_steps - decay_steps, then
+//              lr = end_lr + (base_lr - end_lr) f(t),  t = (k - D) / decay_steps
 #pragma once
 
 #include <cstdint>

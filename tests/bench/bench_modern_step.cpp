@@ -55,7 +55,8 @@ double step_flops(const BertConfig& c, const std::vector<Sample>& samples) {
     for (int64_t l = 0; l < c.layers; ++l)
       attention += 4 * h * attended_pairs(s.length(), c.window_of(l));
   }
-  const double linears = 2 * tokens * (3 * h * h + h * h + h * static_cast<double>(c.mlp_in_width()) + i * h);
+  const double linears =
+      2 * tokens * (3 * h * h + h * h + h * static_cast<double>(c.mlp_in_width()) + i * h);
   const double head = 2 * masked * (h * h + h * static_cast<double>(c.vocab_size));
   return 3 * (static_cast<double>(c.layers) * linears + attention + head);
 }
@@ -82,8 +83,8 @@ Row time_step(Backend& be, DType dtype, const BertConfig& config, const std::str
   std::vector<Sample> samples;
   const int max_predictions = static_cast<int>(std::max<int64_t>(1, len * 15 / 100));
   for (int64_t n = 0; n < std::max<int64_t>(1, tokens / len); ++n)
-    samples.push_back(bench::make_sample(rng, n, static_cast<int>(len), max_predictions,
-                                         config.real_vocab_size));
+    samples.push_back(
+        bench::make_sample(rng, n, static_cast<int>(len), max_predictions, config.real_vocab_size));
   const Batch batch = make_batch(samples, BatchLayout::unpadded, static_cast<int>(len));
   BertOptions bo;
   bo.precision = dtype == DType::f32 ? Precision::fp32 : Precision::bf16;
@@ -103,12 +104,15 @@ Row time_step(Backend& be, DType dtype, const BertConfig& config, const std::str
     best = std::min(best,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  Row row{be.device() == Device::cpu ? "cpu" : "cuda", name, len, best,
-          step_flops(config, samples), batch.num_tokens()};
-  std::printf("%-5s %-6s %-22s %6lld %10.1f %10.0f %9.3f\n", row.backend.c_str(),
-              dtype_name(dtype), row.model.c_str(), static_cast<long long>(len),
-              row.seconds * 1e3, static_cast<double>(row.tokens) / row.seconds,
-              row.flops / row.seconds / 1e12);
+  Row row{be.device() == Device::cpu ? "cpu" : "cuda",
+          name,
+          len,
+          best,
+          step_flops(config, samples),
+          batch.num_tokens()};
+  std::printf("%-5s %-6s %-22s %6lld %10.1f %10.0f %9.3f\n", row.backend.c_str(), dtype_name(dtype),
+              row.model.c_str(), static_cast<long long>(len), row.seconds * 1e3,
+              static_cast<double>(row.tokens) / row.seconds, row.flops / row.seconds / 1e12);
   std::fflush(stdout);
   return row;
 }
@@ -120,12 +124,18 @@ int main(int argc, char** argv) {
   int64_t tokens = 8192, layers = 0;
   int reps = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--preset")) preset = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--lens")) lens = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--layers")) layers = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--backends")) backends = argv[i + 1];
+    if (!std::strcmp(argv[i], "--preset"))
+      preset = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--lens"))
+      lens = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--tokens"))
+      tokens = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--layers"))
+      layers = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--reps"))
+      reps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--backends"))
+      backends = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -145,8 +155,8 @@ int main(int argc, char** argv) {
   std::printf("%s (%s), %lld layers, %lld tokens per step, forward + backward, best of %d\n\n",
               preset.c_str(), describe(local).c_str(), static_cast<long long>(local.layers),
               static_cast<long long>(tokens), reps);
-  std::printf("%-5s %-6s %-22s %6s %10s %10s %9s\n", "back", "dtype", "attention", "len",
-              "step ms", "tokens/s", "TFLOP/s");
+  std::printf("%-5s %-6s %-22s %6s %10s %10s %9s\n", "back", "dtype", "attention", "len", "step ms",
+              "tokens/s", "TFLOP/s");
   std::vector<Row> rows;
   auto run = [&](Backend& be, DType dtype) {
     for (const std::string& s : bench::split_commas(lens)) {

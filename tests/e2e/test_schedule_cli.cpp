@@ -22,7 +22,8 @@ class ScheduleCli : public TrainDataSuite {
     const std::string dir = run_dir(name);
     const std::string cmd = kBin + " train --config " + dir + "/config.toml " + keys +
                             " --eval.every_samples=0 --eval.at_end=false "
-                            "--checkpoint.every_steps=0 > " + dir + "/log.txt 2>&1";
+                            "--checkpoint.every_steps=0 > " +
+                            dir + "/log.txt 2>&1";
     ASSERT_EQ(run_command(cmd), 0) << read_file(dir + "/log.txt");
     const auto recs = read_records(dir + "/metrics.jsonl", "train");
     ASSERT_EQ(recs.size(), 12u);
@@ -59,14 +60,14 @@ TEST_F(ScheduleCli, KeysTheScheduleDoesNotReadAreRefused) {
   const std::string dir = run_dir("refused");
   for (const char* keys : {"--optim.decay_steps=4", "--optim.schedule=cosine --optim.poly_power=2",
                            "--optim.schedule=wsd"}) {
-    const std::string cmd = kBin + " train --config " + dir + "/config.toml " + keys + " > " +
-                            dir + "/log.txt 2>&1";
+    const std::string cmd =
+        kBin + " train --config " + dir + "/config.toml " + keys + " > " + dir + "/log.txt 2>&1";
     EXPECT_NE(run_command(cmd), 0) << keys;
     const std::string log = read_file(dir + "/log.txt");
-    EXPECT_NE(log.find(std::string(keys).find("poly_power") != std::string::npos
-                           ? "optim.poly_power"
-                           : "optim.decay_steps"),
-              std::string::npos)
+    EXPECT_NE(
+        log.find(std::string(keys).find("poly_power") != std::string::npos ? "optim.poly_power"
+                                                                           : "optim.decay_steps"),
+        std::string::npos)
         << keys << ": " << log;
   }
 }

@@ -61,8 +61,7 @@ void check_against_cpu(const BertConfig& config, double tol, const std::string& 
   const auto step = static_cast<uint32_t>(rng() % kDropoutMaxStep);
   const uint64_t seed = rng();
   for (BatchLayout layout : layouts) {
-    const Batch batch =
-        make_batch(samples, layout, kMaxSeqLen, pack_samples(samples, kMaxSeqLen));
+    const Batch batch = make_batch(samples, layout, kMaxSeqLen, pack_samples(samples, kMaxSeqLen));
     const StepOutput want = run_step(*cpu, m, {batch}, gm, gs, step, seed);
     const StepOutput got = run_cuda_step(*gpu, m, batch, gm, gs, step, seed, options);
     const std::string what = "cuda vs cpu, " + name + batch_layout_name(layout);
@@ -106,8 +105,8 @@ TEST(CudaModel, TinyModernBertMatchesCpu) {
   BertOptions mst;
   mst.mst_chunks = 3;
   mst.recompute = Recompute::layer;
-  check_against_cpu(modern_tiny(), kModelTol, "modern M=3 recompute layer, ",
-                    {BatchLayout::packed}, mst);
+  check_against_cpu(modern_tiny(), kModelTol, "modern M=3 recompute layer, ", {BatchLayout::packed},
+                    mst);
 }
 
 // model.hidden_act = "gelu_tanh": the MLP's GELU in cuBLASLt's GELU_AUX_BIAS / DGELU epilogues

@@ -100,12 +100,12 @@ TEST(LrScheduleKinds, MatchHuggingFaceAtEveryStep) {
     const double end = lr * std::uniform_real_distribution<double>(0, 0.5)(rng);
     const int64_t decay = std::uniform_int_distribution<int64_t>(1, max_steps - warmup)(rng);
     const auto shape = static_cast<DecayShape>(rng() % 3);
-    worst = std::max(worst, worst_against_hf(kind(LrScheduleKind::linear, lr, max_steps, warmup,
-                                                  end)));
-    worst = std::max(worst, worst_against_hf(kind(LrScheduleKind::cosine, lr, max_steps, warmup,
-                                                  end)));
-    worst = std::max(worst, worst_against_hf(kind(LrScheduleKind::wsd, lr, max_steps, warmup,
-                                                  end, decay, shape)));
+    worst =
+        std::max(worst, worst_against_hf(kind(LrScheduleKind::linear, lr, max_steps, warmup, end)));
+    worst =
+        std::max(worst, worst_against_hf(kind(LrScheduleKind::cosine, lr, max_steps, warmup, end)));
+    worst = std::max(worst, worst_against_hf(kind(LrScheduleKind::wsd, lr, max_steps, warmup, end,
+                                                  decay, shape)));
   }
   print_bound("random schedules vs Hugging Face's formulas / base_lr", worst, 1e-12);
 }
@@ -144,8 +144,7 @@ TEST(LrScheduleKinds, RejectsWhatTheyDoNotRead) {
   c.poly_power = 2.0;
   expect_error(c, "poly_power");
   expect_error(kind(LrScheduleKind::linear, 1.0, 100, 10, 0.0, 20), "decay_steps");
-  expect_error(kind(LrScheduleKind::poly, 1.0, 100, 10, 0.0, 0, DecayShape::cosine),
-               "decay_shape");
+  expect_error(kind(LrScheduleKind::poly, 1.0, 100, 10, 0.0, 0, DecayShape::cosine), "decay_shape");
   expect_error(kind(LrScheduleKind::wsd, 1.0, 100, 10), "decay_steps");  // neither given
   c = kind(LrScheduleKind::wsd, 1.0, 100, 10, 0.0, 20);
   c.decay_fraction = 0.2;
