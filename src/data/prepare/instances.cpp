@@ -8,36 +8,6 @@
 
 namespace packbert {
 
-uint64_t Rng::mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-Rng::Rng(uint64_t seed, std::initializer_list<uint64_t> key) {
-  // Each key part goes through the finaliser before it is combined, so nearby keys (doc 7 and
-  // doc 8) give unrelated starting states.
-  uint64_t h = mix(seed + 0x632BE59BD9B4E019ull);
-  for (uint64_t k : key) h = mix(h ^ mix(k + 0x9E3779B97F4A7C15ull));
-  state_ = h;
-}
-
-uint64_t Rng::below(uint64_t n) {
-  // Lemire's multiply-shift with rejection: unbiased, one multiplication in the common case.
-  uint64_t x = next();
-  unsigned __int128 m = static_cast<unsigned __int128>(x) * n;
-  uint64_t low = static_cast<uint64_t>(m);
-  if (low < n) {
-    const uint64_t threshold = (0 - n) % n;
-    while (low < threshold) {
-      x = next();
-      m = static_cast<unsigned __int128>(x) * n;
-      low = static_cast<uint64_t>(m);
-    }
-  }
-  return static_cast<uint64_t>(m >> 64);
-}
-
 void DocumentStore::add_sentence(const uint16_t* ids, size_t n) {
   PB_CHECK(n > 0, "empty sentence");
   PB_REQUIRE(sentence_begin.size() < 0xFFFFFFFFull,
@@ -146,59 +116,16 @@ void materialize(const DocumentStore& docs, const InstancePlan& plan, const Inst
   std::fill(out.segment_ids.begin() + len_a + 2, out.segment_ids.end(), int8_t{1});
   out.next_sentence_label = static_cast<int8_t>(plan.random_next ? 1 : 0);
 
-  // create_masked_lm_predictions. Candidates are all positions but [CLS] and the two [SEP]s;
-  // with whole-word masking a "##" piece joins the group of the position just before it.
+  // create_masked_lm_predictions. Candidates are all positions but [CLS] and the two [SEP]s.
   auto& cand = scratch.candidates;
-  auto& group_begin = scratch.group_begin;
   cand.clear();
-  group_begin.clear();
-  for (int i = 1; i < len - 1; ++i) {
-    if (i == len_a + 1) continue;  // the middle [SEP]
-    const bool joins = cfg.whole_word_masking && !cand.empty() && cand.back() == i - 1 &&
-                       cfg.is_continuation[out.input_ids[i]];
-    if (!joins) group_begin.push_back(static_cast<int32_t>(cand.size()));
-    cand.push_back(i);
-  }
-  const int num_groups = static_cast<int>(group_begin.size());
-  group_begin.push_back(static_cast<int32_t>(cand.size()));
-
-  // Python's round() rounds half to even, as nearbyint does in the default rounding mode.
-  const int num_to_predict = std::min(
-      cfg.max_predictions, std::max(1, static_cast<int>(std::nearbyint(len * cfg.masked_lm_prob))));
-
-  // Google shuffles all groups, then takes them in order, skipping a group that would exceed
-  // num_to_predict. A Fisher-Yates shuffle done lazily (stopping once enough are chosen) gives
-  // the same distribution without shuffling the tail that is never looked at.
-  auto& order = scratch.group_order;
-  order.resize(num_groups);
-  for (int g = 0; g < num_groups; ++g) order[g] = g;
-  auto& chosen = scratch.chosen;
-  chosen.clear();
-  for (int k = 0; k < num_groups && static_cast<int>(chosen.size()) < num_to_predict; ++k) {
-    const int j = k + static_cast<int>(rng.below(static_cast<uint64_t>(num_groups - k)));
-    std::swap(order[k], order[j]);
-    const int g = order[k];
-    const int size = group_begin[g + 1] - group_begin[g];
-    if (static_cast<int>(chosen.size()) + size > num_to_predict) continue;
-    for (int c = group_begin[g]; c < group_begin[g + 1]; ++c) chosen.push_back(cand[c]);
-  }
-  std::sort(chosen.begin(), chosen.end());
-
-  out.masked_lm_positions.assign(chosen.begin(), chosen.end());
-  out.masked_lm_ids.resize(chosen.size());
-  for (size_t k = 0; k < chosen.size(); ++k) out.masked_lm_ids[k] = out.input_ids[chosen[k]];
-  // The 80/10/10 draws happen in position order here (Google: in shuffled order); each
-  // position's draw is independent, so the distribution is the same.
-  for (size_t k = 0; k < chosen.size(); ++k) {
-    int32_t& token = out.input_ids[chosen[k]];
-    if (rng.uniform() < 0.8) {
-      token = cfg.mask_id;
-    } else if (rng.uniform() < 0.5) {
-      // keep the original token
-    } else {
-      token = cfg.random_words[rng.below(cfg.random_words.size())];
-    }
-  }
+  for (int i = 1; i < len - 1; ++i)
+    if (i != len_a + 1) cand.push_back(i);  // not the middle [SEP]
+  MaskRule rule;
+  rule.probability = cfg.masked_lm_prob;
+  rule.max_predictions = cfg.max_predictions;
+  rule.whole_word = cfg.whole_word_masking;
+  mask_positions(rule, cfg.mask_vocab, len, rng, out, scratch);
 }
 
 }  // namespace packbert

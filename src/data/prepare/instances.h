@@ -15,41 +15,11 @@
 #include <initializer_list>
 #include <vector>
 
+#include "data/masking/keyed_rng.h"
+#include "data/masking/masking.h"
 #include "data/shards/sample.h"
 
 namespace packbert {
-
-// SplitMix64 stream whose start is a hash of (seed, key...). Cheap to create, so each document
-// or instance gets its own stream.
-class Rng {
- public:
-  Rng(uint64_t seed, std::initializer_list<uint64_t> key);
-  uint64_t next() {
-    state_ += 0x9E3779B97F4A7C15ull;
-    return mix(state_);
-  }
-  uint64_t below(uint64_t n);                // uniform in [0, n), n > 0 (unbiased)
-  int64_t between(int64_t lo, int64_t hi) {  // uniform in [lo, hi], like Python's randint
-    return lo + static_cast<int64_t>(below(static_cast<uint64_t>(hi - lo) + 1));
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  bool coin() {  // p = 0.5, one bit of a draw at a time (truncation flips many coins)
-    if (bits_left_ == 0) {
-      bits_ = next();
-      bits_left_ = 64;
-    }
-    const bool b = bits_ & 1u;
-    bits_ >>= 1;
-    --bits_left_;
-    return b;
-  }
-  static uint64_t mix(uint64_t z);
-
- private:
-  uint64_t state_;
-  uint64_t bits_ = 0;
-  int bits_left_ = 0;
-};
 
 // Key domains, the first part of a stream's key: two streams with different tags never coincide
 // whatever the other key parts. The other parts of each:
@@ -98,9 +68,8 @@ struct InstanceConfig {
   double masked_lm_prob = 0.15;
   double short_seq_prob = 0.1;
   bool whole_word_masking = false;
-  int32_t cls_id = 101, sep_id = 102, mask_id = 103;
-  std::vector<uint8_t> is_continuation;  // per token id: the token starts with "##"
-  std::vector<uint16_t> random_words;    // ids a masked token may be replaced with
+  int32_t cls_id = 101, sep_id = 102;
+  MaskVocab mask_vocab;  // [MASK], the "##" pieces, the ids a masked token may be replaced with
 };
 
 // create_instances_from_document for document `doc` in one round. `structure` draws the target
@@ -111,14 +80,6 @@ struct InstanceConfig {
 size_t plan_document(const DocumentStore& docs, uint32_t doc, const uint32_t* pool,
                      size_t pool_size, const InstanceConfig& cfg, Rng structure, Rng random_doc,
                      std::vector<InstancePlan>* out);
-
-// Reusable buffers of materialize (no allocation per instance once warm, beyond the Sample).
-struct MaskScratch {
-  std::vector<int32_t> candidates;   // positions that may be masked
-  std::vector<int32_t> group_begin;  // candidates[group_begin[g] .. group_begin[g+1]) = group g
-  std::vector<int32_t> group_order;  // shuffled group indices
-  std::vector<int32_t> chosen;       // chosen positions
-};
 
 // Plans are shuffled, so materializing them reads the token array at random places: with a
 // large file nearly every plan misses the cache twice (its sentence offsets, then its tokens).

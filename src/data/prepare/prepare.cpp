@@ -241,17 +241,10 @@ InstanceConfig make_instance_config(const PrepareOptions& o, const Vocab& vocab)
   c.whole_word_masking = o.whole_word_masking;
   c.cls_id = vocab.cls_id();
   c.sep_id = vocab.sep_id();
-  c.mask_id = vocab.mask_id();
-  const int32_t n = static_cast<int32_t>(vocab.size());
-  c.is_continuation.resize(n);
-  for (int32_t id = 0; id < n; ++id) {
-    c.is_continuation[id] = vocab.token(id).rfind("##", 0) == 0;
-    // Google draws from the whole vocabulary; [CLS]/[SEP] in the middle of a sample would
-    // break the [CLS] A [SEP] B [SEP] structure the shard rules check, [PAD]/[MASK] are noise.
-    if (id != vocab.pad_id() && id != vocab.cls_id() && id != vocab.sep_id() &&
-        id != vocab.mask_id())
-      c.random_words.push_back(static_cast<uint16_t>(id));
-  }
+  // Google draws random words from the whole vocabulary; [CLS]/[SEP] in the middle of a sample
+  // would break the [CLS] A [SEP] B [SEP] structure the shard rules check, [PAD]/[MASK] are
+  // noise: mask_vocab leaves them out.
+  c.mask_vocab = mask_vocab(vocab);
   return c;
 }
 
