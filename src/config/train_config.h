@@ -20,16 +20,21 @@
 
 #include "config/key_doc.h"
 #include "config/locations.h"
-#include "data/loader/loader.h"   // LastStepPolicy
-#include "kernels/backend.h"      // Gelu
-#include "kernels/base/tensor.h"  // Device
-#include "model/option_enums.h"   // Recompute, Precision, CudaGraphs, BatchLayout
-#include "optim/lr_schedule.h"    // LrScheduleKind, DecayShape
+#include "data/loader/loader.h"    // LastStepPolicy
+#include "kernels/backend.h"       // Gelu
+#include "kernels/base/tensor.h"   // Device
+#include "model/option_enums.h"    // Recompute, Precision, CudaGraphs, BatchLayout
+#include "data/masking/masking.h"  // MaskCount
+#include "optim/lr_schedule.h"     // LrScheduleKind, DecayShape
 
 namespace packbert {
 
 // The enums of keys that have no type elsewhere (their names: config_name()).
-enum class GpuAllreduce { nccl, host };  // host: MPI on host memory (GradTransport::mpi)
+enum class GpuAllreduce { nccl, host };
+enum class MaskingMode {
+  static_masks,
+  dynamic
+};  // "static": the shards' masks  // host: MPI on host memory (GradTransport::mpi)
 enum class SubmissionDivision { closed, open };
 enum class SubmissionStatus { onprem, cloud, research };
 
@@ -116,6 +121,13 @@ struct TrainConfig {
     int64_t shuffle_block_rows = 4096;
     int64_t shuffle_window_blocks = 8;
     int read_ahead_windows = 1;
+    // Masked-LM masks: the shards' (static) or drawn again each time a sample is served.
+    MaskingMode masking = MaskingMode::static_masks;
+    double mlm_probability = 0.15;
+    MaskCount mask_count = MaskCount::fixed;
+    bool whole_word_masking = false;
+    double mask_token_share = 0.8;
+    double random_token_share = 0.1;
   } data;
 
   struct Checkpoint {
@@ -197,6 +209,7 @@ const char* config_name(Device v);
 const char* config_name(Precision v);
 const char* config_name(CudaGraphs v);
 const char* config_name(GpuAllreduce v);
+const char* config_name(MaskingMode v);
 const char* config_name(SubmissionDivision v);
 const char* config_name(SubmissionStatus v);
 

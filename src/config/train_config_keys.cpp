@@ -89,6 +89,16 @@ const EnumTable<GpuAllreduce>& gpu_allreduce_table() {
                                             {GpuAllreduce::host, "host"}};
   return t;
 }
+const EnumTable<MaskingMode>& masking_table() {
+  static const EnumTable<MaskingMode> t = {{MaskingMode::static_masks, "static"},
+                                           {MaskingMode::dynamic, "dynamic"}};
+  return t;
+}
+const EnumTable<MaskCount>& mask_count_table() {
+  static const EnumTable<MaskCount> t = {{MaskCount::fixed, "fixed"},
+                                         {MaskCount::bernoulli, "bernoulli"}};
+  return t;
+}
 const EnumTable<SubmissionDivision>& division_table() {
   static const EnumTable<SubmissionDivision> t = {{SubmissionDivision::closed, "closed"},
                                                   {SubmissionDivision::open, "open"}};
@@ -307,6 +317,23 @@ std::vector<Key> make_keys() {
                   "blocks shuffled together"));
   k.push_back(key("data.read_ahead_windows", &C::data, &D::read_ahead_windows,
                   "shuffle windows read ahead of need (>= 0)"));
+  k.push_back(key("data.masking", &C::data, &D::masking, masking_table(),
+                  "masked-LM masks: static (the shards') or dynamic (drawn again each time a "
+                  "sample is served, from train.seed, the epoch and the sample; needs "
+                  "data.vocab; evaluation keeps the shards' masks); docs/training.md#masking"));
+  k.push_back(key("data.mlm_probability", &C::data, &D::mlm_probability,
+                  "masking = dynamic: the share of tokens masked, in (0, 1]"));
+  k.push_back(key("data.mask_count", &C::data, &D::mask_count, mask_count_table(),
+                  "masking = dynamic: fixed (min(train.max_predictions_per_seq, max(1, "
+                  "round(p * length))) per sample, as prepare) or bernoulli (each token or "
+                  "whole word with p, at most train.max_predictions_per_seq)"));
+  k.push_back(key("data.whole_word_masking", &C::data, &D::whole_word_masking,
+                  "masking = dynamic: a \"##\" piece is masked with the piece before it"));
+  k.push_back(key("data.mask_token_share", &C::data, &D::mask_token_share,
+                  "masking = dynamic: the share of masked positions that read [MASK]"));
+  k.push_back(key("data.random_token_share", &C::data, &D::random_token_share,
+                  "masking = dynamic: the share that read a random token (never a special "
+                  "one); the rest keep theirs"));
   // [checkpoint]
   k.push_back(
       key("checkpoint.dir", &C::checkpoint, &K::dir, "where checkpoints are written; \"\" = none"));
@@ -383,6 +410,7 @@ const char* config_name(MlpKind v) { return config::enum_name(mlp_table(), v); }
 const char* config_name(Device v) { return config::enum_name(device_table(), v); }
 const char* config_name(Precision v) { return config::enum_name(precision_table(), v); }
 const char* config_name(CudaGraphs v) { return config::enum_name(cuda_graphs_table(), v); }
+const char* config_name(MaskingMode v) { return config::enum_name(masking_table(), v); }
 const char* config_name(GpuAllreduce v) { return config::enum_name(gpu_allreduce_table(), v); }
 const char* config_name(SubmissionDivision v) { return config::enum_name(division_table(), v); }
 const char* config_name(SubmissionStatus v) { return config::enum_name(status_table(), v); }

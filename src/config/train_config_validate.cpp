@@ -154,6 +154,30 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
 
   const auto& d = c.data;
   PB_REQUIRE(d.prefetch_steps >= 1, "data.prefetch_steps ({}) must be >= 1", d.prefetch_steps);
+  if (d.masking == MaskingMode::dynamic) {
+    PB_REQUIRE(!d.vocab.empty(),
+               "data.masking = \"dynamic\" needs data.vocab (the special "
+               "tokens and the words a masked token may become)");
+    try {
+      mask_rule(d.mlm_probability, static_cast<int>(c.train.max_predictions_per_seq), d.mask_count,
+                d.whole_word_masking, d.mask_token_share, d.random_token_share);
+    } catch (const Error& e) {
+      PB_THROW(
+          "[data] dynamic masking (data.mlm_probability, data.mask_token_share, "
+          "data.random_token_share, train.max_predictions_per_seq): {}",
+          e.what());
+    }
+  } else {
+    const TrainConfig::Data defaults;
+    PB_REQUIRE(d.mlm_probability == defaults.mlm_probability &&
+                   d.mask_count == defaults.mask_count &&
+                   d.whole_word_masking == defaults.whole_word_masking &&
+                   d.mask_token_share == defaults.mask_token_share &&
+                   d.random_token_share == defaults.random_token_share,
+               "data.mlm_probability, data.mask_count, data.whole_word_masking, "
+               "data.mask_token_share and data.random_token_share apply to data.masking = "
+               "\"dynamic\"; with \"static\" the shards' masks are used");
+  }
   PB_REQUIRE(d.shuffle_block_rows >= 1, "data.shuffle_block_rows ({}) must be >= 1",
              d.shuffle_block_rows);
   PB_REQUIRE(d.shuffle_window_blocks >= 1, "data.shuffle_window_blocks ({}) must be >= 1",

@@ -179,6 +179,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
 
   LoaderOptions lo = loader_options(c);
   lo.rules = rules;
+  lo.masking = dynamic_masking(c);
   DataLoader loader(comm, {c.data.train_dir}, lo, start.loader);
   spdlog::info("data: {} training samples in {} shard(s), {} steps per epoch", loader.num_samples(),
                loader.shards().size(), loader.steps_per_epoch());

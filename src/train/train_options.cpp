@@ -130,6 +130,16 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model, in
   return o;
 }
 
+std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig& c) {
+  if (c.data.masking != MaskingMode::dynamic) return nullptr;
+  const auto& d = c.data;
+  auto m = std::make_shared<LoaderOptions::Masking>();
+  m->rule = mask_rule(d.mlm_probability, c.train.max_predictions_per_seq, d.mask_count,
+                      d.whole_word_masking, d.mask_token_share, d.random_token_share);
+  m->vocab = mask_vocab(Vocab::load(d.vocab));
+  return m;
+}
+
 // The sample rules of the data: the vocabulary file's size and special ids.
 SampleRules sample_rules(const TrainConfig& c, const BertConfig& model) {
   SampleRules rules;

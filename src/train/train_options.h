@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "config/train_config.h"
 #include "config/train_config_model.h"  // model_config, lr_schedule_config
@@ -28,6 +29,8 @@ LambOptions lamb_options(const TrainConfig& c);
 // global batch, micro-steps, seq/pack limits, seed, prefetch, shuffle, last_step; the sample
 // rules' max_seq_len = train.max_seq_len, vocab_size = model_config(c).real_vocab_size.
 LoaderOptions loader_options(const TrainConfig& c);
+// data.masking = "dynamic": the rule and data.vocab's masking vocabulary; none for "static".
+std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig& c);
 
 // Independent seeds for initialisation (salt 1) and dropout (salt 2) from train.seed
 // (splitmix64 of a salt), so the streams never share a key. The data order uses train.seed.

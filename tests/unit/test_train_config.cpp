@@ -321,6 +321,12 @@ TEST(TrainConfig, ValidationNamesTheKey) {
   check({"optim.start_warmup_step=-3"}, 1, "optim.start_warmup_step");
   check({"optim.beta2=1"}, 1, "optim.beta2");
   check({"optim.epsilon=0"}, 1, "optim.epsilon");
+  check({"optim.schedule=wsd"}, 1, "optim.decay_steps");
+  check({"optim.decay_fraction=0.2"}, 1, "optim.decay_fraction");
+  check({"data.mlm_probability=0.3"}, 1, "data.mlm_probability");
+  check({"data.masking=dynamic", "data.vocab="}, 1, "data.vocab");
+  check({"data.masking=dynamic", "data.vocab=v.txt", "data.mask_token_share=0.95"}, 1,
+        "data.mask_token_share");
   check({"eval.target_accuracy=1.5"}, 1, "eval.target_accuracy");
   check({"eval.batch_size=0"}, 1, "eval.batch_size");
   check({"eval.max_samples=-1"}, 1, "eval.max_samples");

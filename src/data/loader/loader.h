@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "data/masking/masking.h"
 #include "data/packing/planner.h"
 #include "data/shards/sample.h"
 
@@ -70,6 +71,14 @@ struct LoaderOptions {
   // prefetched steps.
   int read_ahead_windows = 1;
   LastStepPolicy last_step = LastStepPolicy::partial;
+  // Dynamic masking (none: the shards' static masks): each sample masked again as it is read,
+  // by mask_dynamic with (seed, the epoch, its global id), so the masks of a step do not
+  // depend on the ranks, the layout, the prefetch depth or a resume.
+  struct Masking {
+    MaskRule rule;
+    MaskVocab vocab;
+  };
+  std::shared_ptr<const Masking> masking;
 };
 
 // Where the loader stands: enough to continue exactly where an uninterrupted run would. The

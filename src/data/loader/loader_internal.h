@@ -80,8 +80,8 @@ class BlockPrefetcher {
  private:
   int64_t seq(int64_t epoch, int64_t window) const { return epoch * windows_per_epoch_ + window; }
   void run(LoaderCursor start);
-  std::unique_ptr<Window> read_window(const EpochOrder& order, const std::vector<int32_t>& owner,
-                                      int64_t w);
+  std::unique_ptr<Window> read_window(int64_t epoch, const EpochOrder& order,
+                                      const std::vector<int32_t>& owner, int64_t w);
 
   const std::vector<std::string>& shards_;
   const BlockLayout& layout_;

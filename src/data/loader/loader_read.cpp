@@ -44,8 +44,9 @@ void BlockPrefetcher::stop() {
 }
 
 std::unique_ptr<BlockPrefetcher::Window> BlockPrefetcher::read_window(
-    const EpochOrder& order, const std::vector<int32_t>& owner, int64_t w) {
+    int64_t epoch, const EpochOrder& order, const std::vector<int32_t>& owner, int64_t w) {
   auto win = std::make_unique<Window>();
+  MaskScratch scratch;
   for (const int64_t b : order.window_blocks(w)) {
     const BlockLayout::Block blk = layout_.block(b);
     if (owner[blk.shard] != rank_) continue;
@@ -62,8 +63,13 @@ std::unique_ptr<BlockPrefetcher::Window> BlockPrefetcher::read_window(
     LoadedBlock& lb = win->blocks[b];
     lb.begin = blk.begin;
     reader->read_range(blk.begin, blk.end, lb.rows);
-    for (size_t i = 0; i < lb.rows.size(); ++i)  // readers number rows; we need global ids
-      lb.rows[i].id = make_sample_id(blk.shard, blk.begin + static_cast<int64_t>(i));
+    for (size_t i = 0; i < lb.rows.size(); ++i) {  // readers number rows; we need global ids
+      Sample& s = lb.rows[i];
+      s.id = make_sample_id(blk.shard, blk.begin + static_cast<int64_t>(i));
+      if (opt_.masking)
+        mask_dynamic(opt_.masking->rule, opt_.masking->vocab, opt_.seed,
+                     static_cast<uint64_t>(epoch), static_cast<uint64_t>(s.id), s, scratch);
+    }
   }
   return win;
 }
@@ -84,7 +90,7 @@ void BlockPrefetcher::run(LoaderCursor start) {
     }
     std::unique_ptr<Window> win;
     try {
-      win = read_window(*order, owner, w);
+      win = read_window(epoch, *order, owner, w);
     } catch (const std::exception& e) {
       // Reported by the step that needs this window (the same step whatever the timing).
       std::lock_guard<std::mutex> lk(mu_);
