@@ -48,14 +48,20 @@ def load_run(prefix):
                     if s["epoch"] != int(w[3]) or s["global"] != int(w[9]):
                         fail(f"{path}: step {step} header differs between ranks")
                     s["ranks"][rank] = []
-                elif w[0] == "mb":
-                    steps[step]["ranks"][rank].append([int(x) for x in w[2:]])
+                elif w[0] == "mb":  # "ID" or, with dynamic masking, "ID:HASH"
+                    steps[step]["ranks"][rank].append([sample_key(x) for x in w[2:]])
     nranks = len(files)
     for st, s in steps.items():
         if sorted(s["ranks"]) != list(range(nranks)):
             fail(f"{prefix}: step {st} is missing on ranks "
                  f"{sorted(set(range(nranks)) - set(s['ranks']))}")
     return steps, nranks
+
+
+def sample_key(token):
+    """(id, masks' hash or ""): runs compare both, the manifest the ids."""
+    sid, _, h = token.partition(":")
+    return (int(sid), h)
 
 
 def step_set(s):
@@ -86,9 +92,9 @@ def verify(directory, prefixes):
             if len(ids) != s["global"]:
                 fail(f"{prefix}: step {st} has {len(ids)} samples on its ranks, global says "
                      f"{s['global']}")
-            if len(set(ids)) != len(ids):
+            if len(set(i for i, _ in ids)) != len(ids):
                 fail(f"{prefix}: step {st} trains a sample twice")
-            by_epoch.setdefault(s["epoch"], []).extend(ids)
+            by_epoch.setdefault(s["epoch"], []).extend(i for i, _ in ids)
         for epoch, ids in by_epoch.items():
             if sorted(ids) != expected:
                 fail(f"{prefix}: epoch {epoch} trains {len(ids)} samples ({len(set(ids))} "

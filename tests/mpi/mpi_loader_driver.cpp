@@ -11,13 +11,17 @@
 //   mpi_loader_driver run DIR --out PREFIX [--epochs E | --steps N] [--batch B] [--micro M]
 //                             [--prefetch K] [--jitter] [--resume FILE] [--save FILE]
 //                             [--policy partial|drop] [--fail-rank R --fail-step S]
+//                             [--dynamic-masking]
 //     Every rank trains (pretends to) until the global step reaches E epochs or N steps and
 //     writes PREFIX.rank<r>.txt: per step a header line and one line of sample ids per
 //     micro-batch. Each step also all-reduces the sample counts over MPI_COMM_WORLD (as the
 //     gradient all-reduce would, concurrently with the loader's own communicator) and checks
 //     payloads, packs and global counts. --save writes the position after the last step;
 //     --resume starts from one. --jitter sleeps randomly between steps; --fail-rank makes one
-//     rank's "trainer" throw at a step (the others must not hang).
+//     rank's "trainer" throw at a step (the others must not hang). --dynamic-masking masks
+//     every sample again as it is read (LoaderOptions::masking: 30%, Bernoulli, whole words,
+//     data/vocab.txt); each sample id is then written "ID:HASH", HASH over its masked tokens,
+//     positions and labels, so that check_loader.py compares the masks themselves.
 #include <mpi.h>
 
 #include <chrono>
@@ -37,6 +41,8 @@
 #include "driver_args.h"
 #include "data/loader/epoch_order.h"
 #include "data/loader/loader.h"
+#include "data/masking/masking.h"
+#include "data/prepare/tokenizer.h"
 #include "data/shards/shard.h"
 #include "shard_test_util.h"
 
@@ -109,14 +115,40 @@ std::map<std::string, std::string> read_manifest(const std::string& dir) {
   return m;
 }
 
+// With dynamic masking the shard's sample with its masks undone (the tokens, segments and label
+// must be the shard's; the masks are the loader's).
+bool same_payload(const Sample& got, Sample want, bool masked_again) {
+  if (!masked_again) return got == want;
+  Sample g = got;
+  unmask(g);
+  unmask(want);
+  return g == want && got.num_masked() <= kMaxPredictions;
+}
+
+// FNV-1a over the masked tokens, the positions and the labels: what the masks are.
+uint64_t mask_hash(const Sample& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto add = [&h](const std::vector<int32_t>& v) {
+    for (const int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull;
+    h = (h ^ 0xffffffffull) * 0x100000001b3ull;
+  };
+  add(s.input_ids);
+  add(s.masked_lm_positions);
+  add(s.masked_lm_ids);
+  return h;
+}
+
 void check_step(const StepBatch& b, const LoaderOptions& o, uint64_t seed) {
   PB_REQUIRE(b.micro_batches.size() == static_cast<size_t>(o.micro_steps),
              "step {}: {} micro-batches", b.step, b.micro_batches.size());
   for (const LoaderMicroBatch& mb : b.micro_batches) {
     std::vector<int> used(mb.samples.size(), 0);
     for (const Sample& s : mb.samples)
-      PB_REQUIRE(s == make_sample(seed, sample_id_shard(s.id), sample_id_row(s.id), o.max_seq_len),
-                 "step {}: the payload of sample {} differs from the shard's", b.step, s.id);
+      PB_REQUIRE(
+          same_payload(s,
+                       make_sample(seed, sample_id_shard(s.id), sample_id_row(s.id), o.max_seq_len),
+                       o.masking != nullptr),
+          "step {}: the payload of sample {} differs from the shard's", b.step, s.id);
     for (const auto& pack : mb.packs) {
       int len = 0;
       for (const int32_t i : pack) {
@@ -143,6 +175,12 @@ void run_mode(const Args& a, int rank, int size) {
   o.shuffle_block_rows = a.num("block-rows", 32);
   o.shuffle_window_blocks = a.num("window-blocks", 3);
   o.last_step = parse_last_step_policy(a.str("policy", "partial"));
+  if (a.has("dynamic-masking")) {
+    auto m = std::make_shared<LoaderOptions::Masking>();
+    m->rule = mask_rule(0.3, kMaxPredictions, MaskCount::bernoulli, true, 0.8, 0.1);
+    m->vocab = mask_vocab(Vocab::load(std::string(PACKBERT_REPO_DATA) + "/vocab.txt"));
+    o.masking = m;
+  }
   std::optional<LoaderPosition> resume;
   if (a.has("resume")) {
     std::ifstream f(a.str("resume", ""));
@@ -175,7 +213,10 @@ void run_mode(const Args& a, int rank, int size) {
         << b.epoch_end << " global " << b.global_samples << "\n";
     for (size_t m = 0; m < b.micro_batches.size(); ++m) {
       out << "mb " << m;
-      for (const Sample& s : b.micro_batches[m].samples) out << " " << s.id;
+      for (const Sample& s : b.micro_batches[m].samples) {
+        out << " " << s.id;
+        if (o.masking) out << ":" << fmt::format("{:016x}", mask_hash(s));
+      }
       out << "\n";
     }
     waited += b.wait_seconds;
@@ -193,5 +234,5 @@ void run_mode(const Args& a, int rank, int size) {
 
 int main(int argc, char** argv) {
   return packbert::test::run_driver(argc, argv, "mpi_loader_driver write|run DIR [options]",
-                                    {"jitter"}, write_mode, run_mode);
+                                    {"jitter", "dynamic-masking"}, write_mode, run_mode);
 }
