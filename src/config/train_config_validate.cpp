@@ -152,6 +152,9 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
     PB_THROW("[optim] learning-rate schedule: {}", e.what());
   }
 
+  PB_REQUIRE(std::isfinite(c.log.peak_tflops) && c.log.peak_tflops >= 0,
+             "log.peak_tflops ({}) must be finite and >= 0 (0: the table of known GPUs)",
+             c.log.peak_tflops);
   const auto& d = c.data;
   PB_REQUIRE(d.prefetch_steps >= 1, "data.prefetch_steps ({}) must be >= 1", d.prefetch_steps);
   if (d.masking == MaskingMode::dynamic) {

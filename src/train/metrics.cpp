@@ -37,6 +37,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["loss_scale"] = r.loss_scale;
   j["samples_per_s"] = r.samples_per_s;
   j["tokens_per_s"] = r.tokens_per_s;
+  if (std::isfinite(r.mfu)) j["mfu"] = r.mfu;
   j["padding_fraction"] = r.padding_fraction;
   j["graph_padding"] = r.graph_padding;
   j["imbalance"] = r.imbalance;
@@ -126,9 +127,11 @@ std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
       r.step, max_steps, r.samples, r.loss, r.mlm_loss, r.nsp_loss, r.mlm_accuracy, r.lr);
   if (r.grad_norm >= 0) s += fmt::format(" | gnorm {:.3f}", r.grad_norm);
   if (r.loss_scale != 1) s += fmt::format(" | scale {}", r.loss_scale);
-  s += fmt::format(" | {} samples/s | {} tok/s | pad {:.1f}% | imb {:.2f} | wait {:.3f}s",
-                   format_rate(r.samples_per_s), format_rate(r.tokens_per_s),
-                   100.0 * r.padding_fraction, r.imbalance, r.data_wait_s);
+  s += fmt::format(" | {} samples/s | {} tok/s", format_rate(r.samples_per_s),
+                   format_rate(r.tokens_per_s));
+  if (std::isfinite(r.mfu)) s += fmt::format(" | mfu {:.1f}%", 100.0 * r.mfu);
+  s += fmt::format(" | pad {:.1f}% | imb {:.2f} | wait {:.3f}s", 100.0 * r.padding_fraction,
+                   r.imbalance, r.data_wait_s);
   s += fmt::format(" | rss {}", format_bytes(r.peak_rss_bytes));
   if (r.activation_peak_bytes > 0)
     s += fmt::format(" | act {}", format_bytes(r.activation_peak_bytes));
@@ -212,6 +215,7 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   r.loss_scale = loss_scale_;
   r.samples_per_s = static_cast<double>(samples_) / dt;
   r.tokens_per_s = static_cast<double>(tokens_) / dt;
+  r.mfu = context.peak_flops > 0 ? model_flops_ / dt / context.peak_flops : nan;
   r.padding_fraction =
       rows_ > 0 ? 1.0 - static_cast<double>(tokens_) / static_cast<double>(rows_) : 0.0;
   r.imbalance = imbalance_ / steps;

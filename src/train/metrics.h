@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -50,6 +51,9 @@ struct ProgressRecord {
   // Over the interval since the previous record.
   double samples_per_s = 0;
   double tokens_per_s = 0;
+  // Model FLOPs utilisation (train/model_flops.h): the steps' model FLOPs per second over the
+  // devices' peak (ProgressContext::peak_flops); NaN where no peak is known (the CPU).
+  double mfu = std::numeric_limits<double>::quiet_NaN();
   double padding_fraction = 0;  // padding / (tokens + padding) of the layout; 0 for unpadded
   // The padding rows CUDA graphs add (their capacities, model/batch.h GraphCapacity) over the
   // batches' own rows, this rank's training forwards since the run started; 0 without graphs.
@@ -113,6 +117,7 @@ struct ProgressContext {
   int64_t device_free_bytes = 0;
   int64_t device_workspace_bytes = 0;
   HostWorkCounts host_work;  // the counts now
+  double peak_flops = 0;     // all ranks' devices together, FLOP/s; 0: unknown (no mfu)
 };
 
 // The steps since the previous progress record. Loss is the mean over the steps; MLM loss and
@@ -132,6 +137,8 @@ class ProgressAccumulator {
   void add(const StepMetrics& m, const StepBatch& batch);
   // Losses read after their step was added (Trainer::read_losses: a stop on an unread step).
   void add_losses(const StepLosses& losses);
+  // A step's model FLOPs (train/model_flops.h step_flops, the whole global batch).
+  void add_model_flops(double flops) { model_flops_ += flops; }
   // Seconds within the interval that were not training (evaluation, checkpoints), and the host
   // work they did.
   void exclude(double seconds, const HostWorkCounts& work = {});
@@ -146,6 +153,7 @@ class ProgressAccumulator {
   Clock::time_point start_;
   HostWorkCounts work_start_, work_excluded_;
   int64_t steps_ = 0, samples_ = 0, tokens_ = 0, rows_ = 0;
+  double model_flops_ = 0;
   // Of the steps whose losses were read: how many, their masked tokens and samples.
   int64_t loss_steps_ = 0, masked_ = 0, loss_samples_ = 0;
   double loss_ = 0, mlm_loss_ = 0, nsp_loss_ = 0, mlm_ok_ = 0, nsp_ok_ = 0, wait_ = 0;

@@ -24,6 +24,7 @@
 #include "train/evaluate.h"
 #include "train/evaluations.h"
 #include "train/metrics.h"
+#include "train/model_flops.h"
 #include "train/mllog.h"
 #include "train/run_train_internal.h"
 #include "train/train_options.h"
@@ -120,7 +121,8 @@ HostWorkCounts operator-(const HostWorkCounts& a, const HostWorkCounts& b) {
 
 // Ends the progress interval at `st`: the progress line (rank 0) and the metrics record.
 void log_progress(ProgressAccumulator& progress, const RunState& st, double elapsed_s,
-                  const TrainConfig& c, const Trainer& trainer, MetricsWriter& metrics) {
+                  const TrainConfig& c, const Trainer& trainer, MetricsWriter& metrics,
+                  double peak_flops) {
   const ActivationReport act = trainer.activation_report();
   ProgressContext at;
   at.samples = st.samples;
@@ -135,6 +137,7 @@ void log_progress(ProgressAccumulator& progress, const RunState& st, double elap
   at.device_workspace_bytes = static_cast<int64_t>(trainer.device_workspace_bytes());
   at.device_free_bytes = static_cast<int64_t>(trainer.device_memory().free);
   at.host_work = host_work(trainer);
+  at.peak_flops = peak_flops;
   const ProgressRecord r = progress.close(at);
   if (trainer.rank() == 0) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
   metrics.write(to_json(r));
@@ -200,6 +203,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   Evaluations evals(comm, c, trainer, eval_set ? &*eval_set : nullptr, ml, metrics, st.samples);
   const auto run_t0 = Clock::now();
   ProgressAccumulator progress(run_t0, host_work(trainer));
+  const double peak_flops = world * device_peak(c, trainer_opts.cuda_device);
   SkippedSteps skipped(c, trainer_opts.loss_scaler.min_scale);
   bool target_reached = false, stopped = false;
 
@@ -217,13 +221,17 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
     st.tokens += m.tokens;
     st.skipped_steps += skipped.count(m, st.step);
     progress.add(m, batch);
+    progress.add_model_flops(
+        step_flops(model, {{batch.global_lengths.begin(), batch.global_lengths.end()},
+                           batch.global_masked_tokens})
+            .total());
 
     const bool stop = stop_requested(comm);
     const bool last_step = st.step >= c.train.max_steps;
     if (st.step % c.log.every_steps == 0 || last_step || stop) {
       // A stop after an unread step: its losses, and those of the unread ones before it.
       for (const StepLosses& l : trainer.read_losses()) progress.add_losses(l);
-      log_progress(progress, st, seconds_since(run_t0), c, trainer, metrics);
+      log_progress(progress, st, seconds_since(run_t0), c, trainer, metrics, peak_flops);
     }
 
     // Evaluation and checkpoints do not count as training (time and host work).

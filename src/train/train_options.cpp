@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include "data/prepare/tokenizer.h"
 #include "kernels/device.h"
+#include "train/model_flops.h"
 #include "data/packing/planner.h"
 
 namespace packbert {
@@ -128,6 +132,22 @@ TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model, in
     o.cuda_device = gpus > 1 ? local_rank_from_env() % gpus : 0;
   }
   return o;
+}
+
+double device_peak(const TrainConfig& c, int cuda_device) {
+  if (c.train.device != Device::cuda) return 0.0;
+  if (c.log.peak_tflops > 0) return c.log.peak_tflops * 1e12;
+  // describe_devices(): a line "cuda:N NAME, sm_XY, ..." per device.
+  const std::string lines = describe_devices(), tag = fmt::format("cuda:{} ", cuda_device);
+  const size_t at = lines.find(tag);
+  if (at == std::string::npos) return 0.0;
+  const size_t begin = at + tag.size();
+  const std::string name = lines.substr(begin, lines.find_first_of(",\n", begin) - begin);
+  const double peak = device_peak_flops(name, c.train.precision);
+  if (peak == 0.0)
+    spdlog::warn("mfu: no {} peak known for \"{}\"; set log.peak_tflops to report mfu",
+                 precision_name(c.train.precision), name);
+  return peak;
 }
 
 std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig& c) {

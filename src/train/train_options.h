@@ -29,6 +29,10 @@ LambOptions lamb_options(const TrainConfig& c);
 // global batch, micro-steps, seq/pack limits, seed, prefetch, shuffle, last_step; the sample
 // rules' max_seq_len = train.max_seq_len, vocab_size = model_config(c).real_vocab_size.
 LoaderOptions loader_options(const TrainConfig& c);
+// One GPU's dense peak for train.precision, FLOP/s (MFU's denominator): log.peak_tflops when
+// set, else the table of train/model_flops.h for CUDA device `cuda_device`; 0 on the CPU or for
+// an unknown GPU (then no mfu is reported).
+double device_peak(const TrainConfig& c, int cuda_device);
 // data.masking = "dynamic": the rule and data.vocab's masking vocabulary; none for "static".
 std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig& c);
 

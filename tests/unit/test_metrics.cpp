@@ -374,6 +374,35 @@ TEST(Metrics, ProgressAccumulatorMeansRatesAndLastStep) {
   EXPECT_DOUBLE_EQ(q.loss_scale, 1);
 }
 
+// MFU: the interval's model FLOPs per second over the devices' peak, in the record, its JSON
+// and the progress line; none without a peak (the CPU).
+TEST(Metrics, MfuOnlyWithAPeak) {
+  for (const double peak : {4e12, 0.0}) {
+    const auto t0 = Clock::now();
+    ProgressAccumulator acc(t0);
+    for (int64_t k = 0; k < 2; ++k) {
+      const Step s = step_of(k, 0, 7.0, 0.1, 20, 1000);
+      acc.add(s.m, s.batch);
+      acc.add_model_flops(1e12);
+    }
+    ProgressContext at;
+    at.max_steps = 10;
+    at.peak_flops = peak;
+    const ProgressRecord r = acc.close(at, t0 + milliseconds(2000));  // 2e12 FLOPs in 2 s
+    const json j = to_json(r);
+    const std::string line = format_progress_line(r, 10);
+    if (peak > 0) {
+      EXPECT_DOUBLE_EQ(r.mfu, 0.25);
+      EXPECT_DOUBLE_EQ(j.at("mfu").get<double>(), 0.25);
+      EXPECT_NE(line.find("| mfu 25.0% |"), std::string::npos) << line;
+    } else {
+      EXPECT_TRUE(std::isnan(r.mfu));
+      EXPECT_FALSE(j.contains("mfu"));
+      EXPECT_EQ(line.find("mfu"), std::string::npos) << line;
+    }
+  }
+}
+
 TEST(Metrics, ProgressAccumulatorReportsActivationAndOptimizerMemory) {
   const Clock::time_point t0{};
   ProgressAccumulator acc(t0);

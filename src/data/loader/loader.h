@@ -130,8 +130,9 @@ struct StepBatch {
   int64_t global_samples = 0;
   int64_t global_masked_tokens = 0;
   int64_t global_tokens = 0;
-  double imbalance = 1;     // planner: max rank cost / mean rank cost
-  double wait_seconds = 0;  // exposed wait: how long next() blocked for this batch
+  std::vector<int32_t> global_lengths;  // every sample of the step, all ranks (model FLOPs)
+  double imbalance = 1;                 // planner: max rank cost / mean rank cost
+  double wait_seconds = 0;              // exposed wait: how long next() blocked for this batch
   LoaderStepTimes times;
 
   int64_t num_samples() const;  // this rank's samples, all micro-batches

@@ -242,6 +242,8 @@ StepBatch StepProducer::produce(bool stop) {
   out.global_samples = plan.global_samples;
   out.global_masked_tokens = plan.global_masked_tokens;
   out.global_tokens = plan.global_tokens;
+  out.global_lengths.reserve(candidates.size());
+  for (const Candidate& c : candidates) out.global_lengths.push_back(c.length);
   out.imbalance = plan.imbalance();
 
   t0 = Clock::now();
