@@ -6,10 +6,8 @@
 // and, when a device exists, the CUDA backend (bf16). Prints a table with each step's time,
 // tokens/s, the model FLOPs rate and the ratio all-global / local; asserts nothing about time.
 //
-// Model FLOPs (forward x 3 for forward and backward): per layer, the linear layers 2 tokens
-// (H 3H + H H + H Wi + I H), Wi = 2I for a gated MLP, and attention 4 H pairs, where pairs are
-// the (query, key) pairs the layer computes in its sequences: len^2 for a global layer,
-// sum_i |{j : |i - j| <= window / 2}| for a local one; the MLM head 2 masked (H H + H V).
+// Model FLOPs: train/model_flops.h's step_flops (docs/performance.md#model-flops): attention
+// over the (query, key) pairs each layer computes, windows included.
 //
 //   bench_modern_step [--preset modernbert-base] [--lens 1024,8192] [--tokens 8192]
 //                     [--layers N]   (the preset's first N layers: its local / global pattern
@@ -31,35 +29,11 @@
 #include "model/bert.h"
 #include "model/params.h"
 #include "train/batching.h"
+#include "train/model_flops.h"
 
 namespace {
 
 using namespace packbert;
-
-// Query-key pairs a layer with this window computes in one sequence of len tokens.
-double attended_pairs(int64_t len, int64_t window) {
-  if (window <= 0) return static_cast<double>(len) * static_cast<double>(len);
-  const int64_t half = window / 2;
-  double pairs = 0;
-  for (int64_t i = 0; i < len; ++i)
-    pairs += static_cast<double>(std::min(len - 1, i + half) - std::max<int64_t>(0, i - half) + 1);
-  return pairs;
-}
-
-double step_flops(const BertConfig& c, const std::vector<Sample>& samples) {
-  const double h = static_cast<double>(c.hidden), i = static_cast<double>(c.intermediate);
-  double tokens = 0, masked = 0, attention = 0;
-  for (const Sample& s : samples) {
-    tokens += static_cast<double>(s.length());
-    masked += static_cast<double>(s.num_masked());
-    for (int64_t l = 0; l < c.layers; ++l)
-      attention += 4 * h * attended_pairs(s.length(), c.window_of(l));
-  }
-  const double linears =
-      2 * tokens * (3 * h * h + h * h + h * static_cast<double>(c.mlp_in_width()) + i * h);
-  const double head = 2 * masked * (h * h + h * static_cast<double>(c.vocab_size));
-  return 3 * (static_cast<double>(c.layers) * linears + attention + head);
-}
 
 struct Row {
   std::string backend, model;
@@ -104,11 +78,13 @@ Row time_step(Backend& be, DType dtype, const BertConfig& config, const std::str
     best = std::min(best,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  StepShape shape{{}, batch.num_masked()};
+  for (const Sample& x : samples) shape.seq_lens.push_back(x.length());
   Row row{be.device() == Device::cpu ? "cpu" : "cuda",
           name,
           len,
           best,
-          step_flops(config, samples),
+          step_flops(config, shape).total(),
           batch.num_tokens()};
   std::printf("%-5s %-6s %-22s %6lld %10.1f %10.0f %9.3f\n", row.backend.c_str(), dtype_name(dtype),
               row.model.c_str(), static_cast<long long>(len), row.seconds * 1e3,
