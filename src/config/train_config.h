@@ -148,11 +148,12 @@ struct TrainConfig {
   } eval;
 
   struct Log {
-    int64_t every_steps = 10;  // progress line / metrics record interval
-    std::string metrics_file;  // JSONL; "" = none
-    std::string mllog_file;    // MLPerf log; "" = none
-    std::string end_file;      // how the run ended (train/metrics.h RunEnd); "" = none
-    double peak_tflops = 0;    // one GPU's dense peak for MFU; 0 = the table of known GPUs
+    int64_t every_steps = 10;     // progress line / metrics record interval
+    std::string metrics_file;     // JSONL; "" = none
+    std::string tensorboard_dir;  // TensorBoard event files (train/tensorboard.h); "" = none
+    std::string mllog_file;       // MLPerf log; "" = none
+    std::string end_file;         // how the run ended (train/metrics.h RunEnd); "" = none
+    double peak_tflops = 0;       // one GPU's dense peak for MFU; 0 = the table of known GPUs
     std::string submission_org;
     std::string submission_platform;
     SubmissionDivision submission_division = SubmissionDivision::closed;

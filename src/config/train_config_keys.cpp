@@ -367,6 +367,9 @@ std::vector<Key> make_keys() {
           "scalars are read on these steps only)"));
   k.push_back(key("log.metrics_file", &C::log, &L::metrics_file,
                   "JSONL metrics (scripts/plot_metrics.py); \"\" = none"));
+  k.push_back(key("log.tensorboard_dir", &C::log, &L::tensorboard_dir,
+                  "TensorBoard logdir: rank 0 writes every metrics record and the config there "
+                  "as the run goes (docs/tensorboard.md); \"\" = none"));
   k.push_back(key("log.peak_tflops", &C::log, &L::peak_tflops,
                   "train.device = cuda: one GPU's dense peak (TFLOP/s) for the precision in use, "
                   "the denominator of the mfu figure; 0 = from the table of known GPUs "

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -16,6 +17,7 @@
 #include "data/loader/loader.h"
 #include "model/arena.h"
 #include "model/bert.h"
+#include "train/tensorboard.h"
 #include "train/trainer.h"
 
 namespace packbert {
@@ -256,7 +258,9 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   return r;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path,
+                             std::unique_ptr<TensorBoardWriter> tensorboard)
+    : path_(path), tensorboard_(std::move(tensorboard)) {
   if (path_.empty()) return;
   file_ = open_for_append(path_, "metrics file");
 }
@@ -266,6 +270,7 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
+  if (tensorboard_) tensorboard_->write(record);
   if (!file_) return;
   // NaN / inf are not JSON: nlohmann writes null, which plot_metrics.py skips.
   const std::string line =

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@ struct ActivationReport;  // model/bert.h
 struct StepBatch;         // data/loader/loader.h
 struct StepMetrics;       // train/trainer.h
 struct StepLosses;        // train/trainer.h
+class TensorBoardWriter;  // train/tensorboard.h
 
 // What the host asked of the device, cumulative (the backend's counts: kernels/backend.h,
 // BackendCounters; zero on the CPU backend).
@@ -171,10 +173,12 @@ std::string format_duration(double seconds);
 
 // Appends JSON objects to a JSONL file, one per line, flushed after each. path "" = off
 // (write() does nothing). Creates parent directories. Open/write errors are Errors naming the
-// path. Not thread-safe: one writer thread (rank 0's trainer).
+// path. Not thread-safe: one writer thread (rank 0's trainer). With a TensorBoard writer, each
+// record goes there first (so a reader that sees a step in the JSONL finds it there too).
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);
+  explicit MetricsWriter(const std::string& path,
+                         std::unique_ptr<TensorBoardWriter> tensorboard = nullptr);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -186,6 +190,7 @@ class MetricsWriter {
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 // How a run ended, for log.end_file: rank 0 writes it last, after the final checkpoint is

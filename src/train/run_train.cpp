@@ -27,6 +27,7 @@
 #include "train/model_flops.h"
 #include "train/mllog.h"
 #include "train/run_train_internal.h"
+#include "train/tensorboard.h"
 #include "train/train_options.h"
 #include "train/trainer.h"
 
@@ -194,7 +195,11 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   }
   log_bert_constants(ml, c, world, eval_set ? eval_set->total : 0);
   ml.end("init_stop");
-  MetricsWriter metrics(root ? c.log.metrics_file : std::string());
+  MetricsWriter metrics(root ? c.log.metrics_file : std::string(),
+                        root && !c.log.tensorboard_dir.empty()
+                            ? std::make_unique<TensorBoardWriter>(c.log.tensorboard_dir, st.step,
+                                                                  train_config_to_toml(c))
+                            : nullptr);
 
   ml.start("run_start");
   const int64_t every = c.eval.every_samples;
