@@ -5,6 +5,7 @@
 #   2. train a tiny BERT on the CPU with two MPI ranks (configs/demo_tiny_cpu.toml): the loss
 #      falls from ~11 (ln 30528 for MLM + ln 2 for NSP) to ~6.3 and the MLM accuracy rises;
 #   3. plot the metrics file to out/demo/metrics.png.
+# TensorBoard event files go to out/demo/tensorboard as it trains (docs/tensorboard.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${PACKBERT:-build/src/packbert}
@@ -20,7 +21,8 @@ rm -rf "$OUT"
 threads=$(( $(nproc) / RANKS )); [ "$threads" -ge 1 ] || threads=1
 MPI_FLAGS=(--oversubscribe -np "$RANKS" -x OMP_NUM_THREADS="$threads")
 [ "$(id -u)" -eq 0 ] && MPI_FLAGS+=(--allow-run-as-root)
-mpirun "${MPI_FLAGS[@]}" "$BIN" train --config configs/demo_tiny_cpu.toml "$@"
+mpirun "${MPI_FLAGS[@]}" "$BIN" train --config configs/demo_tiny_cpu.toml \
+  --log.tensorboard_dir="$OUT/tensorboard" "$@"
 
 /usr/bin/python3 scripts/plot_metrics.py "$OUT/metrics.jsonl" "$OUT/metrics.png"
 /usr/bin/python3 - "$OUT/metrics.jsonl" <<'PY'
@@ -36,4 +38,5 @@ for e in evals:
     print(f"demo: eval at {e['samples']} samples: mlm accuracy {e['eval_accuracy']:.3f}, "
           f"mlm loss {e['eval_loss']:.2f}")
 PY
-echo "demo: plot written to $OUT/metrics.png, checkpoints in $OUT/checkpoints"
+echo "demo: plot written to $OUT/metrics.png, checkpoints in $OUT/checkpoints," \
+  "TensorBoard logdir $OUT/tensorboard"
