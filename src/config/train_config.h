@@ -25,7 +25,7 @@
 #include "kernels/base/tensor.h"   // Device
 #include "model/option_enums.h"    // Recompute, Precision, CudaGraphs, BatchLayout
 #include "data/masking/masking.h"  // MaskCount
-#include "optim/lr_schedule.h"     // LrScheduleKind, DecayShape
+#include "optim/lr_schedule.h"     // LrScheduleKind, DecayShape, ScheduleUnit
 
 namespace packbert {
 
@@ -105,6 +105,11 @@ struct TrainConfig {
     int64_t decay_steps = 0;  // wsd: the decay's length; 0: decay_fraction decides
     double decay_fraction = 0.0;
     DecayShape decay_shape = DecayShape::linear;
+    // Unit tokens: the schedule counts real tokens trained; its lengths are these keys.
+    ScheduleUnit schedule_unit = ScheduleUnit::steps;
+    int64_t schedule_tokens = 0;  // where the rate reaches end_lr (train.max_steps' part)
+    int64_t warmup_tokens = 0;    // 0: warmup_proportion of schedule_tokens decides
+    int64_t decay_tokens = 0;     // wsd: the decay's length; 0: decay_fraction decides
     double beta1 = 0.9;
     double beta2 = 0.999;
     double epsilon = 1e-6;

@@ -69,6 +69,10 @@ const EnumTable<DecayShape>& decay_shape_table() {
       named({DecayShape::linear, DecayShape::one_minus_sqrt, DecayShape::cosine}, decay_shape_name);
   return t;
 }
+const EnumTable<ScheduleUnit>& schedule_unit_table() {
+  static const auto t = named({ScheduleUnit::steps, ScheduleUnit::tokens}, schedule_unit_name);
+  return t;
+}
 const EnumTable<NormPlacement>& norm_table() {
   static const EnumTable<NormPlacement> t = {{NormPlacement::post, "post"},
                                              {NormPlacement::pre, "pre"}};
@@ -292,6 +296,17 @@ std::vector<Key> make_keys() {
   k.push_back(key("optim.decay_shape", &C::optim, &O::decay_shape, decay_shape_table(),
                   "schedule = wsd: the final decay's shape, 1 - t, 1 - sqrt(t) or "
                   "(1 + cos(pi t)) / 2 over its steps t in [0, 1]"));
+  k.push_back(key("optim.schedule_unit", &C::optim, &O::schedule_unit, schedule_unit_table(),
+                  "what the schedule counts: optimizer steps, or real tokens trained (then its "
+                  "lengths are schedule_tokens, warmup_tokens and decay_tokens, and the "
+                  "step-counted ones stay 0)"));
+  k.push_back(key("optim.schedule_tokens", &C::optim, &O::schedule_tokens,
+                  "schedule_unit = tokens: tokens trained where the rate reaches end_lr"));
+  k.push_back(key("optim.warmup_tokens", &C::optim, &O::warmup_tokens,
+                  "schedule_unit = tokens: linear warmup tokens; 0 = use warmup_proportion"));
+  k.push_back(key("optim.decay_tokens", &C::optim, &O::decay_tokens,
+                  "schedule_unit = tokens, schedule = wsd: tokens of the final decay; 0 = use "
+                  "decay_fraction"));
   k.push_back(key("optim.beta1", &C::optim, &O::beta1, "LAMB first-moment decay"));
   k.push_back(key("optim.beta2", &C::optim, &O::beta2, "LAMB second-moment decay"));
   k.push_back(key("optim.epsilon", &C::optim, &O::epsilon, "LAMB epsilon"));

@@ -40,6 +40,12 @@ LrScheduleConfig lr_schedule_config(const TrainConfig& c) {
   s.decay_steps = c.optim.decay_steps;
   s.decay_fraction = c.optim.decay_fraction;
   s.decay_shape = c.optim.decay_shape;
+  s.unit = c.optim.schedule_unit;
+  if (s.unit == ScheduleUnit::tokens) {
+    s.max_steps = c.optim.schedule_tokens;
+    s.num_warmup_steps = c.optim.warmup_tokens;
+    s.decay_steps = c.optim.decay_tokens;
+  }
   return s;
 }
 

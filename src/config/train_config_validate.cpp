@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -110,12 +111,38 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
   auto finite_nonneg = [](double x) { return std::isfinite(x) && x >= 0; };
   PB_REQUIRE(finite_nonneg(o.lr), "optim.lr ({}) must be finite and >= 0", o.lr);
   PB_REQUIRE(finite_nonneg(o.end_lr), "optim.end_lr ({}) must be finite and >= 0", o.end_lr);
-  PB_REQUIRE(o.warmup_steps >= 0, "optim.warmup_steps ({}) must be >= 0", o.warmup_steps);
+  // Each unit's lengths, and none of the other's.
+  if (o.schedule_unit == ScheduleUnit::tokens) {
+    PB_REQUIRE(o.schedule_tokens >= 1,
+               "optim.schedule_tokens ({}) must be >= 1 with optim.schedule_unit = tokens",
+               o.schedule_tokens);
+    for (const auto& [name, value] :
+         {std::pair<const char*, int64_t>{"warmup_steps", o.warmup_steps},
+          {"decay_steps", o.decay_steps},
+          {"start_warmup_step", o.start_warmup_step}})
+      PB_REQUIRE(value == 0,
+                 "optim.{} ({}) counts steps; with optim.schedule_unit = tokens give the "
+                 "length in tokens (optim.warmup_tokens, optim.decay_tokens)",
+                 name, value);
+  } else {
+    for (const auto& [name, value] :
+         {std::pair<const char*, int64_t>{"schedule_tokens", o.schedule_tokens},
+          {"warmup_tokens", o.warmup_tokens},
+          {"decay_tokens", o.decay_tokens}})
+      PB_REQUIRE(value == 0, "optim.{} ({}) needs optim.schedule_unit = tokens", name, value);
+  }
+  // The lengths of the unit in use (the other unit's are 0, checked above).
+  const bool tokens = o.schedule_unit == ScheduleUnit::tokens;
+  const int64_t warmup = tokens ? o.warmup_tokens : o.warmup_steps;
+  const int64_t decay = tokens ? o.decay_tokens : o.decay_steps;
+  const char* warmup_key = tokens ? "optim.warmup_tokens" : "optim.warmup_steps";
+  const char* decay_key = tokens ? "optim.decay_tokens" : "optim.decay_steps";
+  PB_REQUIRE(warmup >= 0, "{} ({}) must be >= 0", warmup_key, warmup);
   PB_REQUIRE(o.warmup_proportion >= 0 && o.warmup_proportion <= 1,
              "optim.warmup_proportion ({}) must be in [0, 1]", o.warmup_proportion);
-  PB_REQUIRE(o.warmup_steps == 0 || o.warmup_proportion == 0,
-             "optim.warmup_steps ({}) and optim.warmup_proportion ({}) are both set; give one",
-             o.warmup_steps, o.warmup_proportion);
+  PB_REQUIRE(warmup == 0 || o.warmup_proportion == 0,
+             "{} ({}) and optim.warmup_proportion ({}) are both set; give one", warmup_key, warmup,
+             o.warmup_proportion);
   PB_REQUIRE(o.start_warmup_step == 0 || o.warmup_steps > 0,
              "optim.start_warmup_step ({}) needs optim.warmup_steps > 0", o.start_warmup_step);
   PB_REQUIRE(finite_nonneg(o.poly_power), "optim.poly_power ({}) must be finite and >= 0",
@@ -125,18 +152,17 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              "optim.poly_power ({}) applies to optim.schedule = \"poly\", not \"{}\"", o.poly_power,
              schedule);
   if (o.schedule == LrScheduleKind::wsd) {
-    PB_REQUIRE(o.decay_steps >= 0, "optim.decay_steps ({}) must be >= 0", o.decay_steps);
+    PB_REQUIRE(decay >= 0, "{} ({}) must be >= 0", decay_key, decay);
     PB_REQUIRE(o.decay_fraction >= 0 && o.decay_fraction <= 1,
                "optim.decay_fraction ({}) must be in [0, 1]", o.decay_fraction);
-    PB_REQUIRE((o.decay_steps > 0) != (o.decay_fraction > 0),
-               "optim.schedule = \"wsd\" needs one of optim.decay_steps ({}) and "
-               "optim.decay_fraction ({})",
-               o.decay_steps, o.decay_fraction);
+    PB_REQUIRE((decay > 0) != (o.decay_fraction > 0),
+               "optim.schedule = \"wsd\" needs one of {} ({}) and optim.decay_fraction ({})",
+               decay_key, decay, o.decay_fraction);
   } else {
-    PB_REQUIRE(o.decay_steps == 0 && o.decay_fraction == 0 && o.decay_shape == DecayShape::linear,
-               "optim.decay_steps, optim.decay_fraction and optim.decay_shape apply to "
+    PB_REQUIRE(decay == 0 && o.decay_fraction == 0 && o.decay_shape == DecayShape::linear,
+               "{}, optim.decay_fraction and optim.decay_shape apply to "
                "optim.schedule = \"wsd\", not \"{}\"",
-               schedule);
+               decay_key, schedule);
   }
   PB_REQUIRE(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1 ({}) must be in [0, 1)", o.beta1);
   PB_REQUIRE(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2 ({}) must be in [0, 1)", o.beta2);
@@ -149,7 +175,11 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
   try {
     LrSchedule schedule(lr_schedule_config(c));
   } catch (const Error& e) {
-    PB_THROW("[optim] learning-rate schedule: {}", e.what());
+    PB_THROW("[optim] learning-rate schedule: {}{}", e.what(),
+             o.schedule_unit == ScheduleUnit::tokens
+                 ? " (counted in tokens: its max_steps is optim.schedule_tokens, warmup_steps "
+                   "optim.warmup_tokens, decay_steps optim.decay_tokens)"
+                 : "");
   }
 
   PB_REQUIRE(std::isfinite(c.log.peak_tflops) && c.log.peak_tflops >= 0,

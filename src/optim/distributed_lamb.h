@@ -105,6 +105,7 @@ class DistributedLamb {
   // ---- checkpoint state ----------------------------------------------------------------------
   int64_t steps_done() const { return lamb_->steps_done(); }
   void set_steps_done(int64_t steps) { lamb_->set_steps_done(steps); }
+  void set_schedule_tokens(int64_t tokens) { lamb_->set_schedule_tokens(tokens); }
   // Collective: the master weights, m and v (host arrays of n floats) written on rank root
   // (the other ranks' arrays are neither written nor read, and may be null).
   void save_state(float* params, float* m, float* v, int root);

@@ -152,7 +152,11 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
 
   LambStepInfo info;
   info.step = steps_done_ + 1;
-  info.lr = schedule_.lr(info.step);
+  const bool in_tokens = schedule_.config().unit == ScheduleUnit::tokens;
+  PB_REQUIRE(!in_tokens || schedule_tokens_ >= 1,
+             "{}: a schedule in tokens needs the tokens trained (set_schedule_tokens), got {}", op,
+             schedule_tokens_);
+  info.lr = schedule_.lr(in_tokens ? schedule_tokens_ : info.step);
 
   // Every rank holds the all-reduced gradient, so this is the global norm (apex FusedLAMB
   // takes one norm over all parameter groups, decayed or not). Sharded: each rank holds the

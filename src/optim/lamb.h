@@ -151,6 +151,9 @@ class Lamb {
   int64_t graph_steps() const { return graph_steps_; }
   // The next update is steps_done + 1 (bias correction and schedule both follow it).
   void set_steps_done(int64_t steps);
+  // A schedule in tokens (LrScheduleConfig::unit): the tokens trained once the next update is
+  // made, its position in the schedule. Set before each step; unused for a schedule in steps.
+  void set_schedule_tokens(int64_t tokens) { schedule_tokens_ = tokens; }
   // Views of the moments on the backend's device: f32 [shard_end() - shard_begin()], element i
   // the moment of parameter shard_begin() + i (the whole buffer when not sharded).
   const Tensor& m() const { return m_; }
@@ -188,6 +191,7 @@ class Lamb {
   LrSchedule schedule_;
   LambOptions options_;
   int64_t steps_done_ = 0;
+  int64_t schedule_tokens_ = 0;
 
   std::vector<LambTensor> host_table_;  // offsets relative to begin_
   Tensor table_;                        // host_table_ as the op's i64 [T, 3]

@@ -32,6 +32,10 @@ const char* decay_shape_name(DecayShape s) {
   return "?";
 }
 
+const char* schedule_unit_name(ScheduleUnit u) {
+  return u == ScheduleUnit::tokens ? "tokens" : "steps";
+}
+
 LrSchedule::LrSchedule(const LrScheduleConfig& c) : config_(c) {
   PB_REQUIRE(std::isfinite(c.base_lr) && c.base_lr >= 0,
              "lr schedule: learning_rate {} must be finite and >= 0", c.base_lr);
@@ -127,6 +131,18 @@ double LrSchedule::lr(int64_t k) const {
 }
 
 std::string LrSchedule::describe() const {
+  std::string d = describe_in_steps();
+  if (config_.unit == ScheduleUnit::steps) return d;
+  // The same sentence counted in tokens.
+  for (const char* from : {" steps", " step "}) {
+    const std::string to = std::string(from) == " steps" ? " tokens" : " token ";
+    for (size_t at = d.find(from); at != std::string::npos; at = d.find(from, at + to.size()))
+      d.replace(at, std::string(from).size(), to);
+  }
+  return d;
+}
+
+std::string LrSchedule::describe_in_steps() const {
   if (config_.kind == LrScheduleKind::wsd)
     return fmt::format(
         "lr {:g}, warmup {} steps from step {}, stable to step {}, {} decay over {} steps to {:g} "

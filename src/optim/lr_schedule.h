@@ -31,6 +31,9 @@
 //   wsd (warmup-stable-decay; Hu et al. 2024; 1-sqrt: Hägele et al. 2024), f = decay_shape:
 //     k >= E:  lr = base_lr up to D = max_steps - decay_steps, then
 //              lr = end_lr + (base_lr - end_lr) f(t),  t = (k - D) / decay_steps
+//
+// Unit tokens (optim.schedule_unit): the same formulas with k the real tokens trained up to and
+// including the update, and every length (max_steps, the warmup, decay_steps) counted in tokens.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +43,10 @@ namespace packbert {
 
 enum class LrScheduleKind { poly, linear, cosine, wsd };
 enum class DecayShape { linear, one_minus_sqrt, cosine };
+enum class ScheduleUnit { steps, tokens };
 const char* lr_schedule_kind_name(LrScheduleKind k);  // "poly", "linear", "cosine", "wsd"
 const char* decay_shape_name(DecayShape s);           // "linear", "1-sqrt", "cosine"
+const char* schedule_unit_name(ScheduleUnit u);       // "steps", "tokens"
 
 struct LrScheduleConfig {
   LrScheduleKind kind = LrScheduleKind::poly;
@@ -58,6 +63,9 @@ struct LrScheduleConfig {
   int64_t decay_steps = 0;
   double decay_fraction = 0.0;
   DecayShape decay_shape = DecayShape::linear;
+  // What k and the lengths above count: updates, or real tokens trained (then max_steps,
+  // num_warmup_steps, start_warmup_step and decay_steps are token counts).
+  ScheduleUnit unit = ScheduleUnit::steps;
 };
 
 class LrSchedule {
@@ -68,8 +76,9 @@ class LrSchedule {
   // other than 1 given to a kind that does not read them).
   explicit LrSchedule(const LrScheduleConfig& config);
 
-  // The rate of the k-th optimizer update, k >= 1 (throws Error otherwise). Beyond max_steps the
-  // rate stays at end_lr.
+  // The rate at position k >= 1 (throws Error otherwise): the k-th optimizer update, or with unit
+  // tokens the update after which k tokens are trained. Beyond max_steps the rate stays at
+  // end_lr.
   double lr(int64_t k) const;
 
   const LrScheduleConfig& config() const { return config_; }
@@ -78,7 +87,7 @@ class LrSchedule {
   int64_t warmup_start() const { return warmup_start_; }
   int64_t decay_steps() const { return decay_steps_; }  // wsd: the decay's length (resolved)
   // One line for the log: "lr 4e-3, warmup 100 steps from step 0, poly 1 decay to 0 at step
-  // 1141" (the other kinds name theirs).
+  // 1141" (the other kinds name theirs; "tokens" for unit tokens).
   std::string describe() const;
 
  private:
@@ -87,6 +96,7 @@ class LrSchedule {
   int64_t warmup_start_ = 0;
   int64_t decay_steps_ = 0;
   double decay(double t) const;  // f(t) of the kind (linear, cosine) or of decay_shape (wsd)
+  std::string describe_in_steps() const;
 };
 
 }  // namespace packbert

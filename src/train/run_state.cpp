@@ -179,6 +179,7 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
     const TrainerState state =
         trainer_state_from_json(r.trainer_state_json, resume + "/trainer_state.json");
     st.run = {state.step, state.samples, state.tokens, state.skipped_steps};
+    trainer.set_tokens_trained(state.tokens);  // a schedule in tokens goes on from there
     st.loader = state.loader;
     // fp16's loss scale is training state; a checkpoint of another precision has none and
     // the scaler starts from train.loss_scale_init.

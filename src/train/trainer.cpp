@@ -171,6 +171,8 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
   unread_.push_back(
       {batch.step, batch.micro_batches.size(), batch.global_masked_tokens, batch.global_samples});
   std::vector<uint8_t> loss_bytes;
+  tokens_trained_ += batch.global_tokens;
+  optimizer_->set_schedule_tokens(tokens_trained_);
   const LambStepInfo info = update(loss_scale, out.read, loss_bytes);
   out.lr = info.lr;
   out.loss_scale = loss_scale;
@@ -185,12 +187,14 @@ StepMetrics Trainer::step(const StepBatch& batch, const ReducedGradHook& inspect
     results =
         replica_.bert().take_deferred_results(loss_bytes.empty() ? nullptr : loss_bytes.data());
   set_losses(out, sum_metrics(local, out.read.losses ? &results : nullptr));
+  // (The tokens are also the schedule's position in tokens, which was taken from the plan.)
   PB_REQUIRE(static_cast<int64_t>(local[kMasked]) == batch.global_masked_tokens &&
-                 static_cast<int64_t>(local[kSequences]) == batch.global_samples,
-             "train step {}: the ranks trained {} sequences / {} masked tokens, the plan says "
-             "{} / {}",
-             batch.step, local[kSequences], local[kMasked], batch.global_samples,
-             batch.global_masked_tokens);
+                 static_cast<int64_t>(local[kSequences]) == batch.global_samples &&
+                 static_cast<int64_t>(local[kTokens]) == batch.global_tokens,
+             "train step {}: the ranks trained {} sequences / {} masked tokens / {} tokens, the "
+             "plan says {} / {} / {}",
+             batch.step, local[kSequences], local[kMasked], local[kTokens], batch.global_samples,
+             batch.global_masked_tokens, batch.global_tokens);
   out.samples = batch.global_samples;
   out.masked_tokens = batch.global_masked_tokens;
   out.tokens = static_cast<int64_t>(local[kTokens]);

@@ -177,6 +177,10 @@ class Trainer {
   void load_state(const float* params, const float* m, const float* v, int64_t lamb_steps_done);
   void load_params(const float* params);  // weights only (--init-checkpoint)
   int64_t lamb_steps_done() const { return optimizer_->steps_done(); }
+  // Real tokens trained so far (all ranks), the position of a learning-rate schedule in tokens:
+  // each step adds its global batch's; a resumed run sets the checkpoint's.
+  int64_t tokens_trained() const { return tokens_trained_; }
+  void set_tokens_trained(int64_t tokens) { tokens_trained_ = tokens; }
   // Steps whose optimizer update ran as a CUDA graph (train.cuda_graphs = full).
   int64_t lamb_graph_steps() const { return optimizer_->lamb().graph_steps(); }
   // fp16's loss scale and clean-step count (optim/loss_scaler.h): part of the state an exact
@@ -208,7 +212,8 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;          // fp16 only
   std::unique_ptr<GradReducer> reducer_;        // the gradient's rounds
   std::unique_ptr<DistributedLamb> optimizer_;  // LAMB, replicated or sharded
-  std::unique_ptr<MetricSums> metric_sums_;     // the step's loss sums and counts
+  int64_t tokens_trained_ = 0;
+  std::unique_ptr<MetricSums> metric_sums_;  // the step's loss sums and counts
   GradientRound round_;  // the gradient round the last micro-step's backward holds
   // The steps whose losses are still on the device (Bert::deferred_results holds their
   // micro-steps' sums, in order): each one's micro-step count and global counts.
