@@ -42,6 +42,7 @@ APT_PACKAGES=(
   libopenblas-dev                     # CPU GEMMs
   libgtest-dev googletest             # tests (configured by default, so needed to configure)
   libutf8proc-dev                     # Unicode categories and NFD for the BERT tokenizer
+  libpcre2-dev                        # Unicode regex: byte-level BPE's split pattern
   zlib1g-dev                          # gzip corpora
   libxxhash-dev                       # checkpoint checksums (XXH3-64)
   nlohmann-json3-dev                  # JSON output (packbert pack --json), header-only
@@ -106,7 +107,7 @@ assert transformers.__version__ == '4.48.3'" 2>/dev/null || [ ! -x "$VENV/bin/ha
     "$vpy" -m pip install -q --no-deps "${PIP_NODEPS_PACKAGES[@]}"
   fi
   # What the tests import, checked once here rather than failing one test at a time.
-  "$vpy" -c "import h5py, numpy, torch, transformers, matplotlib, yaml, xxhash, tensorboard
+  "$vpy" -c "import h5py, numpy, torch, transformers, matplotlib, yaml, xxhash, tensorboard, tokenizers
 import mlperf_logging.compliance_checker" \
     || { echo "install_deps: $vpy cannot import the test tooling" >&2; exit 1; }
 fi

@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "data/shards/inspect.h"
 #include "data/shards/shard.h"
+#include "data/prepare/tokenize_command.h"
 #include "data/prepare/tokenizer.h"
 #include "kernels/device.h"
 #include "train/checkpoint.h"
@@ -274,6 +275,20 @@ int run(int argc, char** argv, Mpi& mpi) {
                    "Checkpoint directory (model.safetensors "
                    "and config.json)")
       ->required();
+  // tokenize: a tool, not a config-driven command (data/prepare/tokenize_command.h).
+  CLI::App* tokenize_cmd = app.add_subcommand(
+      "tokenize",
+      "Print each input line's token ids (one line of space-separated ids per line) as the "
+      "tokenizer gives them: a Hugging Face tokenizer.json or a BERT vocab.txt");
+  std::string tokenize_tokenizer, tokenize_input;
+  bool tokenize_special = false;
+  tokenize_cmd->add_option("--tokenizer", tokenize_tokenizer, "tokenizer.json or vocab.txt")
+      ->required()
+      ->check(CLI::ExistingFile);
+  tokenize_cmd->add_option("--input", tokenize_input, "Text file; default: standard input");
+  tokenize_cmd->add_flag("--special", tokenize_special,
+                         "Add the tokenizer's special tokens around each line (its "
+                         "post-processor's template; [CLS] ... [SEP] for a vocab.txt)");
 
   try {
     app.parse(argc, argv);
@@ -372,6 +387,10 @@ int run(int argc, char** argv, Mpi& mpi) {
                           [&] { validate_train_config(config, mpi.size, ConfigPurpose::train); });
     if (printed(train_args, train_config_to_toml(config))) return 0;
     return run_train(MPI_COMM_WORLD, config);
+  } else if (command == "tokenize") {
+    if (mpi.rank == 0)
+      run_tokenize(tokenize_tokenizer, tokenize_input, tokenize_special, std::cout);
+    return 0;
   } else if (command == "eval") {
     const TrainConfig config =
         load_train_config(eval_args.config, config_overrides(*eval_cmd), &where);

@@ -1,15 +1,21 @@
-// Tokenizer throughput: prints MB/s for the bundled corpus (ASCII) and for a mixed-script text.
+// Tokenizer throughput: prints MB/s for the bundled corpus (ASCII) and for a mixed-script text,
+// of the BERT vocab.txt tokenizer and of each tokenizer.json given, side by side, one thread.
 // A benchmark prints; it never asserts a time (DESIGN.md, Testing).
+//
+//   bench_tokenizer [DATA_DIR] [TOKENIZER.json...]
+// (tests/e2e/tokenizer_check.py leaves a trained bpe.json and wordpiece.json in its work dir.)
 #include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "data/prepare/hf_tokenizer.h"
 #include "data/prepare/tokenizer.h"
 
 namespace {
@@ -36,7 +42,7 @@ std::vector<std::string> lines_of(const std::string& s) {
 }
 
 // Best of `reps` passes, line by line as `packbert prepare` does.
-void bench(const char* name, const packbert::BertTokenizer& tok,
+void bench(const std::string& name, const std::function<size_t(const std::string&)>& encode,
            const std::vector<std::string>& lines, int reps) {
   size_t bytes = 0;
   for (const auto& l : lines) bytes += l.size() + 1;
@@ -45,11 +51,11 @@ void bench(const char* name, const packbert::BertTokenizer& tok,
   for (int r = 0; r < reps; ++r) {
     tokens = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    for (const auto& l : lines) tokens += tok.encode(l).size();
+    for (const auto& l : lines) tokens += encode(l);
     best = std::min(best,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::printf("%-22s %10.2f %10zu %10.3f %10.1f %12.2f\n", name, bytes / 1e6, tokens, best,
+  std::printf("%-40s %10.2f %10zu %10.3f %10.1f %12.2f\n", name.c_str(), bytes / 1e6, tokens, best,
               bytes / best / 1e6, tokens / best / 1e6);
 }
 
@@ -77,9 +83,21 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("%-22s %10s %10s %10s %10s %12s\n", "input", "MB", "tokens", "seconds", "MB/s",
-              "Mtokens/s");
-  bench("kjv-bible (ASCII)", tok, corpus, 3);
-  bench("mixed scripts", tok, mixed, 3);
+  std::printf("%-40s %10s %10s %10s %10s %12s\n", "input, tokenizer", "MB", "tokens", "seconds",
+              "MB/s", "Mtokens/s");
+  std::vector<std::pair<std::string, std::function<size_t(const std::string&)>>> tokenizers = {
+      {"vocab.txt", [&](const std::string& l) { return tok.encode(l).size(); }}};
+  std::vector<packbert::HfTokenizer> json;
+  for (int i = 2; i < argc; ++i) json.push_back(packbert::HfTokenizer::load(argv[i]));
+  for (int i = 2; i < argc; ++i) {
+    const packbert::HfTokenizer* t = &json[static_cast<size_t>(i - 2)];
+    tokenizers.emplace_back(argv[i],
+                            [t](const std::string& l) { return t->encode(l, false).size(); });
+  }
+  for (const auto& [input, lines] :
+       {std::pair<const char*, const std::vector<std::string>*>{"kjv-bible (ASCII)", &corpus},
+        {"mixed scripts", &mixed}})
+    for (const auto& [name, encode] : tokenizers)
+      bench(std::string(input) + ", " + name.substr(name.rfind('/') + 1), encode, *lines, 3);
   return 0;
 }

@@ -61,7 +61,7 @@ Vocab Vocab::load(const std::string& path) {
   const std::string data = buf.str();
   PB_REQUIRE(!data.empty(), "vocab {}: file is empty", path);
 
-  Vocab v;
+  std::vector<std::string> tokens;
   size_t pos = 0;
   while (pos < data.size()) {
     size_t nl = data.find('\n', pos);
@@ -69,9 +69,15 @@ Vocab Vocab::load(const std::string& path) {
     size_t end = nl;
     // Only the line terminator is stripped: tokens may legitimately contain spaces or tabs.
     if (end > pos && data[end - 1] == '\r') --end;
-    v.tokens_.emplace_back(data, pos, end - pos);
+    tokens.emplace_back(data, pos, end - pos);
     pos = nl + 1;
   }
+  return from_tokens(std::move(tokens), "vocab " + path);
+}
+
+Vocab Vocab::from_tokens(std::vector<std::string> tokens, const std::string& source) {
+  Vocab v;
+  v.tokens_ = std::move(tokens);
   v.ids_.reserve(v.tokens_.size());
   // HF's load_vocab assigns dict[token] = index in order, so a duplicate's last line wins.
   for (size_t i = 0; i < v.tokens_.size(); ++i) v.ids_[v.tokens_[i]] = static_cast<int32_t>(i);
@@ -91,7 +97,7 @@ Vocab Vocab::load(const std::string& path) {
   v.cls_ = special("[CLS]");
   v.sep_ = special("[SEP]");
   v.mask_ = special("[MASK]");
-  PB_REQUIRE(missing.empty(), "vocab {}: special token(s) missing: {}", path, missing);
+  PB_REQUIRE(missing.empty(), "{}: special token(s) missing: {}", source, missing);
   return v;
 }
 

@@ -16,6 +16,8 @@ class Vocab {
  public:
   // One token per line, id = line number (0-based). Throws naming the file on failure.
   static Vocab load(const std::string& path);
+  // The tokens by id; `source` names them in errors (a missing special token).
+  static Vocab from_tokens(std::vector<std::string> tokens, const std::string& source);
   int32_t id(std::string_view token) const;  // -1 when absent
   const std::string& token(int32_t id) const;
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
