@@ -258,6 +258,8 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   return r;
 }
 
+MetricsWriter::MetricsWriter(const std::string& path) : MetricsWriter(path, nullptr) {}
+
 MetricsWriter::MetricsWriter(const std::string& path,
                              std::unique_ptr<TensorBoardWriter> tensorboard)
     : path_(path), tensorboard_(std::move(tensorboard)) {

@@ -177,8 +177,8 @@ std::string format_duration(double seconds);
 // record goes there first (so a reader that sees a step in the JSONL finds it there too).
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path,
-                         std::unique_ptr<TensorBoardWriter> tensorboard = nullptr);
+  explicit MetricsWriter(const std::string& path);
+  MetricsWriter(const std::string& path, std::unique_ptr<TensorBoardWriter> tensorboard);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
