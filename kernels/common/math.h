@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kernels/common/host_device.h"
+#include "kernels/common/update_rule.h"
 
 namespace packbert {
 
@@ -113,6 +114,32 @@ PB_HD float lamb_update(float grad, float weight, float& m, float& v, const Lamb
   const float m_hat = m / c.bias_correction1;
   const float v_hat = v / c.bias_correction2;
   return m_hat / (sqrtf(v_hat) + c.eps) + decay * weight;
+}
+
+// AdamW and StableAdamW (kernels/ops/lamb.h, config.rule): the moments as lamb_update, the
+// direction m^ / (sqrt(v^) + eps) without decay, and StableAdamW's term g^2 / max(v^, eps^2) of
+// its per-tensor RMS.
+PB_HD float adam_update(float grad, float& m, float& v, const LambCoeffs& c, float& rms_term) {
+  const float g = grad / c.clip_divisor;
+  m = m * c.beta1 + c.beta3 * g;
+  v = v * c.beta2 + (1.0f - c.beta2) * g * g;
+  const float m_hat = m / c.bias_correction1;
+  const float v_hat = v / c.bias_correction2;
+  const float floor = c.eps * c.eps;
+  rms_term = g * g / (v_hat > floor ? v_hat : floor);
+  return m_hat / (sqrtf(v_hat) + c.eps);
+}
+
+// StableAdamW's rate for a tensor: lr / max(1, RMS), RMS = sqrt(term sum / count) in double,
+// rounded to f32 (as the norms are).
+PB_HD float stable_adamw_lr(float lr, double term_sum, double count) {
+  const float rms = count > 0 ? static_cast<float>(sqrt(term_sum / count)) : 0.0f;
+  return rms > 1.0f ? lr / rms : lr;
+}
+
+// torch.optim.AdamW's order: the decay, then the step.
+PB_HD float adamw_apply(float w, float u, float lr, float decay) {
+  return w * (1.0f - lr * decay) - lr * u;
 }
 
 // The step size of one tensor: lr * ||w|| / ||u|| for adapted tensors when both norms are

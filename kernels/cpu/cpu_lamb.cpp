@@ -1,4 +1,5 @@
-// The optimizer ops: the L2 norm of a flat buffer and LAMB over the flat parameter table.
+// The optimizer ops: the L2 norm of a flat buffer and LAMB (or AdamW, StableAdamW: the config's
+// rule) over the flat parameter table.
 #include <algorithm>
 #include <cmath>
 
@@ -115,27 +116,46 @@ void CpuBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
       out[2 * t + column] = total;
     }
   };
+  const UpdateRule rule = cfg.rule;
+  const bool stable = rule == UpdateRule::stable_adamw;
 #pragma omp parallel
   {
+    if (!stable) {  // sum of w^2 per row (StableAdamW's column 0 is its RMS terms, below)
 #pragma omp for schedule(static)
-    for (int64_t item = 0; item < items.count(); ++item) {
-      const int64_t t = items.row_of(item);
-      partial[item] =
-          block_sum_squares(w + entries[t].offset + items.begin(item, t), items.len(item, t));
-    }
+      for (int64_t item = 0; item < items.count(); ++item) {
+        const int64_t t = items.row_of(item);
+        partial[item] =
+            block_sum_squares(w + entries[t].offset + items.begin(item, t), items.len(item, t));
+      }
 #pragma omp single
-    finish(0);
+      finish(0);
+    }
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items.count(); ++item) {
       const int64_t t = items.row_of(item);
       const int64_t at = entries[t].offset + items.begin(item, t), len = items.len(item, t);
-      const float decay = entries[t].decay == 1 ? cfg.weight_decay : 0.f;
-      for (int64_t i = at; i < at + len; ++i)
-        g[i] = packbert::lamb_update(g[i], w[i], mp[i], vp[i], c, decay);
-      partial[item] = block_sum_squares(g + at, len);
+      if (rule == UpdateRule::lamb) {
+        const float decay = entries[t].decay == 1 ? cfg.weight_decay : 0.f;
+        for (int64_t i = at; i < at + len; ++i)
+          g[i] = packbert::lamb_update(g[i], w[i], mp[i], vp[i], c, decay);
+        partial[item] = block_sum_squares(g + at, len);
+      } else {
+        double terms = 0.0;
+        float term = 0.f;
+        for (int64_t i = at; i < at + len; ++i) {
+          g[i] = adam_update(g[i], mp[i], vp[i], c, term);
+          terms += term;
+        }
+        partial[item] = stable ? terms : block_sum_squares(g + at, len);
+      }
     }
 #pragma omp single
-    finish(1);
+    {
+      finish(stable ? 0 : 1);
+      if (stable)
+        for (int64_t t = 0; t < num_tensors; ++t)
+          out[2 * t + 1] = static_cast<double>(entries[t].size);
+    }
   }
 }
 
@@ -157,7 +177,9 @@ void CpuBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
   if (!lamb_norm_is_finite(global_grad_norm.ptr<float>()[0], sc.grad_scale)) return;
 
   const double* in = sums.ptr<double>();
-  float* step_size = lamb_step_sizes(num_tensors);
+  // Per row: the step size, then (AdamW family) the decay.
+  float* step_size = lamb_step_sizes(2 * num_tensors);
+  float* decay = step_size + num_tensors;
   for (int64_t t = 0; t < num_tensors; ++t) {
     const auto wnorm = static_cast<float>(std::sqrt(in[2 * t]));
     const auto unorm = static_cast<float>(std::sqrt(in[2 * t + 1]));
@@ -165,10 +187,18 @@ void CpuBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
       norms_ws.ptr<float>()[t] = wnorm;
       norms_ws.ptr<float>()[num_tensors + t] = unorm;
     }
-    // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
-    step_size[t] =
-        lamb_step_size(sc.lr, wnorm, unorm, entries[t].decay == 1 && cfg.weight_decay != 0.f);
+    decay[t] = entries[t].decay == 1 ? cfg.weight_decay : 0.f;
+    if (cfg.rule == UpdateRule::lamb) {
+      // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
+      step_size[t] =
+          lamb_step_size(sc.lr, wnorm, unorm, entries[t].decay == 1 && cfg.weight_decay != 0.f);
+    } else {
+      step_size[t] = cfg.rule == UpdateRule::stable_adamw
+                         ? stable_adamw_lr(sc.lr, in[2 * t], in[2 * t + 1])
+                         : sc.lr;
+    }
   }
+  const bool adamw_family = cfg.rule != UpdateRule::lamb;
   int64_t* first = lamb_blocks(num_tensors);
   first[0] = 0;
   for (int64_t t = 0; t < num_tensors; ++t)
@@ -181,7 +211,11 @@ void CpuBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
     const int64_t t = items.row_of(item);
     const int64_t at = entries[t].offset + items.begin(item, t), len = items.len(item, t);
     const float st = step_size[t];
-    for (int64_t i = at; i < at + len; ++i) w[i] -= st * u[i];
+    if (adamw_family) {
+      for (int64_t i = at; i < at + len; ++i) w[i] = adamw_apply(w[i], u[i], st, decay[t]);
+    } else {
+      for (int64_t i = at; i < at + len; ++i) w[i] -= st * u[i];
+    }
     // The low-precision copy in the same pass, while the block is in cache.
     if (params_lowp.defined())
       cpu::convert(static_cast<uint16_t*>(params_lowp.data) + at, params_lowp.dtype, w + at,

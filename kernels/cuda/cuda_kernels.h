@@ -170,8 +170,10 @@ struct LambTensorRange {
   int64_t chunks;
   float decay;    // weight decay of the tensor (0 for excluded tensors)
   int32_t adapt;  // trust ratio applies (decay tensor and weight_decay != 0)
+  int64_t size;   // elements (StableAdamW's count)
 };
 struct LambArgs {
+  int32_t rule;  // UpdateRule (kernels/ops/lamb.h)
   float lr, beta1, beta2, beta3, bias_correction1, bias_correction2, eps, max_grad_norm;
   float grad_scale;  // LambConfig::grad_scale (folded into the clip divisor)
   // LambConfig::step_scalars (may be null): lr, the bias corrections and grad_scale read from it
@@ -186,14 +188,15 @@ cudaError_t lamb_update(const LambChunk* chunks, int64_t num_chunks, const LambT
                         int64_t num_tensors, const LambArgs& args, const float* global_grad_norm,
                         const float* params, float* grads, float* m, float* v, double* sums,
                         double* partial, int32_t* record, cudaStream_t s);
-// lamb_apply: w -= step * u with the norms from sums; params_lowp (may be null): the
+// lamb_apply: w -= step * u with the norms from sums (the AdamW family: rule's step); params_lowp
+// (may be null): the
 // low-precision weight copy, written round(w) in the same pass; norms_ws (may be null) f32 [2T]
 // (||w|| then ||u||).
 cudaError_t lamb_apply(const LambChunk* chunks, int64_t num_chunks, const LambTensorRange* tensors,
-                       int64_t num_tensors, float lr, float grad_scale, const float* step_scalars,
-                       const float* global_grad_norm, const double* sums, float* params,
-                       const float* grads, void* params_lowp, FloatFormat lowp_format,
-                       float* norms_ws, cudaStream_t s);
+                       int64_t num_tensors, int32_t rule, float lr, float grad_scale,
+                       const float* step_scalars, const float* global_grad_norm, const double* sums,
+                       float* params, const float* grads, void* params_lowp,
+                       FloatFormat lowp_format, float* norms_ws, cudaStream_t s);
 
 // ---- LayerNorm family (embedding_kernels.cu, layernorm_kernels.cu) -------------------------
 // position, token_type, beta (and then segment_ids) may be null: nothing is added for them.

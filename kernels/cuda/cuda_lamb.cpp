@@ -69,6 +69,7 @@ const char* CudaBackend::lamb_work(const char* op, const LambTensor* entries, in
     r.decay = e.decay == 1 ? weight_decay : 0.f;
     // apex applies the trust ratio only where weight decay is non-zero (use_nvlamb = false).
     r.adapt = e.decay == 1 && weight_decay != 0.f;
+    r.size = e.size;
     ranges.push_back(r);
   }
   PB_REQUIRE(chunks.size() <= 0x7fffffff, "{}: {} chunks exceed the grid", op, chunks.size());
@@ -117,6 +118,7 @@ void CudaBackend::lamb_update(const Tensor& table, const LambConfig& cfg,
   // kernels read them from step_scalars instead when it is given.
   const LambStepScalars sc = lamb_step_scalars(cfg);
   cuda::LambArgs a;
+  a.rule = static_cast<int32_t>(cfg.rule);
   a.lr = sc.lr;
   a.beta1 = cfg.beta1;
   a.beta2 = cfg.beta2;
@@ -163,7 +165,7 @@ void CudaBackend::lamb_apply(const Tensor& table, const LambConfig& cfg,
   launched(op, op,
            cuda::lamb_apply(reinterpret_cast<const cuda::LambChunk*>(ws), lamb_num_chunks_,
                             reinterpret_cast<const cuda::LambTensorRange*>(ws + lamb_range_at_),
-                            num_tensors, cfg.lr, cfg.grad_scale,
+                            num_tensors, static_cast<int32_t>(cfg.rule), cfg.lr, cfg.grad_scale,
                             cfg.step_scalars.defined() ? cfg.step_scalars.ptr<float>() : nullptr,
                             global_grad_norm.ptr<float>(), sums.ptr<double>(),
                             n ? params.ptr<float>() : nullptr, n ? grads.ptr<float>() : nullptr,

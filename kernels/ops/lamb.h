@@ -8,6 +8,7 @@
 
 #include "kernels/base/error.h"
 #include "kernels/base/tensor.h"
+#include "kernels/common/update_rule.h"
 #include "kernels/ops/op_args.h"
 #include "kernels/ops/op_list.h"
 
@@ -21,6 +22,7 @@ struct LambTensor {
 };
 
 struct LambConfig {
+  UpdateRule rule = UpdateRule::lamb;
   float lr = 0.f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
@@ -82,9 +84,20 @@ inline Tensor lamb_table(const LambTensor* rows, int64_t n) {
      A non-finite global_grad_norm / grad_scale skips the step on the device, with no read-back:   \
      params, m, v and params_lowp stay as they were (grads, sums and norms_ws are then             \
      unspecified).                                                                                 \
+     config.rule picks the update (the moments, clipping, skipping and sums are LAMB's):           \
+     adamw (torch.optim.AdamW, decoupled decay): u = m^/(sqrt(v^)+eps), then                       \
+       w = w (1 - lr wd) - lr u;                                                                   \
+     stable_adamw (optimi StableAdamW: Wortsman et al. 2023, "Stable and low-precision training    \
+     for large-scale vision-language models", AdamW with Adafactor's update clipping): u as        \
+       adamw, and per tensor lr_t = lr / max(1, RMS), RMS = sqrt(mean(g^2 / max(v^, eps^2))) over  \
+       the clipped gradient g and v^ after this step, then w = w (1 - lr_t wd) - lr_t u.           \
+     (wd: config.weight_decay on decay tensors, 0 on the others; optimi's decouple_lr is a         \
+     weight_decay of wd / max_lr given by the caller.)                                             \
      lamb_update: m and v updated in place, grads overwritten with u (as apex does, saving a       \
      buffer), and sums f64 [T, 2] = (sum of w^2 before the step, sum of u^2) per row, each added   \
-     in a fixed order within the row (l2_norm's blocks from the row's first element). record       \
+     in a fixed order within the row (l2_norm's blocks from the row's first element); for          \
+     stable_adamw (sum of g^2 / max(v^, eps^2) in element order, the row's element count), so      \
+     that a tensor cut between ranks sums its pieces' to the RMS of the whole. record              \
      (optional) i32 [3] keeps count (common/math.h, lamb_record_step): [0] skipped steps, [1]      \
      the current run of them (0 after a step that updated), [2] the longest run. */                \
   OP(lamb_update,                                                                                  \
@@ -93,11 +106,13 @@ inline Tensor lamb_table(const LambTensor* rows, int64_t n) {
       const Tensor& sums, const Tensor& record = Tensor()),                                        \
      (table, config, global_grad_norm, params, grads, m, v, sums, record))                         \
   /* lamb_apply: the norms of each row from its sums (the square root rounded to f32, as           \
-     l2_norm), the trust ratio, and w -= step * u with u read from grads. params_lowp (optional)   \
+     l2_norm), the trust ratio, and w -= step * u with u read from grads (the other rules: their   \
+     step above, RMS = sqrt(sum / count) in double, rounded to f32). params_lowp (optional)        \
      bf16 / f16 [n]: the low-precision copy of the weights that mixed precision's GEMMs read,      \
      written in the same pass: round-to-nearest-even of each updated master weight (elements       \
      outside every row are left alone). Without it the op is the fp32 step, bit for bit.           \
-     norms_ws (optional) f32 [2T] receives ||w|| (before the step) of every row, then ||u||. */    \
+     norms_ws (optional) f32 [2T] receives the square roots of every row's two sums: ||w||         \
+     (before the step), then ||u|| (stable_adamw: sqrt of its term sum, then of its count). */     \
   OP(lamb_apply,                                                                                   \
      (const Tensor& table, const LambConfig& config, const Tensor& global_grad_norm,               \
       const Tensor& sums, const Tensor& params, const Tensor& grads,                               \
@@ -112,6 +127,10 @@ namespace packbert::checks {
 inline void check_lamb_config(const char* op, const LambConfig& cfg) {
   PB_REQUIRE(cfg.grad_scale > 0.f && cfg.grad_scale <= 3.0e38f,
              "{}: grad_scale {} must be positive and finite", op, cfg.grad_scale);
+  PB_REQUIRE(cfg.rule == UpdateRule::lamb || cfg.rule == UpdateRule::adamw ||
+                 cfg.rule == UpdateRule::stable_adamw,
+             "{}: update rule {} is none of lamb (0), adamw (1), stable_adamw (2)", op,
+             static_cast<int>(cfg.rule));
   PB_REQUIRE(cfg.step >= 1 && cfg.beta1 >= 0.f && cfg.beta1 < 1.f && cfg.beta2 >= 0.f &&
                  cfg.beta2 < 1.f && cfg.max_grad_norm > 0.f,
              "{}: step {} (from 1), beta1 {} and beta2 {} in [0, 1), max_grad_norm {} > 0", op,

@@ -20,12 +20,13 @@
 
 #include "config/key_doc.h"
 #include "config/locations.h"
-#include "data/loader/loader.h"    // LastStepPolicy
-#include "kernels/backend.h"       // Gelu
-#include "kernels/base/tensor.h"   // Device
-#include "model/option_enums.h"    // Recompute, Precision, CudaGraphs, BatchLayout
-#include "data/masking/masking.h"  // MaskCount
-#include "optim/lr_schedule.h"     // LrScheduleKind, DecayShape, ScheduleUnit
+#include "data/loader/loader.h"          // LastStepPolicy
+#include "kernels/backend.h"             // Gelu
+#include "kernels/base/tensor.h"         // Device
+#include "model/option_enums.h"          // Recompute, Precision, CudaGraphs, BatchLayout
+#include "data/masking/masking.h"        // MaskCount
+#include "kernels/common/update_rule.h"  // UpdateRule
+#include "optim/lr_schedule.h"           // LrScheduleKind, DecayShape, ScheduleUnit
 
 namespace packbert {
 
@@ -107,9 +108,11 @@ struct TrainConfig {
     DecayShape decay_shape = DecayShape::linear;
     // Unit tokens: the schedule counts real tokens trained; its lengths are these keys.
     ScheduleUnit schedule_unit = ScheduleUnit::steps;
-    int64_t schedule_tokens = 0;  // where the rate reaches end_lr (train.max_steps' part)
-    int64_t warmup_tokens = 0;    // 0: warmup_proportion of schedule_tokens decides
-    int64_t decay_tokens = 0;     // wsd: the decay's length; 0: decay_fraction decides
+    int64_t schedule_tokens = 0;         // where the rate reaches end_lr (train.max_steps' part)
+    int64_t warmup_tokens = 0;           // 0: warmup_proportion of schedule_tokens decides
+    int64_t decay_tokens = 0;            // wsd: the decay's length; 0: decay_fraction decides
+    UpdateRule name = UpdateRule::lamb;  // optim.name: lamb, adamw, stable_adamw
+    bool decouple_lr = false;            // AdamW family: weight decay scaled by lr / optim.lr
     double beta1 = 0.9;
     double beta2 = 0.999;
     double epsilon = 1e-6;

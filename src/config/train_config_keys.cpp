@@ -69,6 +69,12 @@ const EnumTable<DecayShape>& decay_shape_table() {
       named({DecayShape::linear, DecayShape::one_minus_sqrt, DecayShape::cosine}, decay_shape_name);
   return t;
 }
+const EnumTable<UpdateRule>& optimizer_table() {
+  static const EnumTable<UpdateRule> t = {{UpdateRule::lamb, "lamb"},
+                                          {UpdateRule::adamw, "adamw"},
+                                          {UpdateRule::stable_adamw, "stable_adamw"}};
+  return t;
+}
 const EnumTable<ScheduleUnit>& schedule_unit_table() {
   static const auto t = named({ScheduleUnit::steps, ScheduleUnit::tokens}, schedule_unit_name);
   return t;
@@ -272,7 +278,14 @@ std::vector<Key> make_keys() {
                   "an error naming it and the step; 0 = off; the default outlasts a "
                   "checkpoint write the others wait for (DESIGN.md, Distribution)"));
   // [optim]
-  k.push_back(key("optim.lr", &C::optim, &O::lr, "peak learning rate (LAMB)"));
+  k.push_back(key("optim.name", &C::optim, &O::name, optimizer_table(),
+                  "optimizer: lamb (MLPerf BERT, apex FusedLAMB), adamw (torch.optim.AdamW) or "
+                  "stable_adamw (optimi StableAdamW: AdamW with per-tensor update clipping); "
+                  "docs/training.md#optimizers"));
+  k.push_back(key("optim.decouple_lr", &C::optim, &O::decouple_lr,
+                  "adamw / stable_adamw: fully decoupled weight decay, w (1 - lr wd / optim.lr) "
+                  "(optimi's decouple_lr) instead of w (1 - lr wd)"));
+  k.push_back(key("optim.lr", &C::optim, &O::lr, "peak learning rate"));
   k.push_back(key("optim.end_lr", &C::optim, &O::end_lr, "learning rate at train.max_steps"));
   k.push_back(key("optim.warmup_steps", &C::optim, &O::warmup_steps,
                   "linear warmup steps; 0 = use warmup_proportion"));
@@ -307,15 +320,16 @@ std::vector<Key> make_keys() {
   k.push_back(key("optim.decay_tokens", &C::optim, &O::decay_tokens,
                   "schedule_unit = tokens, schedule = wsd: tokens of the final decay; 0 = use "
                   "decay_fraction"));
-  k.push_back(key("optim.beta1", &C::optim, &O::beta1, "LAMB first-moment decay"));
-  k.push_back(key("optim.beta2", &C::optim, &O::beta2, "LAMB second-moment decay"));
-  k.push_back(key("optim.epsilon", &C::optim, &O::epsilon, "LAMB epsilon"));
+  k.push_back(key("optim.beta1", &C::optim, &O::beta1, "first-moment decay"));
+  k.push_back(key("optim.beta2", &C::optim, &O::beta2, "second-moment decay"));
+  k.push_back(key("optim.epsilon", &C::optim, &O::epsilon,
+                  "added to sqrt(v^) (StableAdamW: eps^2 also floors v^ in its RMS)"));
   k.push_back(key("optim.weight_decay", &C::optim, &O::weight_decay,
                   "decoupled weight decay (not on biases and LayerNorm)"));
   k.push_back(key("optim.max_grad_norm", &C::optim, &O::max_grad_norm,
-                  "clip the global gradient norm to this"));
+                  "clip the global gradient norm to this; 0 = no clipping"));
   k.push_back(key("optim.sharded", &C::optim, &O::sharded,
-                  "sharded LAMB: each rank keeps the moments of, and updates, its 1/N of "
+                  "sharded optimizer: each rank keeps the moments of, and updates, its 1/N of "
                   "the parameters (cut anywhere); gradients reduce-scattered, the weights the "
                   "model reads all-gathered layer by layer (one rank: no-op)"));
   // [data]

@@ -170,8 +170,13 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              o.epsilon);
   PB_REQUIRE(finite_nonneg(o.weight_decay), "optim.weight_decay ({}) must be finite and >= 0",
              o.weight_decay);
-  PB_REQUIRE(finite_nonneg(o.max_grad_norm), "optim.max_grad_norm ({}) must be finite and >= 0",
-             o.max_grad_norm);
+  PB_REQUIRE(finite_nonneg(o.max_grad_norm),
+             "optim.max_grad_norm ({}) must be finite and >= 0 (0: no clipping)", o.max_grad_norm);
+  PB_REQUIRE(!o.decouple_lr || o.name != UpdateRule::lamb,
+             "optim.decouple_lr applies to optim.name = \"adamw\" or \"stable_adamw\", not "
+             "\"lamb\"");
+  PB_REQUIRE(!o.decouple_lr || o.lr > 0,
+             "optim.decouple_lr divides the weight decay by optim.lr, which is {}", o.lr);
   try {
     LrSchedule schedule(lr_schedule_config(c));
   } catch (const Error& e) {

@@ -20,8 +20,10 @@ void check_options(const LambOptions& o) {
   PB_REQUIRE(o.eps > 0.f && std::isfinite(o.eps), "lamb: epsilon {} must be > 0", o.eps);
   PB_REQUIRE(o.weight_decay >= 0.f && std::isfinite(o.weight_decay),
              "lamb: weight_decay {} must be >= 0", o.weight_decay);
-  PB_REQUIRE(o.max_grad_norm > 0.f && std::isfinite(o.max_grad_norm),
-             "lamb: max_grad_norm {} must be > 0", o.max_grad_norm);
+  PB_REQUIRE(o.max_grad_norm > 0.f, "lamb: max_grad_norm {} must be > 0 (infinity: no clipping)",
+             o.max_grad_norm);
+  PB_REQUIRE(!o.decouple_lr || o.rule != UpdateRule::lamb,
+             "lamb: decouple_lr applies to AdamW and StableAdamW, not LAMB");
 }
 
 // Sorts by offset (lamb_step wants ascending rows) and rejects overlaps and rows outside the
@@ -63,6 +65,8 @@ Lamb::Lamb(Backend& backend, std::vector<LambParam> params, int64_t num_elems,
       options_(options),
       graph_(backend, 1) {
   check_options(options_);
+  PB_REQUIRE(!options_.decouple_lr || schedule_.config().base_lr > 0,
+             "lamb: decouple_lr divides by the peak rate, which is {}", schedule_.config().base_lr);
   check_table(params_, num_elems_);
   // Empty tensors have nothing to update (and no norm to sum).
   params_.erase(std::remove_if(params_.begin(), params_.end(),
@@ -169,7 +173,11 @@ LambStepInfo Lamb::step(const Tensor& params, const Tensor& grads, const Tensor&
   cfg.beta1 = options_.beta1;
   cfg.beta2 = options_.beta2;
   cfg.eps = options_.eps;
-  cfg.weight_decay = options_.weight_decay;
+  cfg.rule = options_.rule;
+  // optimi's decouple_lr: w (1 - lr wd / max_lr) is the op's w (1 - lr wd') with wd' = wd / max_lr.
+  cfg.weight_decay = options_.decouple_lr
+                         ? static_cast<float>(options_.weight_decay / schedule_.config().base_lr)
+                         : options_.weight_decay;
   cfg.max_grad_norm = options_.max_grad_norm;
   cfg.step = info.step;
   cfg.grad_scale = grad_scale;

@@ -1,9 +1,9 @@
 // The LAMB optimizer of MLPerf BERT (NVIDIA apex FusedLAMB: decoupled weight decay, gradient
 // averaging, bias correction, global-norm clipping, per-tensor trust ratio) over the flat
-// parameter buffer. The math is Backend::lamb_step; this class owns what persists between steps
-// (the moments m and v, the step counter), turns the parameter table into the op's table, and
-// drives one step: global gradient norm -> lamb_step with the schedule's rate -> zero the
-// gradients for the next accumulation.
+// parameter buffer, or with LambOptions::rule AdamW or StableAdamW on the same state. The math is
+// Backend::lamb_step; this class owns what persists between steps (the moments m and v, the step
+// counter), turns the parameter table into the op's table, and drives one step: global gradient
+// norm -> lamb_step with the schedule's rate -> zero the gradients for the next accumulation.
 //
 // Where it sits in a training step (DESIGN.md, data flow):
 //   for each micro-step: forward, backward  (parameter gradients accumulate, +=, into grads;
@@ -42,11 +42,17 @@ struct LambParam {
 bool mlperf_no_decay(std::string_view hf_name);
 
 struct LambOptions {
+  // The update rule (optim.name): LAMB, AdamW or StableAdamW (kernels/ops/lamb.h has the
+  // formulas); the state, clipping, sharding and graphs are the same for each.
+  UpdateRule rule = UpdateRule::lamb;
+  // AdamW family: optimi's fully decoupled weight decay, w (1 - lr wd / max_lr) with max_lr the
+  // schedule's peak rate (its base_lr), instead of w (1 - lr wd).
+  bool decouple_lr = false;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-6f;
   float weight_decay = 0.01f;
-  float max_grad_norm = 1.0f;
+  float max_grad_norm = 1.0f;  // +infinity: no clipping
   // A step whose norm is read back (step(..., read_back)) throws Error when the norm is NaN or
   // infinite, before the weights are touched (fp32/bf16 training has no loss scaler that would
   // skip such a step).

@@ -1,5 +1,7 @@
 #include "train/train_options.h"
 
+#include <limits>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -19,7 +21,11 @@ LambOptions lamb_options(const TrainConfig& c) {
   o.beta2 = static_cast<float>(c.optim.beta2);
   o.eps = static_cast<float>(c.optim.epsilon);
   o.weight_decay = static_cast<float>(c.optim.weight_decay);
-  o.max_grad_norm = static_cast<float>(c.optim.max_grad_norm);
+  // 0: no clipping, an infinite threshold (max(1, norm / inf) = 1).
+  o.max_grad_norm = c.optim.max_grad_norm > 0 ? static_cast<float>(c.optim.max_grad_norm)
+                                              : std::numeric_limits<float>::infinity();
+  o.rule = c.optim.name;
+  o.decouple_lr = c.optim.decouple_lr;
   // A non-finite gradient skips the update, whatever train.max_nonfinite_steps says: the run
   // counts such steps and decides by that key (run_train.cpp, SkippedSteps), 0 included (the
   // first one is an error naming the step). A throw here instead would bypass the count and, on

@@ -283,6 +283,15 @@ TEST_F(TrainCli, SigkilledModernBertRunResumesWithBitIdenticalLosses) {
       "--model.preset=modernbert-tiny --optim.sharded=true --train.precision=bf16");
 }
 
+// StableAdamW (optim.name), sharded, with optimi's decoupled decay and no clipping: its state is
+// LAMB's (the moments and the step count), so the resumed run is bitwise the uninterrupted one.
+TEST_F(TrainCli, SigkilledStableAdamWRunResumesWithBitIdenticalLosses) {
+  expect_bitwise_resume_after_sigkill(
+      "stable_adamw", mpirun(2),
+      "--optim.name=stable_adamw --optim.sharded=true --optim.decouple_lr=true "
+      "--optim.weight_decay=1e-4 --optim.max_grad_norm=0");
+}
+
 // Dynamic masking (data.masking = "dynamic"): the masks are drawn from (seed, epoch, sample), so
 // a resumed run draws the uninterrupted run's.
 TEST_F(TrainCli, SigkilledDynamicMaskingRunResumesWithBitIdenticalLosses) {

@@ -138,6 +138,7 @@ void sharded_rank() {
     StepBatch batch = random_step_batch(rng, 6, 2, 5, kMaxSeqLen, 10);
     batch.global_samples *= 2;
     batch.global_masked_tokens *= 2;
+    batch.global_tokens *= 2;
     TrainerOptions o = tiny_trainer_options(rng, kMaxSeqLen, 1e-2, 10);
     o.lr.num_warmup_steps = 1;
     o.device = Device::cuda;

@@ -10,10 +10,11 @@
 //                            [--layout unpadded|packed|padded] [--lr X] [--no-dropout]
 //                            [--precision fp32|bf16|fp16|fp8] [--sharded] [--device cpu|cuda]
 //                            [--gpu-allreduce nccl|host] [--cuda-graphs off|segmented|full]
-//                            [--preset NAME]
+//                            [--preset NAME] [--optimizer lamb|adamw|stable_adamw]
 //     Builds the data loader (global batch B samples in M micro-steps), the tiny BERT (or the
 //     model preset NAME, e.g. modernbert-tiny)
-//     (initialised from the manifest's seed: identical on every rank) and LAMB, and trains N
+//     (initialised from the manifest's seed: identical on every rank) and LAMB (or the
+//     optimizer named), and trains N
 //     steps, dropout on. Rank 0 writes to OUTDIR:
 //       loss.txt        one line per step: step loss mlm_loss nsp_loss mlm_acc nsp_acc grad_norm
 //       grads_step0.bin the all-reduced gradient of the first step, f32 little-endian, taken
@@ -132,6 +133,12 @@ void run_mode(const Args& a, int rank, int size) {
   to.bert.precision = parse_precision(a.str("precision", "fp32"));
   to.bert.cuda_graphs = parse_cuda_graphs(a.str("cuda-graphs", "off"));
   to.sharded = a.has("sharded");
+  const std::string optimizer = a.str("optimizer", "lamb");
+  PB_REQUIRE(optimizer == "lamb" || optimizer == "adamw" || optimizer == "stable_adamw",
+             "--optimizer {}: lamb, adamw or stable_adamw", optimizer);
+  to.lamb.rule = optimizer == "adamw"          ? UpdateRule::adamw
+                 : optimizer == "stable_adamw" ? UpdateRule::stable_adamw
+                                               : UpdateRule::lamb;
   const std::string device = a.str("device", "cpu");
   PB_REQUIRE(device == "cpu" || device == "cuda", "--device {}: cpu or cuda", device);
   if (device == "cuda") {

@@ -1931,15 +1931,32 @@ static OpCases lamb_step_cases() {
     return f;
   }();
   const int64_t n = 29400, t = static_cast<int64_t>(first.size());
-  for (const auto& [gnorm, flip] : {std::pair{0.5f, false}, std::pair{7.f, false},
-                                    std::pair{2.f, true}, std::pair{3.f, false}}) {
+  // The AdamW family (config.rule) on the same inputs: its own steps, clipped and not.
+  struct RuleCase {
+    UpdateRule rule;
+    const char* name;
+    float gnorm;
+    bool flip;
+  };
+  for (const RuleCase& rc : {RuleCase{UpdateRule::lamb, "lamb_step", 0.5f, false},
+                             RuleCase{UpdateRule::lamb, "lamb_step", 7.f, false},
+                             RuleCase{UpdateRule::lamb, "lamb_step", 2.f, true},
+                             RuleCase{UpdateRule::lamb, "lamb_step", 3.f, false},
+                             RuleCase{UpdateRule::adamw, "adamw step", 0.5f, false},
+                             RuleCase{UpdateRule::adamw, "adamw step", 7.f, true},
+                             RuleCase{UpdateRule::stable_adamw, "stable_adamw step", 0.5f, false},
+                             RuleCase{UpdateRule::stable_adamw, "stable_adamw step", 7.f, true}}) {
+    const float gnorm = rc.gnorm;
+    const bool flip = rc.flip;
+    const UpdateRule rule = rc.rule;
     OpCase c;
-    c.name = fmt::format("lamb_step global norm {}{}", gnorm, flip ? ", flipped" : "");
+    c.name = fmt::format("{} global norm {}{}", rc.name, gnorm, flip ? ", flipped" : "");
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
       const LambInputs in = lamb_inputs(g, n);
       const auto &w = in.w, &gr = in.grad, &m = in.m, &v = in.v;
       LambConfig cfg;
+      cfg.rule = rule;
       cfg.lr = 1e-3f;
       cfg.step = 7;
       const auto& rows = flip ? flipped : first;
@@ -2000,9 +2017,13 @@ static OpCases lamb_step_cases() {
   // norm is equal or one ulp away (2^-24 relative), the step size lr * ||w|| / ||u|| within two
   // ulps (2^-22), and each weight w - step * u within 2^-22 |step * u| plus one rounding of w
   // (2^-24 |w|): the bar is 2^-21 (|w| + |w_initial - w|), twice that.
-  {
+  // StableAdamW's sums are its RMS terms and element counts, added over the pieces the same way;
+  // the same bar holds (its rate lr / RMS moves as LAMB's step size does).
+  for (const UpdateRule rule : {UpdateRule::lamb, UpdateRule::stable_adamw}) {
     OpCase c;
-    c.name = "lamb_update and lamb_apply of pieces cut inside tensors";
+    c.name = fmt::format("{} of pieces cut inside tensors", rule == UpdateRule::lamb
+                                                                ? "lamb_update and lamb_apply"
+                                                                : "stable_adamw update and apply");
     c.run = [=](OpRun& r) {
       auto& g = r.rng();
       const LambInputs in = lamb_inputs(g, n);
@@ -2010,6 +2031,7 @@ static OpCases lamb_step_cases() {
       const int64_t cut1 = std::uniform_int_distribution<int64_t>(1101, 21099)(g);
       const int64_t cut2 = std::uniform_int_distribution<int64_t>(cut1 + 1, n - 1)(g);
       LambConfig cfg;
+      cfg.rule = rule;
       cfg.lr = 1e-3f;
       cfg.step = 5;
       const Tensor gnorm = r.in("global norm", DType::f32, {1}, {2.5f});
@@ -2094,16 +2116,17 @@ static OpCases lamb_step_cases() {
     };
     // On the CPU (where run() above also compares the pieces with the whole): each row's
     // ||w|| against a naive double sum of the initial weights, to f32 rounding (2^-24 relative).
-    c.reference = [=](const std::string& what, const OpRun& cpu) {
-      const std::vector<double> w0 = cpu.initial("params"), norms = cpu.doubles("norms");
-      for (int64_t i = 0; i < t; ++i) {
-        double s2 = 0;
-        for (int64_t k = first[i].offset; k < first[i].offset + first[i].size; ++k)
-          s2 += w0[static_cast<size_t>(k)] * w0[static_cast<size_t>(k)];
-        EXPECT_LE(std::abs(norms[static_cast<size_t>(i)] - std::sqrt(s2)), 1e-7 * std::sqrt(s2))
-            << what << ": row " << i;
-      }
-    };
+    if (rule == UpdateRule::lamb)
+      c.reference = [=](const std::string& what, const OpRun& cpu) {
+        const std::vector<double> w0 = cpu.initial("params"), norms = cpu.doubles("norms");
+        for (int64_t i = 0; i < t; ++i) {
+          double s2 = 0;
+          for (int64_t k = first[i].offset; k < first[i].offset + first[i].size; ++k)
+            s2 += w0[static_cast<size_t>(k)] * w0[static_cast<size_t>(k)];
+          EXPECT_LE(std::abs(norms[static_cast<size_t>(i)] - std::sqrt(s2)), 1e-7 * std::sqrt(s2))
+              << what << ": row " << i;
+        }
+      };
     cases.push_back(std::move(c));
   }
   OpCase c;

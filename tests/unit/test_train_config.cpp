@@ -323,6 +323,11 @@ TEST(TrainConfig, ValidationNamesTheKey) {
   check({"optim.epsilon=0"}, 1, "optim.epsilon");
   check({"optim.schedule=wsd"}, 1, "optim.decay_steps");
   check({"optim.decay_fraction=0.2"}, 1, "optim.decay_fraction");
+  check({"optim.decouple_lr=true"}, 1, "optim.decouple_lr applies to optim.name = \"adamw\"");
+  check({"optim.name=stable_adamw", "optim.decouple_lr=true", "optim.lr=0"}, 1,
+        "optim.decouple_lr divides the weight decay by optim.lr");
+  check({"optim.max_grad_norm=-1"}, 1, "optim.max_grad_norm (-1) must be finite and >= 0");
+  check({"optim.schedule_unit=tokens"}, 1, "optim.schedule_tokens (0) must be >= 1");
   check({"data.mlm_probability=0.3"}, 1, "data.mlm_probability");
   check({"data.masking=dynamic", "data.vocab="}, 1, "data.vocab");
   check({"data.masking=dynamic", "data.vocab=v.txt", "data.mask_token_share=0.95"}, 1,
