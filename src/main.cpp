@@ -323,6 +323,8 @@ int run(int argc, char** argv, Mpi& mpi) {
         "{:.1f} MB of text in {:.2f} s ({:.2f} MB/s)",
         st.documents, st.train_samples, st.train_shards.size(), st.eval_samples,
         st.input_bytes / 1e6, st.seconds, st.input_bytes / 1e6 / std::max(st.seconds, 1e-9));
+    if (st.bad_lines > 0)
+      spdlog::warn("prepare: {} malformed JSONL line(s) skipped (--skip-bad-lines)", st.bad_lines);
   } else if (command == "inspect") {
     const auto& schema = inspect_config_schema();
     const InspectConfig c =

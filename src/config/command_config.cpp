@@ -22,6 +22,14 @@ const config::EnumTable<ShardFormat>& shard_format_table() {
   return t;
 }
 
+const config::EnumTable<InputFormat>& input_format_table() {
+  static const config::EnumTable<InputFormat> t = {
+      {InputFormat::auto_detect, input_format_name(InputFormat::auto_detect)},
+      {InputFormat::lines, input_format_name(InputFormat::lines)},
+      {InputFormat::jsonl, input_format_name(InputFormat::jsonl)}};
+  return t;
+}
+
 std::vector<std::string> pack_algorithm_names() {
   std::vector<std::string> n = packing_algorithms();
   n.push_back("all");
@@ -72,7 +80,14 @@ const config::Schema<PrepareConfig>& prepare_config_schema() {
   static const config::Schema<C> schema(
       "packbert prepare",
       {key("prepare.input", &C::prepare, &P::inputs,
-           "text files (.gz allowed): one sentence per line, a blank line between documents"),
+           "text files (.gz allowed): one sentence per line, a blank line between documents; "
+           "or JSONL, one document per line; a directory or a glob (quoted) names several"),
+       key("prepare.input_format", &C::prepare, &P::input_format, input_format_table(),
+           "auto (JSONL for names ending in .jsonl or .jsonl.gz, else lines), lines or jsonl"),
+       key("prepare.text_field", &C::prepare, &P::text_field,
+           "JSONL: the string field holding each document's text"),
+       key("prepare.skip_bad_lines", &C::prepare, &P::skip_bad_lines,
+           "JSONL: count, report and skip a malformed line instead of failing on it"),
        key("prepare.vocab", &C::prepare, &P::vocab, "WordPiece vocabulary, one token per line"),
        key("prepare.output", &C::prepare, &P::output_dir, "output directory for the shards"),
        key("prepare.max_seq_len", &C::prepare, &P::max_seq_len,
@@ -138,7 +153,8 @@ const config::Schema<PackConfig>& pack_config_schema() {
 void validate_prepare_config(const PrepareConfig& c) {
   const PrepareOptions& o = c.prepare;
   require_set("prepare.input", !o.inputs.empty());
-  for (const std::string& p : o.inputs) require_file("prepare.input", p);
+  for (const std::string& p : expand_inputs(o.inputs)) require_file("prepare.input", p);
+  require_set("prepare.text_field", !o.text_field.empty());
   require_set("prepare.vocab", !o.vocab.empty());
   require_file("prepare.vocab", o.vocab);
   require_set("prepare.output", !o.output_dir.empty());

@@ -68,6 +68,7 @@ struct FileJob {
   TaskPool::Group group;  // the file's background task
   Clock::time_point start;
   int64_t text_bytes = 0;
+  std::atomic<int64_t> bad_lines{0};  // JSONL lines skipped
   DocumentStore docs;
   uint32_t eval_docs = 0;
   std::vector<Sample> eval_samples;
@@ -97,6 +98,9 @@ void read_documents(Context& ctx, FileJob& job) {
     TaskPool::Group group;
   };
   TextReader reader(job.path);
+  const bool jsonl = reads_as_jsonl(ctx.opts.input_format, job.path);
+  const JsonlOptions jsonl_options{ctx.opts.text_field, ctx.opts.skip_bad_lines};
+  int64_t next_line = 1;  // of the file, at the start of the next chunk (JSONL errors name it)
   std::deque<std::unique_ptr<Chunk>> in_flight;
   DrainOnExit<decltype(in_flight)> guard(*ctx.pool, in_flight);
   DocumentStore& docs = job.docs;
@@ -109,7 +113,14 @@ void read_documents(Context& ctx, FileJob& job) {
       more = reader.next_chunk(c->text, kChunkBytes);
       if (!more) continue;
       Chunk* p = c.get();
-      ctx.pool->submit(p->group, [&ctx, p] {
+      const int64_t first_line = next_line;
+      next_line += std::count(p->text.begin(), p->text.end(), '\n');
+      ctx.pool->submit(p->group, [&ctx, &job, &jsonl_options, p, jsonl, first_line] {
+        if (jsonl) {  // into the lines format first: a document's lines, then a blank line
+          std::string lines;
+          job.bad_lines += jsonl_to_lines(p->text, job.path, first_line, jsonl_options, lines);
+          p->text.swap(lines);
+        }
         tokenize_lines(ctx.tokenizer, p->text, p->lines);
         std::string().swap(p->text);
       });
@@ -439,6 +450,10 @@ void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const Bert
       spdlog::debug("{}: samples written in {:.1f} s", job.path, seconds_since(writing));
       stats.input_bytes += job.text_bytes;
       stats.documents += job.docs.num_docs();
+      stats.bad_lines += job.bad_lines;
+      if (job.bad_lines > 0)
+        spdlog::warn("{}: {} malformed JSONL line(s) skipped (--skip-bad-lines)", job.path,
+                     job.bad_lines.load());
       const double secs = seconds_since(job.start);
       spdlog::info(
           "{} [{}/{}]: {:.1f} MB, {} documents ({} held out for eval), {} training + "
@@ -463,8 +478,10 @@ void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const Bert
 
 }  // namespace
 
-PrepareStats run_prepare(const PrepareOptions& opts) {
+PrepareStats run_prepare(const PrepareOptions& given) {
   const Clock::time_point start = Clock::now();
+  PrepareOptions opts = given;
+  opts.inputs = expand_inputs(given.inputs);  // directories and globs: their files
   validate(opts);
   const Vocab vocab = Vocab::load(opts.vocab);
   // Documents keep their ids as uint16 to fit one tokenized input file per thread in memory.

@@ -6,13 +6,18 @@
 #include <string>
 #include <vector>
 
+#include "data/prepare/jsonl_input.h"
 #include "data/shards/shard.h"
 
 namespace packbert {
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;  // text files, optionally .gz; one sentence per line,
-                                    // documents separated by blank lines
+  // Text files, optionally .gz: one sentence per line, documents separated by blank lines; or
+  // JSONL (input_format); a directory or a glob names several (data/prepare/jsonl_input.h).
+  std::vector<std::string> inputs;
+  InputFormat input_format = InputFormat::auto_detect;  // auto: JSONL for *.jsonl[.gz]
+  std::string text_field = "text";                      // JSONL: the document's field
+  bool skip_bad_lines = false;  // JSONL: count and skip malformed lines instead of failing
   std::string vocab;
   std::string output_dir;
   int max_seq_len = 128;
@@ -30,6 +35,7 @@ struct PrepareOptions {
 
 struct PrepareStats {
   int64_t input_bytes = 0;
+  int64_t bad_lines = 0;  // JSONL lines skipped (skip_bad_lines)
   int64_t documents = 0;
   int64_t train_samples = 0;
   int64_t eval_samples = 0;
