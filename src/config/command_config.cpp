@@ -30,6 +30,12 @@ const config::EnumTable<InputFormat>& input_format_table() {
   return t;
 }
 
+const config::EnumTable<PrepareSamples>& samples_table() {
+  static const config::EnumTable<PrepareSamples> t = {{PrepareSamples::pairs, "pairs"},
+                                                      {PrepareSamples::documents, "documents"}};
+  return t;
+}
+
 std::vector<std::string> pack_algorithm_names() {
   std::vector<std::string> n = packing_algorithms();
   n.push_back("all");
@@ -88,6 +94,10 @@ const config::Schema<PrepareConfig>& prepare_config_schema() {
            "JSONL: the string field holding each document's text"),
        key("prepare.skip_bad_lines", &C::prepare, &P::skip_bad_lines,
            "JSONL: count, report and skip a malformed line instead of failing on it"),
+       key("prepare.samples", &C::prepare, &P::samples, samples_table(),
+           "pairs: NSP sentence pairs (Google's); documents: each document in consecutive "
+           "chunks of max_seq_len - 2 tokens, [CLS] chunk [SEP], no segment B, no NSP label "
+           "(for model.nsp_head = false)"),
        key("prepare.vocab", &C::prepare, &P::vocab, "WordPiece vocabulary, one token per line"),
        key("prepare.output", &C::prepare, &P::output_dir, "output directory for the shards"),
        key("prepare.max_seq_len", &C::prepare, &P::max_seq_len,

@@ -25,9 +25,46 @@ size_t DocumentStore::memory_bytes() const {
          doc_begin.capacity() * sizeof(uint32_t);
 }
 
+namespace {
+
+// A document's tokens [first, last) in the store.
+std::pair<uint64_t, uint64_t> document_tokens(const DocumentStore& docs, uint32_t doc) {
+  return {docs.sentence_begin[docs.doc_begin[doc]], docs.sentence_begin[docs.doc_begin[doc + 1]]};
+}
+
+size_t plan_chunks(const DocumentStore& docs, uint32_t doc, const InstanceConfig& cfg,
+                   std::vector<InstancePlan>* out) {
+  const auto [first, last] = document_tokens(docs, doc);
+  const uint64_t chunk = static_cast<uint64_t>(cfg.max_seq_len - 2);
+  const auto count = static_cast<uint32_t>((last - first + chunk - 1) / chunk);
+  if (out)
+    for (uint32_t k = 0; k < count; ++k) out->push_back({doc, k, 0, 0, kDocumentChunk});
+  return count;
+}
+
+// [CLS] chunk [SEP] of a chunk plan.
+void materialize_chunk(const DocumentStore& docs, const InstancePlan& plan,
+                       const InstanceConfig& cfg, Sample& out) {
+  const auto [first, last] = document_tokens(docs, plan.a_begin);
+  const uint64_t chunk = static_cast<uint64_t>(cfg.max_seq_len - 2);
+  const uint64_t a0 = first + plan.a_end * chunk, a1 = std::min(last, a0 + chunk);
+  PB_CHECK(a0 < a1, "document {} has no chunk {}", plan.a_begin, plan.a_end);
+  const int len = static_cast<int>(a1 - a0) + 2;
+  out.id = -1;
+  out.input_ids.resize(len);
+  out.segment_ids.assign(len, 0);
+  out.input_ids[0] = cfg.cls_id;
+  std::copy(docs.tokens.begin() + a0, docs.tokens.begin() + a1, out.input_ids.begin() + 1);
+  out.input_ids[len - 1] = cfg.sep_id;
+  out.next_sentence_label = 0;
+}
+
+}  // namespace
+
 size_t plan_document(const DocumentStore& docs, uint32_t doc, const uint32_t* pool,
                      size_t pool_size, const InstanceConfig& cfg, Rng structure, Rng random_doc,
                      std::vector<InstancePlan>* out) {
+  if (cfg.documents) return plan_chunks(docs, doc, cfg, out);
   // Google: "We *usually* want to fill up the entire sequence since we are padding to
   // max_seq_length anyways", but with short_seq_prob a shorter target, drawn once per document.
   const int64_t max_num_tokens = cfg.max_seq_len - 3;
@@ -86,6 +123,18 @@ size_t plan_document(const DocumentStore& docs, uint32_t doc, const uint32_t* po
 
 void materialize(const DocumentStore& docs, const InstancePlan& plan, const InstanceConfig& cfg,
                  Rng rng, Sample& out, MaskScratch& scratch) {
+  if (plan.random_next == kDocumentChunk) {
+    materialize_chunk(docs, plan, cfg, out);
+    auto& cand = scratch.candidates;
+    cand.clear();
+    for (int i = 1; i + 1 < static_cast<int>(out.input_ids.size()); ++i) cand.push_back(i);
+    MaskRule rule;
+    rule.probability = cfg.masked_lm_prob;
+    rule.max_predictions = cfg.max_predictions;
+    rule.whole_word = cfg.whole_word_masking;
+    mask_positions(rule, cfg.mask_vocab, static_cast<int>(out.input_ids.size()), rng, out, scratch);
+    return;
+  }
   // truncate_seq_pair: trim the longer of A and B (B on a tie), one token at a time from the
   // front or the back with probability 0.5 each, so truncation does not favour either end.
   const uint64_t max_num_tokens = static_cast<uint64_t>(cfg.max_seq_len - 3);

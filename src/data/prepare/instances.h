@@ -62,7 +62,14 @@ struct InstancePlan {
   uint32_t random_next;  // 1: B is a random next (next_sentence_label 1)
 };
 
+// InstancePlan::random_next of a document chunk (prepare.samples = documents): a_begin is the
+// document, a_end the chunk's index in it, no B.
+constexpr uint32_t kDocumentChunk = 2;
+
 struct InstanceConfig {
+  // prepare.samples = documents: each document's tokens cut into consecutive chunks of
+  // max_seq_len - 2, the last one the shorter tail; [CLS] chunk [SEP], no B, no NSP label.
+  bool documents = false;
   int max_seq_len = 128;
   int max_predictions = 20;
   double masked_lm_prob = 0.15;
@@ -72,7 +79,8 @@ struct InstanceConfig {
   MaskVocab mask_vocab;  // [MASK], the "##" pieces, the ids a masked token may be replaced with
 };
 
-// create_instances_from_document for document `doc` in one round. `structure` draws the target
+// With cfg.documents: the document's chunks, in order, and nothing drawn from either stream.
+// Else create_instances_from_document for document `doc` in one round. `structure` draws the target
 // length, chunk ends, a_end and the random-next coin; `random_doc` draws the random document
 // (from pool[0, pool_size), up to 10 tries to differ from doc) and its start sentence. Because
 // the two are separate streams, the count does not depend on the pool: with out == nullptr the
@@ -98,8 +106,9 @@ inline void prefetch_tokens(const DocumentStore& d, const InstancePlan& p) {
   __builtin_prefetch(b + 32);
 }
 
-// truncate_seq_pair, [CLS] A [SEP] B [SEP] with segment ids, then
-// create_masked_lm_predictions. Overwrites every field of out (out.id = -1).
+// truncate_seq_pair, [CLS] A [SEP] B [SEP] with segment ids (a document chunk: [CLS] chunk [SEP],
+// segment 0, label 0), then create_masked_lm_predictions. Overwrites every field of out
+// (out.id = -1).
 void materialize(const DocumentStore& docs, const InstancePlan& plan, const InstanceConfig& cfg,
                  Rng rng, Sample& out, MaskScratch& scratch);
 

@@ -245,6 +245,7 @@ void process_file(Context& ctx, FileJob& job) {
 
 InstanceConfig make_instance_config(const PrepareOptions& o, const Vocab& vocab) {
   InstanceConfig c;
+  c.documents = o.samples == PrepareSamples::documents;
   c.max_seq_len = o.max_seq_len;
   c.max_predictions = o.max_predictions_per_seq;
   c.masked_lm_prob = o.masked_lm_prob;

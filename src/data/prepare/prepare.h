@@ -11,6 +11,9 @@
 
 namespace packbert {
 
+// What a sample is: Google's NSP sentence pairs, or a chunk of one document (no B, no NSP).
+enum class PrepareSamples { pairs, documents };
+
 struct PrepareOptions {
   // Text files, optionally .gz: one sentence per line, documents separated by blank lines; or
   // JSONL (input_format); a directory or a glob names several (data/prepare/jsonl_input.h).
@@ -18,6 +21,10 @@ struct PrepareOptions {
   InputFormat input_format = InputFormat::auto_detect;  // auto: JSONL for *.jsonl[.gz]
   std::string text_field = "text";                      // JSONL: the document's field
   bool skip_bad_lines = false;  // JSONL: count and skip malformed lines instead of failing
+  // pairs: [CLS] A [SEP] B [SEP] with a 50% random next B (Google's); documents: each
+  // document's tokens in consecutive chunks of max_seq_len - 2, [CLS] chunk [SEP], the last
+  // chunk the shorter tail (packing combines short samples; no chunk crosses documents).
+  PrepareSamples samples = PrepareSamples::pairs;
   std::string vocab;
   std::string output_dir;
   int max_seq_len = 128;
