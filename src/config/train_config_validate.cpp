@@ -187,6 +187,17 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
                  : "");
   }
 
+  // The MLPerf log names MLPerf BERT's LAMB and its step-counted schedule (train/mllog.h):
+  // another optimizer or a schedule in tokens would be logged under keys that misstate it.
+  PB_REQUIRE(c.log.mllog_file.empty() ||
+                 (o.name == UpdateRule::lamb && o.schedule_unit == ScheduleUnit::steps),
+             "log.mllog_file: the MLPerf BERT log describes LAMB with a schedule in steps "
+             "(opt_lamb_*, opt_learning_rate_warmup_steps); optim.name = \"{}\" with "
+             "optim.schedule_unit = \"{}\" has no such keys: leave log.mllog_file empty",
+             o.name == UpdateRule::lamb    ? "lamb"
+             : o.name == UpdateRule::adamw ? "adamw"
+                                           : "stable_adamw",
+             schedule_unit_name(o.schedule_unit));
   PB_REQUIRE(std::isfinite(c.log.peak_tflops) && c.log.peak_tflops >= 0,
              "log.peak_tflops ({}) must be finite and >= 0 (0: the table of known GPUs)",
              c.log.peak_tflops);

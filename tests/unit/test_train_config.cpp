@@ -328,6 +328,11 @@ TEST(TrainConfig, ValidationNamesTheKey) {
         "optim.decouple_lr divides the weight decay by optim.lr");
   check({"optim.max_grad_norm=-1"}, 1, "optim.max_grad_norm (-1) must be finite and >= 0");
   check({"optim.schedule_unit=tokens"}, 1, "optim.schedule_tokens (0) must be >= 1");
+  check({"optim.name=adamw", "log.mllog_file=run.log"}, 1,
+        "log.mllog_file: the MLPerf BERT log describes LAMB");
+  check({"optim.schedule_unit=tokens", "optim.schedule_tokens=1000", "optim.warmup_steps=0",
+         "log.mllog_file=run.log"},
+        1, "optim.schedule_unit = \"tokens\" has no such keys");
   check({"data.mlm_probability=0.3"}, 1, "data.mlm_probability");
   check({"data.masking=dynamic", "data.vocab="}, 1, "data.vocab");
   check({"data.masking=dynamic", "data.vocab=v.txt", "data.mask_token_share=0.95"}, 1,
