@@ -45,6 +45,7 @@ APT_PACKAGES=(
   libpcre2-dev                        # Unicode regex: byte-level BPE's split pattern
   zlib1g-dev                          # gzip corpora
   libxxhash-dev                       # checkpoint checksums (XXH3-64)
+  libssl-dev                          # SHA-256 of the tokenizer file shards record (libcrypto)
   nlohmann-json3-dev                  # JSON output (packbert pack --json), header-only
   python3 python3-matplotlib          # scripts/plot_metrics.py (the demo's plot)
 )

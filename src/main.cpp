@@ -23,7 +23,7 @@
 #include "data/shards/inspect.h"
 #include "data/shards/shard.h"
 #include "data/prepare/tokenize_command.h"
-#include "data/prepare/tokenizer.h"
+#include "data/prepare/corpus_tokenizer.h"
 #include "kernels/device.h"
 #include "train/checkpoint.h"
 #include "train/memory_plan.h"
@@ -344,7 +344,7 @@ int run(int argc, char** argv, Mpi& mpi) {
     rules.vocab_size = inspect.vocab_size;
     rules.max_seq_len = inspect.max_seq_len;
     if (!inspect.vocab.empty())
-      rules = vocab_sample_rules(Vocab::load(inspect.vocab), inspect.max_seq_len);
+      rules = CorpusTokenizer::load(inspect.vocab).sample_rules(inspect.max_seq_len);
     const InspectReport report = inspect_shards(inspect.path, rules, inspect.skip_bad_samples);
     print_inspect_report(report, std::cout);
     if (report.bad_samples > 0)

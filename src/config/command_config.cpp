@@ -30,6 +30,12 @@ const config::EnumTable<InputFormat>& input_format_table() {
   return t;
 }
 
+const config::EnumTable<PrepareMasks>& masks_table() {
+  static const config::EnumTable<PrepareMasks> t = {{PrepareMasks::static_masks, "static"},
+                                                    {PrepareMasks::none, "none"}};
+  return t;
+}
+
 const config::EnumTable<PrepareSamples>& samples_table() {
   static const config::EnumTable<PrepareSamples> t = {{PrepareSamples::pairs, "pairs"},
                                                       {PrepareSamples::documents, "documents"}};
@@ -98,7 +104,12 @@ const config::Schema<PrepareConfig>& prepare_config_schema() {
            "pairs: NSP sentence pairs (Google's); documents: each document in consecutive "
            "chunks of max_seq_len - 2 tokens, [CLS] chunk [SEP], no segment B, no NSP label "
            "(for model.nsp_head = false)"),
-       key("prepare.vocab", &C::prepare, &P::vocab, "WordPiece vocabulary, one token per line"),
+       key("prepare.masks", &C::prepare, &P::masks, masks_table(),
+           "training shards' masks: static (drawn here, Google's) or none (for the trainer's "
+           "data.masking = dynamic); the eval shard is masked either way"),
+       key("prepare.vocab", &C::prepare, &P::vocab,
+           "the tokenizer: a WordPiece vocab.txt (one token per line) or a Hugging Face "
+           "tokenizer.json (docs/data_pipeline.md#your-own-tokenizer)"),
        key("prepare.output", &C::prepare, &P::output_dir, "output directory for the shards"),
        key("prepare.max_seq_len", &C::prepare, &P::max_seq_len,
            "maximum tokens per sample, in [8, 65536]"),
@@ -132,9 +143,12 @@ const config::Schema<InspectConfig>& inspect_config_schema() {
       {key("inspect.path", &C::inspect, &I::path,
            "a shard file or a directory of shards; or a checkpoint directory or a directory of "
            "them (exit 1 if any is damaged); the positional argument PATH"),
-       key("inspect.vocab", &C::inspect, &I::vocab, "vocabulary file (sets vocab_size)"),
+       key("inspect.vocab", &C::inspect, &I::vocab,
+           "the tokenizer (vocab.txt or tokenizer.json): sets vocab_size and the special ids, "
+           "and shards that record another tokenizer are errors"),
        key("inspect.vocab_size", &C::inspect, &I::vocab_size,
-           "token ids must be below this (>= 1)"),
+           "token ids must be below this; 0 = the size the shards record (30522 for shards "
+           "that record none)"),
        key("inspect.max_seq_len", &C::inspect, &I::max_seq_len,
            "reject samples longer than this; 0 = no limit"),
        key("inspect.skip_bad_samples", &C::inspect, &I::skip_bad_samples,
@@ -184,7 +198,8 @@ void validate_inspect_config(const InspectConfig& c) {
   const InspectOptions& o = c.inspect;
   require_set("inspect.path", !o.path.empty());
   if (!o.vocab.empty()) require_file("inspect.vocab", o.vocab);
-  PB_REQUIRE(o.vocab_size >= 1, "{} = {}: must be >= 1", named("inspect.vocab_size"), o.vocab_size);
+  PB_REQUIRE(o.vocab_size >= 0, "{} = {}: must be >= 0 (0 = the shards' recorded size)",
+             named("inspect.vocab_size"), o.vocab_size);
   PB_REQUIRE(o.max_seq_len >= 0, "{} = {}: must be >= 0 (0 = no limit)",
              named("inspect.max_seq_len"), o.max_seq_len);
 }

@@ -20,10 +20,10 @@ struct PrepareConfig {
 };
 
 struct InspectOptions {
-  std::string path;            // a shard file or directory; or a checkpoint (root)
-  std::string vocab;           // vocabulary file (sets vocab_size)
-  int64_t vocab_size = 30522;  // token ids must be below this
-  int max_seq_len = 0;         // reject longer samples; 0 = no limit
+  std::string path;        // a shard file or directory; or a checkpoint (root)
+  std::string vocab;       // the tokenizer file (sets vocab_size)
+  int64_t vocab_size = 0;  // token ids must be below this; 0: the shards' recorded size
+  int max_seq_len = 0;     // reject longer samples; 0 = no limit
   bool skip_bad_samples = false;
 };
 struct InspectConfig {

@@ -48,6 +48,7 @@ struct TrainConfig {
     int64_t heads = 12;
     int64_t intermediate = 3072;
     int64_t max_position_embeddings = 512;
+    int64_t vocab_size = 30522;  // the tokenizer's; the embedding pads it (BertConfig)
     double hidden_dropout = 0.1;
     double attention_dropout = 0.1;
     int64_t mlm_chunk_rows = 0;        // MLM head rows per chunk (mini-sequence); 0 = all at once

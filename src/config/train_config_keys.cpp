@@ -154,6 +154,9 @@ std::vector<Key> make_keys() {
   k.push_back(
       preset_key(key("model.max_position_embeddings", &C::model, &M::max_position_embeddings,
                      "position embedding rows (>= train.max_seq_len)")));
+  k.push_back(preset_key(key("model.vocab_size", &C::model, &M::vocab_size,
+                             "tokens of the tokenizer (the shards record theirs); the "
+                             "embedding and decoder pad it to a multiple of 8")));
   k.push_back(preset_key(key("model.hidden_dropout", &C::model, &M::hidden_dropout,
                              "dropout after embeddings, attention output and FFN, in [0, 1)")));
   k.push_back(preset_key(key("model.attention_dropout", &C::model, &M::attention_dropout,
@@ -337,7 +340,9 @@ std::vector<Key> make_keys() {
                   "training shards: a directory of .h5 files or one file"));
   k.push_back(key("data.eval_dir", &C::data, &D::eval_dir,
                   "evaluation shards: a directory of .h5 files or one file"));
-  k.push_back(key("data.vocab", &C::data, &D::vocab, "vocab.txt of the shards' tokenizer"));
+  k.push_back(key("data.vocab", &C::data, &D::vocab,
+                  "the shards' tokenizer: a WordPiece vocab.txt or a Hugging Face tokenizer.json; "
+                  "shards that record another are refused (docs/own_corpus.md)"));
   k.push_back(key("data.prefetch_steps", &C::data, &D::prefetch_steps,
                   "steps the loader prepares ahead (>= 1)"));
   k.push_back(key("data.shuffle_block_rows", &C::data, &D::shuffle_block_rows,

@@ -9,6 +9,8 @@ BertConfig model_config(const TrainConfig& c) {
   b.heads = c.model.heads;
   b.intermediate = c.model.intermediate;
   b.max_position_embeddings = c.model.max_position_embeddings;
+  b.real_vocab_size = c.model.vocab_size;
+  b.vocab_size = pad_vocab(c.model.vocab_size);
   b.hidden_dropout = static_cast<float>(c.model.hidden_dropout);
   b.attention_dropout = static_cast<float>(c.model.attention_dropout);
   b.hidden_act = c.model.hidden_act;

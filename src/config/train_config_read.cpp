@@ -25,6 +25,7 @@ void apply_preset(TrainConfig& c) {
   c.model.heads = p.heads;
   c.model.intermediate = p.intermediate;
   c.model.max_position_embeddings = p.max_position_embeddings;
+  c.model.vocab_size = p.real_vocab_size;
   // The preset's float rates as the decimal they were written as (0.1f -> 0.1, not
   // 0.10000000149), so a preset config equals one that spells the rates out.
   auto decimal = [](float f) { return std::stod(fmt::format("{}", f)); };

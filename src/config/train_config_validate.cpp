@@ -42,6 +42,8 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
              cuda_graphs_name(c.train.cuda_graphs));
   const auto& m = c.model;
   PB_REQUIRE(m.layers >= 1, "model.layers ({}) must be >= 1", m.layers);
+  PB_REQUIRE(m.vocab_size >= 1 && m.vocab_size <= (int64_t{1} << 30),
+             "model.vocab_size ({}) must be in [1, 2^30]", m.vocab_size);
   PB_REQUIRE(m.hidden >= 1, "model.hidden ({}) must be >= 1", m.hidden);
   PB_REQUIRE(m.heads >= 1, "model.heads ({}) must be >= 1", m.heads);
   PB_REQUIRE(m.hidden % m.heads == 0, "model.hidden ({}) must be divisible by model.heads ({})",

@@ -10,9 +10,11 @@
 
 namespace packbert {
 
-EvalSet load_eval_set(const std::string& eval_dir, const SampleRules& rules, int64_t max_samples,
+EvalSet load_eval_set(const std::string& eval_dir, const SampleRules& given, int64_t max_samples,
                       int rank, int world_size) {
   PB_REQUIRE(max_samples >= 0, "eval: max_samples {} must be >= 0", max_samples);
+  SampleRules rules = given;
+  rules.needs_masks = true;  // evaluation reads the shards' masks, whatever training does
   const std::vector<std::string> shards = list_shards(eval_dir);
   // Count first (cheap: shard headers), to know the whole set and this rank's range.
   std::vector<int64_t> counts;

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "data/prepare/tokenizer.h"
+#include "data/prepare/corpus_tokenizer.h"
 #include "kernels/device.h"
 #include "train/model_flops.h"
 #include "data/packing/planner.h"
@@ -162,22 +162,33 @@ std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig&
   auto m = std::make_shared<LoaderOptions::Masking>();
   m->rule = mask_rule(d.mlm_probability, c.train.max_predictions_per_seq, d.mask_count,
                       d.whole_word_masking, d.mask_token_share, d.random_token_share);
-  m->vocab = mask_vocab(Vocab::load(d.vocab));
+  const CorpusTokenizer tokenizer = CorpusTokenizer::load(d.vocab);
+  PB_REQUIRE(!d.whole_word_masking || tokenizer.word_pieces(),
+             "data.whole_word_masking: data.vocab {} is a {}; whole words are WordPiece's "
+             "(\"##\" pieces)",
+             d.vocab, tokenizer.kind());
+  m->vocab = tokenizer.mask_vocab();
   return m;
 }
 
-// The sample rules of the data: the vocabulary file's size and special ids.
+// The sample rules of the data: the tokenizer file's size and special ids, and what shards that
+// record their making must agree with (the tokenizer, the model's vocabulary, masks for static
+// masking, NSP pairs for an NSP head).
 SampleRules sample_rules(const TrainConfig& c, const BertConfig& model) {
   SampleRules rules;
   rules.vocab_size = model.real_vocab_size;
   rules.max_seq_len = c.train.max_seq_len;
   if (!c.data.vocab.empty()) {
-    const Vocab v = Vocab::load(c.data.vocab);
-    PB_REQUIRE(v.size() <= model.real_vocab_size,
-               "data.vocab: {} has {} tokens, more than the model's vocabulary ({})", c.data.vocab,
-               v.size(), model.real_vocab_size);
-    rules = vocab_sample_rules(v, c.train.max_seq_len);
+    const CorpusTokenizer t = CorpusTokenizer::load(c.data.vocab);
+    PB_REQUIRE(t.meta().vocab_size <= model.real_vocab_size,
+               "data.vocab: {} has {} tokens, more than the model's vocabulary ({}; set "
+               "model.vocab_size)",
+               c.data.vocab, t.meta().vocab_size, model.real_vocab_size);
+    rules = t.sample_rules(c.train.max_seq_len);
   }
+  rules.model_vocab_size = model.real_vocab_size;
+  rules.needs_masks = c.data.masking == MaskingMode::static_masks;
+  rules.needs_pairs = model.nsp_head;
   return rules;
 }
 

@@ -129,7 +129,7 @@ TEST(CommandConfig, ValidationNamesKeyAndOption) {
   EXPECT_NE(error_of([&] { validate_inspect_config(i); }).find("inspect.path is not set"),
             std::string::npos);
   i.inspect.path = "x";
-  i.inspect.vocab_size = 0;
+  i.inspect.vocab_size = -1;
   EXPECT_NE(error_of([&] { validate_inspect_config(i); }).find("inspect.vocab_size"),
             std::string::npos);
 

@@ -489,9 +489,10 @@ TEST(Prepare, DemoCorpusSamplesAreTextRunsAndWholeWordsMaskTogether) {
   {
     TextReader reader(slice);
     std::string chunk;
+    const CorpusTokenizer corpus_tokenizer = CorpusTokenizer::load(kVocab);
     while (reader.next_chunk(chunk, 1 << 20)) {
       TokenizedLines lines;
-      tokenize_lines(tokenizer(), chunk, lines);
+      tokenize_lines(corpus_tokenizer, chunk, lines);
       corpus.insert(corpus.end(), lines.tokens.begin(), lines.tokens.end());
     }
   }

@@ -26,7 +26,7 @@ using nlohmann::json;
 struct AddedToken {
   int32_t id = 0;
   std::string content;
-  bool single_word = false, lstrip = false, rstrip = false;
+  bool single_word = false, lstrip = false, rstrip = false, special = false;
 };
 
 // Rust's char::is_whitespace: the White_Space property.
@@ -115,6 +115,7 @@ void HfTokenizer::Impl::read_added(const json& j) {
     a.single_word = t.value("single_word", false);
     a.lstrip = t.value("lstrip", false);
     a.rstrip = t.value("rstrip", false);
+    a.special = t.value("special", false);
     if (a.content.empty()) fail("added token " + std::to_string(a.id) + " is empty");
     added.push_back(a);
     if (!first_byte[static_cast<unsigned char>(a.content[0])]) firsts.push_back(a.content[0]);
@@ -356,5 +357,23 @@ const std::string& HfTokenizer::model_type() const { return impl_->model_type; }
 int64_t HfTokenizer::vocab_size() const { return impl_->vocab_size; }
 const std::vector<int32_t>& HfTokenizer::prefix_ids() const { return impl_->prefix; }
 const std::vector<int32_t>& HfTokenizer::suffix_ids() const { return impl_->suffix; }
+
+int32_t HfTokenizer::token_id(std::string_view token) const {
+  for (const AddedToken& a : impl_->added)
+    if (a.content == token) return a.id;
+  if (impl_->bpe) return impl_->bpe->id(token);
+  return impl_->vocab->id(token);
+}
+
+std::vector<int32_t> HfTokenizer::special_ids() const {
+  std::vector<int32_t> ids;
+  for (const AddedToken& a : impl_->added)
+    if (a.special) ids.push_back(a.id);
+  return ids;
+}
+
+const Vocab* HfTokenizer::wordpiece_vocab() const {
+  return impl_->vocab ? &*impl_->vocab : nullptr;
+}
 
 }  // namespace packbert

@@ -20,6 +20,8 @@
 
 namespace packbert {
 
+class Vocab;
+
 class HfTokenizer {
  public:
   static HfTokenizer load(const std::string& path);
@@ -36,6 +38,9 @@ class HfTokenizer {
   // The template's special ids before and after a text (empty without a post-processor).
   const std::vector<int32_t>& prefix_ids() const;
   const std::vector<int32_t>& suffix_ids() const;
+  int32_t token_id(std::string_view token) const;  // an added token's, else the model's; -1
+  std::vector<int32_t> special_ids() const;        // the added tokens marked special
+  const Vocab* wordpiece_vocab() const;            // WordPiece: its vocabulary; BPE: nullptr
 
  private:
   struct Impl;

@@ -42,6 +42,15 @@ size_t plan_chunks(const DocumentStore& docs, uint32_t doc, const InstanceConfig
   return count;
 }
 
+void clear_masks(Sample& out) {
+  out.masked_lm_positions.clear();
+  out.masked_lm_ids.clear();
+}
+
+bool is_special(const InstanceConfig& cfg, int32_t id) {
+  return cfg.mask_vocab.is_special[static_cast<size_t>(id)] != 0;
+}
+
 // [CLS] chunk [SEP] of a chunk plan.
 void materialize_chunk(const DocumentStore& docs, const InstancePlan& plan,
                        const InstanceConfig& cfg, Sample& out) {
@@ -125,9 +134,11 @@ void materialize(const DocumentStore& docs, const InstancePlan& plan, const Inst
                  Rng rng, Sample& out, MaskScratch& scratch) {
   if (plan.random_next == kDocumentChunk) {
     materialize_chunk(docs, plan, cfg, out);
+    if (!cfg.masks) return clear_masks(out);
     auto& cand = scratch.candidates;
     cand.clear();
-    for (int i = 1; i + 1 < static_cast<int>(out.input_ids.size()); ++i) cand.push_back(i);
+    for (int i = 1; i + 1 < static_cast<int>(out.input_ids.size()); ++i)
+      if (!is_special(cfg, out.input_ids[i])) cand.push_back(i);
     MaskRule rule;
     rule.probability = cfg.masked_lm_prob;
     rule.max_predictions = cfg.max_predictions;
@@ -165,11 +176,13 @@ void materialize(const DocumentStore& docs, const InstancePlan& plan, const Inst
   std::fill(out.segment_ids.begin() + len_a + 2, out.segment_ids.end(), int8_t{1});
   out.next_sentence_label = static_cast<int8_t>(plan.random_next ? 1 : 0);
 
-  // create_masked_lm_predictions. Candidates are all positions but [CLS] and the two [SEP]s.
+  // create_masked_lm_predictions. Candidates are all positions but [CLS] and the two [SEP]s
+  // (and special tokens of the text: a tokenizer.json matches its added tokens in the text).
+  if (!cfg.masks) return clear_masks(out);
   auto& cand = scratch.candidates;
   cand.clear();
   for (int i = 1; i < len - 1; ++i)
-    if (i != len_a + 1) cand.push_back(i);  // not the middle [SEP]
+    if (i != len_a + 1 && !is_special(cfg, out.input_ids[i])) cand.push_back(i);
   MaskRule rule;
   rule.probability = cfg.masked_lm_prob;
   rule.max_predictions = cfg.max_predictions;

@@ -75,6 +75,7 @@ struct InstanceConfig {
   double masked_lm_prob = 0.15;
   double short_seq_prob = 0.1;
   bool whole_word_masking = false;
+  bool masks = true;  // false (prepare --masks none): no masked positions, the tokens as they are
   int32_t cls_id = 101, sep_id = 102;
   MaskVocab mask_vocab;  // [MASK], the "##" pieces, the ids a masked token may be replaced with
 };
@@ -107,8 +108,8 @@ inline void prefetch_tokens(const DocumentStore& d, const InstancePlan& p) {
 }
 
 // truncate_seq_pair, [CLS] A [SEP] B [SEP] with segment ids (a document chunk: [CLS] chunk [SEP],
-// segment 0, label 0), then create_masked_lm_predictions. Overwrites every field of out
-// (out.id = -1).
+// segment 0, label 0), then create_masked_lm_predictions unless !cfg.masks. Overwrites every field
+// of out (out.id = -1).
 void materialize(const DocumentStore& docs, const InstancePlan& plan, const InstanceConfig& cfg,
                  Rng rng, Sample& out, MaskScratch& scratch);
 

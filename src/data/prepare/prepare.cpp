@@ -40,7 +40,7 @@
 #include "data/prepare/instances.h"
 #include "data/prepare/task_pool.h"
 #include "data/prepare/text_input.h"
-#include "data/prepare/tokenizer.h"
+#include "data/prepare/corpus_tokenizer.h"
 
 namespace packbert {
 
@@ -76,11 +76,15 @@ struct FileJob {
 };
 
 struct Context {
-  Context(const PrepareOptions& o, const InstanceConfig& c, const BertTokenizer& t)
-      : opts(o), cfg(c), tokenizer(t) {}
+  Context(const PrepareOptions& o, const InstanceConfig& c, const CorpusTokenizer& t)
+      : opts(o), cfg(c), tokenizer(t) {
+    eval_cfg = cfg;
+    eval_cfg.masks = true;  // evaluation reads fixed masks, with or without training's
+  }
   const PrepareOptions& opts;
   const InstanceConfig& cfg;
-  const BertTokenizer& tokenizer;
+  InstanceConfig eval_cfg;
+  const CorpusTokenizer& tokenizer;
   TaskPool* pool = nullptr;
   int num_files = 0;
   size_t chunks_in_flight = 2;  // per file
@@ -180,12 +184,12 @@ std::vector<uint8_t> hold_out_eval(Context& ctx, FileJob& job) {
     for (uint32_t d : order) {
       if (available >= need) break;
       reserved.push_back(d);
-      available += static_cast<int64_t>(
-          plan_document(job.docs, d, nullptr, 0, ctx.cfg, structure(d), random_doc(d), nullptr));
+      available += static_cast<int64_t>(plan_document(job.docs, d, nullptr, 0, ctx.eval_cfg,
+                                                      structure(d), random_doc(d), nullptr));
     }
     std::vector<InstancePlan> plans;
     for (uint32_t d : reserved) {
-      plan_document(job.docs, d, reserved.data(), reserved.size(), ctx.cfg, structure(d),
+      plan_document(job.docs, d, reserved.data(), reserved.size(), ctx.eval_cfg, structure(d),
                     random_doc(d), &plans);
       held_out[d] = 1;
     }
@@ -194,7 +198,7 @@ std::vector<uint8_t> hold_out_eval(Context& ctx, FileJob& job) {
     job.eval_samples.resize(plans.size());
     MaskScratch scratch;
     for (size_t k = 0; k < plans.size(); ++k)
-      materialize(job.docs, plans[k], ctx.cfg,
+      materialize(job.docs, plans[k], ctx.eval_cfg,
                   Rng(o.seed, {kRngMaterialize, uint64_t(f), kSplitEval, k}), job.eval_samples[k],
                   scratch);
     job.eval_docs = static_cast<uint32_t>(reserved.size());
@@ -243,20 +247,21 @@ void process_file(Context& ctx, FileJob& job) {
                 seconds_since(planning));
 }
 
-InstanceConfig make_instance_config(const PrepareOptions& o, const Vocab& vocab) {
+InstanceConfig make_instance_config(const PrepareOptions& o, const CorpusTokenizer& tokenizer) {
   InstanceConfig c;
+  c.masks = o.masks == PrepareMasks::static_masks;
   c.documents = o.samples == PrepareSamples::documents;
   c.max_seq_len = o.max_seq_len;
   c.max_predictions = o.max_predictions_per_seq;
   c.masked_lm_prob = o.masked_lm_prob;
   c.short_seq_prob = o.short_seq_prob;
   c.whole_word_masking = o.whole_word_masking;
-  c.cls_id = vocab.cls_id();
-  c.sep_id = vocab.sep_id();
+  c.cls_id = tokenizer.meta().cls_id;
+  c.sep_id = tokenizer.meta().sep_id;
   // Google draws random words from the whole vocabulary; [CLS]/[SEP] in the middle of a sample
   // would break the [CLS] A [SEP] B [SEP] structure the shard rules check, [PAD]/[MASK] are
-  // noise: mask_vocab leaves them out.
-  c.mask_vocab = mask_vocab(vocab);
+  // noise: mask_vocab leaves them (and a tokenizer.json's other special tokens) out.
+  c.mask_vocab = tokenizer.mask_vocab();
   return c;
 }
 
@@ -274,6 +279,12 @@ void validate(const PrepareOptions& o) {
   PB_REQUIRE(o.short_seq_prob >= 0 && o.short_seq_prob <= 1,
              "--short-seq-prob {}: must be in [0, 1]", o.short_seq_prob);
   PB_REQUIRE(o.dupe_factor >= 1, "--dupe-factor {}: must be at least 1", o.dupe_factor);
+  PB_REQUIRE(o.dupe_factor == 1 || o.samples == PrepareSamples::pairs ||
+                 o.masks == PrepareMasks::static_masks,
+             "--dupe-factor {}: with --samples documents and --masks none every copy of a "
+             "document is the same samples; use --dupe-factor 1 (the trainer's dynamic masking "
+             "masks each epoch anew)",
+             o.dupe_factor);
   PB_REQUIRE(o.num_shards >= 1, "--num-shards {}: must be at least 1", o.num_shards);
   PB_REQUIRE(o.eval_samples >= 0, "--eval-samples {}: must not be negative", o.eval_samples);
   PB_REQUIRE(o.threads >= 0, "--threads {}: must not be negative", o.threads);
@@ -339,7 +350,7 @@ struct OutputDirs {
 
 std::string shard_name(int i, int n) { return fmt::format("part-{:05d}-of-{:05d}.h5", i, n); }
 
-void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const BertTokenizer& tok,
+void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const CorpusTokenizer& tok,
                   const OutputDirs& dirs, int threads, PrepareStats& stats) {
   // Every shard stays open (round-robin), each buffering chunk_samples rows: keep the buffers
   // of all shards together near 256 MB when there are many shards.
@@ -347,6 +358,11 @@ void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const Bert
   wo.format = o.format;
   wo.max_seq_len = o.max_seq_len;
   wo.max_predictions = o.max_predictions_per_seq;
+  wo.meta = tok.meta();
+  wo.meta.samples = o.samples == PrepareSamples::documents ? "documents" : "pairs";
+  ShardWriteOptions eval_wo = wo;
+  eval_wo.meta.masks = "static";
+  wo.meta.masks = cfg.masks ? "static" : "none";
   const double row_bytes = 6.0 * o.max_seq_len + 8.0 * o.max_predictions_per_seq + 16;
   wo.chunk_samples = static_cast<int>(
       std::clamp(256e6 / (row_bytes * o.num_shards), 64.0, static_cast<double>(wo.chunk_samples)));
@@ -360,7 +376,7 @@ void run_pipeline(const PrepareOptions& o, const InstanceConfig& cfg, const Bert
   std::unique_ptr<ShardWriter> eval;
   if (dirs.has_eval) {
     stats.eval_shard = (dirs.eval / "eval.h5").string();
-    eval = std::make_unique<ShardWriter>((dirs.eval_tmp / "eval.h5").string(), wo);
+    eval = std::make_unique<ShardWriter>((dirs.eval_tmp / "eval.h5").string(), eval_wo);
   }
 
   const int num_files = static_cast<int>(o.inputs.size());
@@ -484,20 +500,25 @@ PrepareStats run_prepare(const PrepareOptions& given) {
   PrepareOptions opts = given;
   opts.inputs = expand_inputs(given.inputs);  // directories and globs: their files
   validate(opts);
-  const Vocab vocab = Vocab::load(opts.vocab);
+  const CorpusTokenizer tokenizer = CorpusTokenizer::load(opts.vocab);
+  const int64_t vocab_size = tokenizer.meta().vocab_size;
   // Documents keep their ids as uint16 to fit one tokenized input file per thread in memory.
-  PB_REQUIRE(vocab.size() <= 65536, "vocab {}: {} tokens; prepare supports at most 65536",
-             opts.vocab, vocab.size());
-  const BertTokenizer tokenizer(vocab);
-  const InstanceConfig cfg = make_instance_config(opts, vocab);
+  PB_REQUIRE(vocab_size <= 65536, "tokenizer {}: {} tokens; prepare supports at most 65536",
+             opts.vocab, vocab_size);
+  PB_REQUIRE(!opts.whole_word_masking || tokenizer.word_pieces(),
+             "--whole-word-masking: tokenizer {} is {}; whole words are WordPiece's (\"##\" "
+             "pieces)",
+             opts.vocab, tokenizer.kind());
+  const InstanceConfig cfg = make_instance_config(opts, tokenizer);
   const int threads = opts.threads > 0
                           ? opts.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   spdlog::info(
-      "prepare: {} input file(s), vocab {} ({} tokens), max_seq_len {}, dupe_factor {}, "
+      "prepare: {} input file(s), tokenizer {} ({}, {} tokens), max_seq_len {}, dupe_factor {}, "
       "{} {} shard(s), {} eval samples, seed {}, {} threads",
-      opts.inputs.size(), opts.vocab, vocab.size(), opts.max_seq_len, opts.dupe_factor,
-      opts.num_shards, to_string(opts.format), opts.eval_samples, opts.seed, threads);
+      opts.inputs.size(), opts.vocab, tokenizer.kind(), vocab_size, opts.max_seq_len,
+      opts.dupe_factor, opts.num_shards, to_string(opts.format), opts.eval_samples, opts.seed,
+      threads);
 
   OutputDirs dirs(opts);
   PrepareStats stats;

@@ -13,6 +13,9 @@ namespace packbert {
 
 // What a sample is: Google's NSP sentence pairs, or a chunk of one document (no B, no NSP).
 enum class PrepareSamples { pairs, documents };
+// The training shards' masks: drawn here (static), or none (the trainer's dynamic masking
+// masks). The eval shard is masked either way: evaluation reads fixed masks.
+enum class PrepareMasks { static_masks, none };
 
 struct PrepareOptions {
   // Text files, optionally .gz: one sentence per line, documents separated by blank lines; or
@@ -25,7 +28,8 @@ struct PrepareOptions {
   // document's tokens in consecutive chunks of max_seq_len - 2, [CLS] chunk [SEP], the last
   // chunk the shorter tail (packing combines short samples; no chunk crosses documents).
   PrepareSamples samples = PrepareSamples::pairs;
-  std::string vocab;
+  PrepareMasks masks = PrepareMasks::static_masks;
+  std::string vocab;  // the tokenizer: a WordPiece vocab.txt or a tokenizer.json
   std::string output_dir;
   int max_seq_len = 128;
   int max_predictions_per_seq = 20;

@@ -108,7 +108,7 @@ bool TextReader::next_chunk(std::string& out, size_t max_bytes) {
   return !out.empty();
 }
 
-void tokenize_lines(const BertTokenizer& tokenizer, std::string_view text, TokenizedLines& out) {
+void tokenize_lines(const CorpusTokenizer& tokenizer, std::string_view text, TokenizedLines& out) {
   out.tokens.clear();
   out.line_tokens.clear();
   size_t pos = 0;
@@ -121,7 +121,9 @@ void tokenize_lines(const BertTokenizer& tokenizer, std::string_view text, Token
       out.line_tokens.push_back(TokenizedLines::kBlankLine);
       continue;
     }
-    const std::vector<int32_t> ids = tokenizer.encode(line);
+    thread_local std::vector<int32_t> ids;
+    ids.clear();
+    tokenizer.encode(line, ids);
     for (int32_t id : ids) out.tokens.push_back(static_cast<uint16_t>(id));
     out.line_tokens.push_back(static_cast<int32_t>(ids.size()));
   }

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/prepare/tokenizer.h"
+#include "data/prepare/corpus_tokenizer.h"
 
 namespace packbert {
 
@@ -48,6 +48,6 @@ struct TokenizedLines {
 };
 
 // Requires vocab ids < 65536 (checked by the caller once for the vocabulary).
-void tokenize_lines(const BertTokenizer& tokenizer, std::string_view text, TokenizedLines& out);
+void tokenize_lines(const CorpusTokenizer& tokenizer, std::string_view text, TokenizedLines& out);
 
 }  // namespace packbert

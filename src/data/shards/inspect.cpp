@@ -33,6 +33,23 @@ std::string with_commas(int64_t v) {
   return v < 0 ? "-" + out : out;
 }
 
+void count_meta(InspectReport& r, const ShardMeta& m) {
+  for (auto& [seen, count] : r.made_with)
+    if (seen == m) {
+      ++count;
+      return;
+    }
+  r.made_with.emplace_back(m, 1);
+}
+
+std::string describe_meta(const ShardMeta& m) {
+  if (!m.recorded) return "not recorded (MLPerf's and NVIDIA's shards record none)";
+  return fmt::format(
+      "{} (sha256 {}), {} tokens, [CLS] {} [SEP] {} [MASK] {} [PAD] {}; masks {}, samples {}",
+      m.tokenizer, m.tokenizer_sha256, m.vocab_size, m.cls_id, m.sep_id, m.mask_id, m.pad_id,
+      m.masks, m.samples);
+}
+
 void grow_and_count(std::vector<int64_t>& histogram, size_t index) {
   if (histogram.size() <= index) histogram.resize(index + 1, 0);
   ++histogram[index];
@@ -50,6 +67,7 @@ InspectReport inspect_shards(const std::string& path, const SampleRules& rules,
   Sample s;
   for (const std::string& shard : shards) {
     ShardReader reader(shard, rules);
+    count_meta(r, reader.info().meta);
     if (reader.info().format == ShardFormat::fixed)
       fixed_len = std::max(fixed_len, reader.info().max_seq_len);
     for (;;) {
@@ -99,6 +117,10 @@ void print_inspect_report(const InspectReport& r, std::ostream& os) {
   os << "shard summary (every sample validated)\n";
   line("shards", with_commas(r.shards));
   line("samples", with_commas(r.samples));
+  for (const auto& [m, count] : r.made_with)
+    line("made with", r.made_with.size() == 1
+                          ? describe_meta(m)
+                          : fmt::format("{} shard(s): {}", count, describe_meta(m)));
   if (r.bad_samples > 0) {
     line("bad samples skipped", with_commas(r.bad_samples));
     for (const std::string& e : r.bad_examples) os << "    " << e << "\n";

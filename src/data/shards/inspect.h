@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/shards/sample.h"
+#include "data/shards/shard.h"
 
 namespace packbert {
 
@@ -22,6 +24,9 @@ struct InspectReport {
   double padding_fraction = 0;            // 1 - tokens / (samples * file_max_len)
   std::vector<int64_t> length_histogram;  // [file_max_len + 1]
   std::vector<int64_t> masked_histogram;  // count of samples by number of masked tokens
+  // How the shards were made (ShardMeta), each distinct record once with its shard count;
+  // shards that record nothing (MLPerf's, NVIDIA's) count under recorded = false.
+  std::vector<std::pair<ShardMeta, int64_t>> made_with;
   int64_t bad_samples = 0;                // skipped (only with skip_bad_samples)
   std::vector<std::string> bad_examples;  // the first few skipped samples' errors
 };

@@ -36,10 +36,17 @@ class BadSampleError : public Error {
 
 // What a valid sample must satisfy; checked by the shard reader on every sample it yields.
 struct SampleRules {
-  int64_t vocab_size = 30522;  // token ids and masked ids must be < vocab_size (and >= 0)
+  int64_t vocab_size = 30522;  // token ids and masked ids must be < vocab_size (and >= 0);
+                               //   0: a shard's recorded size (ShardMeta), else 30522
   int max_seq_len = 0;         // 0: no limit beyond the file's own shape
   int32_t cls_id = 101;        // position 0 must not be masked; masked positions never hold
   int32_t sep_id = 102;        //   [CLS]/[SEP] (checked against input_ids at that position)
+  // What a shard that records its making (ShardMeta) must agree with; unset: not checked.
+  std::string tokenizer;         // the configured tokenizer file, named in errors
+  std::string tokenizer_sha256;  // its SHA-256; "" = any tokenizer
+  int64_t model_vocab_size = 0;  // the shard's vocabulary must be this size; 0 = any
+  bool needs_masks = false;      // refuse shards written without masks (static masking, eval)
+  bool needs_pairs = false;      // refuse document-chunk shards (a model with an NSP head)
 };
 
 // Returns "" when the sample obeys the rules, else what is wrong (dataset name first, e.g.

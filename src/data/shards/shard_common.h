@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "data/shards/shard.h"
 #include "kernels/base/error.h"
 
 namespace packbert::h5 {
@@ -67,6 +68,11 @@ T checked(T r, const char* call, const char* file, int line, const Context& cont
   if (static_cast<int64_t>(r) < 0) throw_call_failed(context(), call, file, line);
   return r;
 }
+
+// ShardMeta as the root group's attributes (shard_meta.cpp): written when recorded; read back
+// (recorded = false when the file has none), every attribute checked, errors naming it.
+void write_shard_meta(hid_t file, const ShardMeta& meta, const std::string& path);
+ShardMeta read_shard_meta(hid_t file, const std::string& path);
 
 // A short human description of an HDF5 datatype: "int16", "uint32", "float32", "string",
 // "vlen int16", "compound", ...

@@ -163,6 +163,17 @@ void ShardReader::Impl::open(int chunk_samples) {
   open_column(masked_ids, h5::kMaskedIds, !fixed, fixed ? 2 : 1);
   open_column(labels, h5::kNextSentenceLabels, false, 1);
   check_structure();
+  info.meta = h5::read_shard_meta(file.get(), path);
+  const std::string disagrees = check_shard_meta(info.meta, rules);
+  if (!disagrees.empty()) PB_THROW("shard {}: {}", path, disagrees);
+  if (info.meta.recorded) {  // its own special ids and vocabulary
+    rules.cls_id = info.meta.cls_id;
+    rules.sep_id = info.meta.sep_id;
+    rules.vocab_size = rules.vocab_size > 0 ? std::min(rules.vocab_size, info.meta.vocab_size)
+                                            : info.meta.vocab_size;
+  } else if (rules.vocab_size == 0) {
+    rules.vocab_size = SampleRules().vocab_size;
+  }
   if (!fixed) heap_check = std::make_unique<h5::VlenHeapCheck>(path, *raw);
 
   const int64_t widest = fixed ? std::max<int64_t>(1, static_cast<int64_t>(input_ids.width)) : 1;

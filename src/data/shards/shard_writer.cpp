@@ -1,9 +1,10 @@
 // ShardWriter: streams samples into the MLPerf/NVIDIA HDF5 layouts (fixed or varlength).
 //
-// Rows are buffered chunk_samples at a time in the file's own narrow types (int16 / int8), then
-// appended to extendible chunked datasets with one H5Dwrite per dataset, so memory does not grow
-// with the shard and no type conversion runs on write. The file holds only the six (fixed) or
-// five (varlength) datasets real shards hold: no attributes, no extra groups.
+// Rows are buffered chunk_samples at a time in the file's own types (int16 or int32 ids, int16
+// positions, int8 masks, segments and labels), then appended to extendible chunked datasets with
+// one H5Dwrite per dataset, so memory does not grow with the shard and no type conversion runs
+// on write. The file holds the six (fixed) or five (varlength) datasets real shards hold, no
+// extra groups, and the root group's ShardMeta attributes when opts.meta is recorded.
 #include <algorithm>
 #include <array>
 #include <limits>
@@ -41,11 +42,13 @@ struct ShardWriter::Impl {
   // fixed: input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids, labels;
   // varlength: input_ids, segment_ids, masked_lm_positions, masked_lm_ids, labels.
   std::vector<OutColumn> columns;
-  Handle vlen_int16_mem, vlen_int8_mem;  // memory types of vlen rows
+  Handle vlen_int16_mem, vlen_int32_mem, vlen_int8_mem;  // memory types of vlen rows
+  bool wide = false;  // int32 ids (input_ids, masked_lm_ids): meta.vocab_size > 32768
 
   // Row buffers. fixed: [rows, width] zero padded; varlength: values back to back with
   // per-row offsets (row r = values[offsets[r], offsets[r + 1])).
   std::vector<int16_t> input_ids, masked_positions, masked_ids;
+  std::vector<int32_t> wide_input_ids, wide_masked_ids;  // in their place when wide
   std::vector<int8_t> input_mask, segment_ids, labels;
   std::vector<int64_t> token_offsets{0}, masked_offsets{0};
 
@@ -113,35 +116,41 @@ void ShardWriter::Impl::create() {
   }
   file = Handle(PB_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                       "shard {}: cannot create the file", path));
+  h5::write_shard_meta(file.get(), opts.meta, path);
+  wide = opts.meta.recorded && opts.meta.vocab_size > 32768;
+  const hid_t id_file = wide ? H5T_STD_I32LE : H5T_STD_I16LE;
+  const hid_t id_mem = wide ? H5T_NATIVE_INT32 : H5T_NATIVE_INT16;
   const auto L = static_cast<hsize_t>(opts.max_seq_len);
   const auto P = static_cast<hsize_t>(opts.max_predictions);
   if (fixed) {
-    add_column(h5::kInputIds, Buffer::input_ids, H5T_STD_I16LE, H5T_NATIVE_INT16, L, false);
+    add_column(h5::kInputIds, Buffer::input_ids, id_file, id_mem, L, false);
     add_column(h5::kInputMask, Buffer::input_mask, H5T_STD_I8LE, H5T_NATIVE_INT8, L, false);
     add_column(h5::kSegmentIds, Buffer::segment_ids, H5T_STD_I8LE, H5T_NATIVE_INT8, L, false);
     add_column(h5::kMaskedPositions, Buffer::masked_positions, H5T_STD_I16LE, H5T_NATIVE_INT16, P,
                false);
-    add_column(h5::kMaskedIds, Buffer::masked_ids, H5T_STD_I16LE, H5T_NATIVE_INT16, P, false);
+    add_column(h5::kMaskedIds, Buffer::masked_ids, id_file, id_mem, P, false);
     const size_t rows = static_cast<size_t>(opts.chunk_samples);
-    input_ids.assign(rows * L, 0);
+    (wide ? wide_input_ids.assign(rows * L, 0) : input_ids.assign(rows * L, 0));
     input_mask.assign(rows * L, 0);
     segment_ids.assign(rows * L, 0);
     masked_positions.assign(rows * P, 0);
-    masked_ids.assign(rows * P, 0);
+    (wide ? wide_masked_ids.assign(rows * P, 0) : masked_ids.assign(rows * P, 0));
   } else {
     vlen_int16_mem = Handle(PB_H5(H5Tvlen_create(H5T_NATIVE_INT16), "shard {}", path));
+    vlen_int32_mem = Handle(PB_H5(H5Tvlen_create(H5T_NATIVE_INT32), "shard {}", path));
     vlen_int8_mem = Handle(PB_H5(H5Tvlen_create(H5T_NATIVE_INT8), "shard {}", path));
     const hid_t v16 = vlen_int16_mem.get(), v8 = vlen_int8_mem.get();
-    add_column(h5::kInputIds, Buffer::input_ids, H5T_STD_I16LE, v16, 0, true);
+    const hid_t vid = wide ? vlen_int32_mem.get() : v16;
+    add_column(h5::kInputIds, Buffer::input_ids, id_file, vid, 0, true);
     add_column(h5::kSegmentIds, Buffer::segment_ids, H5T_STD_I8LE, v8, 0, true);
     add_column(h5::kMaskedPositions, Buffer::masked_positions, H5T_STD_I16LE, v16, 0, true);
-    add_column(h5::kMaskedIds, Buffer::masked_ids, H5T_STD_I16LE, v16, 0, true);
+    add_column(h5::kMaskedIds, Buffer::masked_ids, id_file, vid, 0, true);
   }
   add_column(h5::kNextSentenceLabels, Buffer::labels, H5T_STD_I8LE, H5T_NATIVE_INT8, 0, false);
   labels.reserve(static_cast<size_t>(opts.chunk_samples));
 }
 
-// Only what the file format itself needs: a sample must fit the shapes and the int16/int8
+// Only what the file format itself needs: a sample must fit the shapes and the int16/int32/int8
 // types, or what is read back would differ from what was written. Vocabulary rules are the
 // reader's job (the writer does not know the vocabulary).
 void ShardWriter::Impl::check_sample(const Sample& s, int64_t index) const {
@@ -163,10 +172,12 @@ void ShardWriter::Impl::check_sample(const Sample& s, int64_t index) const {
     fail(h5::kMaskedIds,
          fmt::format("{} entries but masked_lm_positions has {}", s.masked_lm_ids.size(), np));
   constexpr int32_t kMax16 = std::numeric_limits<int16_t>::max();
+  const int32_t max_id = wide ? std::numeric_limits<int32_t>::max() : kMax16;
+  const char* id_type = wide ? "int32" : "int16";
   for (int i = 0; i < len; ++i) {
-    if (s.input_ids[i] < 0 || s.input_ids[i] > kMax16)
-      fail(h5::kInputIds,
-           fmt::format("input_ids[{}] = {} does not fit the int16 dataset", i, s.input_ids[i]));
+    if (s.input_ids[i] < 0 || s.input_ids[i] > max_id)
+      fail(h5::kInputIds, fmt::format("input_ids[{}] = {} does not fit the {} dataset", i,
+                                      s.input_ids[i], id_type));
   }
   for (int j = 0; j < np; ++j) {
     // Position 0 would read back as an unused slot in the fixed format, so it is refused in
@@ -175,9 +186,9 @@ void ShardWriter::Impl::check_sample(const Sample& s, int64_t index) const {
       fail(h5::kMaskedPositions,
            fmt::format("masked_lm_positions[{}] = {} cannot be stored (must be 1 .. {})", j,
                        s.masked_lm_positions[j], kMax16));
-    if (s.masked_lm_ids[j] < 0 || s.masked_lm_ids[j] > kMax16)
-      fail(h5::kMaskedIds, fmt::format("masked_lm_ids[{}] = {} does not fit the int16 dataset", j,
-                                       s.masked_lm_ids[j]));
+    if (s.masked_lm_ids[j] < 0 || s.masked_lm_ids[j] > max_id)
+      fail(h5::kMaskedIds, fmt::format("masked_lm_ids[{}] = {} does not fit the {} dataset", j,
+                                       s.masked_lm_ids[j], id_type));
   }
 }
 
@@ -191,26 +202,39 @@ void ShardWriter::Impl::append(const Sample& s) {
     // Buffers are zeroed after each flush, so padding and unused slots are already 0.
     const size_t L = static_cast<size_t>(opts.max_seq_len);
     const size_t P = static_cast<size_t>(opts.max_predictions);
-    int16_t* ids = &input_ids[buffered * L];
     int8_t* mask = &input_mask[buffered * L];
     int8_t* seg = &segment_ids[buffered * L];
     for (int i = 0; i < len; ++i) {
-      ids[i] = static_cast<int16_t>(s.input_ids[i]);
+      if (wide)
+        wide_input_ids[buffered * L + i] = s.input_ids[i];
+      else
+        input_ids[buffered * L + i] = static_cast<int16_t>(s.input_ids[i]);
       mask[i] = 1;
       seg[i] = s.segment_ids[i];
     }
     for (int j = 0; j < np; ++j) {
       masked_positions[buffered * P + j] = static_cast<int16_t>(s.masked_lm_positions[j]);
-      masked_ids[buffered * P + j] = static_cast<int16_t>(s.masked_lm_ids[j]);
+      if (wide)
+        wide_masked_ids[buffered * P + j] = s.masked_lm_ids[j];
+      else
+        masked_ids[buffered * P + j] = static_cast<int16_t>(s.masked_lm_ids[j]);
     }
   } else {
-    for (int i = 0; i < len; ++i) input_ids.push_back(static_cast<int16_t>(s.input_ids[i]));
+    for (int i = 0; i < len; ++i) {
+      if (wide)
+        wide_input_ids.push_back(s.input_ids[i]);
+      else
+        input_ids.push_back(static_cast<int16_t>(s.input_ids[i]));
+    }
     segment_ids.insert(segment_ids.end(), s.segment_ids.begin(), s.segment_ids.end());
     for (int j = 0; j < np; ++j) {
       masked_positions.push_back(static_cast<int16_t>(s.masked_lm_positions[j]));
-      masked_ids.push_back(static_cast<int16_t>(s.masked_lm_ids[j]));
+      if (wide)
+        wide_masked_ids.push_back(s.masked_lm_ids[j]);
+      else
+        masked_ids.push_back(static_cast<int16_t>(s.masked_lm_ids[j]));
     }
-    token_offsets.push_back(static_cast<int64_t>(input_ids.size()));
+    token_offsets.push_back(token_offsets.back() + len);
     masked_offsets.push_back(static_cast<int64_t>(masked_positions.size()));
   }
   labels.push_back(s.next_sentence_label);
@@ -253,7 +277,10 @@ void ShardWriter::Impl::flush() {
     switch (c.buffer) {
       case Buffer::input_ids:
         if (fixed)
-          write_column(c, input_ids.data());
+          write_column(c,
+                       wide ? static_cast<const void*>(wide_input_ids.data()) : input_ids.data());
+        else if (wide)
+          write_vlen_column(c, wide_input_ids.data(), sizeof(int32_t), token_offsets);
         else
           write_vlen_column(c, input_ids.data(), sizeof(int16_t), token_offsets);
         break;
@@ -274,7 +301,10 @@ void ShardWriter::Impl::flush() {
         break;
       case Buffer::masked_ids:
         if (fixed)
-          write_column(c, masked_ids.data());
+          write_column(c,
+                       wide ? static_cast<const void*>(wide_masked_ids.data()) : masked_ids.data());
+        else if (wide)
+          write_vlen_column(c, wide_masked_ids.data(), sizeof(int32_t), masked_offsets);
         else
           write_vlen_column(c, masked_ids.data(), sizeof(int16_t), masked_offsets);
         break;
@@ -286,12 +316,16 @@ void ShardWriter::Impl::flush() {
   labels.clear();
   if (fixed) {
     std::fill(input_ids.begin(), input_ids.end(), int16_t{0});
+    std::fill(wide_input_ids.begin(), wide_input_ids.end(), 0);
+    std::fill(wide_masked_ids.begin(), wide_masked_ids.end(), 0);
     std::fill(input_mask.begin(), input_mask.end(), int8_t{0});
     std::fill(segment_ids.begin(), segment_ids.end(), int8_t{0});
     std::fill(masked_positions.begin(), masked_positions.end(), int16_t{0});
     std::fill(masked_ids.begin(), masked_ids.end(), int16_t{0});
   } else {
     input_ids.clear();
+    wide_input_ids.clear();
+    wide_masked_ids.clear();
     segment_ids.clear();
     masked_positions.clear();
     masked_ids.clear();
@@ -306,6 +340,7 @@ void ShardWriter::Impl::close() {
   flush();
   for (OutColumn& c : columns) PB_H5(c.dataset.reset(), "{}", where(c.name));
   vlen_int16_mem.reset();
+  vlen_int32_mem.reset();
   vlen_int8_mem.reset();
   PB_H5(file.reset(), "shard {}: closing the file", path);
 }
