@@ -81,6 +81,13 @@ struct TrainConfig {
     int max_seqs_per_pack = 3;         // 0 = no limit
     int max_predictions_per_seq = 76;  // masked positions a sample may hold (MLPerf: 76 at 512)
     LastStepPolicy last_step = LastStepPolicy::partial;
+    // Batch-size warmup (data/loader/batch_warmup.h): from batch_warmup_start samples to
+    // global_batch_size over batch_warmup_steps steps or batch_warmup_tokens tokens, in multiples
+    // of batch_warmup_multiple (0: world size x gradient_accumulation_steps). start 0: off.
+    int64_t batch_warmup_start = 0;
+    int64_t batch_warmup_steps = 0;
+    int64_t batch_warmup_tokens = 0;
+    int64_t batch_warmup_multiple = 0;
     bool dropout = true;
     int max_nonfinite_steps = 5;  // non-finite steps skipped in a row before it is an error
     Device device = Device::cpu;  // cpu | cuda (one GPU per rank: local rank r takes GPU r)

@@ -230,6 +230,19 @@ std::vector<Key> make_keys() {
   k.push_back(key("train.last_step", &C::train, &T::last_step, last_step_table(),
                   "epoch remainder: partial (a smaller last step) or drop (every step full, as "
                   "MLPerf)"));
+  k.push_back(key("train.batch_warmup_start", &C::train, &T::batch_warmup_start,
+                  "batch-size warmup: the global batch of the first step, growing linearly to "
+                  "global_batch_size over batch_warmup_steps or batch_warmup_tokens, rounded "
+                  "down to multiples of batch_warmup_multiple; 0 = off; "
+                  "docs/training.md#batch-size-warmup"));
+  k.push_back(key("train.batch_warmup_steps", &C::train, &T::batch_warmup_steps,
+                  "batch warmup: its length in optimizer steps (or batch_warmup_tokens)"));
+  k.push_back(key("train.batch_warmup_tokens", &C::train, &T::batch_warmup_tokens,
+                  "batch warmup: its length in real tokens trained (or batch_warmup_steps)"));
+  k.push_back(key("train.batch_warmup_multiple", &C::train, &T::batch_warmup_multiple,
+                  "batch warmup: every size is a multiple of this, itself a multiple of the "
+                  "world size x gradient_accumulation_steps; 0 = that product (then the sizes "
+                  "depend on the rank count: set it to compare rank counts)"));
   k.push_back(key("train.dropout", &C::train, &T::dropout,
                   "apply dropout (false: deterministic training, for checks)"));
   k.push_back(key("train.max_nonfinite_steps", &C::train, &T::max_nonfinite_steps,

@@ -29,6 +29,17 @@ BertConfig model_config(const TrainConfig& c) {
   return b;
 }
 
+BatchWarmup batch_warmup_config(const TrainConfig& c, int world_size) {
+  BatchWarmup w;
+  w.start = c.train.batch_warmup_start;
+  w.steps = c.train.batch_warmup_steps;
+  w.tokens = c.train.batch_warmup_tokens;
+  w.multiple = c.train.batch_warmup_multiple > 0
+                   ? c.train.batch_warmup_multiple
+                   : int64_t{world_size} * c.train.gradient_accumulation_steps;
+  return w;
+}
+
 LrScheduleConfig lr_schedule_config(const TrainConfig& c) {
   LrScheduleConfig s;
   s.base_lr = c.optim.lr;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "config/train_config.h"
+#include "data/loader/batch_warmup.h"
 #include "model/config.h"
 #include "optim/lr_schedule.h"
 
@@ -11,5 +12,7 @@ namespace packbert {
 
 BertConfig model_config(const TrainConfig& c);              // vocabulary: BertConfig's default
 LrScheduleConfig lr_schedule_config(const TrainConfig& c);  // base_lr = lr, max_steps, warmup..
+// The batch warmup at world_size ranks (its multiple resolved: 0 = ranks x micro-steps).
+BatchWarmup batch_warmup_config(const TrainConfig& c, int world_size);
 
 }  // namespace packbert

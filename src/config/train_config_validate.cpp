@@ -87,6 +87,19 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
                "needs a sample",
                t.global_batch_size, world_size, t.gradient_accumulation_steps,
                int64_t{world_size} * t.gradient_accumulation_steps);
+  {
+    const BatchWarmup w = batch_warmup_config(c, world_size);
+    PB_REQUIRE(t.batch_warmup_multiple >= 0, "train.batch_warmup_multiple ({}) must be >= 0",
+               t.batch_warmup_multiple);
+    check_batch_warmup(w, t.global_batch_size, "train.batch_warmup");
+    const int64_t divides = int64_t{world_size} * t.gradient_accumulation_steps;
+    if (w.on() && purpose == ConfigPurpose::train)
+      PB_REQUIRE(w.multiple % divides == 0,
+                 "train.batch_warmup_multiple ({}) must be a multiple of world size ({}) x "
+                 "train.gradient_accumulation_steps ({}) = {}: the sizes every rank and "
+                 "micro-step divide",
+                 w.multiple, world_size, t.gradient_accumulation_steps, divides);
+  }
   PB_REQUIRE(t.max_seq_len >= 2, "train.max_seq_len ({}) must be >= 2", t.max_seq_len);
   PB_REQUIRE(t.max_seq_len <= m.max_position_embeddings,
              "train.max_seq_len ({}) must be <= model.max_position_embeddings ({})", t.max_seq_len,
@@ -191,6 +204,10 @@ void validate_train_config(const TrainConfig& c, int world_size, ConfigPurpose p
 
   // The MLPerf log names MLPerf BERT's LAMB and its step-counted schedule (train/mllog.h):
   // another optimizer or a schedule in tokens would be logged under keys that misstate it.
+  PB_REQUIRE(c.log.mllog_file.empty() || t.batch_warmup_start == 0,
+             "log.mllog_file: the MLPerf BERT log has one global_batch_size; a batch warmup "
+             "(train.batch_warmup_start = {}) changes it: leave log.mllog_file empty",
+             t.batch_warmup_start);
   PB_REQUIRE(c.log.mllog_file.empty() ||
                  (o.name == UpdateRule::lamb && o.schedule_unit == ScheduleUnit::steps),
              "log.mllog_file: the MLPerf BERT log describes LAMB with a schedule in steps "

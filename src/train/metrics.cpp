@@ -29,6 +29,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["epoch"] = r.epoch;
   j["samples"] = r.samples;
   j["tokens"] = r.tokens;
+  j["batch_samples"] = r.batch_samples;
   j["loss"] = r.loss;
   j["mlm_loss"] = r.mlm_loss;
   j["nsp_loss"] = r.nsp_loss;
@@ -190,6 +191,7 @@ void ProgressAccumulator::add(const StepMetrics& m, const StepBatch& batch) {
   imbalance_ += batch.imbalance;
   step_ = batch.step + 1;
   epoch_ = batch.epoch;
+  batch_ = m.samples;
   lr_ = m.lr;
   grad_norm_ = m.grad_norm;
   loss_scale_ = m.loss_scale;
@@ -204,6 +206,7 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   r.epoch = epoch_;
   r.samples = context.samples;
   r.tokens = context.tokens;
+  r.batch_samples = batch_;
   // The losses of the steps read (all of them, unless the run stopped on an unread step and
   // nobody called add_losses for it); NaN when none was.
   const double nan = std::numeric_limits<double>::quiet_NaN();

@@ -182,6 +182,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
                                   : "loaded from " + start.from);
 
   LoaderOptions lo = loader_options(c);
+  lo.warmup = batch_warmup_config(c, world);
   lo.rules = rules;
   lo.masking = dynamic_masking(c);
   DataLoader loader(comm, {c.data.train_dir}, lo, start.loader);

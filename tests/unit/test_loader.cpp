@@ -355,6 +355,105 @@ TEST(DataLoader, StopsCleanlyWhateverItsState) {
             std::string::npos);
 }
 
+// The batch-warmup rule derived another way than batch_warmup.cpp: the largest size start +
+// j * multiple whose growth over start is at most the linear growth (final - start) * x / n,
+// and the final size from x = n on.
+int64_t warmup_size_by_search(const BatchWarmup& w, int64_t final_size, int64_t x) {
+  const int64_t n = w.steps > 0 ? w.steps : w.tokens;
+  if (x >= n) return final_size;
+  int64_t size = w.start;
+  while ((size + w.multiple - w.start) * n <= (final_size - w.start) * x) size += w.multiple;
+  return size;
+}
+
+TEST(BatchWarmup, SizesAreTheLinearGrowthRoundedDownToMultiples) {
+  std::mt19937_64 rng(test::test_seed());
+  for (int trial = 0; trial < 2000; ++trial) {
+    BatchWarmup w;
+    w.multiple = std::uniform_int_distribution<int64_t>(1, 12)(rng);
+    const int64_t final_size = w.multiple * std::uniform_int_distribution<int64_t>(1, 40)(rng);
+    w.start = w.multiple * std::uniform_int_distribution<int64_t>(1, final_size / w.multiple)(rng);
+    (trial % 2 ? w.steps : w.tokens) = std::uniform_int_distribution<int64_t>(1, 300)(rng);
+    check_batch_warmup(w, final_size, "t");
+    const int64_t n = w.steps + w.tokens;
+    int64_t previous = 0;
+    for (int64_t x = 0; x <= n + 3; ++x) {
+      const int64_t b = warmup_batch_size(w, final_size, w.steps > 0 ? x : 0, x);
+      ASSERT_EQ(b, warmup_size_by_search(w, final_size, x)) << "x " << x;
+      EXPECT_EQ(b % w.multiple, 0);
+      EXPECT_GE(b, previous);
+      previous = b;
+    }
+    EXPECT_EQ(warmup_batch_size(w, final_size, 0, 0), w.start);
+  }
+  // ModernBERT's: 768 to 4608 sequences over 50B tokens, in multiples of 768. Halfway the linear
+  // size is 768 + 3840 / 2 = 2688, rounded down to 2304.
+  BatchWarmup big{768, 0, 50'000'000'000LL, 768};
+  EXPECT_EQ(warmup_batch_size(big, 4608, 0, 25'000'000'000LL), 2304);
+  EXPECT_EQ(warmup_batch_size(big, 4608, 0, 49'999'999'999LL), 3840);
+  EXPECT_EQ(warmup_batch_size(big, 4608, 0, 50'000'000'000LL), 4608);
+  // Inconsistent settings are errors naming the keys.
+  for (const BatchWarmup& bad :
+       {BatchWarmup{12, 0, 0, 6}, BatchWarmup{12, 5, 5, 6}, BatchWarmup{10, 5, 0, 6},
+        BatchWarmup{54, 5, 0, 6}, BatchWarmup{0, 5, 0, 6}})
+    EXPECT_NE(test::error_of([&] {
+                check_batch_warmup(bad, 48, "train.batch_warmup");
+              }).find("train.batch_warmup"),
+              std::string::npos);
+}
+
+// Under the drop policy every step holds exactly the rule's size, an epoch trains no sample
+// twice, and a run resumed in the middle of the warmup continues with the same samples; in
+// tokens, the size follows the tokens the steps before it trained.
+TEST(DataLoader, BatchWarmupStepsFollowTheRuleAndResumeMidWarmup) {
+  const auto d = make_dataset({150, 211, 50});  // 411 samples
+  LoaderOptions o = small_options(48);
+  o.last_step = LastStepPolicy::drop;
+  o.warmup = BatchWarmup{12, 10, 0, 6};
+  const int64_t total = 20;
+  std::vector<std::vector<int64_t>> straight;
+  std::vector<LoaderPosition> positions;
+  {
+    DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o);
+    std::set<int64_t> seen;
+    int64_t epoch = 0;
+    for (int64_t s = 0; s < total; ++s) {
+      const StepBatch b = loader.next();
+      EXPECT_EQ(b.global_samples, warmup_size_by_search(o.warmup, 48, s)) << "step " << s;
+      if (b.epoch != epoch) {
+        seen.clear();
+        epoch = b.epoch;
+      }
+      straight.push_back(check_batch(b, *d, o));
+      for (const int64_t id : straight.back()) EXPECT_TRUE(seen.insert(id).second);
+      positions.push_back(loader.position());
+    }
+    EXPECT_GE(epoch, 1);
+  }
+  for (const int64_t k : {int64_t{3}, int64_t{7}}) {
+    DataLoader second(MPI_COMM_WORLD, {d->dir.path()}, o,
+                      loader_position_from_json(loader_position_to_json(positions[k - 1])));
+    for (int64_t s = k; s < total; ++s) {
+      const StepBatch b = second.next();
+      EXPECT_EQ(b.step, s);
+      EXPECT_EQ(check_batch(b, *d, o), straight[s]) << "resumed after " << k << ", step " << s;
+    }
+  }
+
+  o.warmup = BatchWarmup{12, 0, 2000, 6};
+  DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o);
+  int64_t tokens = 0;
+  bool grew = false;
+  for (int64_t s = 0; s < 12; ++s) {
+    const StepBatch b = loader.next();
+    EXPECT_EQ(b.global_samples, warmup_size_by_search(o.warmup, 48, tokens)) << "step " << s;
+    grew |= b.global_samples > 12 && b.global_samples < 48;
+    tokens += b.global_tokens;
+    EXPECT_EQ(loader.position().tokens, tokens);
+  }
+  EXPECT_TRUE(grew);
+}
+
 TEST(DataLoader, MoreMicroStepsThanSamplesGivesEmptyMicroBatches) {
   const auto d = make_dataset({9});
   LoaderOptions o = small_options(4);

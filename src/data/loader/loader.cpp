@@ -55,6 +55,7 @@ void check_options(const LoaderOptions& o) {
              o.prefetch_steps);
   PB_REQUIRE(o.read_ahead_windows >= 0, "data loader: read_ahead_windows must be >= 0, got {}",
              o.read_ahead_windows);
+  check_batch_warmup(o.warmup, o.global_batch_size, "train.batch_warmup");
 }
 
 }  // namespace
@@ -70,8 +71,8 @@ LastStepPolicy parse_last_step_policy(const std::string& name) {
 }
 
 bool LoaderPosition::operator==(const LoaderPosition& o) const {
-  return epoch == o.epoch && epoch_cursor == o.epoch_cursor && step == o.step && seed == o.seed &&
-         shuffle_block_rows == o.shuffle_block_rows &&
+  return epoch == o.epoch && epoch_cursor == o.epoch_cursor && step == o.step &&
+         tokens == o.tokens && seed == o.seed && shuffle_block_rows == o.shuffle_block_rows &&
          shuffle_window_blocks == o.shuffle_window_blocks && num_shards == o.num_shards &&
          num_samples == o.num_samples && shards_hash == o.shards_hash;
 }
@@ -81,6 +82,7 @@ std::string loader_position_to_json(const LoaderPosition& p) {
   j["epoch"] = p.epoch;
   j["epoch_cursor"] = p.epoch_cursor;
   j["step"] = p.step;
+  j["tokens"] = p.tokens;
   j["seed"] = p.seed;
   j["shuffle_block_rows"] = p.shuffle_block_rows;
   j["shuffle_window_blocks"] = p.shuffle_window_blocks;
@@ -97,6 +99,7 @@ LoaderPosition loader_position_from_json(const std::string& json) {
     p.epoch = j.at("epoch").get<int64_t>();
     p.epoch_cursor = j.at("epoch_cursor").get<int64_t>();
     p.step = j.at("step").get<int64_t>();
+    p.tokens = j.value("tokens", int64_t{-1});  // absent before batch warmups
     p.seed = j.at("seed").get<uint64_t>();
     p.shuffle_block_rows = j.at("shuffle_block_rows").get<int64_t>();
     p.shuffle_window_blocks = j.at("shuffle_window_blocks").get<int64_t>();
@@ -139,6 +142,7 @@ struct DataLoader::Impl {
     p.epoch = c.epoch;
     p.epoch_cursor = c.pos;
     p.step = c.step;
+    p.tokens = c.tokens;
     p.seed = opt.seed;
     p.shuffle_block_rows = opt.shuffle_block_rows;
     p.shuffle_window_blocks = opt.shuffle_window_blocks;
@@ -293,10 +297,13 @@ DataLoader::DataLoader(MPI_Comm comm, const std::vector<std::string>& shard_path
   LoaderCursor start;
   if (resume) {
     m.check_resume(*resume);
-    start = {resume->epoch, resume->epoch_cursor, resume->step};
+    PB_REQUIRE(resume->tokens >= 0 || m.opt.warmup.tokens == 0,
+               "data loader: cannot resume a batch warmup in tokens from a position that does "
+               "not record the tokens trained (a checkpoint older than the warmup)");
+    start = {resume->epoch, resume->epoch_cursor, resume->step,
+             std::max<int64_t>(0, resume->tokens)};
   }
-  start = detail::normalize_cursor(start, m.layout->num_samples(), m.opt.global_batch_size,
-                                   m.opt.last_step);
+  start = detail::normalize_cursor(start, m.layout->num_samples(), m.opt);
   m.delivered = m.make_position(start);
   m.producer = std::make_unique<StepProducer>(*m.comm, m.shards, *m.layout, m.opt, start);
   m.thread = std::thread([&m] { m.run(); });
@@ -367,6 +374,7 @@ const std::vector<std::string>& DataLoader::shards() const { return impl_->shard
 
 int64_t DataLoader::num_samples() const { return impl_->layout->num_samples(); }
 
+// At the full batch (a batch warmup's smaller steps come on top).
 int64_t DataLoader::steps_per_epoch() const {
   const int64_t n = impl_->layout->num_samples(), b = impl_->opt.global_batch_size;
   return impl_->opt.last_step == LastStepPolicy::drop ? n / b : (n + b - 1) / b;

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "data/loader/batch_warmup.h"
 #include "data/masking/masking.h"
 #include "data/packing/planner.h"
 #include "data/shards/sample.h"
@@ -50,6 +51,7 @@ LastStepPolicy parse_last_step_policy(const std::string& name);  // "partial" | 
 
 struct LoaderOptions {
   int64_t global_batch_size = 256;  // samples per optimizer step, all ranks together
+  BatchWarmup warmup;               // a smaller batch first (off by default): batch_warmup.h
   int micro_steps = 1;              // gradient-accumulation micro-steps per step
   int max_seq_len = 512;            // pack length; longer samples are an error naming them
   int max_seqs_per_pack = 3;        // 0: no limit
@@ -90,6 +92,7 @@ struct LoaderPosition {
   int64_t epoch = 0;
   int64_t epoch_cursor = 0;  // positions of the epoch's order already trained
   int64_t step = 0;          // optimizer steps delivered since training started
+  int64_t tokens = 0;        // real tokens of those steps (a batch warmup in tokens); -1: unknown
   uint64_t seed = 0;
   int64_t shuffle_block_rows = 0;
   int64_t shuffle_window_blocks = 0;

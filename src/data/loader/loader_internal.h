@@ -38,12 +38,17 @@ struct LoaderCursor {
   int64_t epoch = 0;
   int64_t pos = 0;
   int64_t step = 0;
+  int64_t tokens = 0;  // real tokens of the steps before `step`
 };
 
+// The global batch of the step at cursor c (LoaderOptions::warmup).
+inline int64_t batch_at(const LoaderCursor& c, const LoaderOptions& o) {
+  return warmup_batch_size(o.warmup, o.global_batch_size, c.step, c.tokens);
+}
+
 // Moves a cursor past an epoch's end (or, under LastStepPolicy::drop, past a remainder shorter
-// than a batch).
-LoaderCursor normalize_cursor(LoaderCursor c, int64_t num_samples, int64_t batch,
-                              LastStepPolicy policy);
+// than the cursor's step's batch).
+LoaderCursor normalize_cursor(LoaderCursor c, int64_t num_samples, const LoaderOptions& o);
 
 // One block's samples, as read (ids already global).
 struct LoadedBlock {

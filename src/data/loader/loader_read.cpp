@@ -6,17 +6,6 @@
 
 namespace packbert::detail {
 
-namespace {
-
-// The last position of an epoch any step trains (the drop policy leaves the tail out).
-int64_t needed_end(int64_t num_samples, const LoaderOptions& o) {
-  return o.last_step == LastStepPolicy::drop
-             ? num_samples / o.global_batch_size * o.global_batch_size
-             : num_samples;
-}
-
-}  // namespace
-
 BlockPrefetcher::BlockPrefetcher(const std::vector<std::string>& shards, const BlockLayout& layout,
                                  const LoaderOptions& options, int rank, int num_ranks,
                                  LoaderCursor start)
@@ -80,7 +69,10 @@ void BlockPrefetcher::run(LoaderCursor start) {
   std::vector<int32_t> owner =
       assign_shard_owners(layout_.shard_sizes(), num_ranks_, opt_.seed, epoch);
   int64_t w = order->window_of_position(start.pos);
-  int64_t last = order->window_of_position(needed_end(layout_.num_samples(), opt_) - 1);
+  // Every window of an epoch, the drop policy's tail too: where a step ends depends on the sizes
+  // of the steps before it (a batch warmup, a resume with another batch size), and a tail read
+  // for nothing is released with the epoch.
+  const int64_t last = order->window_of_position(layout_.num_samples() - 1);
   for (;;) {
     const int64_t s = seq(epoch, w);
     {

@@ -23,10 +23,9 @@ static_assert(sizeof(Candidate) == 16 && std::is_trivially_copyable_v<Candidate>
 
 }  // namespace
 
-LoaderCursor normalize_cursor(LoaderCursor c, int64_t num_samples, int64_t batch,
-                              LastStepPolicy policy) {
+LoaderCursor normalize_cursor(LoaderCursor c, int64_t num_samples, const LoaderOptions& o) {
   const int64_t left = num_samples - c.pos;
-  if (left <= 0 || (policy == LastStepPolicy::drop && left < batch)) {
+  if (left <= 0 || (o.last_step == LastStepPolicy::drop && left < batch_at(c, o))) {
     ++c.epoch;
     c.pos = 0;
   }
@@ -39,8 +38,7 @@ StepProducer::StepProducer(LoaderComm& comm, const std::vector<std::string>& sha
     : comm_(comm),
       layout_(layout),
       opt_(options),
-      cursor_(normalize_cursor(start, layout.num_samples(), options.global_batch_size,
-                               options.last_step)),
+      cursor_(normalize_cursor(start, layout.num_samples(), options)),
       prefetcher_(shards, layout, options, comm.rank(), comm.size(), cursor_) {
   planner_.num_ranks = comm.size();
   planner_.micro_steps = opt_.micro_steps;
@@ -210,7 +208,7 @@ StepBatch StepProducer::produce(bool stop) {
   if (stop) gather_candidates({}, "", true);  // throws LoaderStopped
 
   const int64_t n = layout_.num_samples();
-  const int64_t begin = cursor_.pos, end = std::min(begin + opt_.global_batch_size, n);
+  const int64_t begin = cursor_.pos, end = std::min(begin + batch_at(cursor_, opt_), n);
   StepBatch out;
   out.step = cursor_.step;
   out.epoch = cursor_.epoch;
@@ -249,8 +247,8 @@ StepBatch StepProducer::produce(bool stop) {
   t0 = Clock::now();
   exchange(plan, out);
   out.times.exchange = seconds_since(t0);
-  cursor_ = normalize_cursor({cursor_.epoch, end, cursor_.step + 1}, n, opt_.global_batch_size,
-                             opt_.last_step);
+  cursor_ = normalize_cursor(
+      {cursor_.epoch, end, cursor_.step + 1, cursor_.tokens + plan.global_tokens}, n, opt_);
   // Windows before the next step's first one are done (their samples were moved out).
   windows_.clear();
   prefetcher_.release_before(cursor_.epoch, cursor_.epoch == order_->epoch()
