@@ -37,6 +37,10 @@ CPU_CASES = [
                                                       "--optim.sharded=true",
                                                       "--model.recompute=layer"]),
     ("np2_unpadded_fp32_accum2", 2, ["--train.gradient_accumulation_steps=2"]),
+    # A batch warmup (4, 8, then 16 samples): the plan is the final batch's, the run's peak too.
+    ("np2_unpadded_fp32_batch_warmup", 2, ["--train.batch_warmup_start=4",
+                                           "--train.batch_warmup_steps=2",
+                                           "--train.batch_warmup_multiple=4"]),
     ("np3_padded_bf16_sharded_accum3_mst2", 3, ["--train.layout=padded", "--train.precision=bf16",
                                                  "--optim.sharded=true",
                                                  "--train.gradient_accumulation_steps=3",

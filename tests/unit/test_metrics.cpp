@@ -37,6 +37,7 @@ ProgressRecord sample_record() {
   r.epoch = 1;
   r.samples = 30720;
   r.tokens = 3932160;
+  r.batch_samples = 256;
   r.loss = 6.81234;
   r.mlm_loss = 6.1;
   r.nsp_loss = 0.71;
@@ -101,6 +102,7 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_EQ(j.at("epoch"), 1);
   EXPECT_EQ(j.at("samples"), 30720);
   EXPECT_EQ(j.at("tokens"), 3932160);
+  EXPECT_EQ(j.at("batch_samples"), 256);
   EXPECT_DOUBLE_EQ(j.at("loss").get<double>(), 6.81234);
   EXPECT_DOUBLE_EQ(j.at("mlm_loss").get<double>(), 6.1);
   EXPECT_DOUBLE_EQ(j.at("nsp_loss").get<double>(), 0.71);
@@ -135,7 +137,7 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_DOUBLE_EQ(j.at("launches_per_step").get<double>(), 12.5);
   EXPECT_DOUBLE_EQ(j.at("pageable_copies_per_step").get<double>(), 0);
   EXPECT_DOUBLE_EQ(j.at("graph_launches_per_step").get<double>(), 4);
-  EXPECT_EQ(j.size(), 38u);
+  EXPECT_EQ(j.size(), 39u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {

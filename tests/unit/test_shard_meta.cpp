@@ -340,6 +340,21 @@ TEST(PrepareOwnTokenizer, DocumentChunksOfTheTokenizersIdsWithoutMasks) {
   }
   EXPECT_GT(masked, 0);
 
+  // The same samples with 1 and 3 threads (the BPE's word cache is per thread).
+  auto all_samples = [&](int threads) {
+    PrepareOptions t = o;
+    t.threads = threads;
+    t.output_dir = dir.file("threads" + std::to_string(threads));
+    const PrepareStats ts = run_prepare(t);
+    std::vector<Sample> out = read_all(ts.eval_shard, rules, nullptr);
+    for (const std::string& shard : ts.train_shards)
+      for (const Sample& s : read_all(shard, rules, nullptr)) out.push_back(s);
+    return out;
+  };
+  const std::vector<Sample> one = all_samples(1);
+  EXPECT_TRUE(one == all_samples(3));
+  EXPECT_EQ(one.size(), train + eval.size());
+
   // Whole-word masking needs WordPiece; identical copies of documents are refused.
   o.output_dir = dir.file("out2");
   o.whole_word_masking = true;
