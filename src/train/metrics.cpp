@@ -30,6 +30,7 @@ nlohmann::json to_json(const ProgressRecord& r) {
   j["samples"] = r.samples;
   j["tokens"] = r.tokens;
   j["batch_samples"] = r.batch_samples;
+  j["batch_tokens"] = r.batch_tokens;
   j["loss"] = r.loss;
   j["mlm_loss"] = r.mlm_loss;
   j["nsp_loss"] = r.nsp_loss;
@@ -192,6 +193,7 @@ void ProgressAccumulator::add(const StepMetrics& m, const StepBatch& batch) {
   step_ = batch.step + 1;
   epoch_ = batch.epoch;
   batch_ = m.samples;
+  batch_tokens_ = m.tokens;
   lr_ = m.lr;
   grad_norm_ = m.grad_norm;
   loss_scale_ = m.loss_scale;
@@ -207,6 +209,7 @@ ProgressRecord ProgressAccumulator::close(const ProgressContext& context, Clock:
   r.samples = context.samples;
   r.tokens = context.tokens;
   r.batch_samples = batch_;
+  r.batch_tokens = batch_tokens_;
   // The losses of the steps read (all of them, unless the run stopped on an unread step and
   // nobody called add_losses for it); NaN when none was.
   const double nan = std::numeric_limits<double>::quiet_NaN();

@@ -40,7 +40,8 @@ struct ProgressRecord {
   int64_t epoch = 0;          // data epoch of the last step
   int64_t samples = 0;        // samples trained since the run started (all ranks)
   int64_t tokens = 0;         // real (non-padding) tokens trained since the run started
-  int64_t batch_samples = 0;  // the last step's global batch, samples (train.batch_warmup_*)
+  int64_t batch_samples = 0;  // the last step's global batch: samples (train.batch_warmup_*)
+  int64_t batch_tokens = 0;   //   and real tokens
   // Of the last step, or the mean over the interval since the previous record
   // (ProgressAccumulator says which).
   double loss = 0;
@@ -162,7 +163,7 @@ class ProgressAccumulator {
   double loss_ = 0, mlm_loss_ = 0, nsp_loss_ = 0, mlm_ok_ = 0, nsp_ok_ = 0, wait_ = 0;
   double imbalance_ = 0, excluded_s_ = 0;
   // Of the last step.
-  int64_t step_ = 0, epoch_ = 0, batch_ = 0;
+  int64_t step_ = 0, epoch_ = 0, batch_ = 0, batch_tokens_ = 0;
   double lr_ = 0;
   float grad_norm_ = -1.f, loss_scale_ = 1.f;
 };

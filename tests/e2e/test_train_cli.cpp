@@ -349,8 +349,12 @@ TEST_F(TrainCli, BatchWarmupFollowsTheRuleOnAnyRankCount) {
         << read_file(dir + "/log.txt");
     runs.push_back(read_records(dir + "/metrics.jsonl", "train"));
     ASSERT_EQ(runs.back().size(), 12u) << np;
-    for (size_t k = 0; k < 12; ++k)
+    for (size_t k = 0; k < 12; ++k) {
       EXPECT_EQ(runs.back()[k].at("batch_samples").get<int64_t>(), want[k]) << np << " step " << k;
+      const int64_t before = k == 0 ? 0 : runs.back()[k - 1].at("tokens").get<int64_t>();
+      EXPECT_EQ(runs.back()[k].at("batch_tokens").get<int64_t>(),
+                runs.back()[k].at("tokens").get<int64_t>() - before);
+    }
   }
   double worst = 0;
   for (size_t r = 1; r < runs.size(); ++r)

@@ -38,6 +38,7 @@ ProgressRecord sample_record() {
   r.samples = 30720;
   r.tokens = 3932160;
   r.batch_samples = 256;
+  r.batch_tokens = 32768;
   r.loss = 6.81234;
   r.mlm_loss = 6.1;
   r.nsp_loss = 0.71;
@@ -103,6 +104,7 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_EQ(j.at("samples"), 30720);
   EXPECT_EQ(j.at("tokens"), 3932160);
   EXPECT_EQ(j.at("batch_samples"), 256);
+  EXPECT_EQ(j.at("batch_tokens"), 32768);
   EXPECT_DOUBLE_EQ(j.at("loss").get<double>(), 6.81234);
   EXPECT_DOUBLE_EQ(j.at("mlm_loss").get<double>(), 6.1);
   EXPECT_DOUBLE_EQ(j.at("nsp_loss").get<double>(), 0.71);
@@ -137,7 +139,7 @@ TEST(Metrics, JsonHasEveryField) {
   EXPECT_DOUBLE_EQ(j.at("launches_per_step").get<double>(), 12.5);
   EXPECT_DOUBLE_EQ(j.at("pageable_copies_per_step").get<double>(), 0);
   EXPECT_DOUBLE_EQ(j.at("graph_launches_per_step").get<double>(), 4);
-  EXPECT_EQ(j.size(), 39u);
+  EXPECT_EQ(j.size(), 40u);
 }
 
 TEST(Metrics, ActivationReportInJsonAndProgressLine) {
