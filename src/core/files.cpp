@@ -25,6 +25,21 @@ std::FILE* open_for_append(const std::string& path, const char* what) {
   return f;
 }
 
+std::string read_whole_file(const std::string& path, const char* what) {
+  std::error_code ec;
+  PB_REQUIRE(std::filesystem::is_regular_file(path, ec), "{} {}: no such file", what, path);
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  PB_REQUIRE(f != nullptr, "{} {}: cannot open the file: {}", what, path, std::strerror(errno));
+  std::string bytes;
+  char buf[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  PB_REQUIRE(!failed, "{} {}: cannot read the file", what, path);
+  return bytes;
+}
+
 void replace_file(const std::string& path, const std::string& text, const char* what) {
   const std::filesystem::path p(path);
   if (p.has_parent_path()) {

@@ -3,10 +3,9 @@
 #include <openssl/evp.h>
 
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
+#include "core/files.h"
 #include "data/prepare/hf_tokenizer.h"
 #include "data/prepare/tokenizer.h"
 #include "kernels/base/error.h"
@@ -40,16 +39,6 @@ struct CorpusTokenizer::Impl {
 };
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::error_code ec;
-  PB_REQUIRE(std::filesystem::is_regular_file(path, ec), "tokenizer {}: no such file", path);
-  std::ifstream in(path, std::ios::binary);
-  PB_REQUIRE(in.good(), "tokenizer {}: cannot open the file", path);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
 
 bool looks_like_json(const std::string& bytes) {
   for (const char c : bytes) {
@@ -115,7 +104,7 @@ void CorpusTokenizer::Impl::load_vocab() {
 CorpusTokenizer CorpusTokenizer::load(const std::string& path) {
   auto m = std::make_unique<Impl>();
   m->path = path;
-  const std::string bytes = read_file(path);
+  const std::string bytes = read_whole_file(path, "tokenizer");
   PB_REQUIRE(!bytes.empty(), "tokenizer {}: the file is empty", path);
   if (looks_like_json(bytes))
     m->load_json();

@@ -6,9 +6,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +14,7 @@
 #include "data/prepare/hf_bpe.h"
 #include "data/prepare/hf_pretokenize.h"
 #include "data/prepare/tokenizer.h"
+#include "core/files.h"
 #include "kernels/base/error.h"
 
 namespace packbert {
@@ -306,13 +305,10 @@ void HfTokenizer::Impl::split_added(std::string_view text, std::vector<int32_t>&
 HfTokenizer HfTokenizer::load(const std::string& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  std::ifstream in(path, std::ios::binary);
-  PB_REQUIRE(in.good(), "{}: cannot open the tokenizer file", path);
-  std::ostringstream buf;
-  buf << in.rdbuf();
+  const std::string bytes = read_whole_file(path, "tokenizer");
   json j;
   try {
-    j = json::parse(buf.str());
+    j = json::parse(bytes);
   } catch (const json::exception& e) {
     PB_THROW("{}: not a tokenizer.json: {}", path, e.what());
   }

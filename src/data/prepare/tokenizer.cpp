@@ -32,10 +32,8 @@
 
 #include <algorithm>
 #include <array>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "core/files.h"
 #include "kernels/base/error.h"
 
 namespace packbert {
@@ -52,13 +50,7 @@ SampleRules vocab_sample_rules(const Vocab& vocab, int max_seq_len) {
 }
 
 Vocab Vocab::load(const std::string& path) {
-  std::error_code ec;
-  PB_REQUIRE(std::filesystem::is_regular_file(path, ec), "vocab {}: no such file", path);
-  std::ifstream in(path, std::ios::binary);
-  PB_REQUIRE(in.good(), "vocab {}: cannot open file", path);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  const std::string data = buf.str();
+  const std::string data = read_whole_file(path, "vocab");
   PB_REQUIRE(!data.empty(), "vocab {}: file is empty", path);
 
   std::vector<std::string> tokens;
