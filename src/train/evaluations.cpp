@@ -48,9 +48,10 @@ bool Evaluations::run(int64_t step, int64_t samples) {
   ml_.event("eval_accuracy", r.mlm_accuracy, {{"epoch_num", samples}});
   ml_.end("eval_stop", nullptr, {{"epoch_num", samples}});
   spdlog::info(
-      "eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}, nsp "
-      "accuracy {:.4f} over {} samples / {} masked tokens in {:.1f} s",
-      step, samples, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples, r.masked_tokens,
+      "eval at step {} ({} samples): mlm accuracy {:.4f}, mlm loss {:.4f}{} over {} samples / {} "
+      "masked tokens in {:.1f} s",
+      step, samples, r.mlm_accuracy, r.mlm_loss,
+      format_nsp_accuracy(r.nsp_accuracy, c_.model.nsp_head), r.samples, r.masked_tokens,
       r.seconds);
   metrics_.write({{"event", "eval"},
                   {"step", step},

@@ -124,11 +124,15 @@ std::string format_rate(double per_s) {
 }
 }  // namespace
 
-std::string format_progress_line(const ProgressRecord& r, int64_t max_steps) {
+std::string format_nsp_accuracy(double accuracy, bool nsp_head) {
+  return nsp_head ? fmt::format(", nsp accuracy {:.4f}", accuracy) : std::string();
+}
+
+std::string format_progress_line(const ProgressRecord& r, int64_t max_steps, bool nsp_head) {
+  const std::string nsp = nsp_head ? fmt::format(", nsp {:.4f}", r.nsp_loss) : std::string();
   std::string s = fmt::format(
-      "step {}/{} | {} samples | loss {:.4f} (mlm {:.4f}, nsp {:.4f}) | "
-      "mlm acc {:.4f} | lr {:.2e}",
-      r.step, max_steps, r.samples, r.loss, r.mlm_loss, r.nsp_loss, r.mlm_accuracy, r.lr);
+      "step {}/{} | {} samples | loss {:.4f} (mlm {:.4f}{}) | mlm acc {:.4f} | lr {:.2e}", r.step,
+      max_steps, r.samples, r.loss, r.mlm_loss, nsp, r.mlm_accuracy, r.lr);
   if (r.grad_norm >= 0) s += fmt::format(" | gnorm {:.3f}", r.grad_norm);
   if (r.loss_scale != 1) s += fmt::format(" | scale {}", r.loss_scale);
   s += fmt::format(" | {} samples/s | {} tok/s", format_rate(r.samples_per_s),

@@ -104,8 +104,12 @@ nlohmann::json to_json(const ProgressRecord& r);
 // One line, e.g.
 // "step 120/1000 | 30720 samples | loss 6.8123 | mlm acc 0.1523 | lr 3.50e-04 | 812.3 samples/s
 //  | 103.9k tok/s | pad 0.0% | imb 1.02 | wait 0.001s | rss 1.23 GiB | eta 18m05s"
-// (one line in reality; skipped steps and grad norm appear when relevant / known).
-std::string format_progress_line(const ProgressRecord& r, int64_t max_steps);
+// (one line in reality; skipped steps and grad norm appear when relevant / known). Without an
+// NSP head (nsp_head false) the NSP loss is left out.
+std::string format_progress_line(const ProgressRecord& r, int64_t max_steps, bool nsp_head = true);
+
+// ", nsp accuracy 0.5512" for an eval line of a model with an NSP head, else "".
+std::string format_nsp_accuracy(double accuracy, bool nsp_head);
 
 // What a progress record says beyond the steps of its interval: where the run stands.
 struct ProgressContext {

@@ -140,7 +140,8 @@ void log_progress(ProgressAccumulator& progress, const RunState& st, double elap
   at.host_work = host_work(trainer);
   at.peak_flops = peak_flops;
   const ProgressRecord r = progress.close(at);
-  if (trainer.rank() == 0) spdlog::info("{}", format_progress_line(r, c.train.max_steps));
+  if (trainer.rank() == 0)
+    spdlog::info("{}", format_progress_line(r, c.train.max_steps, c.model.nsp_head));
   metrics.write(to_json(r));
 }
 
@@ -321,9 +322,9 @@ int run_eval(MPI_Comm comm, const TrainConfig& c, const std::string& checkpoint_
                         {"masked_tokens", r.masked_tokens}, {"seconds", r.seconds}};
     std::cout << j.dump() << std::endl;
     spdlog::info(
-        "eval {}: mlm accuracy {:.4f}, mlm loss {:.4f}, nsp accuracy {:.4f} over {} "
-        "samples / {} masked tokens",
-        checkpoint_dir, r.mlm_accuracy, r.mlm_loss, r.nsp_accuracy, r.samples, r.masked_tokens);
+        "eval {}: mlm accuracy {:.4f}, mlm loss {:.4f}{} over {} samples / {} masked tokens",
+        checkpoint_dir, r.mlm_accuracy, r.mlm_loss,
+        format_nsp_accuracy(r.nsp_accuracy, c.model.nsp_head), r.samples, r.masked_tokens);
   }
   return 0;
 }

@@ -155,6 +155,13 @@ TEST(Metrics, ActivationReportInJsonAndProgressLine) {
   EXPECT_EQ(j.at("mst_chunks"), 8);
   const std::string s = format_progress_line(r, 1000);
   EXPECT_NE(s.find("act 3.00 GiB (mst 8)"), std::string::npos) << s;
+  EXPECT_NE(s.find(", nsp "), std::string::npos) << s;
+  // Without an NSP head, no NSP figure.
+  const std::string mlm_only = format_progress_line(r, 1000, false);
+  EXPECT_EQ(mlm_only.find("nsp"), std::string::npos) << mlm_only;
+  EXPECT_NE(mlm_only.find("(mlm "), std::string::npos) << mlm_only;
+  EXPECT_EQ(format_nsp_accuracy(0.5, false), "");
+  EXPECT_EQ(format_nsp_accuracy(0.5, true), ", nsp accuracy 0.5000");
   r.mst_chunks = 1;
   EXPECT_EQ(format_progress_line(r, 1000).find("mst"), std::string::npos);
   r.activation_peak_bytes = 0;
