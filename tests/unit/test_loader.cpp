@@ -219,6 +219,41 @@ TEST(DataLoader, ResumeWithAnotherBatchSizeStillTrainsTheEpochOnce) {
   EXPECT_EQ(seen.size(), 250u);
 }
 
+// Under the drop policy a resume with another batch size can end an epoch's last step past
+// floor(n / B) B of the new size: 256 samples in full blocks of 16, windows of 48 positions;
+// 3 steps of 36 leave the cursor at 108, and steps of 20 then end at 248, in the window of
+// positions 240..255. The reader must have read it (it once stopped at the window of 239).
+TEST(DataLoader, DropPolicyResumeWithAnotherBatchSizeReadsTheEpochsTail) {
+  const auto d = make_dataset({160, 96});
+  LoaderOptions o = small_options(36);
+  o.last_step = LastStepPolicy::drop;
+  std::vector<int64_t> seen;
+  LoaderPosition p;
+  {
+    DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o);
+    for (const auto& ids : run_steps(loader, 3, *d, o))
+      seen.insert(seen.end(), ids.begin(), ids.end());
+    p = loader.position();
+  }
+  ASSERT_EQ(p.epoch_cursor, 108);
+  o.global_batch_size = 20;
+  o.micro_steps = 2;
+  DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o, p);
+  int64_t last_end = 0;
+  for (;;) {
+    const StepBatch b = loader.next();
+    if (b.epoch != 0) break;
+    EXPECT_EQ(b.global_samples, 20);
+    last_end = b.epoch_end;
+    const std::vector<int64_t> ids = check_batch(b, *d, o);
+    seen.insert(seen.end(), ids.begin(), ids.end());
+  }
+  EXPECT_EQ(last_end, 248);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());
+  EXPECT_EQ(seen.size(), 248u);
+}
+
 TEST(DataLoader, TimingDoesNotChangeTheBatches) {
   const auto d = make_dataset({120, 80, 77});
   LoaderOptions o = small_options(25);
