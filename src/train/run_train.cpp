@@ -171,7 +171,8 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   log_effective_config(c, rank);
 
   const BertConfig model = model_config(c);
-  const SampleRules rules = sample_rules(c, model);
+  const std::optional<CorpusTokenizer> tokenizer = data_tokenizer(c);
+  const SampleRules rules = sample_rules(c, model, tokenizer ? &*tokenizer : nullptr);
   TrainerOptions trainer_opts = trainer_options(c, model, world);
   trainer_opts.planned_bytes = check_memory_plan(comm, c, trainer_opts, rank, world);
   Trainer trainer(comm, trainer_opts);
@@ -185,7 +186,7 @@ int run_train(MPI_Comm comm, const TrainConfig& c) {
   LoaderOptions lo = loader_options(c);
   lo.warmup = batch_warmup_config(c, world);
   lo.rules = rules;
-  lo.masking = dynamic_masking(c);
+  lo.masking = dynamic_masking(c, tokenizer ? &*tokenizer : nullptr);
   DataLoader loader(comm, {c.data.train_dir}, lo, start.loader);
   spdlog::info("data: {} training samples in {} shard(s), {} steps per epoch", loader.num_samples(),
                loader.shards().size(), loader.steps_per_epoch());
@@ -309,8 +310,10 @@ int run_eval(MPI_Comm comm, const TrainConfig& c, const std::string& checkpoint_
   ModelReplica replica(ro);
   replica.load_params(
       [&](float* host) { load_model_weights(checkpoint_dir, replica.table(), host); });
+  const std::optional<CorpusTokenizer> tokenizer = data_tokenizer(c);
   const EvalSet set =
-      load_eval_set(c.data.eval_dir, sample_rules(c, model), c.eval.max_samples, rank, world);
+      load_eval_set(c.data.eval_dir, sample_rules(c, model, tokenizer ? &*tokenizer : nullptr),
+                    c.eval.max_samples, rank, world);
   const std::optional<BertMemory> limits = eval_limits(replica, o);
   const EvalResult r =
       evaluate(comm, replica, set, c.eval.batch_size,

@@ -156,35 +156,41 @@ double device_peak(const TrainConfig& c, int cuda_device) {
   return peak;
 }
 
-std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig& c) {
+std::optional<CorpusTokenizer> data_tokenizer(const TrainConfig& c) {
+  if (c.data.vocab.empty()) return std::nullopt;
+  return CorpusTokenizer::load(c.data.vocab);
+}
+
+std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig& c,
+                                                              const CorpusTokenizer* tokenizer) {
   if (c.data.masking != MaskingMode::dynamic) return nullptr;
   const auto& d = c.data;
+  PB_CHECK(tokenizer != nullptr, "dynamic masking without data.vocab (the config checks it)");
   auto m = std::make_shared<LoaderOptions::Masking>();
   m->rule = mask_rule(d.mlm_probability, c.train.max_predictions_per_seq, d.mask_count,
                       d.whole_word_masking, d.mask_token_share, d.random_token_share);
-  const CorpusTokenizer tokenizer = CorpusTokenizer::load(d.vocab);
-  PB_REQUIRE(!d.whole_word_masking || tokenizer.word_pieces(),
+  PB_REQUIRE(!d.whole_word_masking || tokenizer->word_pieces(),
              "data.whole_word_masking: data.vocab {} is a {}; whole words are WordPiece's "
              "(\"##\" pieces)",
-             d.vocab, tokenizer.kind());
-  m->vocab = tokenizer.mask_vocab();
+             d.vocab, tokenizer->kind());
+  m->vocab = tokenizer->mask_vocab();
   return m;
 }
 
 // The sample rules of the data: the tokenizer file's size and special ids, and what shards that
 // record their making must agree with (the tokenizer, the model's vocabulary, masks for static
 // masking, NSP pairs for an NSP head).
-SampleRules sample_rules(const TrainConfig& c, const BertConfig& model) {
+SampleRules sample_rules(const TrainConfig& c, const BertConfig& model,
+                         const CorpusTokenizer* tokenizer) {
   SampleRules rules;
   rules.vocab_size = model.real_vocab_size;
   rules.max_seq_len = c.train.max_seq_len;
-  if (!c.data.vocab.empty()) {
-    const CorpusTokenizer t = CorpusTokenizer::load(c.data.vocab);
-    PB_REQUIRE(t.meta().vocab_size <= model.real_vocab_size,
+  if (tokenizer) {
+    PB_REQUIRE(tokenizer->meta().vocab_size <= model.real_vocab_size,
                "data.vocab: {} has {} tokens, more than the model's vocabulary ({}; set "
                "model.vocab_size)",
-               c.data.vocab, t.meta().vocab_size, model.real_vocab_size);
-    rules = t.sample_rules(c.train.max_seq_len);
+               c.data.vocab, tokenizer->meta().vocab_size, model.real_vocab_size);
+    rules = tokenizer->sample_rules(c.train.max_seq_len);
   }
   rules.model_vocab_size = model.real_vocab_size;
   rules.needs_masks = c.data.masking == MaskingMode::static_masks;

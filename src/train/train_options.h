@@ -8,10 +8,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "config/train_config.h"
 #include "config/train_config_model.h"  // model_config, lr_schedule_config
 #include "data/loader/loader.h"
+#include "data/prepare/corpus_tokenizer.h"
 #include "data/shards/sample.h"
 #include "model/config.h"
 #include "optim/lamb.h"
@@ -33,8 +35,12 @@ LoaderOptions loader_options(const TrainConfig& c);
 // set, else the table of train/model_flops.h for CUDA device `cuda_device`; 0 on the CPU or for
 // an unknown GPU (then no mfu is reported).
 double device_peak(const TrainConfig& c, int cuda_device);
-// data.masking = "dynamic": the rule and data.vocab's masking vocabulary; none for "static".
-std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig& c);
+// data.vocab's tokenizer, read once for the two below; none when data.vocab is empty.
+std::optional<CorpusTokenizer> data_tokenizer(const TrainConfig& c);
+// data.masking = "dynamic": the rule and data.vocab's masking vocabulary (`tokenizer`, which the
+// config requires then); none for "static".
+std::shared_ptr<const LoaderOptions::Masking> dynamic_masking(const TrainConfig& c,
+                                                              const CorpusTokenizer* tokenizer);
 
 // Independent seeds for initialisation (salt 1) and dropout (salt 2) from train.seed
 // (splitmix64 of a salt), so the streams never share a key. The data order uses train.seed.
@@ -55,8 +61,10 @@ bool micro_batch_bound_strict(const TrainConfig& c, int world);
 // and the arena reserve (largest_micro_batch, above).
 TrainerOptions trainer_options(const TrainConfig& c, const BertConfig& model, int world);
 
-// The sample rules of the data: the vocabulary file's size and special ids (data.vocab; Error
-// when it has more tokens than the model's vocabulary), else the model's vocabulary size.
-SampleRules sample_rules(const TrainConfig& c, const BertConfig& model);
+// The sample rules of the data: the tokenizer's size and special ids (data.vocab's, `tokenizer`;
+// Error when it has more tokens than the model's vocabulary), else the model's vocabulary size;
+// and what shards that record their making must agree with (SampleRules).
+SampleRules sample_rules(const TrainConfig& c, const BertConfig& model,
+                         const CorpusTokenizer* tokenizer);
 
 }  // namespace packbert

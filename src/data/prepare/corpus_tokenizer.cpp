@@ -34,8 +34,8 @@ struct CorpusTokenizer::Impl {
   ShardMeta meta;
   MaskVocab mask;
 
-  void load_json();
-  void load_vocab();
+  void load_json(const std::string& bytes);
+  void load_vocab(const std::string& bytes);
 };
 
 namespace {
@@ -60,9 +60,9 @@ int32_t find_token(const HfTokenizer& t, const std::string& path,
 
 }  // namespace
 
-void CorpusTokenizer::Impl::load_json() {
+void CorpusTokenizer::Impl::load_json(const std::string& bytes) {
   Impl& m = *this;
-  m.hf.emplace(HfTokenizer::load(m.path));
+  m.hf.emplace(HfTokenizer::parse(bytes, m.path));
   const HfTokenizer& t = *m.hf;
   m.kind = "tokenizer.json (" + t.model_type() + ")";
   PB_REQUIRE(t.prefix_ids().size() == 1 && t.suffix_ids().size() == 1,
@@ -88,9 +88,9 @@ void CorpusTokenizer::Impl::load_json() {
     if (!m.mask.is_special[id]) m.mask.random_words.push_back(static_cast<int32_t>(id));
 }
 
-void CorpusTokenizer::Impl::load_vocab() {
+void CorpusTokenizer::Impl::load_vocab(const std::string& bytes) {
   Impl& m = *this;
-  m.vocab = std::make_unique<Vocab>(Vocab::load(m.path));
+  m.vocab = std::make_unique<Vocab>(Vocab::parse(bytes, m.path));
   m.bert.emplace(*m.vocab);
   m.kind = "WordPiece vocab.txt";
   m.meta.vocab_size = m.vocab->size();
@@ -107,9 +107,9 @@ CorpusTokenizer CorpusTokenizer::load(const std::string& path) {
   const std::string bytes = read_whole_file(path, "tokenizer");
   PB_REQUIRE(!bytes.empty(), "tokenizer {}: the file is empty", path);
   if (looks_like_json(bytes))
-    m->load_json();
+    m->load_json(bytes);
   else
-    m->load_vocab();
+    m->load_vocab(bytes);
   m->meta.recorded = true;
   m->meta.tokenizer = std::filesystem::path(path).filename().string();
   m->meta.tokenizer_sha256 = sha256_hex(bytes);

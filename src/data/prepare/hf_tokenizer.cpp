@@ -303,9 +303,12 @@ void HfTokenizer::Impl::split_added(std::string_view text, std::vector<int32_t>&
 }
 
 HfTokenizer HfTokenizer::load(const std::string& path) {
+  return parse(read_whole_file(path, "tokenizer"), path);
+}
+
+HfTokenizer HfTokenizer::parse(const std::string& bytes, const std::string& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  const std::string bytes = read_whole_file(path, "tokenizer");
   json j;
   try {
     j = json::parse(bytes);

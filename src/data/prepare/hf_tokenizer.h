@@ -25,6 +25,7 @@ class Vocab;
 class HfTokenizer {
  public:
   static HfTokenizer load(const std::string& path);
+  static HfTokenizer parse(const std::string& json, const std::string& path);  // the file's text
   HfTokenizer(HfTokenizer&&) noexcept;
   HfTokenizer& operator=(HfTokenizer&&) noexcept;
   ~HfTokenizer();

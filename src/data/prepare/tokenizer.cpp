@@ -40,17 +40,9 @@ namespace packbert {
 
 // ---- Vocab ------------------------------------------------------------------------------
 
-SampleRules vocab_sample_rules(const Vocab& vocab, int max_seq_len) {
-  SampleRules rules;
-  rules.vocab_size = vocab.size();
-  rules.cls_id = vocab.cls_id();
-  rules.sep_id = vocab.sep_id();
-  rules.max_seq_len = max_seq_len;
-  return rules;
-}
+Vocab Vocab::load(const std::string& path) { return parse(read_whole_file(path, "vocab"), path); }
 
-Vocab Vocab::load(const std::string& path) {
-  const std::string data = read_whole_file(path, "vocab");
+Vocab Vocab::parse(const std::string& data, const std::string& path) {
   PB_REQUIRE(!data.empty(), "vocab {}: file is empty", path);
 
   std::vector<std::string> tokens;

@@ -8,14 +8,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "data/shards/sample.h"
-
 namespace packbert {
 
 class Vocab {
  public:
   // One token per line, id = line number (0-based). Throws naming the file on failure.
   static Vocab load(const std::string& path);
+  static Vocab parse(const std::string& text, const std::string& path);  // the file's text
   // The tokens by id; `source` names them in errors (a missing special token).
   static Vocab from_tokens(std::vector<std::string> tokens, const std::string& source);
   int32_t id(std::string_view token) const;  // -1 when absent
@@ -33,10 +32,6 @@ class Vocab {
   std::unordered_map<std::string, int32_t> ids_;
   int32_t pad_ = -1, unk_ = -1, cls_ = -1, sep_ = -1, mask_ = -1;
 };
-
-// The rules of samples made with this vocabulary (data/shards/sample.h): token ids below its
-// size, its [CLS] and [SEP] ids, and max_seq_len (0: no limit).
-SampleRules vocab_sample_rules(const Vocab& vocab, int max_seq_len);
 
 class BertTokenizer {
  public:
