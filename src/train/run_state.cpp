@@ -181,6 +181,8 @@ StartState load_start_state(MPI_Comm comm, const TrainConfig& c, Trainer& traine
     st.run = {state.step, state.samples, state.tokens, state.skipped_steps};
     trainer.set_tokens_trained(state.tokens);  // a schedule in tokens goes on from there
     st.loader = state.loader;
+    // A checkpoint older than the loader's token count: the trainer's is the same count.
+    if (st.loader && st.loader->tokens < 0) st.loader->tokens = state.tokens;
     // fp16's loss scale is training state; a checkpoint of another precision has none and
     // the scaler starts from train.loss_scale_init.
     if (c.train.precision == Precision::fp16 && state.loss_scale)
