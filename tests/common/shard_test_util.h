@@ -1,4 +1,5 @@
-// Helpers of the shard tests (header-only): random sample sets, catching packbert::Error, and
+// Helpers of the shard tests (header-only): random sample sets, reading shards back, catching
+// packbert::Error, and
 // raw_*/write_raw_h5, which write shard-like HDF5 files directly with the C API, bypassing
 // ShardWriter, so tests can produce what the writer never would: wider integer types, float
 // dtypes, broken masks, mismatched shapes, missing datasets.
@@ -14,6 +15,7 @@
 
 #include "kernels/base/error.h"
 #include "data/shards/sample.h"
+#include "data/shards/shard.h"
 #include "test_util.h"
 
 namespace packbert::test {
@@ -24,6 +26,18 @@ inline std::vector<Sample> random_samples(std::mt19937_64& rng, size_t n, int ma
   std::vector<Sample> out;
   out.reserve(n);
   for (size_t i = 0; i < n; ++i) out.push_back(random_sample(rng, 5, max_len, max_predictions));
+  return out;
+}
+
+// Every sample of the shards, in order, each validated by the reader against `rules`.
+inline std::vector<Sample> read_shards(const std::vector<std::string>& paths,
+                                       const SampleRules& rules) {
+  std::vector<Sample> out;
+  Sample s;
+  for (const std::string& path : paths) {
+    ShardReader reader(path, rules);
+    while (reader.next(s)) out.push_back(s);
+  }
   return out;
 }
 

@@ -194,27 +194,39 @@ TEST(DataLoader, ResumedRunContinuesWithTheSameSamples) {
   }
 }
 
-TEST(DataLoader, ResumeWithAnotherBatchSizeStillTrainsTheEpochOnce) {
-  const auto d = make_dataset({150, 100});
-  LoaderOptions o = small_options(40);
+// `steps` steps with options `first`, then, resumed with options `then`, the rest of epoch 0:
+// the ids trained in epoch 0, sorted, and the resumed steps (their sizes and ends).
+std::vector<int64_t> epoch_across_resume(const Dataset& d, const LoaderOptions& first,
+                                         int64_t steps, const LoaderOptions& then,
+                                         std::vector<StepBatch>* resumed) {
   std::vector<int64_t> seen;
   LoaderPosition p;
   {
-    DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o);
-    for (const auto& ids : run_steps(loader, 3, *d, o))
+    DataLoader loader(MPI_COMM_WORLD, {d.dir.path()}, first);
+    for (const auto& ids : run_steps(loader, steps, d, first))
       seen.insert(seen.end(), ids.begin(), ids.end());
     p = loader.position();
   }
-  o.global_batch_size = 17;
-  o.micro_steps = 2;
-  DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o, p);
+  DataLoader loader(MPI_COMM_WORLD, {d.dir.path()}, then, p);
   for (;;) {
-    const StepBatch b = loader.next();
+    StepBatch b = loader.next();
     if (b.epoch != 0) break;
-    const std::vector<int64_t> ids = check_batch(b, *d, o);
+    const std::vector<int64_t> ids = check_batch(b, d, then);
     seen.insert(seen.end(), ids.begin(), ids.end());
+    resumed->push_back(std::move(b));
   }
   std::sort(seen.begin(), seen.end());
+  return seen;
+}
+
+TEST(DataLoader, ResumeWithAnotherBatchSizeStillTrainsTheEpochOnce) {
+  const auto d = make_dataset({150, 100});
+  const LoaderOptions o = small_options(40);
+  LoaderOptions then = o;
+  then.global_batch_size = 17;
+  then.micro_steps = 2;
+  std::vector<StepBatch> resumed;
+  const std::vector<int64_t> seen = epoch_across_resume(*d, o, 3, then, &resumed);
   EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());
   EXPECT_EQ(seen.size(), 250u);
 }
@@ -227,29 +239,15 @@ TEST(DataLoader, DropPolicyResumeWithAnotherBatchSizeReadsTheEpochsTail) {
   const auto d = make_dataset({160, 96});
   LoaderOptions o = small_options(36);
   o.last_step = LastStepPolicy::drop;
-  std::vector<int64_t> seen;
-  LoaderPosition p;
-  {
-    DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o);
-    for (const auto& ids : run_steps(loader, 3, *d, o))
-      seen.insert(seen.end(), ids.begin(), ids.end());
-    p = loader.position();
-  }
-  ASSERT_EQ(p.epoch_cursor, 108);
-  o.global_batch_size = 20;
-  o.micro_steps = 2;
-  DataLoader loader(MPI_COMM_WORLD, {d->dir.path()}, o, p);
-  int64_t last_end = 0;
-  for (;;) {
-    const StepBatch b = loader.next();
-    if (b.epoch != 0) break;
-    EXPECT_EQ(b.global_samples, 20);
-    last_end = b.epoch_end;
-    const std::vector<int64_t> ids = check_batch(b, *d, o);
-    seen.insert(seen.end(), ids.begin(), ids.end());
-  }
-  EXPECT_EQ(last_end, 248);
-  std::sort(seen.begin(), seen.end());
+  LoaderOptions then = o;
+  then.global_batch_size = 20;
+  then.micro_steps = 2;
+  std::vector<StepBatch> resumed;
+  const std::vector<int64_t> seen = epoch_across_resume(*d, o, 3, then, &resumed);
+  ASSERT_EQ(resumed.size(), 7u);  // from 108 to 248 in steps of 20
+  EXPECT_EQ(resumed.front().epoch_begin, 108);
+  for (const StepBatch& b : resumed) EXPECT_EQ(b.global_samples, 20);
+  EXPECT_EQ(resumed.back().epoch_end, 248);
   EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());
   EXPECT_EQ(seen.size(), 248u);
 }

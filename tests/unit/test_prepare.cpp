@@ -22,6 +22,7 @@
 #include "data/prepare/text_input.h"
 #include "data/prepare/tokenizer.h"
 #include "measure.h"
+#include "shard_test_util.h"
 #include "test_util.h"
 
 namespace packbert {
@@ -65,13 +66,7 @@ SampleRules rules_for(int max_seq_len) {
 }
 
 std::vector<Sample> read_samples(const std::vector<std::string>& shards, int max_seq_len) {
-  std::vector<Sample> out;
-  for (const std::string& path : shards) {
-    ShardReader reader(path, rules_for(max_seq_len));
-    Sample s;
-    while (reader.next(s)) out.push_back(s);
-  }
-  return out;
+  return test::read_shards(shards, rules_for(max_seq_len));
 }
 
 std::vector<Sample> read_train(const PrepareStats& st, int max_seq_len) {

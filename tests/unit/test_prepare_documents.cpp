@@ -14,6 +14,7 @@
 #include "data/prepare/text_input.h"
 #include "data/prepare/tokenizer.h"
 #include "data/shards/shard.h"
+#include "shard_test_util.h"
 #include "test_util.h"
 
 namespace packbert {
@@ -64,18 +65,16 @@ PrepareOptions options(const std::string& input, const std::string& out, int thr
   return o;
 }
 
-std::vector<Sample> samples_of(const PrepareStats& st) {
+SampleRules rules48() {
   SampleRules rules;
   rules.max_seq_len = 48;
-  std::vector<Sample> out;
+  return rules;
+}
+
+std::vector<Sample> samples_of(const PrepareStats& st) {
   std::vector<std::string> shards = st.train_shards;
   shards.push_back(st.eval_shard);
-  for (const std::string& path : shards) {
-    ShardReader reader(path, rules);
-    Sample s;
-    while (reader.next(s)) out.push_back(s);
-  }
-  return out;
+  return test::read_shards(shards, rules48());
 }
 
 TEST(PrepareDocuments, SamplesAreEachDocumentsChunksOncePerRound) {
@@ -86,14 +85,7 @@ TEST(PrepareDocuments, SamplesAreEachDocumentsChunksOncePerRound) {
   PrepareOptions o = options(path, dir.file("out"), 2);
   o.eval_samples = 0;  // (an eval set takes a held-out document's first chunks only)
   const PrepareStats st = run_prepare(o);
-  SampleRules rules;
-  rules.max_seq_len = 48;
-  std::vector<Sample> samples;
-  for (const std::string& shard : st.train_shards) {
-    ShardReader reader(shard, rules);
-    Sample s;
-    while (reader.next(s)) samples.push_back(s);
-  }
+  const std::vector<Sample> samples = test::read_shards(st.train_shards, rules48());
 
   // What the chunks must be: every document cut into runs of 46, once per dupe round (2),
   // counted as a multiset.

@@ -20,6 +20,7 @@
 #include "data/prepare/prepare.h"
 #include "data/prepare/tokenizer.h"
 #include "data/shards/shard.h"
+#include "shard_test_util.h"
 #include "test_util.h"
 
 namespace packbert {
@@ -64,13 +65,8 @@ std::vector<Sample> wide_samples(std::mt19937_64& rng, int n, int64_t vocab, int
   return out;
 }
 
-std::vector<Sample> read_all(const std::string& path, const SampleRules& rules, ShardMeta* meta) {
-  ShardReader reader(path, rules);
-  if (meta) *meta = reader.info().meta;
-  std::vector<Sample> out;
-  Sample s;
-  while (reader.next(s)) out.push_back(s);
-  return out;
+ShardMeta meta_of(const std::string& path, const SampleRules& rules) {
+  return ShardReader(path, rules).info().meta;
 }
 
 TEST(ShardMeta, RoundTripsWithIdsPastInt16InBothFormats) {
@@ -88,9 +84,8 @@ TEST(ShardMeta, RoundTripsWithIdsPastInt16InBothFormats) {
     write_shard(path, samples, w);
     SampleRules rules;
     rules.vocab_size = 0;  // the recorded size
-    ShardMeta meta;
-    const std::vector<Sample> back = read_all(path, rules, &meta);
-    EXPECT_TRUE(meta == w.meta);
+    const std::vector<Sample> back = test::read_shards({path}, rules);
+    EXPECT_TRUE(meta_of(path, rules) == w.meta);
     ASSERT_EQ(back.size(), samples.size());
     for (size_t i = 0; i < samples.size(); ++i) EXPECT_TRUE(back[i] == samples[i]) << i;
 
@@ -306,13 +301,13 @@ TEST(PrepareOwnTokenizer, DocumentChunksOfTheTokenizersIdsWithoutMasks) {
   }
   SampleRules rules;
   rules.vocab_size = 0;
-  ShardMeta meta;
   size_t train = 0;
   for (const std::string& shard : st.train_shards) {
-    for (const Sample& s : read_all(shard, rules, &meta)) {
-      EXPECT_EQ(meta.masks, "none");
-      EXPECT_EQ(meta.samples, "documents");
-      EXPECT_EQ(meta.vocab_size, 40257);
+    const ShardMeta meta = meta_of(shard, rules);
+    EXPECT_EQ(meta.masks, "none");
+    EXPECT_EQ(meta.samples, "documents");
+    EXPECT_EQ(meta.vocab_size, 40257);
+    for (const Sample& s : test::read_shards({shard}, rules)) {
       EXPECT_EQ(s.input_ids.front(), 0);
       EXPECT_EQ(s.input_ids.back(), 2);
       EXPECT_EQ(s.num_masked(), 0);
@@ -327,8 +322,8 @@ TEST(PrepareOwnTokenizer, DocumentChunksOfTheTokenizersIdsWithoutMasks) {
   EXPECT_GT(train, 0u);
   // The eval shard is masked: at most 8 positions, never <s> or </s>, each reading <mask>, a
   // non-special token or itself.
-  const std::vector<Sample> eval = read_all(st.eval_shard, rules, &meta);
-  EXPECT_EQ(meta.masks, "static");
+  const std::vector<Sample> eval = test::read_shards({st.eval_shard}, rules);
+  EXPECT_EQ(meta_of(st.eval_shard, rules).masks, "static");
   ASSERT_EQ(eval.size(), 10u);
   int masked = 0;
   for (const Sample& s : eval) {
@@ -346,10 +341,9 @@ TEST(PrepareOwnTokenizer, DocumentChunksOfTheTokenizersIdsWithoutMasks) {
     t.threads = threads;
     t.output_dir = dir.file("threads" + std::to_string(threads));
     const PrepareStats ts = run_prepare(t);
-    std::vector<Sample> out = read_all(ts.eval_shard, rules, nullptr);
-    for (const std::string& shard : ts.train_shards)
-      for (const Sample& s : read_all(shard, rules, nullptr)) out.push_back(s);
-    return out;
+    std::vector<std::string> shards = ts.train_shards;
+    shards.insert(shards.begin(), ts.eval_shard);
+    return test::read_shards(shards, rules);
   };
   const std::vector<Sample> one = all_samples(1);
   EXPECT_TRUE(one == all_samples(3));
